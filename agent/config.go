@@ -1,0 +1,218 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sort"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+)
+
+// DefaultConfigPath is where the agent reads its config when no --config
+// is given; a missing file there means "all defaults".
+const DefaultConfigPath = "/etc/ferry/config.toml"
+
+// Config is /etc/ferry/config.toml. Every key is documented in
+// docs/admin.md; a test checks that list against this struct.
+type Config struct {
+	// NodeName identifies this node to its peers; default: the hostname.
+	NodeName string `toml:"node_name"`
+	// Arch is the node's architecture (uname -m); default: this binary's.
+	Arch string `toml:"arch"`
+	// ApprovedDigests are bundle sha256 digests an engineer approved.
+	ApprovedDigests []string `toml:"approved_digests"`
+	// TrustedKeys are paths of minisign public keys; a bundle with a valid
+	// signature by one of them is approved.
+	TrustedKeys []string `toml:"trusted_keys"`
+
+	Paths    Paths    `toml:"paths"`
+	CRIO     CRIO     `toml:"crio"`
+	Registry Registry `toml:"registry"`
+	Peer     Peer     `toml:"peer"`
+	Cluster  Cluster  `toml:"cluster"`
+}
+
+// Paths are every place the agent reads or writes, so that tests can run it
+// in a scratch root.
+type Paths struct {
+	StateDir          string `toml:"state_dir"`
+	ExtractDir        string `toml:"extract_dir"`
+	MountDir          string `toml:"mount_dir"`
+	Socket            string `toml:"socket"`
+	CRIOConfDir       string `toml:"crio_conf_dir"`
+	RegistriesConfDir string `toml:"registries_conf_dir"`
+	CertsDir          string `toml:"certs_dir"`
+}
+
+// CRIO says how to reach and reload CRI-O.
+type CRIO struct {
+	Socket string `toml:"socket"`
+	// Reload is "systemd" (ReloadUnit over D-Bus), "signal" (SIGHUP to the
+	// pid in PidFile) or "none".
+	Reload  string `toml:"reload"`
+	Unit    string `toml:"unit"`
+	PidFile string `toml:"pid_file"`
+	// PullWorkers bounds concurrent CRI pulls; 0 sizes it from the cores.
+	PullWorkers int `toml:"pull_workers"`
+	// StorageDir is CRI-O's image store, checked for room before loading.
+	StorageDir string `toml:"storage_dir"`
+	// StorageFloorBytes is kept free in StorageDir beyond the bundle's size.
+	StorageFloorBytes int64 `toml:"storage_floor_bytes"`
+}
+
+// Registry is the embedded registry serving the extracted bundle.
+type Registry struct {
+	// Port on 127.0.0.1; 0 chooses one at first start and keeps it.
+	Port int `toml:"port"`
+}
+
+// Peer is peer-to-peer distribution between the cluster's nodes.
+type Peer struct {
+	// Listen is the address the peer server listens on; "" disables it.
+	Listen string `toml:"listen"`
+	// Peers are the other nodes' peer addresses (host:port).
+	Peers []string `toml:"peers"`
+	// TokenFile holds a bearer token shared by the cluster's nodes.
+	TokenFile string `toml:"token_file"`
+}
+
+// Cluster is the gate that lets the cluster upgrade proceed.
+type Cluster struct {
+	// Schedule is "Automatic" (run OnReady when every node is loaded) or
+	// "Manual" (only report; `ferry proceed` runs it).
+	Schedule string `toml:"schedule"`
+	// OnReady is the hook's argv; FERRY_RELEASE holds the release reference.
+	OnReady []string `toml:"on_ready"`
+}
+
+// DefaultConfig is what a node gets with no config file.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		NodeName: host,
+		Arch:     UnameArch(runtime.GOARCH),
+		Paths: Paths{
+			StateDir:          "/var/lib/ferry",
+			ExtractDir:        "/var/lib/upgrade",
+			MountDir:          "/run/ferry/media",
+			Socket:            "/run/ferry/ferry.sock",
+			CRIOConfDir:       "/etc/crio/crio.conf.d",
+			RegistriesConfDir: "/etc/containers/registries.conf.d",
+			CertsDir:          "/etc/containers/certs.d",
+		},
+		CRIO: CRIO{
+			Socket:            "/var/run/crio/crio.sock",
+			Reload:            "systemd",
+			Unit:              "crio.service",
+			PidFile:           "/var/run/crio/crio.pid",
+			StorageDir:        "/var/lib/containers/storage",
+			StorageFloorBytes: 1 << 30,
+		},
+		Peer:    Peer{Listen: ":8090"},
+		Cluster: Cluster{Schedule: "Automatic"},
+	}
+}
+
+// UnameArch maps a GOARCH to the `uname -m` name bundles use.
+func UnameArch(goarch string) string {
+	switch goarch {
+	case "amd64":
+		return "x86_64"
+	case "arm64":
+		return "aarch64"
+	}
+	return goarch
+}
+
+// ErrConfig marks a config that cannot be used.
+var ErrConfig = errors.New("bad config")
+
+// LoadConfig reads path over the defaults. A missing file is an error only
+// when explicit is true (the user named it).
+func LoadConfig(path string, explicit bool) (Config, error) {
+	c := DefaultConfig()
+	md, err := toml.DecodeFile(path, &c)
+	if errors.Is(err, os.ErrNotExist) && !explicit {
+		return c, c.Validate()
+	}
+	if err != nil {
+		return c, fmt.Errorf("%w: %s: %v", ErrConfig, path, err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		keys := make([]string, len(und))
+		for i, k := range und {
+			keys[i] = k.String()
+		}
+		sort.Strings(keys)
+		return c, fmt.Errorf("%w: %s: unknown key %s", ErrConfig, path, strings.Join(keys, ", "))
+	}
+	if err := c.Validate(); err != nil {
+		return c, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Validate checks values that decode but make no sense.
+func (c *Config) Validate() error {
+	bad := func(key, format string, a ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrConfig, key, fmt.Sprintf(format, a...))
+	}
+	if c.NodeName == "" {
+		return bad("node_name", "empty and no hostname to default to")
+	}
+	switch c.Arch {
+	case "x86_64", "aarch64", "ppc64le", "s390x":
+	default:
+		return bad("arch", "%q is not x86_64, aarch64, ppc64le or s390x", c.Arch)
+	}
+	for i, d := range c.ApprovedDigests {
+		if !isSHA256(strings.TrimPrefix(d, "sha256:")) {
+			return bad("approved_digests", "entry %d %q is not a sha256 digest (64 hex digits, optional sha256: prefix)", i, d)
+		}
+	}
+	for _, p := range []struct{ key, val string }{
+		{"paths.state_dir", c.Paths.StateDir}, {"paths.extract_dir", c.Paths.ExtractDir},
+		{"paths.mount_dir", c.Paths.MountDir}, {"paths.socket", c.Paths.Socket},
+		{"paths.crio_conf_dir", c.Paths.CRIOConfDir}, {"paths.registries_conf_dir", c.Paths.RegistriesConfDir},
+		{"paths.certs_dir", c.Paths.CertsDir}, {"crio.socket", c.CRIO.Socket},
+	} {
+		if !strings.HasPrefix(p.val, "/") {
+			return bad(p.key, "%q must be an absolute path", p.val)
+		}
+	}
+	switch c.CRIO.Reload {
+	case "systemd", "signal", "none":
+	default:
+		return bad("crio.reload", "%q is not systemd, signal or none", c.CRIO.Reload)
+	}
+	if c.CRIO.PullWorkers < 0 || c.CRIO.PullWorkers > 64 {
+		return bad("crio.pull_workers", "%d is not between 0 (auto) and 64", c.CRIO.PullWorkers)
+	}
+	if c.CRIO.StorageFloorBytes < 0 {
+		return bad("crio.storage_floor_bytes", "negative")
+	}
+	if c.Registry.Port < 0 || c.Registry.Port > 65535 {
+		return bad("registry.port", "%d is not a port", c.Registry.Port)
+	}
+	switch c.Cluster.Schedule {
+	case "Automatic", "Manual":
+	default:
+		return bad("cluster.schedule", "%q is not Automatic or Manual", c.Cluster.Schedule)
+	}
+	return nil
+}
+
+func isSHA256(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= '0' && r <= '9' || r >= 'a' && r <= 'f') {
+			return false
+		}
+	}
+	return true
+}

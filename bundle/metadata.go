@@ -1,0 +1,157 @@
+// Package bundle holds ferry's upgrade bundle format: metadata.json, the tar
+// layout, verification with extraction in one pass, creation and signing.
+package bundle
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// FormatVersion is the newest metadata.json format this ferry understands.
+const FormatVersion = 1
+
+const (
+	// MetadataName is the tar's first entry.
+	MetadataName = "metadata.json"
+	// RegistryRoot is the prefix of every other entry: the root of
+	// distribution's filesystem storage driver.
+	RegistryRoot = "docker/registry/v2/"
+	// maxMetadataSize bounds what is read of metadata.json (a release has a
+	// few hundred images: tens of KiB).
+	maxMetadataSize = 8 << 20
+)
+
+// ErrInvalid marks a bundle that breaks the format; errors.Is finds it in
+// every refusal caused by the bundle's own content.
+var ErrInvalid = errors.New("invalid bundle")
+
+// Metadata is metadata.json.
+type Metadata struct {
+	FormatVersion int       `json:"formatVersion"`
+	Version       string    `json:"version"`
+	Arch          string    `json:"arch"`
+	Size          string    `json:"size"`
+	SizeBytes     int64     `json:"sizeBytes"`
+	Release       string    `json:"release"`
+	Images        []string  `json:"images"`
+	Created       time.Time `json:"created"`
+}
+
+// Arches are the architectures ferry knows, by `uname -m` name.
+var Arches = []string{"x86_64", "aarch64", "ppc64le", "s390x"}
+
+var versionRE = regexp.MustCompile(`^[0-9A-Za-z][0-9A-Za-z._+-]{0,63}$`)
+
+// Name is the bundle's base name: upgrade-<version>-<arch>.
+func (m *Metadata) Name() string { return "upgrade-" + m.Version + "-" + m.Arch }
+
+// DirName is the extracted directory's name under /var/lib/upgrade.
+func (m *Metadata) DirName() string { return m.Version + "-" + m.Arch }
+
+// AllImages is the release followed by every other image.
+func (m *Metadata) AllImages() []string {
+	return append([]string{m.Release}, m.Images...)
+}
+
+// ParseMetadata decodes and validates metadata.json. Unknown fields are
+// ignored; a missing or malformed required field is an error.
+func ParseMetadata(b []byte) (*Metadata, error) {
+	var m Metadata
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&m); err != nil {
+		return nil, fmt.Errorf("%w: metadata.json is not valid JSON: %v", ErrInvalid, err)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// Validate checks every required field.
+func (m *Metadata) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: metadata.json: %s", ErrInvalid, fmt.Sprintf(format, a...))
+	}
+	switch {
+	case m.FormatVersion < 1:
+		return bad("formatVersion missing")
+	case m.FormatVersion > FormatVersion:
+		return bad("formatVersion %d is newer than this ferry understands (%d): update ferry", m.FormatVersion, FormatVersion)
+	case !versionRE.MatchString(m.Version):
+		return bad("version %q missing or malformed", m.Version)
+	case !knownArch(m.Arch):
+		return bad("arch %q is not one of %s", m.Arch, strings.Join(Arches, ", "))
+	case m.SizeBytes <= 0:
+		return bad("sizeBytes missing")
+	case m.Size == "":
+		return bad("size missing")
+	case m.Release == "":
+		return bad("release missing")
+	}
+	if err := checkDigestRef(m.Release); err != nil {
+		return bad("release: %v", err)
+	}
+	seen := map[string]bool{m.Release: true}
+	for i, ref := range m.Images {
+		if err := checkDigestRef(ref); err != nil {
+			return bad("images[%d]: %v", i, err)
+		}
+		if seen[ref] {
+			return bad("images[%d]: %s listed twice", i, ref)
+		}
+		seen[ref] = true
+	}
+	return nil
+}
+
+func knownArch(a string) bool {
+	for _, k := range Arches {
+		if a == k {
+			return true
+		}
+	}
+	return false
+}
+
+var digestRefRE = regexp.MustCompile(`^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)+(?::[\w][\w.-]{0,127})?@sha256:[0-9a-f]{64}$`)
+
+// checkDigestRef accepts name@sha256:<hex> and name:tag@sha256:<hex> (a
+// custom image given by tag keeps its tag).
+func checkDigestRef(ref string) error {
+	if !digestRefRE.MatchString(ref) {
+		return fmt.Errorf("%q is not a registry/name[:tag]@sha256:<64 hex> reference", ref)
+	}
+	return nil
+}
+
+// SplitRef splits name[:tag]@sha256:hex into its name, tag ("" if none)
+// and digest.
+func SplitRef(ref string) (name, tag, digest string) {
+	name, digest, _ = strings.Cut(ref, "@")
+	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
+		name, tag = name[:i], name[i+1:]
+	}
+	return name, tag, digest
+}
+
+// HumanSize formats n bytes the way metadata's size field does ("16 GiB").
+func HumanSize(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	v := float64(n) / float64(div)
+	s := fmt.Sprintf("%.1f", v)
+	s = strings.TrimSuffix(s, ".0")
+	return s + " " + string("KMGTPE"[exp]) + "iB"
+}

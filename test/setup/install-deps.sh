@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Debian 12 packages the tests and benchmarks need. Idempotent.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+pkgs=(
+  gcc make pkg-config libseccomp-dev          # cgo for CRI-O
+  conmon runc golang-github-containers-common # CRI-O runtime bits, policy.json
+  docker-registry skopeo minisign openssl     # outside checkers
+  tar coreutils util-linux e2fsprogs dosfstools mtools udev kmod iproute2
+  curl ca-certificates rpm
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "install-deps: ok (${#missing[@]} installed)"
