@@ -1,0 +1,42 @@
+package bundle
+
+import "errors"
+
+// Refusals: a bundle is refused for one of these reasons. Each wraps into
+// the returned error with a message that says what to do; errors.Is finds
+// the reason.
+var (
+	// ErrInvalid (metadata.go): the bundle breaks the format.
+	ErrMismatch    = errors.New("sha256 mismatch")
+	ErrWrongArch   = errors.New("wrong architecture")
+	ErrNotApproved = errors.New("not approved")
+	ErrNoSpace     = errors.New("not enough space")
+)
+
+// IsRefusal reports whether err refuses the bundle itself (as opposed to an
+// I/O error such as a stick pulled mid-read, after which a retry may work).
+func IsRefusal(err error) bool {
+	for _, r := range []error{ErrInvalid, ErrMismatch, ErrWrongArch, ErrNotApproved, ErrNoSpace} {
+		if errors.Is(err, r) {
+			return true
+		}
+	}
+	return false
+}
+
+// Reason names the refusal in a word or two, for status lines.
+func Reason(err error) string {
+	switch {
+	case errors.Is(err, ErrMismatch):
+		return "sha256 mismatch"
+	case errors.Is(err, ErrWrongArch):
+		return "wrong architecture"
+	case errors.Is(err, ErrNotApproved):
+		return "not approved"
+	case errors.Is(err, ErrNoSpace):
+		return "not enough space"
+	case errors.Is(err, ErrInvalid):
+		return "invalid bundle"
+	}
+	return "error"
+}

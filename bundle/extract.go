@@ -1,0 +1,378 @@
+package bundle
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"aead.dev/minisign"
+	"golang.org/x/sys/unix"
+)
+
+// Policy is what a bundle must satisfy to be accepted (DESIGN.md §3).
+type Policy struct {
+	// Arch is the node's architecture; "" skips the check.
+	Arch string
+	// ApprovedDigests and TrustedKeys approve bundles; with neither, any
+	// bundle whose sha256 checks is accepted (and a warning logged).
+	ApprovedDigests []string
+	TrustedKeys     []minisign.PublicKey
+	// SpaceFactor × sizeBytes must be free where the bundle is extracted;
+	// 0 means 2. Negative skips the check (verify only).
+	SpaceFactor int64
+}
+
+// Options tune one verify or extract run.
+type Options struct {
+	Policy
+	// Progress is called as bytes are read (done, total); total is the
+	// file size, or metadata's sizeBytes for a raw device.
+	Progress func(done, total int64)
+	// Sync flushes the extracted tree to disk before it appears.
+	Sync bool
+	// Index, when set, receives the layout of the tar so that its bytes
+	// can be served again from the extracted tree (see Index).
+	Index *Index
+	Log   *slog.Logger
+}
+
+// Result describes a verified bundle.
+type Result struct {
+	Metadata *Metadata
+	Digest   string // sha256:<hex> of the tar bytes up to the end marker
+	TarSize  int64
+	Approval string // how it was approved: "digest", "signature" or "off"
+}
+
+// Verify checks src without writing anything.
+func Verify(ctx context.Context, src Source, opts Options) (*Result, error) {
+	return run(ctx, src, "", opts)
+}
+
+// Extract checks src and, in the same pass, writes its entries under a
+// staging directory next to dest, renamed to dest only when every check
+// passed. dest must not exist.
+func Extract(ctx context.Context, src Source, dest string, opts Options) (*Result, error) {
+	if dest == "" {
+		return nil, errors.New("extract: no destination")
+	}
+	if _, err := os.Lstat(dest); err == nil {
+		return nil, fmt.Errorf("extract: %s already exists; remove it or choose another --dest", dest)
+	}
+	return run(ctx, src, dest, opts)
+}
+
+// StagingDir is where Extract writes before the rename; a leftover one
+// (after a crash) is never taken as good and is removed by the next run.
+func StagingDir(dest string) string {
+	return filepath.Join(filepath.Dir(dest), ".staging-"+filepath.Base(dest))
+}
+
+// ReadMetadata reads only the first entry of a bundle tar.
+func ReadMetadata(r io.Reader) (*Metadata, error) {
+	tr := tar.NewReader(r)
+	hdr, err := tr.Next()
+	if err != nil {
+		return nil, fmt.Errorf("%w: cannot read the first tar entry (%v): this is not an upgrade bundle, or it is truncated", ErrInvalid, err)
+	}
+	m, _, err := readMetadataEntry(tr, hdr)
+	return m, err
+}
+
+func readMetadataEntry(tr *tar.Reader, hdr *tar.Header) (*Metadata, []byte, error) {
+	if hdr.Name != MetadataName || hdr.Typeflag != tar.TypeReg {
+		return nil, nil, fmt.Errorf("%w: first entry is %q, not the regular file %s: this is not an upgrade bundle", ErrInvalid, hdr.Name, MetadataName)
+	}
+	if hdr.Size > maxMetadataSize {
+		return nil, nil, fmt.Errorf("%w: %s is %d bytes, over the %d limit", ErrInvalid, MetadataName, hdr.Size, maxMetadataSize)
+	}
+	b, err := io.ReadAll(tr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: reading %s: %v", ErrInvalid, MetadataName, err)
+	}
+	m, err := ParseMetadata(b)
+	return m, b, err
+}
+
+// InspectFile reads metadata.json of the bundle at path (tar or device).
+func InspectFile(path string) (*Metadata, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return ReadMetadata(f)
+}
+
+// approval is what was decided about approval before the pass.
+type approval struct {
+	mode     string // "digest", "signature", "digest-at-end", "off"
+	sig      []byte // signature to verify at the end
+	keys     []minisign.PublicKey
+	approved []string // normalized approved digests
+	expected string   // digest from .sha256, "" for none
+}
+
+func run(ctx context.Context, src Source, dest string, opts Options) (res *Result, err error) {
+	log := opts.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	name := src.Name()
+	refuse := func(e error) error { return fmt.Errorf("bundle %s: %w", name, e) }
+
+	ap, err := decideApproval(src, opts.Policy)
+	if err != nil {
+		return nil, refuse(err)
+	}
+
+	f, err := os.Open(src.Path)
+	if err != nil {
+		return nil, refuse(err)
+	}
+	defer f.Close()
+	var total int64
+	if !src.Raw {
+		fi, err := f.Stat()
+		if err != nil {
+			return nil, refuse(err)
+		}
+		total = fi.Size()
+	}
+
+	var progress func(int64)
+	if opts.Progress != nil {
+		progress = func(done int64) { opts.Progress(done, total) }
+	}
+	hr := newHashingReader(ctx, f, ap.mode == "signature", progress)
+	defer hr.close(false)
+	tr := tar.NewReader(hr)
+	var rec []byte
+	if opts.Index != nil {
+		hr.rec = &rec
+		*opts.Index = Index{}
+	}
+
+	// First entry: metadata, then every check that can run before the pass.
+	hdr, err := tr.Next()
+	if err != nil {
+		return nil, refuse(fmt.Errorf("%w: cannot read the first tar entry (%v): not an upgrade bundle, or truncated", ErrInvalid, err))
+	}
+	hr.rec = nil
+	meta, metaBytes, err := readMetadataEntry(tr, hdr)
+	if err != nil {
+		return nil, refuse(err)
+	}
+	if src.Raw {
+		total = meta.SizeBytes
+	}
+	if opts.Arch != "" && meta.Arch != opts.Arch {
+		return nil, refuse(fmt.Errorf("%w: the bundle is for %s, this node is %s: bring the %s bundle of version %s",
+			ErrWrongArch, meta.Arch, opts.Arch, opts.Arch, meta.Version))
+	}
+	if ap.mode == "off" {
+		log.Warn("approval is off: accepting any bundle whose sha256 checks; set approved_digests or trusted_keys", "bundle", name)
+	}
+
+	w := &treeWriter{meta: meta}
+	if dest != "" {
+		if err := checkSpace(filepath.Dir(dest), meta.SizeBytes, opts.SpaceFactor); err != nil {
+			return nil, refuse(err)
+		}
+		w.root = StagingDir(dest)
+		if err := os.RemoveAll(w.root); err != nil {
+			return nil, refuse(err)
+		}
+		if err := os.MkdirAll(w.root, 0o755); err != nil {
+			return nil, refuse(err)
+		}
+		defer func() {
+			if err != nil {
+				os.RemoveAll(w.root)
+			}
+		}()
+		if err := w.writeFile(MetadataName, metaBytes); err != nil {
+			return nil, refuse(err)
+		}
+	}
+	if opts.Index != nil {
+		opts.Index.add(slices.Clone(rec), MetadataName, hdr.Size)
+	}
+	w.total = hdr.Size
+	lastEnd := hr.consumed
+
+	for {
+		if opts.Index != nil {
+			rec = rec[:0]
+			hr.rec = &rec
+		}
+		hdr, err = tr.Next()
+		hr.rec = nil
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, refuse(readErr(err))
+		}
+		if err := w.entry(tr, hdr); err != nil {
+			return nil, refuse(err)
+		}
+		if opts.Index != nil {
+			p := ""
+			if hdr.Typeflag == tar.TypeReg {
+				p = path.Clean(hdr.Name)
+			}
+			opts.Index.add(slices.Clone(rec), p, hdr.Size)
+		}
+		lastEnd = hr.consumed
+	}
+	if got := hr.consumed - align512(lastEnd); got != 1024 {
+		return nil, refuse(fmt.Errorf("%w: truncated: the end-of-archive marker is incomplete: the copy stopped early; copy the bundle again", ErrInvalid))
+	}
+	if opts.Index != nil {
+		opts.Index.add(slices.Clone(rec), "", 0)
+	}
+	if !src.Raw {
+		more, err := hr.trailing()
+		if err != nil {
+			return nil, refuse(readErr(err))
+		}
+		if more {
+			return nil, refuse(fmt.Errorf("%w: bytes follow the end-of-archive marker: the file was altered or badly copied; copy the bundle again", ErrInvalid))
+		}
+	}
+	digest := hr.finish()
+	if err := ap.check(digest, hr); err != nil {
+		return nil, refuse(err)
+	}
+	res = &Result{Metadata: meta, Digest: digest, TarSize: hr.consumed, Approval: ap.mode}
+	if ap.mode == "digest-at-end" {
+		res.Approval = "digest"
+	}
+	if opts.Index != nil {
+		opts.Index.Size = hr.consumed
+		opts.Index.Digest = digest
+	}
+	if dest == "" {
+		return res, nil
+	}
+	if err := w.publish(dest, opts.Sync); err != nil {
+		return nil, refuse(err)
+	}
+	return res, nil
+}
+
+func align512(n int64) int64 { return (n + 511) &^ 511 }
+
+// readErr turns a tar reading error into a message a technician can act on.
+func readErr(err error) error {
+	switch {
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return fmt.Errorf("%w: truncated: the file ends in the middle of an entry; copy the bundle again", ErrInvalid)
+	case errors.Is(err, tar.ErrHeader), errors.Is(err, tar.ErrInsecurePath):
+		return fmt.Errorf("%w: damaged tar header (%v); copy the bundle again", ErrInvalid, err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	}
+	return fmt.Errorf("reading the bundle failed (%w): if the stick was pulled, plug it in again", err)
+}
+
+func decideApproval(src Source, p Policy) (approval, error) {
+	var ap approval
+	for _, d := range p.ApprovedDigests {
+		if n := NormalizeDigest(d); n != "" {
+			ap.approved = append(ap.approved, n)
+		}
+	}
+	if src.SHA256Path != "" {
+		b, err := os.ReadFile(src.SHA256Path)
+		if err != nil {
+			return ap, fmt.Errorf("reading %s: %w", src.SHA256Path, err)
+		}
+		if ap.expected, err = ParseSHA256Line(b, src.Name()); err != nil {
+			return ap, err
+		}
+	}
+	if src.SigPath != "" && len(p.TrustedKeys) > 0 {
+		b, err := os.ReadFile(src.SigPath)
+		if err != nil {
+			return ap, fmt.Errorf("reading %s: %w", src.SigPath, err)
+		}
+		ap.sig, ap.keys = b, p.TrustedKeys
+	}
+	approvalOn := len(ap.approved) > 0 || len(p.TrustedKeys) > 0
+	switch {
+	case ap.expected != "" && slices.Contains(ap.approved, ap.expected):
+		ap.mode = "digest"
+	case ap.sig != nil:
+		ap.mode = "signature"
+	case ap.expected == "" && len(ap.approved) > 0:
+		// A raw device carries no .sha256: its digest must be approved.
+		ap.mode = "digest-at-end"
+	case ap.expected == "":
+		return ap, fmt.Errorf("%w: there is no .sha256 file to check it against, and no approved_digests to compare with: put the .sha256 next to the tar, or approve the bundle's digest", ErrNotApproved)
+	case approvalOn && len(p.TrustedKeys) > 0 && src.SigPath == "":
+		return ap, fmt.Errorf("%w: digest %s is not in approved_digests and there is no .tar.minisig signature: ask the engineer to approve this bundle", ErrNotApproved, ap.expected)
+	case approvalOn:
+		return ap, fmt.Errorf("%w: digest %s is not in approved_digests: ask the engineer to approve this bundle, or bring the approved one", ErrNotApproved, ap.expected)
+	default:
+		ap.mode = "off"
+	}
+	return ap, nil
+}
+
+// check runs the checks that need the digest.
+func (ap approval) check(digest string, hr *hashingReader) error {
+	if ap.expected != "" && digest != ap.expected {
+		return fmt.Errorf("%w (got %s, want %s from the .sha256 file): the stick or the file is damaged; copy it again", ErrMismatch, short(digest), short(ap.expected))
+	}
+	switch ap.mode {
+	case "digest-at-end":
+		if !slices.Contains(ap.approved, digest) {
+			return fmt.Errorf("%w: digest %s is not in approved_digests: ask the engineer to approve this bundle, or copy it again if it may be damaged", ErrNotApproved, digest)
+		}
+	case "signature":
+		if !hr.verifySig(ap.keys, ap.sig) {
+			return fmt.Errorf("%w: the .tar.minisig signature does not verify with any trusted key: the bundle was altered or signed by an unknown key", ErrNotApproved)
+		}
+	}
+	return nil
+}
+
+func short(d string) string {
+	d = strings.TrimPrefix(d, "sha256:")
+	if len(d) > 12 {
+		return d[:12] + "…"
+	}
+	return d
+}
+
+func checkSpace(dir string, sizeBytes, factor int64) error {
+	if factor < 0 {
+		return nil
+	}
+	if factor == 0 {
+		factor = 2
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("checking free space in %s: %w", dir, err)
+	}
+	free := int64(st.Bavail) * int64(st.Bsize)
+	if need := factor * sizeBytes; free < need {
+		return fmt.Errorf("%w in %s: %s free, %s needed (%d × the bundle's %s): free some space and plug the stick again",
+			ErrNoSpace, dir, HumanSize(free), HumanSize(need), factor, HumanSize(sizeBytes))
+	}
+	return nil
+}

@@ -1,0 +1,199 @@
+package bundle
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"hash"
+	"io"
+	"sync"
+
+	"aead.dev/minisign"
+)
+
+const (
+	chunkSize    = 1 << 20
+	chunkBuffers = 6
+)
+
+// hashingReader feeds a tar parser from src in large chunks and hashes, in
+// its own goroutine, exactly the bytes the parser consumed: hashing runs on
+// one core while parsing and writing run on another, and a raw device's
+// bytes after the end-of-archive marker never reach the digest.
+type hashingReader struct {
+	ctx context.Context
+	src io.Reader
+
+	cur      []byte // current chunk
+	pos      int    // consumed part of cur
+	srcErr   error  // sticky error of src, returned once cur is drained
+	consumed int64
+
+	full chan []byte // consumed chunks to hash
+	free chan []byte // buffers to read into
+	done chan struct{}
+	sum  hash.Hash
+	sig  *minisign.Reader // also fed when a signature is checked
+	feed *sliceReader
+
+	// rec, when non-nil, receives a copy of every consumed byte (headers
+	// and padding, for the tar index).
+	rec *[]byte
+
+	progress func(int64)
+	once     sync.Once
+}
+
+func newHashingReader(ctx context.Context, src io.Reader, withSig bool, progress func(int64)) *hashingReader {
+	r := &hashingReader{
+		ctx:      ctx,
+		src:      src,
+		full:     make(chan []byte, chunkBuffers),
+		free:     make(chan []byte, chunkBuffers),
+		done:     make(chan struct{}),
+		sum:      sha256.New(),
+		progress: progress,
+	}
+	for range chunkBuffers {
+		r.free <- make([]byte, chunkSize)
+	}
+	if withSig {
+		r.feed = &sliceReader{}
+		r.sig = minisign.NewReader(r.feed)
+	}
+	go r.hashLoop()
+	return r
+}
+
+func (r *hashingReader) hashLoop() {
+	defer close(r.done)
+	var scratch []byte
+	if r.sig != nil {
+		scratch = make([]byte, chunkSize)
+	}
+	for b := range r.full {
+		r.sum.Write(b)
+		if r.sig != nil {
+			r.feed.b = b
+			for {
+				if _, err := r.sig.Read(scratch); err != nil {
+					break
+				}
+			}
+		}
+		r.free <- b[:cap(b)]
+	}
+}
+
+func (r *hashingReader) Read(p []byte) (int, error) {
+	if r.pos == len(r.cur) {
+		if err := r.fill(); err != nil {
+			return 0, err
+		}
+	}
+	n := copy(p, r.cur[r.pos:])
+	if r.rec != nil {
+		*r.rec = append(*r.rec, r.cur[r.pos:r.pos+n]...)
+	}
+	r.pos += n
+	r.consumed += int64(n)
+	return n, nil
+}
+
+// fill hands the drained chunk to the hasher and reads the next one.
+func (r *hashingReader) fill() error {
+	if r.srcErr != nil {
+		return r.srcErr
+	}
+	if err := r.ctx.Err(); err != nil {
+		return err
+	}
+	if r.cur != nil {
+		r.full <- r.cur
+		r.cur = nil
+	}
+	var buf []byte
+	select {
+	case buf = <-r.free:
+	case <-r.ctx.Done():
+		return r.ctx.Err()
+	}
+	n, err := io.ReadFull(r.src, buf)
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		err = io.EOF // a short last chunk: serve it, then EOF
+	}
+	r.cur, r.pos = buf[:n], 0
+	if err != nil {
+		r.srcErr = err
+		if n == 0 {
+			return err
+		}
+	}
+	if r.progress != nil {
+		r.progress(r.consumed + int64(n))
+	}
+	return nil
+}
+
+// trailing reports whether src holds any byte after what was consumed.
+func (r *hashingReader) trailing() (bool, error) {
+	if r.pos < len(r.cur) {
+		return true, nil
+	}
+	if r.srcErr != nil {
+		if r.srcErr == io.EOF {
+			return false, nil
+		}
+		return false, r.srcErr
+	}
+	var one [1]byte
+	n, err := r.src.Read(one[:])
+	if n > 0 {
+		return true, nil
+	}
+	if err == io.EOF || err == nil {
+		return false, nil
+	}
+	return false, err
+}
+
+// finish hashes the consumed part of the last chunk and returns the digest
+// ("sha256:<hex>") and whether sig verifies against one of keys.
+func (r *hashingReader) finish() string {
+	r.close(true)
+	return "sha256:" + hex.EncodeToString(r.sum.Sum(nil))
+}
+
+// close stops the hasher; with flush, the consumed tail is hashed first.
+func (r *hashingReader) close(flush bool) {
+	r.once.Do(func() {
+		if flush && r.cur != nil {
+			r.full <- r.cur[:r.pos]
+		}
+		r.cur = nil
+		close(r.full)
+		<-r.done
+	})
+}
+
+func (r *hashingReader) verifySig(keys []minisign.PublicKey, sig []byte) bool {
+	for _, k := range keys {
+		if r.sig.Verify(k, sig) {
+			return true
+		}
+	}
+	return false
+}
+
+// sliceReader serves one slice, then io.EOF until given another.
+type sliceReader struct{ b []byte }
+
+func (s *sliceReader) Read(p []byte) (int, error) {
+	if len(s.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, s.b)
+	s.b = s.b[n:]
+	return n, nil
+}

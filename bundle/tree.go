@@ -1,0 +1,188 @@
+package bundle
+
+import (
+	"archive/tar"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// treeWriter checks every entry after metadata.json and, when root is set,
+// writes it there.
+type treeWriter struct {
+	meta  *Metadata
+	root  string // staging dir; "" to verify only
+	total int64  // bytes of regular files so far
+	seen  map[string]bool
+	dirs  map[string]bool // created directories
+	buf   []byte
+}
+
+// checkName returns the clean name of a tar entry, or why it is refused.
+func checkName(name string, typ byte) (string, error) {
+	bad := func(why string) error {
+		return fmt.Errorf("%w: entry %q %s: the bundle was altered or not made by ferry; do not use it", ErrInvalid, truncate(name, 200), why)
+	}
+	if name == "" {
+		return "", bad("has an empty name")
+	}
+	if strings.HasPrefix(name, "/") {
+		return "", bad("is an absolute path")
+	}
+	if strings.Contains(name, "\\") || strings.ContainsRune(name, 0) {
+		return "", bad("has a backslash or NUL in its name")
+	}
+	clean := path.Clean(name)
+	if clean == ".." || strings.HasPrefix(clean, "../") || strings.Contains(name, "/../") || strings.HasSuffix(name, "/..") {
+		return "", bad("leaves the bundle (..)")
+	}
+	if clean != strings.TrimSuffix(name, "/") || clean == "." {
+		return "", bad("is not a clean relative path")
+	}
+	if typ == tar.TypeDir && strings.HasPrefix(RegistryRoot, clean+"/") {
+		return clean, nil // docker/, docker/registry/
+	}
+	if !strings.HasPrefix(clean, strings.TrimSuffix(RegistryRoot, "/")) ||
+		(clean != strings.TrimSuffix(RegistryRoot, "/") && !strings.HasPrefix(clean, RegistryRoot)) {
+		return "", bad("is outside " + RegistryRoot)
+	}
+	return clean, nil
+}
+
+func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
+	if w.seen == nil {
+		w.seen = map[string]bool{MetadataName: true}
+		w.dirs = map[string]bool{}
+	}
+	switch hdr.Typeflag {
+	case tar.TypeReg, tar.TypeDir:
+	case tar.TypeSymlink, tar.TypeLink:
+		return fmt.Errorf("%w: entry %q is a link: bundles hold only files and directories; do not use this bundle", ErrInvalid, truncate(hdr.Name, 200))
+	default:
+		return fmt.Errorf("%w: entry %q has type %q (device, FIFO or sparse): bundles hold only files and directories; do not use this bundle", ErrInvalid, truncate(hdr.Name, 200), hdr.Typeflag)
+	}
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return fmt.Errorf("%w: entry %q is a sparse file: do not use this bundle", ErrInvalid, truncate(hdr.Name, 200))
+		}
+	}
+	clean, err := checkName(hdr.Name, hdr.Typeflag)
+	if err != nil {
+		return err
+	}
+	if w.seen[clean] {
+		return fmt.Errorf("%w: entry %q appears twice: do not use this bundle", ErrInvalid, clean)
+	}
+	w.seen[clean] = true
+	if hdr.Typeflag == tar.TypeDir {
+		if w.root != "" {
+			return w.mkdir(clean)
+		}
+		return nil
+	}
+	if hdr.Size < 0 {
+		return fmt.Errorf("%w: entry %q has a negative size", ErrInvalid, clean)
+	}
+	w.total += hdr.Size
+	if w.total > w.meta.SizeBytes {
+		return fmt.Errorf("%w: its files add up to more than metadata's sizeBytes (%d): the bundle was altered; do not use it", ErrInvalid, w.meta.SizeBytes)
+	}
+	if w.buf == nil {
+		w.buf = make([]byte, chunkSize)
+	}
+	var dst io.Writer = io.Discard
+	var f *os.File
+	if w.root != "" {
+		if err := w.mkdir(path.Dir(clean)); err != nil {
+			return err
+		}
+		f, err = os.OpenFile(filepath.Join(w.root, clean), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+		if err != nil {
+			return fmt.Errorf("extracting %s: %w", clean, err)
+		}
+		dst = writerOnly{f}
+	}
+	n, err := io.CopyBuffer(dst, tr, w.buf)
+	if f != nil {
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		if isNoSpace(err) {
+			return fmt.Errorf("%w: the disk filled up while extracting %s: free some space and plug the stick again", ErrNoSpace, clean)
+		}
+		return readErr(err)
+	}
+	if n != hdr.Size {
+		return readErr(io.ErrUnexpectedEOF)
+	}
+	return nil
+}
+
+func (w *treeWriter) mkdir(dir string) error {
+	if dir == "." || w.dirs[dir] {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Join(w.root, dir), 0o755); err != nil {
+		return fmt.Errorf("extracting %s: %w", dir, err)
+	}
+	for d := dir; d != "." && !w.dirs[d]; d = path.Dir(d) {
+		w.dirs[d] = true
+	}
+	return nil
+}
+
+func (w *treeWriter) writeFile(name string, b []byte) error {
+	return os.WriteFile(filepath.Join(w.root, name), b, 0o644)
+}
+
+// publish makes the staging dir appear as dest, durable first when sync.
+func (w *treeWriter) publish(dest string, sync bool) error {
+	if sync {
+		if err := syncFS(w.root); err != nil {
+			return err
+		}
+	}
+	if err := os.Rename(w.root, dest); err != nil {
+		return fmt.Errorf("publishing %s: %w", dest, err)
+	}
+	if sync {
+		return syncDir(filepath.Dir(dest))
+	}
+	return nil
+}
+
+func syncFS(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		return fmt.Errorf("syncing %s: %w", dir, err)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+func isNoSpace(err error) bool {
+	return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT)
+}
+
+// writerOnly hides os.File's ReadFrom so io.CopyBuffer uses our buffer.
+type writerOnly struct{ io.Writer }
