@@ -1,0 +1,211 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/ferry-edge/ferry/bundle"
+)
+
+func init() {
+	register(&command{name: "bundle inspect", summary: "print a bundle's metadata (reads only its first entry)", run: runBundleInspect})
+	register(&command{name: "bundle verify", summary: "check a bundle's format, arch, approval and sha256", run: runBundleVerify})
+	register(&command{name: "bundle extract", summary: "verify a bundle and extract it in one pass", run: runBundleExtract})
+}
+
+// multiFlag is a repeatable string flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+func newFlags(name, usage string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "Usage: ferry %s\n\nFlags:\n", usage)
+		fs.SetOutput(os.Stderr)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
+	return fs
+}
+
+// parse parses flags (allowing them after positional args) and returns the
+// positional args.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fs.Usage()
+				return nil, usageErr{errors.New("help requested")}
+			}
+			return nil, usageError("%v", err)
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+func runBundleInspect(_ context.Context, args []string) error {
+	fs := newFlags("bundle inspect", "bundle inspect PATH [--json]")
+	asJSON := fs.Bool("json", false, "print metadata.json as JSON")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usageError("want one PATH (a bundle tar or a block device), got %d", len(pos))
+	}
+	m, err := bundle.InspectFile(pos[0])
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(m)
+	}
+	fmt.Printf("bundle:   %s\nversion:  %s\narch:     %s\nsize:     %s (%d bytes)\nrelease:  %s\nimages:   %d (+ release)\ncreated:  %s\n",
+		m.Name(), m.Version, m.Arch, m.Size, m.SizeBytes, m.Release, len(m.Images), m.Created.Format(time.RFC3339))
+	return nil
+}
+
+// trustFlags are the flags verify and extract share.
+type trustFlags struct {
+	sha256    *string
+	approved  multiFlag
+	keys      multiFlag
+	arch      *string
+	noProgres *bool
+}
+
+func addTrustFlags(fs *flag.FlagSet) *trustFlags {
+	t := &trustFlags{
+		sha256:    fs.String("sha256", "", "sha256sum file (default: <bundle>.sha256 next to the tar)"),
+		arch:      fs.String("arch", "", "refuse bundles for another arch (uname -m name, e.g. x86_64)"),
+		noProgres: fs.Bool("quiet", false, "no progress output"),
+	}
+	fs.Var(&t.approved, "approved-digest", "approved bundle digest (sha256:<hex>), repeatable")
+	fs.Var(&t.keys, "trusted-key", "minisign public key file, repeatable")
+	return t
+}
+
+func (t *trustFlags) options(log *slog.Logger) (bundle.Options, error) {
+	for _, d := range t.approved {
+		if bundle.NormalizeDigest(d) == "" {
+			return bundle.Options{}, usageError("--approved-digest %q is not a sha256 digest", d)
+		}
+	}
+	keys, err := bundle.LoadTrustedKeys(t.keys)
+	if err != nil {
+		return bundle.Options{}, usageError("%v", err)
+	}
+	o := bundle.Options{Policy: bundle.Policy{Arch: *t.arch, ApprovedDigests: t.approved, TrustedKeys: keys}, Log: log}
+	if !*t.noProgres {
+		o.Progress = progressPrinter("verifying")
+	}
+	return o, nil
+}
+
+func runBundleVerify(ctx context.Context, args []string) error {
+	fs := newFlags("bundle verify", "bundle verify PATH [--sha256 F] [--approved-digest D]... [--trusted-key F]... [--arch A]")
+	tf := addTrustFlags(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usageError("want one PATH, got %d", len(pos))
+	}
+	opts, err := tf.options(cliLogger())
+	if err != nil {
+		return err
+	}
+	src, err := bundle.FindSource(pos[0], *tf.sha256)
+	if err != nil {
+		return err
+	}
+	opts.SpaceFactor = -1
+	res, err := bundle.Verify(ctx, src, opts)
+	endProgress(opts.Progress)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("OK %s %s (%s, %s, approval: %s)\n", src.Name(), res.Digest, res.Metadata.Version, res.Metadata.Arch, res.Approval)
+	return nil
+}
+
+func runBundleExtract(ctx context.Context, args []string) error {
+	fs := newFlags("bundle extract", "bundle extract PATH --dest DIR [--sha256 F] [--approved-digest D]... [--trusted-key F]... [--arch A]")
+	tf := addTrustFlags(fs)
+	dest := fs.String("dest", "", "directory to create with the extracted bundle (must not exist)")
+	sync := fs.Bool("sync", false, "flush the extracted files to disk before the directory appears")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || *dest == "" {
+		return usageError("want one PATH and --dest DIR")
+	}
+	opts, err := tf.options(cliLogger())
+	if err != nil {
+		return err
+	}
+	opts.Sync = *sync
+	src, err := bundle.FindSource(pos[0], *tf.sha256)
+	if err != nil {
+		return err
+	}
+	res, err := bundle.Extract(ctx, src, *dest, opts)
+	endProgress(opts.Progress)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("OK %s %s extracted to %s\n", src.Name(), res.Digest, *dest)
+	return nil
+}
+
+func cliLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// progressPrinter shows progress on a terminal, at most every 200 ms.
+func progressPrinter(verb string) func(done, total int64) {
+	fi, err := os.Stderr.Stat()
+	if err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		return nil
+	}
+	start, last := time.Now(), time.Time{}
+	return func(done, total int64) {
+		if time.Since(last) < 200*time.Millisecond && done < total {
+			return
+		}
+		last = time.Now()
+		rate := float64(done) / max(time.Since(start).Seconds(), 0.001)
+		pct := 0.0
+		if total > 0 {
+			pct = 100 * float64(done) / float64(total)
+		}
+		fmt.Fprintf(os.Stderr, "\r%s: %3.0f%% (%s/%s) %s/s   ", verb, pct, bundle.HumanSize(done), bundle.HumanSize(total), bundle.HumanSize(int64(rate)))
+	}
+}
+
+func endProgress(p func(int64, int64)) {
+	if p != nil {
+		fmt.Fprintln(os.Stderr)
+	}
+}
