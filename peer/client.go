@@ -1,0 +1,185 @@
+package peer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Client speaks the peer protocol to other nodes.
+type Client struct {
+	hc    *http.Client
+	token string
+	// IdleRead is how long a body may stall before the request is dropped.
+	idleRead time.Duration
+}
+
+// NewClient makes a client sending token (if set). hc nil: a client with
+// dial and header timeouts suited to a LAN.
+func NewClient(token string, hc *http.Client) *Client {
+	if hc == nil {
+		hc = &http.Client{Transport: &http.Transport{
+			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost:   16,
+			IdleConnTimeout:       90 * time.Second,
+			ResponseHeaderTimeout: 15 * time.Second,
+			DisableCompression:    true,
+		}}
+	}
+	return &Client{hc: hc, token: token, idleRead: 30 * time.Second}
+}
+
+// StatusError is a peer's answer other than the one asked for.
+type StatusError struct {
+	Peer, Path string
+	Code       int
+	Body       string
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("peer %s: GET %s: %d %s: %s", e.Peer, e.Path, e.Code, http.StatusText(e.Code), e.Body)
+}
+
+// Unwrap maps codes to the package's sentinels.
+func (e *StatusError) Unwrap() error {
+	switch e.Code {
+	case http.StatusUnauthorized:
+		return ErrUnauthorized
+	case http.StatusNotFound:
+		return ErrUnknownBundle
+	case http.StatusServiceUnavailable:
+		return ErrNotReady
+	case http.StatusRequestedRangeNotSatisfiable:
+		return ErrBadRange
+	}
+	return nil
+}
+
+func (c *Client) do(ctx context.Context, peer, path, rng string, want int) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+peer+path, nil)
+	if err != nil {
+		return nil, fmt.Errorf("peer %s: %w", peer, err)
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if rng != "" {
+		req.Header.Set("Range", rng)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("peer %s: %w", peer, err)
+	}
+	if resp.StatusCode != want {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		resp.Body.Close()
+		return nil, &StatusError{Peer: peer, Path: path, Code: resp.StatusCode, Body: string(b)}
+	}
+	return resp, nil
+}
+
+func (c *Client) getJSON(ctx context.Context, peer, path string, limit int64, v any) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := c.do(ctx, peer, path, "", http.StatusOK)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("peer %s: GET %s: %w", peer, path, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("peer %s: GET %s: answer larger than %d bytes", peer, path, limit)
+	}
+	if v != nil {
+		if err := json.Unmarshal(b, v); err != nil {
+			return nil, fmt.Errorf("peer %s: GET %s: %w", peer, path, err)
+		}
+	}
+	return b, nil
+}
+
+// Offers lists the bundles peer serves.
+func (c *Client) Offers(ctx context.Context, peer string) ([]Offer, error) {
+	var o []Offer
+	_, err := c.getJSON(ctx, peer, "/v1/bundles", 64<<20, &o)
+	return o, err
+}
+
+// Pieces gets and validates digest's piece list from peer (size < 0: any).
+func (c *Client) Pieces(ctx context.Context, peer, digest string, size int64) (*PieceList, error) {
+	b, err := c.getJSON(ctx, peer, "/v1/bundles/"+digest+"/pieces", 64*maxPieces+4096, nil)
+	if err != nil {
+		return nil, err
+	}
+	p, err := ParsePieceList(b, digest, size)
+	if err != nil {
+		return nil, fmt.Errorf("peer %s: %w", peer, err)
+	}
+	return p, nil
+}
+
+// Have gets peer's bitmap of digest's pieces.
+func (c *Client) Have(ctx context.Context, peer, digest string) (Have, error) {
+	var h Have
+	if _, err := c.getJSON(ctx, peer, "/v1/bundles/"+digest+"/have", maxPieces/8+4096, &h); err != nil {
+		return Have{}, err
+	}
+	if !h.valid() {
+		return Have{}, fmt.Errorf("peer %s: have bitmap of %d bytes for %d pieces", peer, len(h.Bits), h.Pieces)
+	}
+	return h, nil
+}
+
+// Status gets peer's node status.
+func (c *Client) Status(ctx context.Context, peer string) (Status, error) {
+	var s Status
+	_, err := c.getJSON(ctx, peer, "/v1/status", 1<<20, &s)
+	return s, err
+}
+
+// CopyRange copies digest's tar bytes [off, off+n) from peer to w. A body
+// that stalls for the idle timeout is dropped; a short body is an error.
+func (c *Client) CopyRange(ctx context.Context, peer, digest string, off, n int64, w io.Writer) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	idle := time.AfterFunc(c.idleRead, cancel)
+	defer idle.Stop()
+	rng := "bytes=" + strconv.FormatInt(off, 10) + "-" + strconv.FormatInt(off+n-1, 10)
+	resp, err := c.do(ctx, peer, "/v1/bundles/"+digest+"/tar", rng, http.StatusPartialContent)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.ContentLength != n {
+		return fmt.Errorf("peer %s: range %s answered with %d bytes", peer, rng, resp.ContentLength)
+	}
+	buf := make([]byte, 256<<10)
+	var got int64
+	for got < n {
+		k, rerr := resp.Body.Read(buf[:min(int64(len(buf)), n-got)])
+		if k > 0 {
+			idle.Reset(c.idleRead)
+			if _, werr := w.Write(buf[:k]); werr != nil {
+				return werr
+			}
+			got += int64(k)
+		}
+		if rerr != nil && got < n {
+			if rerr == io.EOF {
+				rerr = io.ErrUnexpectedEOF
+			}
+			return fmt.Errorf("peer %s: range %s: after %d bytes: %w", peer, rng, got, rerr)
+		}
+	}
+	return nil
+}
+
+func afterPoll() <-chan time.Time { return time.After(50 * time.Millisecond) }

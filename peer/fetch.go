@@ -1,0 +1,683 @@
+package peer
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"sync"
+	"time"
+)
+
+// FetcherOptions configure NewFetcher.
+type FetcherOptions struct {
+	// Peers are the other nodes' peer addresses (host:port).
+	Peers []string
+	// Token is sent as a bearer token when set.
+	Token string
+	// Shelf, when set, re-serves every piece as soon as it is verified,
+	// and the whole bundle (from the fetched file) once Fetch returns nil.
+	Shelf *Shelf
+	// Log: nil discards.
+	Log *slog.Logger
+	// PerPeer bounds piece requests in flight to one peer; 0: 2.
+	PerPeer int
+	// Parallel bounds piece requests in flight in all; 0: 16.
+	Parallel int
+	// Refresh is how often peers' piece bitmaps are polled; 0: 500ms.
+	Refresh time.Duration
+	// Client overrides the HTTP client (tests); nil: NewClient(Token, nil).
+	Client *Client
+}
+
+// Fetcher gets bundles from peers.
+type Fetcher struct {
+	opts FetcherOptions
+	c    *Client
+	log  *slog.Logger
+}
+
+// NewFetcher makes a fetcher for opts.Peers.
+func NewFetcher(opts FetcherOptions) *Fetcher {
+	if opts.PerPeer <= 0 {
+		opts.PerPeer = 2
+	}
+	if opts.Parallel <= 0 {
+		opts.Parallel = 16
+	}
+	if opts.Refresh <= 0 {
+		opts.Refresh = 500 * time.Millisecond
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	c := opts.Client
+	if c == nil {
+		c = NewClient(opts.Token, nil)
+	}
+	return &Fetcher{opts: opts, c: c, log: opts.Log}
+}
+
+// PeerOffer is an offer and the peer that made it.
+type PeerOffer struct {
+	Peer string `json:"peer"`
+	Offer
+}
+
+// Discover asks every peer at once what it serves. It returns every offer
+// received, sorted by peer, and the peers that could not be asked (joined;
+// nil when all answered). Apply approval and arch checks to an offer's
+// Metadata before fetching it.
+func (f *Fetcher) Discover(ctx context.Context) ([]PeerOffer, error) {
+	var (
+		mu   sync.Mutex
+		out  []PeerOffer
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for _, p := range f.opts.Peers {
+		wg.Go(func() {
+			o, err := f.c.Offers(ctx, p)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			for _, x := range o {
+				if ValidDigest(x.Digest) && x.Size > 0 {
+					out = append(out, PeerOffer{Peer: p, Offer: x})
+				}
+			}
+		})
+	}
+	wg.Wait()
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].Peer < out[j].Peer || out[i].Peer == out[j].Peer && out[i].Digest < out[j].Digest
+	})
+	return out, errors.Join(errs...)
+}
+
+// Statuses asks every peer for its status at once. A peer that did not
+// answer has Err set.
+func (f *Fetcher) Statuses(ctx context.Context) map[string]PeerStatus {
+	var (
+		mu  sync.Mutex
+		out = map[string]PeerStatus{}
+		wg  sync.WaitGroup
+	)
+	for _, p := range f.opts.Peers {
+		wg.Go(func() {
+			s, err := f.c.Status(ctx, p)
+			mu.Lock()
+			out[p] = PeerStatus{Status: s, Err: err}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// Progress is reported after every verified piece.
+type Progress struct {
+	Digest      string
+	Done, Total int64 // bytes verified, bytes in all
+	Pieces      int   // pieces verified
+	PiecesTotal int
+	Peers       int      // peers with a request in flight
+	Dropped     []string // peers dropped for this bundle
+}
+
+// fetchState is the resume record next to the destination file.
+type fetchState struct {
+	Pieces *PieceList      `json:"pieceList"`
+	Meta   json.RawMessage `json:"metadata"`
+	Have   Have            `json:"have"`
+}
+
+// StatePath is where Fetch keeps its resume record for dest.
+func StatePath(dest string) string { return dest + ".state" }
+
+// Fetch gets bundle digest from the peers into the file dest, in pieces,
+// from several peers at once; it verifies each piece, re-serves it through
+// the Shelf, and records progress in StatePath(dest) so that a later call
+// resumes. Unreachable peers are retried with backoff for as long as ctx
+// lasts; a peer that serves a bad piece (or a piece list that disagrees
+// with the others') is dropped for this bundle. Fetch returns nil once
+// every piece is held and dest's sha256 is digest; if every piece matched
+// but the whole does not (a lying piece list), dest and its state are
+// removed and the error wraps ErrDigestMismatch. progress may be nil.
+func (f *Fetcher) Fetch(ctx context.Context, digest, dest string, progress func(Progress)) error {
+	if !ValidDigest(digest) {
+		return fmt.Errorf("peer fetch: %q is not a sha256 digest", digest)
+	}
+	j := &job{f: f, digest: digest, dest: dest, progress: progress, peers: map[string]*peerState{}}
+	for _, p := range f.opts.Peers {
+		j.peers[p] = &peerState{addr: p}
+	}
+	if err := j.prepare(ctx); err != nil {
+		return err
+	}
+	err := j.run(ctx)
+	if err != nil && f.opts.Shelf != nil {
+		f.opts.Shelf.Remove(digest) // closes j.file
+	} else if err != nil || f.opts.Shelf == nil {
+		j.file.Close()
+	}
+	return err
+}
+
+type peerState struct {
+	addr       string
+	have       Have
+	known      bool // have is current
+	inflight   int
+	dropped    bool
+	dropReason string
+	fails      int
+	retryAt    time.Time
+	polling    bool
+}
+
+type job struct {
+	f        *Fetcher
+	digest   string
+	dest     string
+	progress func(Progress)
+
+	pl    *PieceList
+	meta  json.RawMessage
+	file  *os.File
+	mine  Have
+	peers map[string]*peerState
+}
+
+// prepare loads the resume record or discovers the bundle and chooses its
+// piece list, then opens dest.
+func (j *job) prepare(ctx context.Context) error {
+	log := j.f.log.With("DIGEST", j.digest)
+	if st, err := j.loadState(); err == nil {
+		j.pl, j.meta, j.mine = st.Pieces, st.Meta, st.Have
+		log.Info("peer fetch: resuming", "PIECES", j.mine.Count(), "OF", j.pl.N())
+	} else if !errors.Is(err, os.ErrNotExist) {
+		log.Warn("peer fetch: resume record unusable; starting over", "err", err)
+	}
+	if j.pl == nil {
+		if err := j.choosePieceList(ctx); err != nil {
+			return err
+		}
+		j.mine = NewHave(j.pl.N())
+	}
+	fl, err := os.OpenFile(j.dest, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("peer fetch %s: %w (check the state directory)", j.digest, err)
+	}
+	if fi, err := fl.Stat(); err != nil || fi.Size() != j.pl.Size {
+		if j.mine.Count() > 0 {
+			log.Warn("peer fetch: file size changed since the resume record; starting over", "FILE", j.dest)
+			j.mine = NewHave(j.pl.N())
+		}
+		if err := fl.Truncate(j.pl.Size); err != nil {
+			fl.Close()
+			return fmt.Errorf("peer fetch %s: size %s to %d bytes: %w (is there room?)", j.digest, j.dest, j.pl.Size, err)
+		}
+	}
+	j.file = fl
+	if s := j.f.opts.Shelf; s != nil {
+		s.addPartial(Offer{Digest: j.digest, Metadata: j.meta, Size: j.pl.Size}, fl, j.pl, j.mine)
+	}
+	return nil
+}
+
+func (j *job) loadState() (*fetchState, error) {
+	b, err := os.ReadFile(StatePath(j.dest))
+	if err != nil {
+		return nil, err
+	}
+	var st fetchState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, err
+	}
+	if st.Pieces == nil {
+		return nil, errors.New("no piece list")
+	}
+	if err := st.Pieces.Validate(); err != nil {
+		return nil, err
+	}
+	if st.Pieces.Digest != j.digest {
+		return nil, fmt.Errorf("record is for %s", st.Pieces.Digest)
+	}
+	if !st.Have.valid() || st.Have.Pieces != st.Pieces.N() {
+		return nil, errors.New("bitmap does not fit the piece list")
+	}
+	return &st, nil
+}
+
+func (j *job) saveState() error {
+	if err := j.file.Sync(); err != nil {
+		return err
+	}
+	b, err := json.Marshal(fetchState{Pieces: j.pl, Meta: j.meta, Have: j.mine})
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(StatePath(j.dest), b)
+}
+
+// choosePieceList asks every peer that offers the bundle for its piece
+// list and takes the one most of them agree on (ties: one from a peer that
+// holds the whole bundle). Peers that disagree are dropped. It waits while
+// the source is still hashing and while no peer answers.
+func (j *job) choosePieceList(ctx context.Context) error {
+	log := j.f.log.With("DIGEST", j.digest)
+	first := true
+	for wait := time.Duration(0); ; wait = min(max(2*wait, 500*time.Millisecond), 10*time.Second) {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("peer fetch %s: waiting for a piece list: %w", j.digest, context.Cause(ctx))
+		case <-time.After(wait):
+		}
+		offers, derr := j.f.Discover(ctx)
+		type vote struct {
+			pl       *PieceList
+			meta     json.RawMessage
+			peers    []string
+			complete bool
+		}
+		votes := map[[32]byte]*vote{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		n := 0
+		for _, o := range offers {
+			if o.Digest != j.digest || j.peers[o.Peer] == nil || j.peers[o.Peer].dropped {
+				continue
+			}
+			n++
+			wg.Go(func() {
+				pl, err := j.f.c.Pieces(ctx, o.Peer, j.digest, o.Size)
+				if err != nil {
+					if !errors.Is(err, ErrNotReady) {
+						log.Warn("peer fetch: no piece list from peer", "PEER", o.Peer, "err", err)
+					}
+					return
+				}
+				b, _ := json.Marshal(pl)
+				k := sha256.Sum256(b)
+				mu.Lock()
+				defer mu.Unlock()
+				v := votes[k]
+				if v == nil {
+					v = &vote{pl: pl, meta: o.Metadata}
+					votes[k] = v
+				}
+				v.peers = append(v.peers, o.Peer)
+				v.complete = v.complete || o.Complete
+			})
+		}
+		wg.Wait()
+		if n == 0 && errors.Is(derr, ErrUnauthorized) {
+			return fmt.Errorf("peer fetch %s: %w", j.digest, derr)
+		}
+		if n == 0 && first && derr == nil {
+			return fmt.Errorf("%w: %s: none of %d peers offers it", ErrNoPeers, j.digest, len(j.f.opts.Peers))
+		}
+		first = false
+		var best *vote
+		for _, v := range votes {
+			if best == nil || len(v.peers) > len(best.peers) || len(v.peers) == len(best.peers) && v.complete && !best.complete {
+				best = v
+			}
+		}
+		if best == nil {
+			log.Info("peer fetch: waiting for a piece list", "OFFERS", n, "err", derr)
+			continue
+		}
+		for _, v := range votes {
+			if v != best {
+				for _, p := range v.peers {
+					j.drop(p, "its piece list disagrees with that of "+fmt.Sprint(best.peers))
+				}
+			}
+		}
+		j.pl, j.meta = best.pl, best.meta
+		return nil
+	}
+}
+
+func (j *job) drop(peer, why string) {
+	ps := j.peers[peer]
+	if ps == nil || ps.dropped {
+		return
+	}
+	ps.dropped, ps.dropReason = true, why
+	j.f.log.Warn("peer dropped for this bundle", "PEER", peer, "DIGEST", j.digest, "reason", why)
+}
+
+type pieceResult struct {
+	peer  string
+	piece int
+	err   error
+	local bool // a local write failed: fatal
+}
+
+type haveResult struct {
+	peer string
+	have Have
+	err  error
+}
+
+// run is the scheduler: one goroutine owns all state; requests and polls
+// run in their own goroutines and report back on channels.
+func (j *job) run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	opts := j.f.opts
+	log := j.f.log.With("DIGEST", j.digest)
+	results := make(chan pieceResult)
+	haves := make(chan haveResult)
+	inflight := make([]bool, j.pl.N())
+	total := 0
+	polls := 0
+	rnd := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	dirty := false
+	lastSave := time.Now()
+	tick := time.NewTicker(opts.Refresh)
+	defer tick.Stop()
+
+	// finish waits for every goroutine so that none touches the file
+	// after Fetch returns.
+	finish := func(err error) error {
+		cancel()
+		for total > 0 || polls > 0 {
+			select {
+			case r := <-results:
+				total--
+				if r.err == nil {
+					j.mine.Set(r.piece)
+					dirty = true
+				}
+			case <-haves:
+				polls--
+			}
+		}
+		if dirty {
+			if serr := j.saveState(); serr != nil {
+				log.Warn("peer fetch: cannot save resume record", "err", serr)
+			}
+		}
+		return err
+	}
+
+	poll := func() {
+		now := time.Now()
+		for _, ps := range j.peers {
+			if ps.dropped || ps.polling || now.Before(ps.retryAt) {
+				continue
+			}
+			ps.polling = true
+			polls++
+			go func(addr string) {
+				h, err := j.f.c.Have(ctx, addr, j.digest)
+				haves <- haveResult{peer: addr, have: h, err: err}
+			}(ps.addr)
+		}
+	}
+	poll()
+
+	report := func() {
+		if j.progress == nil {
+			return
+		}
+		p := Progress{Digest: j.digest, Total: j.pl.Size, PiecesTotal: j.pl.N()}
+		for i := 0; i < j.pl.N(); i++ {
+			if j.mine.Has(i) {
+				_, n := j.pl.Bounds(i)
+				p.Done += n
+				p.Pieces++
+			}
+		}
+		for _, ps := range j.peers {
+			if ps.inflight > 0 {
+				p.Peers++
+			}
+			if ps.dropped {
+				p.Dropped = append(p.Dropped, ps.addr)
+			}
+		}
+		sort.Strings(p.Dropped)
+		j.progress(p)
+	}
+	report()
+
+	for {
+		if j.mine.Count() == j.pl.N() {
+			if err := finish(nil); err != nil {
+				return err
+			}
+			return j.verifyWhole()
+		}
+		// Hand out work: each peer with a free slot gets the rarest piece
+		// it has that nobody is fetching yet.
+		rarity := j.rarity()
+		order := make([]*peerState, 0, len(j.peers))
+		for _, ps := range j.peers {
+			order = append(order, ps)
+		}
+		rnd.Shuffle(len(order), func(a, b int) { order[a], order[b] = order[b], order[a] })
+		now := time.Now()
+		for progressMade := true; progressMade && total < opts.Parallel; {
+			progressMade = false
+			sort.SliceStable(order, func(a, b int) bool { return order[a].inflight < order[b].inflight })
+			for _, ps := range order {
+				if total >= opts.Parallel {
+					break
+				}
+				if ps.dropped || !ps.known || ps.inflight >= opts.PerPeer || now.Before(ps.retryAt) {
+					continue
+				}
+				i := pickPiece(j.mine, inflight, ps.have, rarity, rnd)
+				if i < 0 {
+					continue
+				}
+				inflight[i] = true
+				ps.inflight++
+				total++
+				progressMade = true
+				go func(addr string, i int) {
+					results <- j.fetchPiece(ctx, addr, i)
+				}(ps.addr, i)
+			}
+		}
+		if total == 0 && polls == 0 {
+			live := 0
+			for _, ps := range j.peers {
+				if !ps.dropped {
+					live++
+				}
+			}
+			if live == 0 {
+				var why []string
+				for _, ps := range j.peers {
+					why = append(why, ps.addr+": "+ps.dropReason)
+				}
+				sort.Strings(why)
+				return finish(fmt.Errorf("%w: %s: every peer was dropped (%v); check those nodes' bundle files", ErrNoPeers, j.digest, why))
+			}
+		}
+
+		select {
+		case <-ctx.Done():
+			return finish(fmt.Errorf("peer fetch %s: %w", j.digest, context.Cause(ctx)))
+		case r := <-results:
+			total--
+			inflight[r.piece] = false
+			ps := j.peers[r.peer]
+			ps.inflight--
+			switch {
+			case r.err == nil:
+				j.mine.Set(r.piece)
+				ps.fails = 0
+				dirty = true
+				if s := opts.Shelf; s != nil {
+					s.setPiece(j.digest, r.piece)
+				}
+				report()
+			case r.local:
+				return finish(r.err)
+			case errors.Is(r.err, ErrBadPiece):
+				j.drop(r.peer, r.err.Error())
+				report()
+			case errors.Is(r.err, ErrUnauthorized):
+				j.drop(r.peer, "it refused our token: set the same token_file on every node")
+				report()
+			case ctx.Err() != nil:
+			default:
+				if errors.Is(r.err, ErrBadRange) || errors.Is(r.err, ErrUnknownBundle) {
+					ps.known = false // it no longer has what we thought: poll again
+				} else {
+					j.backoff(ps, r.err)
+				}
+			}
+		case h := <-haves:
+			polls--
+			ps := j.peers[h.peer]
+			ps.polling = false
+			switch {
+			case h.err == nil && h.have.Pieces != j.pl.N():
+				j.drop(h.peer, fmt.Sprintf("it has %d pieces of the bundle, the piece list has %d", h.have.Pieces, j.pl.N()))
+			case h.err == nil:
+				ps.have, ps.known = h.have, true
+				ps.fails = 0
+			case errors.Is(h.err, ErrUnknownBundle) || errors.Is(h.err, ErrNotReady):
+				ps.have, ps.known = NewHave(j.pl.N()), true
+			case errors.Is(h.err, ErrUnauthorized):
+				j.drop(h.peer, "it refused our token: set the same token_file on every node")
+			case ctx.Err() != nil:
+			default:
+				ps.known = false
+				j.backoff(ps, h.err)
+			}
+		case <-tick.C:
+			poll()
+			if dirty && time.Since(lastSave) >= time.Second {
+				if err := j.saveState(); err != nil {
+					return finish(fmt.Errorf("peer fetch %s: save resume record %s: %w", j.digest, StatePath(j.dest), err))
+				}
+				dirty, lastSave = false, time.Now()
+			}
+		}
+	}
+}
+
+func (j *job) backoff(ps *peerState, err error) {
+	ps.fails++
+	d := min(250*time.Millisecond<<min(ps.fails-1, 8), 15*time.Second)
+	ps.retryAt = time.Now().Add(d)
+	j.f.log.Info("peer fetch: peer failed; retrying later", "PEER", ps.addr, "DIGEST", j.digest, "RETRY_IN", d, "err", err)
+}
+
+// rarity counts, per piece, the peers known to hold it.
+func (j *job) rarity() []int {
+	r := make([]int, j.pl.N())
+	for _, ps := range j.peers {
+		if ps.dropped || !ps.known {
+			continue
+		}
+		for i := range r {
+			if ps.have.Has(i) {
+				r[i]++
+			}
+		}
+	}
+	return r
+}
+
+// pickPiece returns the piece to ask a peer holding theirs for: one we
+// lack, not in flight, that they have, with the lowest rarity; ties are
+// broken at random so fetchers spread over the source's pieces. -1: none.
+func pickPiece(mine Have, inflight []bool, theirs Have, rarity []int, rnd *rand.Rand) int {
+	best, ties := -1, 0
+	for i := range inflight {
+		if mine.Has(i) || inflight[i] || !theirs.Has(i) {
+			continue
+		}
+		switch {
+		case best < 0 || rarity[i] < rarity[best]:
+			best, ties = i, 1
+		case rarity[i] == rarity[best]:
+			ties++
+			if rnd.IntN(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	return best
+}
+
+// fetchPiece streams piece i from peer into the file while hashing it. A
+// bad piece leaves garbage in its slot, which is neither marked held nor
+// served, and is overwritten by the next attempt.
+func (j *job) fetchPiece(ctx context.Context, peer string, i int) pieceResult {
+	off, n := j.pl.Bounds(i)
+	h := sha256.New()
+	w := &hashWriter{w: io.NewOffsetWriter(j.file, off), h: h}
+	err := j.f.c.CopyRange(ctx, peer, j.digest, off, n, w)
+	if w.err != nil {
+		return pieceResult{peer: peer, piece: i, local: true, err: fmt.Errorf("peer fetch %s: write %s: %w (is the disk full?)", j.digest, j.dest, w.err)}
+	}
+	if err != nil {
+		return pieceResult{peer: peer, piece: i, err: err}
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != j.pl.Pieces[i] {
+		return pieceResult{peer: peer, piece: i, err: fmt.Errorf("%w: piece %d from peer %s: sha256 %.12s…, want %.12s…", ErrBadPiece, i, peer, got, j.pl.Pieces[i])}
+	}
+	return pieceResult{peer: peer, piece: i}
+}
+
+type hashWriter struct {
+	w   io.Writer
+	h   io.Writer
+	err error
+}
+
+func (hw *hashWriter) Write(b []byte) (int, error) {
+	hw.h.Write(b)
+	n, err := hw.w.Write(b)
+	if err != nil {
+		hw.err = err
+	}
+	return n, err
+}
+
+// verifyWhole checks dest against the digest. On a mismatch it removes
+// dest and the resume record: some piece list lied.
+func (j *job) verifyWhole() error {
+	h := sha256.New()
+	if _, err := io.Copy(h, io.NewSectionReader(j.file, 0, j.pl.Size)); err != nil {
+		return fmt.Errorf("peer fetch %s: read back %s: %w", j.digest, j.dest, err)
+	}
+	got := "sha256:" + hex.EncodeToString(h.Sum(nil))
+	if got != j.digest {
+		if s := j.f.opts.Shelf; s != nil {
+			s.Remove(j.digest)
+		}
+		os.Remove(j.dest)
+		os.Remove(StatePath(j.dest))
+		return fmt.Errorf("%w: %s: every piece matched the piece list but the whole file hashes to %s; the piece list was wrong (a peer's bundle file is damaged?); the download was discarded and will start over", ErrDigestMismatch, j.digest, got)
+	}
+	if err := os.Remove(StatePath(j.dest)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		j.f.log.Warn("peer fetch: cannot remove resume record", "err", err)
+	}
+	if s := j.f.opts.Shelf; s != nil {
+		s.complete(j.digest)
+	}
+	j.f.log.Info("peer fetch: bundle complete", "DIGEST", j.digest, "FILE", j.dest)
+	return nil
+}

@@ -1,0 +1,231 @@
+// Package peer distributes verified bundles between a cluster's nodes over
+// HTTP: a read-only server for the bundles a node holds (whole or in part),
+// a fetcher that gets a bundle in fixed-size pieces from several peers at
+// once, verifying each piece and the whole digest, and the cluster view the
+// gate decides on.
+//
+// The wire protocol, all under /v1, all GET, all read-only:
+//
+//	/v1/bundles                      []Offer (JSON)
+//	/v1/bundles/<digest>/metadata    metadata.json bytes
+//	/v1/bundles/<digest>/pieces      PieceList (JSON); 503 + Retry-After while the source still hashes
+//	/v1/bundles/<digest>/have        Have (JSON): bitmap of verified pieces
+//	/v1/bundles/<digest>/tar         the tar; one byte range per request (Range: bytes=a-b)
+//	/v1/status                       Status (JSON) of this node
+//
+// With a token configured every request needs "Authorization: Bearer <token>".
+package peer
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// DefaultPieceSize is the piece size a source publishes unless told
+// otherwise: small enough that pieces spread between fetchers early, large
+// enough that a 16 GiB bundle's piece list stays near 150 KiB.
+const DefaultPieceSize = 8 << 20
+
+// Piece size bounds a piece list may declare.
+const (
+	MinPieceSize = 64 << 10
+	MaxPieceSize = 256 << 20
+	// maxPieces bounds a piece list (16 TiB at 8 MiB): a parser never
+	// allocates more than this many entries.
+	maxPieces = 1 << 21
+)
+
+// Sentinel errors, found with errors.Is.
+var (
+	// ErrUnknownBundle: no peer (or this store) holds that digest.
+	ErrUnknownBundle = errors.New("bundle not held")
+	// ErrNotReady: the source is still computing the piece list.
+	ErrNotReady = errors.New("piece list not ready yet")
+	// ErrBadPieceList: a piece list that does not parse or does not fit
+	// the bundle.
+	ErrBadPieceList = errors.New("bad piece list")
+	// ErrBadPiece: a piece whose bytes do not match the piece list.
+	ErrBadPiece = errors.New("piece does not match its digest")
+	// ErrDigestMismatch: every piece matched the piece list but the whole
+	// file does not match the bundle digest (the piece list lied).
+	ErrDigestMismatch = errors.New("bundle digest mismatch")
+	// ErrNoPeers: no usable peer is left for the bundle.
+	ErrNoPeers = errors.New("no peer can serve the bundle")
+	// ErrUnauthorized: the peer refused our token (or we sent none).
+	ErrUnauthorized = errors.New("peer refused the token")
+	// ErrBadRange: a Range header that cannot be served.
+	ErrBadRange = errors.New("unsatisfiable range")
+)
+
+// Offer is one bundle a node serves, whole or in part.
+type Offer struct {
+	Digest    string          `json:"digest"`
+	Metadata  json.RawMessage `json:"metadata"`
+	Size      int64           `json:"size"`
+	PieceSize int64           `json:"pieceSize"`
+	// Complete is true when the node holds every byte verified.
+	Complete bool `json:"complete"`
+}
+
+// Status is what a node reports about itself on /v1/status. The agent
+// fills it; the gate reads Phase and Digest.
+type Status struct {
+	Node    string `json:"node"`
+	Phase   string `json:"phase"`
+	Digest  string `json:"digest,omitempty"`
+	Version string `json:"version,omitempty"`
+	Release string `json:"release,omitempty"`
+	// Source is true on the node the stick was plugged into.
+	Source bool   `json:"source,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// ValidDigest reports whether d is "sha256:" and 64 lowercase hex digits.
+func ValidDigest(d string) bool {
+	h, ok := strings.CutPrefix(d, "sha256:")
+	if !ok || len(h) != 64 {
+		return false
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func hexOf(d string) string { return strings.TrimPrefix(d, "sha256:") }
+
+// NumPieces is how many pieces of pieceSize a file of size bytes has.
+func NumPieces(size, pieceSize int64) int {
+	if size <= 0 || pieceSize <= 0 {
+		return 0
+	}
+	return int((size + pieceSize - 1) / pieceSize)
+}
+
+// PieceList is the sha256 of each fixed-size piece of a bundle's tar, as
+// published by the node that holds it whole. It is signed by nothing: the
+// fetcher checks the whole digest at the end.
+type PieceList struct {
+	Digest    string   `json:"digest"`
+	Size      int64    `json:"size"`
+	PieceSize int64    `json:"pieceSize"`
+	Pieces    []string `json:"pieces"` // lowercase hex sha256 per piece
+}
+
+// N is the number of pieces.
+func (p *PieceList) N() int { return len(p.Pieces) }
+
+// Bounds is the byte range [off, off+n) of piece i.
+func (p *PieceList) Bounds(i int) (off, n int64) {
+	off = int64(i) * p.PieceSize
+	n = p.PieceSize
+	if off+n > p.Size {
+		n = p.Size - off
+	}
+	return off, n
+}
+
+// Check reports whether b is piece i.
+func (p *PieceList) Check(i int, b []byte) error {
+	sum := sha256.Sum256(b)
+	if got := hex.EncodeToString(sum[:]); got != p.Pieces[i] {
+		return fmt.Errorf("%w: piece %d of %s: sha256 %.12s…, want %.12s…", ErrBadPiece, i, p.Digest, got, p.Pieces[i])
+	}
+	return nil
+}
+
+// Validate checks that the list fits its own digest, size and piece size.
+func (p *PieceList) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrBadPieceList, fmt.Sprintf(format, a...))
+	}
+	switch {
+	case !ValidDigest(p.Digest):
+		return bad("digest %q is not sha256:<64 hex>", p.Digest)
+	case p.Size <= 0:
+		return bad("size %d is not positive", p.Size)
+	case p.PieceSize < MinPieceSize || p.PieceSize > MaxPieceSize:
+		return bad("piece size %d is not between %d and %d", p.PieceSize, MinPieceSize, MaxPieceSize)
+	case p.Size/p.PieceSize >= maxPieces:
+		return bad("size %d needs more than %d pieces", p.Size, maxPieces)
+	}
+	if want := NumPieces(p.Size, p.PieceSize); len(p.Pieces) != want {
+		return bad("%d piece digests for %d bytes in pieces of %d (want %d)", len(p.Pieces), p.Size, p.PieceSize, want)
+	}
+	for i, h := range p.Pieces {
+		if !ValidDigest("sha256:" + h) {
+			return bad("piece %d digest %q is not 64 lowercase hex digits", i, h)
+		}
+	}
+	return nil
+}
+
+// ParsePieceList decodes and validates a piece list, and checks it is for
+// the bundle digest and size the caller expects (size < 0: any).
+func ParsePieceList(b []byte, digest string, size int64) (*PieceList, error) {
+	var p PieceList
+	if err := json.Unmarshal(b, &p); err != nil {
+		return nil, fmt.Errorf("%w: not JSON: %v", ErrBadPieceList, err)
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	if p.Digest != digest {
+		return nil, fmt.Errorf("%w: it is for %s, not %s", ErrBadPieceList, p.Digest, digest)
+	}
+	if size >= 0 && p.Size != size {
+		return nil, fmt.Errorf("%w: it is for %d bytes, the bundle has %d", ErrBadPieceList, p.Size, size)
+	}
+	return &p, nil
+}
+
+// Have is a node's bitmap of verified pieces of one bundle.
+type Have struct {
+	Pieces int    `json:"pieces"`
+	Bits   []byte `json:"bits"` // bit i (byte i/8, mask 1<<(i%8)) set: piece i held
+}
+
+// NewHave is an empty bitmap for n pieces.
+func NewHave(n int) Have { return Have{Pieces: n, Bits: make([]byte, (n+7)/8)} }
+
+// FullHave is a bitmap with all n pieces set.
+func FullHave(n int) Have {
+	h := NewHave(n)
+	for i := 0; i < n; i++ {
+		h.Set(i)
+	}
+	return h
+}
+
+// Has reports whether piece i is held.
+func (h Have) Has(i int) bool {
+	return i >= 0 && i < h.Pieces && i/8 < len(h.Bits) && h.Bits[i/8]&(1<<(i%8)) != 0
+}
+
+// Set marks piece i held.
+func (h Have) Set(i int) { h.Bits[i/8] |= 1 << (i % 8) }
+
+// Count is the number of pieces held.
+func (h Have) Count() int {
+	n := 0
+	for i := 0; i < h.Pieces; i++ {
+		if h.Has(i) {
+			n++
+		}
+	}
+	return n
+}
+
+// Clone is a copy that does not share bits.
+func (h Have) Clone() Have {
+	return Have{Pieces: h.Pieces, Bits: append([]byte(nil), h.Bits...)}
+}
+
+func (h Have) valid() bool { return h.Pieces >= 0 && len(h.Bits) == (h.Pieces+7)/8 }

@@ -1,0 +1,292 @@
+package peer
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/net/netutil"
+)
+
+// Store is what the server needs from the node: the bundles it holds,
+// whole or in part. Shelf implements it; so can a fake in tests.
+type Store interface {
+	// Offers lists every bundle served.
+	Offers() []Offer
+	// Open gives the tar's bytes; ErrUnknownBundle if not held. Only
+	// verified pieces (Have) are ever read from it.
+	Open(digest string) (io.ReaderAt, int64, error)
+	// Pieces is the bundle's piece list; ErrNotReady while it is computed.
+	Pieces(digest string) (*PieceList, error)
+	// Have is the bitmap of verified pieces; ErrNotReady while the piece
+	// list is computed (a whole bundle's pieces are then all held).
+	Have(digest string) (Have, error)
+}
+
+// ServerOptions configure NewServer.
+type ServerOptions struct {
+	// Token, when set, is required as "Authorization: Bearer <token>".
+	Token string
+	// Status reports this node's status for /v1/status; nil: 404.
+	Status func() Status
+	// Log receives one line per refused or failed request; nil: discard.
+	Log *slog.Logger
+	// MaxConns bounds concurrent connections (Serve); 0: 64.
+	MaxConns int
+	// IdleWrite is how long one write of the tar may block before the
+	// connection is dropped; 0: 60s.
+	IdleWrite time.Duration
+}
+
+// Server is the read-only peer HTTP handler. See the package comment for
+// its routes.
+type Server struct {
+	store Store
+	opts  ServerOptions
+	token [32]byte
+	mux   *http.ServeMux
+}
+
+// NewServer serves store.
+func NewServer(store Store, opts ServerOptions) *Server {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = 64
+	}
+	if opts.IdleWrite <= 0 {
+		opts.IdleWrite = 60 * time.Second
+	}
+	s := &Server{store: store, opts: opts, token: sha256.Sum256([]byte(opts.Token)), mux: http.NewServeMux()}
+	s.mux.HandleFunc("GET /v1/bundles", s.list)
+	s.mux.HandleFunc("GET /v1/bundles/{digest}/metadata", s.bundle(s.metadata))
+	s.mux.HandleFunc("GET /v1/bundles/{digest}/pieces", s.bundle(s.pieces))
+	s.mux.HandleFunc("GET /v1/bundles/{digest}/have", s.bundle(s.have))
+	s.mux.HandleFunc("GET /v1/bundles/{digest}/tar", s.bundle(s.tar))
+	s.mux.HandleFunc("GET /v1/status", s.status)
+	return s
+}
+
+// ServeHTTP checks the token, then routes.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.opts.Token != "" {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		sum := sha256.Sum256([]byte(got))
+		if !ok || subtle.ConstantTimeCompare(sum[:], s.token[:]) != 1 {
+			s.opts.Log.Warn("peer request refused: wrong or missing token", "REMOTE", r.RemoteAddr, "PATH", r.URL.Path)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="ferry"`)
+			http.Error(w, "wrong or missing bearer token: set the same token_file on every node", http.StatusUnauthorized)
+			return
+		}
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	s.mux.ServeHTTP(w, r)
+}
+
+// Serve accepts connections on ln (at most MaxConns at once) until ctx
+// ends, then shuts down, giving requests in flight 5s.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	hs := &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.opts.Log.Handler(), slog.LevelDebug),
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if hs.Shutdown(sctx) != nil {
+				hs.Close()
+			}
+		case <-done:
+		}
+	}()
+	err := hs.Serve(netutil.LimitListener(ln, s.opts.MaxConns))
+	close(done)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// ListenAndServe listens on addr (host:port) and serves until ctx ends.
+func (s *Server) ListenAndServe(ctx context.Context, addr string) error {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("peer server: listen on %s: %w (check peer.listen in the config)", addr, err)
+	}
+	return s.Serve(ctx, ln)
+}
+
+func (s *Server) writeJSON(w http.ResponseWriter, r *http.Request, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(s.opts.IdleWrite))
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	_, _ = w.Write(b)
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	offers := s.store.Offers()
+	if offers == nil {
+		offers = []Offer{}
+	}
+	s.writeJSON(w, r, offers)
+}
+
+func (s *Server) status(w http.ResponseWriter, r *http.Request) {
+	if s.opts.Status == nil {
+		http.Error(w, "this node reports no status", http.StatusNotFound)
+		return
+	}
+	s.writeJSON(w, r, s.opts.Status())
+}
+
+// bundle validates the digest in the path against the held bundles before
+// h sees it: nothing from the path goes further than a map lookup.
+func (s *Server) bundle(h func(http.ResponseWriter, *http.Request, Offer)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		d := r.PathValue("digest")
+		if !ValidDigest(d) {
+			http.Error(w, "not a bundle digest (sha256:<64 lowercase hex>)", http.StatusBadRequest)
+			return
+		}
+		for _, o := range s.store.Offers() {
+			if o.Digest == d {
+				h(w, r, o)
+				return
+			}
+		}
+		http.Error(w, "bundle not held here", http.StatusNotFound)
+	}
+}
+
+func (s *Server) metadata(w http.ResponseWriter, r *http.Request, o Offer) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(o.Metadata)))
+	_, _ = w.Write(o.Metadata)
+}
+
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, ErrNotReady) {
+		w.Header().Set("Retry-After", "2")
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	if errors.Is(err, ErrUnknownBundle) {
+		http.Error(w, err.Error(), http.StatusNotFound)
+		return
+	}
+	s.opts.Log.Error("peer request failed", "PATH", r.URL.Path, "err", err)
+	http.Error(w, err.Error(), http.StatusInternalServerError)
+}
+
+func (s *Server) pieces(w http.ResponseWriter, r *http.Request, o Offer) {
+	p, err := s.store.Pieces(o.Digest)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.writeJSON(w, r, p)
+}
+
+func (s *Server) have(w http.ResponseWriter, r *http.Request, o Offer) {
+	h, err := s.store.Have(o.Digest)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.writeJSON(w, r, h)
+}
+
+// tar serves the whole tar (200) or one range of it (206). Of a bundle
+// still being received, only ranges lying inside verified pieces are
+// served; anything else, a list of ranges included, is 416.
+func (s *Server) tar(w http.ResponseWriter, r *http.Request, o Offer) {
+	ra, size, err := s.store.Open(o.Digest)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	start, n := int64(0), size
+	status := http.StatusOK
+	if h := r.Header.Get("Range"); h != "" {
+		if start, n, err = ParseRange(h, size); err != nil {
+			w.Header().Set("Content-Range", fmt.Sprintf("bytes */%d", size))
+			http.Error(w, err.Error(), http.StatusRequestedRangeNotSatisfiable)
+			return
+		}
+		status = http.StatusPartialContent
+		w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", start, start+n-1, size))
+	}
+	if !o.Complete {
+		if err := s.verified(o.Digest, start, n); err != nil {
+			w.Header().Set("Content-Range", fmt.Sprintf("bytes */%d", size))
+			http.Error(w, err.Error(), http.StatusRequestedRangeNotSatisfiable)
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "application/x-tar")
+	w.Header().Set("Accept-Ranges", "bytes")
+	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+	w.WriteHeader(status)
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 1<<20)
+	for off, end := start, start+n; off < end; {
+		k := min(int64(len(buf)), end-off)
+		m, err := ra.ReadAt(buf[:k], off)
+		if int64(m) < k && err == nil {
+			err = io.ErrUnexpectedEOF
+		}
+		if m > 0 {
+			_ = rc.SetWriteDeadline(time.Now().Add(s.opts.IdleWrite))
+			if _, werr := w.Write(buf[:m]); werr != nil {
+				s.opts.Log.Debug("peer tar write stopped", "REMOTE", r.RemoteAddr, "DIGEST", o.Digest, "err", werr)
+				return
+			}
+		}
+		if err != nil && int64(m) < k {
+			s.opts.Log.Error("peer tar read failed", "DIGEST", o.Digest, "OFFSET", off+int64(m), "err", err)
+			panic(http.ErrAbortHandler) // the client sees a short body, not a wrong one
+		}
+		off += int64(m)
+	}
+}
+
+func (s *Server) verified(digest string, start, n int64) error {
+	p, err := s.store.Pieces(digest)
+	if err != nil {
+		return err
+	}
+	h, err := s.store.Have(digest)
+	if err != nil {
+		return err
+	}
+	for i := int(start / p.PieceSize); int64(i)*p.PieceSize < start+n; i++ {
+		if !h.Has(i) {
+			return fmt.Errorf("%w: piece %d is not held here yet", ErrBadRange, i)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,348 @@
+package peer
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+)
+
+// ShelfOptions configure NewShelf.
+type ShelfOptions struct {
+	// PieceSize of the piece lists this node publishes for whole bundles;
+	// 0: DefaultPieceSize.
+	PieceSize int64
+	// CacheDir, when set, keeps computed piece lists across restarts
+	// (<CacheDir>/<hex>.pieces.json) so a 16 GiB bundle is hashed once.
+	CacheDir string
+	// Log: nil discards.
+	Log *slog.Logger
+}
+
+// Shelf is the set of bundles a node serves to its peers: whole ones the
+// agent Adds (verified, extracted) and ones a Fetcher is receiving, served
+// piece by piece as they are verified. It implements Store.
+type Shelf struct {
+	opts   ShelfOptions
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	entries map[string]*entry
+}
+
+type entry struct {
+	offer  Offer
+	r      io.ReaderAt
+	pieces *PieceList // nil while hashing
+	have   Have       // partial entries only
+	err    error      // hashing failed: not served
+	cancel context.CancelFunc
+}
+
+var _ Store = (*Shelf)(nil)
+
+// NewShelf makes an empty shelf. Close stops its background hashing.
+func NewShelf(opts ShelfOptions) *Shelf {
+	if opts.PieceSize == 0 {
+		opts.PieceSize = DefaultPieceSize
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Shelf{opts: opts, ctx: ctx, cancel: cancel, entries: map[string]*entry{}}
+}
+
+// Close stops background hashing and closes every reader the shelf holds.
+func (s *Shelf) Close() error {
+	s.cancel()
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for d, e := range s.entries {
+		closeReader(e.r)
+		delete(s.entries, d)
+	}
+	return nil
+}
+
+func closeReader(r io.ReaderAt) {
+	if c, ok := r.(io.Closer); ok {
+		_ = c.Close()
+	}
+}
+
+// Add serves a whole, verified bundle: the tar's bytes are r[0:size]. Its
+// piece list is computed in the background (or read from CacheDir); until
+// then the bundle is listed but its pieces answer "not ready". Hashing also
+// checks r against the digest: a reader that does not give the bundle's
+// bytes is never served. Add replaces an entry for the same digest (a
+// partial one from a Fetcher, say). The shelf owns r from now on and closes
+// it (if it is an io.Closer) when the entry is removed or replaced.
+func (s *Shelf) Add(digest string, meta []byte, r io.ReaderAt, size int64) error {
+	if !ValidDigest(digest) {
+		return fmt.Errorf("peer shelf: %q is not a sha256 digest", digest)
+	}
+	if size <= 0 {
+		return fmt.Errorf("peer shelf: bundle %s has size %d", digest, size)
+	}
+	ctx, cancel := context.WithCancel(s.ctx)
+	e := &entry{
+		offer:  Offer{Digest: digest, Metadata: append(json.RawMessage(nil), meta...), Size: size, PieceSize: s.opts.PieceSize, Complete: true},
+		r:      r,
+		cancel: cancel,
+	}
+	if p := s.loadCached(digest, size); p != nil {
+		e.pieces = p
+		e.offer.PieceSize = p.PieceSize
+	}
+	s.put(digest, e)
+	if e.pieces == nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.hash(ctx, e)
+		}()
+	}
+	return nil
+}
+
+// Remove stops serving digest.
+func (s *Shelf) Remove(digest string) {
+	s.mu.Lock()
+	e := s.entries[digest]
+	delete(s.entries, digest)
+	s.mu.Unlock()
+	if e != nil {
+		e.cancel()
+		closeReader(e.r)
+	}
+}
+
+func (s *Shelf) put(digest string, e *entry) {
+	s.mu.Lock()
+	old := s.entries[digest]
+	s.entries[digest] = e
+	s.mu.Unlock()
+	if old != nil {
+		old.cancel()
+		if old.r != e.r {
+			closeReader(old.r)
+		}
+	}
+}
+
+// WaitPieces blocks until digest's piece list is computed (or ctx ends).
+// Tests and the agent's status use it; serving does not need it.
+func (s *Shelf) WaitPieces(ctx context.Context, digest string) (*PieceList, error) {
+	for {
+		p, err := s.Pieces(digest)
+		if !errors.Is(err, ErrNotReady) {
+			return p, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-afterPoll():
+		}
+	}
+}
+
+func (s *Shelf) hash(ctx context.Context, e *entry) {
+	d, size := e.offer.Digest, e.offer.Size
+	ps := s.opts.PieceSize
+	p := &PieceList{Digest: d, Size: size, PieceSize: ps, Pieces: make([]string, 0, NumPieces(size, ps))}
+	whole := sha256.New()
+	buf := make([]byte, min(ps, 1<<20))
+	var err error
+	for off := int64(0); off < size && err == nil; off += ps {
+		piece := sha256.New()
+		end := min(off+ps, size)
+		for o := off; o < end; {
+			if ctx.Err() != nil {
+				return
+			}
+			n, rerr := e.r.ReadAt(buf[:min(int64(len(buf)), end-o)], o)
+			piece.Write(buf[:n])
+			whole.Write(buf[:n])
+			o += int64(n)
+			if rerr != nil && o < end {
+				err = fmt.Errorf("read bundle %s at %d: %w", d, o, rerr)
+				break
+			}
+		}
+		p.Pieces = append(p.Pieces, hex.EncodeToString(piece.Sum(nil)))
+	}
+	if err == nil {
+		if got := "sha256:" + hex.EncodeToString(whole.Sum(nil)); got != d {
+			err = fmt.Errorf("%w: the bundle's bytes as served hash to %s, not %s: not serving it (a bug in regenerating the tar, or the extracted tree changed)", ErrDigestMismatch, got, d)
+		}
+	}
+	s.mu.Lock()
+	if s.entries[d] == e {
+		if err != nil {
+			e.err = err
+		} else {
+			e.pieces = p
+		}
+	}
+	s.mu.Unlock()
+	if err != nil {
+		s.opts.Log.Error("peer: cannot serve bundle", "DIGEST", d, "err", err)
+		return
+	}
+	s.opts.Log.Info("peer: piece list ready", "DIGEST", d, "PIECES", p.N())
+	s.saveCached(p)
+}
+
+func (s *Shelf) cachePath(digest string) string {
+	return filepath.Join(s.opts.CacheDir, hexOf(digest)+".pieces.json")
+}
+
+func (s *Shelf) loadCached(digest string, size int64) *PieceList {
+	if s.opts.CacheDir == "" {
+		return nil
+	}
+	b, err := os.ReadFile(s.cachePath(digest))
+	if err != nil {
+		return nil
+	}
+	p, err := ParsePieceList(b, digest, size)
+	if err != nil || p.PieceSize != s.opts.PieceSize {
+		return nil
+	}
+	return p
+}
+
+func (s *Shelf) saveCached(p *PieceList) {
+	if s.opts.CacheDir == "" {
+		return
+	}
+	b, _ := json.Marshal(p)
+	if err := writeFileAtomic(s.cachePath(p.Digest), b); err != nil {
+		s.opts.Log.Warn("peer: cannot cache piece list; it will be computed again after a restart", "DIGEST", p.Digest, "err", err)
+	}
+}
+
+// addPartial serves a bundle being fetched into r: only pieces in have.
+func (s *Shelf) addPartial(o Offer, r io.ReaderAt, p *PieceList, have Have) {
+	o.Complete = false
+	o.PieceSize = p.PieceSize
+	s.put(o.Digest, &entry{offer: o, r: r, pieces: p, have: have.Clone(), cancel: func() {}})
+}
+
+// setPiece marks piece i of a partial entry verified.
+func (s *Shelf) setPiece(digest string, i int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.entries[digest]; e != nil && !e.offer.Complete && i < e.have.Pieces {
+		e.have.Set(i)
+	}
+}
+
+// complete marks a partial entry whole (every piece and the digest checked).
+func (s *Shelf) complete(digest string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.entries[digest]; e != nil {
+		e.offer.Complete = true
+	}
+}
+
+// Offers lists every bundle served, sorted by digest.
+func (s *Shelf) Offers() []Offer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Offer, 0, len(s.entries))
+	for _, e := range s.entries {
+		if e.err == nil {
+			out = append(out, e.offer)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Digest < out[j].Digest })
+	return out
+}
+
+func (s *Shelf) get(digest string) (*entry, error) {
+	e := s.entries[digest]
+	if e == nil || e.err != nil {
+		return nil, fmt.Errorf("%w: %s", ErrUnknownBundle, digest)
+	}
+	return e, nil
+}
+
+// Open implements Store.
+func (s *Shelf) Open(digest string) (io.ReaderAt, int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := s.get(digest)
+	if err != nil {
+		return nil, 0, err
+	}
+	return e.r, e.offer.Size, nil
+}
+
+// Pieces implements Store.
+func (s *Shelf) Pieces(digest string) (*PieceList, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := s.get(digest)
+	if err != nil {
+		return nil, err
+	}
+	if e.pieces == nil {
+		return nil, fmt.Errorf("%w: %s is still being hashed", ErrNotReady, digest)
+	}
+	return e.pieces, nil
+}
+
+// Have implements Store.
+func (s *Shelf) Have(digest string) (Have, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := s.get(digest)
+	if err != nil {
+		return Have{}, err
+	}
+	if e.pieces == nil {
+		return Have{}, fmt.Errorf("%w: %s is still being hashed", ErrNotReady, digest)
+	}
+	if e.offer.Complete {
+		return FullHave(e.pieces.N()), nil
+	}
+	return e.have.Clone(), nil
+}
+
+// writeFileAtomic writes b to a temporary file next to path, syncs it and
+// renames it over path.
+func writeFileAtomic(path string, b []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
+}
