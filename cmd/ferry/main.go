@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -56,7 +57,7 @@ func run(ctx context.Context, args []string) int {
 	err := c.run(ctx, rest)
 	var u usageErr
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, flag.ErrHelp): // -h: help was printed
 		return exitOK
 	case errors.As(err, &u):
 		fmt.Fprintf(os.Stderr, "ferry %s: %v\n", c.name, err)
