@@ -1,0 +1,196 @@
+package registry
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+)
+
+// Stats counts what the registry served. Every request arrives over TLS
+// (the listener only speaks TLS); TLS counts the requests whose handshake
+// completed, so a test can check TLS == Requests.
+type Stats struct {
+	Requests int64
+	TLS      int64
+	// Manifests and Blobs count GET and HEAD requests answered 2xx.
+	Manifests int64
+	Blobs     int64
+	// Refused counts requests other than GET and HEAD (pushes, deletes).
+	Refused int64
+	// Failed counts answers 4xx and 5xx (unknown manifests among them).
+	Failed int64
+	// ByRepo counts manifests served per repository path.
+	ByRepo map[string]int64
+	// UserAgents counts manifest requests per User-Agent product
+	// (the part before the first '/', e.g. "cri-o").
+	UserAgents map[string]int64
+}
+
+type counter struct {
+	mu sync.Mutex
+	s  Stats
+}
+
+func newCounter() *counter {
+	return &counter{s: Stats{ByRepo: map[string]int64{}, UserAgents: map[string]int64{}}}
+}
+
+func (c *counter) snapshot() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.s
+	s.ByRepo = make(map[string]int64, len(c.s.ByRepo))
+	for k, v := range c.s.ByRepo {
+		s.ByRepo[k] = v
+	}
+	s.UserAgents = make(map[string]int64, len(c.s.UserAgents))
+	for k, v := range c.s.UserAgents {
+		s.UserAgents[k] = v
+	}
+	return s
+}
+
+// routeRE splits /v2/<name>/(manifests|blobs)/<reference>.
+var routeRE = regexp.MustCompile(`^/v2/(.+)/(manifests|blobs)/([^/]+)$`)
+
+// front is the handler in front of distribution: it refuses writes, maps
+// the bundle's kept tags to their digests and counts requests.
+type front struct {
+	next  http.Handler
+	stats *counter
+	tags  map[string]string // "<repo path>:<tag>" → "sha256:…"
+	log   *slog.Logger
+}
+
+func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+	var repo, kind string
+	if m := routeRE.FindStringSubmatch(r.URL.Path); m != nil {
+		repo, kind = m[1], m[2]
+		// A tag the bundle kept is served as the digest it was resolved
+		// to when the bundle was made, whether or not the tree holds the
+		// tag: metadata.json is what was verified.
+		if kind == "manifests" && !strings.HasPrefix(m[3], "sha256:") {
+			if d, ok := f.tags[repo+":"+m[3]]; ok {
+				r = r.Clone(r.Context())
+				r.URL.Path = "/v2/" + repo + "/manifests/" + d
+				r.URL.RawPath = ""
+			}
+		}
+	}
+	readOnly := r.Method == http.MethodGet || r.Method == http.MethodHead
+	if readOnly {
+		f.next.ServeHTTP(rec, r)
+	} else {
+		rec.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+		http.Error(rec, `{"errors":[{"code":"UNSUPPORTED","message":"ferry's embedded registry is read-only"}]}`, http.StatusMethodNotAllowed)
+	}
+
+	c := f.stats
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.s.Requests++
+	if r.TLS != nil && r.TLS.HandshakeComplete {
+		c.s.TLS++
+	}
+	ok := rec.status >= 200 && rec.status < 300
+	switch {
+	case !readOnly:
+		c.s.Refused++
+	case rec.status >= 400:
+		c.s.Failed++
+	case ok && kind == "manifests":
+		c.s.Manifests++
+		c.s.ByRepo[repo]++
+		ua, _, _ := strings.Cut(r.UserAgent(), "/")
+		c.s.UserAgents[ua]++
+	case ok && kind == "blobs":
+		c.s.Blobs++
+	}
+	if rec.status >= 400 {
+		f.log.Debug("registry request failed", "METHOD", r.Method, "PATH", r.URL.Path, "STATUS", rec.status)
+	}
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if !s.wrote {
+		s.status, s.wrote = code, true
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	s.wrote = true
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+func (s *statusRecorder) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// bundleTags reads root/metadata.json, if there is one, for the tags that
+// custom images were given by ("name:tag@sha256:…").
+func bundleTags(root string) (map[string]string, error) {
+	b, err := os.ReadFile(filepath.Join(root, metadataName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("registry: %w", err)
+	}
+	var md struct {
+		Release string   `json:"release"`
+		Images  []string `json:"images"`
+	}
+	if err := json.Unmarshal(b, &md); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrNotBundle, filepath.Join(root, metadataName), err)
+	}
+	tags := map[string]string{}
+	for _, ref := range append([]string{md.Release}, md.Images...) {
+		name, tag, digest := splitRef(ref)
+		if tag != "" && digest != "" {
+			tags[repoPath(name)+":"+tag] = digest
+		}
+	}
+	return tags, nil
+}
+
+// repoPath is where a repository sits in the bundle's tree: its name
+// without the registry host (quay.io/a/b → a/b).
+// TODO: use bundle.RepoPath once it lands.
+func repoPath(name string) string {
+	if i := strings.IndexByte(name, '/'); i >= 0 {
+		return name[i+1:]
+	}
+	return name
+}
+
+// metadataName is bundle.MetadataName (not imported: the registry serves
+// any tree, and stays buildable while bundle changes).
+const metadataName = "metadata.json"
+
+// splitRef is bundle.SplitRef: name[:tag]@sha256:hex into its parts.
+func splitRef(ref string) (name, tag, digest string) {
+	name, digest, _ = strings.Cut(ref, "@")
+	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
+		name, tag = name[:i], name[i+1:]
+	}
+	return name, tag, digest
+}

@@ -1,0 +1,54 @@
+package registry
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"github.com/sirupsen/logrus"
+)
+
+// distribution logs through logrus' global logger (one "response
+// completed" line per request at info). ferry silences it and forwards
+// warnings and errors to the slog logger of the newest Registry.
+var (
+	logrusOnce sync.Once
+	logSink    atomic.Pointer[slog.Logger]
+)
+
+func quietDistributionLogs(log *slog.Logger) {
+	logSink.Store(log)
+	logrusOnce.Do(func() {
+		l := logrus.StandardLogger()
+		l.SetOutput(io.Discard)
+		l.SetLevel(logrus.WarnLevel)
+		l.AddHook(slogHook{})
+	})
+}
+
+type slogHook struct{}
+
+func (slogHook) Levels() []logrus.Level {
+	return []logrus.Level{logrus.PanicLevel, logrus.FatalLevel, logrus.ErrorLevel, logrus.WarnLevel}
+}
+
+func (slogHook) Fire(e *logrus.Entry) error {
+	log := logSink.Load()
+	if log == nil {
+		return nil
+	}
+	level := slog.LevelWarn
+	if e.Level <= logrus.ErrorLevel {
+		level = slog.LevelError
+	}
+	attrs := make([]slog.Attr, 0, 4)
+	for _, k := range []string{"err.message", "err.detail", "http.request.uri", "vars.name"} {
+		if v, ok := e.Data[k]; ok {
+			attrs = append(attrs, slog.Any(k, v))
+		}
+	}
+	log.LogAttrs(context.Background(), level, "registry: "+e.Message, attrs...)
+	return nil
+}

@@ -1,0 +1,309 @@
+package registry_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/ferry-edge/ferry/registry"
+	"github.com/ferry-edge/ferry/registry/registrytest"
+)
+
+func testLog(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) { w.t.Log(string(b)); return len(b), nil }
+
+func TestNew_MakesCertForLoopbackAndKeepsKeyPrivate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "registry")
+	r, err := registry.New(dir, 0, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	block, _ := pem.Decode(r.CACertPEM())
+	if block == nil {
+		t.Fatal("CACertPEM is not PEM")
+	}
+	c, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.IsCA {
+		t.Error("certificate is not CA:TRUE; CRI-O could not use it as certs.d ca.crt")
+	}
+	if err := c.VerifyHostname("127.0.0.1"); err != nil {
+		t.Error(err)
+	}
+	if c.PublicKeyAlgorithm != x509.ECDSA {
+		t.Errorf("key algorithm %v, want ECDSA", c.PublicKeyAlgorithm)
+	}
+	fi, err := os.Stat(filepath.Join(dir, "tls.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("tls.key mode %v, want 0600", fi.Mode().Perm())
+	}
+	if _, port, _ := net.SplitHostPort(r.Addr()); port != strconv.Itoa(r.Port()) || r.Port() == 0 {
+		t.Errorf("Addr %s, Port %d", r.Addr(), r.Port())
+	}
+}
+
+func TestNew_KeepsPortAndCertAcrossRestarts(t *testing.T) {
+	dir := t.TempDir()
+	r1, err := registry.New(dir, 0, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, ca := r1.Port(), string(r1.CACertPEM())
+	r1.Close()
+	r2, err := registry.New(dir, 0, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	if r2.Port() != port {
+		t.Errorf("port %d after restart, want the kept %d", r2.Port(), port)
+	}
+	if string(r2.CACertPEM()) != ca {
+		t.Error("certificate changed across restarts")
+	}
+}
+
+func TestNew_KeptPortTakenIsErrPortInUse(t *testing.T) {
+	dir := t.TempDir()
+	r1, err := registry.New(dir, 0, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r1.Close() // still holds the port
+	_, err = registry.New(dir, 0, testLog(t))
+	if !errors.Is(err, registry.ErrPortInUse) {
+		t.Fatalf("got %v, want ErrPortInUse", err)
+	}
+	t.Log(err)
+}
+
+func TestNew_ConfiguredPortWins(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	r, err := registry.New(t.TempDir(), port, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Port() != port {
+		t.Errorf("port %d, want configured %d", r.Port(), port)
+	}
+}
+
+func TestServe_RefusesDirectoryWithoutRegistryTree(t *testing.T) {
+	r, err := registry.New(t.TempDir(), 0, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r.Serve(t.Context(), t.TempDir())
+	if !errors.Is(err, registry.ErrNotBundle) {
+		t.Fatalf("got %v, want ErrNotBundle", err)
+	}
+}
+
+// serve starts r over root and returns a transport that trusts only the
+// registry's own certificate.
+func serve(t *testing.T, r *registry.Registry, root string) remote.Option {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(ctx, root) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(r.CACertPEM()) {
+		t.Fatal("CA not PEM")
+	}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
+	t.Cleanup(tr.CloseIdleConnections)
+	return remote.WithTransport(tr)
+}
+
+func TestServe_PullsOverVerifiedTLSAndCounts(t *testing.T) {
+	tree := registrytest.NewTree(t)
+	d1 := tree.Push(t, "openshift-release-dev/ocp-v4.0-art-dev", "", 1024, 2)
+	d2 := tree.Push(t, "my-company/app", "", 1024, 1)
+
+	r, err := registry.New(t.TempDir(), 0, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := serve(t, r, tree.Root)
+	for _, ref := range []string{
+		r.Addr() + "/openshift-release-dev/ocp-v4.0-art-dev@" + d1,
+		r.Addr() + "/my-company/app@" + d2,
+	} {
+		img, err := remote.Image(mustRef(t, ref), tr, remote.WithUserAgent("cri-o/1.34.0"))
+		if err != nil {
+			t.Fatalf("pull %s: %v", ref, err)
+		}
+		layers, _ := img.Layers()
+		for _, l := range layers {
+			rc, err := l.Compressed()
+			if err != nil {
+				t.Fatal(err)
+			}
+			rc.Close()
+		}
+	}
+	s := r.Stats()
+	if s.Manifests < 2 || s.Blobs < 3 {
+		t.Errorf("stats %+v: want ≥2 manifests and ≥3 blobs (layers)", s)
+	}
+	if s.TLS != s.Requests {
+		t.Errorf("%d of %d requests over TLS", s.TLS, s.Requests)
+	}
+	if s.ByRepo["openshift-release-dev/ocp-v4.0-art-dev"] == 0 || s.ByRepo["my-company/app"] == 0 {
+		t.Errorf("ByRepo %v", s.ByRepo)
+	}
+	if s.UserAgents["cri-o"] == 0 {
+		t.Errorf("UserAgents %v", s.UserAgents)
+	}
+}
+
+func TestServe_UntrustedClientCannotPull(t *testing.T) {
+	tree := registrytest.NewTree(t)
+	d := tree.Push(t, "a/b", "", 512, 1)
+	r, err := registry.New(t.TempDir(), 0, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve(t, r, tree.Root)
+	_, err = remote.Image(mustRef(t, r.Addr()+"/a/b@"+d)) // system roots only
+	var uerr x509.UnknownAuthorityError
+	if !errors.As(err, &uerr) {
+		t.Fatalf("got %v, want an unknown-authority error", err)
+	}
+}
+
+func TestServe_RefusesPushAndDelete(t *testing.T) {
+	tree := registrytest.NewTree(t)
+	d := tree.Push(t, "a/b", "", 512, 1)
+	r, err := registry.New(t.TempDir(), 0, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := serve(t, r, tree.Root)
+	img, _ := random.Image(256, 1)
+	if err := remote.Write(mustRef(t, r.Addr()+"/a/new:v1"), img, tr); err == nil {
+		t.Error("push accepted by a read-only registry")
+	}
+	if err := remote.Delete(mustRef(t, r.Addr()+"/a/b@"+d), tr); err == nil {
+		t.Error("delete accepted by a read-only registry")
+	}
+	if _, err := remote.Head(mustRef(t, r.Addr()+"/a/b@"+d), tr); err != nil {
+		t.Errorf("image gone after refused delete: %v", err)
+	}
+	if r.Stats().Refused == 0 {
+		t.Error("refused writes not counted")
+	}
+	if _, err := os.Stat(filepath.Join(tree.Root, "docker/registry/v2/repositories/a/new")); err == nil {
+		t.Error("push wrote into the bundle tree")
+	}
+}
+
+func TestServe_KeptTagServedFromMetadataEvenIfTreeLacksIt(t *testing.T) {
+	tree := registrytest.NewTree(t)
+	d := tree.Push(t, "my-company/workload", "", 512, 1)
+	md := fmt.Sprintf(`{"release":"quay.io/x/rel@%s","images":["quay.io/my-company/workload:v2.1@%s"]}`, d, d)
+	if err := os.WriteFile(filepath.Join(tree.Root, "metadata.json"), []byte(md), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := registry.New(t.TempDir(), 0, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := serve(t, r, tree.Root)
+	desc, err := remote.Head(mustRef(t, r.Addr()+"/my-company/workload:v2.1"), tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if desc.Digest.String() != d {
+		t.Errorf("tag v2.1 served %s, want %s", desc.Digest, d)
+	}
+	if _, err := remote.Head(mustRef(t, r.Addr()+"/my-company/workload:other"), tr); err == nil {
+		t.Error("a tag the bundle does not hold was served")
+	}
+}
+
+func TestServe_StopsWhenContextEnds(t *testing.T) {
+	tree := registrytest.NewTree(t)
+	tree.Push(t, "a/b", "v1", 256, 1)
+	r, err := registry.New(t.TempDir(), 0, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(ctx, tree.Root) }()
+	// wait until it answers
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(r.CACertPEM())
+	cl := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	for i := 0; ; i++ {
+		resp, err := cl.Get("https://" + r.Addr() + "/v2/")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("Serve returned early: %v", err)
+		default:
+		}
+		if i > 500 {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Serve returned %v after cancel, want nil", err)
+	}
+	if _, err := net.Dial("tcp", r.Addr()); err == nil {
+		t.Error("still listening after Serve returned")
+	}
+}
+
+func mustRef(t *testing.T, s string) name.Reference {
+	t.Helper()
+	ref, err := name.ParseReference(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ref
+}
