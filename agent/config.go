@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"sort"
@@ -215,4 +216,9 @@ func isSHA256(s string) bool {
 		}
 	}
 	return true
+}
+
+// WriteConfig prints c as TOML (the effective config).
+func WriteConfig(w io.Writer, c Config) error {
+	return toml.NewEncoder(w).Encode(c)
 }

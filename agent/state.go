@@ -1,0 +1,156 @@
+package agent
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/ferry-edge/ferry/bundle"
+)
+
+// Phase is where one bundle is on this node.
+type Phase string
+
+// Phases, in order; rejected, failed and conflict are terminal reports.
+const (
+	PhaseDetected     Phase = "detected"  // seen; verifying and extracting
+	PhaseFetching     Phase = "fetching"  // being fetched from peers
+	PhaseExtracted    Phase = "extracted" // verified and extracted
+	PhaseLoading      Phase = "loading"   // pulling and pinning into CRI-O
+	PhaseLoaded       Phase = "loaded"    // every image present and pinned
+	PhaseClusterReady Phase = "cluster-ready"
+	PhaseCleaned      Phase = "cleaned"
+	PhaseRejected     Phase = "rejected"
+	PhaseFailed       Phase = "failed"
+	PhaseConflict     Phase = "conflict"
+)
+
+// Active reports whether a bundle in this phase holds the node.
+func (p Phase) Active() bool {
+	switch p {
+	case PhaseDetected, PhaseFetching, PhaseExtracted, PhaseLoading, PhaseLoaded, PhaseClusterReady:
+		return true
+	}
+	return false
+}
+
+// Progress of the current phase.
+type Progress struct {
+	Done  int64  `json:"done"`
+	Total int64  `json:"total"`
+	Unit  string `json:"unit"` // "bytes" or "images"
+}
+
+// Record is one bundle's persisted state.
+type Record struct {
+	ID       string              `json:"id"` // digest hex, or a name for refusals without one
+	Digest   string              `json:"digest,omitempty"`
+	Name     string              `json:"name"` // upgrade-<version>-<arch>.tar
+	Metadata *bundle.Metadata    `json:"metadata,omitempty"`
+	Origin   string              `json:"origin"`           // "stick", "file" or "peer"
+	Source   string              `json:"source,omitempty"` // device or file it came from
+	Dir      string              `json:"dir,omitempty"`    // extracted tree
+	Phase    Phase               `json:"phase"`
+	Reason   string              `json:"reason,omitempty"` // why rejected/failed/conflict, or what it waits for
+	Progress Progress            `json:"progress"`
+	Times    map[Phase]time.Time `json:"times"`
+	// Plugged is true on the node where the stick was plugged: it runs the
+	// cluster hook.
+	Plugged bool `json:"plugged,omitempty"`
+}
+
+// Store keeps records as one JSON file each, written atomically.
+type Store struct{ dir string }
+
+// OpenStore creates the state dir if needed.
+func OpenStore(dir string) (*Store, error) {
+	if err := os.MkdirAll(filepath.Join(dir, "bundles"), 0o700); err != nil {
+		return nil, fmt.Errorf("state dir: %w", err)
+	}
+	return &Store{dir: dir}, nil
+}
+
+func (s *Store) path(id string) string { return filepath.Join(s.dir, "bundles", id+".json") }
+
+// IndexPath is where the tar index of a bundle is kept.
+func (s *Store) IndexPath(id string) string { return filepath.Join(s.dir, "bundles", id+".index") }
+
+// Save writes r atomically (temp file, fsync, rename, fsync dir).
+func (s *Store) Save(r *Record) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(s.path(r.ID), b, 0o600)
+}
+
+// Load returns every record, oldest first.
+func (s *Store) Load() ([]*Record, error) {
+	ents, err := os.ReadDir(filepath.Join(s.dir, "bundles"))
+	if err != nil {
+		return nil, err
+	}
+	var out []*Record
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(s.dir, "bundles", e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		var r Record
+		if err := json.Unmarshal(b, &r); err != nil {
+			return nil, fmt.Errorf("state record %s is damaged (%v): move it away to start over", e.Name(), err)
+		}
+		out = append(out, &r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].firstSeen().Before(out[j].firstSeen()) })
+	return out, nil
+}
+
+func (r *Record) firstSeen() time.Time {
+	var t time.Time
+	for _, v := range r.Times {
+		if t.IsZero() || v.Before(t) {
+			t = v
+		}
+	}
+	return t
+}
+
+func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

@@ -1,0 +1,227 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Status is what `ferry status` shows.
+type Status struct {
+	Node     string              `json:"node"`
+	Phase    string              `json:"phase"` // the active bundle's phase, or "idle"
+	Bundle   string              `json:"bundle,omitempty"`
+	Version  string              `json:"version,omitempty"`
+	Digest   string              `json:"digest,omitempty"`
+	Release  string              `json:"release,omitempty"`
+	Progress *Progress           `json:"progress,omitempty"`
+	Reason   string              `json:"reason,omitempty"`
+	Error    string              `json:"error,omitempty"` // the newest refusal or conflict
+	Times    map[Phase]time.Time `json:"times,omitempty"`
+	Healthy  bool                `json:"healthy"`
+	Line     string              `json:"line"` // the systemd STATUS= line
+	Bundles  []Record            `json:"bundles,omitempty"`
+}
+
+// Status reports the node's state.
+func (a *Agent) Status() Status {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := Status{Node: a.cfg.NodeName, Phase: "idle", Healthy: true}
+	if r := a.active; r != nil {
+		s.Phase, s.Bundle, s.Digest, s.Reason, s.Times = string(r.Phase), r.Name, r.Digest, r.Reason, r.Times
+		if r.Metadata != nil {
+			s.Version, s.Release = r.Metadata.Version, r.Metadata.Release
+		}
+		if r.Progress.Total > 0 {
+			p := r.Progress
+			s.Progress = &p
+		}
+	}
+	if b := a.lastBad; b != nil {
+		s.Error = fmt.Sprintf("%s %s: %s", b.Phase, b.Name, b.Reason)
+		if a.active == nil {
+			s.Phase, s.Bundle, s.Digest, s.Reason, s.Times = string(b.Phase), b.Name, b.Digest, b.Reason, b.Times
+			s.Healthy = false
+		}
+	}
+	for _, r := range a.records {
+		s.Bundles = append(s.Bundles, *r)
+	}
+	s.Line = statusLine(s)
+	return s
+}
+
+// statusLine is the one line a technician reads in `systemctl status`.
+func statusLine(s Status) string {
+	name := s.Bundle
+	switch Phase(s.Phase) {
+	case "idle", PhaseCleaned:
+		return "waiting for an upgrade stick"
+	case PhaseDetected:
+		if s.Reason != "" {
+			return "waiting: " + name + ": " + s.Reason
+		}
+		if p := s.Progress; p != nil && p.Total > 0 {
+			return fmt.Sprintf("verifying %s: %d%% (%s/%s)", name, 100*p.Done/p.Total, gib(p.Done), gibUnit(p.Total))
+		}
+		return "verifying " + name
+	case PhaseFetching:
+		if p := s.Progress; p != nil && p.Total > 0 {
+			return fmt.Sprintf("fetching %s from peers: %d%% (%s/%s)", name, 100*p.Done/p.Total, gib(p.Done), gibUnit(p.Total))
+		}
+		return "fetching " + name + " from peers"
+	case PhaseExtracted:
+		return fmt.Sprintf("extracted %s (%s): the stick can be unplugged", name, shortDigest(s.Digest))
+	case PhaseLoading:
+		line := "loading " + s.Version
+		if p := s.Progress; p != nil {
+			line += fmt.Sprintf(": %d/%d images", p.Done, p.Total)
+		}
+		if s.Reason != "" {
+			line += " — " + s.Reason
+		}
+		return line
+	case PhaseLoaded:
+		n := int64(0)
+		if s.Progress != nil {
+			n = s.Progress.Total
+		}
+		return fmt.Sprintf("loaded %s: %d images pinned (%s)", s.Version, n, shortDigest(s.Digest))
+	case PhaseClusterReady:
+		return fmt.Sprintf("cluster-ready %s: every node is loaded", s.Version)
+	case PhaseRejected:
+		return "rejected " + name + ": " + s.Reason
+	case PhaseConflict:
+		return "conflict: " + s.Reason
+	case PhaseFailed:
+		return "failed " + name + ": " + s.Reason
+	}
+	return s.Phase + " " + name
+}
+
+func gib(n int64) string { return fmt.Sprintf("%.1f", float64(n)/(1<<30)) }
+
+func gibUnit(n int64) string { return gib(n) + " GiB" }
+
+func shortDigest(d string) string {
+	d = strings.TrimPrefix(d, "sha256:")
+	if len(d) > 12 {
+		d = d[:12]
+	}
+	return "sha256:" + d
+}
+
+// ServeStatus serves the local status API on a unix socket (mode 0600)
+// until ctx ends.
+func (a *Agent) ServeStatus(ctx context.Context, path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	os.Remove(path)
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("status socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, a.Status())
+	})
+	act := func(kind string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			err := a.Request(r.Context(), kind, r.URL.Query().Get("path"))
+			if err != nil {
+				writeJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
+				return
+			}
+			writeJSON(w, http.StatusOK, a.Status())
+		}
+	}
+	mux.HandleFunc("POST /v1/load", act("load"))
+	mux.HandleFunc("POST /v1/cleanup", act("cleanup"))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	os.Remove(path)
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
+
+// ErrNotRunning means nothing answers on the status socket.
+var ErrNotRunning = errors.New("the ferry agent is not running")
+
+// Client talks to a running agent over its socket.
+type Client struct{ hc *http.Client }
+
+// NewClient returns a client for the socket at path.
+func NewClient(path string) *Client {
+	return &Client{hc: &http.Client{
+		Timeout: 30 * time.Minute,
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}},
+	}}
+}
+
+// Status asks the agent for its status.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	return c.call(ctx, http.MethodGet, "/v1/status")
+}
+
+// Do asks the agent to load a file ("load", path) or clean up ("cleanup").
+func (c *Client) Do(ctx context.Context, kind, path string) (Status, error) {
+	u := "/v1/" + kind
+	if path != "" {
+		u += "?path=" + url.QueryEscape(path)
+	}
+	return c.call(ctx, http.MethodPost, u)
+}
+
+func (c *Client) call(ctx context.Context, method, path string) (Status, error) {
+	var s Status
+	req, err := http.NewRequestWithContext(ctx, method, "http://ferry"+path, nil)
+	if err != nil {
+		return s, err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return s, fmt.Errorf("%w (%v): start it with 'systemctl start ferry'", ErrNotRunning, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return s, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		var e struct{ Error string }
+		json.Unmarshal(b, &e)
+		return s, errors.New(e.Error)
+	}
+	return s, json.Unmarshal(b, &s)
+}

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/systemd"
+	"github.com/ferry-edge/ferry/udev"
+)
+
+func init() {
+	register(&command{name: "agent", summary: "run the node agent (the systemd service)", run: runAgent})
+	register(&command{name: "status", summary: "show what the agent is doing", run: runStatus})
+	register(&command{name: "config check", summary: "validate a config file and print the effective config", run: runConfigCheck})
+	register(&command{name: "load", summary: "give the agent a bundle file instead of a stick", run: runLoad})
+	register(&command{name: "cleanup", summary: "unpin and remove the active bundle", run: runCleanup})
+}
+
+// loadConfig reads --config (explicit) or the default path.
+func loadConfig(path string) (agent.Config, error) {
+	explicit := path != ""
+	if !explicit {
+		path = agent.DefaultConfigPath
+	}
+	c, err := agent.LoadConfig(path, explicit)
+	if err != nil {
+		return c, usageErr{err}
+	}
+	return c, nil
+}
+
+func runAgent(ctx context.Context, args []string) error {
+	fs := newFlags("agent", "agent [--config FILE]")
+	cfgPath := fs.String("config", "", "config file (default "+agent.DefaultConfigPath+", optional)")
+	if _, err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg, err := loadConfig(*cfgPath)
+	if err != nil {
+		return err
+	}
+	log := systemd.NewLogger(nil)
+	deps := agent.Deps{
+		Devices: udevSource{udev.NewMonitor(log)},
+		Media:   udevMedia{&udev.Media{MountDir: cfg.Paths.MountDir}},
+		Notify:  notifier{},
+		Log:     log,
+	}
+	if deps.Loader, err = newLoader(cfg, log); err != nil {
+		return err
+	}
+	a, err := agent.New(cfg, deps)
+	if err != nil {
+		return usageErr{err}
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return a.ServeStatus(ctx, cfg.Paths.Socket) })
+	g.Go(func() error { return systemd.Watchdog(ctx, a.Alive, log) })
+	g.Go(func() error { return a.Run(ctx) })
+	err = g.Wait()
+	systemd.Stopping()
+	return err
+}
+
+// udevSource adapts udev events to the agent's.
+type udevSource struct{ m *udev.Monitor }
+
+func (s udevSource) Events(ctx context.Context) (<-chan agent.DeviceEvent, error) {
+	in, err := s.m.Events(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan agent.DeviceEvent)
+	go func() {
+		defer close(out)
+		for ev := range in {
+			a := agent.DeviceEvent{Action: string(ev.Action), Device: ev.DevPath, FSType: ev.FSType}
+			if ev.Gone() {
+				a.Action = "remove"
+			}
+			select {
+			case out <- a:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+type udevMedia struct{ m *udev.Media }
+
+func (u udevMedia) Open(ctx context.Context, ev agent.DeviceEvent) (agent.Medium, error) {
+	m, err := u.m.Open(ctx, udev.Event{Action: udev.Action(ev.Action), DevPath: ev.Device, FSType: ev.FSType})
+	if err != nil {
+		return nil, err
+	}
+	return medium{m}, nil
+}
+
+type medium struct{ m *udev.Medium }
+
+func (m medium) Close() error { return m.m.Close() }
+
+func (m medium) Bundles() []bundle.Source {
+	var out []bundle.Source
+	for _, c := range m.m.Candidates {
+		out = append(out, bundle.Source{Path: c.TarPath, Raw: c.Raw, SHA256Path: c.SHA256Path, SigPath: c.SigPath})
+	}
+	return out
+}
+
+type notifier struct{}
+
+func (notifier) Ready()             { systemd.Ready() }
+func (notifier) Status(line string) { systemd.Status("%s", line) }
+
+func runStatus(ctx context.Context, args []string) error {
+	fs := newFlags("status", "status [--json] [--config FILE]")
+	asJSON := fs.Bool("json", false, "print the full status as JSON")
+	cfgPath := fs.String("config", "", "config file, for the socket path")
+	if _, err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg, err := loadConfig(*cfgPath)
+	if err != nil {
+		return err
+	}
+	s, err := agent.NewClient(cfg.Paths.Socket).Status(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(s)
+	} else {
+		printStatus(s)
+	}
+	if !s.Healthy {
+		return fmt.Errorf("%s", s.Line)
+	}
+	return nil
+}
+
+func printStatus(s agent.Status) {
+	fmt.Printf("node:    %s\nstatus:  %s\n", s.Node, s.Line)
+	if s.Bundle != "" {
+		fmt.Printf("bundle:  %s (%s)\nphase:   %s\n", s.Bundle, s.Digest, s.Phase)
+	}
+	if s.Error != "" && s.Healthy {
+		fmt.Printf("last refusal: %s\n", s.Error)
+	}
+	for _, p := range []agent.Phase{agent.PhaseDetected, agent.PhaseFetching, agent.PhaseExtracted, agent.PhaseLoading, agent.PhaseLoaded, agent.PhaseClusterReady} {
+		if t, ok := s.Times[p]; ok {
+			fmt.Printf("  %-14s %s\n", p, t.Local().Format("2006-01-02 15:04:05"))
+		}
+	}
+}
+
+func runConfigCheck(_ context.Context, args []string) error {
+	fs := newFlags("config check", "config check [--config FILE]")
+	cfgPath := fs.String("config", "", "config file (default "+agent.DefaultConfigPath+")")
+	if _, err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg, err := loadConfig(*cfgPath)
+	if err != nil {
+		return err
+	}
+	return agent.WriteConfig(os.Stdout, cfg)
+}
+
+func runLoad(ctx context.Context, args []string) error {
+	fs := newFlags("load", "load PATH [--config FILE]")
+	cfgPath := fs.String("config", "", "config file, for the socket path")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usageError("want one bundle PATH")
+	}
+	cfg, err := loadConfig(*cfgPath)
+	if err != nil {
+		return err
+	}
+	path, err := absPath(pos[0])
+	if err != nil {
+		return err
+	}
+	s, err := agent.NewClient(cfg.Paths.Socket).Do(ctx, "load", path)
+	if err != nil {
+		return err
+	}
+	fmt.Println(s.Line)
+	return nil
+}
+
+func runCleanup(ctx context.Context, args []string) error {
+	fs := newFlags("cleanup", "cleanup [--config FILE]")
+	cfgPath := fs.String("config", "", "config file, for the socket path")
+	if _, err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg, err := loadConfig(*cfgPath)
+	if err != nil {
+		return err
+	}
+	s, err := agent.NewClient(cfg.Paths.Socket).Do(ctx, "cleanup", "")
+	if err != nil {
+		return err
+	}
+	fmt.Println(s.Line)
+	return nil
+}
+
+func absPath(p string) (string, error) {
+	if strings.HasPrefix(p, "/") {
+		return p, nil
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", errors.New("cannot resolve a relative path")
+	}
+	return wd + "/" + p, nil
+}
+
+// newLoader is replaced when the CRI-O loader is wired in.
+var newLoader = func(cfg agent.Config, log any) (agent.Loader, error) { return nil, nil }
