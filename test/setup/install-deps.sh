@@ -7,7 +7,8 @@ pkgs=(
   conmon runc golang-github-containers-common # CRI-O runtime bits, policy.json
   docker-registry skopeo minisign openssl     # outside checkers
   tar coreutils util-linux e2fsprogs dosfstools mtools udev kmod iproute2
-  curl ca-certificates rpm
+  curl ca-certificates rpm rpm2cpio cpio      # rpm: make rpm and test/packaging
+  systemd zsh fish                            # systemd-analyze; completion tests
 )
 missing=()
 for p in "${pkgs[@]}"; do
