@@ -1,0 +1,44 @@
+package crio_test
+
+import (
+	"errors"
+	"path/filepath"
+	"testing"
+
+	"github.com/ferry-edge/ferry/crio"
+	"github.com/ferry-edge/ferry/crio/critest"
+)
+
+const (
+	refA = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	refB = "quay.io/my-company/app@sha256:2222222222222222222222222222222222222222222222222222222222222222"
+	refX = "quay.io/nowhere/none@sha256:3333333333333333333333333333333333333333333333333333333333333333"
+)
+
+func TestClient_ConformsAgainstFake(t *testing.T) {
+	fake := critest.NewFake(t)
+	fake.Unpullable(refX)
+	c, err := crio.Dial(fake.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	critest.RunImageServiceSuite(t, c, critest.Env{
+		Pullable: []string{refA, refB},
+		Absent:   refX,
+		Pin:      func(t *testing.T, refs ...string) { fake.SetPins(refs...) },
+	})
+}
+
+func TestClient_NoCRIOIsErrUnavailable(t *testing.T) {
+	c, err := crio.Dial(filepath.Join(t.TempDir(), "missing.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _, err = c.Status(t.Context(), refA)
+	if !errors.Is(err, crio.ErrUnavailable) {
+		t.Fatalf("got %v, want ErrUnavailable", err)
+	}
+	t.Log(err)
+}
