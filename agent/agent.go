@@ -339,6 +339,7 @@ func (a *Agent) offer(ctx context.Context, src bundle.Source, origin, device str
 		r = &Record{ID: id, Digest: digest, Name: src.Name(), Metadata: meta, Origin: origin,
 			Plugged: origin != "peer"}
 	}
+	r.Metadata = meta
 	r.Source = src.Path
 	if origin == "stick" {
 		r.Source = device
@@ -587,6 +588,7 @@ func (a *Agent) save(r *Record, p Phase, reason string, prog Progress) {
 	if err := a.store.Save(&cp); err != nil {
 		a.log.Error("cannot save state", "err", err)
 	}
+	a.announce()
 }
 
 // announce sends the status line to systemd.

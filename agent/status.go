@@ -72,12 +72,12 @@ func statusLine(s Status) string {
 			return "waiting: " + name + ": " + s.Reason
 		}
 		if p := s.Progress; p != nil && p.Total > 0 {
-			return fmt.Sprintf("verifying %s: %d%% (%s/%s)", name, 100*p.Done/p.Total, gib(p.Done), gibUnit(p.Total))
+			return fmt.Sprintf("verifying %s: %d%% (%s)", name, 100*p.Done/p.Total, ofTotal(p.Done, p.Total))
 		}
 		return "verifying " + name
 	case PhaseFetching:
 		if p := s.Progress; p != nil && p.Total > 0 {
-			return fmt.Sprintf("fetching %s from peers: %d%% (%s/%s)", name, 100*p.Done/p.Total, gib(p.Done), gibUnit(p.Total))
+			return fmt.Sprintf("fetching %s from peers: %d%% (%s)", name, 100*p.Done/p.Total, ofTotal(p.Done, p.Total))
 		}
 		return "fetching " + name + " from peers"
 	case PhaseExtracted:
@@ -109,9 +109,14 @@ func statusLine(s Status) string {
 	return s.Phase + " " + name
 }
 
-func gib(n int64) string { return fmt.Sprintf("%.1f", float64(n)/(1<<30)) }
-
-func gibUnit(n int64) string { return gib(n) + " GiB" }
+// ofTotal formats done/total in the unit that suits total: "6.7/16.0 GiB".
+func ofTotal(done, total int64) string {
+	unit, div := "GiB", float64(1<<30)
+	if total < 1<<30 {
+		unit, div = "MiB", 1<<20
+	}
+	return fmt.Sprintf("%.1f/%.1f %s", float64(done)/div, float64(total)/div, unit)
+}
 
 func shortDigest(d string) string {
 	d = strings.TrimPrefix(d, "sha256:")

@@ -1,0 +1,415 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/bundletest"
+)
+
+// fakeDevices is a DeviceSource the test feeds.
+type fakeDevices struct{ ch chan DeviceEvent }
+
+func (f *fakeDevices) Events(ctx context.Context) (<-chan DeviceEvent, error) { return f.ch, nil }
+
+// fakeMedia maps a device to the bundles on it.
+type fakeMedia struct {
+	mu     sync.Mutex
+	sticks map[string][]bundle.Source
+	open   int
+}
+
+func (f *fakeMedia) Open(_ context.Context, ev DeviceEvent) (Medium, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.sticks[ev.Device]
+	if !ok {
+		return nil, errors.New("no medium")
+	}
+	f.open++
+	return &fakeMedium{f: f, srcs: s}, nil
+}
+
+func (f *fakeMedia) opened() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.open
+}
+
+type fakeMedium struct {
+	f    *fakeMedia
+	srcs []bundle.Source
+}
+
+func (m *fakeMedium) Bundles() []bundle.Source { return m.srcs }
+func (m *fakeMedium) Close() error {
+	m.f.mu.Lock()
+	m.f.open--
+	m.f.mu.Unlock()
+	return nil
+}
+
+// fakeLoader records loads; fail makes the next n loads fail.
+type fakeLoader struct {
+	mu       sync.Mutex
+	loads    []string
+	cleanups int
+	fail     int
+}
+
+func (l *fakeLoader) Load(_ context.Context, m *bundle.Metadata, dir string, progress func(int, int)) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, err := os.Stat(filepath.Join(dir, bundle.MetadataName)); err != nil {
+		return err
+	}
+	if l.fail > 0 {
+		l.fail--
+		return errors.New("crio is down")
+	}
+	n := len(m.AllImages())
+	progress(n, n)
+	l.loads = append(l.loads, m.Version)
+	return nil
+}
+
+func (l *fakeLoader) Cleanup(context.Context, *bundle.Metadata, string) error {
+	l.mu.Lock()
+	l.cleanups++
+	l.mu.Unlock()
+	return nil
+}
+
+// lines records STATUS= lines.
+type lines struct {
+	mu    sync.Mutex
+	ready bool
+	all   []string
+}
+
+func (l *lines) Ready() { l.mu.Lock(); l.ready = true; l.mu.Unlock() }
+func (l *lines) Status(s string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.all) == 0 || l.all[len(l.all)-1] != s {
+		l.all = append(l.all, s)
+	}
+}
+func (l *lines) seen(sub string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, s := range l.all {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+type harness struct {
+	t      *testing.T
+	cfg    Config
+	dev    *fakeDevices
+	media  *fakeMedia
+	loader *fakeLoader
+	lines  *lines
+	agent  *Agent
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func newHarness(t *testing.T, root string) *harness {
+	cfg := DefaultConfig()
+	cfg.NodeName = "node-a"
+	cfg.Arch = "x86_64"
+	cfg.Paths.StateDir = filepath.Join(root, "state")
+	cfg.Paths.ExtractDir = filepath.Join(root, "upgrade")
+	h := &harness{t: t, cfg: cfg, dev: &fakeDevices{ch: make(chan DeviceEvent)},
+		media: &fakeMedia{sticks: map[string][]bundle.Source{}}, loader: &fakeLoader{}, lines: &lines{}}
+	return h
+}
+
+func (h *harness) start() {
+	h.t.Helper()
+	clock := time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)
+	a, err := New(h.cfg, Deps{Devices: h.dev, Media: h.media, Loader: h.loader, Notify: h.lines,
+		Now: func() time.Time { return clock }})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(h.t.Context())
+	h.agent, h.cancel, h.done = a, cancel, make(chan error, 1)
+	go func() { h.done <- a.Run(ctx) }()
+	h.t.Cleanup(h.stop)
+}
+
+func (h *harness) stop() {
+	if h.cancel != nil {
+		h.cancel()
+		<-h.done
+		h.cancel = nil
+	}
+}
+
+func (h *harness) plug(dev string, srcs ...bundle.Source) {
+	h.media.mu.Lock()
+	h.media.sticks[dev] = srcs
+	h.media.mu.Unlock()
+	h.dev.ch <- DeviceEvent{Action: "add", Device: dev, FSType: "vfat"}
+}
+
+func (h *harness) waitPhase(p Phase) Status {
+	h.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if s := h.agent.Status(); s.Phase == string(p) {
+			return s
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	h.t.Fatalf("phase %s never reached; status %+v", p, h.agent.Status())
+	return Status{}
+}
+
+func stick(t *testing.T, o bundletest.Options) (bundle.Source, string) {
+	p, d := bundletest.Write(t, t.TempDir(), o)
+	src, err := bundle.FindSource(p, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src, d
+}
+
+func TestAgent_StickToLoaded(t *testing.T) {
+	h := newHarness(t, t.TempDir())
+	h.start()
+	src, digest := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	s := h.waitPhase(PhaseLoaded)
+	if s.Digest != digest || s.Version != "4.13.7" {
+		t.Fatalf("status %+v", s)
+	}
+	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64", bundle.MetadataName)); err != nil {
+		t.Fatal(err)
+	}
+	if h.media.opened() != 0 {
+		t.Error("stick left mounted")
+	}
+	for _, want := range []string{"waiting for an upgrade stick", "extracted upgrade-4.13.7-x86_64.tar", "loaded 4.13.7: 2 images pinned"} {
+		if !h.lines.seen(want) {
+			t.Errorf("no status line with %q in %q", want, h.lines.all)
+		}
+	}
+	if !h.lines.ready {
+		t.Error("READY never sent")
+	}
+	if _, err := os.Stat(filepath.Join(h.cfg.Paths.StateDir, "bundles", strings.TrimPrefix(digest, "sha256:")+".index")); err != nil {
+		t.Errorf("tar index not kept: %v", err)
+	}
+}
+
+func TestAgent_SameBundleTwiceIsNotProcessedAgain(t *testing.T) {
+	h := newHarness(t, t.TempDir())
+	h.start()
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseLoaded)
+	second, _ := stick(t, bundletest.Options{}) // a copy on another stick
+	h.plug("/dev/sdb", second)
+	h.plug("/dev/sdb", second) // and a stray change event
+	h.waitPhase(PhaseLoaded)
+	if n := len(h.loader.loads); n != 1 {
+		t.Fatalf("loaded %d times", n)
+	}
+}
+
+func TestAgent_DifferentSecondBundleIsAConflict(t *testing.T) {
+	h := newHarness(t, t.TempDir())
+	h.start()
+	src, digest := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseLoaded)
+	other, _ := stick(t, bundletest.Options{Version: "4.13.8"})
+	h.plug("/dev/sdb", other)
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(h.agent.Status().Error, "conflict") && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	s := h.agent.Status()
+	if s.Phase != string(PhaseLoaded) || s.Digest != digest || !strings.Contains(s.Error, "upgrade-4.13.8-x86_64.tar differs") {
+		t.Fatalf("status %+v", s)
+	}
+	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.8-x86_64")); !os.IsNotExist(err) {
+		t.Fatal("the conflicting bundle was extracted")
+	}
+}
+
+func TestAgent_RefusalIsAStateWithAReason(t *testing.T) {
+	h := newHarness(t, t.TempDir())
+	h.cfg.ApprovedDigests = []string{"sha256:" + strings.Repeat("0", 64)}
+	h.start()
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	s := h.waitPhase(PhaseRejected)
+	if s.Healthy || !strings.Contains(s.Line, "rejected upgrade-4.13.7-x86_64.tar: not approved") {
+		t.Fatalf("status %+v", s)
+	}
+	if ents, _ := os.ReadDir(h.cfg.Paths.ExtractDir); len(ents) != 0 {
+		t.Fatalf("extract dir holds %s", ents[0].Name())
+	}
+}
+
+func TestAgent_WrongArchRefused(t *testing.T) {
+	h := newHarness(t, t.TempDir())
+	h.start()
+	src, _ := stick(t, bundletest.Options{Arch: "aarch64"})
+	h.plug("/dev/sda", src)
+	s := h.waitPhase(PhaseRejected)
+	if !strings.Contains(s.Reason, "aarch64") {
+		t.Fatalf("reason %q", s.Reason)
+	}
+}
+
+func TestAgent_ResumesAfterRestart(t *testing.T) {
+	root := t.TempDir()
+	h := newHarness(t, root)
+	h.start()
+	src, digest := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseLoaded)
+	h.stop()
+
+	h2 := newHarness(t, root)
+	h2.start()
+	s := h2.waitPhase(PhaseLoaded)
+	if s.Digest != digest || len(h2.loader.loads) != 0 {
+		t.Fatalf("after restart: %+v, %d loads", s, len(h2.loader.loads))
+	}
+}
+
+func TestAgent_InterruptedExtractionIsRedoneFromTheStick(t *testing.T) {
+	root := t.TempDir()
+	h := newHarness(t, root)
+	src, digest := stick(t, bundletest.Options{})
+	// State as a crash mid-extraction leaves it: record "detected", a
+	// staging dir and even a published dir that was never recorded.
+	store, err := OpenStore(h.cfg.Paths.StateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")
+	os.MkdirAll(bundle.StagingDir(dir), 0o755)
+	os.MkdirAll(dir, 0o755)
+	os.WriteFile(filepath.Join(dir, "half"), []byte("x"), 0o644)
+	must(t, store.Save(&Record{ID: strings.TrimPrefix(digest, "sha256:"), Digest: digest, Name: src.Name(),
+		Origin: "stick", Source: "/dev/sda", Dir: dir, Phase: PhaseDetected, Times: map[Phase]time.Time{}}))
+	h.start()
+	s := h.waitPhase(PhaseDetected)
+	if !strings.Contains(s.Line, "plug the stick in again") {
+		t.Fatalf("line %q", s.Line)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "half")); !os.IsNotExist(err) {
+		t.Fatal("an unrecorded extracted dir was kept")
+	}
+	if _, err := os.Stat(bundle.StagingDir(dir)); !os.IsNotExist(err) {
+		t.Fatal("staging dir kept")
+	}
+	h.plug("/dev/sda", src)
+	s = h.waitPhase(PhaseLoaded)
+	if s.Digest != digest {
+		t.Fatal(s.Digest)
+	}
+}
+
+func TestAgent_LoadFailureIsRetried(t *testing.T) {
+	h := newHarness(t, t.TempDir())
+	h.loader.fail = 1
+	h.start()
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(h.agent.Status().Reason, "crio is down") && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if s := h.agent.Status(); s.Phase != string(PhaseLoading) || !strings.Contains(s.Line, "retrying") {
+		t.Fatalf("status %+v", s)
+	}
+	// The retry timer fires after the backoff (5 s); the test waits for it.
+	deadline = time.Now().Add(15 * time.Second)
+	for h.agent.Status().Phase != string(PhaseLoaded) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if h.agent.Status().Phase != string(PhaseLoaded) {
+		t.Fatal("never loaded after the retry")
+	}
+}
+
+func TestAgent_CleanupRemovesTheBundle(t *testing.T) {
+	h := newHarness(t, t.TempDir())
+	h.start()
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	s := h.waitPhase(PhaseLoaded)
+	must(t, h.agent.Request(t.Context(), "cleanup", ""))
+	if h.loader.cleanups != 1 {
+		t.Fatal("loader cleanup not called")
+	}
+	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); !os.IsNotExist(err) {
+		t.Fatal("extracted dir kept")
+	}
+	if got := h.agent.Status(); got.Phase != "idle" {
+		t.Fatalf("after cleanup %+v (was %s)", got, s.Phase)
+	}
+	// A new bundle is welcome now.
+	next, _ := stick(t, bundletest.Options{Version: "4.13.8"})
+	h.plug("/dev/sdb", next)
+	if s := h.waitPhase(PhaseLoaded); s.Version != "4.13.8" {
+		t.Fatal(s.Version)
+	}
+}
+
+func TestStatusAPI_OverUnixSocket(t *testing.T) {
+	h := newHarness(t, t.TempDir())
+	h.cfg.Paths.Socket = filepath.Join(t.TempDir(), "ferry.sock")
+	h.start()
+	go h.agent.ServeStatus(t.Context(), h.cfg.Paths.Socket)
+	c := NewClient(h.cfg.Paths.Socket)
+	var s Status
+	var err error
+	for range 200 {
+		if s, err = c.Status(t.Context()); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	must(t, err)
+	if s.Node != "node-a" || s.Phase != "idle" {
+		t.Fatalf("%+v", s)
+	}
+	fi, err := os.Stat(h.cfg.Paths.Socket)
+	must(t, err)
+	if fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket mode %v", fi.Mode().Perm())
+	}
+	p, _ := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+	_, err = c.Do(t.Context(), "load", p)
+	must(t, err)
+	h.waitPhase(PhaseLoaded)
+	if _, err := NewClient(filepath.Join(t.TempDir(), "none.sock")).Status(t.Context()); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("no agent: %v", err)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

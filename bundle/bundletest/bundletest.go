@@ -1,0 +1,104 @@
+// Package bundletest writes small valid bundles for tests of the packages
+// that consume them.
+package bundletest
+
+import (
+	"archive/tar"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferry-edge/ferry/bundle"
+)
+
+// Options describe a test bundle.
+type Options struct {
+	Version string            // default "4.13.7"
+	Arch    string            // default "x86_64"
+	Files   map[string]string // path under docker/registry/v2/ → content
+	NoSHA   bool              // do not write the .sha256 sidecar
+}
+
+// Write makes upgrade-<version>-<arch>.tar (+ .sha256) in dir and returns
+// the tar's path and digest.
+func Write(t testing.TB, dir string, o Options) (string, string) {
+	t.Helper()
+	if o.Version == "" {
+		o.Version = "4.13.7"
+	}
+	if o.Arch == "" {
+		o.Arch = "x86_64"
+	}
+	if o.Files == nil {
+		o.Files = map[string]string{"blobs/sha256/aa/aabb/data": strings.Repeat("layer ", 4096)}
+	}
+	var size int64
+	for _, c := range o.Files {
+		size += int64(len(c))
+	}
+	d := strings.Repeat("ab", 32)
+	meta := bundle.Metadata{
+		FormatVersion: 1, Version: o.Version, Arch: o.Arch, SizeBytes: size + 4096, Size: bundle.HumanSize(size + 4096),
+		Release: "quay.io/openshift-release-dev/ocp-release@sha256:" + d,
+		Images:  []string{"quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + strings.Repeat("cd", 32)},
+		Created: time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC),
+	}
+	mb, err := json.Marshal(meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, meta.Name()+".tar")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.New()
+	tw := tar.NewWriter(teeWriter{f, h})
+	write := func(hdr *tar.Header, body string) {
+		if err := tw.WriteHeader(hdr); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write([]byte(body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(&tar.Header{Name: bundle.MetadataName, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(mb))}, string(mb))
+	names := make([]string, 0, len(o.Files))
+	for n := range o.Files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		write(&tar.Header{Name: bundle.RegistryRoot + n, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(o.Files[n]))}, o.Files[n])
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	digest := "sha256:" + hex.EncodeToString(h.Sum(nil))
+	if !o.NoSHA {
+		line := strings.TrimPrefix(digest, "sha256:") + "  " + filepath.Base(p) + "\n"
+		if err := os.WriteFile(strings.TrimSuffix(p, ".tar")+".sha256", []byte(line), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p, digest
+}
+
+type teeWriter struct {
+	f *os.File
+	h interface{ Write([]byte) (int, error) }
+}
+
+func (w teeWriter) Write(b []byte) (int, error) {
+	w.h.Write(b)
+	return w.f.Write(b)
+}
