@@ -1,0 +1,70 @@
+package vm
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+)
+
+// MakeVFATStick writes a FAT32 stick image (no partition table, like a
+// "superfloppy" stick) holding files at its root, without mounting
+// anything (mkfs.vfat + mcopy).
+func MakeVFATStick(ctx context.Context, img string, files ...string) error {
+	var total int64
+	for _, f := range files {
+		st, err := os.Stat(f)
+		if err != nil {
+			return err
+		}
+		total += st.Size()
+	}
+	size := max(64<<20, total+total/10+(16<<20)) // FAT32 needs ≥ 33 MiB
+	size = (size + (1 << 20) - 1) &^ ((1 << 20) - 1)
+	os.Remove(img)
+	if err := os.WriteFile(img, nil, 0o644); err != nil {
+		return err
+	}
+	if err := os.Truncate(img, size); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "mkfs.vfat", "-F", "32", "-n", "FERRY", img).CombinedOutput(); err != nil {
+		return fmt.Errorf("mkfs.vfat: %w: %s", err, out)
+	}
+	args := append([]string{"-i", img}, files...)
+	args = append(args, "::/")
+	cmd := exec.CommandContext(ctx, "mcopy", args...)
+	cmd.Env = append(os.Environ(), "MTOOLS_SKIP_CHECK=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("mcopy: %w: %s", err, out)
+	}
+	return nil
+}
+
+// MakeRawStick writes tarPath onto a stick image the way `dd of=/dev/sdX`
+// does: the tar at offset 0, the rest of the device zeros (the image is
+// rounded up to whole MiB, as real devices are).
+func MakeRawStick(img, tarPath string) error {
+	src, err := os.Open(tarPath)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	os.MkdirAll(filepath.Dir(img), 0o755)
+	dst, err := os.Create(img)
+	if err != nil {
+		return err
+	}
+	n, err := io.Copy(dst, src)
+	if err != nil {
+		dst.Close()
+		return err
+	}
+	if err := dst.Truncate((n + 2<<20) &^ ((1 << 20) - 1)); err != nil {
+		dst.Close()
+		return err
+	}
+	return dst.Close()
+}
