@@ -20,9 +20,10 @@ var update = flag.Bool("update", false, "rewrite packaging/machineconfig/*.bu an
 
 // The MachineConfig examples are generated from three sources, so they
 // cannot drift from what the RPM ships:
-//   packaging/ferry.service                     the unit, unchanged
-//   packaging/machineconfig/10-local-binary.conf  a drop-in running /usr/local/bin/ferry
-//   packaging/machineconfig/config.toml         the pool's /etc/ferry/config.toml
+//
+//	packaging/ferry.service                     the unit, unchanged
+//	packaging/machineconfig/10-local-binary.conf  a drop-in running /usr/local/bin/ferry
+//	packaging/machineconfig/config.toml         the pool's /etc/ferry/config.toml
 const (
 	mcDir       = "packaging/machineconfig"
 	dropInName  = "10-local-binary.conf"
