@@ -1,0 +1,89 @@
+package bundle
+
+import (
+	"sort"
+	"strings"
+)
+
+// Repository paths in the bundle's registry tree.
+//
+// A bundle stores every image under its original repository name with the
+// registry host removed: quay.io/openshift-release-dev/ocp-v4.0-art-dev is
+// stored, and served by the embedded registry, as the repository
+// openshift-release-dev/ocp-v4.0-art-dev. A node's mirror configuration
+// then maps the prefix quay.io/openshift-release-dev/ocp-v4.0-art-dev to
+// 127.0.0.1:PORT/openshift-release-dev/ocp-v4.0-art-dev, the same path.
+//
+// When two images of one bundle come from different registries under the
+// same path (a.io/team/app and b.io/team/app), both are stored with their
+// host as the first path component instead (a.io/team/app, with ':' in a
+// host:port written as '-'), and so on until no two names share a path.
+// RepoPaths applies the rule to a bundle's names; the bundle writer and the
+// node's mirror configuration both use it, on metadata.AllImages(), so they
+// always agree.
+
+// RepoPath is name (registry/path, no tag or digest) without its registry
+// host: the path a bundle stores it under when no other name collides.
+func RepoPath(name string) string {
+	name, _, _ = SplitRef(name)
+	host, rest, ok := strings.Cut(name, "/")
+	if !ok || !looksLikeHost(host) {
+		return name
+	}
+	return rest
+}
+
+// RepoPaths maps each distinct repository name of refs (references as in
+// metadata.json: name[:tag]@sha256:…, or bare names) to the path the bundle
+// stores it under (see the rule above).
+func RepoPaths(refs []string) map[string]string {
+	out := map[string]string{}
+	for _, r := range refs {
+		n, _, _ := SplitRef(r)
+		out[n] = RepoPath(n)
+	}
+	names := make([]string, 0, len(out))
+	for n := range out {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	full := map[string]bool{} // names stored with their host
+	for {
+		byPath := map[string][]string{}
+		for _, n := range names {
+			byPath[out[n]] = append(byPath[out[n]], n)
+		}
+		changed := false
+		for _, group := range byPath {
+			if len(group) < 2 {
+				continue
+			}
+			for _, n := range group {
+				if !full[n] {
+					full[n] = true
+					out[n] = hostPath(n)
+					changed = true
+				}
+			}
+		}
+		if !changed {
+			return out
+		}
+	}
+}
+
+// hostPath is name with its host made a valid path component.
+func hostPath(name string) string {
+	host, rest, ok := strings.Cut(name, "/")
+	if !ok {
+		return name
+	}
+	return strings.ReplaceAll(strings.ToLower(host), ":", "-") + "/" + rest
+}
+
+// looksLikeHost tells a registry host from a first path component the way
+// the docker reference grammar does: it has a dot or a port, or is
+// localhost.
+func looksLikeHost(s string) bool {
+	return strings.ContainsAny(s, ".:") || s == "localhost"
+}
