@@ -339,13 +339,13 @@ func (a *Agent) offer(ctx context.Context, src bundle.Source, origin, device str
 		r = &Record{ID: id, Digest: digest, Name: src.Name(), Metadata: meta, Origin: origin,
 			Plugged: origin != "peer"}
 	}
+	a.mu.Lock()
 	r.Metadata = meta
 	r.Source = src.Path
 	if origin == "stick" {
 		r.Source = device
 	}
 	r.Dir = filepath.Join(a.cfg.Paths.ExtractDir, meta.DirName())
-	a.mu.Lock()
 	a.active = r
 	a.mu.Unlock()
 	a.update(r, PhaseDetected, "", Progress{Total: meta.SizeBytes, Unit: "bytes"})
@@ -482,8 +482,11 @@ func (a *Agent) extractDone(ctx context.Context, r *Record, j jobResult) {
 		a.update(r, PhaseDetected, reason+" ("+j.err.Error()+")", Progress{})
 		return
 	}
+	a.mu.Lock()
 	old := r.ID
 	r.Digest, r.ID = j.res.Digest, strings.TrimPrefix(j.res.Digest, "sha256:")
+	delete(a.records, old)
+	a.mu.Unlock()
 	if old != r.ID {
 		os.Remove(a.store.path(old))
 	}
@@ -502,9 +505,12 @@ func (a *Agent) extractDone(ctx context.Context, r *Record, j jobResult) {
 }
 
 func (a *Agent) reject(r *Record, err error) {
+	a.mu.Lock()
 	if r.ID == "" || strings.HasPrefix(r.ID, "pending-") {
+		delete(a.records, r.ID)
 		r.ID = "rejected-" + strings.TrimSuffix(r.Name, ".tar")
 	}
+	a.mu.Unlock()
 	reason := strings.TrimPrefix(err.Error(), "bundle "+r.Name+": ")
 	a.log.Error("bundle refused", "phase", string(PhaseRejected), "bundle", r.Name, "reason", reason)
 	a.save(r, PhaseRejected, reason, Progress{})
@@ -583,9 +589,9 @@ func (a *Agent) save(r *Record, p Phase, reason string, prog Progress) {
 	}
 	r.Phase, r.Reason, r.Progress = p, reason, prog
 	a.records[r.ID] = r
-	cp := *r
+	cp := r.clone()
 	a.mu.Unlock()
-	if err := a.store.Save(&cp); err != nil {
+	if err := a.store.Save(cp); err != nil {
 		a.log.Error("cannot save state", "err", err)
 	}
 	a.announce()

@@ -204,10 +204,13 @@ func TestAgent_StickToLoaded(t *testing.T) {
 	}
 	for _, want := range []string{"waiting for an upgrade stick", "extracted upgrade-4.13.7-x86_64.tar", "loaded 4.13.7: 2 images pinned"} {
 		if !h.lines.seen(want) {
-			t.Errorf("no status line with %q in %q", want, h.lines.all)
+			t.Errorf("no status line with %q", want)
 		}
 	}
-	if !h.lines.ready {
+	h.lines.mu.Lock()
+	ready := h.lines.ready
+	h.lines.mu.Unlock()
+	if !ready {
 		t.Error("READY never sent")
 	}
 	if _, err := os.Stat(filepath.Join(h.cfg.Paths.StateDir, "bundles", strings.TrimPrefix(digest, "sha256:")+".index")); err != nil {
@@ -225,6 +228,7 @@ func TestAgent_SameBundleTwiceIsNotProcessedAgain(t *testing.T) {
 	h.plug("/dev/sdb", second)
 	h.plug("/dev/sdb", second) // and a stray change event
 	h.waitPhase(PhaseLoaded)
+	h.stop()
 	if n := len(h.loader.loads); n != 1 {
 		t.Fatalf("loaded %d times", n)
 	}
@@ -289,6 +293,7 @@ func TestAgent_ResumesAfterRestart(t *testing.T) {
 	h2 := newHarness(t, root)
 	h2.start()
 	s := h2.waitPhase(PhaseLoaded)
+	h2.stop()
 	if s.Digest != digest || len(h2.loader.loads) != 0 {
 		t.Fatalf("after restart: %+v, %d loads", s, len(h2.loader.loads))
 	}
@@ -358,7 +363,10 @@ func TestAgent_CleanupRemovesTheBundle(t *testing.T) {
 	h.plug("/dev/sda", src)
 	s := h.waitPhase(PhaseLoaded)
 	must(t, h.agent.Request(t.Context(), "cleanup", ""))
-	if h.loader.cleanups != 1 {
+	h.loader.mu.Lock()
+	cleanups := h.loader.cleanups
+	h.loader.mu.Unlock()
+	if cleanups != 1 {
 		t.Fatal("loader cleanup not called")
 	}
 	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); !os.IsNotExist(err) {

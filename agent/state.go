@@ -154,3 +154,13 @@ func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
 	defer d.Close()
 	return d.Sync()
 }
+
+// clone copies r deeply enough to be read without the agent's lock.
+func (r *Record) clone() *Record {
+	c := *r
+	c.Times = make(map[Phase]time.Time, len(r.Times))
+	for k, v := range r.Times {
+		c.Times[k] = v
+	}
+	return &c
+}

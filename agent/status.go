@@ -37,7 +37,8 @@ func (a *Agent) Status() Status {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	s := Status{Node: a.cfg.NodeName, Phase: "idle", Healthy: true}
-	if r := a.active; r != nil {
+	if a.active != nil {
+		r := a.active.clone()
 		s.Phase, s.Bundle, s.Digest, s.Reason, s.Times = string(r.Phase), r.Name, r.Digest, r.Reason, r.Times
 		if r.Metadata != nil {
 			s.Version, s.Release = r.Metadata.Version, r.Metadata.Release
@@ -47,7 +48,8 @@ func (a *Agent) Status() Status {
 			s.Progress = &p
 		}
 	}
-	if b := a.lastBad; b != nil {
+	if a.lastBad != nil {
+		b := a.lastBad.clone()
 		s.Error = fmt.Sprintf("%s %s: %s", b.Phase, b.Name, b.Reason)
 		if a.active == nil {
 			s.Phase, s.Bundle, s.Digest, s.Reason, s.Times = string(b.Phase), b.Name, b.Digest, b.Reason, b.Times
@@ -55,7 +57,7 @@ func (a *Agent) Status() Status {
 		}
 	}
 	for _, r := range a.records {
-		s.Bundles = append(s.Bundles, *r)
+		s.Bundles = append(s.Bundles, *r.clone())
 	}
 	s.Line = statusLine(s)
 	return s
