@@ -46,8 +46,7 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				fs.Usage()
-				return nil, usageErr{errors.New("help requested")}
+				return nil, err // Parse printed the usage; run exits 0
 			}
 			return nil, usageError("%v", err)
 		}
