@@ -1,0 +1,494 @@
+package crio
+
+import (
+	"bytes"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+)
+
+// DropinName is the name of ferry's files in crio.conf.d and
+// registries.conf.d. In crio.conf.d it sorts after MCO's 50-pinned-images.
+const DropinName = "pin-upgrade.conf"
+
+// ErrDropin marks a drop-in ferry refuses to write, or one of another
+// owner that ferry cannot read.
+var ErrDropin = errors.New("CRI-O drop-in")
+
+// Dropins writes and removes ferry's CRI-O drop-ins.
+type Dropins struct {
+	CRIOConfDir       string // /etc/crio/crio.conf.d
+	RegistriesConfDir string // /etc/containers/registries.conf.d
+	CertsDir          string // /etc/containers/certs.d
+}
+
+// Setup is what the drop-ins describe.
+type Setup struct {
+	// Images are the bundle's references (release and images),
+	// name[:tag]@sha256:… under their original names.
+	Images []string
+	// Keep are more pins to hold (e.g. a previous bundle's, until its
+	// cleanup).
+	Keep []string
+	// Addr is the embedded registry, "127.0.0.1:<port>".
+	Addr string
+	// CACert is the registry's certificate (PEM), installed as certs.d's
+	// ca.crt for Addr.
+	CACert []byte
+	// Label names the bundle in the files' header comment.
+	Label string
+}
+
+// Change says which files an Apply or Remove changed. CRI-O needs a reload
+// for Pins and Mirrors; certs.d is read on every pull.
+type Change struct {
+	Pins, Mirrors, CA bool
+}
+
+// NeedsReload is true when CRI-O must reload to see the change.
+func (c Change) NeedsReload() bool { return c.Pins || c.Mirrors }
+
+func (c Change) String() string {
+	var s []string
+	if c.Pins {
+		s = append(s, "pins")
+	}
+	if c.Mirrors {
+		s = append(s, "mirrors")
+	}
+	if c.CA {
+		s = append(s, "CA")
+	}
+	if len(s) == 0 {
+		return "unchanged"
+	}
+	return strings.Join(s, ", ") + " changed"
+}
+
+// PullRefs are the references to pull for a bundle's images: each by
+// digest (name@sha256:…, the tag dropped) and, for an image that kept its
+// tag, also name:tag, so that both names are on the image and pinned.
+func PullRefs(images []string) []string {
+	var out []string
+	seen := map[string]bool{}
+	add := func(r string) {
+		if !seen[r] {
+			seen[r] = true
+			out = append(out, r)
+		}
+	}
+	for _, ref := range images {
+		name, tag, digest := splitRef(ref)
+		if digest != "" {
+			add(name + "@" + digest)
+		}
+		if tag != "" {
+			add(name + ":" + tag)
+		}
+		if digest == "" && tag == "" {
+			add(name)
+		}
+	}
+	return out
+}
+
+// Apply writes the three drop-ins for s: each only if its bytes differ
+// (unchanged files are not rewritten, so the caller can skip the reload),
+// each validated before it is written, through a temporary file outside
+// the directory CRI-O reads, synced and renamed into place.
+func (d *Dropins) Apply(s Setup) (Change, error) {
+	var ch Change
+	if len(s.Images) == 0 {
+		return ch, fmt.Errorf("%w: no images to pin", ErrDropin)
+	}
+	ca, err := checkCA(s.CACert)
+	if err != nil {
+		return ch, err
+	}
+	before, err := d.PinsBefore()
+	if err != nil {
+		return ch, err
+	}
+	pins := mergePins(before, s.Keep, PullRefs(s.Images))
+	if err := d.checkNotOverridden(pins); err != nil {
+		return ch, err
+	}
+	pinsConf, err := PinsConf(pins, s.Label)
+	if err != nil {
+		return ch, err
+	}
+	mirrorsConf, err := MirrorsConf(s.Images, s.Addr, s.Label)
+	if err != nil {
+		return ch, err
+	}
+	// The CA first: with it in place before the mirror appears, no pull
+	// through the mirror fails on an unknown certificate.
+	if ch.CA, err = writeIfChanged(filepath.Join(d.CertsDir, s.Addr, "ca.crt"), ca, 0o644); err != nil {
+		return ch, fmt.Errorf("%w: certs.d: %v", ErrDropin, err)
+	}
+	if ch.Mirrors, err = writeIfChanged(filepath.Join(d.RegistriesConfDir, DropinName), mirrorsConf, 0o644); err != nil {
+		return ch, fmt.Errorf("%w: registries.conf.d: %v", ErrDropin, err)
+	}
+	if ch.Pins, err = writeIfChanged(filepath.Join(d.CRIOConfDir, DropinName), pinsConf, 0o644); err != nil {
+		return ch, fmt.Errorf("%w: crio.conf.d: %v", ErrDropin, err)
+	}
+	return ch, nil
+}
+
+// Remove deletes ferry's drop-ins and the CA for addr. Pins that other
+// drop-ins hold stay: they are in those files, which CRI-O reads again.
+func (d *Dropins) Remove(addr string) (Change, error) {
+	var ch Change
+	var err error
+	if ch.Pins, err = removeIfExists(filepath.Join(d.CRIOConfDir, DropinName)); err != nil {
+		return ch, err
+	}
+	if ch.Mirrors, err = removeIfExists(filepath.Join(d.RegistriesConfDir, DropinName)); err != nil {
+		return ch, err
+	}
+	if addr != "" {
+		if ch.CA, err = removeIfExists(filepath.Join(d.CertsDir, addr, "ca.crt")); err != nil {
+			return ch, err
+		}
+		os.Remove(filepath.Join(d.CertsDir, addr)) // only if empty
+	}
+	return ch, nil
+}
+
+// PinnedBy returns the pins ferry's crio.conf.d drop-in holds now (nil
+// when there is none).
+func (d *Dropins) PinnedBy() ([]string, error) {
+	pins, _, err := readPins(filepath.Join(d.CRIOConfDir, DropinName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return pins, err
+}
+
+// PinsBefore is the union of pinned_images of crio.conf (beside
+// crio.conf.d) and of every file in crio.conf.d that sorts before ferry's:
+// since a later file's list replaces an earlier one's, ferry's list must
+// hold them all.
+func (d *Dropins) PinsBefore() ([]string, error) {
+	files := []string{filepath.Join(filepath.Dir(filepath.Clean(d.CRIOConfDir)), "crio.conf")}
+	names, err := confNames(d.CRIOConfDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range names {
+		if n < DropinName {
+			files = append(files, filepath.Join(d.CRIOConfDir, n))
+		}
+	}
+	var all []string
+	for _, f := range files {
+		pins, _, err := readPins(f)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, pins...)
+	}
+	return all, nil
+}
+
+// checkNotOverridden refuses when a file that sorts after ferry's sets
+// pinned_images without ferry's pins: CRI-O would use that list instead.
+func (d *Dropins) checkNotOverridden(pins []string) error {
+	names, err := confNames(d.CRIOConfDir)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if n <= DropinName {
+			continue
+		}
+		later, set, err := readPins(filepath.Join(d.CRIOConfDir, n))
+		if err != nil {
+			return err
+		}
+		if !set {
+			continue
+		}
+		for _, p := range pins {
+			if !slices.Contains(later, p) {
+				return fmt.Errorf("%w: %s sorts after %s and sets pinned_images, which replaces ferry's list (it lacks %s): rename it to sort before %s, or add ferry's pins to it",
+					ErrDropin, filepath.Join(d.CRIOConfDir, n), DropinName, p, DropinName)
+			}
+		}
+	}
+	return nil
+}
+
+// confNames lists the regular files of a crio.conf.d directory, sorted as
+// CRI-O reads them. A missing directory has none.
+func confNames(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrDropin, err)
+	}
+	var names []string
+	for _, e := range ents {
+		if e.Type().IsRegular() || e.Type()&os.ModeSymlink != 0 {
+			names = append(names, e.Name())
+		}
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+type crioConf struct {
+	Crio struct {
+		Image struct {
+			PinnedImages *[]string `toml:"pinned_images"`
+		} `toml:"image"`
+	} `toml:"crio"`
+}
+
+// readPins returns [crio.image] pinned_images of a CRI-O config file and
+// whether the file sets it.
+func readPins(path string) (pins []string, set bool, err error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, false, err
+		}
+		return nil, false, fmt.Errorf("%w: %v", ErrDropin, err)
+	}
+	var c crioConf
+	if _, err := toml.Decode(string(b), &c); err != nil {
+		return nil, false, fmt.Errorf("%w: %s is not valid TOML, so CRI-O cannot load it either: fix or remove it: %v", ErrDropin, path, err)
+	}
+	if c.Crio.Image.PinnedImages == nil {
+		return nil, false, nil
+	}
+	return *c.Crio.Image.PinnedImages, true, nil
+}
+
+// mergePins is the sorted union of lists, without empty entries.
+func mergePins(lists ...[]string) []string {
+	set := map[string]bool{}
+	for _, l := range lists {
+		for _, p := range l {
+			if p = strings.TrimSpace(p); p != "" {
+				set[p] = true
+			}
+		}
+	}
+	out := make([]string, 0, len(set))
+	for p := range set {
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// PinsConf renders ferry's crio.conf.d drop-in and checks that it decodes
+// back to pins.
+func PinsConf(pins []string, label string) ([]byte, error) {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "# Written by ferry%s. Images CRI-O must keep (not garbage-collect):\n", forLabel(label))
+	b.WriteString("# the bundle's and those of every drop-in that sorts before this file\n")
+	b.WriteString("# (a later pinned_images replaces an earlier one). Removed by `ferry cleanup`.\n")
+	b.WriteString("[crio.image]\npinned_images = [\n")
+	for _, p := range pins {
+		v, err := tomlString(p)
+		if err != nil {
+			return nil, err
+		}
+		b.WriteString("  " + v + ",\n")
+	}
+	b.WriteString("]\n")
+	var c crioConf
+	if _, err := toml.Decode(b.String(), &c); err != nil || c.Crio.Image.PinnedImages == nil || !slices.Equal(*c.Crio.Image.PinnedImages, pins) {
+		return nil, fmt.Errorf("%w: generated pinned_images does not decode back to its %d pins (%v): not written", ErrDropin, len(pins), err)
+	}
+	return b.Bytes(), nil
+}
+
+func tomlString(s string) (string, error) {
+	var b bytes.Buffer
+	if err := toml.NewEncoder(&b).Encode(map[string]string{"v": s}); err != nil {
+		return "", fmt.Errorf("%w: %q: %v", ErrDropin, s, err)
+	}
+	return strings.TrimSpace(strings.TrimPrefix(b.String(), "v = ")), nil
+}
+
+func forLabel(label string) string {
+	if label == "" {
+		return ""
+	}
+	return " for bundle " + label
+}
+
+// registriesConf is the part of containers-registries.conf(5) ferry writes.
+type registriesConf struct {
+	Registry []registryEntry `toml:"registry"`
+}
+
+type registryEntry struct {
+	Prefix   string        `toml:"prefix"`
+	Location string        `toml:"location"`
+	Mirror   []mirrorEntry `toml:"mirror"`
+}
+
+type mirrorEntry struct {
+	Location       string `toml:"location"`
+	PullFromMirror string `toml:"pull-from-mirror,omitempty"`
+}
+
+// MirrorsConf renders ferry's registries.conf.d drop-in: one [[registry]]
+// per repository of the bundle, mirrored at addr/<repository path in the
+// bundle's tree>. A repository pulled only by digest uses the mirror for
+// digest pulls only; one with an image that kept its tag uses it for tag
+// pulls too (the embedded registry serves the tag), so a pull by that tag
+// is served locally and other tags still fall back to the original
+// registry.
+func MirrorsConf(images []string, addr, label string) ([]byte, error) {
+	if !strings.HasPrefix(addr, "127.0.0.1:") {
+		return nil, fmt.Errorf("%w: registry address %q is not 127.0.0.1:<port>", ErrDropin, addr)
+	}
+	tagged := map[string]bool{}
+	for _, ref := range images {
+		name, tag, digest := splitRef(ref)
+		if digest == "" || !strings.Contains(name, "/") {
+			return nil, fmt.Errorf("%w: %q is not a registry/name[:tag]@sha256:… reference", ErrDropin, ref)
+		}
+		tagged[name] = tagged[name] || tag != ""
+	}
+	names := make([]string, 0, len(tagged))
+	for n := range tagged {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var conf registriesConf
+	for _, n := range names {
+		m := mirrorEntry{Location: addr + "/" + repoPath(n), PullFromMirror: "digest-only"}
+		if tagged[n] {
+			m.PullFromMirror = "all"
+		}
+		conf.Registry = append(conf.Registry, registryEntry{Prefix: n, Location: n, Mirror: []mirrorEntry{m}})
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "# Written by ferry%s: its repositories are served by ferry's\n", forLabel(label))
+	fmt.Fprintf(&b, "# embedded registry on %s (CA in certs.d/%s). Removed by `ferry cleanup`.\n\n", addr, addr)
+	enc := toml.NewEncoder(&b)
+	enc.Indent = ""
+	if err := enc.Encode(conf); err != nil {
+		return nil, fmt.Errorf("%w: registries.conf.d: %v", ErrDropin, err)
+	}
+	var back registriesConf
+	if _, err := toml.Decode(b.String(), &back); err != nil || len(back.Registry) != len(conf.Registry) {
+		return nil, fmt.Errorf("%w: generated registries.conf.d drop-in does not decode back (%v): not written", ErrDropin, err)
+	}
+	for i, r := range back.Registry {
+		if r.Prefix != conf.Registry[i].Prefix || len(r.Mirror) != 1 || r.Mirror[0] != conf.Registry[i].Mirror[0] {
+			return nil, fmt.Errorf("%w: generated registries.conf.d entry %d does not decode back: not written", ErrDropin, i)
+		}
+	}
+	return b.Bytes(), nil
+}
+
+func checkCA(pemBytes []byte) ([]byte, error) {
+	block, _ := pem.Decode(pemBytes)
+	if block == nil || block.Type != "CERTIFICATE" {
+		return nil, fmt.Errorf("%w: the registry CA is not a PEM certificate", ErrDropin)
+	}
+	c, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the registry CA: %v", ErrDropin, err)
+	}
+	if !c.IsCA {
+		return nil, fmt.Errorf("%w: the registry certificate is not a CA (CA:TRUE): CRI-O would not trust it as ca.crt", ErrDropin)
+	}
+	return pemBytes, nil
+}
+
+// writeIfChanged writes data to path unless it already holds exactly
+// data. The temporary file goes in path's parent's parent (e.g. /etc/crio
+// for /etc/crio/crio.conf.d/x), on the same filesystem but outside the
+// directory CRI-O reads whole.
+func writeIfChanged(path string, data []byte, mode os.FileMode) (bool, error) {
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+		return false, nil
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return false, err
+	}
+	f, err := os.CreateTemp(filepath.Dir(dir), ".ferry-"+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return false, err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Chmod(mode)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return false, err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return false, err
+	}
+	syncDir(dir)
+	return true, nil
+}
+
+func removeIfExists(path string) (bool, error) {
+	err := os.Remove(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("%w: %v", ErrDropin, err)
+	}
+	syncDir(filepath.Dir(path))
+	return true, nil
+}
+
+func syncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+}
+
+// splitRef is bundle.SplitRef: name[:tag]@sha256:hex into its parts.
+func splitRef(ref string) (name, tag, digest string) {
+	name, digest, _ = strings.Cut(ref, "@")
+	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
+		name, tag = name[:i], name[i+1:]
+	}
+	return name, tag, digest
+}
+
+// repoPath is where a repository sits in the bundle's tree: its name
+// without the registry host (quay.io/a/b → a/b).
+// TODO: use bundle.RepoPath once it lands.
+func repoPath(name string) string {
+	if i := strings.IndexByte(name, '/'); i >= 0 {
+		return name[i+1:]
+	}
+	return name
+}
