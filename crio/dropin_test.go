@@ -220,7 +220,7 @@ func TestApply_RefusesAndWritesNothing(t *testing.T) {
 		files map[string]string
 		ca    func(t *testing.T) []byte
 	}{
-		"broken earlier drop-in": {files: map[string]string{"crio/crio.conf.d/50-pinned-images": "[crio.image]\npinned_images = [ \"unterminated\n"}},
+		"broken earlier drop-in":       {files: map[string]string{"crio/crio.conf.d/50-pinned-images": "[crio.image]\npinned_images = [ \"unterminated\n"}},
 		"later drop-in overrides pins": {files: map[string]string{"crio/crio.conf.d/zz-late.conf": "[crio.image]\npinned_images = [\"x\"]\n"}},
 		"CA not PEM":                   {ca: func(*testing.T) []byte { return []byte("nope") }},
 		"certificate not a CA":         {ca: func(t *testing.T) []byte { return testCA(t, false) }},
