@@ -102,13 +102,18 @@ func (l *lines) Status(s string) {
 		l.all = append(l.all, s)
 	}
 }
+// seen polls briefly: the line follows the state by a moment.
 func (l *lines) seen(sub string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, s := range l.all {
-		if strings.Contains(s, sub) {
-			return true
+	for range 200 {
+		l.mu.Lock()
+		for _, s := range l.all {
+			if strings.Contains(s, sub) {
+				l.mu.Unlock()
+				return true
+			}
 		}
+		l.mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
 	}
 	return false
 }
