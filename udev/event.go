@@ -31,9 +31,12 @@ type Event struct {
 	DevType string // "disk" or "partition"
 	FSType  string // ID_FS_TYPE: "vfat", "ext4", …; "" when udev found none
 	Label   string // ID_FS_LABEL
-	Size    int64  // bytes, from sysfs; 0 for Remove and for a detached loop device
-	Major   uint32
-	Minor   uint32
+	// Size in bytes, read from sysfs when the event is received; 0 for
+	// Remove, for a detached loop device, and when the device already
+	// holds a newer medium than the event's (DiskSeq moved on).
+	Size  int64
+	Major uint32
+	Minor uint32
 	// DiskSeq is the kernel's diskseq: it changes whenever a new medium
 	// appears on the same device node (0 when the kernel has none).
 	DiskSeq uint64

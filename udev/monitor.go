@@ -257,7 +257,16 @@ func eventFromEnv(env map[string]string, sys string) (Event, bool, error) {
 	}
 	ev.DiskSeq, _ = strconv.ParseUint(env["DISKSEQ"], 10, 64)
 	if a != Remove && env["DEVPATH"] != "" {
-		ev.Size = readSize(filepath.Join(sys, env["DEVPATH"]))
+		dir := filepath.Join(sys, env["DEVPATH"])
+		ev.Size = readSize(dir)
+		// The size is read now, not when the event was made: if the
+		// device already holds another medium (a loop device detached and
+		// reused), this event's medium is gone.
+		if ev.DiskSeq != 0 {
+			if now := readUint(filepath.Join(dir, "diskseq")); now != 0 && now != ev.DiskSeq {
+				ev.Size = 0
+			}
+		}
 	}
 	return ev, true, nil
 }
@@ -265,6 +274,15 @@ func eventFromEnv(env map[string]string, sys string) (Event, bool, error) {
 func parseUint32(s string) uint32 {
 	v, _ := strconv.ParseUint(s, 10, 32)
 	return uint32(v)
+}
+
+func readUint(path string) uint64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	v, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	return v
 }
 
 // readSize is the size in bytes of the block device whose sysfs directory

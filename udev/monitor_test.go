@@ -41,6 +41,10 @@ func TestParseMessage_BlockEvents(t *testing.T) {
 	sys := t.TempDir()
 	fakeSysDevice(t, sys, "/devices/virtual/block/loop3", 16384)
 	fakeSysDevice(t, sys, "/devices/pci/usb/block/sdb/sdb1", 2048)
+	fakeSysDevice(t, sys, "/devices/virtual/block/loop5", 4096)
+	if err := os.WriteFile(filepath.Join(sys, "/devices/virtual/block/loop5/diskseq"), []byte("12\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 
 	tests := []struct {
 		name   string
@@ -75,6 +79,20 @@ func TestParseMessage_BlockEvents(t *testing.T) {
 			msg: udevMessage("ACTION=change", "DEVPATH=/devices/virtual/block/loop3", "SUBSYSTEM=block",
 				"DEVNAME=/dev/loop3", "ID_FS_TYPE=ext4", "ID_FS_LABEL=a=b"),
 			want:   Event{Action: Change, DevPath: "/dev/loop3", FSType: "ext4", Label: "a=b", Size: 16384 * 512},
+			wantOK: true,
+		},
+		{
+			name: "a stale event for a device that holds a newer medium has no size",
+			msg: udevMessage("ACTION=change", "DEVPATH=/devices/virtual/block/loop5", "SUBSYSTEM=block",
+				"DEVNAME=/dev/loop5", "DISKSEQ=11", "ID_FS_TYPE=vfat"),
+			want:   Event{Action: Change, DevPath: "/dev/loop5", FSType: "vfat", DiskSeq: 11},
+			wantOK: true,
+		},
+		{
+			name: "the current medium's event has its size",
+			msg: udevMessage("ACTION=change", "DEVPATH=/devices/virtual/block/loop5", "SUBSYSTEM=block",
+				"DEVNAME=/dev/loop5", "DISKSEQ=12", "ID_FS_TYPE=ext4"),
+			want:   Event{Action: Change, DevPath: "/dev/loop5", FSType: "ext4", DiskSeq: 12, Size: 4096 * 512},
 			wantOK: true,
 		},
 		{

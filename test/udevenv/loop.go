@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -14,7 +15,11 @@ import (
 type Loop struct {
 	Dev   string // "/dev/loop3"
 	Image string
-	t     testing.TB
+	// DiskSeq is the kernel's sequence number for this attachment: udev
+	// events about it carry it, events left over from an earlier user of
+	// the same /dev/loopN carry another.
+	DiskSeq uint64
+	t       testing.TB
 }
 
 // Attach attaches image with `losetup -f --show`: udev then reports a
@@ -25,6 +30,9 @@ func Attach(t testing.TB, image string) *Loop {
 	t.Helper()
 	dev := Run(t, "losetup", "-f", "--show", image)
 	l := &Loop{Dev: dev, Image: image, t: t}
+	if b, err := os.ReadFile("/sys/class/block/" + strings.TrimPrefix(dev, "/dev/") + "/diskseq"); err == nil {
+		l.DiskSeq, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	}
 	t.Cleanup(l.cleanup)
 	return l
 }
@@ -51,6 +59,12 @@ func (l *Loop) Pull() {
 	}
 	Run(l.t, "losetup", "-c", l.Dev)
 	Run(l.t, "losetup", "-d", l.Dev)
+}
+
+// Is reports whether ev is about this attachment: same device, and the
+// same diskseq when the kernel has one.
+func (l *Loop) Is(dev string, diskSeq uint64) bool {
+	return dev == l.Dev && (l.DiskSeq == 0 || diskSeq == l.DiskSeq)
 }
 
 // Backing is the file the device is attached to now ("" when detached).
