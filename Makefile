@@ -1,0 +1,67 @@
+# ferry — build, test, benchmark, demo. `make help` lists the targets.
+SHELL   := bash
+GO      ?= go
+VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+BIN     := bin/ferry
+UNIT_PKGS = $(shell $(GO) list ./... | grep -v '/test/')
+FUZZTIME ?= 10s
+
+.PHONY: help build setup unit integration e2e test fuzz fuzz-short bench demo rpm faults clean
+
+help:
+	@echo "make demo   the main job end to end in a VM: bundle → stick → agent → images pinned in CRI-O"
+	@echo "make test   every test: unit, real udev/CRI-O/registry/netns integration, VM end to end"
+	@echo "make build  bin/ferry;  make bench  performance report;  make fuzz  longer fuzzing"
+	@echo "make rpm    the RPM;    make e2e    only the VM tests"
+
+build:
+	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/ferry
+
+# What the tests need on a fresh Debian 12: packages, a CRI-O build (cached
+# in /var/cache/ferry-test), QEMU and friends.
+setup:
+	bash test/setup/install-deps.sh
+	bash test/setup/setup-vm-host.sh
+	bash test/setup/build-crio.sh >/dev/null
+
+unit:
+	$(GO) vet ./...
+	$(GO) test -race -count=1 $(UNIT_PKGS)
+
+# Brief runs of every fuzz target (CI); `make fuzz FUZZTIME=5m` for longer.
+fuzz-short fuzz:
+	@set -e; for pkg in $(UNIT_PKGS); do \
+	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
+	  for f in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/func //'); do \
+	    echo "fuzz $$pkg $$f ($(FUZZTIME))"; \
+	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg >/dev/null; \
+	  done; \
+	done
+fuzz: FUZZTIME = 2m
+
+# Integration tests against the real parts (root): udev, CRI-O, registries,
+# network namespaces, packaging tools. One package at a time: they share
+# udevd, loop devices and CPU.
+integration: build
+	$(GO) test -count=1 -p 1 -timeout 60m $$($(GO) list ./test/... | grep -v '/test/vm')
+
+e2e: build
+	$(GO) test -count=1 -timeout 45m -v ./test/vm
+
+test: setup unit fuzz-short integration e2e
+
+bench: setup build
+	bash test/bench/run.sh
+
+demo:
+	bash test/vm/demo.sh
+
+rpm:
+	bash scripts/rpm.sh
+
+faults: setup build
+	bash test/faults/run.sh
+
+clean:
+	rm -rf bin dist
