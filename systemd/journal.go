@@ -17,7 +17,7 @@ import (
 // NewLogger returns ferry's logger: entries go to journald with their
 // attributes as fields (phase → PHASE, bundle → BUNDLE, …) when stderr is
 // connected to the journal (a systemd service), and as text lines on stderr
-// otherwise.
+// otherwise. A nil level is Info.
 func NewLogger(level slog.Leveler) *slog.Logger {
 	return slog.New(NewHandler(os.Stderr, level))
 }

@@ -1,3 +1,7 @@
+// Package systemd is ferry's side of systemd: unit reloads over D-Bus
+// (reload.go), sd_notify (READY=1, STATUS=, the watchdog) and logging to
+// the journal with fields. Everything here is a no-op, or falls back to
+// stderr, when ferry does not run under systemd.
 package systemd
 
 import (

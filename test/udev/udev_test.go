@@ -412,3 +412,28 @@ func blockDevOf(t testing.TB, dev uint64) string {
 	}
 	return "/dev/" + filepath.Base(link)
 }
+
+func TestSweep_UnmountsWhatACrashLeft(t *testing.T) {
+	udevenv.Require(t)
+	events := watch(t, false)
+	l := udevenv.Attach(t, udevenv.Ext4Image(t, "STICK", stickFiles(t, []byte("x"))...))
+	ev := waitFor(t, events, l, func(e udev.Event) bool { return e.FSType == "ext4" })
+	media := &udev.Media{MountDir: t.TempDir()}
+	med, err := media.Open(t.Context(), ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The agent dies here without Close; the next one sweeps at start.
+	if err := media.Sweep(); err != nil {
+		t.Fatalf("Sweep: %v", err)
+	}
+	if mountOptions(t, med.Dir) != nil {
+		t.Error("still mounted after Sweep")
+	}
+	if _, err := os.Stat(med.Dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("mount point left after Sweep: %v", err)
+	}
+	if err := med.Close(); err != nil {
+		t.Errorf("Close after Sweep: %v", err)
+	}
+}
