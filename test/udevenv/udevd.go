@@ -40,11 +40,22 @@ var (
 // Main runs m's tests with systemd-udevd running, starting it if no udevd
 // runs, and stopping it afterwards if the tests started it and no other
 // test binary still uses it. Call it from TestMain.
+//
+// Test binaries that use Main run one at a time (an exclusive lock held
+// for the whole run): an agent under test watches every block device of
+// the host, so another package's sticks must not appear meanwhile.
 func Main(m *testing.M) int {
 	mainRan = true
 	var release func()
 	if os.Geteuid() == 0 {
-		release, setupErr = acquireUdevd()
+		if err := os.MkdirAll(stateDir, 0o755); err != nil {
+			setupErr = err
+		} else if devices, err := lockFile(filepath.Join(stateDir, "devices.lock"), syscall.LOCK_EX); err != nil {
+			setupErr = err
+		} else {
+			defer devices.Close()
+			release, setupErr = acquireUdevd()
+		}
 	}
 	code := m.Run()
 	if release != nil {
