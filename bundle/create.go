@@ -1,0 +1,787 @@
+package bundle
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"aead.dev/minisign"
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
+)
+
+// Platform choices for manifest lists (CreateOptions.Platforms).
+const (
+	// PlatformsArch (the default) keeps a manifest list's own bytes, so its
+	// digest still resolves, but copies only its linux/<arch> images: a node
+	// pulling the list gets its own platform from the bundle.
+	PlatformsArch = "arch"
+	// PlatformsAll copies every image a manifest list names.
+	PlatformsAll = "all"
+)
+
+// CreateOptions are the inputs of Create (ferry bundle create's flags).
+type CreateOptions struct {
+	Release     string   // release image reference (tag or digest)
+	Version     string   // overrides or fills release-metadata's version
+	Arch        string   // uname -m (or GOARCH) name; overrides or fills the image config's
+	ExtraImages []string // custom images; tags are resolved and kept
+	Platforms   string   // PlatformsArch (default) or PlatformsAll
+	Mirrors     []Mirror
+
+	Keychain  authn.Keychain    // nil: anonymous
+	Transport http.RoundTripper // nil: Go's default
+	Insecure  bool              // allow plain HTTP (with --tls-verify=false)
+
+	OutputDir string // where the tar, .sha256 and .minisig go
+	// WorkDir holds the registry tree while it is built; default
+	// <OutputDir>/.ferry-work-<version>-<arch>. A run that stops keeps it,
+	// and the next run reuses every blob in it; a successful run removes it
+	// unless KeepWork.
+	WorkDir  string
+	KeepWork bool
+
+	SignKey *minisign.PrivateKey // nil: no signature
+	Jobs    int                  // images copied at once; default 4
+	Created time.Time            // metadata.created; default now
+	Log     *slog.Logger
+	// Progress, when set, receives snapshots a few times a second and once
+	// with Phase "done".
+	Progress func(Progress)
+}
+
+// CreateResult is what Create made.
+type CreateResult struct {
+	Metadata      *Metadata
+	TarPath       string
+	SHA256Path    string
+	SignaturePath string // "" without a key
+	Digest        string // sha256:<hex> of the tar
+	TarSize       int64
+	BlobsFetched  int
+	BlobsReused   int // found in the work tree from an earlier run
+	BytesFetched  int64
+	WorkDir       string
+}
+
+// Create copies a release's images and extra images into a registry tree
+// and writes the bundle: <OutputDir>/upgrade-<version>-<arch>.tar, its
+// .sha256 and, with a key, its .tar.minisig. The tar is written as
+// .tar.partial and renamed only when complete; the .sha256 and signature
+// follow, each written atomically.
+func Create(ctx context.Context, o CreateOptions) (*CreateResult, error) {
+	c, err := newCreator(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	defer c.stopProgress()
+	return c.run(ctx)
+}
+
+type creator struct {
+	o      CreateOptions
+	log    *slog.Logger
+	puller *remote.Puller
+	nameOp []name.Option
+	arch   string // uname -m
+	store  *treeStore
+	paths  map[string]string // original name → tree path
+
+	prog     progressCounter
+	stopProg chan struct{}
+	progDone chan struct{}
+	fetched  atomic.Int64
+	reused   atomic.Int64
+}
+
+func newCreator(ctx context.Context, o CreateOptions) (*creator, error) {
+	if o.Release == "" {
+		return nil, fmt.Errorf("%w: no release image given", ErrBadReference)
+	}
+	if o.OutputDir == "" {
+		return nil, errors.New("no output directory given")
+	}
+	switch o.Platforms {
+	case "":
+		o.Platforms = PlatformsArch
+	case PlatformsArch, PlatformsAll:
+	default:
+		return nil, fmt.Errorf("platforms %q: want %q or %q", o.Platforms, PlatformsArch, PlatformsAll)
+	}
+	if o.Arch != "" {
+		a := UnameArch(o.Arch)
+		if a == "" {
+			return nil, fmt.Errorf("arch %q: want one of %s", o.Arch, strings.Join(Arches, ", "))
+		}
+		o.Arch = a
+	}
+	if o.Jobs <= 0 {
+		o.Jobs = 4
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Keychain == nil {
+		o.Keychain = authn.NewMultiKeychain() // anonymous
+	}
+	if o.Transport == nil {
+		o.Transport = http.DefaultTransport
+	}
+	if o.Created.IsZero() {
+		o.Created = time.Now()
+	}
+	o.Created = o.Created.UTC().Truncate(time.Second)
+	c := &creator{o: o, log: o.Log, arch: o.Arch}
+	if o.Insecure {
+		c.nameOp = append(c.nameOp, name.Insecure)
+	}
+	p, err := remote.NewPuller(
+		remote.WithContext(ctx),
+		remote.WithTransport(o.Transport),
+		remote.WithAuthFromKeychain(o.Keychain),
+		remote.WithUserAgent("ferry-bundle-create"),
+		remote.WithRetryBackoff(remote.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 3}),
+	)
+	if err != nil {
+		return nil, err
+	}
+	c.puller = p
+	c.prog.start = time.Now()
+	c.prog.phase.Store("resolve")
+	if o.Progress != nil {
+		c.stopProg, c.progDone = make(chan struct{}), make(chan struct{})
+		go c.reportProgress()
+	}
+	return c, nil
+}
+
+func (c *creator) reportProgress() {
+	defer close(c.progDone)
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			c.o.Progress(c.prog.snapshot())
+		case <-c.stopProg:
+			return
+		}
+	}
+}
+
+func (c *creator) stopProgress() {
+	if c.stopProg != nil {
+		close(c.stopProg)
+		<-c.progDone
+		c.stopProg = nil
+	}
+}
+
+// imageRef is an image under its original name, and where it is fetched.
+type imageRef struct {
+	name   string // original repository name, e.g. quay.io/org/repo
+	tag    string
+	digest string // sha256:…, "" until resolved
+	fetch  name.Repository
+}
+
+// String is the reference metadata.json records: name[:tag]@sha256:….
+func (r *imageRef) String() string {
+	s := r.name
+	if r.tag != "" {
+		s += ":" + r.tag
+	}
+	if r.digest != "" {
+		s += "@" + r.digest
+	}
+	return s
+}
+
+func (r *imageRef) host() string { return r.fetch.RegistryStr() }
+
+// remoteRef is where the image is fetched: by digest when known.
+func (r *imageRef) remoteRef() name.Reference {
+	if r.digest != "" {
+		return r.fetch.Digest(r.digest)
+	}
+	return r.fetch.Tag(r.tag)
+}
+
+func (c *creator) parseRef(s string) (*imageRef, error) {
+	s = strings.TrimSpace(s)
+	n, tag, dig := SplitRef(s)
+	bad := func(err error) error { return fmt.Errorf("%w: %q: %v", ErrBadReference, s, err) }
+	repo, err := name.NewRepository(n, name.StrictValidation)
+	if err != nil {
+		return nil, bad(err)
+	}
+	if tag != "" {
+		if _, err := name.NewTag(n+":"+tag, name.StrictValidation); err != nil {
+			return nil, bad(err)
+		}
+	}
+	if dig != "" {
+		if _, err := name.NewDigest(n+"@"+dig, name.StrictValidation); err != nil {
+			return nil, bad(err)
+		}
+	}
+	if tag == "" && dig == "" {
+		tag = "latest"
+	}
+	orig := repo.Name()
+	if rest, ok := strings.CutPrefix(orig, name.DefaultRegistry+"/"); ok {
+		orig = "docker.io/" + rest
+	}
+	fetch, err := name.NewRepository(mirrored(orig, c.o.Mirrors), c.nameOp...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %q through --mirror is %q: %v", ErrBadReference, s, mirrored(orig, c.o.Mirrors), err)
+	}
+	return &imageRef{name: orig, tag: tag, digest: dig, fetch: fetch}, nil
+}
+
+func (c *creator) run(ctx context.Context) (*CreateResult, error) {
+	o := c.o
+	// The release: what it is, its version and arch, its payload.
+	rel, err := c.parseRef(o.Release)
+	if err != nil {
+		return nil, fmt.Errorf("--release: %w", err)
+	}
+	info, err := c.inspectRelease(ctx, rel)
+	if err != nil {
+		return nil, err
+	}
+	version := o.Version
+	switch {
+	case version == "" && info.Version == "":
+		return nil, fmt.Errorf("%w: %s has no version in %s: pass --version", ErrRelease, rel, releaseMetadataPath)
+	case version == "":
+		version = info.Version
+	case info.Version != "" && info.Version != version:
+		c.log.Warn("--version overrides the release image's version", "flag", version, "image", info.Version)
+	}
+
+	refs := []*imageRef{rel}
+	for _, s := range info.Payload {
+		r, err := c.parseRef(s)
+		if err != nil {
+			return nil, fmt.Errorf("release %s names %w", rel, err)
+		}
+		refs = append(refs, r)
+	}
+	for _, s := range o.ExtraImages {
+		r, err := c.parseRef(s)
+		if err != nil {
+			return nil, fmt.Errorf("--extra-image: %w", err)
+		}
+		refs = append(refs, r)
+	}
+	var names []string
+	for _, r := range refs {
+		names = append(names, r.name)
+	}
+	c.paths = RepoPaths(names)
+
+	workDir := o.WorkDir
+	if workDir == "" {
+		workDir = filepath.Join(o.OutputDir, ".ferry-work-"+version+"-"+c.arch)
+	}
+	if err := os.MkdirAll(o.OutputDir, 0o755); err != nil {
+		return nil, fmt.Errorf("--output: %w", err)
+	}
+	if c.store, err = openTreeStore(ctx, workDir); err != nil {
+		return nil, fmt.Errorf("work directory %s: %w", workDir, err)
+	}
+	c.log.Info("bundle create", "release", rel.String(), "version", version, "arch", c.arch,
+		"images", len(refs), "workDir", workDir, "platforms", o.Platforms)
+
+	// Resolve every image to its manifests and blobs.
+	plans := make([]*imagePlan, len(refs))
+	c.prog.imagesTotal.Store(int64(len(refs)))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for i, r := range refs {
+		g.Go(func() error {
+			p, err := c.plan(gctx, r)
+			plans[i] = p
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	// One entry per distinct reference; the release is not in images.
+	meta := &Metadata{FormatVersion: FormatVersion, Version: version, Arch: c.arch, Release: rel.String(), Created: o.Created}
+	seen := map[string]bool{rel.String(): true}
+	for _, p := range plans[1:] {
+		if s := p.ref.String(); !seen[s] {
+			seen[s] = true
+			meta.Images = append(meta.Images, s)
+		}
+	}
+	if err := c.checkSpace(plans, workDir); err != nil {
+		return nil, err
+	}
+
+	// Copy.
+	c.prog.phase.Store("copy")
+	g, gctx = errgroup.WithContext(ctx)
+	g.SetLimit(o.Jobs)
+	for _, p := range plans {
+		g.Go(func() error {
+			if err := c.copyImage(gctx, p); err != nil {
+				return err
+			}
+			c.prog.images.Add(1)
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	removed, err := c.store.prune()
+	if err != nil {
+		return nil, err
+	}
+	if removed > 0 {
+		c.log.Info("removed files of an earlier run that this bundle does not need", "files", removed)
+	}
+
+	// Write.
+	c.prog.phase.Store("write")
+	res, err := c.writeBundle(meta, workDir)
+	if err != nil {
+		return nil, err
+	}
+	res.BlobsFetched, res.BlobsReused = int(c.fetched.Load()), int(c.reused.Load())
+	res.BytesFetched = c.prog.bytes.Load()
+	res.WorkDir = workDir
+	if !o.KeepWork {
+		if err := os.RemoveAll(workDir); err != nil {
+			c.log.Warn("cannot remove the work directory", "dir", workDir, "err", err)
+		}
+	}
+	c.prog.phase.Store("done")
+	c.stopProgress()
+	if o.Progress != nil {
+		o.Progress(c.prog.snapshot())
+	}
+	return res, nil
+}
+
+// inspectRelease resolves the release reference and reads its arch,
+// version and payload (the image for c.arch when it is a manifest list).
+func (c *creator) inspectRelease(ctx context.Context, rel *imageRef) (*releaseInfo, error) {
+	desc, err := c.puller.Get(ctx, rel.remoteRef())
+	if err != nil {
+		return nil, explain(err, rel.host(), "release "+rel.String())
+	}
+	rel.digest = desc.Digest.String()
+	var img v1.Image
+	switch {
+	case desc.MediaType.IsIndex():
+		if c.arch == "" {
+			return nil, fmt.Errorf("%w: %s is a manifest list for several architectures: pass --arch", ErrRelease, rel)
+		}
+		idx, err := desc.ImageIndex()
+		if err != nil {
+			return nil, explain(err, rel.host(), "release "+rel.String())
+		}
+		im, err := idx.IndexManifest()
+		if err != nil {
+			return nil, err
+		}
+		var child *v1.Descriptor
+		for i, m := range im.Manifests {
+			if m.Platform != nil && m.Platform.OS == "linux" && m.Platform.Architecture == GoArch(c.arch) {
+				child = &im.Manifests[i]
+				break
+			}
+		}
+		if child == nil {
+			return nil, fmt.Errorf("%w: %s has no linux/%s image", ErrRelease, rel, GoArch(c.arch))
+		}
+		if img, err = idx.Image(child.Digest); err != nil {
+			return nil, explain(err, rel.host(), "release "+rel.String())
+		}
+	case desc.MediaType.IsImage():
+		if img, err = desc.Image(); err != nil {
+			return nil, explain(err, rel.host(), "release "+rel.String())
+		}
+	default:
+		return nil, fmt.Errorf("%w: %s has media type %q", ErrRelease, rel, desc.MediaType)
+	}
+	info, err := readRelease(img)
+	if err != nil {
+		if errors.Is(err, ErrRelease) {
+			return nil, fmt.Errorf("release %s: %w", rel, err)
+		}
+		return nil, explain(err, rel.host(), "release "+rel.String())
+	}
+	switch {
+	case c.arch == "" && info.Arch == "":
+		return nil, fmt.Errorf("%w: %s does not say its architecture: pass --arch", ErrRelease, rel)
+	case c.arch == "":
+		c.arch = info.Arch
+	case info.Arch != "" && info.Arch != c.arch:
+		c.log.Warn("--arch overrides the release image's architecture", "flag", c.arch, "image", info.Arch)
+	}
+	c.log.Info("release image", "ref", rel.String(), "version", info.Version, "arch", info.Arch, "payloadImages", len(info.Payload))
+	return info, nil
+}
+
+// imagePlan is everything of one image to copy.
+type imagePlan struct {
+	ref       *imageRef
+	repo      string        // path in the tree
+	manifests []rawManifest // children before their lists; the image's own last
+	blobs     []ocispec.Descriptor
+	local     bool // the work tree already held it
+}
+
+type rawManifest struct {
+	mediaType string
+	body      []byte
+	digest    digest.Digest
+}
+
+// manifestSource fetches a manifest by digest ("" for ref's tag).
+type manifestSource func(ctx context.Context, d string) (rawManifest, error)
+
+func (c *creator) plan(ctx context.Context, r *imageRef) (*imagePlan, error) {
+	p := &imagePlan{ref: r, repo: c.paths[r.name]}
+	src := c.remoteManifests(r)
+	if r.digest != "" {
+		have, err := c.store.hasManifest(ctx, p.repo, digest.Digest(r.digest))
+		if err != nil {
+			return nil, err
+		}
+		if have {
+			src, p.local = c.localManifests(p.repo), true
+		}
+	}
+	top, err := src(ctx, r.digest)
+	if err != nil {
+		return nil, err
+	}
+	if r.digest == "" {
+		r.digest = top.digest.String()
+	}
+	seen := map[digest.Digest]bool{}
+	if err := c.walk(ctx, p, src, top, seen); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (c *creator) remoteManifests(r *imageRef) manifestSource {
+	return func(ctx context.Context, d string) (rawManifest, error) {
+		ref := r.remoteRef()
+		if d != "" {
+			ref = r.fetch.Digest(d)
+		}
+		desc, err := c.puller.Get(ctx, ref)
+		if err != nil {
+			return rawManifest{}, explain(err, r.host(), r.String())
+		}
+		return rawManifest{mediaType: string(desc.MediaType), body: desc.Manifest, digest: digest.Digest(desc.Digest.String())}, nil
+	}
+}
+
+func (c *creator) localManifests(repo string) manifestSource {
+	return func(ctx context.Context, d string) (rawManifest, error) {
+		r, err := c.store.repository(ctx, repo)
+		if err != nil {
+			return rawManifest{}, err
+		}
+		ms, err := r.Manifests(ctx)
+		if err != nil {
+			return rawManifest{}, err
+		}
+		m, err := ms.Get(ctx, digest.Digest(d))
+		if err != nil {
+			return rawManifest{}, fmt.Errorf("work tree: manifest %s in %s: %w", d, repo, err)
+		}
+		mt, body, err := m.Payload()
+		if err != nil {
+			return rawManifest{}, err
+		}
+		return rawManifest{mediaType: mt, body: body, digest: digest.Digest(d)}, nil
+	}
+}
+
+// walk adds m, and for a manifest list the children it keeps, to p.
+func (c *creator) walk(ctx context.Context, p *imagePlan, src manifestSource, m rawManifest, seen map[digest.Digest]bool) error {
+	if seen[m.digest] {
+		return nil
+	}
+	seen[m.digest] = true
+	mt := types.MediaType(m.mediaType)
+	if mt == "" {
+		var probe struct {
+			MediaType types.MediaType `json:"mediaType"`
+		}
+		json.Unmarshal(m.body, &probe)
+		mt, m.mediaType = probe.MediaType, string(probe.MediaType)
+	}
+	switch {
+	case mt.IsSchema1():
+		return fmt.Errorf("%w: %s uses the Docker schema 1 manifest format, which ferry cannot store: rebuild or re-push it", ErrBadReference, p.ref)
+	case mt.IsIndex():
+		im, err := v1.ParseIndexManifest(strings.NewReader(string(m.body)))
+		if err != nil {
+			return fmt.Errorf("%s: manifest list: %w", p.ref, err)
+		}
+		kept := 0
+		for _, d := range im.Manifests {
+			if !c.keepChild(d) {
+				continue
+			}
+			kept++
+			child, err := src(ctx, d.Digest.String())
+			if err != nil {
+				return err
+			}
+			if err := c.walk(ctx, p, src, child, seen); err != nil {
+				return err
+			}
+		}
+		if kept == 0 {
+			return fmt.Errorf("%w: %s has no linux/%s image (--platforms %s)", ErrNotFound, p.ref, GoArch(c.arch), c.o.Platforms)
+		}
+	case mt.IsImage():
+		im, err := v1.ParseManifest(strings.NewReader(string(m.body)))
+		if err != nil {
+			return fmt.Errorf("%s: manifest: %w", p.ref, err)
+		}
+		for _, d := range append([]v1.Descriptor{im.Config}, im.Layers...) {
+			if len(d.URLs) > 0 && !d.MediaType.IsDistributable() {
+				continue // a foreign layer: pulled from its URLs, not from registries
+			}
+			p.blobs = append(p.blobs, ocispec.Descriptor{MediaType: string(d.MediaType), Digest: digest.Digest(d.Digest.String()), Size: d.Size})
+		}
+	default:
+		return fmt.Errorf("%w: %s has unsupported media type %q", ErrBadReference, p.ref, m.mediaType)
+	}
+	p.manifests = append(p.manifests, m)
+	return nil
+}
+
+func (c *creator) keepChild(d v1.Descriptor) bool {
+	if c.o.Platforms == PlatformsAll {
+		return true
+	}
+	return d.Platform != nil && d.Platform.OS == "linux" && d.Platform.Architecture == GoArch(c.arch)
+}
+
+func (c *creator) copyImage(ctx context.Context, p *imagePlan) error {
+	for _, b := range p.blobs {
+		open := func() (io.ReadCloser, error) {
+			l, err := c.puller.Layer(ctx, p.ref.fetch.Digest(b.Digest.String()))
+			if err != nil {
+				return nil, err
+			}
+			rc, err := l.Compressed()
+			if err != nil {
+				return nil, err
+			}
+			return fetchCounter{ReadCloser: rc, n: &c.prog.bytes}, nil
+		}
+		res, err := c.store.ensureBlob(ctx, p.repo, b, open)
+		if err != nil {
+			return explain(err, p.ref.host(), "blob "+b.Digest.String()+" of "+p.ref.String())
+		}
+		switch res {
+		case blobFetched:
+			c.fetched.Add(1)
+		case blobReused:
+			c.reused.Add(1)
+		}
+	}
+	for i, m := range p.manifests {
+		tag := ""
+		if i == len(p.manifests)-1 {
+			tag = p.ref.tag
+		}
+		if _, err := c.store.putManifest(ctx, p.repo, m.mediaType, m.body, tag); err != nil {
+			return explain(err, p.ref.host(), p.ref.String())
+		}
+	}
+	return nil
+}
+
+// checkSpace refuses to start a copy that cannot fit: the blobs the work
+// tree lacks, plus the tar when it goes to the same filesystem.
+func (c *creator) checkSpace(plans []*imagePlan, workDir string) error {
+	sizes := map[digest.Digest]int64{}
+	for _, p := range plans {
+		for _, b := range p.blobs {
+			sizes[b.Digest] = b.Size
+		}
+	}
+	var total, missing int64
+	for d, n := range sizes {
+		total += n
+		if _, err := os.Stat(filepath.Join(workDir, filepath.FromSlash(RegistryRoot), filepath.FromSlash(blobDataPath(d)))); err != nil {
+			missing += n
+		}
+	}
+	c.prog.bytesTotal.Store(missing)
+	need := map[uint64]int64{}
+	free := map[uint64]int64{}
+	for _, d := range []struct {
+		dir string
+		n   int64
+	}{{workDir, missing}, {c.o.OutputDir, total}} {
+		var st syscall.Statfs_t
+		var fi syscall.Stat_t
+		if syscall.Statfs(d.dir, &st) != nil || syscall.Stat(d.dir, &fi) != nil {
+			return nil // cannot tell: let the writes report it
+		}
+		need[fi.Dev] += d.n
+		free[fi.Dev] = int64(st.Bavail) * st.Bsize
+	}
+	for dev, n := range need {
+		if n+n/100 > free[dev] {
+			return fmt.Errorf("%w: the bundle needs about %s more (%s of images to fetch into %s, a %s tar in %s) and only %s is free: free space or choose other --work-dir/--output",
+				ErrDiskFull, HumanSize(n), HumanSize(missing), workDir, HumanSize(total), c.o.OutputDir, HumanSize(free[dev]))
+		}
+	}
+	return nil
+}
+
+// writeBundle writes the tar as .tar.partial, renames it, then writes the
+// .sha256 and the signature, each atomically.
+func (c *creator) writeBundle(meta *Metadata, workDir string) (*CreateResult, error) {
+	base := meta.Name() + ".tar"
+	tarPath := filepath.Join(c.o.OutputDir, base)
+	partial := tarPath + ".partial"
+	f, err := os.OpenFile(partial, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	fail := func(err error) (*CreateResult, error) {
+		f.Close()
+		os.Remove(partial)
+		if errors.Is(err, syscall.ENOSPC) {
+			return nil, fmt.Errorf("%w: no space left writing %s: free space in --output and run again (the copied images are kept in %s)", ErrDiskFull, partial, workDir)
+		}
+		return nil, fmt.Errorf("bundle: writing %s: %w", partial, err)
+	}
+	bw := bufio.NewWriterSize(f, 1<<20)
+	var w io.Writer = bw
+	sh := NewSignHash()
+	if c.o.SignKey != nil {
+		w = io.MultiWriter(bw, sh)
+	}
+	dgst, size, err := WriteTar(w, meta, workDir)
+	if err != nil {
+		return fail(err)
+	}
+	if err := bw.Flush(); err != nil {
+		return fail(err)
+	}
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := f.Close(); err != nil {
+		return fail(err)
+	}
+	res := &CreateResult{Metadata: meta, TarPath: tarPath, Digest: dgst, TarSize: size,
+		SHA256Path: filepath.Join(c.o.OutputDir, meta.Name()+".sha256")}
+	sigPath := tarPath + ".minisig"
+	// Old sidecars would describe the old tar.
+	for _, p := range []string{res.SHA256Path, sigPath} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			os.Remove(partial)
+			return nil, fmt.Errorf("bundle: %w", err)
+		}
+	}
+	if err := os.Rename(partial, tarPath); err != nil {
+		os.Remove(partial)
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	if err := createWriteAtomic(res.SHA256Path, []byte(FormatSHA256File(dgst, base))); err != nil {
+		return nil, err
+	}
+	if c.o.SignKey != nil {
+		sig, err := SignHash(*c.o.SignKey, sh.Sum(nil))
+		if err != nil {
+			return nil, err
+		}
+		if err := createWriteAtomic(sigPath, sig); err != nil {
+			return nil, err
+		}
+		res.SignaturePath = sigPath
+	}
+	createSyncDir(c.o.OutputDir)
+	c.log.Info("bundle written", "tar", tarPath, "digest", dgst, "size", HumanSize(size), "images", len(meta.AllImages()))
+	return res, nil
+}
+
+// createWriteAtomic writes data to path through a temporary file in the
+// same directory, synced and renamed.
+func createWriteAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("bundle: %w", err)
+	}
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("bundle: writing %s: %w", path, err)
+	}
+	return nil
+}
+
+func createSyncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+}
+
+// ReadImageList reads an --extra-images-file: one reference a line; blank
+// lines and everything after a # are ignored.
+func ReadImageList(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for line := range strings.SplitSeq(string(b), "\n") {
+		line, _, _ = strings.Cut(line, "#")
+		if line = strings.TrimSpace(line); line != "" {
+			out = append(out, line)
+		}
+	}
+	return out, nil
+}
