@@ -177,8 +177,7 @@ func TestMonitor_StopsWhenContextEnds(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(sys, "class", "block"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	ctx := t.Context()
-	mctx, mcancel := context.WithCancel(ctx)
+	mctx, mcancel := context.WithCancel(t.Context())
 	m := &Monitor{Sys: sys, UdevData: t.TempDir()}
 	ch, err := m.Events(mctx)
 	if err != nil {
@@ -189,15 +188,21 @@ func TestMonitor_StopsWhenContextEnds(t *testing.T) {
 	}
 	mcancel()
 	// The loop is blocked reading the socket; it must return and close the
-	// channel without any udev event arriving.
-	for range ch {
+	// channel without any udev event arriving. (The bound only turns a
+	// hang into a failure.)
+	bound := time.After(30 * time.Second)
+	for open := true; open; {
+		select {
+		case _, open = <-ch:
+		case <-bound:
+			t.Fatal("event channel still open after its context ended")
+		}
 	}
 	for monitorGoroutines() > 0 {
 		select {
-		case <-ctx.Done():
+		case <-bound:
 			t.Fatal("Monitor goroutine still running after its context ended")
-		default:
-			time.Sleep(time.Millisecond)
+		case <-time.After(time.Millisecond):
 		}
 	}
 	if m.Err() != nil {
