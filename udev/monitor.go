@@ -66,8 +66,11 @@ func (m *Monitor) log() *slog.Logger {
 // Events subscribes to udev, then (unless NoScan) emits an Add for every
 // block device present with a non-zero size, then every block add, change
 // and remove udev reports. Subscribing before scanning means nothing that
-// happens during the scan is missed (it may be reported twice). The channel
-// closes when ctx ends, or on a read error (see Err), which is logged.
+// happens during the scan is missed (it may be reported twice). If the
+// kernel drops events (receive buffer full) the scan runs again: present
+// devices are reported again, removals in the gap are not (a reader of a
+// pulled stick sees its reads fail). The channel closes when ctx ends, or
+// on a read error (see Err), which is logged.
 func (m *Monitor) Events(ctx context.Context) (<-chan Event, error) {
 	conn := &netlink.UEventConn{}
 	if err := conn.Connect(netlink.UdevEvent); err != nil {
