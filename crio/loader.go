@@ -1,0 +1,539 @@
+package crio
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+var (
+	// ErrNotLoaded means images are missing or unpinned after a load; the
+	// error names them.
+	ErrNotLoaded = errors.New("images not loaded")
+	// ErrNotApplied means CRI-O did not take up the new drop-ins after a
+	// reload (it keeps its old configuration when any drop-in is broken).
+	ErrNotApplied = errors.New("CRI-O did not apply the new configuration")
+	// ErrNoRoom means a filesystem lacks the space a bundle needs.
+	ErrNoRoom = errors.New("not enough free space")
+)
+
+// DefaultWorkers is the pull concurrency for this node: CRI-O's pulls of
+// small images are CPU-bound, so a couple per core keeps it busy without
+// queueing behind its own locks.
+func DefaultWorkers() int { return max(2, 2*runtime.NumCPU()) }
+
+// Loader puts a bundle's images into CRI-O, pinned, and takes them out.
+type Loader struct {
+	CRI      ImageService
+	Dropins  *Dropins
+	Reloader Reloader
+	Log      *slog.Logger
+
+	// Workers bounds concurrent pulls; 0 is DefaultWorkers().
+	Workers int
+	// Attempts is how many times one image is pulled before the load
+	// fails on it; 0 is 4. Waiting for an unreachable CRI-O is not an
+	// attempt.
+	Attempts int
+	// Backoff is the wait before the first retry, doubled each time up to
+	// 8×; 0 is 500ms.
+	Backoff time.Duration
+	// CRIOWait is how long CRI-O may stay unreachable (stopped,
+	// restarting) before the load gives up; 0 is 5 minutes.
+	CRIOWait time.Duration
+	// PinWait is how long CRI-O may take to apply a reload; 0 is 1 minute.
+	PinWait time.Duration
+	// Poll is the interval of status polls; 0 is 50ms.
+	Poll time.Duration
+
+	mu        sync.Mutex
+	downSince time.Time
+}
+
+// Request is one bundle to load or unload.
+type Request struct {
+	// Images are the bundle's release and images, name[:tag]@sha256:…
+	Images []string
+	// Keep are more pins to hold (see Setup.Keep).
+	Keep []string
+	// Addr and CACert are the embedded registry's.
+	Addr   string
+	CACert []byte
+	// Label names the bundle in drop-ins and messages ("4.13.7-x86_64").
+	Label string
+	// Progress, if set, is called with the images done so far (pulled,
+	// or found present and pinned) and the total.
+	Progress func(done, total int)
+}
+
+// Result tells what a load did.
+type Result struct {
+	Total, Pulled, Skipped int
+	Change                 Change
+	Reloaded               bool
+	Elapsed                time.Duration
+}
+
+func (l *Loader) log() *slog.Logger {
+	if l.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l.Log
+}
+
+func (l *Loader) workers() int {
+	if l.Workers > 0 {
+		return l.Workers
+	}
+	return DefaultWorkers()
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
+
+// Load writes the drop-ins, reloads CRI-O if they changed, pulls every
+// image through the mirror under its original name (skipping those
+// already present and pinned) and checks that all are present and pinned.
+func (l *Loader) Load(ctx context.Context, req Request) (Result, error) {
+	start := time.Now()
+	res := Result{}
+	refs := PullRefs(req.Images)
+	res.Total = len(refs)
+	ch, err := l.Dropins.Apply(Setup{Images: req.Images, Keep: req.Keep, Addr: req.Addr, CACert: req.CACert, Label: req.Label})
+	res.Change = ch
+	if err != nil {
+		return res, err
+	}
+	log := l.log().With("BUNDLE", req.Label)
+	log.Info("CRI-O drop-ins written", "CHANGE", ch.String(), "IMAGES", len(refs))
+	if ch.NeedsReload() {
+		if err := l.reload(ctx, refs[0]); err != nil {
+			return res, err
+		}
+		res.Reloaded = true
+		if err := l.waitApplied(ctx, refs); err != nil {
+			return res, err
+		}
+	}
+	pulled, skipped, err := l.pullAll(ctx, refs, req.Progress)
+	res.Pulled, res.Skipped = pulled, skipped
+	if err != nil {
+		return res, err
+	}
+	if err := l.verify(ctx, refs); err != nil {
+		return res, err
+	}
+	res.Elapsed = time.Since(start)
+	log.Info("bundle images loaded and pinned", "IMAGES", len(refs), "PULLED", pulled, "SKIPPED", skipped, "ELAPSED", res.Elapsed.Round(time.Millisecond))
+	return res, nil
+}
+
+// Unload removes ferry's pins, mirror and CA for req.Addr, reloads CRI-O
+// and waits until the bundle's images are no longer pinned, except those
+// other drop-ins (or req.Keep) still pin. The images themselves stay, for
+// the kubelet's garbage collection to remove when unused.
+func (l *Loader) Unload(ctx context.Context, req Request) error {
+	ch, err := l.Dropins.Remove(req.Addr)
+	if err != nil {
+		return err
+	}
+	log := l.log().With("BUNDLE", req.Label)
+	log.Info("CRI-O drop-ins removed", "CHANGE", ch.String())
+	refs := PullRefs(req.Images)
+	if !ch.NeedsReload() || len(refs) == 0 {
+		return nil
+	}
+	if err := l.reload(ctx, refs[0]); err != nil {
+		return err
+	}
+	others, err := l.Dropins.PinsBefore()
+	if err != nil {
+		return err
+	}
+	held := compilePins(append(others, req.Keep...))
+	deadline := time.Now().Add(orDefault(l.PinWait, time.Minute))
+	for _, ref := range refs {
+		if matchesAny(held, ref) {
+			continue
+		}
+		for {
+			present, pinned, err := l.CRI.Status(ctx, ref)
+			if err == nil && (!present || !pinned) {
+				break
+			}
+			if err != nil {
+				if werr := l.waitCRIO(ctx, err); werr != nil {
+					return werr
+				}
+				continue
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%w: %s still pinned %s after removing the pin drop-in and reloading: look for \"Unable to reload configuration\" in journalctl -u crio",
+					ErrNotApplied, ref, orDefault(l.PinWait, time.Minute))
+			}
+			if err := sleep(ctx, l.poll()); err != nil {
+				return err
+			}
+		}
+	}
+	log.Info("bundle images unpinned", "IMAGES", len(refs))
+	return nil
+}
+
+func (l *Loader) poll() time.Duration { return orDefault(l.Poll, 50*time.Millisecond) }
+
+// reload reloads CRI-O. When it fails while CRI-O does not answer (stopped
+// or starting), it waits for CRI-O and reloads again, since a CRI-O that
+// was starting may have read the old files.
+func (l *Loader) reload(ctx context.Context, probe string) error {
+	for {
+		err := l.Reloader.Reload(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		_, _, serr := l.CRI.Status(ctx, probe)
+		if serr == nil && !errors.Is(err, ErrNotRunning) {
+			return fmt.Errorf("reload CRI-O after writing its drop-ins: %w", err)
+		}
+		if serr == nil {
+			serr = fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		if werr := l.waitCRIO(ctx, serr); werr != nil {
+			return fmt.Errorf("reload CRI-O: %v; %w", err, werr)
+		}
+	}
+}
+
+// waitApplied waits until CRI-O's live configuration pins refs, when the
+// image service can tell (PinLister); otherwise verify's poll covers it.
+func (l *Loader) waitApplied(ctx context.Context, refs []string) error {
+	pl, ok := l.CRI.(PinLister)
+	if !ok {
+		return nil
+	}
+	wait := orDefault(l.PinWait, time.Minute)
+	deadline := time.Now().Add(wait)
+	var missing string
+	for {
+		live, err := pl.PinnedImages(ctx)
+		switch {
+		case errors.Is(err, ErrUnavailable):
+			if werr := l.waitCRIO(ctx, err); werr != nil {
+				return werr
+			}
+			continue
+		case err != nil:
+			l.log().Debug("cannot read CRI-O's live config; checking pins through image status instead", "ERR", err)
+			return nil
+		}
+		l.cameBack()
+		missing = ""
+		for _, r := range refs {
+			if !slices.Contains(live, r) {
+				missing = r
+				break
+			}
+		}
+		if missing == "" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %s: after the reload, CRI-O's pinned_images still lacks %s (%s later): look for \"Unable to reload configuration\" in journalctl -u crio, and check the other files in %s",
+				ErrNotApplied, DropinName, missing, wait, l.Dropins.CRIOConfDir)
+		}
+		if err := sleep(ctx, l.poll()); err != nil {
+			return err
+		}
+	}
+}
+
+// pullAll pulls refs with a bounded pool. One image failing does not stop
+// the others; every failure is named in the error.
+func (l *Loader) pullAll(ctx context.Context, refs []string, progress func(done, total int)) (pulled, skipped int, err error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	jobs := make(chan string)
+	var (
+		mu     sync.Mutex
+		done   int
+		failed = map[string]error{}
+		wg     sync.WaitGroup
+	)
+	if progress != nil {
+		progress(0, len(refs))
+	}
+	for range min(l.workers(), len(refs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ref := range jobs {
+				wasPulled, err := l.pullOne(ctx, ref)
+				mu.Lock()
+				switch {
+				case errors.Is(err, errFatal):
+					cancel(err)
+				case err != nil:
+					failed[ref] = err
+				case wasPulled:
+					pulled++
+				default:
+					skipped++
+				}
+				done++
+				if progress != nil {
+					progress(done, len(refs))
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+feed:
+	for _, r := range refs {
+		select {
+		case jobs <- r:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	if cause := context.Cause(ctx); cause != nil {
+		return pulled, skipped, unfatal(cause)
+	}
+	if len(failed) > 0 {
+		names := make([]string, 0, len(failed))
+		for r := range failed {
+			names = append(names, r)
+		}
+		slices.Sort(names)
+		return pulled, skipped, fmt.Errorf("%w: %d of %d images could not be pulled through the embedded registry: %s (first error: %v)",
+			ErrNotLoaded, len(failed), len(refs), strings.Join(names, ", "), failed[names[0]])
+	}
+	return pulled, skipped, nil
+}
+
+// errFatal marks errors that end the whole load (CRI-O gone for too long,
+// context ended).
+var errFatal = errors.New("fatal")
+
+type fatalError struct{ err error }
+
+func (f fatalError) Error() string        { return f.err.Error() }
+func (f fatalError) Is(target error) bool { return target == errFatal }
+func (f fatalError) Unwrap() error        { return f.err }
+
+func unfatal(err error) error {
+	var f fatalError
+	if errors.As(err, &f) {
+		return f.err
+	}
+	return err
+}
+
+// pullOne pulls ref unless it is present and pinned, retrying failures
+// with backoff and waiting out an unreachable CRI-O.
+func (l *Loader) pullOne(ctx context.Context, ref string) (pulled bool, err error) {
+	attempts := l.Attempts
+	if attempts <= 0 {
+		attempts = 4
+	}
+	backoff := orDefault(l.Backoff, 500*time.Millisecond)
+	for attempt := 1; ; {
+		if ctx.Err() != nil {
+			return false, fatalError{context.Cause(ctx)}
+		}
+		present, pinned, err := l.CRI.Status(ctx, ref)
+		if err == nil {
+			l.cameBack()
+			if present && pinned {
+				return false, nil
+			}
+			_, err = l.CRI.Pull(ctx, ref)
+			if err == nil {
+				return true, nil
+			}
+		}
+		if ctx.Err() != nil {
+			return false, fatalError{context.Cause(ctx)}
+		}
+		if errors.Is(err, ErrUnavailable) {
+			if werr := l.waitCRIO(ctx, err); werr != nil {
+				return false, fatalError{werr}
+			}
+			continue
+		}
+		l.cameBack()
+		if !retryable(err) || attempt >= attempts {
+			return false, err
+		}
+		wait := min(backoff<<(attempt-1), 8*backoff)
+		l.log().Warn("pull failed; retrying", "IMAGE", ref, "ATTEMPT", attempt, "RETRY_IN", wait, "ERR", err)
+		attempt++
+		if err := sleep(ctx, wait); err != nil {
+			return false, fatalError{err}
+		}
+	}
+}
+
+// retryable says whether a pull error may go away by itself.
+func retryable(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.Unimplemented, codes.PermissionDenied, codes.Unauthenticated:
+		return false
+	}
+	return true
+}
+
+// waitCRIO is called when CRI-O did not answer: it waits a little, or
+// returns an error once CRI-O has been unreachable longer than CRIOWait.
+func (l *Loader) waitCRIO(ctx context.Context, cause error) error {
+	limit := orDefault(l.CRIOWait, 5*time.Minute)
+	l.mu.Lock()
+	if l.downSince.IsZero() {
+		l.downSince = time.Now()
+		l.log().Warn(fmt.Sprintf("CRI-O is not answering; waiting up to %s for it to come back", limit), "ERR", cause)
+	}
+	since := time.Since(l.downSince)
+	l.mu.Unlock()
+	if since > limit {
+		return fmt.Errorf("%w for %s: start it (systemctl start crio) and ferry resumes the load: %v", ErrUnavailable, since.Round(time.Second), cause)
+	}
+	return sleep(ctx, 5*l.poll())
+}
+
+func (l *Loader) cameBack() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.downSince.IsZero() {
+		l.log().Info("CRI-O is answering again", "AFTER", time.Since(l.downSince).Round(time.Millisecond))
+		l.downSince = time.Time{}
+	}
+}
+
+// verify checks that every ref is present and pinned, polling while
+// CRI-O applies the pins (asynchronously after a reload).
+func (l *Loader) verify(ctx context.Context, refs []string) error {
+	wait := orDefault(l.PinWait, time.Minute)
+	deadline := time.Now().Add(wait)
+	pending := refs
+	for {
+		var absent, unpinned []string
+		for _, ref := range pending {
+			present, pinned, err := l.CRI.Status(ctx, ref)
+			for errors.Is(err, ErrUnavailable) {
+				if werr := l.waitCRIO(ctx, err); werr != nil {
+					return werr
+				}
+				present, pinned, err = l.CRI.Status(ctx, ref)
+			}
+			switch {
+			case err != nil:
+				return fmt.Errorf("verify %s: %w", ref, err)
+			case !present:
+				absent = append(absent, ref)
+			case !pinned:
+				unpinned = append(unpinned, ref)
+			}
+		}
+		l.cameBack()
+		if len(absent) > 0 {
+			return fmt.Errorf("%w: %d images missing from CRI-O after pulling them: %s: CRI-O may have removed them (disk pressure?): load again",
+				ErrNotLoaded, len(absent), strings.Join(absent, ", "))
+		}
+		if len(unpinned) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %d images present but not pinned %s after the reload: %s: check %s and the drop-ins after it, and journalctl -u crio for \"Unable to reload configuration\"",
+				ErrNotLoaded, len(unpinned), wait, strings.Join(unpinned, ", "), l.Dropins.CRIOConfDir)
+		}
+		pending = unpinned
+		if err := sleep(ctx, l.poll()); err != nil {
+			return err
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// compilePins turns pinned_images patterns into matchers the way CRI-O
+// does: "*kw*" contains kw, "prefix*" starts with prefix, anything else is
+// exact; all case-insensitive.
+func compilePins(patterns []string) []*regexp.Regexp {
+	out := make([]*regexp.Regexp, 0, len(patterns))
+	for _, p := range patterns {
+		switch {
+		case len(p) > 1 && strings.HasPrefix(p, "*") && strings.HasSuffix(p, "*"):
+			out = append(out, regexp.MustCompile("(?i)"+regexp.QuoteMeta(p[1:len(p)-1])))
+		case strings.HasSuffix(p, "*"):
+			out = append(out, regexp.MustCompile("(?i)^"+regexp.QuoteMeta(p[:len(p)-1])))
+		default:
+			out = append(out, regexp.MustCompile("(?i)^"+regexp.QuoteMeta(p)+"$"))
+		}
+	}
+	return out
+}
+
+func matchesAny(res []*regexp.Regexp, s string) bool {
+	for _, re := range res {
+		if re.MatchString(s) {
+			return true
+		}
+	}
+	return false
+}
+
+// CheckRoom returns ErrNoRoom when the filesystem holding dir (CRI-O's
+// image store) has fewer than need bytes available (f_bavail).
+func CheckRoom(dir string, need int64) error {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("free space of %s: %w", dir, err)
+	}
+	free := int64(st.Bavail) * int64(st.Bsize)
+	if free < need {
+		return fmt.Errorf("%w in %s: %s free, %s needed: free space there (crictl rmi --prune removes unused images) and load again",
+			ErrNoRoom, dir, humanBytes(free), humanBytes(need))
+	}
+	return nil
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

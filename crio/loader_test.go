@@ -1,0 +1,447 @@
+package crio_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"log/slog"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ferry-edge/ferry/crio"
+)
+
+// fakeCRIO is an in-memory CRI-O: images by name, pins applied from the
+// crio.conf.d drop-ins (last file that sets pinned_images wins) only on
+// reload, and asynchronously, as CRI-O does.
+type fakeCRIO struct {
+	t       *testing.T
+	confDir string
+
+	mu          sync.Mutex
+	present     map[string]bool
+	pins        []string
+	down        int // answer Unavailable to this many more calls
+	failPulls   map[string][]error
+	pulls       map[string]int
+	inFlight    int
+	maxInFlight int
+	reloads     int
+	livePins    bool // implement PinLister
+}
+
+func newFakeCRIO(t *testing.T, confDir string) *fakeCRIO {
+	return &fakeCRIO{t: t, confDir: confDir, present: map[string]bool{}, failPulls: map[string][]error{}, pulls: map[string]int{}}
+}
+
+var errDown = fmt.Errorf("status: %w", crio.ErrUnavailable)
+
+func (f *fakeCRIO) gate() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down > 0 {
+		f.down--
+		return errDown
+	}
+	return nil
+}
+
+func (f *fakeCRIO) Pull(ctx context.Context, ref string) (string, error) {
+	if err := f.gate(); err != nil {
+		return "", err
+	}
+	f.mu.Lock()
+	f.pulls[ref]++
+	if errs := f.failPulls[ref]; len(errs) > 0 {
+		f.failPulls[ref] = errs[1:]
+		f.mu.Unlock()
+		return "", errs[0]
+	}
+	f.inFlight++
+	f.maxInFlight = max(f.maxInFlight, f.inFlight)
+	f.mu.Unlock()
+	time.Sleep(time.Millisecond) // let pulls overlap
+	f.mu.Lock()
+	f.inFlight--
+	f.present[ref] = true
+	f.mu.Unlock()
+	return "id-" + ref, ctx.Err()
+}
+
+func (f *fakeCRIO) Status(ctx context.Context, ref string) (bool, bool, error) {
+	if err := f.gate(); err != nil {
+		return false, false, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.present[ref], f.present[ref] && pinMatch(f.pins, ref), nil
+}
+
+func (f *fakeCRIO) List(context.Context) ([]crio.Image, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []crio.Image
+	for r := range f.present {
+		out = append(out, crio.Image{ID: r, RepoDigests: []string{r}, Pinned: pinMatch(f.pins, r)})
+	}
+	return out, nil
+}
+
+// Reload implements crio.Reloader: pins from the files, a little later.
+func (f *fakeCRIO) Reload(context.Context) error {
+	f.mu.Lock()
+	f.reloads++
+	f.mu.Unlock()
+	pins := effectivePins(f.t, f.confDir)
+	go func() {
+		time.Sleep(5 * time.Millisecond)
+		f.mu.Lock()
+		f.pins = pins
+		f.mu.Unlock()
+	}()
+	return nil
+}
+
+type pinLister struct{ *fakeCRIO }
+
+func (p pinLister) PinnedImages(context.Context) ([]string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.pins), nil
+}
+
+func effectivePins(t *testing.T, dir string) []string {
+	ents, _ := os.ReadDir(dir)
+	names := []string{}
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	sort.Strings(names)
+	var pins []string
+	for _, n := range names {
+		b, err := os.ReadFile(filepath.Join(dir, n))
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		if !strings.Contains(string(b), "pinned_images") {
+			continue
+		}
+		pins = decodePins(t, filepath.Join(dir, n))
+	}
+	return pins
+}
+
+// pinMatch is CRI-O's exact or trailing-* glob match.
+func pinMatch(pins []string, ref string) bool {
+	for _, p := range pins {
+		if p == ref || strings.HasSuffix(p, "*") && strings.HasPrefix(ref, p[:len(p)-1]) {
+			return true
+		}
+	}
+	return false
+}
+
+func manyImages(n int) []string {
+	out := []string{fmt.Sprintf("quay.io/openshift-release-dev/ocp-release@sha256:%064x", 1)}
+	for i := 2; i <= n; i++ {
+		out = append(out, fmt.Sprintf("quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:%064x", i))
+	}
+	return append(out, fmt.Sprintf("quay.io/my-company/app:v1@sha256:%064x", n+1))
+}
+
+func newLoader(t *testing.T) (*crio.Loader, *fakeCRIO, dirs) {
+	ds := newDirs(t)
+	f := newFakeCRIO(t, ds.d.CRIOConfDir)
+	return &crio.Loader{CRI: f, Dropins: ds.d, Reloader: f, Log: testLog(t), Workers: 4,
+		Backoff: time.Millisecond, Poll: time.Millisecond, PinWait: 10 * time.Second, CRIOWait: 10 * time.Second}, f, ds
+}
+
+func testLog(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tw{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tw struct{ t *testing.T }
+
+func (w tw) Write(b []byte) (int, error) { w.t.Log(strings.TrimSpace(string(b))); return len(b), nil }
+
+func request(t *testing.T, images []string) crio.Request {
+	return crio.Request{Images: images, Addr: "127.0.0.1:5443", CACert: testCA(t, true), Label: "4.13.7-x86_64"}
+}
+
+func TestLoad_PullsEveryImageAndEndsPinned(t *testing.T) {
+	for _, live := range []bool{false, true} {
+		t.Run(fmt.Sprintf("PinLister=%v", live), func(t *testing.T) {
+			l, f, _ := newLoader(t)
+			if live {
+				l.CRI = pinLister{f}
+			}
+			images := manyImages(30)
+			req := request(t, images)
+			var mu sync.Mutex
+			var seen [][2]int
+			req.Progress = func(done, total int) { mu.Lock(); seen = append(seen, [2]int{done, total}); mu.Unlock() }
+			res, err := l.Load(t.Context(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			refs := crio.PullRefs(images)
+			if res.Total != len(refs) || res.Pulled+res.Skipped != len(refs) || !res.Reloaded {
+				t.Errorf("result %+v, want %d images and a reload", res, len(refs))
+			}
+			for _, r := range refs {
+				if !f.present[r] || !slices.Contains(f.pins, r) {
+					t.Errorf("%s present=%v pinned=%v", r, f.present[r], slices.Contains(f.pins, r))
+				}
+			}
+			if last := seen[len(seen)-1]; last != [2]int{len(refs), len(refs)} {
+				t.Errorf("last progress %v", last)
+			}
+			for i := 1; i < len(seen); i++ {
+				if seen[i][0] < seen[i-1][0] {
+					t.Errorf("progress went back: %v", seen)
+				}
+			}
+			if f.maxInFlight > 4 {
+				t.Errorf("%d pulls at once, want ≤ 4 workers", f.maxInFlight)
+			}
+		})
+	}
+}
+
+func TestLoad_AgainSkipsPresentPinnedAndDoesNotReload(t *testing.T) {
+	l, f, _ := newLoader(t)
+	req := request(t, manyImages(10))
+	if _, err := l.Load(t.Context(), req); err != nil {
+		t.Fatal(err)
+	}
+	res, err := l.Load(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reloaded || res.Pulled != 0 || res.Skipped != res.Total || f.reloads != 1 {
+		t.Errorf("second load %+v after %d reloads, want no reload and everything skipped", res, f.reloads)
+	}
+}
+
+func TestLoad_RetriesTransientPullErrors(t *testing.T) {
+	l, f, _ := newLoader(t)
+	images := manyImages(5)
+	ref := crio.PullRefs(images)[2]
+	f.failPulls[ref] = []error{status.Error(codes.Unknown, "pinging container registry: connection reset"), status.Error(codes.Unknown, "EOF")}
+	if _, err := l.Load(t.Context(), request(t, images)); err != nil {
+		t.Fatal(err)
+	}
+	if f.pulls[ref] != 3 {
+		t.Errorf("%d pulls of %s, want 3", f.pulls[ref], ref)
+	}
+}
+
+func TestLoad_FailsNamingImagesThatNeverPull(t *testing.T) {
+	l, f, _ := newLoader(t)
+	l.Attempts = 3
+	images := manyImages(5)
+	bad := []string{crio.PullRefs(images)[1], crio.PullRefs(images)[3]}
+	for _, r := range bad {
+		for range 10 {
+			f.failPulls[r] = append(f.failPulls[r], status.Error(codes.Unknown, "manifest unknown"))
+		}
+	}
+	_, err := l.Load(t.Context(), request(t, images))
+	if !errors.Is(err, crio.ErrNotLoaded) {
+		t.Fatalf("got %v, want ErrNotLoaded", err)
+	}
+	for _, r := range bad {
+		if !strings.Contains(err.Error(), r) {
+			t.Errorf("error does not name %s: %v", r, err)
+		}
+		if f.pulls[r] != 3 {
+			t.Errorf("%d pulls of %s, want 3 attempts", f.pulls[r], r)
+		}
+	}
+}
+
+func TestLoad_InvalidArgumentIsNotRetried(t *testing.T) {
+	l, f, _ := newLoader(t)
+	images := manyImages(3)
+	r := crio.PullRefs(images)[0]
+	f.failPulls[r] = []error{status.Error(codes.InvalidArgument, "bad ref"), nil}
+	if _, err := l.Load(t.Context(), request(t, images)); !errors.Is(err, crio.ErrNotLoaded) {
+		t.Fatalf("got %v, want ErrNotLoaded", err)
+	}
+	if f.pulls[r] != 1 {
+		t.Errorf("%d pulls, want 1", f.pulls[r])
+	}
+}
+
+func TestLoad_WaitsForCRIOToComeBack(t *testing.T) {
+	l, f, _ := newLoader(t)
+	f.down = 40 // spread over reload probe, pulls and status calls
+	if _, err := l.Load(t.Context(), request(t, manyImages(12))); err != nil {
+		t.Fatal(err)
+	}
+	if f.down != 0 {
+		t.Errorf("%d unavailable answers unused", f.down)
+	}
+}
+
+func TestLoad_GivesUpWhenCRIOStaysDown(t *testing.T) {
+	l, f, _ := newLoader(t)
+	l.CRIOWait = 300 * time.Millisecond
+	f.down = 1 << 30
+	_, err := l.Load(t.Context(), request(t, manyImages(4)))
+	if !errors.Is(err, crio.ErrUnavailable) {
+		t.Fatalf("got %v, want ErrUnavailable", err)
+	}
+	t.Log(err)
+}
+
+func TestLoad_ReportsPinsNotApplied(t *testing.T) {
+	for _, live := range []bool{false, true} {
+		t.Run(fmt.Sprintf("PinLister=%v", live), func(t *testing.T) {
+			l, f, _ := newLoader(t)
+			l.Reloader = crio.NoReload{} // the reload never reaches CRI-O
+			l.PinWait = 200 * time.Millisecond
+			want := crio.ErrNotLoaded
+			if live {
+				l.CRI, want = pinLister{f}, crio.ErrNotApplied
+			}
+			_, err := l.Load(t.Context(), request(t, manyImages(3)))
+			if !errors.Is(err, want) {
+				t.Fatalf("got %v, want %v", err, want)
+			}
+			t.Log(err)
+		})
+	}
+}
+
+type failingReloader struct{ err error }
+
+func (r failingReloader) Reload(context.Context) error { return r.err }
+
+func TestLoad_ReloadErrorWithCRIOUpFailsAtOnce(t *testing.T) {
+	l, _, _ := newLoader(t)
+	l.Reloader = failingReloader{errors.New("unit reload failed: crio.service: job failed")}
+	_, err := l.Load(t.Context(), request(t, manyImages(3)))
+	if err == nil || !strings.Contains(err.Error(), "job failed") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestLoad_ContextCancelStops(t *testing.T) {
+	l, _, _ := newLoader(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	req := request(t, manyImages(50))
+	req.Progress = func(done, total int) {
+		if done == 5 {
+			cancel()
+		}
+	}
+	if _, err := l.Load(ctx, req); !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v, want context.Canceled", err)
+	}
+}
+
+func TestUnload_UnpinsBundleButKeepsOtherDropinsPins(t *testing.T) {
+	l, f, ds := newLoader(t)
+	images := manyImages(6)
+	refs := crio.PullRefs(images)
+	ds.write(t, "crio/crio.conf.d/50-pinned-images", "[crio.image]\npinned_images = [\""+refs[2]+"\", \"quay.io/my-company/*\"]\n")
+	req := request(t, images)
+	if _, err := l.Load(t.Context(), req); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unload(t.Context(), req); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range refs {
+		keep := r == refs[2] || strings.HasPrefix(r, "quay.io/my-company/")
+		if got := pinMatch(f.pins, r); got != keep {
+			t.Errorf("%s pinned=%v after unload, want %v", r, got, keep)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(ds.d.CRIOConfDir, crio.DropinName)); err == nil {
+		t.Error("pin drop-in left behind")
+	}
+}
+
+func TestSignalReloader_RefusesStaleOrMissingPid(t *testing.T) {
+	dir := t.TempDir()
+	sleep := exec.Command("sleep", "60")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer sleep.Process.Kill()
+	for name, content := range map[string]*string{
+		"missing pid file":   nil,
+		"garbage":            ptr("x\n"),
+		"pid of another prg": ptr(fmt.Sprint(sleep.Process.Pid)),
+		"dead pid":           ptr("999999999"),
+	} {
+		t.Run(name, func(t *testing.T) {
+			pf := filepath.Join(dir, strings.ReplaceAll(name, " ", "_"))
+			if content != nil {
+				os.WriteFile(pf, []byte(*content), 0o644)
+			}
+			err := crio.SignalReloader{PidFile: pf}.Reload(t.Context())
+			if !errors.Is(err, crio.ErrNotRunning) {
+				t.Fatalf("got %v, want ErrNotRunning", err)
+			}
+		})
+	}
+	if err := sleep.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Errorf("the unrelated process was signalled: %v", err)
+	}
+}
+
+func TestSignalReloader_SendsSIGHUPToCrio(t *testing.T) {
+	// A copy of sleep named crio: it dies of the SIGHUP it does not handle.
+	bin := filepath.Join(t.TempDir(), "crio")
+	src, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep binary")
+	}
+	b, _ := os.ReadFile(src)
+	os.WriteFile(bin, b, 0o755)
+	cmd := exec.Command(bin, "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	pf := filepath.Join(t.TempDir(), "crio.pid")
+	os.WriteFile(pf, []byte(fmt.Sprintln(cmd.Process.Pid)), 0o644)
+	if err := (crio.SignalReloader{PidFile: pf}).Reload(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGHUP {
+		t.Fatalf("process ended with %v, want killed by SIGHUP", err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestCheckRoom(t *testing.T) {
+	dir := t.TempDir()
+	if err := crio.CheckRoom(dir, 1); err != nil {
+		t.Errorf("1 byte: %v", err)
+	}
+	err := crio.CheckRoom(dir, 1<<62)
+	if !errors.Is(err, crio.ErrNoRoom) {
+		t.Fatalf("got %v, want ErrNoRoom", err)
+	}
+	t.Log(err)
+}
