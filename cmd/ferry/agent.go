@@ -48,9 +48,13 @@ func runAgent(ctx context.Context, args []string) error {
 		return err
 	}
 	log := systemd.NewLogger(nil)
+	media := &udev.Media{MountDir: cfg.Paths.MountDir}
+	if err := media.Sweep(); err != nil { // mounts a crashed agent left behind
+		log.Warn("cleaning the mount dir", "err", err)
+	}
 	deps := agent.Deps{
 		Devices: udevSource{udev.NewMonitor(log)},
-		Media:   udevMedia{&udev.Media{MountDir: cfg.Paths.MountDir}},
+		Media:   udevMedia{media},
 		Notify:  notifier{},
 		Log:     log,
 	}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# P1: `ferry bundle extract` of a bundle in the page cache against
+# `openssl dgst -sha256` (the fastest hash here) and against what people do
+# by hand (`sha256sum -c && tar -xf`), measured side by side, best of N.
+# Prints one table row per figure and appends JSON lines to $RESULTS.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SIZE_MIB=${P1_SIZE_MIB:-2048}
+RUNS=${P1_RUNS:-3}
+WORK=${BENCH_DIR:-/var/tmp/ferry-bench}
+RESULTS=${RESULTS:-$WORK/results.jsonl}
+mkdir -p "$WORK"
+tarfile=$(go run ./test/bench/mkbig -size-mib "$SIZE_MIB" -out "$WORK")
+shafile=${tarfile%.tar}.sha256
+dest=$WORK/extract
+cat "$tarfile" > /dev/null # into the page cache
+
+# best TIME and peak RSS (KiB) of a command over RUNS runs
+measure() {
+  local best="" rss=0 out
+  for _ in $(seq "$RUNS"); do
+    rm -rf "$dest" "$WORK"/.staging-extract; mkdir -p "$WORK/by-hand"
+    sync; /usr/bin/time -o "$WORK/time.out" -f '%e %M' "$@" >/dev/null
+    out=$(tail -1 "$WORK/time.out")
+    local t=${out% *} m=${out#* }
+    if [ -z "$best" ] || awk "BEGIN{exit !($t < $best)}"; then best=$t; fi
+    [ "$m" -gt "$rss" ] && rss=$m
+  done
+  echo "$best $rss"
+}
+
+read -r t_ossl _ < <(measure openssl dgst -sha256 "$tarfile")
+read -r t_ferry rss_ferry < <(measure bin/ferry bundle extract "$tarfile" --dest "$dest" --quiet)
+read -r t_hand _ < <(measure bash -c "cd '$(dirname "$tarfile")' && sha256sum -c --quiet '$(basename "$shafile")' && rm -rf '$WORK/by-hand' && mkdir -p '$WORK/by-hand' && tar -xf '$tarfile' -C '$WORK/by-hand'")
+rm -rf "$dest" "$WORK/by-hand"
+
+ratio() { awk "BEGIN{printf \"%.2f\", $1/$2}"; }
+printf '%-44s %8s %8s  %s\n' "P1 extract ${SIZE_MIB} MiB (page cache)" "${t_ferry}s" "$(ratio "$t_ferry" "$t_ossl")x" "vs openssl dgst -sha256 (${t_ossl}s); goal <= 1.3x"
+printf '%-44s %8s %8s  %s\n' "P1 extract vs by hand" "${t_ferry}s" "$(ratio "$t_ferry" "$t_hand")x" "vs sha256sum -c && tar -xf (${t_hand}s)"
+printf '%-44s %8s %8s  %s\n' "P1 extract peak RSS" "$((rss_ferry/1024)) MiB" "" "goal <= 64 MiB"
+printf '{"bench":"P1","size_mib":%s,"ferry_s":%s,"openssl_s":%s,"by_hand_s":%s,"ratio_openssl":%s,"ratio_by_hand":%s,"peak_rss_kib":%s}\n' \
+  "$SIZE_MIB" "$t_ferry" "$t_ossl" "$t_hand" "$(ratio "$t_ferry" "$t_ossl")" "$(ratio "$t_ferry" "$t_hand")" "$rss_ferry" >> "$RESULTS"
