@@ -434,6 +434,7 @@ func (l *Loader) verify(ctx context.Context, refs []string) error {
 	wait := orDefault(l.PinWait, time.Minute)
 	deadline := time.Now().Add(wait)
 	pending := refs
+	repulled := false
 	for {
 		var absent, unpinned []string
 		for _, ref := range pending {
@@ -454,6 +455,17 @@ func (l *Loader) verify(ctx context.Context, refs []string) error {
 			}
 		}
 		l.cameBack()
+		if len(absent) > 0 && !repulled {
+			// CRI-O restarted after an unclean stop repairs its storage
+			// and may drop images: pull those once more.
+			repulled = true
+			l.log().Warn("images missing from CRI-O after their pull; pulling them again", "IMAGES", len(absent))
+			if _, _, err := l.pullAll(ctx, absent, nil); err != nil {
+				return err
+			}
+			pending = append(absent, unpinned...)
+			continue
+		}
 		if len(absent) > 0 {
 			return fmt.Errorf("%w: %d images missing from CRI-O after pulling them: %s: CRI-O may have removed them (disk pressure?): load again",
 				ErrNotLoaded, len(absent), strings.Join(absent, ", "))

@@ -445,3 +445,32 @@ func TestCheckRoom(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// vanishing drops an image right after its first pull, as CRI-O's storage
+// repair after an unclean stop may.
+type vanishing struct {
+	*fakeCRIO
+	ref  string
+	once sync.Once
+}
+
+func (v *vanishing) Pull(ctx context.Context, ref string) (string, error) {
+	id, err := v.fakeCRIO.Pull(ctx, ref)
+	if ref == v.ref {
+		v.once.Do(func() { v.mu.Lock(); delete(v.present, ref); v.mu.Unlock() })
+	}
+	return id, err
+}
+
+func TestLoad_PullsAgainAnImageThatVanished(t *testing.T) {
+	l, f, _ := newLoader(t)
+	images := manyImages(4)
+	ref := crio.PullRefs(images)[1]
+	l.CRI = &vanishing{fakeCRIO: f, ref: ref}
+	if _, err := l.Load(t.Context(), request(t, images)); err != nil {
+		t.Fatal(err)
+	}
+	if f.pulls[ref] != 2 || !f.present[ref] {
+		t.Errorf("%s pulled %d times, present %v; want pulled again", ref, f.pulls[ref], f.present[ref])
+	}
+}
