@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/ferry-edge/ferry/bundle"
 )
 
 // DropinName is the name of ferry's files in crio.conf.d and
@@ -86,7 +88,7 @@ func PullRefs(images []string) []string {
 		}
 	}
 	for _, ref := range images {
-		name, tag, digest := splitRef(ref)
+		name, tag, digest := bundle.SplitRef(ref)
 		if digest != "" {
 			add(name + "@" + digest)
 		}
@@ -363,12 +365,13 @@ func MirrorsConf(images []string, addr, label string) ([]byte, error) {
 	}
 	tagged := map[string]bool{}
 	for _, ref := range images {
-		name, tag, digest := splitRef(ref)
+		name, tag, digest := bundle.SplitRef(ref)
 		if digest == "" || !strings.Contains(name, "/") {
 			return nil, fmt.Errorf("%w: %q is not a registry/name[:tag]@sha256:… reference", ErrDropin, ref)
 		}
 		tagged[name] = tagged[name] || tag != ""
 	}
+	paths := bundle.RepoPaths(images)
 	names := make([]string, 0, len(tagged))
 	for n := range tagged {
 		names = append(names, n)
@@ -376,7 +379,7 @@ func MirrorsConf(images []string, addr, label string) ([]byte, error) {
 	sort.Strings(names)
 	var conf registriesConf
 	for _, n := range names {
-		m := mirrorEntry{Location: addr + "/" + repoPath(n), PullFromMirror: "digest-only"}
+		m := mirrorEntry{Location: addr + "/" + paths[n], PullFromMirror: "digest-only"}
 		if tagged[n] {
 			m.PullFromMirror = "all"
 		}
@@ -472,23 +475,4 @@ func syncDir(dir string) {
 		d.Sync()
 		d.Close()
 	}
-}
-
-// splitRef is bundle.SplitRef: name[:tag]@sha256:hex into its parts.
-func splitRef(ref string) (name, tag, digest string) {
-	name, digest, _ = strings.Cut(ref, "@")
-	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
-		name, tag = name[:i], name[i+1:]
-	}
-	return name, tag, digest
-}
-
-// repoPath is where a repository sits in the bundle's tree: its name
-// without the registry host (quay.io/a/b → a/b).
-// TODO: use bundle.RepoPath once it lands.
-func repoPath(name string) string {
-	if i := strings.IndexByte(name, '/'); i >= 0 {
-		return name[i+1:]
-	}
-	return name
 }

@@ -306,3 +306,15 @@ func testCA(t *testing.T, isCA bool) []byte {
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
+
+func TestMirrorsConf_CollidingPathsKeepTheirHost(t *testing.T) {
+	b, err := crio.MirrorsConf([]string{"a.io/team/app@" + d1, "b.io:5000/team/app@" + d2}, "127.0.0.1:5443", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`location = "127.0.0.1:5443/a.io/team/app"`, `location = "127.0.0.1:5443/b.io-5000/team/app"`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("lacks %s:\n%s", want, b)
+		}
+	}
+}

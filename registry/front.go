@@ -11,6 +11,8 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+
+	"github.com/ferry-edge/ferry/bundle"
 )
 
 // Stats counts what the registry served. Every request arrives over TLS
@@ -148,7 +150,7 @@ func (s *statusRecorder) Flush() {
 // bundleTags reads root/metadata.json, if there is one, for the tags that
 // custom images were given by ("name:tag@sha256:…").
 func bundleTags(root string) (map[string]string, error) {
-	b, err := os.ReadFile(filepath.Join(root, metadataName))
+	b, err := os.ReadFile(filepath.Join(root, bundle.MetadataName))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -160,37 +162,16 @@ func bundleTags(root string) (map[string]string, error) {
 		Images  []string `json:"images"`
 	}
 	if err := json.Unmarshal(b, &md); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrNotBundle, filepath.Join(root, metadataName), err)
+		return nil, fmt.Errorf("%w: %s: %v", ErrNotBundle, filepath.Join(root, bundle.MetadataName), err)
 	}
+	all := append([]string{md.Release}, md.Images...)
+	paths := bundle.RepoPaths(all)
 	tags := map[string]string{}
-	for _, ref := range append([]string{md.Release}, md.Images...) {
-		name, tag, digest := splitRef(ref)
+	for _, ref := range all {
+		name, tag, digest := bundle.SplitRef(ref)
 		if tag != "" && digest != "" {
-			tags[repoPath(name)+":"+tag] = digest
+			tags[paths[name]+":"+tag] = digest
 		}
 	}
 	return tags, nil
-}
-
-// repoPath is where a repository sits in the bundle's tree: its name
-// without the registry host (quay.io/a/b → a/b).
-// TODO: use bundle.RepoPath once it lands.
-func repoPath(name string) string {
-	if i := strings.IndexByte(name, '/'); i >= 0 {
-		return name[i+1:]
-	}
-	return name
-}
-
-// metadataName is bundle.MetadataName (not imported: the registry serves
-// any tree, and stays buildable while bundle changes).
-const metadataName = "metadata.json"
-
-// splitRef is bundle.SplitRef: name[:tag]@sha256:hex into its parts.
-func splitRef(ref string) (name, tag, digest string) {
-	name, digest, _ = strings.Cut(ref, "@")
-	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
-		name, tag = name[:i], name[i+1:]
-	}
-	return name, tag, digest
 }
