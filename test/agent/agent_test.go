@@ -1,0 +1,302 @@
+// Package agenttest runs the real `ferry agent` process against the host's
+// real udev with loop devices standing in for USB sticks, kills it at
+// random points, and reads what it tells systemd over a real notify
+// socket. Needs root and test/setup/install-deps.sh.
+package agenttest
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/bundletest"
+	"github.com/ferry-edge/ferry/test/bigbundle"
+	"github.com/ferry-edge/ferry/test/ferryenv"
+	"github.com/ferry-edge/ferry/test/udevenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(udevenv.Main(m)) }
+
+// bound is how long a step may take before the test fails instead of
+// hanging; not a speed requirement.
+const bound = 2 * time.Minute
+
+// notifySocket is a real unixgram socket standing in for systemd's.
+type notifySocket struct {
+	path string
+	mu   sync.Mutex
+	msgs []string
+}
+
+func newNotifySocket(t *testing.T) *notifySocket {
+	p := filepath.Join(t.TempDir(), "notify.sock")
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: p, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &notifySocket{path: p}
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			k, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			n.mu.Lock()
+			n.msgs = append(n.msgs, string(buf[:k]))
+			n.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { c.Close() })
+	return n
+}
+
+// saw reports whether a message containing sub arrived (polling briefly).
+func (n *notifySocket) saw(sub string) bool {
+	for range 100 {
+		n.mu.Lock()
+		for _, m := range n.msgs {
+			if strings.Contains(m, sub) {
+				n.mu.Unlock()
+				return true
+			}
+		}
+		n.mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+	}
+	return false
+}
+
+func (n *notifySocket) all() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return strings.Join(n.msgs, "\n")
+}
+
+// stickFiles is a bundle and its .sha256 as files for a stick image.
+func stickFiles(t *testing.T, tarPath string) []udevenv.File {
+	sha := strings.TrimSuffix(tarPath, ".tar") + ".sha256"
+	return []udevenv.File{{Name: filepath.Base(tarPath), Path: tarPath}, {Name: filepath.Base(sha), Path: sha}}
+}
+
+func mediumBundle(t *testing.T) (string, string) {
+	files := map[string]string{}
+	for i := range 8 {
+		files["blobs/sha256/a"+string(rune('0'+i))+"/b/data"] = strings.Repeat(string(rune('a'+i)), 1<<20)
+	}
+	return bundletest.Write(t, t.TempDir(), bundletest.Options{Files: files})
+}
+
+func TestAgent_Ext4StickIsVerifiedAndExtracted(t *testing.T) {
+	udevenv.Require(t)
+	tarPath, digest := mediumBundle(t)
+	img := udevenv.Ext4Image(t, "FERRY", stickFiles(t, tarPath)...)
+	notify := newNotifySocket(t)
+	cfg := ferryenv.Config(t.TempDir())
+	a := ferryenv.Start(t, cfg, "NOTIFY_SOCKET="+notify.path)
+	a.WaitPhase(bound, "idle")
+	if !notify.saw("READY=1") {
+		t.Fatal("no READY=1")
+	}
+
+	udevenv.Attach(t, img)
+	s := a.WaitPhase(bound, agent.PhaseExtracted)
+	if s.Digest != digest {
+		t.Fatalf("digest %s, want %s", s.Digest, digest)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.Paths.ExtractDir, "4.13.7-x86_64", bundle.MetadataName)); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"STATUS=waiting for an upgrade stick", "STATUS=verifying upgrade-4.13.7-x86_64.tar: ",
+		"STATUS=extracted upgrade-4.13.7-x86_64.tar (sha256:" + strings.TrimPrefix(digest, "sha256:")[:12] + "): the stick can be unplugged"} {
+		if !notify.saw(want) {
+			t.Errorf("systemd was never told %q; got:\n%s", want, notify.all())
+		}
+	}
+	// The stick is unmounted once read.
+	deadline := time.Now().Add(10 * time.Second)
+	for mountedUnder(t, cfg.Paths.MountDir) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if mountedUnder(t, cfg.Paths.MountDir) {
+		t.Error("the stick is still mounted")
+	}
+	if out, err := a.Ferry("status"); err != nil || !strings.Contains(out, "extracted") {
+		t.Errorf("ferry status: %v\n%s", err, out)
+	}
+}
+
+func TestAgent_RawStickNeedsAndUsesAnApprovedDigest(t *testing.T) {
+	udevenv.Require(t)
+	tarPath, digest := mediumBundle(t)
+	tb, err := os.ReadFile(tarPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := udevenv.RawImage(t, udevenv.File{Name: "raw", Data: tb})
+	cfg := ferryenv.Config(t.TempDir())
+	cfg.ApprovedDigests = []string{digest}
+	a := ferryenv.Start(t, cfg)
+	a.WaitPhase(bound, "idle")
+	udevenv.Attach(t, img)
+	s := a.WaitPhase(bound, agent.PhaseExtracted)
+	if s.Digest != digest {
+		t.Fatalf("digest %s, want %s", s.Digest, digest)
+	}
+}
+
+func TestAgent_CorruptStickIsRefusedAndNothingExtracted(t *testing.T) {
+	udevenv.Require(t)
+	tarPath, _ := mediumBundle(t)
+	tb, err := os.ReadFile(tarPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb[bytes.Index(tb, bytes.Repeat([]byte("d"), 4096))+100] ^= 0x01 // one flipped byte in a blob; the .sha256 stays
+	if err := os.WriteFile(tarPath, tb, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	img := udevenv.Ext4Image(t, "FERRY", stickFiles(t, tarPath)...)
+	notify := newNotifySocket(t)
+	cfg := ferryenv.Config(t.TempDir())
+	a := ferryenv.Start(t, cfg, "NOTIFY_SOCKET="+notify.path)
+	a.WaitPhase(bound, "idle")
+	udevenv.Attach(t, img)
+	s := a.WaitPhase(bound, agent.PhaseRejected)
+	if !strings.Contains(s.Line, "rejected upgrade-4.13.7-x86_64.tar: sha256 mismatch") || !strings.Contains(s.Line, "copy it again") {
+		t.Fatalf("line %q", s.Line)
+	}
+	if !notify.saw("STATUS=rejected upgrade-4.13.7-x86_64.tar: sha256 mismatch") {
+		t.Errorf("systemd not told of the refusal:\n%s", notify.all())
+	}
+	ents, _ := os.ReadDir(cfg.Paths.ExtractDir)
+	if len(ents) != 0 {
+		t.Fatalf("extract dir holds %s", ents[0].Name())
+	}
+	out, err := a.Ferry("status")
+	if err == nil || !strings.Contains(out, "sha256 mismatch") {
+		t.Fatalf("ferry status should fail and say why: %v\n%s", err, out)
+	}
+}
+
+func TestAgent_StickPulledMidReadThenPluggedAgain(t *testing.T) {
+	udevenv.Require(t)
+	tarPath, err := bigbundle.Make(256<<20, 8<<20, filepath.Join(os.TempDir(), "ferry-test-bundles"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := stickFiles(t, tarPath)
+	first := udevenv.Ext4Image(t, "FERRY", files...)
+	second := udevenv.Ext4Image(t, "FERRY", files...)
+	cfg := ferryenv.Config(t.TempDir())
+	a := ferryenv.Start(t, cfg)
+	a.WaitPhase(bound, "idle")
+
+	loop := udevenv.Attach(t, first)
+	a.Wait(bound, "verifying progress", func(s agent.Status) bool {
+		return s.Phase == string(agent.PhaseDetected) && s.Progress != nil && s.Progress.Done > 0 ||
+			s.Phase == string(agent.PhaseExtracted)
+	})
+	loop.Pull()
+	s := a.Wait(bound, "the pull to be noticed", func(s agent.Status) bool {
+		return s.Phase == string(agent.PhaseDetected) && strings.Contains(s.Reason, "plug it in again") ||
+			s.Phase == string(agent.PhaseExtracted)
+	})
+	if s.Phase == string(agent.PhaseExtracted) {
+		t.Skip("the copy finished before the stick could be pulled; nothing to test on this machine")
+	}
+	if ents, _ := os.ReadDir(cfg.Paths.ExtractDir); len(ents) != 0 {
+		t.Fatalf("after the pull the extract dir holds %s", ents[0].Name())
+	}
+	udevenv.Attach(t, second)
+	s = a.WaitPhase(bound, agent.PhaseExtracted)
+	if err := bigbundle.CheckTree(filepath.Join(cfg.Paths.ExtractDir, "0.0.256-x86_64"), 256<<20, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAgent_KillNineDuringExtraction kills the agent at random points of a
+// 1 GiB extraction; after each restart the bundle ends extracted and
+// complete, and a dir is never taken as good before it is.
+func TestAgent_KillNineDuringExtraction(t *testing.T) {
+	udevenv.Require(t)
+	const size, blob = 1 << 30, 16 << 20
+	trials := 10
+	tarPath, err := bigbundle.Make(size, blob, filepath.Join(os.TempDir(), "ferry-test-bundles"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := ferryenv.Config(t.TempDir())
+	dir := filepath.Join(cfg.Paths.ExtractDir, "0.0.1024-x86_64")
+	a := ferryenv.Start(t, cfg)
+	a.WaitPhase(bound, "idle")
+
+	// One clean run gives the span to draw kill points from.
+	start := time.Now()
+	if out, err := a.Ferry("load", tarPath); err != nil {
+		t.Fatalf("ferry load: %v\n%s", err, out)
+	}
+	a.WaitPhase(bound, agent.PhaseExtracted)
+	span := time.Since(start)
+	t.Logf("a full extraction took %s", span)
+
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	for i := range trials {
+		if out, err := a.Ferry("cleanup"); err != nil {
+			t.Fatalf("trial %d: cleanup: %v\n%s", i, err, out)
+		}
+		if out, err := a.Ferry("load", tarPath); err != nil {
+			t.Fatalf("trial %d: load: %v\n%s", i, err, out)
+		}
+		time.Sleep(time.Duration(rng.Int64N(int64(span))))
+		a.Kill()
+		// Whatever the record says must be true of the disk.
+		if rec := readRecord(t, cfg.Paths.StateDir); rec != nil && rec.Phase == agent.PhaseExtracted {
+			if err := bigbundle.CheckTree(dir, size, blob); err != nil {
+				t.Fatalf("trial %d: the record says extracted but: %v", i, err)
+			}
+		}
+		a.Restart()
+		a.WaitPhase(bound, agent.PhaseExtracted)
+		if err := bigbundle.CheckTree(dir, size, blob); err != nil {
+			t.Fatalf("trial %d: after restart: %v", i, err)
+		}
+		if m, _ := filepath.Glob(filepath.Join(cfg.Paths.ExtractDir, ".staging-*")); len(m) != 0 {
+			t.Fatalf("trial %d: staging left: %v", i, m)
+		}
+	}
+}
+
+// readRecord returns the active record in the state dir, if any.
+func readRecord(t *testing.T, stateDir string) *agent.Record {
+	store, err := agent.OpenStore(stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := store.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if r.Phase.Active() {
+			return r
+		}
+	}
+	return nil
+}
+
+func mountedUnder(t *testing.T, dir string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bytes.Contains(b, []byte(" "+dir+"/"))
+}
