@@ -2,11 +2,14 @@ package bundle_test
 
 import (
 	"archive/tar"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -96,4 +99,270 @@ func TestCreate_WritesBundleOfReleaseAndExtras(t *testing.T) {
 		t.Fatalf("output holds %d files, want the tar and .sha256", len(entries))
 	}
 	t.Logf("%d entries, %d bytes, %d blobs fetched", len(names), res.TarSize, res.BlobsFetched)
+}
+
+func payloadBlobGets(reg *fixture.Registry) int {
+	n := 0
+	for _, q := range reg.Requests() {
+		if q.Method == "GET" && strings.HasPrefix(q.Path, "/v2/"+fixture.PayloadRepo+"/blobs/") {
+			n++
+		}
+	}
+	return n
+}
+
+func TestCreate_ResumeReusesBlobsInWorkTree(t *testing.T) {
+	reg := fixture.NewRegistry(t)
+	release, payload := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 6})
+	o := createFrom(t, reg, release)
+	o.KeepWork = true
+	first, err := bundle.Create(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.BlobsFetched == 0 || first.BlobsReused != 0 {
+		t.Fatalf("first run: fetched %d reused %d", first.BlobsFetched, first.BlobsReused)
+	}
+
+	// As after an interruption: one payload image's manifest was never
+	// stored and one of its layers never arrived.
+	tree := filepath.Join(first.WorkDir, "docker/registry/v2")
+	_, _, d := bundle.SplitRef(payload[2])
+	hexd := strings.TrimPrefix(d, "sha256:")
+	if err := os.RemoveAll(filepath.Join(tree, "repositories", fixture.PayloadRepo, "_manifests/revisions/sha256", hexd)); err != nil {
+		t.Fatal(err)
+	}
+	manifest, err := os.ReadFile(filepath.Join(tree, "blobs/sha256", hexd[:2], hexd, "data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mf struct {
+		Layers []struct{ Digest string } `json:"layers"`
+	}
+	if err := json.Unmarshal(manifest, &mf); err != nil || len(mf.Layers) != 2 {
+		t.Fatalf("manifest: %v", err)
+	}
+	own := strings.TrimPrefix(mf.Layers[1].Digest, "sha256:")
+	if err := os.RemoveAll(filepath.Join(tree, "blobs/sha256", own[:2], own)); err != nil {
+		t.Fatal(err)
+	}
+	// And one blob was damaged on disk.
+	cfgBlob := firstConfigBlob(t, tree, payload[4])
+	if err := os.WriteFile(cfgBlob, []byte("garbage"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	reg.ResetRequests()
+	second, err := bundle.Create(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.BlobsFetched != 2 || payloadBlobGets(reg) != 2 {
+		t.Fatalf("second run fetched %d blobs (%d payload blob GETs), want 2: the missing layer and the damaged config",
+			second.BlobsFetched, payloadBlobGets(reg))
+	}
+	if second.BlobsReused != first.BlobsFetched-2 {
+		t.Fatalf("second run reused %d blobs, want %d", second.BlobsReused, first.BlobsFetched-2)
+	}
+	if second.Digest != first.Digest {
+		t.Fatalf("resumed bundle differs: %s vs %s", second.Digest, first.Digest)
+	}
+}
+
+// firstConfigBlob is the data file of ref's config blob in tree.
+func firstConfigBlob(t *testing.T, tree, ref string) string {
+	t.Helper()
+	_, _, d := bundle.SplitRef(ref)
+	h := strings.TrimPrefix(d, "sha256:")
+	b, err := os.ReadFile(filepath.Join(tree, "blobs/sha256", h[:2], h, "data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mf struct {
+		Config struct{ Digest string } `json:"config"`
+	}
+	if err := json.Unmarshal(b, &mf); err != nil {
+		t.Fatal(err)
+	}
+	c := strings.TrimPrefix(mf.Config.Digest, "sha256:")
+	return filepath.Join(tree, "blobs/sha256", c[:2], c, "data")
+}
+
+func TestCreate_SameInputsSameBundle(t *testing.T) {
+	reg := fixture.NewRegistry(t)
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 4})
+	reg.PushImage(t, "my-company/app", "v1")
+	a, err := bundle.Create(t.Context(), createFrom(t, reg, release, "quay.io/my-company/app:v1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := bundle.Create(t.Context(), createFrom(t, reg, release, "quay.io/my-company/app:v1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Digest != b.Digest {
+		t.Fatalf("two runs over the same images: %s and %s", a.Digest, b.Digest)
+	}
+}
+
+func TestCreate_StaleWorkTreeIsPruned(t *testing.T) {
+	reg := fixture.NewRegistry(t)
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 3})
+	reg.PushImage(t, "my-company/old", "v1")
+	o := createFrom(t, reg, release, "quay.io/my-company/old:v1")
+	o.KeepWork = true
+	if _, err := bundle.Create(t.Context(), o); err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := bundle.Create(t.Context(), createFrom(t, reg, release))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.ExtraImages = nil
+	reused, err := bundle.Create(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reused.Digest != fresh.Digest {
+		t.Fatalf("bundle from a work tree of an earlier run with another extra image differs from a fresh one")
+	}
+	for _, n := range tarNames(t, reused.TarPath) {
+		if strings.Contains(n, "my-company") {
+			t.Fatalf("bundle holds %s", n)
+		}
+	}
+}
+
+func TestCreate_ManifestListPlatforms(t *testing.T) {
+	reg := fixture.NewRegistry(t)
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 2})
+	index, children := reg.PushIndex(t, "my-company/multi", "v2", "amd64", "arm64", "s390x")
+	for _, tc := range []struct {
+		platforms string
+		want      map[string]bool
+	}{
+		{bundle.PlatformsArch, map[string]bool{"amd64": true}},
+		{bundle.PlatformsAll, map[string]bool{"amd64": true, "arm64": true, "s390x": true}},
+	} {
+		t.Run(tc.platforms, func(t *testing.T) {
+			o := createFrom(t, reg, release, index)
+			o.Platforms, o.KeepWork = tc.platforms, true
+			res, err := bundle.Create(t.Context(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			revs := filepath.Join(res.WorkDir, "docker/registry/v2/repositories/my-company/multi/_manifests/revisions/sha256")
+			_, _, id := bundle.SplitRef(index)
+			if _, err := os.Stat(filepath.Join(revs, strings.TrimPrefix(id, "sha256:"))); err != nil {
+				t.Fatalf("the manifest list itself is missing: %v", err)
+			}
+			for arch, ref := range children {
+				_, _, d := bundle.SplitRef(ref)
+				_, err := os.Stat(filepath.Join(revs, strings.TrimPrefix(d, "sha256:")))
+				if got := err == nil; got != tc.want[arch] {
+					t.Errorf("%s image present: %v, want %v", arch, got, tc.want[arch])
+				}
+			}
+		})
+	}
+}
+
+func TestCreate_PullSecretAuthenticates(t *testing.T) {
+	reg := fixture.NewRegistry(t, fixture.Options{Username: "robot", Password: "hunter2"})
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 2})
+	secret := filepath.Join(t.TempDir(), "pull-secret.json")
+	auth := base64.StdEncoding.EncodeToString([]byte("robot:hunter2"))
+	os.WriteFile(secret, []byte(`{"auths":{"`+reg.Host+`":{"auth":"`+auth+`","email":"x@example.com"},"quay.io":{"auth":"bm9wZTpub3Bl"}}}`), 0o600)
+	kc, err := bundle.LoadPullSecret(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := createFrom(t, reg, release)
+	o.Keychain = kc
+	if _, err := bundle.Create(t.Context(), o); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCreate_FailsClearlyAndLeavesNoTar(t *testing.T) {
+	reg := fixture.NewRegistry(t)
+	release, payload := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 3})
+	locked := fixture.NewRegistry(t, fixture.Options{Username: "u", Password: "p"})
+	lockedRelease, _ := locked.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 2})
+	// A registry that answers for a release whose payload blob is gone.
+	broken := fixture.NewRegistry(t)
+	brokenRelease, brokenPayload := broken.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 3, Seed: 7})
+	blob := firstConfigBlob(t, filepath.Join(broken.Dir, "docker/registry/v2"), brokenPayload[1])
+	if err := os.Remove(blob); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		name   string
+		opts   func(o *bundle.CreateOptions)
+		is     error
+		reason string
+	}{
+		{"bad release reference", func(o *bundle.CreateOptions) { o.Release = "quay.io/Bad Name:1" }, bundle.ErrBadReference, "bad image reference"},
+		{"bad extra reference", func(o *bundle.CreateOptions) { o.ExtraImages = []string{"quay.io/x/y@sha256:123"} }, bundle.ErrBadReference, "bad image reference"},
+		{"missing release", func(o *bundle.CreateOptions) {
+			o.Release = "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat("0", 64)
+		}, bundle.ErrNotFound, "not in registry"},
+		{"missing extra tag", func(o *bundle.CreateOptions) { o.ExtraImages = []string{"quay.io/my-company/none:v9"} }, bundle.ErrNotFound, "not in registry"},
+		{"not a release image", func(o *bundle.CreateOptions) { o.Release = payload[0] }, bundle.ErrRelease, "release-manifests/image-references"},
+		{"registry refuses credentials", func(o *bundle.CreateOptions) {
+			o.Release = lockedRelease
+			o.Mirrors = []bundle.Mirror{{Prefix: "quay.io/", Location: locked.Host + "/"}}
+			o.Transport, _ = bundle.NewTransport(locked.CertsDir, true)
+		}, bundle.ErrAuth, "check --pull-secret"},
+		{"registry unreachable", func(o *bundle.CreateOptions) {
+			o.Mirrors = []bundle.Mirror{{Prefix: "quay.io/", Location: "127.0.0.1:1/"}}
+		}, bundle.ErrUnreachable, "cannot reach registry 127.0.0.1:1"},
+		{"certificate not trusted", func(o *bundle.CreateOptions) { o.Transport = nil }, bundle.ErrUntrusted, "--cert-dir"},
+		{"blob missing upstream", func(o *bundle.CreateOptions) {
+			o.Release = brokenRelease
+			o.Mirrors = []bundle.Mirror{{Prefix: "quay.io/", Location: broken.Host + "/"}}
+			o.Transport, _ = bundle.NewTransport(broken.CertsDir, true)
+		}, bundle.ErrNotFound, "not in registry"},
+		{"arch nobody knows", func(o *bundle.CreateOptions) { o.Arch = "riscv64" }, nil, "arch \"riscv64\""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := createFrom(t, reg, release)
+			tc.opts(&o)
+			_, err := bundle.Create(t.Context(), o)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if tc.is != nil && !errors.Is(err, tc.is) {
+				t.Fatalf("got %v, want %v", err, tc.is)
+			}
+			t.Log(err)
+			if !strings.Contains(err.Error(), tc.reason) {
+				t.Fatalf("message %q does not say %q", err, tc.reason)
+			}
+			entries, _ := os.ReadDir(o.OutputDir)
+			for _, e := range entries {
+				if strings.HasSuffix(e.Name(), ".tar") || strings.HasSuffix(e.Name(), ".partial") || strings.HasSuffix(e.Name(), ".sha256") {
+					t.Fatalf("left %s in the output", e.Name())
+				}
+			}
+		})
+	}
+}
+
+func TestCreate_ProgressEndsDone(t *testing.T) {
+	reg := fixture.NewRegistry(t)
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 3, ImageSize: 100 << 10})
+	o := createFrom(t, reg, release)
+	var last bundle.Progress
+	var mu sync.Mutex
+	o.Progress = func(p bundle.Progress) { mu.Lock(); last = p; mu.Unlock() }
+	if _, err := bundle.Create(t.Context(), o); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if last.Phase != "done" || last.Images != 4 || last.ImagesTotal != 4 || last.Bytes < 300<<10 || last.Bytes != last.BytesTotal {
+		t.Fatalf("last progress %+v", last)
+	}
 }
