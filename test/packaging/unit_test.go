@@ -118,12 +118,28 @@ func TestUnit_GrantsWhatTheAgentUses(t *testing.T) {
 			t.Errorf("default path %s is not under a RuntimeDirectory (%v)", p, rt)
 		}
 	}
-	// Drop-in directories: writable, and created before the sandbox is set up.
+	// Drop-in directories: created before the sandbox is set up, and
+	// writable together with their parent on one mount, because
+	// crio.writeIfChanged stages each file in the parent and renames it
+	// in (a rename across two ReadWritePaths bind mounts fails, EXDEV).
 	rw := u.words(s, "ReadWritePaths")
+	mountOf := func(p string) string { // the ReadWritePaths entry p is on
+		best := ""
+		for _, m := range rw {
+			m = strings.TrimPrefix(m, "-")
+			if (p == m || strings.HasPrefix(p, m+"/")) && len(m) > len(best) {
+				best = m
+			}
+		}
+		return best
+	}
 	pre := strings.Join(u[s]["ExecStartPre"], " ")
 	for _, p := range []string{def.Paths.CRIOConfDir, def.Paths.RegistriesConfDir, def.Paths.CertsDir} {
-		if !slices.Contains(rw, p) {
-			t.Errorf("default path %s is not in ReadWritePaths (%v)", p, rw)
+		in, parent := mountOf(p), mountOf(filepath.Dir(p))
+		if in == "" || parent == "" {
+			t.Errorf("%s or its parent is not writable (ReadWritePaths %v)", p, rw)
+		} else if in != parent {
+			t.Errorf("%s is on ReadWritePaths mount %s but its parent on %s: the staged rename would fail", p, in, parent)
 		}
 		if !strings.Contains(pre, " "+p) {
 			t.Errorf("ExecStartPre does not create %s (%q)", p, pre)
