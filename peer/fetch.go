@@ -31,7 +31,7 @@ type FetcherOptions struct {
 	PerPeer int
 	// Parallel bounds piece requests in flight in all; 0: 16.
 	Parallel int
-	// Refresh is how often peers' piece bitmaps are polled; 0: 500ms.
+	// Refresh is how often peers' piece bitmaps are polled; 0: 250ms.
 	Refresh time.Duration
 	// Client overrides the HTTP client (tests); nil: NewClient(Token, nil).
 	Client *Client
@@ -53,7 +53,7 @@ func NewFetcher(opts FetcherOptions) *Fetcher {
 		opts.Parallel = 16
 	}
 	if opts.Refresh <= 0 {
-		opts.Refresh = 500 * time.Millisecond
+		opts.Refresh = 250 * time.Millisecond
 	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)

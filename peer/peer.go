@@ -26,9 +26,10 @@ import (
 )
 
 // DefaultPieceSize is the piece size a source publishes unless told
-// otherwise: small enough that pieces spread between fetchers early, large
-// enough that a 16 GiB bundle's piece list stays near 150 KiB.
-const DefaultPieceSize = 8 << 20
+// otherwise: small enough that a 1 GiB bundle has 256 pieces to spread
+// between fetchers, large enough that a 16 GiB bundle's piece list stays
+// near 270 KiB and a piece request costs little next to its transfer.
+const DefaultPieceSize = 4 << 20
 
 // Piece size bounds a piece list may declare.
 const (

@@ -63,6 +63,7 @@ func run() error {
 		proxy     = flag.String("proxy", "", "relay to this peer address instead, flipping a byte of every tar body")
 		perPeer   = flag.Int("per-peer", 0, "piece requests in flight per peer (0: default)")
 		parallel  = flag.Int("parallel", 0, "piece requests in flight in all (0: default)")
+		refresh   = flag.Duration("refresh", 0, "peer bitmap poll interval (0: default)")
 		noReserve = flag.Bool("no-reserve", false, "do not serve pieces before the bundle is whole")
 	)
 	flag.Parse()
@@ -125,7 +126,7 @@ func run() error {
 		if *peers != "" {
 			list = strings.Split(*peers, ",")
 		}
-		opts := peer.FetcherOptions{Peers: list, Token: *token, Log: log, Shelf: shelf, PerPeer: *perPeer, Parallel: *parallel}
+		opts := peer.FetcherOptions{Peers: list, Token: *token, Log: log, Shelf: shelf, PerPeer: *perPeer, Parallel: *parallel, Refresh: *refresh}
 		if *noReserve {
 			opts.Shelf = nil
 		}
