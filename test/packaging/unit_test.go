@@ -104,6 +104,9 @@ func TestUnit_GrantsWhatTheAgentUses(t *testing.T) {
 	if v := u.last(s, "PrivateDevices"); v == "yes" || v == "true" {
 		t.Errorf("PrivateDevices=%s hides the sticks from ferry", v)
 	}
+	if v := u.last(s, "ProcSubset"); v == "pid" {
+		t.Errorf("ProcSubset=pid hides /proc/swaps, which udev.Media reads to refuse a swap device")
+	}
 
 	// Directories systemd makes for ferry: /var/lib/<StateDirectory>, /run/<RuntimeDirectory>.
 	state := u.words(s, "StateDirectory")
