@@ -1,0 +1,146 @@
+package crio_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferry-edge/ferry/crio"
+	"github.com/ferry-edge/ferry/registry"
+)
+
+// BenchmarkLoad is P3: ferry's load of a 180-image bundle of small
+// synthetic images into a real CRI-O (registry start, drop-ins, reload,
+// pulls, pin checks), against CRI-O's own floor measured in the same run:
+// raw CRI pulls of the same references through the same mirror with 1, 2,
+// 4 and 8 concurrent workers. It reports seconds and the ratios
+// ferry/fastest-raw (must be ≤ 1.1) and ferry/one-by-one.
+//
+//	go test ./test/crio -run XXX -bench Load -benchtime 1x
+//
+// FERRY_BENCH_IMAGES changes the bundle size (default 180).
+func BenchmarkLoad(b *testing.B) {
+	n := 180
+	if s := os.Getenv("FERRY_BENCH_IMAGES"); s != "" {
+		n, _ = strconv.Atoi(s)
+	}
+	c := StartCRIO(b)
+	tb := makeBundle(b, n-2, 4096) // + release + one tagged custom image
+	refs := crio.PullRefs(tb.Images)
+	cl := c.Client(b)
+	ctx := context.Background()
+	b.Logf("bundle: %d images, %d references to pull, %d cores", len(tb.Images), len(refs), runtime.NumCPU())
+
+	removeAll := func() {
+		for _, r := range refs {
+			if err := cl.Remove(ctx, r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	rawPull := func(workers int) time.Duration {
+		start := time.Now()
+		jobs := make(chan string)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var firstErr error
+		for range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for r := range jobs {
+					if _, err := cl.Pull(ctx, r); err != nil {
+						mu.Lock()
+						firstErr = err
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+		for _, r := range refs {
+			jobs <- r
+		}
+		close(jobs)
+		wg.Wait()
+		if firstErr != nil {
+			b.Fatal(firstErr)
+		}
+		return time.Since(start)
+	}
+
+	// The mirror for the raw pulls: ferry's own drop-ins, applied once.
+	setup := &crio.Loader{CRI: cl, Dropins: c.Dropins, Reloader: c.Reloader()}
+	if _, err := setup.Load(ctx, tb.request()); err != nil {
+		b.Fatal(err)
+	}
+	removeAll()
+
+	var sums [5]time.Duration // raw 1, 2, 4, 8, ferry
+	workers := []int{1, 2, 4, 8}
+	b.ResetTimer()
+	for range b.N {
+		for i, w := range workers {
+			b.StopTimer()
+			removeAll()
+			b.StartTimer()
+			sums[i] += rawPull(w)
+		}
+		// ferry from nothing: no drop-ins, no images, registry stopped.
+		b.StopTimer()
+		if err := setup.Unload(ctx, tb.request()); err != nil {
+			b.Fatal(err)
+		}
+		removeAll()
+		stateDir := filepath.Join(c.Root, "bench-registry")
+		os.RemoveAll(stateDir)
+		b.StartTimer()
+		start := time.Now()
+		reg, err := registry.New(stateDir, 0, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- reg.Serve(rctx, tb.Fixture.Dir) }()
+		l := &crio.Loader{CRI: cl, Dropins: c.Dropins, Reloader: c.Reloader()}
+		req := crio.Request{Images: tb.Images, Addr: reg.Addr(), CACert: reg.CACertPEM(), Label: "bench"}
+		if _, err := l.Load(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+		sums[4] += time.Since(start)
+		b.StopTimer()
+		if err := l.Unload(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+		cancel()
+		<-done
+		// Put the test bundle's mirror back for the next round.
+		if _, err := setup.Load(ctx, tb.request()); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	b.StopTimer()
+
+	per := func(d time.Duration) float64 { return d.Seconds() / float64(b.N) }
+	fastest, fw := sums[0], workers[0]
+	for i, w := range workers {
+		if sums[i] < fastest {
+			fastest, fw = sums[i], w
+		}
+		b.ReportMetric(per(sums[i]), fmt.Sprintf("raw%d-s", w))
+	}
+	ferry := sums[4]
+	b.ReportMetric(per(ferry), "ferry-s")
+	b.ReportMetric(ferry.Seconds()/fastest.Seconds(), "ferry/fastest")
+	b.ReportMetric(ferry.Seconds()/sums[0].Seconds(), "ferry/one-by-one")
+	fmt.Printf("P3 load of %d images (%d refs), %d workers by default: ferry %.2fs; raw pulls 1:%.2fs 2:%.2fs 4:%.2fs 8:%.2fs (fastest %d workers); ferry/fastest %.3f (target ≤ 1.1); ferry/one-by-one %.3f\n",
+		len(tb.Images), len(refs), crio.DefaultWorkers(), per(ferry), per(sums[0]), per(sums[1]), per(sums[2]), per(sums[3]), fw,
+		ferry.Seconds()/fastest.Seconds(), ferry.Seconds()/sums[0].Seconds())
+}
