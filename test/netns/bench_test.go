@@ -14,7 +14,7 @@ var (
 	fanSizeMiB = flag.Int64("fanout.size", 256, "BenchmarkFanOut: bundle size in MiB (issue 5 P2 asks 1024)")
 	fanRateMB  = flag.Int64("fanout.rate", 50, "BenchmarkFanOut: each node's link cap in MB/s (10^6 bytes), each direction")
 	fanNodes   = flag.String("fanout.nodes", "4,8", "BenchmarkFanOut: node counts (the source included)")
-	fanModes   = flag.String("fanout.modes", "p2p,star", "BenchmarkFanOut: p2p (every node fetches from every other) and/or star (all fetch from the source only)")
+	fanModes   = flag.String("fanout.modes", "p2p,star", "BenchmarkFanOut: p2p (every node fetches from every other), star (all fetch from the source only), uncapped (p2p without tc: this machine's own floor)")
 	fanFlags   = flag.String("fanout.flags", "", "BenchmarkFanOut: extra flags for every cmd/peernode, space-separated")
 	fanPiece   = flag.Int64("fanout.piece", 0, "BenchmarkFanOut: piece size in KiB the source publishes (0: peer.DefaultPieceSize)")
 )
@@ -42,7 +42,11 @@ func BenchmarkFanOut(b *testing.B) {
 		}
 		for _, mode := range strings.Split(*fanModes, ",") {
 			b.Run(fmt.Sprintf("%s/N=%d", mode, n), func(b *testing.B) {
-				lab := New(b, Options{Nodes: n, RateBytes: rate})
+				capped := rate
+				if mode == "uncapped" {
+					capped = 0
+				}
+				lab := New(b, Options{Nodes: n, RateBytes: capped})
 				c := &cluster{t: b, lab: lab, bin: peernode(b), bundle: bundle, digest: digest, size: size, flags: extra}
 				nodes := lab.Nodes()
 				src := c.hold(nodes[0])
@@ -59,7 +63,7 @@ func BenchmarkFanOut(b *testing.B) {
 					start := time.Now()
 					for _, nd := range nodes[1:] {
 						peers := []string{nodes[0].Addr(peerPort)}
-						if mode == "p2p" {
+						if mode != "star" {
 							peers = c.others(nd)
 						}
 						procs[nd] = c.fetch(nd, peers)
