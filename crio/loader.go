@@ -121,7 +121,14 @@ func (l *Loader) Load(ctx context.Context, req Request) (Result, error) {
 	}
 	log := l.log().With("BUNDLE", req.Label)
 	log.Info("CRI-O drop-ins written", "CHANGE", ch.String(), "IMAGES", len(refs))
-	if ch.NeedsReload() {
+	reload := ch.NeedsReload()
+	if !reload && !l.applied(ctx, refs) {
+		// Files in place but not in effect: an earlier run stopped
+		// between writing them and reloading.
+		log.Info("CRI-O drop-ins unchanged but not in effect; reloading")
+		reload = true
+	}
+	if reload {
 		if err := l.reload(ctx, refs[0]); err != nil {
 			return res, err
 		}
@@ -220,6 +227,25 @@ func (l *Loader) reload(ctx context.Context, probe string) error {
 			return fmt.Errorf("reload CRI-O: %v; %w", err, werr)
 		}
 	}
+}
+
+// applied says whether CRI-O's live configuration pins refs already. An
+// image service that cannot tell is taken to have applied them.
+func (l *Loader) applied(ctx context.Context, refs []string) bool {
+	pl, ok := l.CRI.(PinLister)
+	if !ok {
+		return true
+	}
+	live, err := pl.PinnedImages(ctx)
+	if err != nil {
+		return true // verify will tell
+	}
+	for _, r := range refs {
+		if !slices.Contains(live, r) {
+			return false
+		}
+	}
+	return true
 }
 
 // waitApplied waits until CRI-O's live configuration pins refs, when the

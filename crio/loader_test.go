@@ -474,3 +474,20 @@ func TestLoad_PullsAgainAnImageThatVanished(t *testing.T) {
 		t.Errorf("%s pulled %d times, present %v; want pulled again", ref, f.pulls[ref], f.present[ref])
 	}
 }
+
+func TestLoad_ReloadsWhenUnchangedFilesAreNotInEffect(t *testing.T) {
+	l, f, _ := newLoader(t)
+	l.CRI = pinLister{f}
+	req := request(t, manyImages(3))
+	// An earlier run wrote the files and stopped before reloading.
+	if _, err := l.Dropins.Apply(crio.Setup{Images: req.Images, Addr: req.Addr, CACert: req.CACert, Label: req.Label}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := l.Load(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Reloaded || f.reloads != 1 {
+		t.Errorf("result %+v after %d reloads, want one reload", res, f.reloads)
+	}
+}
