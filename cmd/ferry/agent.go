@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -15,6 +16,24 @@ import (
 	"github.com/ferry-edge/ferry/systemd"
 	"github.com/ferry-edge/ferry/udev"
 )
+
+var (
+	agentFlags   = newFlagSet("agent", "")
+	agentConfig  = configFlag(agentFlags)
+	statusFlags  = newFlagSet("status", "")
+	statusJSON   = statusFlags.Bool("json", false, "print the full status as JSON")
+	statusConfig = configFlag(statusFlags)
+	checkFlags   = newFlagSet("config check", "")
+	checkConfig  = configFlag(checkFlags)
+	loadFlags    = newFlagSet("load", "PATH")
+	loadConfigF  = configFlag(loadFlags)
+	cleanupFlags = newFlagSet("cleanup", "")
+	cleanupConf  = configFlag(cleanupFlags)
+)
+
+func configFlag(fs *flag.FlagSet) *string {
+	return fs.String("config", "", "config file (default "+agent.DefaultConfigPath+", optional)")
+}
 
 func init() {
 	register(&command{name: "agent", summary: "run the node agent (the systemd service)", run: runAgent})
@@ -38,9 +57,8 @@ func loadConfig(path string) (agent.Config, error) {
 }
 
 func runAgent(ctx context.Context, args []string) error {
-	fs := newFlags("agent", "agent [--config FILE]")
-	cfgPath := fs.String("config", "", "config file (default "+agent.DefaultConfigPath+", optional)")
-	if _, err := parse(fs, args); err != nil {
+	cfgPath := agentConfig
+	if _, err := parseArgs(agentFlags, args); err != nil {
 		return err
 	}
 	cfg, err := loadConfig(*cfgPath)
@@ -128,10 +146,8 @@ func (notifier) Ready()             { systemd.Ready() }
 func (notifier) Status(line string) { systemd.Status("%s", line) }
 
 func runStatus(ctx context.Context, args []string) error {
-	fs := newFlags("status", "status [--json] [--config FILE]")
-	asJSON := fs.Bool("json", false, "print the full status as JSON")
-	cfgPath := fs.String("config", "", "config file, for the socket path")
-	if _, err := parse(fs, args); err != nil {
+	asJSON, cfgPath := statusJSON, statusConfig
+	if _, err := parseArgs(statusFlags, args); err != nil {
 		return err
 	}
 	cfg, err := loadConfig(*cfgPath)
@@ -171,9 +187,8 @@ func printStatus(s agent.Status) {
 }
 
 func runConfigCheck(_ context.Context, args []string) error {
-	fs := newFlags("config check", "config check [--config FILE]")
-	cfgPath := fs.String("config", "", "config file (default "+agent.DefaultConfigPath+")")
-	if _, err := parse(fs, args); err != nil {
+	cfgPath := checkConfig
+	if _, err := parseArgs(checkFlags, args); err != nil {
 		return err
 	}
 	cfg, err := loadConfig(*cfgPath)
@@ -184,9 +199,8 @@ func runConfigCheck(_ context.Context, args []string) error {
 }
 
 func runLoad(ctx context.Context, args []string) error {
-	fs := newFlags("load", "load PATH [--config FILE]")
-	cfgPath := fs.String("config", "", "config file, for the socket path")
-	pos, err := parse(fs, args)
+	cfgPath := loadConfigF
+	pos, err := parseArgs(loadFlags, args)
 	if err != nil {
 		return err
 	}
@@ -210,9 +224,8 @@ func runLoad(ctx context.Context, args []string) error {
 }
 
 func runCleanup(ctx context.Context, args []string) error {
-	fs := newFlags("cleanup", "cleanup [--config FILE]")
-	cfgPath := fs.String("config", "", "config file, for the socket path")
-	if _, err := parse(fs, args); err != nil {
+	cfgPath := cleanupConf
+	if _, err := parseArgs(cleanupFlags, args); err != nil {
 		return err
 	}
 	cfg, err := loadConfig(*cfgPath)

@@ -3,10 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -27,28 +25,13 @@ type multiFlag []string
 func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
 func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
-func newFlags(name, usage string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "Usage: ferry %s\n\nFlags:\n", usage)
-		fs.SetOutput(os.Stderr)
-		fs.PrintDefaults()
-		fs.SetOutput(io.Discard)
-	}
-	return fs
-}
-
-// parse parses flags (allowing them after positional args) and returns the
-// positional args.
-func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+// parseArgs parses flags, allowing them after positional arguments, and
+// returns the positional arguments.
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err // Parse printed the usage; run exits 0
-			}
-			return nil, usageError("%v", err)
+		if err := parseFlags(fs, args); err != nil {
+			return nil, err
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -59,10 +42,21 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+var (
+	inspectFlags = newFlagSet("bundle inspect", "PATH")
+	inspectJSON  = inspectFlags.Bool("json", false, "print metadata.json as JSON")
+
+	verifyFlags = newFlagSet("bundle verify", "PATH")
+	verifyTrust = addTrustFlags(verifyFlags)
+
+	extractFlags = newFlagSet("bundle extract", "PATH --dest DIR")
+	extractTrust = addTrustFlags(extractFlags)
+	extractDest  = extractFlags.String("dest", "", "directory to create with the extracted bundle (must not exist)")
+	extractSync  = extractFlags.Bool("sync", false, "flush the extracted files to disk before the directory appears")
+)
+
 func runBundleInspect(_ context.Context, args []string) error {
-	fs := newFlags("bundle inspect", "bundle inspect PATH [--json]")
-	asJSON := fs.Bool("json", false, "print metadata.json as JSON")
-	pos, err := parse(fs, args)
+	pos, err := parseArgs(inspectFlags, args)
 	if err != nil {
 		return err
 	}
@@ -73,7 +67,7 @@ func runBundleInspect(_ context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *asJSON {
+	if *inspectJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(m)
@@ -121,9 +115,8 @@ func (t *trustFlags) options(log *slog.Logger) (bundle.Options, error) {
 }
 
 func runBundleVerify(ctx context.Context, args []string) error {
-	fs := newFlags("bundle verify", "bundle verify PATH [--sha256 F] [--approved-digest D]... [--trusted-key F]... [--arch A]")
-	tf := addTrustFlags(fs)
-	pos, err := parse(fs, args)
+	tf := verifyTrust
+	pos, err := parseArgs(verifyFlags, args)
 	if err != nil {
 		return err
 	}
@@ -149,11 +142,8 @@ func runBundleVerify(ctx context.Context, args []string) error {
 }
 
 func runBundleExtract(ctx context.Context, args []string) error {
-	fs := newFlags("bundle extract", "bundle extract PATH --dest DIR [--sha256 F] [--approved-digest D]... [--trusted-key F]... [--arch A]")
-	tf := addTrustFlags(fs)
-	dest := fs.String("dest", "", "directory to create with the extracted bundle (must not exist)")
-	sync := fs.Bool("sync", false, "flush the extracted files to disk before the directory appears")
-	pos, err := parse(fs, args)
+	tf, dest, sync := extractTrust, extractDest, extractSync
+	pos, err := parseArgs(extractFlags, args)
 	if err != nil {
 		return err
 	}
