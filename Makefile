@@ -1,7 +1,7 @@
 # ferry — build, test, benchmark, demo. `make help` lists the targets.
 SHELL   := bash
 GO      ?= go
-VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
+VERSION := $(shell git describe --tags --always --dirty --match 'v[0-9]*' 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 BIN     := bin/ferry
 UNIT_PKGS = $(shell $(GO) list ./... | grep -v '/test/')
