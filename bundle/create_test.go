@@ -366,3 +366,26 @@ func TestCreate_ProgressEndsDone(t *testing.T) {
 		t.Fatalf("last progress %+v", last)
 	}
 }
+
+func TestCreate_ReleaseByTagKeepsTagAndFlagsOverride(t *testing.T) {
+	reg := fixture.NewRegistry(t)
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 2, Version: "4.14.1"})
+	o := createFrom(t, reg, "quay.io/openshift-release-dev/ocp-release:4.14.1-x86_64")
+	o.Version = "4.14.1-hotfix"
+	o.KeepWork = true
+	res, err := bundle.Create(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, d := bundle.SplitRef(release)
+	if want := "quay.io/openshift-release-dev/ocp-release:4.14.1-x86_64@" + d; res.Metadata.Release != want {
+		t.Fatalf("release %s, want %s", res.Metadata.Release, want)
+	}
+	if filepath.Base(res.TarPath) != "upgrade-4.14.1-hotfix-x86_64.tar" {
+		t.Fatalf("tar %s", res.TarPath)
+	}
+	link, err := os.ReadFile(filepath.Join(res.WorkDir, "docker/registry/v2/repositories/openshift-release-dev/ocp-release/_manifests/tags/4.14.1-x86_64/current/link"))
+	if err != nil || string(link) != d {
+		t.Fatalf("tag link %q %v, want %s", link, err, d)
+	}
+}

@@ -1,0 +1,117 @@
+package bundle
+
+import (
+	"bytes"
+	"encoding/base64"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+)
+
+func TestMirror_LongestPrefixWins(t *testing.T) {
+	ms := []Mirror{
+		{Prefix: "quay.io/", Location: "cache:5000/"},
+		{Prefix: "quay.io/openshift-release-dev/", Location: "local:5000/ocp/"},
+		{Prefix: "registry.example.com/team", Location: "mirror.example.com/team"},
+	}
+	for in, want := range map[string]string{
+		"quay.io/my/app": "cache:5000/my/app",
+		"quay.io/openshift-release-dev/ocp-v4.0-art-dev": "local:5000/ocp/ocp-v4.0-art-dev",
+		"registry.example.com/team/app":                  "mirror.example.com/team/app",
+		"registry.example.com/teamster/app":              "registry.example.com/teamster/app",
+		"docker.io/library/busybox":                      "docker.io/library/busybox",
+	} {
+		if got := mirrored(in, ms); got != want {
+			t.Errorf("%s: got %s, want %s", in, got, want)
+		}
+	}
+}
+
+func TestParseMirror_RefusesMalformed(t *testing.T) {
+	if m, err := ParseMirror("quay.io/=127.0.0.1:5000/"); err != nil || m.Location != "127.0.0.1:5000/" {
+		t.Fatalf("good mirror: %+v %v", m, err)
+	}
+	for _, s := range []string{"", "quay.io", "=x", "quay.io/=", "quay.io/=a:1", "a=b=c"} {
+		if _, err := ParseMirror(s); err == nil {
+			t.Errorf("%q accepted", s)
+		}
+	}
+}
+
+func TestLoadPullSecret_MatchesHostAndPathKeys(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "auth.json")
+	os.WriteFile(p, []byte(`{"auths":{
+		"quay.io":{"auth":"`+base64.StdEncoding.EncodeToString([]byte("host:pw"))+`"},
+		"quay.io/private":{"auth":"`+base64.StdEncoding.EncodeToString([]byte("org:pw"))+`"},
+		"https://index.docker.io/v1/":{"username":"hub","password":"pw"}}}`), 0o600)
+	kc, err := LoadPullSecret(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ref, user := range map[string]string{
+		"quay.io/private/app":    "org",
+		"quay.io/privateer/app":  "host",
+		"quay.io/other/app":      "host",
+		"busybox":                "hub",
+		"registry.example.com/x": "",
+	} {
+		repo, err := name.NewRepository(ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := kc.Resolve(repo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := authn.Authorization(t.Context(), a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Username != user {
+			t.Errorf("%s: user %q, want %q", ref, cfg.Username, user)
+		}
+	}
+	for _, bad := range []string{`{`, `{"auths":{"q":{"auth":"!!"}}}`, `{"other":1}`} {
+		os.WriteFile(p, []byte(bad), 0o600)
+		if _, err := LoadPullSecret(p); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
+func TestReadImageList_SkipsCommentsAndBlanks(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "extra.txt")
+	os.WriteFile(p, []byte("# custom images\nquay.io/a/b:v1\n\n  quay.io/c/d@sha256:"+strings.Repeat("a", 64)+"  # pinned\n"), 0o644)
+	got, err := ReadImageList(p)
+	if err != nil || len(got) != 2 || got[0] != "quay.io/a/b:v1" || !strings.HasPrefix(got[1], "quay.io/c/d@") {
+		t.Fatalf("got %q %v", got, err)
+	}
+}
+
+func TestProgressPrinter_TerminalLineAndLogLines(t *testing.T) {
+	p := Progress{Phase: "copy", Images: 3, ImagesTotal: 10, Bytes: 50 << 20, BytesTotal: 100 << 20, Elapsed: 5 * time.Second}
+	if eta := p.ETA(); eta != 5*time.Second {
+		t.Fatalf("ETA %v", eta)
+	}
+	var term bytes.Buffer
+	pr := ProgressPrinter(&term, true, nil, time.Hour)
+	pr(p)
+	if s := term.String(); !strings.HasPrefix(s, "\r") || !strings.Contains(s, "images 3/10") || !strings.Contains(s, "ETA 5s") {
+		t.Fatalf("terminal line %q", s)
+	}
+	var logs bytes.Buffer
+	pr = ProgressPrinter(nil, false, slog.New(slog.NewTextHandler(&logs, nil)), time.Hour)
+	pr(p)
+	pr(p) // within the interval: not logged
+	p.Phase = "write"
+	pr(p) // phase change: logged
+	if n := strings.Count(logs.String(), "\n"); n != 2 {
+		t.Fatalf("%d log lines, want 2:\n%s", n, logs.String())
+	}
+}
