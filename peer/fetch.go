@@ -340,7 +340,9 @@ func (j *job) choosePieceList(ctx context.Context) error {
 			continue
 		}
 		for _, v := range votes {
-			if v != best {
+			// A list in another piece size is not a lie; one in the same
+			// size that differs is.
+			if v != best && v.pl.PieceSize == best.pl.PieceSize {
 				for _, p := range v.peers {
 					j.drop(p, "its piece list disagrees with that of "+fmt.Sprint(best.peers))
 				}

@@ -411,3 +411,37 @@ func TestPickPiece_SpreadsTiesSoFetchersDoNotCollide(t *testing.T) {
 		t.Fatalf("400 picks among %d equally rare pieces chose only %d distinct ones", n, len(seen))
 	}
 }
+
+func TestShelf_AddAfterFetchKeepsTheFetchedListAndChecksTheNewReader(t *testing.T) {
+	data, digest := randomBundle(t, 6*testPieceSize)
+	src := newSource(t, data, digest, ServerOptions{})
+	for _, tc := range []struct {
+		name   string
+		reader []byte
+		served bool
+	}{
+		{name: "the same bytes stay served under the fetched list", reader: data, served: true},
+		{name: "other bytes under the same digest stop being served", reader: append(append([]byte(nil), data[:100]...), append([]byte{data[100] ^ 1}, data[101:]...)...), served: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newNode(t, ServerOptions{}, nil)
+			b.shelf.opts.PieceSize = 2 * testPieceSize // differs from the source's: the fetched list must win
+			dest := filepath.Join(t.TempDir(), "b.tar")
+			if err := fastFetcher([]string{src.addr}, FetcherOptions{Shelf: b.shelf}).Fetch(t.Context(), digest, dest, nil); err != nil {
+				t.Fatal(err)
+			}
+			fetched, _ := b.shelf.Pieces(digest)
+			if err := b.shelf.Add(digest, []byte(testMeta), bytes.NewReader(tc.reader), int64(len(tc.reader))); err != nil {
+				t.Fatal(err)
+			}
+			if p, err := b.shelf.Pieces(digest); tc.served && (err != nil || p != fetched) {
+				t.Fatalf("right after Add: %v, %v; want the fetched list served at once", p, err)
+			}
+			b.shelf.wg.Wait() // the background check
+			_, err := b.shelf.Pieces(digest)
+			if tc.served != (err == nil) {
+				t.Fatalf("after the check: %v, want served=%v", err, tc.served)
+			}
+		})
+	}
+}

@@ -149,6 +149,7 @@ func TestShelf_CachedPieceListSkipsHashing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s1.Close() // waits for the cache write
 	s2 := NewShelf(ShelfOptions{PieceSize: testPieceSize, CacheDir: dir})
 	defer s2.Close()
 	cr := &countingReader{ReaderAt: bytes.NewReader(data)}

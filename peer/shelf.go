@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 )
@@ -86,9 +87,11 @@ func closeReader(r io.ReaderAt) {
 // piece list is computed in the background (or read from CacheDir); until
 // then the bundle is listed but its pieces answer "not ready". Hashing also
 // checks r against the digest: a reader that does not give the bundle's
-// bytes is never served. Add replaces an entry for the same digest (a
-// partial one from a Fetcher, say). The shelf owns r from now on and closes
-// it (if it is an io.Closer) when the entry is removed or replaced.
+// bytes stops being served. Add replaces an entry for the same digest: when
+// that is a bundle a Fetcher got, its piece list (the one peers already
+// use) stays, served at once, and r is checked against it in the
+// background. The shelf owns r from now on and closes it (if it is an
+// io.Closer) when the entry is removed or replaced.
 func (s *Shelf) Add(digest string, meta []byte, r io.ReaderAt, size int64) error {
 	if !ValidDigest(digest) {
 		return fmt.Errorf("peer shelf: %q is not a sha256 digest", digest)
@@ -102,16 +105,26 @@ func (s *Shelf) Add(digest string, meta []byte, r io.ReaderAt, size int64) error
 		r:      r,
 		cancel: cancel,
 	}
-	if p := s.loadCached(digest, size); p != nil {
-		e.pieces = p
-		e.offer.PieceSize = p.PieceSize
+	var known *PieceList
+	s.mu.Lock()
+	if old := s.entries[digest]; old != nil && old.offer.Complete && old.pieces != nil && old.offer.Size == size {
+		known = old.pieces // fetched and checked whole: peers already use this list
+	}
+	s.mu.Unlock()
+	check := known != nil // hash r anyway, to check it against that list
+	if known == nil {
+		known = s.loadCached(digest, size) // checked when cached: no need to hash again
+	}
+	if known != nil {
+		e.pieces = known
+		e.offer.PieceSize = known.PieceSize
 	}
 	s.put(digest, e)
-	if e.pieces == nil {
+	if known == nil || check {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.hash(ctx, e)
+			s.hash(ctx, e, known)
 		}()
 	}
 	return nil
@@ -158,9 +171,14 @@ func (s *Shelf) WaitPieces(ctx context.Context, digest string) (*PieceList, erro
 	}
 }
 
-func (s *Shelf) hash(ctx context.Context, e *entry) {
+// hash computes e's piece list from its reader, checking the whole digest;
+// with known set, it checks the reader against that list instead.
+func (s *Shelf) hash(ctx context.Context, e *entry, known *PieceList) {
 	d, size := e.offer.Digest, e.offer.Size
 	ps := s.opts.PieceSize
+	if known != nil {
+		ps = known.PieceSize
+	}
 	p := &PieceList{Digest: d, Size: size, PieceSize: ps, Pieces: make([]string, 0, NumPieces(size, ps))}
 	whole := sha256.New()
 	buf := make([]byte, min(ps, 1<<20))
@@ -183,6 +201,9 @@ func (s *Shelf) hash(ctx context.Context, e *entry) {
 		}
 		p.Pieces = append(p.Pieces, hex.EncodeToString(piece.Sum(nil)))
 	}
+	if err == nil && known != nil && !slices.Equal(known.Pieces, p.Pieces) {
+		err = fmt.Errorf("%w: the bundle's bytes as served differ from those fetched (same digest): not serving it (a bug in regenerating the tar?)", ErrDigestMismatch)
+	}
 	if err == nil {
 		if got := "sha256:" + hex.EncodeToString(whole.Sum(nil)); got != d {
 			err = fmt.Errorf("%w: the bundle's bytes as served hash to %s, not %s: not serving it (a bug in regenerating the tar, or the extracted tree changed)", ErrDigestMismatch, got, d)
@@ -192,13 +213,17 @@ func (s *Shelf) hash(ctx context.Context, e *entry) {
 	if s.entries[d] == e {
 		if err != nil {
 			e.err = err
-		} else {
+		} else if known == nil {
 			e.pieces = p
 		}
 	}
 	s.mu.Unlock()
 	if err != nil {
 		s.opts.Log.Error("peer: cannot serve bundle", "DIGEST", d, "err", err)
+		return
+	}
+	if known != nil {
+		s.saveCached(known)
 		return
 	}
 	s.opts.Log.Info("peer: piece list ready", "DIGEST", d, "PIECES", p.N())
