@@ -1,0 +1,94 @@
+package bundle_test
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/ferry-edge/ferry/test/fixture"
+)
+
+// ferry runs the ferry binary and returns its exit code and stderr.
+func ferry(t *testing.T, dir string, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), ferryBin, args...)
+	cmd.Dir = dir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, stderr.String()
+	case errors.As(err, &ee):
+		return ee.ExitCode(), stderr.String()
+	}
+	t.Fatal(err)
+	return -1, ""
+}
+
+func noBundle(t *testing.T, dir string) {
+	t.Helper()
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "upgrade-") {
+			t.Fatalf("left %s in %s", e.Name(), dir)
+		}
+	}
+}
+
+func TestCreateCLI_ExitCodesAndMessages(t *testing.T) {
+	reg := fixture.NewRegistry(t)
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 2})
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		says string
+	}{
+		{"no release", nil, 2, "--release is required"},
+		{"bad mirror", []string{"--release", release, "--mirror", "quay.io"}, 2, "PREFIX=LOCATION"},
+		{"unknown arch", []string{"--release", release, "--arch", "riscv64"}, 2, "riscv64"},
+		{"missing pull secret", []string{"--release", release, "--pull-secret", "/nonexistent"}, 2, "--pull-secret"},
+		{"unreachable registry", []string{"--release", release, "--mirror", "quay.io/=127.0.0.1:1/"}, 1, "cannot reach registry 127.0.0.1:1"},
+		{"untrusted registry", []string{"--release", release, "--mirror", reg.Mirror()}, 1, "--cert-dir"},
+		{"bad reference", []string{"--release", "quay.io/x/Y::1", "--mirror", reg.Mirror()}, 1, "bad image reference"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			code, stderr := ferry(t, dir, append([]string{"bundle", "create", "--quiet", "--output", dir}, tc.args...)...)
+			if code != tc.code || !strings.Contains(stderr, tc.says) {
+				t.Fatalf("exit %d (want %d), stderr:\n%s\nwant it to say %q", code, tc.code, stderr, tc.says)
+			}
+			noBundle(t, dir)
+		})
+	}
+}
+
+// TestCreateCLI_FullDisk gives bundle create an output filesystem too
+// small for the bundle: a clear "disk full" refusal, no tar.
+func TestCreateCLI_FullDisk(t *testing.T) {
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=2m"); err != nil {
+		msg := "mounting a small tmpfs needs root: " + err.Error()
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	reg := fixture.NewRegistry(t)
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 8, ImageSize: 512 << 10})
+	code, stderr := ferry(t, dir, "bundle", "create", "--quiet", "--release", release, "--mirror", reg.Mirror(),
+		"--cert-dir", reg.CertsDir, "--output", filepath.Join(dir, "out"))
+	if code != 1 || !strings.Contains(stderr, "disk full") || !strings.Contains(stderr, "free space") {
+		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
+	}
+	t.Log(stderr)
+	noBundle(t, filepath.Join(dir, "out"))
+}
