@@ -5,23 +5,6 @@ import (
 	"strings"
 )
 
-// Repository paths in the bundle's registry tree.
-//
-// A bundle stores every image under its original repository name with the
-// registry host removed: quay.io/openshift-release-dev/ocp-v4.0-art-dev is
-// stored, and served by the embedded registry, as the repository
-// openshift-release-dev/ocp-v4.0-art-dev. A node's mirror configuration
-// then maps the prefix quay.io/openshift-release-dev/ocp-v4.0-art-dev to
-// 127.0.0.1:PORT/openshift-release-dev/ocp-v4.0-art-dev, the same path.
-//
-// When two images of one bundle come from different registries under the
-// same path (a.io/team/app and b.io/team/app), both are stored with their
-// host as the first path component instead (a.io/team/app, with ':' in a
-// host:port written as '-'), and so on until no two names share a path.
-// RepoPaths applies the rule to a bundle's names; the bundle writer and the
-// node's mirror configuration both use it, on metadata.AllImages(), so they
-// always agree.
-
 // RepoPath is name (registry/path, no tag or digest) without its registry
 // host: the path a bundle stores it under when no other name collides.
 func RepoPath(name string) string {
@@ -34,8 +17,23 @@ func RepoPath(name string) string {
 }
 
 // RepoPaths maps each distinct repository name of refs (references as in
-// metadata.json: name[:tag]@sha256:…, or bare names) to the path the bundle
-// stores it under (see the rule above).
+// metadata.json: name[:tag]@sha256:…, or bare names) to the repository path
+// a bundle stores it under.
+//
+// The rule: a bundle stores every image under its original repository name
+// with the registry host removed: quay.io/openshift-release-dev/ocp-v4.0-art-dev
+// is stored, and served by the embedded registry, as the repository
+// openshift-release-dev/ocp-v4.0-art-dev. A node's mirror configuration
+// then maps the prefix quay.io/openshift-release-dev/ocp-v4.0-art-dev to
+// 127.0.0.1:PORT/openshift-release-dev/ocp-v4.0-art-dev, the same path.
+// Docker Hub names are docker.io/library/busybox → library/busybox.
+//
+// When two names of one bundle from different registries share a path
+// (a.io/team/app and b.io/team/app), both keep their host as the first
+// path component instead (a.io/team/app; a host:port is written host-port),
+// repeated until no two names share a path. bundle create and the node's
+// mirror configuration both call RepoPaths on metadata.AllImages(), so
+// they always agree.
 func RepoPaths(refs []string) map[string]string {
 	out := map[string]string{}
 	for _, r := range refs {
