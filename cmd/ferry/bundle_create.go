@@ -111,6 +111,10 @@ func runBundleCreate(ctx context.Context, args []string) error {
 		fi, err := os.Stderr.Stat()
 		terminal := err == nil && fi.Mode()&os.ModeCharDevice != 0
 		o.Progress = bundle.ProgressPrinter(os.Stderr, terminal, log, 5*time.Second)
+		if terminal {
+			// Log lines would break the progress line: only warnings.
+			o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		}
 	}
 	res, err := bundle.Create(ctx, o)
 	if err != nil {
