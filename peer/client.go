@@ -25,7 +25,7 @@ func NewClient(token string, hc *http.Client) *Client {
 	if hc == nil {
 		hc = &http.Client{Transport: &http.Transport{
 			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConnsPerHost:   16,
+			MaxIdleConnsPerHost:   4,
 			IdleConnTimeout:       90 * time.Second,
 			ResponseHeaderTimeout: 15 * time.Second,
 			DisableCompression:    true,

@@ -41,7 +41,8 @@ type ServerOptions struct {
 	Status func() Status
 	// Log receives one line per refused or failed request; nil: discard.
 	Log *slog.Logger
-	// MaxConns bounds concurrent connections (Serve); 0: 64.
+	// MaxConns bounds concurrent connections (Serve); 0: 128. A fetcher
+	// keeps up to 4 connections to each peer.
 	MaxConns int
 	// IdleWrite is how long one write of the tar may block before the
 	// connection is dropped; 0: 60s.
@@ -63,7 +64,7 @@ func NewServer(store Store, opts ServerOptions) *Server {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	if opts.MaxConns <= 0 {
-		opts.MaxConns = 64
+		opts.MaxConns = 128
 	}
 	if opts.IdleWrite <= 0 {
 		opts.IdleWrite = 60 * time.Second
@@ -252,7 +253,7 @@ func (s *Server) tar(w http.ResponseWriter, r *http.Request, o Offer) {
 	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
 	w.WriteHeader(status)
 	rc := http.NewResponseController(w)
-	buf := make([]byte, 1<<20)
+	buf := make([]byte, 256<<10)
 	for off, end := start, start+n; off < end; {
 		k := min(int64(len(buf)), end-off)
 		m, err := ra.ReadAt(buf[:k], off)

@@ -122,7 +122,9 @@ type cluster struct {
 func newCluster(t testing.TB, nodes int, rate, size int64) *cluster {
 	t.Helper()
 	lab := New(t, Options{Nodes: nodes, RateBytes: rate})
-	c := &cluster{t: t, lab: lab, bin: peernode(t), size: size}
+	// 1 MiB pieces: 64 of them in the test bundle, enough for the nodes
+	// to share.
+	c := &cluster{t: t, lab: lab, bin: peernode(t), size: size, flags: []string{"-piece-size", "1048576"}}
 	c.bundle, c.digest = makeBundle(t, lab.Dir, size)
 	return c
 }
