@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -107,8 +106,6 @@ type creator struct {
 	prog     progressCounter
 	stopProg chan struct{}
 	progDone chan struct{}
-	fetched  atomic.Int64
-	reused   atomic.Int64
 }
 
 func newCreator(ctx context.Context, o CreateOptions) (*creator, error) {
@@ -369,7 +366,7 @@ func (c *creator) run(ctx context.Context) (*CreateResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	res.BlobsFetched, res.BlobsReused = int(c.fetched.Load()), int(c.reused.Load())
+	res.BlobsFetched, res.BlobsReused = int(c.store.fetched.Load()), int(c.store.reused.Load())
 	res.BytesFetched = c.prog.bytes.Load()
 	res.WorkDir = workDir
 	if !o.KeepWork {
@@ -603,15 +600,8 @@ func (c *creator) copyImage(ctx context.Context, p *imagePlan) error {
 			}
 			return fetchCounter{ReadCloser: rc, n: &c.prog.bytes}, nil
 		}
-		res, err := c.store.ensureBlob(ctx, p.repo, b, open)
-		if err != nil {
+		if err := c.store.ensureBlob(ctx, p.repo, b, open); err != nil {
 			return explain(err, p.ref.host(), "blob "+b.Digest.String()+" of "+p.ref.String())
-		}
-		switch res {
-		case blobFetched:
-			c.fetched.Add(1)
-		case blobReused:
-			c.reused.Add(1)
 		}
 	}
 	for i, m := range p.manifests {

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/distribution/distribution/v3"
@@ -42,6 +43,8 @@ type treeStore struct {
 	linked   map[string]bool        // repo + "@" + digest
 	keep     map[string]bool        // paths below docker/registry/v2 the bundle needs
 	manifest sync.Mutex             // serializes manifest and tag writes
+
+	fetched, reused atomic.Int64 // blobs downloaded, blobs found from an earlier run
 }
 
 func openTreeStore(ctx context.Context, root string) (*treeStore, error) {
@@ -90,53 +93,43 @@ func (s *treeStore) hasManifest(ctx context.Context, repo string, d digest.Diges
 	return ms.Exists(ctx, d)
 }
 
-// blobResult says how ensureBlob got a blob.
-type blobResult int
-
-const (
-	blobLinked  blobResult = iota // already there this run
-	blobReused                    // found in the tree from an earlier run, checked
-	blobFetched                   // downloaded
-)
-
 // ensureBlob makes blob desc present in the tree and linked into repo,
 // downloading it with open only when the tree does not hold it already.
 // Concurrent calls for one digest download it once.
-func (s *treeStore) ensureBlob(ctx context.Context, repo string, desc ocispec.Descriptor, open func() (io.ReadCloser, error)) (blobResult, error) {
+func (s *treeStore) ensureBlob(ctx context.Context, repo string, desc ocispec.Descriptor, open func() (io.ReadCloser, error)) error {
 	s.need(blobDataPath(desc.Digest))
 	s.need(path.Join("repositories", repo, "_layers", desc.Digest.Algorithm().String(), desc.Digest.Encoded(), "link"))
-	res := blobLinked
-	v, err, _ := s.flights.Do("data "+desc.Digest.String(), func() (any, error) {
+	_, err, _ := s.flights.Do("data "+desc.Digest.String(), func() (any, error) {
 		s.mu.Lock()
 		good := s.good[desc.Digest]
 		s.mu.Unlock()
 		if good {
-			return blobLinked, nil
+			return nil, nil
 		}
 		ok, err := s.checkData(desc)
 		if err != nil {
 			return nil, err
 		}
-		r := blobReused
-		if !ok {
+		if ok {
+			s.reused.Add(1)
+		} else {
 			if err := s.fetch(ctx, repo, desc, open); err != nil {
 				return nil, err
 			}
-			r = blobFetched
+			s.fetched.Add(1)
 		}
 		s.mu.Lock()
 		s.good[desc.Digest] = true
 		s.mu.Unlock()
-		return r, nil
+		return nil, nil
 	})
 	if err != nil {
-		return 0, err
+		return err
 	}
-	res = v.(blobResult)
 	_, err, _ = s.flights.Do("link "+repo+"@"+desc.Digest.String(), func() (any, error) {
 		return nil, s.link(ctx, repo, desc)
 	})
-	return res, err
+	return err
 }
 
 // checkData reports whether the tree holds desc's bytes, hashing them. A
