@@ -6,10 +6,13 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/ferry-edge/ferry/bundle"
 )
 
 // DefaultConfigPath is where the agent reads its config when no --config
@@ -96,7 +99,7 @@ func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
 		NodeName: host,
-		Arch:     UnameArch(runtime.GOARCH),
+		Arch:     bundle.UnameArch(runtime.GOARCH),
 		Paths: Paths{
 			StateDir:          "/var/lib/ferry",
 			ExtractDir:        "/var/lib/upgrade",
@@ -117,17 +120,6 @@ func DefaultConfig() Config {
 		Peer:    Peer{Listen: ":8090"},
 		Cluster: Cluster{Schedule: "Automatic"},
 	}
-}
-
-// UnameArch maps a GOARCH to the `uname -m` name bundles use.
-func UnameArch(goarch string) string {
-	switch goarch {
-	case "amd64":
-		return "x86_64"
-	case "arm64":
-		return "aarch64"
-	}
-	return goarch
 }
 
 // ErrConfig marks a config that cannot be used.
@@ -166,13 +158,11 @@ func (c *Config) Validate() error {
 	if c.NodeName == "" {
 		return bad("node_name", "empty and no hostname to default to")
 	}
-	switch c.Arch {
-	case "x86_64", "aarch64", "ppc64le", "s390x":
-	default:
-		return bad("arch", "%q is not x86_64, aarch64, ppc64le or s390x", c.Arch)
+	if !slices.Contains(bundle.Arches, c.Arch) {
+		return bad("arch", "%q is not one of %s", c.Arch, strings.Join(bundle.Arches, ", "))
 	}
 	for i, d := range c.ApprovedDigests {
-		if !isSHA256(strings.TrimPrefix(d, "sha256:")) {
+		if bundle.NormalizeDigest(d) == "" {
 			return bad("approved_digests", "entry %d %q is not a sha256 digest (64 hex digits, optional sha256: prefix)", i, d)
 		}
 	}
@@ -209,21 +199,4 @@ func (c *Config) Validate() error {
 		return bad("cluster.schedule", "%q is not Automatic or Manual", c.Cluster.Schedule)
 	}
 	return nil
-}
-
-func isSHA256(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
-	for _, r := range s {
-		if !(r >= '0' && r <= '9' || r >= 'a' && r <= 'f') {
-			return false
-		}
-	}
-	return true
-}
-
-// WriteConfig prints c as TOML (the effective config).
-func WriteConfig(w io.Writer, c Config) error {
-	return toml.NewEncoder(w).Encode(c)
 }
