@@ -200,3 +200,8 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
+
+// WriteConfig prints c as TOML (the effective config).
+func WriteConfig(w io.Writer, c Config) error {
+	return toml.NewEncoder(w).Encode(c)
+}
