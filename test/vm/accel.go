@@ -7,9 +7,45 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
+
+// ProbeAccelCached is ProbeAccel remembered in cacheDir for this host
+// kernel, KVM module set, qemu binary and guest kernel, so that a host
+// without working KVM pays the probe's budget once, not every run.
+func ProbeAccelCached(ctx context.Context, cacheDir, kernelPath string, budget time.Duration) (string, string) {
+	if a := os.Getenv("FERRY_VM_ACCEL"); a == "kvm" || a == "tcg" {
+		return a, "FERRY_VM_ACCEL=" + a
+	}
+	osrel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	mods, _ := os.ReadFile("/proc/modules")
+	var kvm []string
+	for _, l := range strings.Split(string(mods), "\n") {
+		if strings.HasPrefix(l, "kvm") {
+			kvm = append(kvm, strings.Fields(l)[0])
+		}
+	}
+	q := "no qemu"
+	if p, err := exec.LookPath("qemu-system-x86_64"); err == nil {
+		if st, err := os.Stat(p); err == nil {
+			q = fmt.Sprint(st.Size(), st.ModTime().UnixNano())
+		}
+	}
+	_, kvmErr := os.Stat("/dev/kvm")
+	key := hashStrings(string(osrel), strings.Join(kvm, ","), q, kernelPath, fmt.Sprint(kvmErr == nil))
+	p := filepath.Join(cacheDir, "accel-"+key)
+	if b, err := os.ReadFile(p); err == nil {
+		a, why, _ := strings.Cut(string(b), "\n")
+		return a, why + " (cached in " + p + ")"
+	}
+	a, why := ProbeAccel(ctx, kernelPath, budget)
+	if ctx.Err() == nil {
+		_ = os.WriteFile(p, []byte(a+"\n"+why), 0o644)
+	}
+	return a, why
+}
 
 // ProbeAccel decides between KVM and TCG by booting the guest kernel under
 // KVM with a one-file initramfs that prints a marker. A /dev/kvm that

@@ -102,7 +102,7 @@ func setup(t *testing.T) *env {
 			wg.Wait()
 			return
 		}
-		shared.accel, shared.why = ProbeAccel(ctx, shared.img.Kernel, 10*time.Second)
+		shared.accel, shared.why = ProbeAccelCached(ctx, DefaultCacheDir(), shared.img.Kernel, 10*time.Second)
 		wg.Wait()
 		if binErr != nil {
 			shared.err = binErr

@@ -18,6 +18,7 @@ func TestHarness_GuestBootsWithCRIOAndSeesUSBStick(t *testing.T) {
 	ctx := t.Context()
 	v := e.boot(t, ctx, "harness", Node{Name: "harness", Config: "node_name = \"harness\"\n"}, 2, nil)
 	e.waitReady(t, ctx, v)
+	t.Logf("boot:\n%s", try(t, ctx, v, "systemd-analyze time; systemd-analyze blame | head -12; systemctl --failed --no-legend").Stdout)
 
 	if got := strings.TrimSpace(sh(t, ctx, v, "cat /etc/hostname")); got != "harness" {
 		t.Errorf("hostname from the layer = %q, want harness", got)
