@@ -137,8 +137,21 @@ func (l *Loader) Load(ctx context.Context, req Request) (Result, error) {
 			return res, err
 		}
 	}
-	pulled, skipped, err := l.pullAll(ctx, refs, req.Progress)
-	res.Pulled, res.Skipped = pulled, skipped
+	// One List instead of a status call per image: present and pinned
+	// images are skipped.
+	have, err := l.inventory(ctx)
+	if err != nil {
+		return res, err
+	}
+	var todo []string
+	for _, r := range refs {
+		if !have[r] {
+			todo = append(todo, r)
+		}
+	}
+	res.Skipped = len(refs) - len(todo)
+	pulled, err := l.pullAll(ctx, todo, res.Skipped, len(refs), req.Progress)
+	res.Pulled = pulled
 	if err != nil {
 		return res, err
 	}
@@ -146,7 +159,7 @@ func (l *Loader) Load(ctx context.Context, req Request) (Result, error) {
 		return res, err
 	}
 	res.Elapsed = time.Since(start)
-	log.Info("bundle images loaded and pinned", "IMAGES", len(refs), "PULLED", pulled, "SKIPPED", skipped, "ELAPSED", res.Elapsed.Round(time.Millisecond))
+	log.Info("bundle images loaded and pinned", "IMAGES", len(refs), "PULLED", pulled, "SKIPPED", res.Skipped, "ELAPSED", res.Elapsed.Round(time.Millisecond))
 	return res, nil
 }
 
@@ -292,40 +305,39 @@ func (l *Loader) waitApplied(ctx context.Context, refs []string) error {
 }
 
 // pullAll pulls refs with a bounded pool. One image failing does not stop
-// the others; every failure is named in the error.
-func (l *Loader) pullAll(ctx context.Context, refs []string, progress func(done, total int)) (pulled, skipped int, err error) {
+// the others; every failure is named in the error. Progress counts from
+// offset (images skipped) up to total.
+func (l *Loader) pullAll(ctx context.Context, refs []string, offset, total int, progress func(done, total int)) (pulled int, err error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	jobs := make(chan string)
 	var (
 		mu     sync.Mutex
-		done   int
+		done   = offset
 		failed = map[string]error{}
 		wg     sync.WaitGroup
 	)
 	if progress != nil {
-		progress(0, len(refs))
+		progress(done, total)
 	}
 	for range min(l.workers(), len(refs)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for ref := range jobs {
-				wasPulled, err := l.pullOne(ctx, ref)
+				err := l.pullOne(ctx, ref)
 				mu.Lock()
 				switch {
 				case errors.Is(err, errFatal):
 					cancel(err)
 				case err != nil:
 					failed[ref] = err
-				case wasPulled:
-					pulled++
 				default:
-					skipped++
+					pulled++
 				}
 				done++
 				if progress != nil {
-					progress(done, len(refs))
+					progress(done, total)
 				}
 				mu.Unlock()
 			}
@@ -342,7 +354,7 @@ feed:
 	close(jobs)
 	wg.Wait()
 	if cause := context.Cause(ctx); cause != nil {
-		return pulled, skipped, unfatal(cause)
+		return pulled, unfatal(cause)
 	}
 	if len(failed) > 0 {
 		names := make([]string, 0, len(failed))
@@ -350,10 +362,41 @@ feed:
 			names = append(names, r)
 		}
 		slices.Sort(names)
-		return pulled, skipped, fmt.Errorf("%w: %d of %d images could not be pulled through the embedded registry: %s (first error: %v)",
-			ErrNotLoaded, len(failed), len(refs), strings.Join(names, ", "), failed[names[0]])
+		return pulled, fmt.Errorf("%w: %d of %d images could not be pulled through the embedded registry: %s (first error: %v)",
+			ErrNotLoaded, len(failed), total, strings.Join(names, ", "), failed[names[0]])
 	}
-	return pulled, skipped, nil
+	return pulled, nil
+}
+
+// inventory lists CRI-O's images once: the names (tags and digests) of
+// those present and pinned.
+func (l *Loader) inventory(ctx context.Context) (map[string]bool, error) {
+	for {
+		imgs, err := l.CRI.List(ctx)
+		if errors.Is(err, ErrUnavailable) {
+			if werr := l.waitCRIO(ctx, err); werr != nil {
+				return nil, werr
+			}
+			continue
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			l.log().Debug("cannot list CRI-O's images; checking each", "ERR", err)
+			return map[string]bool{}, nil
+		}
+		l.cameBack()
+		have := map[string]bool{}
+		for _, img := range imgs {
+			if img.Pinned {
+				for _, n := range append(img.RepoTags, img.RepoDigests...) {
+					have[n] = true
+				}
+			}
+		}
+		return have, nil
+	}
 }
 
 // errFatal marks errors that end the whole load (CRI-O gone for too long,
@@ -374,9 +417,9 @@ func unfatal(err error) error {
 	return err
 }
 
-// pullOne pulls ref unless it is present and pinned, retrying failures
-// with backoff and waiting out an unreachable CRI-O.
-func (l *Loader) pullOne(ctx context.Context, ref string) (pulled bool, err error) {
+// pullOne pulls ref, retrying failures with backoff and waiting out an
+// unreachable CRI-O.
+func (l *Loader) pullOne(ctx context.Context, ref string) error {
 	attempts := l.Attempts
 	if attempts <= 0 {
 		attempts = 4
@@ -384,37 +427,31 @@ func (l *Loader) pullOne(ctx context.Context, ref string) (pulled bool, err erro
 	backoff := orDefault(l.Backoff, 500*time.Millisecond)
 	for attempt := 1; ; {
 		if ctx.Err() != nil {
-			return false, fatalError{context.Cause(ctx)}
+			return fatalError{context.Cause(ctx)}
 		}
-		present, pinned, err := l.CRI.Status(ctx, ref)
+		_, err := l.CRI.Pull(ctx, ref)
 		if err == nil {
 			l.cameBack()
-			if present && pinned {
-				return false, nil
-			}
-			_, err = l.CRI.Pull(ctx, ref)
-			if err == nil {
-				return true, nil
-			}
+			return nil
 		}
 		if ctx.Err() != nil {
-			return false, fatalError{context.Cause(ctx)}
+			return fatalError{context.Cause(ctx)}
 		}
 		if errors.Is(err, ErrUnavailable) {
 			if werr := l.waitCRIO(ctx, err); werr != nil {
-				return false, fatalError{werr}
+				return fatalError{werr}
 			}
 			continue
 		}
 		l.cameBack()
 		if !retryable(err) || attempt >= attempts {
-			return false, err
+			return err
 		}
 		wait := min(backoff<<(attempt-1), 8*backoff)
 		l.log().Warn("pull failed; retrying", "IMAGE", ref, "ATTEMPT", attempt, "RETRY_IN", wait, "ERR", err)
 		attempt++
 		if err := sleep(ctx, wait); err != nil {
-			return false, fatalError{err}
+			return fatalError{err}
 		}
 	}
 }
@@ -459,7 +496,19 @@ func (l *Loader) cameBack() {
 func (l *Loader) verify(ctx context.Context, refs []string) error {
 	wait := orDefault(l.PinWait, time.Minute)
 	deadline := time.Now().Add(wait)
-	pending := refs
+	have, err := l.inventory(ctx)
+	if err != nil {
+		return err
+	}
+	var pending []string
+	for _, r := range refs {
+		if !have[r] {
+			pending = append(pending, r)
+		}
+	}
+	if len(pending) == 0 {
+		return nil
+	}
 	repulled := false
 	for {
 		var absent, unpinned []string
@@ -486,7 +535,7 @@ func (l *Loader) verify(ctx context.Context, refs []string) error {
 			// and may drop images: pull those once more.
 			repulled = true
 			l.log().Warn("images missing from CRI-O after their pull; pulling them again", "IMAGES", len(absent))
-			if _, _, err := l.pullAll(ctx, absent, nil); err != nil {
+			if _, err := l.pullAll(ctx, absent, 0, len(absent), nil); err != nil {
 				return err
 			}
 			pending = append(absent, unpinned...)
