@@ -20,9 +20,10 @@ import (
 // pulls, pin checks), against CRI-O's own floor measured in the same run:
 // raw CRI pulls of the same references through the same mirror with 1, 2,
 // 4 and 8 concurrent workers. It reports seconds and the ratios
-// ferry/fastest-raw (must be ≤ 1.1) and ferry/one-by-one.
+// ferry/fastest-raw (must be ≤ 1.1) and ferry/one-by-one, each the best
+// of -benchtime rounds.
 //
-//	go test ./test/crio -run XXX -bench Load -benchtime 1x
+//	go test ./test/crio -run XXX -bench Load -benchtime 2x -timeout 60m
 //
 // FERRY_BENCH_IMAGES changes the bundle size (default 180).
 func BenchmarkLoad(b *testing.B) {
@@ -81,25 +82,14 @@ func BenchmarkLoad(b *testing.B) {
 	}
 	removeAll()
 
-	var sums [5]time.Duration // raw 1, 2, 4, 8, ferry
-	workers := []int{1, 2, 4, 8}
-	b.ResetTimer()
-	for range b.N {
-		for i, w := range workers {
-			b.StopTimer()
-			removeAll()
-			b.StartTimer()
-			sums[i] += rawPull(w)
-		}
-		// ferry from nothing: no drop-ins, no images, registry stopped.
-		b.StopTimer()
+	// ferry from nothing: no drop-ins, no images, registry stopped.
+	ferryLoad := func() time.Duration {
 		if err := setup.Unload(ctx, tb.request()); err != nil {
 			b.Fatal(err)
 		}
 		removeAll()
 		stateDir := filepath.Join(c.Root, "bench-registry")
 		os.RemoveAll(stateDir)
-		b.StartTimer()
 		start := time.Now()
 		reg, err := registry.New(stateDir, 0, nil)
 		if err != nil {
@@ -113,34 +103,63 @@ func BenchmarkLoad(b *testing.B) {
 		if _, err := l.Load(ctx, req); err != nil {
 			b.Fatal(err)
 		}
-		sums[4] += time.Since(start)
-		b.StopTimer()
+		took := time.Since(start)
 		if err := l.Unload(ctx, req); err != nil {
 			b.Fatal(err)
 		}
 		cancel()
 		<-done
-		// Put the test bundle's mirror back for the next round.
+		// Put the test bundle's mirror back for the raw pulls.
 		if _, err := setup.Load(ctx, tb.request()); err != nil {
 			b.Fatal(err)
 		}
-		b.StartTimer()
+		return took
 	}
-	b.StopTimer()
 
-	per := func(d time.Duration) float64 { return d.Seconds() / float64(b.N) }
-	fastest, fw := sums[0], workers[0]
-	for i, w := range workers {
-		if sums[i] < fastest {
-			fastest, fw = sums[i], w
+	// Each round runs every configuration once, in an order rotated from
+	// round to round; the best of the rounds is kept for each (other
+	// work on the machine only ever makes a run slower).
+	const ferryCfg = 4
+	workers := []int{1, 2, 4, 8}
+	best := [5]time.Duration{}
+	b.StopTimer()
+	for round := range b.N {
+		for k := range 5 {
+			cfg := (k + round) % 5
+			var d time.Duration
+			if cfg == ferryCfg {
+				d = ferryLoad()
+			} else {
+				removeAll()
+				d = rawPull(workers[cfg])
+			}
+			b.Logf("round %d: %s %.2fs", round, cfgName(cfg, workers), d.Seconds())
+			if best[cfg] == 0 || d < best[cfg] {
+				best[cfg] = d
+			}
 		}
-		b.ReportMetric(per(sums[i]), fmt.Sprintf("raw%d-s", w))
 	}
-	ferry := sums[4]
+
+	per := func(d time.Duration) float64 { return d.Seconds() }
+	fastest, fw := best[0], workers[0]
+	for i, w := range workers {
+		if best[i] < fastest {
+			fastest, fw = best[i], w
+		}
+		b.ReportMetric(per(best[i]), fmt.Sprintf("raw%d-s", w))
+	}
+	ferry := best[ferryCfg]
 	b.ReportMetric(per(ferry), "ferry-s")
 	b.ReportMetric(ferry.Seconds()/fastest.Seconds(), "ferry/fastest")
-	b.ReportMetric(ferry.Seconds()/sums[0].Seconds(), "ferry/one-by-one")
-	fmt.Printf("P3 load of %d images (%d refs), %d workers by default: ferry %.2fs; raw pulls 1:%.2fs 2:%.2fs 4:%.2fs 8:%.2fs (fastest %d workers); ferry/fastest %.3f (target ≤ 1.1); ferry/one-by-one %.3f\n",
-		len(tb.Images), len(refs), crio.DefaultWorkers(), per(ferry), per(sums[0]), per(sums[1]), per(sums[2]), per(sums[3]), fw,
-		ferry.Seconds()/fastest.Seconds(), ferry.Seconds()/sums[0].Seconds())
+	b.ReportMetric(ferry.Seconds()/best[0].Seconds(), "ferry/one-by-one")
+	fmt.Printf("P3 (best of %d rounds) load of %d images (%d refs), %d workers by default: ferry %.2fs; raw pulls 1:%.2fs 2:%.2fs 4:%.2fs 8:%.2fs (fastest %d workers); ferry/fastest %.3f (target ≤ 1.1); ferry/one-by-one %.3f\n",
+		b.N, len(tb.Images), len(refs), crio.DefaultWorkers(), per(ferry), per(best[0]), per(best[1]), per(best[2]), per(best[3]), fw,
+		ferry.Seconds()/fastest.Seconds(), ferry.Seconds()/best[0].Seconds())
+}
+
+func cfgName(cfg int, workers []int) string {
+	if cfg < len(workers) {
+		return fmt.Sprintf("raw pulls, %d workers", workers[cfg])
+	}
+	return "ferry load"
 }
