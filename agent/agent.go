@@ -44,6 +44,8 @@ type Medium interface {
 // out again.
 type Loader interface {
 	Load(ctx context.Context, meta *bundle.Metadata, dir string, progress func(done, total int)) error
+	// Resume serves a loaded bundle again after a restart (its registry).
+	Resume(ctx context.Context, meta *bundle.Metadata, dir string) error
 	Cleanup(ctx context.Context, meta *bundle.Metadata, dir string) error
 }
 
@@ -58,6 +60,7 @@ type Deps struct {
 	Devices DeviceSource
 	Media   MediaOpener
 	Loader  Loader
+	Peers   Peers
 	Notify  Notifier
 	Log     *slog.Logger
 	Now     func() time.Time
@@ -85,16 +88,17 @@ type Agent struct {
 	retry   *time.Timer
 	backoff time.Duration
 	beat    time.Time // last turn of the main loop, for the watchdog
+	view    view      // the peers, as last polled
 }
 
 type request struct {
-	kind  string // "load", "cleanup"
+	kind  string // "load", "cleanup", "proceed"
 	path  string
 	reply chan error
 }
 
 type jobResult struct {
-	kind string // "extract", "load", "cleanup"
+	kind string // "fetch", "extract", "load"
 	rec  *Record
 	res  *bundle.Result
 	ix   *bundle.Index
@@ -149,6 +153,10 @@ func (a *Agent) Run(ctx context.Context) error {
 			return fmt.Errorf("watching devices: %w", err)
 		}
 	}
+	views := make(chan view)
+	if a.deps.Peers != nil && len(a.cfg.Peer.Peers) > 0 {
+		go a.pollPeers(ctx, 2*time.Second, views)
+	}
 	a.deps.Notify.Ready()
 	a.announce()
 	defer a.stopJob()
@@ -174,6 +182,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			req.reply <- a.onRequest(ctx, req)
 		case r := <-a.done:
 			a.onJobDone(ctx, r)
+		case v := <-views:
+			a.onView(ctx, v)
 		case <-retry:
 			a.retry = nil
 			a.next(ctx)
@@ -228,6 +238,14 @@ func (a *Agent) resume(ctx context.Context) error {
 		a.update(r, PhaseDetected, "interrupted before the copy finished: plug the stick in again", Progress{})
 		return nil
 	}
+	if r.Phase != PhaseFetching {
+		a.share(r)
+	}
+	if (r.Phase == PhaseLoaded || r.Phase == PhaseClusterReady) && a.deps.Loader != nil {
+		if err := a.deps.Loader.Resume(ctx, r.Metadata, r.Dir); err != nil {
+			a.log.Error("cannot serve the loaded bundle again", "bundle", r.Name, "err", err)
+		}
+	}
 	a.next(ctx)
 	return nil
 }
@@ -241,12 +259,20 @@ func (a *Agent) next(ctx context.Context) {
 		return
 	}
 	switch r.Phase {
+	case PhaseFetching:
+		a.startFetch(ctx, r)
 	case PhaseExtracted, PhaseLoading:
-		if a.deps.Loader != nil {
-			a.startLoad(ctx, r)
+		if a.deps.Loader == nil {
+			return
 		}
-	case PhaseFailed:
-		// not active: nothing to do
+		if ok, why := a.peersAgree(r); !ok {
+			if r.Reason != why {
+				a.log.Info("not loading yet", "phase", string(r.Phase), "bundle", r.Name, "reason", why)
+				a.update(r, r.Phase, why, r.Progress)
+			}
+			return
+		}
+		a.startLoad(ctx, r)
 	}
 }
 
@@ -379,6 +405,10 @@ func (a *Agent) startFile(ctx context.Context, path string) error {
 }
 
 func (a *Agent) startExtract(ctx context.Context, r *Record, src bundle.Source, device string, m Medium) {
+	a.startExtractWith(ctx, r, src, device, m, a.policy)
+}
+
+func (a *Agent) startExtractWith(ctx context.Context, r *Record, src bundle.Source, device string, m Medium, pol bundle.Policy) {
 	jctx, cancel := context.WithCancel(ctx)
 	a.mu.Lock()
 	a.busy, a.jobStop, a.jobDev, a.medium = "extract", cancel, device, m
@@ -387,7 +417,7 @@ func (a *Agent) startExtract(ctx context.Context, r *Record, src bundle.Source, 
 	a.log.Info("verifying and extracting", "phase", "verifying", "bundle", r.Name, "device", device)
 	go func() {
 		var ix bundle.Index
-		opts := bundle.Options{Policy: a.policy, Sync: true, Index: &ix, Log: a.log,
+		opts := bundle.Options{Policy: pol, Sync: true, Index: &ix, Log: a.log,
 			Progress: a.throttle(r, "bytes")}
 		res, err := bundle.Extract(jctx, src, r.Dir, opts)
 		a.done <- jobResult{kind: "extract", rec: r, res: res, ix: &ix, err: err}
@@ -445,6 +475,8 @@ func (a *Agent) onJobDone(ctx context.Context, j jobResult) {
 	}
 	r := j.rec
 	switch j.kind {
+	case "fetch":
+		a.fetchDone(ctx, r, j.err)
 	case "extract":
 		a.extractDone(ctx, r, j)
 	case "load":
@@ -456,7 +488,7 @@ func (a *Agent) onJobDone(ctx context.Context, j jobResult) {
 			reason := fmt.Sprintf("loading failed, retrying in %s: %v", a.backoff, j.err)
 			a.log.Error("loading failed", "phase", string(PhaseLoading), "bundle", r.Name, "err", j.err)
 			a.update(r, PhaseLoading, reason, r.Progress)
-			a.retry = time.NewTimer(a.backoff)
+			a.retryIn(a.backoff)
 			return
 		}
 		a.backoff = 0
@@ -465,7 +497,17 @@ func (a *Agent) onJobDone(ctx context.Context, j jobResult) {
 	}
 }
 
+func (a *Agent) retryIn(d time.Duration) {
+	if a.retry != nil {
+		a.retry.Stop()
+	}
+	a.retry = time.NewTimer(d)
+}
+
 func (a *Agent) extractDone(ctx context.Context, r *Record, j jobResult) {
+	if r.Origin == "peer" && (j.err == nil || bundle.IsRefusal(j.err)) {
+		defer a.removeIncoming(r)
+	}
 	if j.err != nil {
 		if bundle.IsRefusal(j.err) {
 			a.mu.Lock()
@@ -496,6 +538,7 @@ func (a *Agent) extractDone(ctx context.Context, r *Record, j jobResult) {
 		}
 	}
 	a.update(r, PhaseExtracted, "", Progress{Done: j.res.TarSize, Total: j.res.TarSize, Unit: "bytes"})
+	a.share(r)
 	a.mu.Lock()
 	a.lastBad = nil
 	a.mu.Unlock()
@@ -531,6 +574,8 @@ func (a *Agent) onRequest(ctx context.Context, req request) error {
 		return a.startFile(ctx, req.path)
 	case "cleanup":
 		return a.cleanup(ctx)
+	case "proceed":
+		return a.proceed(ctx)
 	}
 	return fmt.Errorf("unknown request %q", req.kind)
 }
@@ -558,6 +603,9 @@ func (a *Agent) cleanup(ctx context.Context) error {
 		if err := os.RemoveAll(r.Dir); err != nil {
 			return err
 		}
+	}
+	if a.deps.Peers != nil {
+		a.deps.Peers.Unshare(r.Digest)
 	}
 	os.Remove(a.store.IndexPath(r.ID))
 	a.update(r, PhaseCleaned, "", Progress{})

@@ -80,6 +80,8 @@ func (l *fakeLoader) Load(_ context.Context, m *bundle.Metadata, dir string, pro
 	return nil
 }
 
+func (l *fakeLoader) Resume(context.Context, *bundle.Metadata, string) error { return nil }
+
 func (l *fakeLoader) Cleanup(context.Context, *bundle.Metadata, string) error {
 	l.mu.Lock()
 	l.cleanups++
@@ -102,6 +104,7 @@ func (l *lines) Status(s string) {
 		l.all = append(l.all, s)
 	}
 }
+
 // seen polls briefly: the line follows the state by a moment.
 func (l *lines) seen(sub string) bool {
 	for range 200 {
@@ -125,6 +128,7 @@ type harness struct {
 	media  *fakeMedia
 	loader *fakeLoader
 	lines  *lines
+	peers  Peers
 	agent  *Agent
 	cancel context.CancelFunc
 	done   chan error
@@ -144,7 +148,7 @@ func newHarness(t *testing.T, root string) *harness {
 func (h *harness) start() {
 	h.t.Helper()
 	clock := time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)
-	a, err := New(h.cfg, Deps{Devices: h.dev, Media: h.media, Loader: h.loader, Notify: h.lines,
+	a, err := New(h.cfg, Deps{Devices: h.dev, Media: h.media, Loader: h.loader, Notify: h.lines, Peers: h.peers,
 		Now: func() time.Time { return clock }})
 	if err != nil {
 		h.t.Fatal(err)
@@ -180,6 +184,19 @@ func (h *harness) waitPhase(p Phase) Status {
 		time.Sleep(5 * time.Millisecond)
 	}
 	h.t.Fatalf("phase %s never reached; status %+v", p, h.agent.Status())
+	return Status{}
+}
+
+func (h *harness) waitReason(sub string) Status {
+	h.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if s := h.agent.Status(); strings.Contains(s.Reason, sub) {
+			return s
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	h.t.Fatalf("reason %q never seen; status %+v", sub, h.agent.Status())
 	return Status{}
 }
 

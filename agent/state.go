@@ -61,6 +61,8 @@ type Record struct {
 	// Plugged is true on the node where the stick was plugged: it runs the
 	// cluster hook.
 	Plugged bool `json:"plugged,omitempty"`
+	// Hook is the on_ready hook's run, once started.
+	Hook *HookRun `json:"hook,omitempty"`
 }
 
 // Store keeps records as one JSON file each, written atomically.
@@ -158,6 +160,10 @@ func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
 // clone copies r deeply enough to be read without the agent's lock.
 func (r *Record) clone() *Record {
 	c := *r
+	if r.Hook != nil {
+		h := *r.Hook
+		c.Hook = &h
+	}
 	c.Times = make(map[Phase]time.Time, len(r.Times))
 	for k, v := range r.Times {
 		c.Times[k] = v

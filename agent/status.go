@@ -59,6 +59,9 @@ func (a *Agent) Status() Status {
 	for _, r := range a.records {
 		s.Bundles = append(s.Bundles, *r.clone())
 	}
+	if strings.HasPrefix(s.Reason, "conflict") {
+		s.Healthy = false
+	}
 	s.Line = statusLine(s)
 	return s
 }
@@ -83,7 +86,11 @@ func statusLine(s Status) string {
 		}
 		return "fetching " + name + " from peers"
 	case PhaseExtracted:
-		return fmt.Sprintf("extracted %s (%s): the stick can be unplugged", name, shortDigest(s.Digest))
+		line := fmt.Sprintf("extracted %s (%s): the stick can be unplugged", name, shortDigest(s.Digest))
+		if s.Reason != "" {
+			line += " — " + s.Reason
+		}
+		return line
 	case PhaseLoading:
 		line := "loading " + s.Version
 		if p := s.Progress; p != nil {
@@ -157,6 +164,10 @@ func (a *Agent) ServeStatus(ctx context.Context, path string) error {
 			writeJSON(w, http.StatusOK, a.Status())
 		}
 	}
+	mux.HandleFunc("GET /v1/cluster", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, a.Cluster())
+	})
+	mux.HandleFunc("POST /v1/proceed", act("proceed"))
 	mux.HandleFunc("POST /v1/load", act("load"))
 	mux.HandleFunc("POST /v1/cleanup", act("cleanup"))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
@@ -201,6 +212,16 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 	return c.call(ctx, http.MethodGet, "/v1/status")
 }
 
+// Cluster asks the agent for every node's phase.
+func (c *Client) Cluster(ctx context.Context) (ClusterStatus, error) {
+	var cs ClusterStatus
+	b, err := c.raw(ctx, http.MethodGet, "/v1/cluster")
+	if err != nil {
+		return cs, err
+	}
+	return cs, json.Unmarshal(b, &cs)
+}
+
 // Do asks the agent to load a file ("load", path) or clean up ("cleanup").
 func (c *Client) Do(ctx context.Context, kind, path string) (Status, error) {
 	u := "/v1/" + kind
@@ -212,23 +233,31 @@ func (c *Client) Do(ctx context.Context, kind, path string) (Status, error) {
 
 func (c *Client) call(ctx context.Context, method, path string) (Status, error) {
 	var s Status
-	req, err := http.NewRequestWithContext(ctx, method, "http://ferry"+path, nil)
+	b, err := c.raw(ctx, method, path)
 	if err != nil {
 		return s, err
 	}
+	return s, json.Unmarshal(b, &s)
+}
+
+func (c *Client) raw(ctx context.Context, method, path string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, "http://ferry"+path, nil)
+	if err != nil {
+		return nil, err
+	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return s, fmt.Errorf("%w (%v): start it with 'systemctl start ferry'", ErrNotRunning, err)
+		return nil, fmt.Errorf("%w (%v): start it with 'systemctl start ferry'", ErrNotRunning, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return s, err
+		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
 		var e struct{ Error string }
 		json.Unmarshal(b, &e)
-		return s, errors.New(e.Error)
+		return nil, errors.New(e.Error)
 	}
-	return s, json.Unmarshal(b, &s)
+	return b, nil
 }

@@ -1,0 +1,240 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/bundletest"
+	"github.com/ferry-edge/ferry/peer"
+)
+
+// fakePeers serves offers and statuses the test sets; Fetch copies a tar
+// the test provides.
+type fakePeers struct {
+	mu       sync.Mutex
+	offers   []peer.PeerOffer
+	statuses map[string]peer.PeerStatus
+	tars     map[string]string // digest → tar path
+	fetched  int
+	shared   map[string]int64
+}
+
+func newFakePeers() *fakePeers {
+	return &fakePeers{statuses: map[string]peer.PeerStatus{}, tars: map[string]string{}, shared: map[string]int64{}}
+}
+
+func (f *fakePeers) Share(d string, _ []byte, r io.ReaderAt, size int64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.shared[d] = size
+	return nil
+}
+func (f *fakePeers) Unshare(d string) { f.mu.Lock(); delete(f.shared, d); f.mu.Unlock() }
+func (f *fakePeers) Discover(context.Context) ([]peer.PeerOffer, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]peer.PeerOffer(nil), f.offers...), nil
+}
+func (f *fakePeers) Fetch(_ context.Context, d, dest string, p func(peer.Progress)) error {
+	f.mu.Lock()
+	src := f.tars[d]
+	f.fetched++
+	f.mu.Unlock()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	p(peer.Progress{Done: int64(len(b)), Total: int64(len(b))})
+	return os.WriteFile(dest, b, 0o600)
+}
+func (f *fakePeers) Statuses(context.Context) map[string]peer.PeerStatus {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]peer.PeerStatus{}
+	for k, v := range f.statuses {
+		out[k] = v
+	}
+	return out
+}
+func (f *fakePeers) set(addr string, s peer.Status) {
+	f.mu.Lock()
+	f.statuses[addr] = peer.PeerStatus{Status: s}
+	f.mu.Unlock()
+}
+
+// offer makes the fake peer at addr offer the bundle at tarPath.
+func (f *fakePeers) offer(t *testing.T, addr, tarPath, digest string) {
+	m, err := bundle.InspectFile(tarPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, _ := json.Marshal(m)
+	f.mu.Lock()
+	f.offers = append(f.offers, peer.PeerOffer{Peer: addr, Offer: peer.Offer{Digest: digest, Metadata: mb, Size: 1, Complete: true}})
+	f.tars[digest] = tarPath
+	f.mu.Unlock()
+}
+
+func clusterHarness(t *testing.T) (*harness, *fakePeers) {
+	h := newHarness(t, t.TempDir())
+	h.cfg.Peer.Peers = []string{"10.0.0.2:8090"}
+	p := newFakePeers()
+	h.peers = p
+	return h, p
+}
+
+func TestCluster_FetchesFromPeerThenWaitsForAgreementBeforeLoading(t *testing.T) {
+	h, p := clusterHarness(t)
+	tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "extracted", Digest: digest})
+	p.offer(t, "10.0.0.2:8090", tarPath, digest)
+	h.start()
+	s := h.waitPhase(PhaseLoaded)
+	if s.Digest != digest {
+		t.Fatal(s.Digest)
+	}
+	p.mu.Lock()
+	shared := p.shared[digest]
+	p.mu.Unlock()
+	if shared == 0 {
+		t.Error("the fetched bundle is not re-served")
+	}
+	if ents, _ := os.ReadDir(filepath.Join(h.cfg.Paths.StateDir, "incoming")); len(ents) != 0 {
+		t.Errorf("incoming tar kept: %s", ents[0].Name())
+	}
+	rec := h.agent.Status()
+	if rec.Phase != string(PhaseLoaded) {
+		t.Fatal(rec.Phase)
+	}
+}
+
+func TestCluster_TwoDifferentBundlesOfferedIsAConflictAndNothingIsFetched(t *testing.T) {
+	h, p := clusterHarness(t)
+	h.cfg.Peer.Peers = []string{"10.0.0.2:8090", "10.0.0.3:8090"}
+	a, da := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+	b, db := bundletest.Write(t, t.TempDir(), bundletest.Options{Version: "4.13.8"})
+	p.offer(t, "10.0.0.2:8090", a, da)
+	p.offer(t, "10.0.0.3:8090", b, db)
+	h.start()
+	h.waitPhase(PhaseConflict)
+	if s := h.agent.Status(); !strings.Contains(s.Line, "different bundles") {
+		t.Fatal(s.Line)
+	}
+	p.mu.Lock()
+	n := p.fetched
+	p.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("fetched %d times", n)
+	}
+}
+
+func TestCluster_PeerHoldingAnotherBundleBlocksLoading(t *testing.T) {
+	h, p := clusterHarness(t)
+	h.start()
+	src, digest := stick(t, bundletest.Options{})
+	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "extracted", Digest: "sha256:" + strings.Repeat("9", 64), Version: "4.13.8"})
+	h.plug("/dev/sda", src)
+	s := h.waitReason("conflict: node b holds another bundle")
+	if s.Phase != string(PhaseExtracted) || s.Digest != digest {
+		t.Fatalf("%+v", s)
+	}
+	if len(h.loader.loads) != 0 {
+		t.Fatal("loaded despite the conflict")
+	}
+}
+
+func TestCluster_GateRunsTheHookOnceWhereTheStickWasPlugged(t *testing.T) {
+	h, p := clusterHarness(t)
+	marker := filepath.Join(t.TempDir(), "hook.out")
+	h.cfg.Cluster.OnReady = []string{"/bin/sh", "-c", `echo "$FERRY_RELEASE" >> ` + marker}
+	h.start()
+	src, digest := stick(t, bundletest.Options{})
+	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "extracted", Digest: digest})
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseLoaded)
+	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "loaded", Digest: digest})
+	h.waitPhase(PhaseClusterReady)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, _ := os.ReadFile(marker); len(b) > 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(2500 * time.Millisecond) // another poll must not run it again
+	b, _ := os.ReadFile(marker)
+	if got := strings.Count(string(b), "quay.io/openshift-release-dev/ocp-release@sha256:"); got != 1 {
+		t.Fatalf("hook ran %d times: %q", got, b)
+	}
+	// A restart does not run it again either.
+	h.stop()
+	h2 := newHarness(t, filepath.Dir(h.cfg.Paths.StateDir))
+	h2.cfg = h.cfg
+	h2.peers = p
+	h2.start()
+	h2.waitPhase(PhaseClusterReady)
+	time.Sleep(2500 * time.Millisecond)
+	b, _ = os.ReadFile(marker)
+	if got := strings.Count(string(b), "\n"); got != 1 {
+		t.Fatalf("hook ran %d times after a restart", got)
+	}
+}
+
+func TestCluster_ManualScheduleWaitsForProceed(t *testing.T) {
+	h, p := clusterHarness(t)
+	marker := filepath.Join(t.TempDir(), "hook.out")
+	h.cfg.Cluster.Schedule = "Manual"
+	h.cfg.Cluster.OnReady = []string{"/bin/sh", "-c", "echo ran >> " + marker}
+	h.start()
+	src, digest := stick(t, bundletest.Options{})
+	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "loaded", Digest: digest})
+	if err := h.agent.Request(t.Context(), "proceed", ""); err == nil {
+		t.Fatal("proceed accepted before the cluster is ready")
+	}
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseClusterReady)
+	time.Sleep(2500 * time.Millisecond)
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("Manual schedule ran the hook by itself")
+	}
+	must(t, h.agent.Request(t.Context(), "proceed", ""))
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, _ := os.ReadFile(marker); string(b) == "ran\n" {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if b, _ := os.ReadFile(marker); string(b) != "ran\n" {
+		t.Fatalf("hook output %q", b)
+	}
+	if err := h.agent.Request(t.Context(), "proceed", ""); err == nil {
+		t.Fatal("proceed ran the hook a second time")
+	}
+}
+
+func TestCluster_UnapprovedPeerBundleIsNotFetched(t *testing.T) {
+	h, p := clusterHarness(t)
+	h.cfg.ApprovedDigests = []string{"sha256:" + strings.Repeat("1", 64)}
+	tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+	p.offer(t, "10.0.0.2:8090", tarPath, digest)
+	h.start()
+	s := h.waitPhase(PhaseRejected)
+	if !strings.Contains(s.Reason, "approved_digests") {
+		t.Fatal(s.Reason)
+	}
+	p.mu.Lock()
+	n := p.fetched
+	p.mu.Unlock()
+	if n != 0 {
+		t.Fatal("fetched an unapproved bundle")
+	}
+}
