@@ -389,9 +389,15 @@ func (a *Agent) reportConflict(reason string) {
 
 // ClusterStatus is `ferry status --cluster`.
 type ClusterStatus struct {
-	Self     peer.Status                `json:"self"`
-	Peers    map[string]peer.PeerStatus `json:"peers"`
-	Decision peer.Decision              `json:"decision"`
+	Self     peer.Status            `json:"self"`
+	Peers    map[string]ClusterNode `json:"peers"`
+	Decision peer.Decision          `json:"decision"`
+}
+
+// ClusterNode is one peer as last polled.
+type ClusterNode struct {
+	peer.Status
+	Unreachable string `json:"unreachable,omitempty"`
 }
 
 // Cluster reports every node's phase as last polled.
@@ -400,7 +406,15 @@ func (a *Agent) Cluster() ClusterStatus {
 	v := a.view
 	a.mu.Unlock()
 	self := a.PeerStatus()
-	return ClusterStatus{Self: self, Peers: v.statuses, Decision: peer.Decide(self, v.statuses)}
+	cs := ClusterStatus{Self: self, Peers: map[string]ClusterNode{}, Decision: peer.Decide(self, v.statuses)}
+	for addr, st := range v.statuses {
+		n := ClusterNode{Status: st.Status}
+		if st.Err != nil {
+			n.Unreachable = st.Err.Error()
+		}
+		cs.Peers[addr] = n
+	}
+	return cs
 }
 
 // logWriter sends a child's output to the log line by line.

@@ -22,6 +22,9 @@ var (
 	agentConfig  = configFlag(agentFlags)
 	statusFlags  = newFlagSet("status", "")
 	statusJSON   = statusFlags.Bool("json", false, "print the full status as JSON")
+	statusAll    = statusFlags.Bool("cluster", false, "show every node's phase and the cluster gate")
+	proceedFlags = newFlagSet("proceed", "")
+	proceedConf  = configFlag(proceedFlags)
 	statusConfig = configFlag(statusFlags)
 	checkFlags   = newFlagSet("config check", "")
 	checkConfig  = configFlag(checkFlags)
@@ -40,6 +43,7 @@ func init() {
 	register(&command{name: "status", summary: "show what the agent is doing", run: runStatus})
 	register(&command{name: "config check", summary: "validate a config file and print the effective config", run: runConfigCheck})
 	register(&command{name: "load", summary: "give the agent a bundle file instead of a stick", run: runLoad})
+	register(&command{name: "proceed", summary: "run the on_ready hook now (schedule = \"Manual\")", run: runProceed})
 	register(&command{name: "cleanup", summary: "unpin and remove the active bundle", run: runCleanup})
 }
 
@@ -79,11 +83,21 @@ func runAgent(ctx context.Context, args []string) error {
 	if deps.Loader, err = newLoader(cfg, log); err != nil {
 		return err
 	}
+	p, servePeers, err := newPeers(cfg, log)
+	if err != nil {
+		return err
+	}
+	if p != nil {
+		deps.Peers = p
+	}
 	a, err := agent.New(cfg, deps)
 	if err != nil {
 		return usageErr{err}
 	}
 	g, ctx := errgroup.WithContext(ctx)
+	if servePeers != nil {
+		g.Go(func() error { return servePeers(ctx, a) })
+	}
 	g.Go(func() error { return a.ServeStatus(ctx, cfg.Paths.Socket) })
 	g.Go(func() error { return systemd.Watchdog(ctx, a.Alive, log) })
 	g.Go(func() error { return a.Run(ctx) })
@@ -153,6 +167,9 @@ func runStatus(ctx context.Context, args []string) error {
 	cfg, err := loadConfig(*cfgPath)
 	if err != nil {
 		return err
+	}
+	if *statusAll {
+		return clusterStatus(ctx, cfg, *asJSON)
 	}
 	s, err := agent.NewClient(cfg.Paths.Socket).Status(ctx)
 	if err != nil {
@@ -253,3 +270,55 @@ func absPath(p string) (string, error) {
 
 // newLoader is replaced when the CRI-O loader is wired in.
 var newLoader = func(cfg agent.Config, log any) (agent.Loader, error) { return nil, nil }
+
+func clusterStatus(ctx context.Context, cfg agent.Config, asJSON bool) error {
+	cs, err := agent.NewClient(cfg.Paths.Socket).Cluster(ctx)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(cs)
+	} else {
+		fmt.Printf("%-24s %-14s %-20s %s\n", "NODE", "PHASE", "DIGEST", "NOTE")
+		row := func(name, phase, digest, note string) {
+			if len(digest) > 19 {
+				digest = digest[:19]
+			}
+			fmt.Printf("%-24s %-14s %-20s %s\n", name, phase, digest, note)
+		}
+		row(cs.Self.Node+" (this node)", cs.Self.Phase, cs.Self.Digest, cs.Self.Error)
+		for addr, p := range cs.Peers {
+			name := p.Node
+			if name == "" {
+				name = addr
+			}
+			note := p.Error
+			if p.Unreachable != "" {
+				note = "unreachable: " + p.Unreachable
+			}
+			row(name, p.Phase, p.Digest, note)
+		}
+		fmt.Printf("\ncluster: %s — %s\n", cs.Decision.Verdict, cs.Decision.Reason)
+	}
+	if cs.Decision.Verdict == "conflict" {
+		return fmt.Errorf("%s", cs.Decision.Reason)
+	}
+	return nil
+}
+
+func runProceed(ctx context.Context, args []string) error {
+	if _, err := parseArgs(proceedFlags, args); err != nil {
+		return err
+	}
+	cfg, err := loadConfig(*proceedConf)
+	if err != nil {
+		return err
+	}
+	if _, err := agent.NewClient(cfg.Paths.Socket).Do(ctx, "proceed", ""); err != nil {
+		return err
+	}
+	fmt.Println("on_ready hook started; its output goes to the journal: journalctl -u ferry PHASE=hook")
+	return nil
+}

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/peer"
+)
+
+// peers joins the shelf (what this node serves) and the fetcher (what it
+// gets) behind agent.Peers.
+type peers struct {
+	*peer.Shelf
+	*peer.Fetcher
+}
+
+func (p peers) Share(digest string, meta []byte, r io.ReaderAt, size int64) error {
+	return p.Shelf.Add(digest, meta, r, size)
+}
+
+func (p peers) Unshare(digest string) { p.Shelf.Remove(digest) }
+
+// newPeers builds the peer side; serve runs its HTTP server until ctx ends
+// (nil when no listen address is configured).
+func newPeers(cfg agent.Config, log *slog.Logger) (agent.Peers, func(ctx context.Context, a *agent.Agent) error, error) {
+	if cfg.Peer.Listen == "" && len(cfg.Peer.Peers) == 0 {
+		return nil, nil, nil
+	}
+	token := ""
+	if cfg.Peer.TokenFile != "" {
+		b, err := os.ReadFile(cfg.Peer.TokenFile)
+		if err != nil {
+			return nil, nil, usageError("peer.token_file: %v", err)
+		}
+		token = strings.TrimSpace(string(b))
+		if token == "" {
+			return nil, nil, usageError("peer.token_file %s is empty", cfg.Peer.TokenFile)
+		}
+	}
+	shelf := peer.NewShelf(peer.ShelfOptions{CacheDir: filepath.Join(cfg.Paths.StateDir, "pieces"), Log: log})
+	f := peer.NewFetcher(peer.FetcherOptions{Peers: cfg.Peer.Peers, Token: token, Shelf: shelf, Log: log})
+	var serve func(ctx context.Context, a *agent.Agent) error
+	if cfg.Peer.Listen != "" {
+		serve = func(ctx context.Context, a *agent.Agent) error {
+			defer shelf.Close()
+			srv := peer.NewServer(shelf, peer.ServerOptions{Token: token, Status: a.PeerStatus, Log: log})
+			if err := srv.ListenAndServe(ctx, cfg.Peer.Listen); err != nil {
+				return fmt.Errorf("peer server on %s: %w", cfg.Peer.Listen, err)
+			}
+			return nil
+		}
+	}
+	return peers{shelf, f}, serve, nil
+}
