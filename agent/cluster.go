@@ -245,9 +245,11 @@ func (a *Agent) peersAgree(r *Record) (bool, string) {
 		return false, "waiting to hear from the peers"
 	}
 	var waiting []string
-	for _, p := range sortedKeys(v.statuses) {
-		st := v.statuses[p]
+	for _, p := range a.cfg.Peer.Peers {
+		st, heard := v.statuses[p]
 		switch {
+		case !heard:
+			waiting = append(waiting, p+" (not heard from yet)")
 		case st.Err != nil:
 			waiting = append(waiting, p+" (unreachable)")
 		case st.Digest != "" && st.Digest != r.Digest && st.Phase != peer.PhaseRejected && st.Phase != peer.PhaseCleaned && st.Phase != peer.PhaseIdle:
@@ -267,15 +269,6 @@ func nameOf(addr string, st peer.PeerStatus) string {
 		return st.Node
 	}
 	return addr
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
 }
 
 // gate moves a loaded node to cluster-ready once every node is loaded with
