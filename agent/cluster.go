@@ -274,6 +274,11 @@ func nameOf(addr string, st peer.PeerStatus) string {
 // gate moves a loaded node to cluster-ready once every node is loaded with
 // the same bundle, and runs the hook once where the stick was plugged.
 func (a *Agent) gate(ctx context.Context, r *Record, v view) {
+	for _, p := range a.cfg.Peer.Peers {
+		if _, heard := v.statuses[p]; !heard {
+			return
+		}
+	}
 	d := peer.Decide(a.PeerStatus(), v.statuses)
 	if a.deps.Peers == nil || len(a.cfg.Peer.Peers) == 0 {
 		d = peer.Decision{Verdict: peer.Ready, Digest: r.Digest}
