@@ -494,6 +494,10 @@ func (a *Agent) onJobDone(ctx context.Context, j jobResult) {
 		a.backoff = 0
 		a.update(r, PhaseLoaded, "", r.Progress)
 		a.log.Info("loaded: every image is present and pinned", "phase", string(PhaseLoaded), "bundle", r.Name, "digest", r.Digest)
+		a.mu.Lock()
+		v := a.view
+		a.mu.Unlock()
+		a.gate(ctx, r, v)
 	}
 }
 

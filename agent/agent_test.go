@@ -214,7 +214,7 @@ func TestAgent_StickToLoaded(t *testing.T) {
 	h.start()
 	src, digest := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
-	s := h.waitPhase(PhaseLoaded)
+	s := h.waitPhase(PhaseClusterReady)
 	if s.Digest != digest || s.Version != "4.13.7" {
 		t.Fatalf("status %+v", s)
 	}
@@ -224,7 +224,7 @@ func TestAgent_StickToLoaded(t *testing.T) {
 	if h.media.opened() != 0 {
 		t.Error("stick left mounted")
 	}
-	for _, want := range []string{"waiting for an upgrade stick", "extracted upgrade-4.13.7-x86_64.tar", "loaded 4.13.7: 2 images pinned"} {
+	for _, want := range []string{"waiting for an upgrade stick", "extracted upgrade-4.13.7-x86_64.tar", "cluster-ready 4.13.7"} {
 		if !h.lines.seen(want) {
 			t.Errorf("no status line with %q", want)
 		}
@@ -245,11 +245,11 @@ func TestAgent_SameBundleTwiceIsNotProcessedAgain(t *testing.T) {
 	h.start()
 	src, _ := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
-	h.waitPhase(PhaseLoaded)
+	h.waitPhase(PhaseClusterReady)
 	second, _ := stick(t, bundletest.Options{}) // a copy on another stick
 	h.plug("/dev/sdb", second)
 	h.plug("/dev/sdb", second) // and a stray change event
-	h.waitPhase(PhaseLoaded)
+	h.waitPhase(PhaseClusterReady)
 	h.stop()
 	if n := len(h.loader.loads); n != 1 {
 		t.Fatalf("loaded %d times", n)
@@ -261,7 +261,7 @@ func TestAgent_DifferentSecondBundleIsAConflict(t *testing.T) {
 	h.start()
 	src, digest := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
-	h.waitPhase(PhaseLoaded)
+	h.waitPhase(PhaseClusterReady)
 	other, _ := stick(t, bundletest.Options{Version: "4.13.8"})
 	h.plug("/dev/sdb", other)
 	deadline := time.Now().Add(5 * time.Second)
@@ -269,7 +269,7 @@ func TestAgent_DifferentSecondBundleIsAConflict(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	s := h.agent.Status()
-	if s.Phase != string(PhaseLoaded) || s.Digest != digest || !strings.Contains(s.Error, "upgrade-4.13.8-x86_64.tar differs") {
+	if s.Phase != string(PhaseClusterReady) || s.Digest != digest || !strings.Contains(s.Error, "upgrade-4.13.8-x86_64.tar differs") {
 		t.Fatalf("status %+v", s)
 	}
 	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.8-x86_64")); !os.IsNotExist(err) {
@@ -309,12 +309,12 @@ func TestAgent_ResumesAfterRestart(t *testing.T) {
 	h.start()
 	src, digest := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
-	h.waitPhase(PhaseLoaded)
+	h.waitPhase(PhaseClusterReady)
 	h.stop()
 
 	h2 := newHarness(t, root)
 	h2.start()
-	s := h2.waitPhase(PhaseLoaded)
+	s := h2.waitPhase(PhaseClusterReady)
 	h2.stop()
 	if s.Digest != digest || len(h2.loader.loads) != 0 {
 		t.Fatalf("after restart: %+v, %d loads", s, len(h2.loader.loads))
@@ -349,7 +349,7 @@ func TestAgent_InterruptedExtractionIsRedoneFromTheStick(t *testing.T) {
 		t.Fatal("staging dir kept")
 	}
 	h.plug("/dev/sda", src)
-	s = h.waitPhase(PhaseLoaded)
+	s = h.waitPhase(PhaseClusterReady)
 	if s.Digest != digest {
 		t.Fatal(s.Digest)
 	}
@@ -370,10 +370,10 @@ func TestAgent_LoadFailureIsRetried(t *testing.T) {
 	}
 	// The retry timer fires after the backoff (5 s); the test waits for it.
 	deadline = time.Now().Add(15 * time.Second)
-	for h.agent.Status().Phase != string(PhaseLoaded) && time.Now().Before(deadline) {
+	for h.agent.Status().Phase != string(PhaseClusterReady) && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if h.agent.Status().Phase != string(PhaseLoaded) {
+	if h.agent.Status().Phase != string(PhaseClusterReady) {
 		t.Fatal("never loaded after the retry")
 	}
 }
@@ -383,7 +383,7 @@ func TestAgent_CleanupRemovesTheBundle(t *testing.T) {
 	h.start()
 	src, _ := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
-	s := h.waitPhase(PhaseLoaded)
+	s := h.waitPhase(PhaseClusterReady)
 	must(t, h.agent.Request(t.Context(), "cleanup", ""))
 	h.loader.mu.Lock()
 	cleanups := h.loader.cleanups
@@ -400,7 +400,7 @@ func TestAgent_CleanupRemovesTheBundle(t *testing.T) {
 	// A new bundle is welcome now.
 	next, _ := stick(t, bundletest.Options{Version: "4.13.8"})
 	h.plug("/dev/sdb", next)
-	if s := h.waitPhase(PhaseLoaded); s.Version != "4.13.8" {
+	if s := h.waitPhase(PhaseClusterReady); s.Version != "4.13.8" {
 		t.Fatal(s.Version)
 	}
 }
@@ -431,7 +431,7 @@ func TestStatusAPI_OverUnixSocket(t *testing.T) {
 	p, _ := bundletest.Write(t, t.TempDir(), bundletest.Options{})
 	_, err = c.Do(t.Context(), "load", p)
 	must(t, err)
-	h.waitPhase(PhaseLoaded)
+	h.waitPhase(PhaseClusterReady)
 	if _, err := NewClient(filepath.Join(t.TempDir(), "none.sock")).Status(t.Context()); !errors.Is(err, ErrNotRunning) {
 		t.Fatalf("no agent: %v", err)
 	}

@@ -107,7 +107,11 @@ func statusLine(s Status) string {
 		}
 		return fmt.Sprintf("loaded %s: %d images pinned (%s)", s.Version, n, shortDigest(s.Digest))
 	case PhaseClusterReady:
-		return fmt.Sprintf("cluster-ready %s: every node is loaded", s.Version)
+		n := int64(0)
+		if s.Progress != nil {
+			n = s.Progress.Total
+		}
+		return fmt.Sprintf("cluster-ready %s: every node is loaded, %d images pinned (%s)", s.Version, n, shortDigest(s.Digest))
 	case PhaseRejected:
 		return "rejected " + name + ": " + s.Reason
 	case PhaseConflict:
