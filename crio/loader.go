@@ -47,7 +47,7 @@ type Loader struct {
 	// attempt.
 	Attempts int
 	// Backoff is the wait before the first retry, doubled each time up to
-	// 8×; 0 is 500ms.
+	// 8×; 0 is 250ms.
 	Backoff time.Duration
 	// CRIOWait is how long CRI-O may stay unreachable (stopped,
 	// restarting) before the load gives up; 0 is 5 minutes.
@@ -424,7 +424,7 @@ func (l *Loader) pullOne(ctx context.Context, ref string) error {
 	if attempts <= 0 {
 		attempts = 4
 	}
-	backoff := orDefault(l.Backoff, 500*time.Millisecond)
+	backoff := orDefault(l.Backoff, 250*time.Millisecond)
 	for attempt := 1; ; {
 		if ctx.Err() != nil {
 			return fatalError{context.Cause(ctx)}
