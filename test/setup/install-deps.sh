@@ -9,6 +9,7 @@ pkgs=(
   tar coreutils util-linux e2fsprogs dosfstools mtools udev kmod iproute2
   curl ca-certificates rpm time rpm2cpio cpio      # rpm: make rpm and test/packaging
   systemd zsh fish                            # systemd-analyze; completion tests
+  dbus-daemon                                 # systemd/reload_dbus_test.go: a private bus
 )
 missing=()
 for p in "${pkgs[@]}"; do
