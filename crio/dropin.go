@@ -136,6 +136,7 @@ func (d *Dropins) Apply(s Setup) (Change, error) {
 	if ch.CA, err = writeIfChanged(filepath.Join(d.CertsDir, s.Addr, "ca.crt"), ca, 0o644); err != nil {
 		return ch, fmt.Errorf("%w: certs.d: %v", ErrDropin, err)
 	}
+	d.removeStaleCAs(s.Addr, ca)
 	if ch.Mirrors, err = writeIfChanged(filepath.Join(d.RegistriesConfDir, DropinName), mirrorsConf, 0o644); err != nil {
 		return ch, fmt.Errorf("%w: registries.conf.d: %v", ErrDropin, err)
 	}
@@ -143,6 +144,26 @@ func (d *Dropins) Apply(s Setup) (Change, error) {
 		return ch, fmt.Errorf("%w: crio.conf.d: %v", ErrDropin, err)
 	}
 	return ch, nil
+}
+
+// removeStaleCAs removes certs.d/127.0.0.1:<other port>/ca.crt files that
+// hold exactly this CA: ferry's own, left from before the registry's port
+// changed.
+func (d *Dropins) removeStaleCAs(addr string, ca []byte) {
+	ents, err := os.ReadDir(d.CertsDir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !e.IsDir() || e.Name() == addr || !strings.HasPrefix(e.Name(), "127.0.0.1:") {
+			continue
+		}
+		p := filepath.Join(d.CertsDir, e.Name(), "ca.crt")
+		if old, err := os.ReadFile(p); err == nil && bytes.Equal(old, ca) {
+			os.Remove(p)
+			os.Remove(filepath.Dir(p))
+		}
+	}
 }
 
 // Remove deletes ferry's drop-ins and the CA for addr. Pins that other

@@ -318,3 +318,22 @@ func TestMirrorsConf_CollidingPathsKeepTheirHost(t *testing.T) {
 		}
 	}
 }
+
+func TestApply_PortChangeRemovesOurOldCAOnly(t *testing.T) {
+	ds := newDirs(t)
+	ca := testCA(t, true)
+	if _, err := ds.d.Apply(crio.Setup{Images: bundleImages, Addr: "127.0.0.1:5443", CACert: ca}); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(ds.d.CertsDir, "127.0.0.1:6000", "ca.crt")
+	ds.write(t, strings.TrimPrefix(other, ds.root+"/"), string(testCA(t, true)))
+	if _, err := ds.d.Apply(crio.Setup{Images: bundleImages, Addr: "127.0.0.1:5444", CACert: ca}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(ds.d.CertsDir, "127.0.0.1:5443")); err == nil {
+		t.Error("our CA for the old port left behind")
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("someone else's CA removed: %v", err)
+	}
+}
