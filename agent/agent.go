@@ -242,9 +242,12 @@ func (a *Agent) resume(ctx context.Context) error {
 		a.share(r)
 	}
 	if (r.Phase == PhaseLoaded || r.Phase == PhaseClusterReady) && a.deps.Loader != nil {
-		if err := a.deps.Loader.Resume(ctx, r.Metadata, r.Dir); err != nil {
-			a.log.Error("cannot serve the loaded bundle again", "bundle", r.Name, "err", err)
-		}
+		// In the background: CRI-O may still be starting.
+		go func(meta *bundle.Metadata, name, dir string) {
+			if err := a.deps.Loader.Resume(ctx, meta, dir); err != nil {
+				a.log.Error("cannot serve the loaded bundle again", "bundle", name, "err", err)
+			}
+		}(r.Metadata, r.Name, r.Dir)
 	}
 	a.next(ctx)
 	return nil

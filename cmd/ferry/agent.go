@@ -268,9 +268,6 @@ func absPath(p string) (string, error) {
 	return wd + "/" + p, nil
 }
 
-// newLoader is replaced when the CRI-O loader is wired in.
-var newLoader = func(cfg agent.Config, log any) (agent.Loader, error) { return nil, nil }
-
 func clusterStatus(ctx context.Context, cfg agent.Config, asJSON bool) error {
 	cs, err := agent.NewClient(cfg.Paths.Socket).Cluster(ctx)
 	if err != nil {
