@@ -3,6 +3,7 @@ package crio_test
 import (
 	"context"
 	"fmt"
+	"github.com/ferry-edge/ferry/test/crioenv"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -31,7 +32,7 @@ func BenchmarkLoad(b *testing.B) {
 	if s := os.Getenv("FERRY_BENCH_IMAGES"); s != "" {
 		n, _ = strconv.Atoi(s)
 	}
-	c := StartCRIO(b)
+	c := crioenv.Start(b)
 	tb := makeBundle(b, n-2, 4096) // + release + one tagged custom image
 	refs := crio.PullRefs(tb.Images)
 	cl := c.Client(b)

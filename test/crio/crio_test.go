@@ -16,6 +16,7 @@ import (
 	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/crio/critest"
 	"github.com/ferry-edge/ferry/registry"
+	"github.com/ferry-edge/ferry/test/crioenv"
 	"github.com/ferry-edge/ferry/test/fixture"
 )
 
@@ -41,7 +42,7 @@ func makeBundle(t testing.TB, payload int, size int64) *testBundle {
 	md := map[string]any{"formatVersion": 1, "version": "4.13.7", "arch": "x86_64", "size": "1 MiB", "sizeBytes": 1 << 20,
 		"release": release, "images": images, "created": time.Now().UTC()}
 	b, _ := json.Marshal(md)
-	write(t, filepath.Join(fx.Dir, bundle.MetadataName), string(b))
+	crioenv.Write(t, filepath.Join(fx.Dir, bundle.MetadataName), string(b))
 
 	log, _ := newTestLog(t)
 	reg, err := registry.New(t.TempDir(), 0, log)
@@ -65,7 +66,7 @@ func (b *testBundle) request() crio.Request {
 }
 
 // sighupAndWait reloads CRI-O and waits until its live config pins want.
-func sighupAndWait(t *testing.T, c *CRIO, want []string) {
+func sighupAndWait(t *testing.T, c *crioenv.CRIO, want []string) {
 	t.Helper()
 	if err := c.Reloader().Reload(t.Context()); err != nil {
 		t.Fatal(err)
@@ -95,22 +96,22 @@ func onlyOurs(live, want []string) []string {
 }
 
 func TestRealCRIO_ImageServiceConformance(t *testing.T) {
-	c := StartCRIO(t)
+	c := crioenv.Start(t)
 	b := makeBundle(t, 3, 4096)
 	// Mirrors and CA only; the suite sets the pins.
 	mirrors, err := crio.MirrorsConf(b.Images, b.Reg.Addr(), "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	write(t, filepath.Join(c.Dropins.RegistriesConfDir, crio.DropinName), string(mirrors))
-	write(t, filepath.Join(c.Dropins.CertsDir, b.Reg.Addr(), "ca.crt"), string(b.Reg.CACertPEM()))
+	crioenv.Write(t, filepath.Join(c.Dropins.RegistriesConfDir, crio.DropinName), string(mirrors))
+	crioenv.Write(t, filepath.Join(c.Dropins.CertsDir, b.Reg.Addr(), "ca.crt"), string(b.Reg.CACertPEM()))
 	canary := "quay.io/ferry-test/canary@sha256:" + strings.Repeat("0", 64)
 	pin := func(t *testing.T, refs ...string) {
 		conf, err := crio.PinsConf(append([]string{canary}, refs...), "")
 		if err != nil {
 			t.Fatal(err)
 		}
-		write(t, filepath.Join(c.Dropins.CRIOConfDir, crio.DropinName), string(conf))
+		crioenv.Write(t, filepath.Join(c.Dropins.CRIOConfDir, crio.DropinName), string(conf))
 		sighupAndWait(t, c, []string{canary})
 	}
 	pin(t) // applies the mirrors too
@@ -122,7 +123,7 @@ func TestRealCRIO_ImageServiceConformance(t *testing.T) {
 }
 
 func TestRealCRIO_LoadPinsEveryImageThroughTheMirror(t *testing.T) {
-	c := StartCRIO(t)
+	c := crioenv.Start(t)
 	b := makeBundle(t, 30, 4096)
 	cl := c.Client(t)
 	ctx := t.Context()
@@ -131,7 +132,7 @@ func TestRealCRIO_LoadPinsEveryImageThroughTheMirror(t *testing.T) {
 	// one of the bundle's.
 	outside := b.Fixture.Local(b.Fixture.PushImage(t, "mco/thing", ""))
 	mcoPins := []string{outside, crio.PullRefs(b.Images)[5]}
-	write(t, filepath.Join(c.Dropins.CRIOConfDir, "50-pinned-images"),
+	crioenv.Write(t, filepath.Join(c.Dropins.CRIOConfDir, "50-pinned-images"),
 		fmt.Sprintf("[crio]\n  [crio.image]\n    pinned_images = [%q, %q]\n", mcoPins[0], mcoPins[1]))
 	sighupAndWait(t, c, mcoPins)
 	if _, err := cl.Pull(ctx, outside); err != nil {
@@ -191,7 +192,7 @@ func TestRealCRIO_LoadPinsEveryImageThroughTheMirror(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "certificate") {
 			t.Fatalf("pull through the mirror without its CA: %v; want a certificate error", err)
 		}
-		write(t, ca, string(keep))
+		crioenv.Write(t, ca, string(keep))
 		if _, err := cl.Pull(ctx, ref); err != nil {
 			t.Fatalf("pull with the CA back: %v", err)
 		}
@@ -239,7 +240,7 @@ func TestRealCRIO_LoadPinsEveryImageThroughTheMirror(t *testing.T) {
 }
 
 func TestRealCRIO_LoaderWaitsForCRIOKilledMidLoad(t *testing.T) {
-	c := StartCRIO(t)
+	c := crioenv.Start(t)
 	b := makeBundle(t, 40, 64<<10)
 	log, tl := newTestLog(t)
 	l := &crio.Loader{CRI: c.Client(t), Dropins: c.Dropins, Reloader: c.Reloader(), Log: log, Workers: 2, CRIOWait: 2 * time.Minute}
