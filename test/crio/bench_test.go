@@ -3,7 +3,6 @@ package crio_test
 import (
 	"context"
 	"fmt"
-	"github.com/ferry-edge/ferry/test/crioenv"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/registry"
+	"github.com/ferry-edge/ferry/test/crioenv"
 )
 
 // BenchmarkLoad is P3: ferry's load of a 180-image bundle of small
