@@ -1,0 +1,177 @@
+// Package e2e runs ferry's main job on the host against the real parts:
+// a bundle made by `ferry bundle create` from a TLS registry, given to a
+// real `ferry agent` process, loaded into a real CRI-O through ferry's
+// embedded registry, and every image checked present and pinned over CRI.
+// Needs root, test/setup/install-deps.sh and test/setup/build-crio.sh.
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/crio"
+	"github.com/ferry-edge/ferry/test/crioenv"
+	"github.com/ferry-edge/ferry/test/ferryenv"
+	"github.com/ferry-edge/ferry/test/fixture"
+)
+
+const bound = 5 * time.Minute
+
+// makeBundle pushes a release of n payload images and one custom image
+// (by tag) to a TLS registry and runs `ferry bundle create` against it.
+func makeBundle(t *testing.T, n int, imageSize int64) (tarPath string, meta *bundle.Metadata) {
+	t.Helper()
+	reg := fixture.NewRegistry(t)
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{Version: "4.13.7", Arch: "x86_64", PayloadImages: n, ImageSize: imageSize})
+	reg.PushImage(t, "my-company/my-workload", "v1")
+	out := t.TempDir()
+	cmd := exec.Command(ferryenv.Binary(t), "bundle", "create", "--release", release,
+		"--mirror", reg.Mirror(), "--cert-dir", reg.CertsDir,
+		"--extra-image", "quay.io/my-company/my-workload:v1", "--output", out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("ferry bundle create: %v\n%s", err, b)
+	}
+	tarPath = filepath.Join(out, "upgrade-4.13.7-x86_64.tar")
+	meta, err := bundle.InspectFile(tarPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tarPath, meta
+}
+
+// nodeConfig points an agent at c's sockets and drop-in dirs.
+func nodeConfig(t *testing.T, c *crioenv.CRIO) agent.Config {
+	cfg := ferryenv.Config(t.TempDir())
+	cfg.CRIO.Socket = c.Socket
+	cfg.CRIO.Reload = "signal"
+	cfg.CRIO.PidFile = c.PidFile
+	cfg.CRIO.StorageDir = filepath.Join(c.Root, "storage")
+	cfg.CRIO.StorageFloorBytes = 1 << 20
+	cfg.Paths.CRIOConfDir = c.Dropins.CRIOConfDir
+	cfg.Paths.RegistriesConfDir = c.Dropins.RegistriesConfDir
+	cfg.Paths.CertsDir = c.Dropins.CertsDir
+	return cfg
+}
+
+// pulledAs lists every reference CRI-O pulled the image as (the pin
+// matches these), tags included.
+func refsOf(meta *bundle.Metadata) []string {
+	return crio.PullRefs(meta.AllImages())
+}
+
+func checkPinned(t *testing.T, cl crio.ImageService, refs []string, want bool) {
+	t.Helper()
+	for _, ref := range refs {
+		present, pinned, err := cl.Status(context.Background(), ref)
+		if err != nil {
+			t.Fatalf("status %s: %v", ref, err)
+		}
+		if want && (!present || !pinned) {
+			t.Errorf("%s: present=%v pinned=%v", ref, present, pinned)
+		}
+		if !want && pinned {
+			t.Errorf("%s still pinned", ref)
+		}
+	}
+}
+
+func TestHost_StickBundleLoadedAndPinnedInRealCRIO(t *testing.T) {
+	c := crioenv.Start(t)
+	tarPath, meta := makeBundle(t, 30, 0)
+	if n := len(meta.AllImages()); n < 32 {
+		t.Fatalf("bundle has %d images", n)
+	}
+	// MCO's pins, which must survive ferry's drop-in.
+	mcoPin := "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + strings.Repeat("7", 64)
+	crioenv.Write(t, filepath.Join(c.Dropins.CRIOConfDir, "50-pinned-images"), "[crio.image]\npinned_images = [\""+mcoPin+"\"]\n")
+
+	cfg := nodeConfig(t, c)
+	a := ferryenv.Start(t, cfg)
+	a.WaitPhase(bound, "idle")
+	if out, err := a.Ferry("load", tarPath); err != nil {
+		t.Fatalf("ferry load: %v\n%s", err, out)
+	}
+	s := a.WaitPhase(bound, agent.PhaseClusterReady)
+	if s.Version != "4.13.7" || !strings.Contains(s.Line, "images pinned") {
+		t.Fatalf("status %+v", s)
+	}
+	cl := c.Client(t)
+	refs := refsOf(meta)
+	if !slices.Contains(refs, "quay.io/my-company/my-workload:v1") {
+		t.Fatalf("the custom image's tag is not among the pull references: %v", refs)
+	}
+	checkPinned(t, cl, refs, true)
+	pins, err := cl.PinnedImages(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(pins, mcoPin) {
+		t.Errorf("MCO's pin lost: live pinned_images %v", pins)
+	}
+
+	// A restart keeps the state and serves the bundle again.
+	a.Stop()
+	a.Restart()
+	a.WaitPhase(bound, agent.PhaseClusterReady)
+	checkPinned(t, cl, refs, true)
+
+	// Cleanup unpins and removes everything ferry added; MCO's pin stays.
+	if out, err := a.Ferry("cleanup"); err != nil {
+		t.Fatalf("ferry cleanup: %v\n%s", err, out)
+	}
+	a.WaitPhase(bound, "idle")
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if p, _, _ := cl.Status(context.Background(), refs[0]); !p {
+			break
+		}
+		if _, pinned, _ := cl.Status(context.Background(), refs[0]); !pinned {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	checkPinned(t, cl, refs, false)
+	for _, f := range []string{filepath.Join(c.Dropins.CRIOConfDir, crio.DropinName), filepath.Join(c.Dropins.RegistriesConfDir, crio.DropinName)} {
+		if _, err := os.Stat(f); !os.IsNotExist(err) {
+			t.Errorf("%s left after cleanup", f)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(cfg.Paths.ExtractDir, meta.DirName())); !os.IsNotExist(err) {
+		t.Error("extracted bundle left after cleanup")
+	}
+	pins, _ = cl.PinnedImages(context.Background())
+	if !slices.Contains(pins, mcoPin) {
+		t.Errorf("MCO's pin lost by cleanup: %v", pins)
+	}
+}
+
+func TestHost_CRIOKilledMidLoadTheAgentWaitsThenCompletes(t *testing.T) {
+	c := crioenv.Start(t)
+	tarPath, meta := makeBundle(t, 60, 1<<20)
+	a := ferryenv.Start(t, nodeConfig(t, c))
+	a.WaitPhase(bound, "idle")
+	if out, err := a.Ferry("load", tarPath); err != nil {
+		t.Fatalf("ferry load: %v\n%s", err, out)
+	}
+	s := a.Wait(bound, "loading to start", func(s agent.Status) bool {
+		return s.Phase == string(agent.PhaseLoading) && s.Progress != nil && s.Progress.Done > 0 ||
+			s.Phase == string(agent.PhaseClusterReady)
+	})
+	c.Kill(t)
+	if s.Phase != string(agent.PhaseLoading) {
+		t.Fatalf("the load finished before CRI-O could be killed (%s): make the bundle bigger", s.Line)
+	}
+	t.Logf("CRI-O killed at %s", s.Line)
+	time.Sleep(2 * time.Second)
+	c.Start(t)
+	a.WaitPhase(bound, agent.PhaseClusterReady)
+	checkPinned(t, c.Client(t), refsOf(meta), true)
+}
