@@ -338,8 +338,8 @@ func TestAgent_InterruptedExtractionIsRedoneFromTheStick(t *testing.T) {
 	must(t, store.Save(&Record{ID: strings.TrimPrefix(digest, "sha256:"), Digest: digest, Name: src.Name(),
 		Origin: "stick", Source: "/dev/sda", Dir: dir, Phase: PhaseDetected, Times: map[Phase]time.Time{}}))
 	h.start()
-	s := h.waitPhase(PhaseDetected)
-	if !strings.Contains(s.Line, "plug the stick in again") {
+	s := h.waitReason("plug the stick in again")
+	if s.Phase != string(PhaseDetected) || !strings.Contains(s.Line, "plug the stick in again") {
 		t.Fatalf("line %q", s.Line)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "half")); !os.IsNotExist(err) {
