@@ -26,6 +26,9 @@ type testBundle struct {
 	Refs   []string // release and every image: what must end up pinned
 	Bytes  int64
 	Via    string // how it was made
+	// Command and Output are the `ferry bundle create` run, when it ran.
+	Command string
+	Output  string
 }
 
 // makeBundle makes a bundle of a synthetic release with n payload images of
@@ -41,9 +44,12 @@ func makeBundle(t *testing.T, ctx context.Context, e *env, version string, n int
 	b := &testBundle{}
 	if hasCommand(e.bins.Ferry, "bundle", "create") {
 		b.Via = "ferry bundle create"
-		cmd := exec.CommandContext(ctx, e.bins.Ferry, "bundle", "create", "--release", release,
-			"--mirror", reg.Mirror(), "--cert-dir", reg.CertsDir, "--output", out)
-		if o, err := cmd.CombinedOutput(); err != nil {
+		args := []string{"bundle", "create", "--release", release,
+			"--mirror", reg.Mirror(), "--cert-dir", reg.CertsDir, "--output", out}
+		b.Command = "ferry " + strings.Join(args, " ")
+		o, err := exec.CommandContext(ctx, e.bins.Ferry, args...).CombinedOutput()
+		b.Output = string(o)
+		if err != nil {
 			t.Fatalf("ferry bundle create: %v\n%s", err, o)
 		}
 	} else {

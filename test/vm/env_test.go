@@ -24,6 +24,9 @@ import (
 //	FERRY_VM_ACCEL   kvm|tcg, skips the KVM probe
 //	FERRY_VM_IMAGES  images in the test bundle (default 30)
 //	FERRY_VM_KEEP    keep each guest's logs in this directory
+//	FERRY_VM_FERRY   a ferry binary to test instead of building ./cmd/ferry
+//	FERRY_VM_LOAD_TIMEOUT  bound on one bundle's load (default 15m)
+//	FERRY_VM_IMAGE_KIB     size of each image's own layer (default 1024)
 
 var shared struct {
 	once  sync.Once
@@ -62,6 +65,8 @@ type env struct {
 	bins  *Binaries
 	log   *slog.Logger
 }
+
+func (e *env) why() string { return shared.why }
 
 // setup returns the shared image, accelerator and binaries, building them
 // on first use.
