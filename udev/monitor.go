@@ -184,6 +184,11 @@ func parseMessage(msg []byte, sys string) (ev Event, ok bool, err error) {
 // go-udev's parser rejects values holding '=', so fall back to a lenient
 // one for those.
 func parseEnv(msg []byte) (map[string]string, error) {
+	// go-udev v0.9.0's parser panics on a message without a NUL
+	// (netlink/uevent.go:170, e.g. "add@"): such a message is no uevent.
+	if bytes.IndexByte(msg, 0) < 0 {
+		return nil, errors.New("not a uevent: no NUL-terminated header")
+	}
 	if ue, err := netlink.ParseUEvent(msg); err == nil {
 		if ue.Env["ACTION"] == "" {
 			ue.Env["ACTION"] = string(ue.Action)
