@@ -69,6 +69,7 @@ type CRIO struct {
 	PidFile string
 	Dropins *crio.Dropins
 	LogFile string
+	prefix  []string
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
@@ -77,6 +78,14 @@ type CRIO struct {
 // Start starts CRI-O for the test and stops it at cleanup.
 func Start(t testing.TB) *CRIO {
 	t.Helper()
+	return StartIn(t, nil)
+}
+
+// StartIn is Start with CRI-O's command prefixed by prefix, e.g. nsenter
+// --net=/run/netns/NAME: the prefix must exec CRI-O in place, so that the
+// pid is CRI-O's own (the pid file reloads it).
+func StartIn(t testing.TB, prefix []string) *CRIO {
+	t.Helper()
 	bin := crioBinDir(t)
 	// Short paths: the socket path must fit in sun_path.
 	root, err := os.MkdirTemp("", "ferry-crio-")
@@ -84,7 +93,7 @@ func Start(t testing.TB) *CRIO {
 		t.Fatal(err)
 	}
 	c := &CRIO{
-		t: t, bin: bin, Root: root,
+		t: t, bin: bin, Root: root, prefix: prefix,
 		Socket:  filepath.Join(root, "run", "crio.sock"),
 		PidFile: filepath.Join(root, "run", "crio.pid"),
 		LogFile: filepath.Join(root, "crio.log"),
@@ -163,12 +172,13 @@ func (c *CRIO) Start(t testing.TB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(c.bin, "crio"),
+	argv := append(append([]string{}, c.prefix...), filepath.Join(c.bin, "crio"),
 		"--config", filepath.Join(c.Root, "etc", "crio", "crio.conf"),
 		"--config-dir", c.Dropins.CRIOConfDir,
 		"--registries-conf", filepath.Join(c.Root, "etc", "containers", "registries.conf"),
 		"--registries-conf-dir", c.Dropins.RegistriesConfDir,
 	)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), "HOME="+filepath.Join(c.Root, "home"))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

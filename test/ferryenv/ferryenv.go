@@ -85,7 +85,14 @@ type Agent struct {
 // Start writes cfg next to its state dir and starts the agent.
 func Start(t testing.TB, cfg agent.Config, env ...string) *Agent {
 	t.Helper()
-	a := &Agent{t: t, Cfg: cfg, Env: env}
+	return StartIn(t, nil, cfg, env...)
+}
+
+// StartIn is Start with every command (the agent and the ferry commands
+// run against it) prefixed by prefix, e.g. ip netns exec NAME.
+func StartIn(t testing.TB, prefix []string, cfg agent.Config, env ...string) *Agent {
+	t.Helper()
+	a := &Agent{t: t, Cfg: cfg, Env: env, Prefix: prefix}
 	a.CfgPath = filepath.Join(filepath.Dir(cfg.Paths.StateDir), "config.toml")
 	var b bytes.Buffer
 	if err := agent.WriteConfig(&b, cfg); err != nil {
