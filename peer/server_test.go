@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -138,8 +139,16 @@ func (c *countingReader) ReadAt(b []byte, off int64) (int, error) {
 }
 
 func TestShelf_CachedPieceListSkipsHashing(t *testing.T) {
+	for _, tc := range []struct{ name, sub string }{
+		{"cache dir exists", ""},
+		{"cache dir not made yet", "state/pieces"}, // as the agent passes it on a first start
+	} {
+		t.Run(tc.name, func(t *testing.T) { testCachedPieceList(t, filepath.Join(t.TempDir(), tc.sub)) })
+	}
+}
+
+func testCachedPieceList(t *testing.T, dir string) {
 	data, digest := randomBundle(t, 3*testPieceSize)
-	dir := t.TempDir()
 	s1 := NewShelf(ShelfOptions{PieceSize: testPieceSize, CacheDir: dir})
 	defer s1.Close()
 	if err := s1.Add(digest, []byte(testMeta), bytes.NewReader(data), int64(len(data))); err != nil {

@@ -254,7 +254,11 @@ func (s *Shelf) saveCached(p *PieceList) {
 		return
 	}
 	b, _ := json.Marshal(p)
-	if err := writeFileAtomic(s.cachePath(p.Digest), b); err != nil {
+	err := os.MkdirAll(s.opts.CacheDir, 0o700) // the first time, on a fresh state dir
+	if err == nil {
+		err = writeFileAtomic(s.cachePath(p.Digest), b)
+	}
+	if err != nil {
 		s.opts.Log.Warn("peer: cannot cache piece list; it will be computed again after a restart", "DIGEST", p.Digest, "err", err)
 	}
 }
