@@ -126,7 +126,7 @@ func pollStatus(t *testing.T, ctx context.Context, v *VM, timeout time.Duration,
 func diag(ctx context.Context, v *VM) string {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	r, err := v.Run(ctx, "systemctl status ferry crio --no-pager -l -n 0; journalctl -u ferry -u crio --no-pager -n 60 -o short-monotonic")
+	r, err := v.Run(ctx, "systemctl status ferry crio --no-pager -l -n 0; journalctl -u ferry --no-pager -n 60 -o short-monotonic; journalctl -u crio --no-pager -o short-monotonic | grep -iE 'reload|error|pull' | tail -20")
 	if err != nil {
 		return err.Error()
 	}

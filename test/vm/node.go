@@ -62,8 +62,11 @@ func BuildBinaries(ctx context.Context, dir string) (*Binaries, error) {
 		}
 	}
 	b.UnitFrom = filepath.Join(root, "packaging/ferry.service")
+	if u := os.Getenv("FERRY_VM_UNIT"); u != "" {
+		b.UnitFrom = u // e.g. test/vm/guest/ferry.service, to tell the unit's sandbox from ferry
+	}
 	b.FerryUnit, err = os.ReadFile(b.UnitFrom)
-	if errors.Is(err, os.ErrNotExist) {
+	if errors.Is(err, os.ErrNotExist) && os.Getenv("FERRY_VM_UNIT") == "" {
 		b.UnitFrom = "test/vm/guest/ferry.service"
 		b.FerryUnit, err = guestFiles.ReadFile("guest/ferry.service")
 	}
