@@ -192,8 +192,8 @@ func cleanupNode(a *ferryenv.Agent) error {
 	if err != nil {
 		return err
 	}
-	if s.Phase == "idle" {
-		return nil
+	if !agent.Phase(s.Phase).Active() {
+		return nil // idle, or showing a refusal: nothing held
 	}
 	if err := ferry(a, "cleanup"); err != nil {
 		return err

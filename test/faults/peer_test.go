@@ -66,20 +66,31 @@ func TestFaults_KillDuringFetch(t *testing.T) {
 	tarPath, digest, blobs := bigBundle(t, 512, 8)
 	_, src := source(t, tarPath, digest, blobs)
 
-	start := time.Now()
+	// One clean run gives the span to draw kill points from: from the
+	// start of the fetch to the end of the extraction that follows.
 	first := fetcher(t, 0, []string{src}, digest, blobs)
 	if err := first.converged(t.Context(), agent.PhaseExtracted); err != nil {
 		t.Fatal(err)
 	}
-	span := time.Since(start)
+	s, err := first.a.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	span := s.Times[agent.PhaseExtracted].Sub(s.Times[agent.PhaseFetching])
 	first.a.Stop()
-	t.Logf("start to extracted from a peer (512 MiB) took %s", span)
+	t.Logf("fetching 512 MiB from a peer and extracting it took %s", span)
+	if span <= 0 {
+		t.Fatalf("no fetch span in the status times %v", s.Times)
+	}
 
 	r := rng(t)
 	for i := 1; i <= trials("kill-fetch", 15); i++ {
 		c.trial(i, func() error {
 			n := fetcher(t, i, []string{src}, digest, blobs)
 			defer func() { n.a.Stop(); os.RemoveAll(n.cfg.Paths.ExtractDir); os.RemoveAll(n.cfg.Paths.StateDir) }()
+			if _, err := waitFor(n.a, bound, "the fetch to start", phaseIs(agent.PhaseFetching)); err != nil {
+				return err
+			}
 			at := randomPoint(r, span)
 			time.Sleep(at)
 			s, _ := n.a.Status(t.Context())

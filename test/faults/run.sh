@@ -17,6 +17,6 @@ echo "fault campaign ($(( $(date +%s) - start ))s; log: $log)"
 grep -E '^[a-z0-9-]+: [0-9]+/[0-9]+ passed' "$log" || echo "no case reported: see the log"
 if [ $rc -ne 0 ]; then
   echo "FAILED:"
-  grep -E -- '--- FAIL|FAILED after|^\s+\S+_test.go:[0-9]+: ' "$log" | head -40
+  grep -E -- '--- FAIL|FAILED after' "$log" | awk '!seen[$0]++' | head -40
 fi
 exit $rc

@@ -4,6 +4,7 @@ package faults
 
 import (
 	"fmt"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -52,7 +53,6 @@ func TestFaults_StickPulledMidRead(t *testing.T) {
 				return s.Phase == string(agent.PhaseDetected) && strings.Contains(s.Reason, "plug it in again") ||
 					s.Phase == string(agent.PhaseExtracted)
 			})
-			loop.Detach()
 			if err != nil {
 				return err
 			}
@@ -68,7 +68,7 @@ func TestFaults_StickPulledMidRead(t *testing.T) {
 			}
 			second := udevenv.Ext4Image(t, "FERRY", files...)
 			again := udevenv.Attach(t, second)
-			defer again.Detach()
+			defer exec.Command("losetup", "-d", again.Dev).Run() // the next trial's stick is the only one
 			return n.converged(t.Context(), agent.PhaseExtracted)
 		})
 	}
