@@ -62,12 +62,15 @@ func (a *Agent) PeerStatus() peer.Status {
 	s := a.Status()
 	ps := peer.Status{Node: s.Node, Phase: s.Phase, Digest: s.Digest, Version: s.Version, Release: s.Release, Error: s.Error}
 	a.mu.Lock()
-	if a.active != nil {
+	held := a.active != nil && a.active.Digest == s.Digest
+	if held {
 		ps.Source = a.active.Plugged
 	}
 	a.mu.Unlock()
-	if !s.Healthy {
-		ps.Digest = "" // a refused bundle is not held
+	if !held {
+		// A refused bundle is not held. A held one in conflict is: the
+		// peers must keep seeing it to see the conflict.
+		ps.Digest = ""
 	}
 	return ps
 }

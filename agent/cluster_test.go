@@ -238,3 +238,22 @@ func TestCluster_UnapprovedPeerBundleIsNotFetched(t *testing.T) {
 		t.Fatal("fetched an unapproved bundle")
 	}
 }
+
+// A node that found a conflict still holds its bundle and must keep saying
+// which one: a peer that polls it later would otherwise see no bundle there
+// and never notice the conflict, and this node's own gate would not either.
+func TestCluster_NodeInConflictStillTellsPeersItsBundle(t *testing.T) {
+	h, p := clusterHarness(t)
+	h.start()
+	src, digest := stick(t, bundletest.Options{})
+	other := "sha256:" + strings.Repeat("9", 64)
+	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "extracted", Digest: other, Version: "4.13.8"})
+	h.plug("/dev/sda", src)
+	h.waitReason("conflict: node b holds another bundle")
+	if ps := h.agent.PeerStatus(); ps.Digest != digest || ps.Phase != string(PhaseExtracted) {
+		t.Fatalf("peers are told %s %q, want %s %s", ps.Phase, ps.Digest, PhaseExtracted, digest)
+	}
+	if d := h.agent.Cluster().Decision; d.Verdict != peer.Conflict || len(d.Digests) != 2 {
+		t.Fatalf("cluster decision %+v, want a conflict between both bundles", d)
+	}
+}
