@@ -65,7 +65,8 @@ func crioNode(t *testing.T, images int, imageSize int64) (*node, string) {
 	n := &node{
 		a: ferryenv.Start(t, cfg), cfg: cfg, digest: "sha256:" + string(sha[:64]),
 		crio: c, cl: c.Client(t),
-		allowed: map[string]bool{mcoPin: true}, bundleRef: map[string]bool{},
+		// CRI-O pins its pause image itself (crioenv's pause_image).
+		allowed: map[string]bool{mcoPin: true, "quay.io/ferry-test/pause:none": true}, bundleRef: map[string]bool{},
 	}
 	for _, ref := range append(meta.AllImages(), crio.PullRefs(meta.AllImages())...) {
 		n.allowed[ref], n.bundleRef[ref] = true, true
