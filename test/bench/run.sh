@@ -1,14 +1,34 @@
 #!/usr/bin/env bash
 # make bench: one table of ratios, each against a baseline measured in the
 # same run; raw numbers in $RESULTS (JSON lines).
-set -euo pipefail
+#
+# Rows come from test/bench/p1.sh and every test/bench/p[2-9]*.sh, run in
+# order; each prints its own rows (stdout) and logs to $BENCH_DIR/<row>.log.
+# A row script that fails prints a FAILED row and the run goes on; the run
+# then exits non-zero. BENCH_ONLY="p1 p3" runs only those rows.
+set -uo pipefail
 cd "$(dirname "$0")/../.."
 export BENCH_DIR=${BENCH_DIR:-/var/tmp/ferry-bench}
 export RESULTS=${RESULTS:-$BENCH_DIR/results-$(date +%Y%m%dT%H%M%S).jsonl}
 mkdir -p "$BENCH_DIR"
-echo "benchmark                                        value    ratio  baseline"
-bash test/bench/p1.sh
-for s in test/bench/p[2-9]*.sh; do
-  [ -f "$s" ] && bash "$s"
+failed=()
+printf '%-44s %10s %8s  %s\n' benchmark value ratio baseline
+for s in test/bench/p1.sh test/bench/p[2-9]*.sh; do
+  [ -f "$s" ] || continue
+  name=$(basename "$s" .sh)
+  if [ -n "${BENCH_ONLY:-}" ] && ! [[ " $BENCH_ONLY " == *" ${name%%-*} "* ]]; then
+    continue
+  fi
+  log=$BENCH_DIR/$name.log
+  start=$(date +%s)
+  if ! bash "$s" 2>"$log"; then
+    printf '%-44s %10s %8s  %s\n' "$name" FAILED "" "after $(( $(date +%s) - start ))s; see $log"
+    printf '{"bench":"%s","failed":true,"log":"%s"}\n' "$name" "$log" >> "$RESULTS"
+    failed+=("$name")
+  fi
 done
 echo "raw numbers: $RESULTS"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "failed rows: ${failed[*]}"
+  exit 1
+fi
