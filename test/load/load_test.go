@@ -286,7 +286,7 @@ func TestLoad_RegistryManifestsAndBlobs(t *testing.T) {
 		}
 		manifests = append(manifests, object{repo + "/manifests/" + d, d})
 		var m struct {
-			Config    struct{ Digest string } `json:"config"`
+			Config    struct{ Digest string }   `json:"config"`
 			Layers    []struct{ Digest string } `json:"layers"`
 			Manifests []struct{ Digest string } `json:"manifests"`
 		}
