@@ -28,7 +28,7 @@ for what in peer registry; do
   kv() { echo "$line" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
   verdict=""; [ $rc -eq 0 ] || verdict=" FAILED"
   printf '%-44s %10s %8s  %s\n' "$label" "$(kv rps) rps" "" \
-    "$(kv clients) clients, $(kv seconds)s, $(kv mib_s) MiB/s; errors $(kv errors) (goal 0); peak RSS $(kv peak_rss_mib) MiB (goal < 256)$verdict"
+    "$(kv clients) clients, $(kv seconds)s, $(kv mib_s) MiB/s; errors $(kv errors) (goal 0); server peak RSS $(kv peak_rss_mib) MiB (goal < 256)$verdict"
   printf '{"bench":"P5-%s","clients":%s,"seconds":%s,"requests":%s,"rps":%s,"mib_s":%s,"errors":%s,"peak_rss_mib":%s}\n' \
     "$what" "$(kv clients)" "$(kv seconds)" "$(kv requests)" "$(kv rps)" "$(kv mib_s)" "$(kv errors)" "$(kv peak_rss_mib)" >> "$RESULTS"
 done
