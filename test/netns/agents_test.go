@@ -69,6 +69,7 @@ type fleetOptions struct {
 // each with the others as its peers, and waits for them to be idle.
 func newFleet(t *testing.T, o fleetOptions) *fleet {
 	t.Helper()
+	start := time.Now()
 	lab := New(t, Options{Nodes: o.Nodes, RateBytes: o.Rate})
 	f := &fleet{t: t, lab: lab}
 	for i, n := range lab.Nodes() {
@@ -117,6 +118,7 @@ func newFleet(t *testing.T, o fleetOptions) *fleet {
 	for _, an := range f.nodes {
 		an.A.WaitPhase(agentBound, "idle")
 	}
+	t.Logf("%d nodes up (CRI-O: %v) in %s", o.Nodes, o.CRIO, time.Since(start).Round(time.Millisecond))
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, an := range f.nodes {
@@ -302,6 +304,24 @@ func (an *anode) checkPinned(t *testing.T, meta *bundle.Metadata, want bool) {
 	}
 }
 
+// rss is the VmRSS of the process in pidFile, for the log.
+func rss(pidFile string) string {
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return "?"
+	}
+	st, err := os.ReadFile("/proc/" + strings.TrimSpace(string(b)) + "/status")
+	if err != nil {
+		return "?"
+	}
+	for _, l := range strings.Split(string(st), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "?"
+}
+
 func hookLines(t *testing.T, path string) []string {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -333,6 +353,7 @@ func TestAgents_StickOnOneNodeEveryNodeLoadsThenHookRunsOnceThere(t *testing.T) 
 	t.Logf("stick on A → every node cluster-ready: %s", time.Since(start).Round(time.Millisecond))
 	for _, n := range f.nodes {
 		n.checkPinned(t, meta, true)
+		t.Logf("%s: CRI-O RSS %s after the load", n.Name, rss(n.CRIO.PidFile))
 	}
 
 	// The hook: once, on A, with the release reference.
