@@ -265,15 +265,15 @@ func (a *Agent) next(ctx context.Context) {
 	case PhaseFetching:
 		a.startFetch(ctx, r)
 	case PhaseExtracted, PhaseLoading:
-		if a.deps.Loader == nil {
-			return
-		}
 		if ok, why := a.peersAgree(r); !ok {
 			if r.Reason != why {
 				a.log.Info("not loading yet", "phase", string(r.Phase), "bundle", r.Name, "reason", why)
 				a.update(r, r.Phase, why, r.Progress)
 			}
 			return
+		}
+		if a.deps.Loader == nil {
+			return // this node only verifies, extracts and shares
 		}
 		a.startLoad(ctx, r)
 	}

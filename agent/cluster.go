@@ -78,9 +78,18 @@ func (a *Agent) PeerStatus() peer.Status {
 // onView acts on a fresh view of the peers.
 func (a *Agent) onView(ctx context.Context, v view) {
 	a.mu.Lock()
+	old := a.view
 	a.view = v
 	r, busy := a.active, a.busy
 	a.mu.Unlock()
+	for _, p := range a.cfg.Peer.Peers {
+		now, was := v.statuses[p].Err, old.statuses[p].Err
+		if now != nil && (was == nil || was.Error() != now.Error()) {
+			a.log.Warn("a peer cannot be asked", "peer", p, "err", now)
+		} else if now == nil && was != nil {
+			a.log.Info("a peer answers again", "peer", p)
+		}
+	}
 	switch {
 	case r == nil && busy == "":
 		a.maybeFetch(ctx, v)
@@ -160,8 +169,10 @@ func (a *Agent) checkPeerBundle(meta *bundle.Metadata, digest string) error {
 	return fmt.Errorf("%w: the peers' bundle %s is not in approved_digests: approve it on every node", bundle.ErrNotApproved, digest)
 }
 
+// incomingPath is where a fetched tar lands, under its own name so that
+// messages about it read as they would for a stick.
 func (a *Agent) incomingPath(r *Record) string {
-	return filepath.Join(a.cfg.Paths.StateDir, "incoming", r.ID+".tar")
+	return filepath.Join(a.cfg.Paths.StateDir, "incoming", r.ID, r.Name)
 }
 
 func (a *Agent) startFetch(ctx context.Context, r *Record) {
@@ -213,10 +224,7 @@ func (a *Agent) fetchDone(ctx context.Context, r *Record, err error) {
 
 // removeIncoming drops a fetched tar once its bundle is extracted.
 func (a *Agent) removeIncoming(r *Record) {
-	p := a.incomingPath(r)
-	for _, f := range []string{p, strings.TrimSuffix(p, ".tar") + ".sha256", peer.StatePath(p)} {
-		os.Remove(f)
-	}
+	os.RemoveAll(filepath.Dir(a.incomingPath(r)))
 }
 
 // share puts an extracted bundle on the shelf for the peers.

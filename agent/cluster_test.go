@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -255,5 +256,21 @@ func TestCluster_NodeInConflictStillTellsPeersItsBundle(t *testing.T) {
 	}
 	if d := h.agent.Cluster().Decision; d.Verdict != peer.Conflict || len(d.Digests) != 2 {
 		t.Fatalf("cluster decision %+v, want a conflict between both bundles", d)
+	}
+}
+
+func TestCluster_PeerRefusingOurTokenIsShownInStatus(t *testing.T) {
+	h, p := clusterHarness(t)
+	p.mu.Lock()
+	p.statuses["10.0.0.2:8090"] = peer.PeerStatus{Err: fmt.Errorf("10.0.0.2:8090: %w", peer.ErrUnauthorized)}
+	p.mu.Unlock()
+	h.start()
+	deadline := time.Now().Add(10 * time.Second)
+	for h.agent.Status().Healthy && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	s := h.agent.Status()
+	if s.Healthy || !strings.Contains(s.Line, "refuses this node") {
+		t.Fatalf("status %+v", s)
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/ferry-edge/ferry/peer"
 )
 
 // Status is what `ferry status` shows.
@@ -62,7 +64,21 @@ func (a *Agent) Status() Status {
 	if strings.HasPrefix(s.Reason, "conflict") {
 		s.Healthy = false
 	}
+	if s.Error == "" {
+		// A peer that refuses our token is a config mistake to show here;
+		// an unreachable one may just be down.
+		for _, p := range a.cfg.Peer.Peers {
+			if err := a.view.statuses[p].Err; err != nil && errors.Is(err, peer.ErrUnauthorized) {
+				s.Error = fmt.Sprintf("peer %s refuses this node: %v", p, err)
+				s.Healthy = false
+				break
+			}
+		}
+	}
 	s.Line = statusLine(s)
+	if s.Phase == "idle" && s.Error != "" {
+		s.Line += " — " + s.Error
+	}
 	return s
 }
 
