@@ -159,7 +159,11 @@ func (an *anode) waitHolds(t *testing.T, p agent.Phase, digest string) agent.Sta
 // fetchState is the fetcher's resume record on n for digest: present
 // exactly while a fetch is unfinished.
 func (an *anode) fetchState(digest string) string {
-	return peer.StatePath(filepath.Join(an.Cfg.Paths.StateDir, "incoming", strings.TrimPrefix(digest, "sha256:")+".tar"))
+	m, _ := filepath.Glob(filepath.Join(an.Cfg.Paths.StateDir, "incoming", strings.TrimPrefix(digest, "sha256:"), "*.tar"))
+	if len(m) == 0 {
+		return peer.StatePath(filepath.Join(an.Cfg.Paths.StateDir, "incoming", strings.TrimPrefix(digest, "sha256:"), "none.tar"))
+	}
+	return peer.StatePath(m[0])
 }
 
 // resumeBytes reads n's resume record for digest (after n was killed):
@@ -612,6 +616,9 @@ func TestAgents_TokenMismatchRefused(t *testing.T) {
 	}
 	if s.Phase != "idle" || len(s.Bundles) != 0 {
 		t.Fatalf("B with the wrong token got somewhere: %s (%d records)", s.Line, len(s.Bundles))
+	}
+	if s.Healthy || !strings.Contains(s.Line, "refuses this node") {
+		t.Errorf("B's own status does not say its token is refused: %s", s.Line)
 	}
 	if _, err := os.Stat(filepath.Join(b.Cfg.Paths.StateDir, "incoming")); !os.IsNotExist(err) {
 		t.Fatalf("B with the wrong token started a fetch (%v)", err)
