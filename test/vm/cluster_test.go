@@ -58,6 +58,7 @@ func TestThreeNodes_StickInOneLoadsAll(t *testing.T) {
 				return
 			}
 			t.Logf("%s: booted in %.1fs, system %s", v.Name(), bi.HostSeconds, bi.SystemState)
+			logFailedUnits(t, ctx, v, bi)
 		})
 	}
 	wg.Wait()

@@ -174,6 +174,7 @@ func (e *env) waitReady(t *testing.T, ctx context.Context, v *VM) BootInfo {
 	}
 	t.Logf("%s: booted in %.1fs (guest uptime %.1fs, control channel after %.1fs), system %s",
 		v.Name(), b.HostSeconds, b.GuestUptime, b.AgentSeconds, b.SystemState)
+	logFailedUnits(t, ctx, v, b)
 	return b
 }
 
@@ -221,4 +222,16 @@ func guestImages(t *testing.T, ctx context.Context, v *VM) []crictlImage {
 		t.Fatalf("crictl images -o json: %v\n%s", err, out)
 	}
 	return r.Images
+}
+
+// logFailedUnits says which units failed when the guest booted degraded.
+func logFailedUnits(t *testing.T, ctx context.Context, v *VM, b BootInfo) {
+	t.Helper()
+	if b.SystemState == "running" {
+		return
+	}
+	r, err := v.Run(ctx, "systemctl --failed --no-legend --no-pager; for u in $(systemctl --failed --no-legend --plain | cut -d' ' -f1); do journalctl -u $u -b --no-pager -n 15 -o cat; done")
+	if err == nil {
+		t.Logf("%s: failed units:\n%s", v.Name(), r.Stdout)
+	}
 }
