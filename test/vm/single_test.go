@@ -124,14 +124,19 @@ func requireActive(t *testing.T, ctx context.Context, v *VM) {
 // returns the plug-to-loaded time on the host's clock.
 func plugAndLoad(t *testing.T, ctx context.Context, v *VM, id, img string, b *testBundle) time.Duration {
 	t.Helper()
+	// refusals already on record (an earlier, tampered stick) are not this one's
+	before, _, err := readStatus(ctx, v)
+	if err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	if err := v.PlugUSB(ctx, id, img, true); err != nil {
 		t.Fatal(err)
 	}
 	waitStatus(t, ctx, v, loadTimeout, func(s ferryStatus) bool { return s.loadedWith(b.Digest) },
 		func(s ferryStatus) bool {
-			_, bad := s.rejected(b.Digest)
-			return bad || s.Phase == "rejected" || s.Phase == "failed" || s.Phase == "conflict"
+			return (s.Error != "" && s.Error != before.Error) ||
+				(s.Phase != before.Phase && (s.Phase == "rejected" || s.Phase == "failed" || s.Phase == "conflict"))
 		})
 	took := time.Since(start)
 	t.Logf("%s: stick plugged -> loaded in %.1fs", v.Name(), took.Seconds())
