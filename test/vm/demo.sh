@@ -28,4 +28,4 @@ echo "    bin/ferry: $(bin/ferry version 2>/dev/null | head -1)"
 
 # The narration is the test's; -v streams it as it happens.
 FERRY_DEMO=1 go test -count=1 -timeout 40m -run '^TestDemo$' -v ./test/vm \
-  | grep -v -e '^=== RUN' -e '^=== PAUSE' -e '^=== CONT' -e 'level=INFO msg="qemu started"'
+  | grep --line-buffered -v -e '^=== RUN' -e '^=== PAUSE' -e '^=== CONT' -e 'level=INFO msg="qemu started"'
