@@ -15,6 +15,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/ferry-edge/ferry/bundle"
 )
 
 var (
@@ -607,20 +609,7 @@ func CheckRoom(dir string, need int64) error {
 	free := int64(st.Bavail) * int64(st.Bsize)
 	if free < need {
 		return fmt.Errorf("%w in %s: %s free, %s needed: free space there (crictl rmi --prune removes unused images) and load again",
-			ErrNoRoom, dir, humanBytes(free), humanBytes(need))
+			ErrNoRoom, dir, bundle.HumanSize(free), bundle.HumanSize(need))
 	}
 	return nil
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

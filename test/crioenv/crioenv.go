@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/crio"
 )
 
@@ -294,4 +295,17 @@ func Write(t testing.TB, path, content string) {
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Configure points an agent's config at this CRI-O: its socket, SIGHUP
+// reload through its pid file, its storage and its drop-in dirs.
+func (c *CRIO) Configure(cfg *agent.Config) {
+	cfg.CRIO.Socket = c.Socket
+	cfg.CRIO.Reload = "signal"
+	cfg.CRIO.PidFile = c.PidFile
+	cfg.CRIO.StorageDir = filepath.Join(c.Root, "storage")
+	cfg.CRIO.StorageFloorBytes = 1 << 20
+	cfg.Paths.CRIOConfDir = c.Dropins.CRIOConfDir
+	cfg.Paths.RegistriesConfDir = c.Dropins.RegistriesConfDir
+	cfg.Paths.CertsDir = c.Dropins.CertsDir
 }

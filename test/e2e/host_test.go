@@ -50,14 +50,7 @@ func makeBundle(t *testing.T, n int, imageSize int64) (tarPath string, meta *bun
 // nodeConfig points an agent at c's sockets and drop-in dirs.
 func nodeConfig(t *testing.T, c *crioenv.CRIO) agent.Config {
 	cfg := ferryenv.Config(t.TempDir())
-	cfg.CRIO.Socket = c.Socket
-	cfg.CRIO.Reload = "signal"
-	cfg.CRIO.PidFile = c.PidFile
-	cfg.CRIO.StorageDir = filepath.Join(c.Root, "storage")
-	cfg.CRIO.StorageFloorBytes = 1 << 20
-	cfg.Paths.CRIOConfDir = c.Dropins.CRIOConfDir
-	cfg.Paths.RegistriesConfDir = c.Dropins.RegistriesConfDir
-	cfg.Paths.CertsDir = c.Dropins.CertsDir
+	c.Configure(&cfg)
 	return cfg
 }
 

@@ -102,14 +102,7 @@ func newFleet(t *testing.T, o fleetOptions) *fleet {
 			// the agent's embedded registry listens on 127.0.0.1.
 			c := crioenv.StartIn(t, []string{"nsenter", "--net=/run/netns/" + n.NS})
 			an.CRIO = c
-			cfg.CRIO.Socket = c.Socket
-			cfg.CRIO.Reload = "signal"
-			cfg.CRIO.PidFile = c.PidFile
-			cfg.CRIO.StorageDir = filepath.Join(c.Root, "storage")
-			cfg.CRIO.StorageFloorBytes = 1 << 20
-			cfg.Paths.CRIOConfDir = c.Dropins.CRIOConfDir
-			cfg.Paths.RegistriesConfDir = c.Dropins.RegistriesConfDir
-			cfg.Paths.CertsDir = c.Dropins.CertsDir
+			c.Configure(&cfg)
 		}
 		an.Cfg = cfg
 		an.A = ferryenv.StartIn(t, []string{"ip", "netns", "exec", n.NS}, cfg)
