@@ -27,6 +27,8 @@ metric() { # mode n unit
 status=0
 for n in ${NODES//,/ }; do
   p2p=$(metric p2p "$n" s/fanout); star=$(metric star "$n" s/fanout)
+  [ -n "$p2p" ] && p2p=$(printf %.1f "$p2p")
+  [ -n "$star" ] && star=$(printf %.1f "$star")
   if [ -z "$p2p" ] || [ -z "$star" ]; then
     printf '%-44s %10s %8s  %s\n' "P2 fan-out N=$n" FAILED "" "no result in the benchmark output"
     status=1; continue
