@@ -20,7 +20,7 @@ for what in peer registry; do
   out=$(go test ./test/load -run "^$run\$" -count=1 -v -timeout 10m 2>&1) || rc=1
   [ $rc -eq 0 ] || status=1
   echo "$out" >&2
-  line=$(echo "$out" | grep -E "^LOAD $what:" | tail -1)
+  line=$(echo "$out" | grep -E "^LOAD $what:" | tail -1 || true)
   if [ -z "$line" ]; then
     printf '%-44s %10s %8s  %s\n' "$label" FAILED "" "no LOAD line: see the log"
     status=1; continue

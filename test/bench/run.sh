@@ -21,13 +21,18 @@ for s in test/bench/p1.sh test/bench/p[2-9]*.sh; do
   fi
   log=$BENCH_DIR/$name.log
   start=$(date +%s)
-  if ! bash "$s" 2>"$log"; then
-    printf '%-44s %10s %8s  %s\n' "$name" FAILED "" "after $(( $(date +%s) - start ))s; see $log"
+  rc=0
+  rows=$(bash "$s" 2>"$log") || rc=$?
+  [ -n "$rows" ] && echo "$rows"
+  if [ $rc -ne 0 ]; then
+    if ! grep -q FAILED <<<"$rows"; then
+      printf '%-44s %10s %8s  %s\n' "$name" FAILED "" "after $(( $(date +%s) - start ))s; see $log"
+    fi
     printf '{"bench":"%s","failed":true,"log":"%s"}\n' "$name" "$log" >> "$RESULTS"
     failed+=("$name")
   fi
 done
-echo "raw numbers: $RESULTS"
+echo "raw numbers: $RESULTS; logs: $BENCH_DIR/<row>.log"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "failed rows: ${failed[*]}"
   exit 1
