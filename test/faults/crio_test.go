@@ -54,14 +54,7 @@ func crioNode(t *testing.T, images int, imageSize int64) (*node, string) {
 	}
 
 	cfg := ferryenv.Config(t.TempDir())
-	cfg.CRIO.Socket = c.Socket
-	cfg.CRIO.Reload = "signal"
-	cfg.CRIO.PidFile = c.PidFile
-	cfg.CRIO.StorageDir = filepath.Join(c.Root, "storage")
-	cfg.CRIO.StorageFloorBytes = 1 << 20
-	cfg.Paths.CRIOConfDir = c.Dropins.CRIOConfDir
-	cfg.Paths.RegistriesConfDir = c.Dropins.RegistriesConfDir
-	cfg.Paths.CertsDir = c.Dropins.CertsDir
+	c.Configure(&cfg)
 	n := &node{
 		a: ferryenv.Start(t, cfg), cfg: cfg, digest: "sha256:" + string(sha[:64]),
 		crio: c, cl: c.Client(t),
