@@ -78,6 +78,10 @@ func readStatus(ctx context.Context, v *VM) (ferryStatus, string, error) {
 	return s, r.Stdout, nil
 }
 
+// reactTimeout bounds the wait for the first change of ferry's status
+// after a stick is plugged.
+const reactTimeout = 3 * time.Minute
+
 // waitStatus polls `ferry status --json` until done says so, logging each
 // new phase; it fails the test when fail says so or at the timeout.
 func waitStatus(t *testing.T, ctx context.Context, v *VM, timeout time.Duration, done, fail func(ferryStatus) bool) ferryStatus {
@@ -95,10 +99,20 @@ func pollStatus(t *testing.T, ctx context.Context, v *VM, timeout time.Duration,
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	start := time.Now()
-	last, lastErr := "", ""
+	last, lastErr, first := "", "", ""
 	for {
 		s, raw, err := readStatus(ctx, v)
 		if err == nil {
+			if first == "" {
+				first = s.String()
+			} else if first != "stirred" && s.String() != first {
+				first = "stirred"
+			}
+			// a node that never reacts fails in minutes, not at the load timeout
+			if first != "stirred" && time.Since(start) > reactTimeout {
+				return s, fmt.Errorf("%s: ferry did not react within %s: its status stayed %q\n%s",
+					v.Name(), reactTimeout, s, diag(context.Background(), v))
+			}
 			if p := s.String(); p != last {
 				t.Logf("%s +%.1fs: %s", v.Name(), time.Since(start).Seconds(), p)
 				last = p
@@ -126,7 +140,7 @@ func pollStatus(t *testing.T, ctx context.Context, v *VM, timeout time.Duration,
 func diag(ctx context.Context, v *VM) string {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	r, err := v.Run(ctx, "systemctl status ferry crio --no-pager -l -n 0; journalctl -u ferry --no-pager -n 60 -o short-monotonic; journalctl -u crio --no-pager -o short-monotonic | grep -iE 'reload|error|pull' | tail -20")
+	r, err := v.Run(ctx, "lsblk -o NAME,SIZE,FSTYPE,LABEL; systemctl status ferry crio --no-pager -l -n 0; journalctl -u ferry --no-pager -n 60 -o short-monotonic; journalctl -u crio --no-pager -o short-monotonic | grep -iE 'reload|error|pull' | tail -20")
 	if err != nil {
 		return err.Error()
 	}
