@@ -54,8 +54,8 @@ func nodeConfig(t *testing.T, c *crioenv.CRIO) agent.Config {
 	return cfg
 }
 
-// pulledAs lists every reference CRI-O pulled the image as (the pin
-// matches these), tags included.
+// refsOf lists every reference CRI-O pulls the bundle's images as (the
+// pins match these), tags included.
 func refsOf(meta *bundle.Metadata) []string {
 	return crio.PullRefs(meta.AllImages())
 }
@@ -121,17 +121,7 @@ func TestHost_StickBundleLoadedAndPinnedInRealCRIO(t *testing.T) {
 		t.Fatalf("ferry cleanup: %v\n%s", err, out)
 	}
 	a.WaitPhase(bound, "idle")
-	deadline := time.Now().Add(time.Minute)
-	for time.Now().Before(deadline) {
-		if p, _, _ := cl.Status(context.Background(), refs[0]); !p {
-			break
-		}
-		if _, pinned, _ := cl.Status(context.Background(), refs[0]); !pinned {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	checkPinned(t, cl, refs, false)
+	checkPinned(t, cl, refs, false) // cleanup waits until CRI-O applied it
 	for _, f := range []string{filepath.Join(c.Dropins.CRIOConfDir, crio.DropinName), filepath.Join(c.Dropins.RegistriesConfDir, crio.DropinName)} {
 		if _, err := os.Stat(f); !os.IsNotExist(err) {
 			t.Errorf("%s left after cleanup", f)
