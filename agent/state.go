@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/atomicfile"
 )
 
 // Phase is where one bundle is on this node.
@@ -87,7 +88,7 @@ func (s *Store) Save(r *Record) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(s.path(r.ID), b, 0o600)
+	return atomicfile.WriteFile(s.path(r.ID), b, 0o600)
 }
 
 // Load returns every record, oldest first.
@@ -123,38 +124,6 @@ func (r *Record) firstSeen() time.Time {
 		}
 	}
 	return t
-}
-
-func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // clone copies r deeply enough to be read without the agent's lock.

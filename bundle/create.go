@@ -24,6 +24,8 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/ferry-edge/ferry/internal/atomicfile"
 )
 
 // Platform choices for manifest lists (CreateOptions.Platforms).
@@ -707,7 +709,7 @@ func (c *creator) writeBundle(meta *Metadata, workDir string) (*CreateResult, er
 		os.Remove(partial)
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
-	if err := createWriteAtomic(res.SHA256Path, []byte(FormatSHA256File(dgst, base))); err != nil {
+	if err := atomicfile.WriteFile(res.SHA256Path, []byte(FormatSHA256File(dgst, base)), 0o644); err != nil {
 		return nil, err
 	}
 	if c.o.SignKey != nil {
@@ -715,48 +717,14 @@ func (c *creator) writeBundle(meta *Metadata, workDir string) (*CreateResult, er
 		if err != nil {
 			return nil, err
 		}
-		if err := createWriteAtomic(sigPath, sig); err != nil {
+		if err := atomicfile.WriteFile(sigPath, sig, 0o644); err != nil {
 			return nil, err
 		}
 		res.SignaturePath = sigPath
 	}
-	createSyncDir(c.o.OutputDir)
+	atomicfile.SyncDir(c.o.OutputDir)
 	c.log.Info("bundle written", "tar", tarPath, "digest", dgst, "size", HumanSize(size), "images", len(meta.AllImages()))
 	return res, nil
-}
-
-// createWriteAtomic writes data to path through a temporary file in the
-// same directory, synced and renamed.
-func createWriteAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("bundle: %w", err)
-	}
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("bundle: writing %s: %w", path, err)
-	}
-	return nil
-}
-
-func createSyncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
 }
 
 // ReadImageList reads an --extra-images-file: one reference a line; blank

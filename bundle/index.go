@@ -1,6 +1,7 @@
 package bundle
 
 import (
+	"bytes"
 	"compress/gzip"
 	"encoding/gob"
 	"fmt"
@@ -8,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+
+	"github.com/ferry-edge/ferry/internal/atomicfile"
 )
 
 // Index records how a bundle's tar maps onto its extracted tree: the raw
@@ -36,27 +39,16 @@ func (ix *Index) add(raw []byte, path string, size int64) {
 
 // WriteFile stores the index at path atomically.
 func (ix *Index) WriteFile(path string) error {
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	zw := gzip.NewWriter(f)
-	err = gob.NewEncoder(zw).Encode(ix)
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	err := gob.NewEncoder(zw).Encode(ix)
 	if cerr := zw.Close(); err == nil {
 		err = cerr
 	}
 	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
+		err = atomicfile.WriteFile(path, b.Bytes(), 0o600)
 	}
 	if err != nil {
-		os.Remove(tmp)
 		return fmt.Errorf("writing tar index %s: %w", path, err)
 	}
 	return nil

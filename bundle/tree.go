@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ferry-edge/ferry/internal/atomicfile"
 )
 
 // treeWriter checks every entry after metadata.json and, when root is set,
@@ -154,7 +156,7 @@ func (w *treeWriter) publish(dest string, sync bool) error {
 		return fmt.Errorf("publishing %s: %w", dest, err)
 	}
 	if sync {
-		return syncDir(filepath.Dir(dest))
+		return atomicfile.SyncDir(filepath.Dir(dest))
 	}
 	return nil
 }
@@ -169,15 +171,6 @@ func syncFS(dir string) error {
 		return fmt.Errorf("syncing %s: %w", dir, err)
 	}
 	return nil
-}
-
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
 
 func isNoSpace(err error) bool {

@@ -15,6 +15,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/atomicfile"
 )
 
 // DropinName is the name of ferry's files in crio.conf.d and
@@ -453,29 +454,9 @@ func writeIfChanged(path string, data []byte, mode os.FileMode) (bool, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return false, err
 	}
-	f, err := os.CreateTemp(filepath.Dir(dir), ".ferry-"+filepath.Base(path)+".tmp*")
-	if err != nil {
+	if err := atomicfile.WriteFileVia(filepath.Dir(dir), path, data, mode); err != nil {
 		return false, err
 	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Chmod(mode)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return false, err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return false, err
-	}
-	syncDir(dir)
 	return true, nil
 }
 
@@ -487,13 +468,6 @@ func removeIfExists(path string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("%w: %v", ErrDropin, err)
 	}
-	syncDir(filepath.Dir(path))
+	atomicfile.SyncDir(filepath.Dir(path))
 	return true, nil
-}
-
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
 }

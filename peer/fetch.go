@@ -14,6 +14,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/ferry-edge/ferry/internal/atomicfile"
 )
 
 // FetcherOptions configure NewFetcher.
@@ -268,7 +270,7 @@ func (j *job) saveState() error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(StatePath(j.dest), b)
+	return atomicfile.WriteFile(StatePath(j.dest), b, 0o600)
 }
 
 // choosePieceList asks every peer that offers the bundle for its piece

@@ -14,6 +14,8 @@ import (
 	"slices"
 	"sort"
 	"sync"
+
+	"github.com/ferry-edge/ferry/internal/atomicfile"
 )
 
 // ShelfOptions configure NewShelf.
@@ -256,7 +258,7 @@ func (s *Shelf) saveCached(p *PieceList) {
 	b, _ := json.Marshal(p)
 	err := os.MkdirAll(s.opts.CacheDir, 0o700) // the first time, on a fresh state dir
 	if err == nil {
-		err = writeFileAtomic(s.cachePath(p.Digest), b)
+		err = atomicfile.WriteFile(s.cachePath(p.Digest), b, 0o600)
 	}
 	if err != nil {
 		s.opts.Log.Warn("peer: cannot cache piece list; it will be computed again after a restart", "DIGEST", p.Digest, "err", err)
@@ -350,28 +352,4 @@ func (s *Shelf) Have(digest string) (Have, error) {
 		return FullHave(e.pieces.N()), nil
 	}
 	return e.have.Clone(), nil
-}
-
-// writeFileAtomic writes b to a temporary file next to path, syncs it and
-// renames it over path.
-func writeFileAtomic(path string, b []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-	}
-	return err
 }

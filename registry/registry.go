@@ -24,6 +24,8 @@ import (
 	"github.com/distribution/distribution/v3/configuration"
 	"github.com/distribution/distribution/v3/registry/handlers"
 	_ "github.com/distribution/distribution/v3/registry/storage/driver/filesystem" // the only driver used
+
+	"github.com/ferry-edge/ferry/internal/atomicfile"
 )
 
 var (
@@ -89,7 +91,7 @@ func New(stateDir string, port int, log *slog.Logger) (*Registry, error) {
 	}
 	if port == 0 {
 		port = ln.Addr().(*net.TCPAddr).Port
-		if err := writeFileAtomic(filepath.Join(stateDir, portFile), []byte(strconv.Itoa(port)+"\n"), 0o644); err != nil {
+		if err := atomicfile.WriteFile(filepath.Join(stateDir, portFile), []byte(strconv.Itoa(port)+"\n"), 0o644); err != nil {
 			ln.Close()
 			return nil, fmt.Errorf("keep registry port: %w", err)
 		}

@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ferry-edge/ferry/internal/atomicfile"
 )
 
 // Files kept in the state directory.
@@ -51,10 +53,10 @@ func loadOrCreateCert(dir string, now time.Time) (cert tls.Certificate, certPEM 
 	}
 	// Key first: a crash between the two leaves a key without its
 	// certificate, which the next start replaces.
-	if err := writeFileAtomic(filepath.Join(dir, keyFile), keyPEM, 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, keyFile), keyPEM, 0o600); err != nil {
 		return tls.Certificate{}, nil, false, err
 	}
-	if err := writeFileAtomic(filepath.Join(dir, certFile), certPEM, 0o644); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, certFile), certPEM, 0o644); err != nil {
 		return tls.Certificate{}, nil, false, err
 	}
 	cert, err = tls.X509KeyPair(certPEM, keyPEM)
@@ -116,38 +118,4 @@ func keptPort(dir string) (int, error) {
 		return 0, fmt.Errorf("%s holds %q, not a port: remove it and ferry chooses a new one", filepath.Join(dir, portFile), strings.TrimSpace(string(b)))
 	}
 	return p, nil
-}
-
-// writeFileAtomic writes data to a temporary file beside path, syncs it and
-// renames it over path, so readers see the old or the new content.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		d.Sync()
-		d.Close()
-	}
-	return nil
 }
