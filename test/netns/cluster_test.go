@@ -211,18 +211,25 @@ const (
 	testRate = 25 << 20 // bytes/s per link and direction: ~2.5 s per copy
 )
 
-// TestFanOut_AllNodesEndWithTheBundle: one source, three nodes fetching
-// from every other node; all end with the same verified file, and the
-// source did not send three whole copies.
-func TestFanOut_AllNodesEndWithTheBundle(t *testing.T) {
-	c := newCluster(t, 4, testRate, testSize)
-	nodes := c.lab.Nodes()
+// fanOut makes the first node the source and starts every other one
+// fetching from all the rest.
+func (c *cluster) fanOut(t *testing.T, nodes []*Node) (*Proc, map[*Node]*Proc) {
 	src := c.hold(nodes[0])
 	c.waitPhase(t.Context(), nodes[0], src, "ready")
 	procs := map[*Node]*Proc{}
 	for _, n := range nodes[1:] {
 		procs[n] = c.fetch(n, c.others(n))
 	}
+	return src, procs
+}
+
+// TestFanOut_AllNodesEndWithTheBundle: one source, three nodes fetching
+// from every other node; all end with the same verified file, and the
+// source did not send three whole copies.
+func TestFanOut_AllNodesEndWithTheBundle(t *testing.T) {
+	c := newCluster(t, 4, testRate, testSize)
+	nodes := c.lab.Nodes()
+	_, procs := c.fanOut(t, nodes)
 	for _, n := range nodes[1:] {
 		r := c.waitPhase(t.Context(), n, procs[n], "ready")
 		c.checkHolds(n)
@@ -248,12 +255,7 @@ func TestFanOut_AllNodesEndWithTheBundle(t *testing.T) {
 func TestFanOut_PeerKilledMidTransfer(t *testing.T) {
 	c := newCluster(t, 4, testRate, testSize)
 	nodes := c.lab.Nodes()
-	src := c.hold(nodes[0])
-	c.waitPhase(t.Context(), nodes[0], src, "ready")
-	procs := map[*Node]*Proc{}
-	for _, n := range nodes[1:] {
-		procs[n] = c.fetch(n, c.others(n))
-	}
+	_, procs := c.fanOut(t, nodes)
 	victim := nodes[2]
 	c.waitFor(t.Context(), 2*time.Minute, victim.Name+" a quarter through", func() bool {
 		return c.report(victim).Done >= c.size/4
@@ -299,12 +301,7 @@ func TestFanOut_FlippingPeerIsDropped(t *testing.T) {
 func TestFanOut_Restarts(t *testing.T) {
 	c := newCluster(t, 3, testRate, testSize)
 	nodes := c.lab.Nodes()
-	src := c.hold(nodes[0])
-	c.waitPhase(t.Context(), nodes[0], src, "ready")
-	procs := map[*Node]*Proc{}
-	for _, n := range nodes[1:] {
-		procs[n] = c.fetch(n, c.others(n))
-	}
+	src, procs := c.fanOut(t, nodes)
 	c.waitFor(t.Context(), 2*time.Minute, "a third of the bundle fetched", func() bool {
 		return c.report(nodes[1]).Done >= c.size/3
 	})
