@@ -56,11 +56,13 @@ func (e *StatusError) Unwrap() error {
 		return ErrNotReady
 	case http.StatusRequestedRangeNotSatisfiable:
 		return ErrBadRange
+	case http.StatusConflict:
+		return ErrSentElsewhere
 	}
 	return nil
 }
 
-func (c *Client) do(ctx context.Context, peer, path, rng string, want int) (*http.Response, error) {
+func (c *Client) do(ctx context.Context, peer, path string, hdr http.Header, want int) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+peer+path, nil)
 	if err != nil {
 		return nil, fmt.Errorf("peer %s: %w", peer, err)
@@ -68,8 +70,8 @@ func (c *Client) do(ctx context.Context, peer, path, rng string, want int) (*htt
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
-	if rng != "" {
-		req.Header.Set("Range", rng)
+	for k, v := range hdr {
+		req.Header[k] = v
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
@@ -86,7 +88,7 @@ func (c *Client) do(ctx context.Context, peer, path, rng string, want int) (*htt
 func (c *Client) getJSON(ctx context.Context, peer, path string, limit int64, v any) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	resp, err := c.do(ctx, peer, path, "", http.StatusOK)
+	resp, err := c.do(ctx, peer, path, nil, http.StatusOK)
 	if err != nil {
 		return nil, err
 	}
@@ -148,12 +150,22 @@ func (c *Client) Status(ctx context.Context, peer string) (Status, error) {
 // CopyRange copies digest's tar bytes [off, off+n) from peer to w. A body
 // that stalls for the idle timeout is dropped; a short body is an error.
 func (c *Client) CopyRange(ctx context.Context, peer, digest string, off, n int64, w io.Writer) error {
+	return c.copyRange(ctx, peer, digest, off, n, w, false)
+}
+
+// copyRange is CopyRange, asking for a first copy (FirstCopyHeader) if
+// firstCopy.
+func (c *Client) copyRange(ctx context.Context, peer, digest string, off, n int64, w io.Writer, firstCopy bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	idle := time.AfterFunc(c.idleRead, cancel)
 	defer idle.Stop()
 	rng := "bytes=" + strconv.FormatInt(off, 10) + "-" + strconv.FormatInt(off+n-1, 10)
-	resp, err := c.do(ctx, peer, "/v1/bundles/"+digest+"/tar", rng, http.StatusPartialContent)
+	hdr := http.Header{"Range": {rng}}
+	if firstCopy {
+		hdr.Set(FirstCopyHeader, "1")
+	}
+	resp, err := c.do(ctx, peer, "/v1/bundles/"+digest+"/tar", hdr, http.StatusPartialContent)
 	if err != nil {
 		return err
 	}

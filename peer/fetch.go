@@ -180,6 +180,7 @@ type peerState struct {
 	addr       string
 	have       Have
 	known      bool // have is current
+	seed       bool // have is complete
 	inflight   int
 	dropped    bool
 	dropReason string
@@ -380,6 +381,10 @@ type haveResult struct {
 // run is the scheduler: one goroutine owns all state; requests and polls
 // run in their own goroutines and report back on channels.
 func (j *job) run(ctx context.Context) error {
+	// Not under the cancel below: finish cancels the requests, and the
+	// hashing must go on to the last piece.
+	whole := startPrefixHash(ctx, j.file, j.pl)
+	defer whole.stop()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	opts := j.f.opts
@@ -387,6 +392,7 @@ func (j *job) run(ctx context.Context) error {
 	results := make(chan pieceResult)
 	haves := make(chan haveResult)
 	inflight := make([]bool, j.pl.N())
+	sentElsewhere := map[int]time.Time{} // pieces a seed refused as first copies, until when
 	total := 0
 	polls := 0
 	rnd := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
@@ -394,6 +400,14 @@ func (j *job) run(ctx context.Context) error {
 	lastSave := time.Now()
 	tick := time.NewTicker(opts.Refresh)
 	defer tick.Stop()
+	front := 0 // pieces [0, front) are held
+	advance := func() {
+		for front < j.pl.N() && j.mine.Has(front) {
+			front++
+		}
+		whole.advance(front)
+	}
+	advance()
 
 	// finish waits for every goroutine so that none touches the file
 	// after Fetch returns.
@@ -465,38 +479,61 @@ func (j *job) run(ctx context.Context) error {
 			if err := finish(nil); err != nil {
 				return err
 			}
-			return j.verifyWhole()
+			return j.verifyWhole(whole)
 		}
 		// Hand out work: each peer with a free slot gets the rarest piece
-		// it has that nobody is fetching yet.
-		rarity := j.rarity()
+		// it has that nobody is fetching yet. A seed (a peer holding every
+		// piece) is asked only for pieces no other fetcher holds or is
+		// fetching, so its uplink carries each piece about once; the
+		// others come from the fetchers. Only a fetcher that would
+		// otherwise sit idle takes a second copy from a seed.
+		now := time.Now()
+		rarity, nearby := j.supply()
+		for i, until := range sentElsewhere {
+			if now.Before(until) {
+				nearby[i] = true
+			} else {
+				delete(sentElsewhere, i)
+			}
+		}
 		order := make([]*peerState, 0, len(j.peers))
 		for _, ps := range j.peers {
 			order = append(order, ps)
 		}
 		rnd.Shuffle(len(order), func(a, b int) { order[a], order[b] = order[b], order[a] })
-		now := time.Now()
-		for progressMade := true; progressMade && total < opts.Parallel; {
-			progressMade = false
-			sort.SliceStable(order, func(a, b int) bool { return order[a].inflight < order[b].inflight })
-			for _, ps := range order {
-				if total >= opts.Parallel {
-					break
+		for _, idle := range []bool{false, true} {
+			if idle && total > 0 {
+				break
+			}
+			for progressMade := true; progressMade && total < opts.Parallel; {
+				progressMade = false
+				sort.SliceStable(order, func(a, b int) bool { return order[a].inflight < order[b].inflight })
+				for _, ps := range order {
+					if total >= opts.Parallel {
+						break
+					}
+					if ps.dropped || !ps.known || ps.inflight >= opts.PerPeer || now.Before(ps.retryAt) {
+						continue
+					}
+					var avoid []bool
+					if ps.seed && !idle {
+						avoid = nearby
+					}
+					i := pickPiece(j.mine, inflight, ps.have, rarity, avoid)
+					if i < 0 {
+						continue
+					}
+					inflight[i] = true
+					ps.inflight++
+					total++
+					progressMade = true
+					if s := opts.Shelf; s != nil {
+						s.setPending(j.digest, i, true)
+					}
+					go func(addr string, i int, firstCopy bool) {
+						results <- j.fetchPiece(ctx, addr, i, firstCopy)
+					}(ps.addr, i, avoid != nil)
 				}
-				if ps.dropped || !ps.known || ps.inflight >= opts.PerPeer || now.Before(ps.retryAt) {
-					continue
-				}
-				i := pickPiece(j.mine, inflight, ps.have, rarity, rnd)
-				if i < 0 {
-					continue
-				}
-				inflight[i] = true
-				ps.inflight++
-				total++
-				progressMade = true
-				go func(addr string, i int) {
-					results <- j.fetchPiece(ctx, addr, i)
-				}(ps.addr, i)
 			}
 		}
 		if total == 0 && polls == 0 {
@@ -524,17 +561,23 @@ func (j *job) run(ctx context.Context) error {
 			inflight[r.piece] = false
 			ps := j.peers[r.peer]
 			ps.inflight--
+			if s := opts.Shelf; s != nil {
+				s.setPending(j.digest, r.piece, false)
+			}
 			switch {
 			case r.err == nil:
 				j.mine.Set(r.piece)
 				ps.fails = 0
 				dirty = true
+				advance()
 				if s := opts.Shelf; s != nil {
 					s.setPiece(j.digest, r.piece)
 				}
 				report()
 			case r.local:
 				return finish(r.err)
+			case errors.Is(r.err, ErrSentElsewhere):
+				sentElsewhere[r.piece] = time.Now().Add(firstCopyWindow)
 			case errors.Is(r.err, ErrBadPiece):
 				j.drop(r.peer, r.err.Error())
 				report()
@@ -558,9 +601,10 @@ func (j *job) run(ctx context.Context) error {
 				j.drop(h.peer, fmt.Sprintf("it has %d pieces of the bundle, the piece list has %d", h.have.Pieces, j.pl.N()))
 			case h.err == nil:
 				ps.have, ps.known = h.have, true
+				ps.seed = h.have.Count() == j.pl.N()
 				ps.fails = 0
 			case errors.Is(h.err, ErrUnknownBundle) || errors.Is(h.err, ErrNotReady):
-				ps.have, ps.known = NewHave(j.pl.N()), true
+				ps.have, ps.known, ps.seed = NewHave(j.pl.N()), true, false
 			case errors.Is(h.err, ErrUnauthorized):
 				j.drop(h.peer, "it refused our token: set the same token_file on every node")
 			case ctx.Err() != nil:
@@ -587,52 +631,52 @@ func (j *job) backoff(ps *peerState, err error) {
 	j.f.log.Info("peer fetch: peer failed; retrying later", "PEER", ps.addr, "DIGEST", j.digest, "RETRY_IN", d, "err", err)
 }
 
-// rarity counts, per piece, the peers known to hold it.
-func (j *job) rarity() []int {
-	r := make([]int, j.pl.N())
+// supply counts, per piece, the peers known to hold it or to be fetching
+// it (rarity), and marks the pieces that a peer other than a seed holds or
+// is fetching (nearby).
+func (j *job) supply() (rarity []int, nearby []bool) {
+	rarity, nearby = make([]int, j.pl.N()), make([]bool, j.pl.N())
 	for _, ps := range j.peers {
 		if ps.dropped || !ps.known {
 			continue
 		}
-		for i := range r {
-			if ps.have.Has(i) {
-				r[i]++
+		for i := range rarity {
+			if ps.have.Has(i) || ps.have.IsPending(i) {
+				rarity[i]++
+				nearby[i] = nearby[i] || !ps.seed
 			}
 		}
 	}
-	return r
+	return rarity, nearby
 }
 
 // pickPiece returns the piece to ask a peer holding theirs for: one we
-// lack, not in flight, that they have, with the lowest rarity; ties are
-// broken at random so fetchers spread over the source's pieces. -1: none.
-func pickPiece(mine Have, inflight []bool, theirs Have, rarity []int, rnd *rand.Rand) int {
-	best, ties := -1, 0
+// lack, not in flight, that they have, not marked in avoid (nil: none),
+// with the lowest rarity and, among those, the lowest index, so the file
+// fills from its start and its whole digest is computed as it arrives.
+// -1: none.
+func pickPiece(mine Have, inflight []bool, theirs Have, rarity []int, avoid []bool) int {
+	best := -1
 	for i := range inflight {
-		if mine.Has(i) || inflight[i] || !theirs.Has(i) {
+		if mine.Has(i) || inflight[i] || !theirs.Has(i) || avoid != nil && avoid[i] {
 			continue
 		}
-		switch {
-		case best < 0 || rarity[i] < rarity[best]:
-			best, ties = i, 1
-		case rarity[i] == rarity[best]:
-			ties++
-			if rnd.IntN(ties) == 0 {
-				best = i
-			}
+		if best < 0 || rarity[i] < rarity[best] {
+			best = i
 		}
 	}
 	return best
 }
 
-// fetchPiece streams piece i from peer into the file while hashing it. A
+// fetchPiece streams piece i from peer into the file while hashing it,
+// asking for a first copy (FirstCopyHeader) if firstCopy. A
 // bad piece leaves garbage in its slot, which is neither marked held nor
 // served, and is overwritten by the next attempt.
-func (j *job) fetchPiece(ctx context.Context, peer string, i int) pieceResult {
+func (j *job) fetchPiece(ctx context.Context, peer string, i int, firstCopy bool) pieceResult {
 	off, n := j.pl.Bounds(i)
 	h := sha256.New()
 	w := &hashWriter{w: io.NewOffsetWriter(j.file, off), h: h}
-	err := j.f.c.CopyRange(ctx, peer, j.digest, off, n, w)
+	err := j.f.c.copyRange(ctx, peer, j.digest, off, n, w, firstCopy)
 	if w.err != nil {
 		return pieceResult{peer: peer, piece: i, local: true, err: fmt.Errorf("peer fetch %s: write %s: %w (is the disk full?)", j.digest, j.dest, w.err)}
 	}
@@ -660,14 +704,14 @@ func (hw *hashWriter) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// verifyWhole checks dest against the digest. On a mismatch it removes
-// dest and the resume record: some piece list lied.
-func (j *job) verifyWhole() error {
-	h := sha256.New()
-	if _, err := io.Copy(h, io.NewSectionReader(j.file, 0, j.pl.Size)); err != nil {
-		return fmt.Errorf("peer fetch %s: read back %s: %w", j.digest, j.dest, err)
+// verifyWhole checks dest against the digest, as hashed while it arrived.
+// On a mismatch it removes dest and the resume record: some piece list
+// lied.
+func (j *job) verifyWhole(whole *prefixHash) error {
+	got, err := whole.sum()
+	if err != nil {
+		return fmt.Errorf("peer fetch %s: %s: %w", j.digest, j.dest, err)
 	}
-	got := "sha256:" + hex.EncodeToString(h.Sum(nil))
 	if got != j.digest {
 		if s := j.f.opts.Shelf; s != nil {
 			s.Remove(j.digest)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -363,7 +362,6 @@ func TestFetch_UnknownDigestIsNoPeers(t *testing.T) {
 }
 
 func TestPickPiece(t *testing.T) {
-	rnd := rand.New(rand.NewPCG(1, 2))
 	h := func(n int, set ...int) Have {
 		x := NewHave(n)
 		for _, i := range set {
@@ -377,13 +375,17 @@ func TestPickPiece(t *testing.T) {
 		inflight []int
 		theirs   Have
 		rarity   []int
-		want     []int // any of these
+		avoid    []bool
+		want     int
 	}{
-		{name: "the rarest piece they have", mine: h(4), theirs: h(4, 0, 1, 2, 3), rarity: []int{3, 1, 2, 3}, want: []int{1}},
-		{name: "never one we hold", mine: h(4, 1), theirs: h(4, 0, 1, 2, 3), rarity: []int{3, 1, 2, 3}, want: []int{2}},
-		{name: "never one in flight", mine: h(4), inflight: []int{1, 2}, theirs: h(4, 0, 1, 2, 3), rarity: []int{3, 1, 2, 3}, want: []int{0, 3}},
-		{name: "only one they have", mine: h(4), theirs: h(4, 3), rarity: []int{1, 1, 1, 9}, want: []int{3}},
-		{name: "none when they have nothing we lack", mine: h(4, 0, 1), theirs: h(4, 0, 1), rarity: []int{1, 1, 1, 1}, want: []int{-1}},
+		{name: "the rarest piece they have", mine: h(4), theirs: h(4, 0, 1, 2, 3), rarity: []int{3, 1, 2, 3}, want: 1},
+		{name: "never one we hold", mine: h(4, 1), theirs: h(4, 0, 1, 2, 3), rarity: []int{3, 1, 2, 3}, want: 2},
+		{name: "never one in flight", mine: h(4), inflight: []int{1, 2}, theirs: h(4, 0, 1, 2, 3), rarity: []int{3, 1, 2, 3}, want: 0},
+		{name: "the first of equally rare ones", mine: h(4, 0), theirs: h(4, 0, 1, 2, 3), rarity: []int{2, 2, 2, 2}, want: 1},
+		{name: "only one they have", mine: h(4), theirs: h(4, 3), rarity: []int{1, 1, 1, 9}, want: 3},
+		{name: "none when they have nothing we lack", mine: h(4, 0, 1), theirs: h(4, 0, 1), rarity: []int{1, 1, 1, 1}, want: -1},
+		{name: "never one to avoid", mine: h(4), theirs: h(4, 0, 1, 2, 3), rarity: []int{1, 1, 2, 1}, avoid: []bool{true, false, false, true}, want: 1},
+		{name: "none when all they have is to avoid", mine: h(4), theirs: h(4, 0, 1, 2, 3), rarity: []int{1, 1, 1, 1}, avoid: []bool{true, true, true, true}, want: -1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -391,24 +393,10 @@ func TestPickPiece(t *testing.T) {
 			for _, i := range tc.inflight {
 				inflight[i] = true
 			}
-			for k := 0; k < 20; k++ {
-				if got := pickPiece(tc.mine, inflight, tc.theirs, tc.rarity, rnd); !slices.Contains(tc.want, got) {
-					t.Fatalf("pickPiece = %d, want one of %v", got, tc.want)
-				}
+			if got := pickPiece(tc.mine, inflight, tc.theirs, tc.rarity, tc.avoid); got != tc.want {
+				t.Fatalf("pickPiece = %d, want %d", got, tc.want)
 			}
 		})
-	}
-}
-
-func TestPickPiece_SpreadsTiesSoFetchersDoNotCollide(t *testing.T) {
-	rnd := rand.New(rand.NewPCG(3, 4))
-	const n = 16
-	seen := map[int]bool{}
-	for k := 0; k < 400; k++ {
-		seen[pickPiece(NewHave(n), make([]bool, n), FullHave(n), make([]int, n), rnd)] = true
-	}
-	if len(seen) != n {
-		t.Fatalf("400 picks among %d equally rare pieces chose only %d distinct ones", n, len(seen))
 	}
 }
 

@@ -10,7 +10,8 @@
 //	/v1/bundles/<digest>/metadata    metadata.json bytes
 //	/v1/bundles/<digest>/pieces      PieceList (JSON); 503 + Retry-After while the source still hashes
 //	/v1/bundles/<digest>/have        Have (JSON): bitmap of verified pieces
-//	/v1/bundles/<digest>/tar         the tar; one byte range per request (Range: bytes=a-b)
+//	/v1/bundles/<digest>/tar         the tar; one byte range per request (Range: bytes=a-b);
+//	                                 409 for a piece asked as a first copy (FirstCopyHeader) that is already sent
 //	/v1/status                       Status (JSON) of this node
 //
 // With a token configured every request needs "Authorization: Bearer <token>".
@@ -60,6 +61,9 @@ var (
 	ErrUnauthorized = errors.New("peer refused the token")
 	// ErrBadRange: a Range header that cannot be served.
 	ErrBadRange = errors.New("unsatisfiable range")
+	// ErrSentElsewhere: a first-copy request for a piece the peer is
+	// sending, or just sent, to another fetcher (FirstCopyHeader).
+	ErrSentElsewhere = errors.New("piece already sent to another fetcher")
 )
 
 // Offer is one bundle a node serves, whole or in part.
@@ -187,10 +191,14 @@ func ParsePieceList(b []byte, digest string, size int64) (*PieceList, error) {
 	return &p, nil
 }
 
-// Have is a node's bitmap of verified pieces of one bundle.
+// Have is a node's bitmap of verified pieces of one bundle, and of the
+// pieces it is fetching now: other fetchers leave those to it rather than
+// take a second copy from the same source, whose uplink is the fan-out's
+// bottleneck.
 type Have struct {
-	Pieces int    `json:"pieces"`
-	Bits   []byte `json:"bits"` // bit i (byte i/8, mask 1<<(i%8)) set: piece i held
+	Pieces  int    `json:"pieces"`
+	Bits    []byte `json:"bits"`              // bit i (byte i/8, mask 1<<(i%8)) set: piece i held
+	Pending []byte `json:"pending,omitempty"` // same layout: piece i being fetched
 }
 
 // NewHave is an empty bitmap for n pieces.
@@ -213,6 +221,11 @@ func (h Have) Has(i int) bool {
 // Set marks piece i held.
 func (h Have) Set(i int) { h.Bits[i/8] |= 1 << (i % 8) }
 
+// IsPending reports whether piece i is being fetched.
+func (h Have) IsPending(i int) bool {
+	return i >= 0 && i < h.Pieces && i/8 < len(h.Pending) && h.Pending[i/8]&(1<<(i%8)) != 0
+}
+
 // Count is the number of pieces held.
 func (h Have) Count() int {
 	n := 0
@@ -226,7 +239,14 @@ func (h Have) Count() int {
 
 // Clone is a copy that does not share bits.
 func (h Have) Clone() Have {
-	return Have{Pieces: h.Pieces, Bits: append([]byte(nil), h.Bits...)}
+	c := Have{Pieces: h.Pieces, Bits: append([]byte(nil), h.Bits...)}
+	if len(h.Pending) > 0 {
+		c.Pending = append([]byte(nil), h.Pending...)
+	}
+	return c
 }
 
-func (h Have) valid() bool { return h.Pieces >= 0 && len(h.Bits) == (h.Pieces+7)/8 }
+func (h Have) valid() bool {
+	n := (h.Pieces + 7) / 8
+	return h.Pieces >= 0 && len(h.Bits) == n && (len(h.Pending) == 0 || len(h.Pending) == n)
+}

@@ -56,6 +56,7 @@ type Server struct {
 	opts  ServerOptions
 	token [32]byte
 	mux   *http.ServeMux
+	first firstCopies
 }
 
 // NewServer serves store.
@@ -248,6 +249,39 @@ func (s *Server) tar(w http.ResponseWriter, r *http.Request, o Offer) {
 			return
 		}
 	}
+	if o.Complete && r.Header.Get(FirstCopyHeader) != "" {
+		if i, ok := s.wholePiece(o.Digest, start, n); ok {
+			if !s.first.begin(o.Digest, i, time.Now()) {
+				http.Error(w, fmt.Sprintf("piece %d is on its way to another fetcher: get it from that peer", i), http.StatusConflict)
+				return
+			}
+			whole := false
+			defer func() { s.first.end(o.Digest, i, whole, time.Now()) }() // also when copyRange panics
+			whole = s.copyRange(w, r, o, ra, start, n, status)
+			return
+		}
+	}
+	s.copyRange(w, r, o, ra, start, n, status)
+}
+
+// wholePiece is the index of the piece that [start, start+n) is exactly.
+func (s *Server) wholePiece(digest string, start, n int64) (int, bool) {
+	p, err := s.store.Pieces(digest)
+	if err != nil || p.PieceSize <= 0 || start%p.PieceSize != 0 {
+		return 0, false
+	}
+	i := int(start / p.PieceSize)
+	if i >= p.N() {
+		return 0, false
+	}
+	if _, pn := p.Bounds(i); pn != n {
+		return 0, false
+	}
+	return i, true
+}
+
+// copyRange sends [start, start+n) of ra; true once every byte is written.
+func (s *Server) copyRange(w http.ResponseWriter, r *http.Request, o Offer, ra io.ReaderAt, start, n int64, status int) bool {
 	w.Header().Set("Content-Type", "application/x-tar")
 	w.Header().Set("Accept-Ranges", "bytes")
 	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
@@ -264,7 +298,7 @@ func (s *Server) tar(w http.ResponseWriter, r *http.Request, o Offer) {
 			_ = rc.SetWriteDeadline(time.Now().Add(s.opts.IdleWrite))
 			if _, werr := w.Write(buf[:m]); werr != nil {
 				s.opts.Log.Debug("peer tar write stopped", "REMOTE", r.RemoteAddr, "DIGEST", o.Digest, "err", werr)
-				return
+				return false
 			}
 		}
 		if err != nil && int64(m) < k {
@@ -273,6 +307,7 @@ func (s *Server) tar(w http.ResponseWriter, r *http.Request, o Offer) {
 		}
 		off += int64(m)
 	}
+	return true
 }
 
 func (s *Server) verified(digest string, start, n int64) error {

@@ -47,7 +47,7 @@ type entry struct {
 	offer  Offer
 	r      io.ReaderAt
 	pieces *PieceList // nil while hashing
-	have   Have       // partial entries only
+	have   Have       // partial entries only; Pending: pieces in flight
 	err    error      // hashing failed: not served
 	cancel context.CancelFunc
 }
@@ -278,6 +278,24 @@ func (s *Shelf) setPiece(digest string, i int) {
 	defer s.mu.Unlock()
 	if e := s.entries[digest]; e != nil && !e.offer.Complete && i < e.have.Pieces {
 		e.have.Set(i)
+	}
+}
+
+// setPending marks piece i of a partial entry as being fetched, or not.
+func (s *Shelf) setPending(digest string, i int, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entries[digest]
+	if e == nil || e.offer.Complete || i >= e.have.Pieces {
+		return
+	}
+	if e.have.Pending == nil {
+		e.have.Pending = make([]byte, len(e.have.Bits))
+	}
+	if on {
+		e.have.Pending[i/8] |= 1 << (i % 8)
+	} else {
+		e.have.Pending[i/8] &^= 1 << (i % 8)
 	}
 }
 
