@@ -126,10 +126,21 @@ func TestHave(t *testing.T) {
 	if h.Has(3) {
 		t.Fatal("Clone shares bits with the original")
 	}
+	h.Pending = make([]byte, len(h.Bits))
+	h.Pending[0] = 1 << 2
 	var back Have
 	b, _ := json.Marshal(h)
-	if err := json.Unmarshal(b, &back); err != nil || !back.valid() || back.Count() != 4 {
+	if err := json.Unmarshal(b, &back); err != nil || !back.valid() || back.Count() != 4 || !back.IsPending(2) || back.IsPending(0) {
 		t.Fatalf("JSON round trip: %+v, %v", back, err)
+	}
+	c = h.Clone()
+	c.Pending[0] = 0
+	if !h.IsPending(2) {
+		t.Fatal("Clone shares pending bits with the original")
+	}
+	back.Pending = back.Pending[:1]
+	if back.valid() {
+		t.Fatal("a pending bitmap of the wrong length is valid")
 	}
 }
 
