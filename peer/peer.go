@@ -9,7 +9,7 @@
 //	/v1/bundles                      []Offer (JSON)
 //	/v1/bundles/<digest>/metadata    metadata.json bytes
 //	/v1/bundles/<digest>/pieces      PieceList (JSON); 503 + Retry-After while the source still hashes
-//	/v1/bundles/<digest>/have        Have (JSON): bitmap of verified pieces
+//	/v1/bundles/<digest>/have        Have (JSON): bitmaps of verified pieces and of pieces being fetched
 //	/v1/bundles/<digest>/tar         the tar; one byte range per request (Range: bytes=a-b);
 //	                                 409 for a piece asked as a first copy (FirstCopyHeader) that is already sent
 //	/v1/status                       Status (JSON) of this node
