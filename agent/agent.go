@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/peer"
 )
 
 // DeviceEvent is a block device appearing, changing or going away.
@@ -422,6 +423,10 @@ func (a *Agent) startExtractWith(ctx context.Context, r *Record, src bundle.Sour
 		var ix bundle.Index
 		opts := bundle.Options{Policy: pol, Sync: true, Index: &ix, Log: a.log,
 			Progress: a.throttle(r, "bytes")}
+		if a.deps.Peers != nil {
+			// the piece list for the peers, hashed in the same pass
+			opts.PieceSize = peer.DefaultPieceSize
+		}
 		res, err := bundle.Extract(jctx, src, r.Dir, opts)
 		a.done <- jobResult{kind: "extract", rec: r, res: res, ix: &ix, err: err}
 	}()

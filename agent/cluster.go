@@ -20,8 +20,9 @@ import (
 
 // Peers is the agent's view of the other nodes (peer.Shelf + peer.Fetcher).
 type Peers interface {
-	// Share serves a verified bundle's tar bytes to the peers.
-	Share(digest string, meta []byte, r io.ReaderAt, size int64) error
+	// Share serves a verified bundle's tar bytes to the peers; pieces,
+	// when not nil, is its piece list as hashed in the extraction pass.
+	Share(digest string, meta []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error
 	Unshare(digest string)
 	Discover(ctx context.Context) ([]peer.PeerOffer, error)
 	Fetch(ctx context.Context, digest, dest string, progress func(peer.Progress)) error
@@ -238,7 +239,11 @@ func (a *Agent) share(r *Record) {
 		return
 	}
 	meta, _ := json.Marshal(r.Metadata)
-	if err := a.deps.Peers.Share(r.Digest, meta, ix.ReaderAt(r.Dir), ix.Size); err != nil {
+	var pieces *peer.PieceList
+	if len(ix.Pieces) > 0 {
+		pieces = &peer.PieceList{Digest: r.Digest, Size: ix.Size, PieceSize: ix.PieceSize, Pieces: ix.Pieces}
+	}
+	if err := a.deps.Peers.Share(r.Digest, meta, ix.ReaderAt(r.Dir), ix.Size, pieces); err != nil {
 		a.log.Warn("cannot serve the bundle to peers", "bundle", r.Name, "err", err)
 	}
 }

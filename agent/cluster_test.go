@@ -2,11 +2,14 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -26,16 +29,17 @@ type fakePeers struct {
 	tars     map[string]string // digest → tar path
 	fetched  int
 	shared   map[string]int64
+	pieces   map[string]*peer.PieceList
 }
 
 func newFakePeers() *fakePeers {
-	return &fakePeers{statuses: map[string]peer.PeerStatus{}, tars: map[string]string{}, shared: map[string]int64{}}
+	return &fakePeers{statuses: map[string]peer.PeerStatus{}, tars: map[string]string{}, shared: map[string]int64{}, pieces: map[string]*peer.PieceList{}}
 }
 
-func (f *fakePeers) Share(d string, _ []byte, r io.ReaderAt, size int64) error {
+func (f *fakePeers) Share(d string, _ []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.shared[d] = size
+	f.shared[d], f.pieces[d] = size, pieces
 	return nil
 }
 func (f *fakePeers) Unshare(d string) { f.mu.Lock(); delete(f.shared, d); f.mu.Unlock() }
@@ -103,10 +107,23 @@ func TestCluster_FetchesFromPeerThenWaitsForAgreementBeforeLoading(t *testing.T)
 		t.Fatal(s.Digest)
 	}
 	p.mu.Lock()
-	shared := p.shared[digest]
+	shared, pieces := p.shared[digest], p.pieces[digest]
 	p.mu.Unlock()
 	if shared == 0 {
 		t.Error("the fetched bundle is not re-served")
+	}
+	// its piece list comes from the extraction pass, not a second read
+	tb, err := os.ReadFile(tarPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for off := 0; off < len(tb); off += peer.DefaultPieceSize {
+		h := sha256.Sum256(tb[off:min(off+peer.DefaultPieceSize, len(tb))])
+		want = append(want, hex.EncodeToString(h[:]))
+	}
+	if pieces == nil || !slices.Equal(pieces.Pieces, want) || pieces.PieceSize != peer.DefaultPieceSize || pieces.Size != int64(len(tb)) || pieces.Digest != digest {
+		t.Errorf("shared with piece list %+v, want %d pieces of %d bytes", pieces, len(want), peer.DefaultPieceSize)
 	}
 	if ents, _ := os.ReadDir(filepath.Join(h.cfg.Paths.StateDir, "incoming")); len(ents) != 0 {
 		t.Errorf("incoming tar kept: %s", ents[0].Name())

@@ -41,7 +41,10 @@ type Options struct {
 	// Index, when set, receives the layout of the tar so that its bytes
 	// can be served again from the extracted tree (see Index).
 	Index *Index
-	Log   *slog.Logger
+	// PieceSize, with Index, also hashes the tar in pieces of this many
+	// bytes into Index.Pieces; 0: no piece hashes.
+	PieceSize int64
+	Log       *slog.Logger
 }
 
 // Result describes a verified bundle.
@@ -159,6 +162,9 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	if opts.Index != nil {
 		hr.rec = &rec
 		*opts.Index = Index{}
+		if opts.PieceSize > 0 {
+			hr.pieces = newPieceHasher(opts.PieceSize)
+		}
 	}
 
 	// First entry: metadata, then every check that can run before the pass.
@@ -260,6 +266,9 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	if opts.Index != nil {
 		opts.Index.Size = hr.consumed
 		opts.Index.Digest = digest
+		if hr.pieces != nil {
+			opts.Index.PieceSize, opts.Index.Pieces = hr.pieces.size, hr.pieces.finish()
+		}
 	}
 	if dest == "" {
 		return res, nil

@@ -8,8 +8,11 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func TestServer_Routes(t *testing.T) {
@@ -212,5 +215,40 @@ func TestServer_StatusWithoutCallbackIs404(t *testing.T) {
 	}
 	if resp, b := get(t, n.srv.URL+"/v1/bundles", nil); resp.StatusCode != 200 || string(b) != "[]" {
 		t.Fatalf("empty list: %d %s, want 200 []", resp.StatusCode, b)
+	}
+}
+
+// failingReader fails every read: what AddHashed must not do is read.
+type failingReader struct{ reads atomic.Int64 }
+
+func (f *failingReader) ReadAt([]byte, int64) (int, error) {
+	f.reads.Add(1)
+	return 0, errors.New("read")
+}
+
+func TestShelf_AddHashedServesItsListAtOnceWithoutReading(t *testing.T) {
+	data, digest := randomBundle(t, 3*testPieceSize+5)
+	pl := listFor(data, testPieceSize)
+	s := NewShelf(ShelfOptions{PieceSize: testPieceSize})
+	defer s.Close()
+	r := &failingReader{}
+	if err := s.AddHashed(digest, []byte(testMeta), r, pl); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Pieces(digest)
+	if err != nil || !slices.Equal(got.Pieces, pl.Pieces) {
+		t.Fatalf("Pieces right after AddHashed: %v, %v", got, err)
+	}
+	if h, err := s.Have(digest); err != nil || h.Count() != pl.N() {
+		t.Fatalf("Have: %+v, %v; want all %d pieces", h, err, pl.N())
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := r.reads.Load(); n != 0 {
+		t.Fatalf("AddHashed read the bundle %d times to hash it again", n)
+	}
+	other := *pl
+	other.Digest = "sha256:" + strings.Repeat("0", 64)
+	if err := s.AddHashed(digest, []byte(testMeta), r, &other); err == nil {
+		t.Fatal("a piece list for another digest was accepted")
 	}
 }

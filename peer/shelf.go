@@ -95,6 +95,22 @@ func closeReader(r io.ReaderAt) {
 // background. The shelf owns r from now on and closes it (if it is an
 // io.Closer) when the entry is removed or replaced.
 func (s *Shelf) Add(digest string, meta []byte, r io.ReaderAt, size int64) error {
+	return s.add(digest, meta, r, size, nil)
+}
+
+// AddHashed is Add for a bundle whose piece list was computed from its
+// bytes as they were verified against the digest (bundle.Options.PieceSize):
+// it is served at once and r is not read to hash it again. r must give the
+// same bytes (a tar regenerated from its Index does); a peer checks every
+// piece it gets, so a reader that does not is caught there.
+func (s *Shelf) AddHashed(digest string, meta []byte, r io.ReaderAt, pl *PieceList) error {
+	if pl == nil || pl.Digest != digest || pl.Validate() != nil {
+		return fmt.Errorf("peer shelf: no valid piece list for bundle %s", digest)
+	}
+	return s.add(digest, meta, r, pl.Size, pl)
+}
+
+func (s *Shelf) add(digest string, meta []byte, r io.ReaderAt, size int64, hashed *PieceList) error {
 	if !ValidDigest(digest) {
 		return fmt.Errorf("peer shelf: %q is not a sha256 digest", digest)
 	}
@@ -113,7 +129,10 @@ func (s *Shelf) Add(digest string, meta []byte, r io.ReaderAt, size int64) error
 		known = old.pieces // fetched and checked whole: peers already use this list
 	}
 	s.mu.Unlock()
-	check := known != nil // hash r anyway, to check it against that list
+	check := known != nil && hashed == nil // hash r anyway, to check it against that list
+	if known == nil {
+		known = hashed
+	}
 	if known == nil {
 		known = s.loadCached(digest, size) // checked when cached: no need to hash again
 	}

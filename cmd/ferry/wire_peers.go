@@ -20,7 +20,10 @@ type peers struct {
 	*peer.Fetcher
 }
 
-func (p peers) Share(digest string, meta []byte, r io.ReaderAt, size int64) error {
+func (p peers) Share(digest string, meta []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error {
+	if pieces != nil {
+		return p.Shelf.AddHashed(digest, meta, r, pieces)
+	}
 	return p.Shelf.Add(digest, meta, r, size)
 }
 
