@@ -423,8 +423,10 @@ func (a *Agent) startExtractWith(ctx context.Context, r *Record, src bundle.Sour
 		var ix bundle.Index
 		opts := bundle.Options{Policy: pol, Sync: true, Index: &ix, Log: a.log,
 			Progress: a.throttle(r, "bytes")}
-		if a.deps.Peers != nil {
-			// the piece list for the peers, hashed in the same pass
+		if a.deps.Peers != nil && r.Origin != "peer" {
+			// The piece list for the peers, hashed in the same pass. A
+			// fetched bundle's shelf entry keeps the list it was fetched
+			// and checked with.
 			opts.PieceSize = peer.DefaultPieceSize
 		}
 		res, err := bundle.Extract(jctx, src, r.Dir, opts)

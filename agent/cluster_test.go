@@ -112,8 +112,27 @@ func TestCluster_FetchesFromPeerThenWaitsForAgreementBeforeLoading(t *testing.T)
 	if shared == 0 {
 		t.Error("the fetched bundle is not re-served")
 	}
-	// its piece list comes from the extraction pass, not a second read
-	tb, err := os.ReadFile(tarPath)
+	if pieces != nil {
+		t.Error("a fetched bundle was shared with a new piece list; the shelf keeps the one it was fetched with")
+	}
+	if ents, _ := os.ReadDir(filepath.Join(h.cfg.Paths.StateDir, "incoming")); len(ents) != 0 {
+		t.Errorf("incoming tar kept: %s", ents[0].Name())
+	}
+	rec := h.agent.Status()
+	if rec.Phase != string(PhaseLoaded) {
+		t.Fatal(rec.Phase)
+	}
+}
+
+// A stick's bundle is shared with the piece list hashed in the extraction
+// pass: peers need not wait for a second read of the whole bundle.
+func TestCluster_StickBundleIsSharedWithPiecesFromTheExtractionPass(t *testing.T) {
+	h, p := clusterHarness(t)
+	h.start()
+	src, digest := stick(t, bundletest.Options{Files: map[string]string{"blobs/sha256/aa/aabb/data": strings.Repeat("layer ", 2<<20)}}) // 12 MiB: 3 pieces
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseExtracted)
+	tb, err := os.ReadFile(src.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,15 +141,11 @@ func TestCluster_FetchesFromPeerThenWaitsForAgreementBeforeLoading(t *testing.T)
 		h := sha256.Sum256(tb[off:min(off+peer.DefaultPieceSize, len(tb))])
 		want = append(want, hex.EncodeToString(h[:]))
 	}
+	p.mu.Lock()
+	pieces := p.pieces[digest]
+	p.mu.Unlock()
 	if pieces == nil || !slices.Equal(pieces.Pieces, want) || pieces.PieceSize != peer.DefaultPieceSize || pieces.Size != int64(len(tb)) || pieces.Digest != digest {
-		t.Errorf("shared with piece list %+v, want %d pieces of %d bytes", pieces, len(want), peer.DefaultPieceSize)
-	}
-	if ents, _ := os.ReadDir(filepath.Join(h.cfg.Paths.StateDir, "incoming")); len(ents) != 0 {
-		t.Errorf("incoming tar kept: %s", ents[0].Name())
-	}
-	rec := h.agent.Status()
-	if rec.Phase != string(PhaseLoaded) {
-		t.Fatal(rec.Phase)
+		t.Fatalf("shared with piece list %+v, want %d pieces of %d bytes", pieces, len(want), peer.DefaultPieceSize)
 	}
 }
 
