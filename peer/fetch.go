@@ -481,60 +481,14 @@ func (j *job) run(ctx context.Context) error {
 			}
 			return j.verifyWhole(whole)
 		}
-		// Hand out work: each peer with a free slot gets the rarest piece
-		// it has that nobody is fetching yet. A seed (a peer holding every
-		// piece) is asked only for pieces no other fetcher holds or is
-		// fetching, so its uplink carries each piece about once; the
-		// others come from the fetchers. Only a fetcher that would
-		// otherwise sit idle takes a second copy from a seed.
-		now := time.Now()
-		rarity, nearby := j.supply()
-		for i, until := range sentElsewhere {
-			if now.Before(until) {
-				nearby[i] = true
-			} else {
-				delete(sentElsewhere, i)
+		for _, a := range j.assign(time.Now(), inflight, total, sentElsewhere, rnd) {
+			total++
+			if s := opts.Shelf; s != nil {
+				s.setPending(j.digest, a.piece, true)
 			}
-		}
-		order := make([]*peerState, 0, len(j.peers))
-		for _, ps := range j.peers {
-			order = append(order, ps)
-		}
-		rnd.Shuffle(len(order), func(a, b int) { order[a], order[b] = order[b], order[a] })
-		for _, idle := range []bool{false, true} {
-			if idle && total > 0 {
-				break
-			}
-			for progressMade := true; progressMade && total < opts.Parallel; {
-				progressMade = false
-				sort.SliceStable(order, func(a, b int) bool { return order[a].inflight < order[b].inflight })
-				for _, ps := range order {
-					if total >= opts.Parallel {
-						break
-					}
-					if ps.dropped || !ps.known || ps.inflight >= opts.PerPeer || now.Before(ps.retryAt) {
-						continue
-					}
-					var avoid []bool
-					if ps.seed && !idle {
-						avoid = nearby
-					}
-					i := pickPiece(j.mine, inflight, ps.have, rarity, avoid)
-					if i < 0 {
-						continue
-					}
-					inflight[i] = true
-					ps.inflight++
-					total++
-					progressMade = true
-					if s := opts.Shelf; s != nil {
-						s.setPending(j.digest, i, true)
-					}
-					go func(addr string, i int, firstCopy bool) {
-						results <- j.fetchPiece(ctx, addr, i, firstCopy)
-					}(ps.addr, i, avoid != nil)
-				}
-			}
+			go func() {
+				results <- j.fetchPiece(ctx, a.peer, a.piece, a.firstCopy)
+			}()
 		}
 		if total == 0 && polls == 0 {
 			live := 0
@@ -622,6 +576,69 @@ func (j *job) run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// assignment is one piece request to start.
+type assignment struct {
+	peer      string
+	piece     int
+	firstCopy bool // ask for a first copy (FirstCopyHeader)
+}
+
+// assign hands out work, given total requests in flight: each peer with a
+// free slot gets the rarest piece it has that nobody is fetching yet. A
+// seed (a peer holding every piece) is asked only for pieces no other
+// fetcher holds or is fetching (nor refused as sent elsewhere, until
+// when), so its uplink carries each piece about once; the others come
+// from the fetchers. Only a fetcher that would otherwise sit idle takes a
+// second copy from a seed. It marks what it assigns in inflight and in
+// the peers' counts.
+func (j *job) assign(now time.Time, inflight []bool, total int, sentElsewhere map[int]time.Time, rnd *rand.Rand) []assignment {
+	opts := j.f.opts
+	rarity, nearby := j.supply()
+	for i, until := range sentElsewhere {
+		if now.Before(until) {
+			nearby[i] = true
+		} else {
+			delete(sentElsewhere, i)
+		}
+	}
+	order := make([]*peerState, 0, len(j.peers))
+	for _, ps := range j.peers {
+		order = append(order, ps)
+	}
+	rnd.Shuffle(len(order), func(a, b int) { order[a], order[b] = order[b], order[a] })
+	var out []assignment
+	for _, idle := range []bool{false, true} {
+		if idle && total+len(out) > 0 {
+			break
+		}
+		for progressMade := true; progressMade && total+len(out) < opts.Parallel; {
+			progressMade = false
+			sort.SliceStable(order, func(a, b int) bool { return order[a].inflight < order[b].inflight })
+			for _, ps := range order {
+				if total+len(out) >= opts.Parallel {
+					break
+				}
+				if ps.dropped || !ps.known || ps.inflight >= opts.PerPeer || now.Before(ps.retryAt) {
+					continue
+				}
+				var avoid []bool
+				if ps.seed && !idle {
+					avoid = nearby
+				}
+				i := pickPiece(j.mine, inflight, ps.have, rarity, avoid)
+				if i < 0 {
+					continue
+				}
+				inflight[i] = true
+				ps.inflight++
+				progressMade = true
+				out = append(out, assignment{peer: ps.addr, piece: i, firstCopy: avoid != nil})
+			}
+		}
+	}
+	return out
 }
 
 func (j *job) backoff(ps *peerState, err error) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -431,5 +432,57 @@ func TestShelf_AddAfterFetchKeepsTheFetchedListAndChecksTheNewReader(t *testing.
 				t.Fatalf("after the check: %v, want served=%v", err, tc.served)
 			}
 		})
+	}
+}
+
+func TestAssign_SeedGetsOnlyFirstCopiesUnlessTheFetcherIsIdle(t *testing.T) {
+	const n = 5
+	h := func(set ...int) Have {
+		x := NewHave(n)
+		for _, i := range set {
+			x.Set(i)
+		}
+		return x
+	}
+	newJob := func(fetcherHave Have) *job {
+		j := &job{
+			f:     NewFetcher(FetcherOptions{PerPeer: 1, Parallel: 8}),
+			pl:    &PieceList{Size: n * MinPieceSize, PieceSize: MinPieceSize, Pieces: make([]string, n)},
+			mine:  h(4),
+			peers: map[string]*peerState{},
+		}
+		j.peers["seed"] = &peerState{addr: "seed", have: FullHave(n), known: true, seed: true}
+		j.peers["other"] = &peerState{addr: "other", have: fetcherHave, known: true}
+		return j
+	}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	now := time.Now()
+
+	// other holds 0 and is fetching 1; 2 was refused as sent elsewhere:
+	// the seed is asked for 3 as a first copy, other for 0.
+	fh := h(0)
+	fh.Pending = make([]byte, len(fh.Bits))
+	fh.Pending[0] |= 1 << 1
+	j := newJob(fh)
+	got := j.assign(now, make([]bool, n), 0, map[int]time.Time{2: now.Add(time.Second)}, rnd)
+	want := map[string]assignment{"seed": {peer: "seed", piece: 3, firstCopy: true}, "other": {peer: "other", piece: 0}}
+	if len(got) != 2 || got[0] != want[got[0].peer] || got[1] != want[got[1].peer] {
+		t.Fatalf("assign = %+v, want %+v", got, want)
+	}
+
+	// Everything we lack is held by the other fetcher, which is backing
+	// off, and nothing is in flight: rather than sit idle, take a second
+	// copy from the seed.
+	j = newJob(h(0, 1, 2, 3))
+	j.peers["other"].retryAt = now.Add(time.Minute)
+	got = j.assign(now, make([]bool, n), 0, nil, rnd)
+	if len(got) != 1 || got[0].peer != "seed" || got[0].firstCopy {
+		t.Fatalf("idle fetcher: assign = %+v, want one plain request to the seed", got)
+	}
+	// Not idle (a request in flight): wait for the other fetcher instead.
+	j = newJob(h(0, 1, 2, 3))
+	j.peers["other"].retryAt = now.Add(time.Minute)
+	if got = j.assign(now, make([]bool, n), 1, nil, rnd); len(got) != 0 {
+		t.Fatalf("busy fetcher: assign = %+v, want nothing from the seed", got)
 	}
 }
