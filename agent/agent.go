@@ -103,7 +103,10 @@ type jobResult struct {
 	rec  *Record
 	res  *bundle.Result
 	ix   *bundle.Index
-	err  error
+	// pieces hashed the peers' piece list in the extraction pass (nil:
+	// not asked for)
+	pieces *peer.PieceHasher
+	err    error
 }
 
 // New prepares an agent; Run starts it.
@@ -240,7 +243,7 @@ func (a *Agent) resume(ctx context.Context) error {
 		return nil
 	}
 	if r.Phase != PhaseFetching {
-		a.share(r)
+		a.share(r, nil)
 	}
 	if (r.Phase == PhaseLoaded || r.Phase == PhaseClusterReady) && a.deps.Loader != nil {
 		// In the background: CRI-O may still be starting.
@@ -423,14 +426,16 @@ func (a *Agent) startExtractWith(ctx context.Context, r *Record, src bundle.Sour
 		var ix bundle.Index
 		opts := bundle.Options{Policy: pol, Sync: true, Index: &ix, Log: a.log,
 			Progress: a.throttle(r, "bytes")}
+		var pieces *peer.PieceHasher
 		if a.deps.Peers != nil && r.Origin != "peer" {
 			// The piece list for the peers, hashed in the same pass. A
 			// fetched bundle's shelf entry keeps the list it was fetched
 			// and checked with.
-			opts.PieceSize = peer.DefaultPieceSize
+			pieces = peer.NewPieceHasher(peer.DefaultPieceSize)
+			opts.Tee = pieces
 		}
 		res, err := bundle.Extract(jctx, src, r.Dir, opts)
-		a.done <- jobResult{kind: "extract", rec: r, res: res, ix: &ix, err: err}
+		a.done <- jobResult{kind: "extract", rec: r, res: res, ix: &ix, pieces: pieces, err: err}
 	}()
 }
 
@@ -552,7 +557,11 @@ func (a *Agent) extractDone(ctx context.Context, r *Record, j jobResult) {
 		}
 	}
 	a.update(r, PhaseExtracted, "", Progress{Done: j.res.TarSize, Total: j.res.TarSize, Unit: "bytes"})
-	a.share(r)
+	var pieces *peer.PieceList
+	if j.pieces != nil {
+		pieces = j.pieces.List(r.Digest)
+	}
+	a.share(r, pieces)
 	a.mu.Lock()
 	a.lastBad = nil
 	a.mu.Unlock()

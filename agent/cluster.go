@@ -228,8 +228,9 @@ func (a *Agent) removeIncoming(r *Record) {
 	os.RemoveAll(filepath.Dir(a.incomingPath(r)))
 }
 
-// share puts an extracted bundle on the shelf for the peers.
-func (a *Agent) share(r *Record) {
+// share puts an extracted bundle on the shelf for the peers, with pieces
+// if its piece list was hashed in the extraction pass.
+func (a *Agent) share(r *Record, pieces *peer.PieceList) {
 	if a.deps.Peers == nil || r.Metadata == nil {
 		return
 	}
@@ -239,10 +240,6 @@ func (a *Agent) share(r *Record) {
 		return
 	}
 	meta, _ := json.Marshal(r.Metadata)
-	var pieces *peer.PieceList
-	if len(ix.Pieces) > 0 {
-		pieces = &peer.PieceList{Digest: r.Digest, Size: ix.Size, PieceSize: ix.PieceSize, Pieces: ix.Pieces}
-	}
 	if err := a.deps.Peers.Share(r.Digest, meta, ix.ReaderAt(r.Dir), ix.Size, pieces); err != nil {
 		a.log.Warn("cannot serve the bundle to peers", "bundle", r.Name, "err", err)
 	}

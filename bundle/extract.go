@@ -41,10 +41,12 @@ type Options struct {
 	// Index, when set, receives the layout of the tar so that its bytes
 	// can be served again from the extracted tree (see Index).
 	Index *Index
-	// PieceSize, with Index, also hashes the tar in pieces of this many
-	// bytes into Index.Pieces; 0: no piece hashes.
-	PieceSize int64
-	Log       *slog.Logger
+	// Tee, when set, also receives the tar's bytes up to its end marker,
+	// in order, in the pass that hashes them and on another core (the
+	// agent hashes the peers' piece list there). A refused bundle may have
+	// written part of its bytes to it.
+	Tee io.Writer
+	Log *slog.Logger
 }
 
 // Result describes a verified bundle.
@@ -162,10 +164,8 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	if opts.Index != nil {
 		hr.rec = &rec
 		*opts.Index = Index{}
-		if opts.PieceSize > 0 {
-			hr.pieces = newPieceHasher(opts.PieceSize)
-		}
 	}
+	hr.tee = opts.Tee
 
 	// First entry: metadata, then every check that can run before the pass.
 	hdr, err := tr.Next()
@@ -266,9 +266,6 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	if opts.Index != nil {
 		opts.Index.Size = hr.consumed
 		opts.Index.Digest = digest
-		if hr.pieces != nil {
-			opts.Index.PieceSize, opts.Index.Pieces = hr.pieces.size, hr.pieces.finish()
-		}
 	}
 	if dest == "" {
 		return res, nil

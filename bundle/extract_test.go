@@ -11,7 +11,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -164,35 +163,17 @@ func TestExtract_ValidBundleAppearsWithSameDigest(t *testing.T) {
 	if ix2.Digest != res.Digest || len(ix2.Segments) != len(ix.Segments) {
 		t.Fatal("index round trip lost data")
 	}
-	if ix.Pieces != nil {
-		t.Fatal("piece hashes computed without Options.PieceSize")
-	}
 }
 
-// With a piece size, the extraction pass also yields the piece list peers
-// check what they fetch against: each piece's sha256, the last one short.
-func TestExtract_PieceHashesInTheSamePass(t *testing.T) {
+// Tee gets exactly the tar's bytes, in order, in the extraction pass:
+// the agent hashes the peers' piece list from them.
+func TestExtract_TeeGetsTheTarBytesInTheSamePass(t *testing.T) {
 	tb := writeBundle(t, testMetadata(1<<20), validEntries())
-	for _, ps := range []int64{512, 4096, 5000, int64(len(tb)), 1 << 30} {
-		dest := filepath.Join(t.TempDir(), "b")
-		var ix Index
-		_, err := Extract(t.Context(), stage(t, tb, ""), dest, Options{Policy: Policy{Arch: "x86_64"}, Index: &ix, PieceSize: ps})
-		must(t, err)
-		var want []string
-		for off := int64(0); off < int64(len(tb)); off += ps {
-			h := sha256.Sum256(tb[off:min(off+ps, int64(len(tb)))])
-			want = append(want, hex.EncodeToString(h[:]))
-		}
-		if ix.PieceSize != ps || !slices.Equal(ix.Pieces, want) {
-			t.Fatalf("piece size %d: index has %d pieces of %d, want %d", ps, len(ix.Pieces), ix.PieceSize, len(want))
-		}
-		p := filepath.Join(t.TempDir(), "ix")
-		must(t, ix.WriteFile(p))
-		back, err := ReadIndex(p)
-		must(t, err)
-		if !slices.Equal(back.Pieces, want) || back.PieceSize != ps {
-			t.Fatalf("piece size %d: pieces lost in the index file", ps)
-		}
+	var tee bytes.Buffer
+	_, err := Extract(t.Context(), stage(t, tb, ""), filepath.Join(t.TempDir(), "b"), Options{Policy: Policy{Arch: "x86_64"}, Tee: &tee})
+	must(t, err)
+	if !bytes.Equal(tee.Bytes(), tb) {
+		t.Fatalf("tee got %d bytes that differ from the tar's %d", tee.Len(), len(tb))
 	}
 }
 

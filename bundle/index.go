@@ -21,12 +21,6 @@ type Index struct {
 	Digest   string
 	Size     int64
 	Segments []Segment
-	// PieceSize and Pieces: the sha256 (hex) of each PieceSize bytes of
-	// the tar, computed in the extraction pass when Options.PieceSize is
-	// set, so that a node can publish its piece list to peers at once
-	// instead of reading and hashing the bundle again.
-	PieceSize int64
-	Pieces    []string
 }
 
 // Segment is raw tar bytes followed by the content of one file.

@@ -34,11 +34,11 @@ type hashingReader struct {
 	free chan []byte // buffers to read into
 	done chan struct{}
 	sum  hash.Hash
-	// pieces, when set, also hashes the bytes in fixed-size pieces, on
-	// another core, for the piece list peers check what they fetch with.
-	pieces *pieceHasher
-	sig    *minisign.Reader // also fed when a signature is checked
-	feed   *sliceReader
+	// tee, when set, also receives the consumed bytes in order, beside
+	// the digest and so on another core (Options.Tee).
+	tee  io.Writer
+	sig  *minisign.Reader // also fed when a signature is checked
+	feed *sliceReader
 
 	// rec, when non-nil, receives a copy of every consumed byte (headers
 	// and padding, for the tar index).
@@ -77,8 +77,8 @@ func (r *hashingReader) hashLoop() {
 	}
 	for b := range r.full {
 		var wg sync.WaitGroup
-		if r.pieces != nil {
-			wg.Go(func() { r.pieces.write(b) })
+		if r.tee != nil {
+			wg.Go(func() { r.tee.Write(b) })
 		}
 		r.sum.Write(b)
 		if r.sig != nil {
@@ -92,45 +92,6 @@ func (r *hashingReader) hashLoop() {
 		wg.Wait()
 		r.free <- b[:cap(b)]
 	}
-}
-
-// pieceHasher hashes a stream in pieces of size bytes (the last may be
-// shorter).
-type pieceHasher struct {
-	size   int64
-	h      hash.Hash
-	filled int64 // bytes of the current piece hashed
-	sums   []string
-}
-
-func newPieceHasher(size int64) *pieceHasher {
-	return &pieceHasher{size: size, h: sha256.New()}
-}
-
-func (p *pieceHasher) write(b []byte) {
-	for len(b) > 0 {
-		n := min(int64(len(b)), p.size-p.filled)
-		p.h.Write(b[:n])
-		p.filled += n
-		b = b[n:]
-		if p.filled == p.size {
-			p.next()
-		}
-	}
-}
-
-func (p *pieceHasher) next() {
-	p.sums = append(p.sums, hex.EncodeToString(p.h.Sum(nil)))
-	p.h.Reset()
-	p.filled = 0
-}
-
-// finish returns the hex digests of every piece.
-func (p *pieceHasher) finish() []string {
-	if p.filled > 0 {
-		p.next()
-	}
-	return p.sums
 }
 
 func (r *hashingReader) Read(p []byte) (int, error) {

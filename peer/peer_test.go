@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -175,4 +176,19 @@ func FuzzPieceList(f *testing.F) {
 			t.Fatalf("pieces cover %d bytes of %d (asked %d)", covered, p.Size, size)
 		}
 	})
+}
+
+func TestPieceHasher_AnyWriteSplitGivesThePieceList(t *testing.T) {
+	data, digest := randomBundle(t, 3*MinPieceSize+1234)
+	want := listFor(data, MinPieceSize)
+	for _, step := range []int{1000, MinPieceSize, MinPieceSize + 1, len(data)} {
+		ph := NewPieceHasher(MinPieceSize)
+		for off := 0; off < len(data); off += step {
+			ph.Write(data[off:min(off+step, len(data))])
+		}
+		got := ph.List(digest)
+		if got.Digest != digest || got.Size != int64(len(data)) || got.PieceSize != MinPieceSize || !slices.Equal(got.Pieces, want.Pieces) {
+			t.Fatalf("writes of %d bytes: %+v, want %+v", step, got, want)
+		}
+	}
 }

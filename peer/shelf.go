@@ -99,10 +99,11 @@ func (s *Shelf) Add(digest string, meta []byte, r io.ReaderAt, size int64) error
 }
 
 // AddHashed is Add for a bundle whose piece list was computed from its
-// bytes as they were verified against the digest (bundle.Options.PieceSize):
-// it is served at once and r is not read to hash it again. r must give the
-// same bytes (a tar regenerated from its Index does); a peer checks every
-// piece it gets, so a reader that does not is caught there.
+// bytes as they were verified against the digest (a PieceHasher on
+// bundle.Options.Tee): it is served at once, kept in the cache for later
+// Adds, and r is not read to hash it again. r must give the same bytes (a
+// tar regenerated from its Index does); a peer checks every piece it gets,
+// so a reader that does not is caught there.
 func (s *Shelf) AddHashed(digest string, meta []byte, r io.ReaderAt, pl *PieceList) error {
 	if pl == nil || pl.Digest != digest || pl.Validate() != nil {
 		return fmt.Errorf("peer shelf: no valid piece list for bundle %s", digest)
@@ -141,6 +142,9 @@ func (s *Shelf) add(digest string, meta []byte, r io.ReaderAt, size int64, hashe
 		e.offer.PieceSize = known.PieceSize
 	}
 	s.put(digest, e)
+	if hashed != nil && known == hashed {
+		s.saveCached(hashed)
+	}
 	if known == nil || check {
 		s.wg.Add(1)
 		go func() {
@@ -200,28 +204,24 @@ func (s *Shelf) hash(ctx context.Context, e *entry, known *PieceList) {
 	if known != nil {
 		ps = known.PieceSize
 	}
-	p := &PieceList{Digest: d, Size: size, PieceSize: ps, Pieces: make([]string, 0, NumPieces(size, ps))}
+	ph := NewPieceHasher(ps)
 	whole := sha256.New()
 	buf := make([]byte, min(ps, 1<<20))
 	var err error
-	for off := int64(0); off < size && err == nil; off += ps {
-		piece := sha256.New()
-		end := min(off+ps, size)
-		for o := off; o < end; {
-			if ctx.Err() != nil {
-				return
-			}
-			n, rerr := e.r.ReadAt(buf[:min(int64(len(buf)), end-o)], o)
-			piece.Write(buf[:n])
-			whole.Write(buf[:n])
-			o += int64(n)
-			if rerr != nil && o < end {
-				err = fmt.Errorf("read bundle %s at %d: %w", d, o, rerr)
-				break
-			}
+	for off := int64(0); off < size; {
+		if ctx.Err() != nil {
+			return
 		}
-		p.Pieces = append(p.Pieces, hex.EncodeToString(piece.Sum(nil)))
+		n, rerr := e.r.ReadAt(buf[:min(int64(len(buf)), size-off)], off)
+		ph.Write(buf[:n])
+		whole.Write(buf[:n])
+		off += int64(n)
+		if rerr != nil && off < size {
+			err = fmt.Errorf("read bundle %s at %d: %w", d, off, rerr)
+			break
+		}
 	}
+	p := ph.List(d)
 	if err == nil && known != nil && !slices.Equal(known.Pieces, p.Pieces) {
 		err = fmt.Errorf("%w: the bundle's bytes as served differ from those fetched (same digest): not serving it (a bug in regenerating the tar?)", ErrDigestMismatch)
 	}
