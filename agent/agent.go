@@ -499,6 +499,12 @@ func (a *Agent) onJobDone(ctx context.Context, j jobResult) {
 			if ctx.Err() != nil {
 				return
 			}
+			if Permanent(j.err) {
+				a.backoff = 0
+				a.log.Error("loading failed and cannot heal by retrying", "phase", string(PhaseFailed), "bundle", r.Name, "err", j.err)
+				a.update(r, PhaseFailed, j.err.Error(), r.Progress)
+				return
+			}
 			a.backoff = min(max(2*a.backoff, 5*time.Second), 5*time.Minute)
 			reason := fmt.Sprintf("loading failed, retrying in %s: %v", a.backoff, j.err)
 			a.log.Error("loading failed", "phase", string(PhaseLoading), "bundle", r.Name, "err", j.err)
@@ -695,4 +701,14 @@ func (a *Agent) Alive() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return time.Since(a.beat) < 30*time.Second
+}
+
+// Permanent reports whether err says that retrying cannot fix it (an
+// image the bundle lacks, bytes that do not match their digest): such a
+// load ends in failed instead of retrying forever. An error opts in by
+// having a Permanent() bool method returning true, so the agent needs no
+// import of the part that raised it.
+func Permanent(err error) bool {
+	var p interface{ Permanent() bool }
+	return errors.As(err, &p) && p.Permanent()
 }
