@@ -286,7 +286,7 @@ func TestCluster_NodeInConflictStillTellsPeersItsBundle(t *testing.T) {
 	if ps := h.agent.PeerStatus(); ps.Digest != digest || ps.Phase != string(PhaseExtracted) {
 		t.Fatalf("peers are told %s %q, want %s %s", ps.Phase, ps.Digest, PhaseExtracted, digest)
 	}
-	if d := h.agent.Cluster().Decision; d.Verdict != peer.Conflict || len(d.Digests) != 2 {
+	if d := h.agent.Cluster().Decision; d.Verdict != Conflict || len(d.Digests) != 2 {
 		t.Fatalf("cluster decision %+v, want a conflict between both bundles", d)
 	}
 }

@@ -13,32 +13,6 @@ import (
 	"github.com/ferry-edge/ferry/internal/atomicfile"
 )
 
-// Phase is where one bundle is on this node.
-type Phase string
-
-// Phases, in order; rejected, failed and conflict are terminal reports.
-const (
-	PhaseDetected     Phase = "detected"  // seen; verifying and extracting
-	PhaseFetching     Phase = "fetching"  // being fetched from peers
-	PhaseExtracted    Phase = "extracted" // verified and extracted
-	PhaseLoading      Phase = "loading"   // pulling and pinning into CRI-O
-	PhaseLoaded       Phase = "loaded"    // every image present and pinned
-	PhaseClusterReady Phase = "cluster-ready"
-	PhaseCleaned      Phase = "cleaned"
-	PhaseRejected     Phase = "rejected"
-	PhaseFailed       Phase = "failed"
-	PhaseConflict     Phase = "conflict"
-)
-
-// Active reports whether a bundle in this phase holds the node.
-func (p Phase) Active() bool {
-	switch p {
-	case PhaseDetected, PhaseFetching, PhaseExtracted, PhaseLoading, PhaseLoaded, PhaseClusterReady:
-		return true
-	}
-	return false
-}
-
 // Progress of the current phase.
 type Progress struct {
 	Done  int64  `json:"done"`
@@ -48,11 +22,13 @@ type Progress struct {
 
 // Record is one bundle's persisted state.
 type Record struct {
-	ID       string              `json:"id"` // digest hex, or a name for refusals without one
+	// ID names the record for its whole life: a phase change never
+	// renames it (records from older versions keep theirs).
+	ID       string              `json:"id"`
 	Digest   string              `json:"digest,omitempty"`
 	Name     string              `json:"name"` // upgrade-<version>-<arch>.tar
 	Metadata *bundle.Metadata    `json:"metadata,omitempty"`
-	Origin   string              `json:"origin"`           // "stick", "file" or "peer"
+	Origin   Origin              `json:"origin"`
 	Source   string              `json:"source,omitempty"` // device or file it came from
 	Dir      string              `json:"dir,omitempty"`    // extracted tree
 	Phase    Phase               `json:"phase"`
@@ -79,8 +55,10 @@ func OpenStore(dir string) (*Store, error) {
 
 func (s *Store) path(id string) string { return filepath.Join(s.dir, "bundles", id+".json") }
 
-// IndexPath is where the tar index of a bundle is kept.
-func (s *Store) IndexPath(id string) string { return filepath.Join(s.dir, "bundles", id+".index") }
+// IndexPath is where the tar index of the bundle with this digest is kept.
+func (s *Store) IndexPath(digest string) string {
+	return filepath.Join(s.dir, "bundles", strings.TrimPrefix(digest, "sha256:")+".index")
+}
 
 // Save writes r atomically (temp file, fsync, rename, fsync dir).
 func (s *Store) Save(r *Record) error {

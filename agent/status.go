@@ -30,17 +30,33 @@ type Status struct {
 	Error    string              `json:"error,omitempty"` // the newest refusal or conflict
 	Times    map[Phase]time.Time `json:"times,omitempty"`
 	Healthy  bool                `json:"healthy"`
-	Line     string              `json:"line"` // the systemd STATUS= line
+	Notice   string              `json:"notice,omitempty"` // a passing remark, e.g. a stick that holds the bundle already here
+	Line     string              `json:"line"`             // the systemd STATUS= line
 	Bundles  []Record            `json:"bundles,omitempty"`
 }
 
-// Status reports the node's state.
-func (a *Agent) Status() Status {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	s := Status{Node: a.cfg.NodeName, Phase: "idle", Healthy: true}
-	if a.active != nil {
-		r := a.active.clone()
+// Status reports the node's state, as of the loop's last step.
+func (a *Agent) Status() Status { return a.snap.Load().status }
+
+// snapshot is what the loop publishes after each step, read without locks.
+type snapshot struct {
+	status  Status
+	peer    peer.Status
+	cluster ClusterStatus
+}
+
+// publish makes the machine's state visible to readers.
+func (a *Agent) publish() {
+	s := a.m.status()
+	ps := a.m.peerStatus()
+	a.snap.Store(&snapshot{status: s, peer: ps, cluster: a.m.cluster(ps)})
+}
+
+// status builds the node's status from the machine's state.
+func (m *machine) status() Status {
+	s := Status{Node: m.cfg.NodeName, Phase: string(PhaseIdle), Healthy: true, Notice: m.notice}
+	if m.active != nil {
+		r := m.active.clone()
 		s.Phase, s.Bundle, s.Digest, s.Reason, s.Times = string(r.Phase), r.Name, r.Digest, r.Reason, r.Times
 		if r.Metadata != nil {
 			s.Version, s.Release = r.Metadata.Version, r.Metadata.Release
@@ -50,25 +66,25 @@ func (a *Agent) Status() Status {
 			s.Progress = &p
 		}
 	}
-	if a.lastBad != nil {
-		b := a.lastBad.clone()
+	if m.lastBad != nil {
+		b := m.lastBad.clone()
 		s.Error = fmt.Sprintf("%s %s: %s", b.Phase, b.Name, b.Reason)
-		if a.active == nil {
+		if m.active == nil {
 			s.Phase, s.Bundle, s.Digest, s.Reason, s.Times = string(b.Phase), b.Name, b.Digest, b.Reason, b.Times
 			s.Healthy = false
 		}
 	}
-	for _, r := range a.records {
+	for _, r := range m.records {
 		s.Bundles = append(s.Bundles, *r.clone())
 	}
-	if strings.HasPrefix(s.Reason, "conflict") {
+	if strings.HasPrefix(s.Reason, "conflict") || s.Phase == string(PhaseFailed) {
 		s.Healthy = false
 	}
 	if s.Error == "" {
 		// A peer that refuses our token is a config mistake to show here;
 		// an unreachable one may just be down.
-		for _, p := range a.cfg.Peer.Peers {
-			if err := a.view.statuses[p].Err; err != nil && errors.Is(err, peer.ErrUnauthorized) {
+		for _, p := range m.cfg.Peer.Peers {
+			if err := m.view.statuses[p].Err; err != nil && errors.Is(err, peer.ErrUnauthorized) {
 				s.Error = fmt.Sprintf("peer %s refuses this node: %v", p, err)
 				s.Healthy = false
 				break
@@ -76,7 +92,7 @@ func (a *Agent) Status() Status {
 		}
 	}
 	s.Line = statusLine(s)
-	if s.Phase == "idle" && s.Error != "" {
+	if s.Phase == string(PhaseIdle) && s.Error != "" {
 		s.Line += " — " + s.Error
 	}
 	return s
@@ -86,7 +102,7 @@ func (a *Agent) Status() Status {
 func statusLine(s Status) string {
 	name := s.Bundle
 	switch Phase(s.Phase) {
-	case "idle", PhaseCleaned:
+	case PhaseIdle, PhaseCleaned:
 		return "waiting for an upgrade stick"
 	case PhaseDetected:
 		if s.Reason != "" {
@@ -102,7 +118,7 @@ func statusLine(s Status) string {
 		}
 		return "fetching " + name + " from peers"
 	case PhaseExtracted:
-		line := fmt.Sprintf("extracted %s (%s): the stick can be unplugged", name, shortDigest(s.Digest))
+		line := fmt.Sprintf("extracted %s (%s): the stick can be unplugged", name, ShortDigest(s.Digest))
 		if s.Reason != "" {
 			line += " — " + s.Reason
 		}
@@ -121,13 +137,13 @@ func statusLine(s Status) string {
 		if s.Progress != nil {
 			n = s.Progress.Total
 		}
-		return fmt.Sprintf("loaded %s: %d images pinned (%s)", s.Version, n, shortDigest(s.Digest))
+		return fmt.Sprintf("loaded %s: %d images pinned (%s)", s.Version, n, ShortDigest(s.Digest))
 	case PhaseClusterReady:
 		n := int64(0)
 		if s.Progress != nil {
 			n = s.Progress.Total
 		}
-		return fmt.Sprintf("cluster-ready %s: every node is loaded, %d images pinned (%s)", s.Version, n, shortDigest(s.Digest))
+		return fmt.Sprintf("cluster-ready %s: every node is loaded, %d images pinned (%s)", s.Version, n, ShortDigest(s.Digest))
 	case PhaseRejected:
 		return "rejected " + name + ": " + s.Reason
 	case PhaseConflict:
@@ -145,14 +161,6 @@ func ofTotal(done, total int64) string {
 		unit, div = "MiB", 1<<20
 	}
 	return fmt.Sprintf("%.1f/%.1f %s", float64(done)/div, float64(total)/div, unit)
-}
-
-func shortDigest(d string) string {
-	d = strings.TrimPrefix(d, "sha256:")
-	if len(d) > 12 {
-		d = d[:12]
-	}
-	return "sha256:" + d
 }
 
 // ServeStatus serves the local status API on a unix socket (mode 0600)

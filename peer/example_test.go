@@ -42,7 +42,7 @@ func Example() {
 	for _, o := range offers {
 		// Same approval and arch checks as for a stick, on o.Metadata and
 		// o.Digest; also compare digests between offers (two bundles is a
-		// conflict: see Decide).
+		// conflict: the agent decides).
 		dest := filepath.Join(stateDir, "incoming", o.Digest[len("sha256:"):]+".tar")
 		err := f.Fetch(ctx, o.Digest, dest, func(p peer.Progress) {
 			log.Info("fetching", "DONE", p.Done, "TOTAL", p.Total, "PEERS", p.Peers)
@@ -57,11 +57,11 @@ func Example() {
 		break
 	}
 
-	// The gate, polled every few seconds.
+	// Every node's status, polled every few seconds: the agent's cluster
+	// gate (agent.Decide) reads them.
 	for range time.Tick(5 * time.Second) {
-		d := peer.Decide(status(), f.Statuses(ctx))
-		if d.Verdict == peer.Ready {
-			break // the source node runs on_ready once
+		for addr, st := range f.Statuses(ctx) {
+			log.Info("peer", "addr", addr, "phase", st.Phase, "digest", st.Digest, "err", st.Err)
 		}
 	}
 }

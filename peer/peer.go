@@ -77,7 +77,7 @@ type Offer struct {
 }
 
 // Status is what a node reports about itself on /v1/status. The agent
-// fills it; the gate reads Phase and Digest.
+// fills it and reads it (its cluster gate); peer only carries it.
 type Status struct {
 	Node    string `json:"node"`
 	Phase   string `json:"phase"`
@@ -87,6 +87,12 @@ type Status struct {
 	// Source is true on the node the stick was plugged into.
 	Source bool   `json:"source,omitempty"`
 	Error  string `json:"error,omitempty"`
+}
+
+// PeerStatus is one peer's answer to /v1/status, or why there is none.
+type PeerStatus struct {
+	Status
+	Err error
 }
 
 // ValidDigest reports whether d is "sha256:" and 64 lowercase hex digits.

@@ -192,3 +192,15 @@ func TestPieceHasher_AnyWriteSplitGivesThePieceList(t *testing.T) {
 		}
 	}
 }
+
+func TestStatuses_ReportsEachPeerOrItsError(t *testing.T) {
+	a := newNode(t, ServerOptions{Status: func() Status { return Status{Node: "a", Phase: "loaded"} }}, nil)
+	b := newNode(t, ServerOptions{}, nil) // reports no status
+	got := NewFetcher(FetcherOptions{Peers: []string{a.addr, b.addr}}).Statuses(t.Context())
+	if got[a.addr].Err != nil || got[a.addr].Node != "a" || got[a.addr].Phase != "loaded" {
+		t.Fatalf("status of a: %+v", got[a.addr])
+	}
+	if got[b.addr].Err == nil {
+		t.Fatalf("status of b (no status): %+v, want an error", got[b.addr])
+	}
+}

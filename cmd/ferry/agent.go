@@ -316,6 +316,6 @@ func runProceed(ctx context.Context, args []string) error {
 	if _, err := agent.NewClient(cfg.Paths.Socket).Do(ctx, "proceed", ""); err != nil {
 		return err
 	}
-	fmt.Println("on_ready hook started; its output goes to the journal: journalctl -u ferry PHASE=hook")
+	fmt.Println("on_ready hook started; its output goes to the journal: journalctl -u ferry HOOK=on_ready")
 	return nil
 }

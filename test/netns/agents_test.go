@@ -382,7 +382,7 @@ func TestAgents_StickOnOneNodeEveryNodeLoadsThenHookRunsOnceThere(t *testing.T) 
 	// B's view of the cluster (polled every 2 s): every node, the gate open.
 	waitFor(t, "B to see every node cluster-ready", func() bool {
 		cs, err := b.cluster(t)
-		if err != nil || cs.Decision.Verdict != peer.Ready || len(cs.Peers) != 2 {
+		if err != nil || cs.Decision.Verdict != agent.Ready || len(cs.Peers) != 2 {
 			return false
 		}
 		for _, p := range cs.Peers {
@@ -412,7 +412,7 @@ func TestAgents_StickOnOneNodeEveryNodeLoadsThenHookRunsOnceThere(t *testing.T) 
 	a.waitHolds(t, agent.PhaseClusterReady, digest)
 	waitFor(t, "A's gate to be open again after its restart", func() bool {
 		cs, err := a.cluster(t)
-		return err == nil && cs.Decision.Verdict == peer.Ready
+		return err == nil && cs.Decision.Verdict == agent.Ready
 	})
 	// Several peer polls (every 2 s) go by; the hook must stay at one run.
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
@@ -542,7 +542,7 @@ func TestAgents_TwoBundlesInOneClusterConflictNothingLoaded(t *testing.T) {
 			t.Errorf("%s: ferry status must fail and say conflict: %v\n%s", n.Name, err, out)
 		}
 		cs, err := n.cluster(t)
-		if err == nil || cs.Decision.Verdict != peer.Conflict {
+		if err == nil || cs.Decision.Verdict != agent.Conflict {
 			t.Errorf("%s: ferry status --cluster must fail with a conflict: %v: %+v", n.Name, err, cs.Decision)
 		}
 		if len(cs.Decision.Digests) != 2 || cs.Decision.Digests[digestX] == nil || cs.Decision.Digests[digestY] == nil {

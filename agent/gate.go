@@ -1,26 +1,15 @@
-package peer
+package agent
 
 import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/ferry-edge/ferry/peer"
 )
 
-// Phases the gate reads in Status.Phase. The agent owns the full list; the
-// gate only needs to know which mean "loaded" and which hold no bundle.
-const (
-	PhaseLoaded       = "loaded"
-	PhaseClusterReady = "cluster-ready"
-	PhaseCleaned      = "cleaned"
-	PhaseRejected     = "rejected"
-	PhaseIdle         = "idle"
-)
-
-// PeerStatus is one peer's answer to /v1/status, or why there is none.
-type PeerStatus struct {
-	Status
-	Err error
-}
+// The cluster gate: what every node's status says together. peer carries
+// the statuses; the rules are here, in one place.
 
 // Verdict is the gate's answer.
 type Verdict string
@@ -48,45 +37,78 @@ type Decision struct {
 	Digests map[string][]string `json:"digests,omitempty"`
 }
 
-func holdsBundle(s Status) bool {
-	switch s.Phase {
-	case "", PhaseCleaned, PhaseRejected, PhaseIdle:
+// holds is the one rule for "this node holds a bundle": a digest, in a
+// phase that holds the node (a refused, cleaned or finished bundle does
+// not; a failed or conflicting one still does, so the others see it).
+func holds(s peer.Status) bool {
+	switch Phase(s.Phase) {
+	case "", PhaseIdle, PhaseCleaned, PhaseRejected:
 		return false
 	}
 	return s.Digest != ""
 }
 
-func loaded(s Status) bool { return s.Phase == PhaseLoaded || s.Phase == PhaseClusterReady }
+// conflicting is the one conflict rule: two nodes that both hold a bundle,
+// and not the same one.
+func conflicting(a, b peer.Status) bool { return holds(a) && holds(b) && a.Digest != b.Digest }
+
+// ShortDigest is the one short form of a digest shown to people:
+// "sha256:" and the first 12 hex digits.
+func ShortDigest(d string) string {
+	h := strings.TrimPrefix(d, "sha256:")
+	if len(h) > 12 {
+		h = h[:12]
+	}
+	return "sha256:" + h
+}
+
+func shortDigests(set map[string]bool) string {
+	var ds []string
+	for d := range set {
+		ds = append(ds, ShortDigest(d))
+	}
+	sort.Strings(ds)
+	return strings.Join(ds, ", ")
+}
+
+// nodeName is how a technician knows a peer: its node name, else its
+// address.
+func nodeName(addr string, s peer.Status) string {
+	if s.Node != "" {
+		return s.Node
+	}
+	return addr
+}
+
+// label tells peers apart in the gate's lists: the node name and address.
+func label(addr string, s peer.Status) string {
+	if s.Node != "" && s.Node != addr {
+		return s.Node + " (" + addr + ")"
+	}
+	return addr
+}
 
 // Decide applies the gate's rules to this node's status and its peers'
 // (keyed by peer address), in this order:
 //
-//  1. Two nodes holding different bundle digests (nodes that are idle,
-//     cleaned up or rejected hold none): Conflict, whatever else holds.
+//  1. Two nodes holding different bundles: Conflict, whatever else holds.
 //  2. A peer that did not answer: Waiting (it might hold another bundle).
-//  3. Every node (this one included) loaded or cluster-ready, with the
-//     same digest: Ready.
+//  3. Every node (this one included) loaded, with the same digest: Ready.
 //  4. Otherwise Waiting, naming the nodes not loaded yet.
-func Decide(self Status, peers map[string]PeerStatus) Decision {
-	name := func(addr string, s Status) string {
-		if s.Node != "" && s.Node != addr {
-			return s.Node + " (" + addr + ")"
-		}
-		return addr
-	}
+func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 	selfName := self.Node
 	if selfName == "" {
 		selfName = "this node"
 	}
 	d := Decision{Digests: map[string][]string{}}
-	all := map[string]Status{selfName: self}
+	all := map[string]peer.Status{selfName: self}
 	var unreachable []string
 	for addr, ps := range peers {
 		if ps.Err != nil {
 			unreachable = append(unreachable, addr)
 			continue
 		}
-		all[name(addr, ps.Status)] = ps.Status
+		all[label(addr, ps.Status)] = ps.Status
 	}
 	names := make([]string, 0, len(all))
 	for n := range all {
@@ -95,7 +117,7 @@ func Decide(self Status, peers map[string]PeerStatus) Decision {
 	sort.Strings(names)
 	sort.Strings(unreachable)
 	for _, n := range names {
-		if s := all[n]; holdsBundle(s) {
+		if s := all[n]; holds(s) {
 			d.Digests[s.Digest] = append(d.Digests[s.Digest], n)
 		}
 	}
@@ -103,7 +125,7 @@ func Decide(self Status, peers map[string]PeerStatus) Decision {
 		d.Verdict = Conflict
 		var parts []string
 		for dg, ns := range d.Digests {
-			parts = append(parts, fmt.Sprintf("%s on %s", short(dg), strings.Join(ns, ", ")))
+			parts = append(parts, fmt.Sprintf("%s on %s", ShortDigest(dg), strings.Join(ns, ", ")))
 		}
 		sort.Strings(parts)
 		d.Reason = "different bundles in one cluster: " + strings.Join(parts, "; ") + "; remove the wrong stick's bundle (ferry status on each node) and plug one bundle only"
@@ -122,7 +144,7 @@ func Decide(self Status, peers map[string]PeerStatus) Decision {
 		return d
 	}
 	for _, n := range names {
-		if s := all[n]; !loaded(s) || s.Digest == "" {
+		if s := all[n]; !Phase(s.Phase).Loaded() || !holds(s) {
 			d.Waiting = append(d.Waiting, n)
 		}
 	}
@@ -140,13 +162,6 @@ func Decide(self Status, peers map[string]PeerStatus) Decision {
 		return d
 	}
 	d.Verdict = Ready
-	d.Reason = fmt.Sprintf("all %d nodes loaded %s", len(names), short(d.Digest))
-	return d
-}
-
-func short(d string) string {
-	if len(d) > 19 {
-		return d[:19] + "…"
-	}
+	d.Reason = fmt.Sprintf("all %d nodes loaded %s", len(names), ShortDigest(d.Digest))
 	return d
 }

@@ -1,0 +1,177 @@
+package agent
+
+import (
+	"time"
+
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/peer"
+)
+
+// The loop turns everything that happens into an event, hands it to step
+// (step.go), which alone changes the agent's state, and performs the
+// effects step returns (loop.go). Nothing else touches the state.
+
+type event interface{ isEvent() }
+
+// evStart: the agent starts with the records found on disk.
+type evStart struct{ records []*Record }
+
+// evDevice: a block device appeared, changed or went away.
+type evDevice struct{ DeviceEvent }
+
+// evOffer: a probe (effProbe) looked at a stick or a file.
+type evOffer struct {
+	origin Origin
+	device string // "" for a file
+	src    bundle.Source
+	medium Medium // open until step keeps it for an extraction or closes it
+	meta   *bundle.Metadata
+	// digest is what the source says it is (.sha256, or a raw device read
+	// whole because the node holds a bundle already); "" when unknown.
+	digest string
+	// err: no bundle there (noBundle) or one that cannot be read.
+	err      error
+	noBundle bool
+	// differs: a raw device read whole does not hold the held bundle.
+	differs bool
+	reply   chan error // ferry load waits for the decision
+}
+
+// evJobDone: the running job ended.
+type evJobDone struct {
+	kind    jobKind
+	id      string
+	stopped bool // cancelled (agent stopping, stick pulled, cleanup)
+	res     *bundle.Result
+	pieces  *peer.PieceList
+	err     error
+}
+
+// evProgress: the running job moved (throttled by the job).
+type evProgress struct {
+	id string
+	p  Progress
+}
+
+// evView: a fresh poll of the peers.
+type evView struct{ view }
+
+// evRequest: a request from the status API.
+type evRequest struct {
+	kind  requestKind
+	path  string
+	reply chan error
+}
+
+// evHookDone: the on_ready hook finished.
+type evHookDone struct {
+	id  string
+	run HookRun
+}
+
+// evRetry: the backoff timer fired.
+type evRetry struct{}
+
+func (evStart) isEvent()    {}
+func (evDevice) isEvent()   {}
+func (evOffer) isEvent()    {}
+func (evJobDone) isEvent()  {}
+func (evProgress) isEvent() {}
+func (evView) isEvent()     {}
+func (evRequest) isEvent()  {}
+func (evHookDone) isEvent() {}
+func (evRetry) isEvent()    {}
+
+type jobKind string
+
+const (
+	jobExtract jobKind = "extract"
+	jobFetch   jobKind = "fetch"
+	jobLoad    jobKind = "load"
+	jobCleanup jobKind = "cleanup"
+)
+
+type requestKind string
+
+const (
+	reqLoad    requestKind = "load"
+	reqCleanup requestKind = "cleanup"
+	reqProceed requestKind = "proceed"
+)
+
+// Effects: what step asks the loop to do. Each is performed in order on
+// the loop goroutine; long ones start a goroutine that reports back with
+// an event.
+
+type effect interface{ isEffect() }
+
+// effSave persists a record (the loop is the only writer).
+type effSave struct{ rec *Record }
+
+// effProbe opens a device (or a file, for ferry load) and reads its
+// metadata; a raw device is read whole only when the node holds a bundle
+// whose digest it must be compared with.
+type effProbe struct {
+	origin Origin
+	ev     DeviceEvent // a stick
+	path   string      // a file
+	held   string      // the held bundle's digest, "" for none
+	reply  chan error
+}
+
+// effStartJob starts the one job a node runs at a time.
+type effStartJob struct {
+	kind jobKind
+	rec  *Record
+	// extract
+	src    bundle.Source
+	policy bundle.Policy
+	pieces bool // hash the peers' piece list in the same pass
+	// cleanup
+	unload bool
+}
+
+// effStopJob cancels the running job; its evJobDone follows.
+type effStopJob struct{}
+
+type effCloseMedium struct{ m Medium }
+
+// effShare serves an extracted bundle to the peers.
+type effShare struct {
+	rec    *Record
+	pieces *peer.PieceList
+}
+
+// effRemove deletes a path (a dir never to be trusted, a fetched tar).
+type effRemove struct{ path string }
+
+// effResumeLoader serves a loaded bundle's registry again after a restart.
+type effResumeLoader struct{ rec *Record }
+
+// effRunHook runs on_ready; its record is already marked started.
+type effRunHook struct{ rec *Record }
+
+// effRetryIn arms the backoff timer.
+type effRetryIn struct{ after time.Duration }
+
+// effAnnounce tells systemd a status line.
+type effAnnounce struct{ line string }
+
+// effReply answers a request.
+type effReply struct {
+	ch  chan error
+	err error
+}
+
+func (effSave) isEffect()         {}
+func (effProbe) isEffect()        {}
+func (effStartJob) isEffect()     {}
+func (effStopJob) isEffect()      {}
+func (effCloseMedium) isEffect()  {}
+func (effShare) isEffect()        {}
+func (effRemove) isEffect()       {}
+func (effResumeLoader) isEffect() {}
+func (effRunHook) isEffect()      {}
+func (effRetryIn) isEffect()      {}
+func (effReply) isEffect()        {}
+func (effAnnounce) isEffect()     {}

@@ -1,0 +1,69 @@
+package agent
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ferry-edge/ferry/peer"
+)
+
+func TestDecide(t *testing.T) {
+	const d1, d2 = "sha256:1111111111111111111111111111111111111111111111111111111111111111", "sha256:2222222222222222222222222222222222222222222222222222222222222222"
+	st := func(node, phase, digest string) peer.Status {
+		return peer.Status{Node: node, Phase: phase, Digest: digest}
+	}
+	ok := func(s peer.Status) peer.PeerStatus { return peer.PeerStatus{Status: s} }
+	down := peer.PeerStatus{Err: errors.New("connection refused")}
+	tests := []struct {
+		name    string
+		self    peer.Status
+		peers   map[string]peer.PeerStatus
+		want    Verdict
+		digest  string
+		waiting []string
+	}{
+		{name: "every node loaded with one digest is ready", self: st("a", "loaded", d1),
+			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "loaded", d1)), "c:1": ok(st("c", "cluster-ready", d1))}, want: Ready, digest: d1},
+		{name: "a single node with no peers is ready once loaded", self: st("a", "loaded", d1), want: Ready, digest: d1},
+		{name: "a node still loading is waited for", self: st("a", "loaded", d1),
+			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "loading", d1))}, want: Waiting, digest: d1, waiting: []string{"b (b:1)"}},
+		{name: "this node not loaded is waited for", self: st("a", "fetching", d1),
+			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "loaded", d1))}, want: Waiting, waiting: []string{"a"}},
+		{name: "a node with no bundle yet is waited for", self: st("a", "loaded", d1),
+			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "idle", ""))}, want: Waiting, waiting: []string{"b (b:1)"}},
+		{name: "an unreachable peer is not ready", self: st("a", "loaded", d1),
+			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "loaded", d1)), "c:1": down}, want: Waiting, waiting: []string{"c:1"}},
+		{name: "two digests are a conflict", self: st("a", "loaded", d1),
+			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "loaded", d2))}, want: Conflict},
+		{name: "two digests are a conflict before anything loads", self: st("a", "extracted", d1),
+			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "detected", d2))}, want: Conflict},
+		{name: "a conflict wins over an unreachable peer", self: st("a", "loaded", d1),
+			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "failed", d2)), "c:1": down}, want: Conflict},
+		{name: "an old cleaned-up bundle is no conflict", self: st("a", "loaded", d1),
+			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "cleaned", d2))}, want: Waiting, waiting: []string{"b (b:1)"}},
+		{name: "a rejected bundle is no conflict", self: st("a", "loaded", d1),
+			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "rejected", d2))}, want: Waiting, waiting: []string{"b (b:1)"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := Decide(tc.self, tc.peers)
+			if d.Verdict != tc.want {
+				t.Fatalf("verdict %s (%s), want %s", d.Verdict, d.Reason, tc.want)
+			}
+			if tc.digest != "" && d.Digest != tc.digest {
+				t.Fatalf("digest %s, want %s", d.Digest, tc.digest)
+			}
+			if tc.waiting != nil && !slices.Equal(d.Waiting, tc.waiting) {
+				t.Fatalf("waiting %v, want %v", d.Waiting, tc.waiting)
+			}
+			if d.Reason == "" {
+				t.Fatal("no reason given")
+			}
+			if tc.want == Conflict && (!strings.Contains(d.Reason, ShortDigest(d1)) || !strings.Contains(d.Reason, ShortDigest(d2)) || len(d.Digests) != 2) {
+				t.Fatalf("conflict reason %q / digests %v does not name both bundles", d.Reason, d.Digests)
+			}
+		})
+	}
+}

@@ -1,0 +1,228 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/peer"
+)
+
+// Jobs and probes run off the loop and return the event that reports
+// their end. They read what the effect carries and touch no state.
+
+// errNoBundle: a device or file that holds no upgrade bundle.
+var errNoBundle = errors.New("no upgrade bundle here")
+
+// probe opens a stick (or a file given to ferry load) and reads its
+// metadata. A raw device with no .sha256 says its digest only when read
+// whole: that long read happens here, never on the loop, and only when the
+// node holds a bundle to compare it with.
+func (a *Agent) probe(ctx context.Context, p effProbe) event {
+	o := evOffer{origin: p.origin, device: p.ev.Device, reply: p.reply}
+	if p.origin == OriginFile {
+		src, err := bundle.FindSource(p.path, "")
+		if err != nil {
+			o.noBundle, o.err = true, err
+			return o
+		}
+		o.src = src
+	} else {
+		m, err := a.deps.Media.Open(ctx, p.ev)
+		if err != nil {
+			o.noBundle, o.err = true, err
+			return o
+		}
+		srcs := m.Bundles()
+		if len(srcs) == 0 {
+			m.Close()
+			o.noBundle, o.err = true, errNoBundle
+			return o
+		}
+		a.log.Info("upgrade stick found", "device", p.ev.Device, "bundles", len(srcs))
+		o.src, o.medium = srcs[0], m
+	}
+	o.meta, o.err = bundle.InspectFile(o.src.Path)
+	if o.err != nil {
+		return o
+	}
+	o.digest = sidecarDigest(o.src)
+	if o.digest == "" && p.held != "" && o.src.Raw {
+		a.log.Info("reading the whole stick to compare it with the bundle held", "device", p.ev.Device, "bundle", o.src.Name())
+		res, err := bundle.Verify(ctx, o.src, bundle.Options{Policy: bundle.Policy{SpaceFactor: -1, ApprovedDigests: []string{p.held}}})
+		switch {
+		case err == nil && res.Digest == p.held:
+			o.digest = p.held
+		case err == nil || bundle.IsRefusal(err):
+			o.differs = true
+		default:
+			// Unreadable (pulled mid-read): neither the same nor a conflict.
+			o.noBundle, o.err = true, err
+		}
+	}
+	return o
+}
+
+// sidecarDigest is the digest a source's .sha256 claims, if any.
+func sidecarDigest(src bundle.Source) string {
+	if src.SHA256Path == "" {
+		return ""
+	}
+	b, err := os.ReadFile(src.SHA256Path)
+	if err != nil {
+		return ""
+	}
+	d, err := bundle.ParseSHA256Line(b, src.Name())
+	if err != nil {
+		return ""
+	}
+	return d
+}
+
+// runJob runs one job to its end.
+func (a *Agent) runJob(ctx context.Context, j effStartJob) event {
+	r := j.rec.clone()
+	done := evJobDone{kind: j.kind, id: r.ID}
+	switch j.kind {
+	case jobExtract:
+		done.res, done.pieces, done.err = a.extract(ctx, r, j)
+	case jobFetch:
+		done.err = a.fetch(ctx, r)
+	case jobLoad:
+		p := a.throttle(r.ID, "images")
+		done.err = a.deps.Loader.Load(ctx, r.Metadata, r.Dir, func(d, t int) { p(int64(d), int64(t)) })
+	case jobCleanup:
+		done.err = a.cleanup(ctx, r, j.unload)
+	}
+	done.stopped = ctx.Err() != nil
+	return done
+}
+
+func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.Result, *peer.PieceList, error) {
+	var ix bundle.Index
+	opts := bundle.Options{Policy: j.policy, Sync: true, Index: &ix, Log: a.log, Progress: a.throttle(r.ID, "bytes")}
+	var hasher *peer.PieceHasher
+	if a.deps.Peers != nil && j.pieces {
+		// The piece list for the peers, hashed in the same pass. A fetched
+		// bundle's shelf entry keeps the list it was fetched and checked
+		// with.
+		hasher = peer.NewPieceHasher(peer.DefaultPieceSize)
+		opts.Tee = hasher
+	}
+	res, err := bundle.Extract(ctx, j.src, r.Dir, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := ix.WriteFile(a.store.IndexPath(res.Digest)); err != nil {
+		a.log.Warn("cannot keep the tar index; peers will not be served", "bundle", r.Name, "err", err)
+	}
+	var pieces *peer.PieceList
+	if hasher != nil {
+		pieces = hasher.List(res.Digest)
+	}
+	return res, pieces, nil
+}
+
+// fetch gets the tar from the peers, with a sidecar so that extraction
+// checks the digest again in its own pass.
+func (a *Agent) fetch(ctx context.Context, r *Record) error {
+	dest := a.m.incomingPath(r)
+	if err := os.MkdirAll(filepath.Dir(dest), 0o700); err != nil {
+		return err
+	}
+	p := a.throttle(r.ID, "bytes")
+	if err := a.deps.Peers.Fetch(ctx, r.Digest, dest, func(pr peer.Progress) { p(pr.Done, pr.Total) }); err != nil {
+		return err
+	}
+	sha := strings.TrimSuffix(dest, ".tar") + ".sha256"
+	return os.WriteFile(sha, []byte(bundle.FormatSHA256File(r.Digest, filepath.Base(dest))), 0o600)
+}
+
+// cleanup takes a bundle out of CRI-O, stops sharing it and removes its
+// files.
+func (a *Agent) cleanup(ctx context.Context, r *Record, unload bool) error {
+	if unload {
+		if err := a.deps.Loader.Cleanup(ctx, r.Metadata, r.Dir); err != nil {
+			return err
+		}
+	}
+	if r.Dir != "" {
+		if err := os.RemoveAll(r.Dir); err != nil {
+			return err
+		}
+	}
+	if a.deps.Peers != nil && r.Digest != "" {
+		a.deps.Peers.Unshare(r.Digest)
+	}
+	if r.Digest != "" {
+		os.Remove(a.store.IndexPath(r.Digest))
+	}
+	return nil
+}
+
+// throttle returns a progress callback that tells the loop at most every
+// 500 ms (and at the end); a report the loop has no room for is dropped,
+// the next one carries the news.
+func (a *Agent) throttle(id, unit string) func(done, total int64) {
+	var last time.Time
+	return func(done, total int64) {
+		if now := time.Now(); now.Sub(last) > 500*time.Millisecond || done == total {
+			last = now
+			select {
+			case a.progress <- evProgress{id: id, p: Progress{Done: done, Total: total, Unit: unit}}:
+			default:
+			}
+		}
+	}
+}
+
+// share puts an extracted bundle on the shelf for the peers, with pieces
+// if its piece list was hashed in the extraction pass.
+func (a *Agent) share(r *Record, pieces *peer.PieceList) {
+	if a.deps.Peers == nil || r.Metadata == nil {
+		return
+	}
+	ix, err := bundle.ReadIndex(a.store.IndexPath(r.Digest))
+	if err != nil {
+		a.log.Warn("cannot serve the bundle to peers: no tar index", "bundle", r.Name, "err", err)
+		return
+	}
+	meta, _ := json.Marshal(r.Metadata)
+	if err := a.deps.Peers.Share(r.Digest, meta, ix.ReaderAt(r.Dir), ix.Size, pieces); err != nil {
+		a.log.Warn("cannot serve the bundle to peers", "bundle", r.Name, "err", err)
+	}
+}
+
+// HookRun records the on_ready hook's one run.
+type HookRun struct {
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished,omitzero"`
+	Exit     int       `json:"exit"`
+	Error    string    `json:"error,omitempty"`
+}
+
+// runHook runs on_ready, which the machine marked started.
+func (a *Agent) runHook(ctx context.Context, r *Record) event {
+	argv := a.cfg.Cluster.OnReady
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), "FERRY_RELEASE="+r.Metadata.Release, "FERRY_VERSION="+r.Metadata.Version, "FERRY_DIGEST="+r.Digest)
+	out := &logWriter{log: a.log.With("hook", "on_ready", "bundle", r.Name)}
+	cmd.Stdout, cmd.Stderr = out, out
+	a.log.Info("running the on_ready hook", "bundle", r.Name, "argv", strings.Join(argv, " "))
+	err := cmd.Run()
+	out.flush()
+	run := *r.Hook
+	run.Finished = a.deps.Now().UTC()
+	run.Exit = cmd.ProcessState.ExitCode()
+	if err != nil {
+		run.Error = fmt.Sprintf("on_ready hook: %v", err)
+	}
+	return evHookDone{id: r.ID, run: run}
+}

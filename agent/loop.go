@@ -1,0 +1,186 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Run watches for bundles until ctx ends. It is the only goroutine that
+// changes the agent's state.
+func (a *Agent) Run(ctx context.Context) error {
+	if !a.m.policy.On() {
+		a.log.Warn("approval is off: any bundle whose sha256 checks will be loaded; set approved_digests or trusted_keys in the config")
+	}
+	recs, err := a.store.Load()
+	if err != nil {
+		return err
+	}
+	a.removeStaging()
+	jctx, stopAll := context.WithCancel(ctx)
+	a.life = jctx
+	defer func() {
+		// Jobs, probes and hooks end with the loop: nothing of theirs
+		// outlives Run.
+		stopAll()
+		a.bg.Wait()
+	}()
+	a.turn(jctx, evStart{records: recs})
+
+	var devices <-chan DeviceEvent
+	if a.deps.Devices != nil {
+		if devices, err = a.deps.Devices.Events(ctx); err != nil {
+			return errors.New("watching devices: " + err.Error())
+		}
+	}
+	views := make(chan view)
+	if a.m.hasPeers {
+		a.bg.Add(1)
+		go func() { defer a.bg.Done(); a.pollPeers(jctx, 2*time.Second, views) }()
+	}
+	a.deps.Notify.Ready()
+	a.announce()
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		a.beat.Store(time.Now().UnixNano())
+		var retry <-chan time.Time
+		if a.retry != nil {
+			retry = a.retry.C
+		}
+		var ev event
+		select {
+		case <-ctx.Done():
+			return nil
+		case d, ok := <-devices:
+			if !ok {
+				return errors.New("device events stopped")
+			}
+			ev = evDevice{d}
+		case ev = <-a.events:
+		case p := <-a.progress:
+			ev = p
+		case v := <-views:
+			ev = evView{v}
+		case <-retry:
+			a.retry = nil
+			ev = evRetry{}
+		case <-tick.C:
+			continue
+		}
+		a.turn(jctx, ev)
+	}
+}
+
+// turn is one step: the state changes, the snapshot is published, then
+// the effects are performed in order.
+func (a *Agent) turn(ctx context.Context, ev event) {
+	effs := a.m.step(ev)
+	a.publish()
+	for _, e := range effs {
+		a.perform(ctx, e)
+	}
+	a.announce()
+}
+
+// perform carries out one effect on the loop goroutine; anything long is
+// started in the background and reports back with an event.
+func (a *Agent) perform(ctx context.Context, e effect) {
+	switch e := e.(type) {
+	case effSave:
+		if err := a.store.Save(e.rec.clone()); err != nil {
+			a.log.Error("cannot save state", "bundle", e.rec.Name, "err", err)
+		}
+	case effProbe:
+		a.background(ctx, func(ctx context.Context) event { return a.probe(ctx, e) })
+	case effStartJob:
+		jctx, cancel := context.WithCancel(ctx)
+		a.jobStop = cancel
+		a.background(jctx, func(ctx context.Context) event {
+			defer cancel()
+			return a.runJob(ctx, e)
+		})
+	case effStopJob:
+		if a.jobStop != nil {
+			a.jobStop()
+		}
+	case effCloseMedium:
+		if err := e.m.Close(); err != nil {
+			a.log.Warn("unmounting the stick", "err", err)
+		}
+	case effShare:
+		a.share(e.rec, e.pieces)
+	case effRemove:
+		if err := os.RemoveAll(e.path); err != nil {
+			a.log.Warn("cannot remove", "path", e.path, "err", err)
+		}
+	case effResumeLoader:
+		// In the background: CRI-O may still be starting.
+		meta, name, dir := e.rec.Metadata, e.rec.Name, e.rec.Dir
+		a.bg.Add(1)
+		go func() {
+			defer a.bg.Done()
+			if err := a.deps.Loader.Resume(ctx, meta, dir); err != nil && ctx.Err() == nil {
+				a.log.Error("cannot serve the loaded bundle again", "bundle", name, "err", err)
+			}
+		}()
+	case effRunHook:
+		r := e.rec.clone()
+		a.background(ctx, func(ctx context.Context) event { return a.runHook(ctx, r) })
+	case effRetryIn:
+		if a.retry != nil {
+			a.retry.Stop()
+		}
+		a.retry = time.NewTimer(e.after)
+	case effAnnounce:
+		a.say(e.line)
+	case effReply:
+		if e.ch != nil {
+			e.ch <- e.err
+		}
+	default:
+		panic("agent: unknown effect")
+	}
+}
+
+// background runs fn in its own goroutine and posts its event to the loop
+// (unless the loop itself has ended: a cancelled job still reports).
+func (a *Agent) background(ctx context.Context, fn func(context.Context) event) {
+	a.bg.Add(1)
+	go func() {
+		defer a.bg.Done()
+		ev := fn(ctx)
+		select {
+		case a.events <- ev:
+		case <-a.life.Done():
+		}
+	}()
+}
+
+// removeStaging drops staging dirs left by a crash: they are never taken
+// as good.
+func (a *Agent) removeStaging() {
+	ents, err := os.ReadDir(a.cfg.Paths.ExtractDir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".staging-") {
+			a.log.Info("removing an interrupted extraction", "dir", e.Name())
+			os.RemoveAll(filepath.Join(a.cfg.Paths.ExtractDir, e.Name()))
+		}
+	}
+}
+
+// announce sends the current status line to systemd when it changed.
+func (a *Agent) announce() { a.say(a.snap.Load().status.Line) }
+
+func (a *Agent) say(line string) {
+	if line != a.lastLine {
+		a.lastLine = line
+		a.deps.Notify.Status(line)
+	}
+}

@@ -1,0 +1,643 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/peer"
+)
+
+// machine is the agent's state and its one transition function, step. It
+// does no I/O: it returns effects, which the loop performs. Only the loop
+// goroutine calls step.
+type machine struct {
+	cfg       Config
+	policy    bundle.Policy
+	now       func() time.Time
+	log       *slog.Logger
+	hasMedia  bool
+	hasLoader bool
+	hasPeers  bool
+
+	records map[string]*Record
+	active  *Record // the bundle that holds the node, nil when none
+	lastBad *Record // the newest refusal or conflict, shown until a bundle succeeds
+	job     *job    // the running job, nil when idle
+	probing map[string]bool
+	view    view // the peers, as last polled
+	backoff time.Duration
+	// cleanupReply: a cleanup waits for the running job to stop.
+	cleanupReply chan error
+	cleanupAsked bool
+	// notice is a passing remark for the status (e.g. a stick that holds
+	// the bundle already here).
+	notice string
+}
+
+// job is the one long task a node runs at a time.
+type job struct {
+	kind   jobKind
+	id     string
+	device string // the stick it reads, if any
+	medium Medium // kept open while it is read
+}
+
+func newMachine(cfg Config, policy bundle.Policy, d Deps) *machine {
+	return &machine{
+		cfg: cfg, policy: policy, now: d.Now, log: d.Log,
+		hasMedia: d.Media != nil, hasLoader: d.Loader != nil, hasPeers: d.Peers != nil && len(cfg.Peer.Peers) > 0,
+		records: map[string]*Record{}, probing: map[string]bool{},
+	}
+}
+
+// step is the transition table: one case per event.
+func (m *machine) step(ev event) []effect {
+	switch ev := ev.(type) {
+	case evStart:
+		return m.start(ev.records)
+	case evDevice:
+		return m.device(ev.DeviceEvent)
+	case evOffer:
+		return m.offer(ev)
+	case evJobDone:
+		return m.jobDone(ev)
+	case evProgress:
+		if r := m.active; r != nil && r.ID == ev.id {
+			r.Progress = ev.p
+		}
+		return nil
+	case evView:
+		return m.peersSeen(ev.view)
+	case evRequest:
+		return m.request(ev)
+	case evHookDone:
+		return m.hookDone(ev)
+	case evRetry:
+		return m.next()
+	}
+	panic(fmt.Sprintf("agent: unknown event %T", ev))
+}
+
+// start takes the records found on disk and picks up where the last run
+// stopped.
+func (m *machine) start(recs []*Record) []effect {
+	for _, r := range recs {
+		m.records[r.ID] = r
+		if r.Phase.Active() {
+			m.active = r
+		}
+		if r.Phase == PhaseRejected || r.Phase == PhaseConflict {
+			m.lastBad = r
+		}
+	}
+	r := m.active
+	if r == nil {
+		return nil
+	}
+	m.log.Info("resuming", "phase", string(r.Phase), "bundle", r.Name, "digest", r.Digest)
+	var effs []effect
+	switch r.Phase {
+	case PhaseDetected:
+		// Interrupted mid-extraction: a published dir without the
+		// extracted record is not trusted either.
+		if r.Dir != "" {
+			effs = append(effs, effRemove{r.Dir})
+		}
+		if r.Origin == OriginFile && r.Source != "" {
+			if _, err := os.Stat(r.Source); err == nil {
+				return append(effs, effProbe{origin: OriginFile, path: r.Source, held: r.Digest})
+			}
+		}
+		return append(effs, m.move(r, PhaseDetected, "interrupted before the copy finished: plug the stick in again", Progress{})...)
+	case PhaseFetching:
+	default:
+		effs = append(effs, effShare{rec: r})
+	}
+	if r.Phase.Loaded() && m.hasLoader {
+		effs = append(effs, effResumeLoader{r})
+	}
+	return append(effs, m.next()...)
+}
+
+// next starts whatever the active bundle needs next, if nothing runs.
+func (m *machine) next() []effect {
+	r := m.active
+	if r == nil || m.job != nil {
+		return nil
+	}
+	switch r.Phase {
+	case PhaseFetching:
+		return m.startJob(effStartJob{kind: jobFetch, rec: r}, "")
+	case PhaseExtracted, PhaseLoading:
+		if ok, why := m.peersAgree(r); !ok {
+			if r.Reason == why {
+				return nil
+			}
+			m.log.Info("not loading yet", "phase", string(r.Phase), "bundle", r.Name, "reason", why)
+			return m.move(r, r.Phase, why, r.Progress)
+		}
+		if !m.hasLoader {
+			return nil // this node only verifies, extracts and shares
+		}
+		effs := m.move(r, PhaseLoading, "", Progress{Total: int64(len(r.Metadata.AllImages())), Unit: "images"})
+		m.log.Info("loading into CRI-O", "phase", string(PhaseLoading), "bundle", r.Name, "digest", r.Digest)
+		return append(effs, m.startJob(effStartJob{kind: jobLoad, rec: r}, "")...)
+	}
+	return nil
+}
+
+func (m *machine) startJob(e effStartJob, device string) []effect {
+	m.job = &job{kind: e.kind, id: e.rec.ID, device: device}
+	return []effect{e}
+}
+
+func (m *machine) device(ev DeviceEvent) []effect {
+	if ev.Action == "remove" {
+		if m.job != nil && m.job.device == ev.Device {
+			m.log.Warn("the stick was pulled while it was being read", "device", ev.Device)
+			return []effect{effStopJob{}}
+		}
+		return nil
+	}
+	if !m.hasMedia || m.probing[ev.Device] || m.job != nil && m.job.device == ev.Device {
+		return nil // a change event for a stick already being looked at
+	}
+	m.probing[ev.Device] = true
+	held := ""
+	if m.active != nil {
+		held = m.active.Digest
+	}
+	return []effect{effProbe{origin: OriginStick, ev: ev, held: held}}
+}
+
+// offer decides what to do with a bundle a probe found.
+func (m *machine) offer(o evOffer) []effect {
+	delete(m.probing, o.device)
+	log := m.log.With("device", o.device)
+	var effs []effect
+	keep := false
+	defer func() {
+		if o.medium != nil && !keep {
+			effs = append(effs, effCloseMedium{o.medium})
+		}
+	}()
+	reply := func(err error) {
+		if o.reply != nil {
+			effs = append(effs, effReply{o.reply, err})
+		}
+	}
+	switch {
+	case o.noBundle:
+		log.Debug("not an upgrade stick", "err", o.err)
+		reply(o.err)
+		return effs
+	case o.meta == nil:
+		effs = append(effs, m.reject(m.newRecord(o, nil), o.err)...)
+		reply(nil)
+		return effs
+	}
+	log = log.With("bundle", o.src.Name())
+	if act := m.active; act != nil {
+		same := !o.differs && (o.digest != "" && o.digest == act.Digest ||
+			o.digest == "" && act.Digest == "" && act.Name == o.src.Name())
+		switch {
+		case same && act.Phase == PhaseDetected && m.job == nil:
+			log.Info("resuming the copy of this bundle")
+		case same:
+			log.Info("this bundle is already here; nothing to do", "phase", string(act.Phase))
+			m.notice = fmt.Sprintf("%s on %s is the bundle already held (%s)", o.src.Name(), orFile(o.device), ShortDigest(act.Digest))
+			reply(nil)
+			return effs
+		default:
+			reason := fmt.Sprintf("%s differs from the bundle this node already holds (%s, %s): remove this stick; run 'ferry cleanup' first to replace the bundle",
+				o.src.Name(), act.Name, act.Phase)
+			log.Warn("conflict: a second, different bundle", "reason", reason)
+			r := m.newRecord(o, o.meta)
+			effs = append(effs, m.move(r, PhaseConflict, reason, Progress{})...)
+			m.lastBad = r
+			reply(nil)
+			return effs
+		}
+	}
+	if m.job != nil {
+		reply(fmt.Errorf("busy (%s); try again when it is done", m.job.kind))
+		return effs
+	}
+	r := m.active
+	if r == nil {
+		r = m.newRecord(o, o.meta)
+		r.Plugged = o.origin != OriginPeer
+	}
+	r.Metadata = o.meta
+	r.Source = o.src.Path
+	if o.origin == OriginStick {
+		r.Source = o.device
+	}
+	r.Dir = filepath.Join(m.cfg.Paths.ExtractDir, o.meta.DirName())
+	m.active = r
+	m.notice = ""
+	effs = append(effs, m.move(r, PhaseDetected, "", Progress{Total: o.meta.SizeBytes, Unit: "bytes"})...)
+	effs = append(effs, m.extract(r, o.src, o.device, o.medium, m.policy)...)
+	keep = o.medium != nil
+	reply(nil)
+	return effs
+}
+
+func orFile(device string) string {
+	if device == "" {
+		return "the file given"
+	}
+	return device
+}
+
+// extract starts verifying and extracting r from src.
+func (m *machine) extract(r *Record, src bundle.Source, device string, medium Medium, pol bundle.Policy) []effect {
+	m.log.Info("verifying and extracting", "phase", string(PhaseDetected), "bundle", r.Name, "device", device)
+	effs := []effect{effRemove{r.Dir}} // never trust a dir whose extraction was not recorded
+	effs = append(effs, m.startJob(effStartJob{kind: jobExtract, rec: r, src: src, policy: pol,
+		pieces: r.Origin != OriginPeer}, device)...)
+	m.job.medium = medium
+	return effs
+}
+
+// newRecord makes a record with an ID it keeps for life.
+func (m *machine) newRecord(o evOffer, meta *bundle.Metadata) *Record {
+	base := strings.TrimSuffix(strings.TrimPrefix(o.src.Name(), "upgrade-"), ".tar")
+	if meta != nil {
+		base = meta.DirName()
+	}
+	r := &Record{Digest: o.digest, Name: o.src.Name(), Metadata: meta, Origin: o.origin, Source: o.src.Path}
+	r.ID = m.newID(base)
+	return r
+}
+
+func (m *machine) newID(base string) string {
+	id := base + "-" + m.now().UTC().Format("20060102T150405")
+	for i := 2; m.records[id] != nil; i++ {
+		id = base + "-" + m.now().UTC().Format("20060102T150405") + "-" + strconv.Itoa(i)
+	}
+	return id
+}
+
+func (m *machine) jobDone(j evJobDone) []effect {
+	var effs []effect
+	if m.job != nil && m.job.medium != nil {
+		effs = append(effs, effCloseMedium{m.job.medium})
+	}
+	m.job = nil
+	r := m.records[j.id]
+	if r == nil {
+		return effs
+	}
+	switch j.kind {
+	case jobFetch:
+		effs = append(effs, m.fetchDone(r, j)...)
+	case jobExtract:
+		effs = append(effs, m.extractDone(r, j)...)
+	case jobLoad:
+		effs = append(effs, m.loadDone(r, j)...)
+	case jobCleanup:
+		return append(effs, m.cleanupDone(r, j)...)
+	}
+	if m.cleanupAsked {
+		return append(effs, m.cleanup()...)
+	}
+	return effs
+}
+
+func (m *machine) fetchDone(r *Record, j evJobDone) []effect {
+	switch {
+	case j.stopped:
+		return nil
+	case j.err != nil:
+		reason := fmt.Sprintf("fetching from the peers failed, retrying: %v", j.err)
+		m.log.Warn("fetch failed", "phase", string(PhaseFetching), "bundle", r.Name, "err", j.err)
+		return append(m.move(r, PhaseFetching, reason, r.Progress), effRetryIn{10 * time.Second})
+	}
+	src := bundle.Source{Path: m.incomingPath(r), SHA256Path: strings.TrimSuffix(m.incomingPath(r), ".tar") + ".sha256"}
+	return m.extract(r, src, "", nil, m.policy.PreApproved(r.Digest))
+}
+
+func (m *machine) extractDone(r *Record, j evJobDone) []effect {
+	var effs []effect
+	if r.Origin == OriginPeer && (j.err == nil || bundle.IsRefusal(j.err)) {
+		effs = append(effs, effRemove{filepath.Dir(m.incomingPath(r))})
+	}
+	if j.err != nil {
+		if bundle.IsRefusal(j.err) {
+			m.active = nil
+			return append(effs, m.reject(r, j.err)...)
+		}
+		// A stop by the agent's own end never gets here (the loop is gone):
+		// this is a pulled stick, a read error or a cleanup.
+		reason := "the stick was pulled or could not be read before the copy finished: plug it in again"
+		m.log.Warn("extraction interrupted", "phase", string(PhaseDetected), "bundle", r.Name, "err", j.err)
+		return append(effs, m.move(r, PhaseDetected, reason+" ("+j.err.Error()+")", Progress{})...)
+	}
+	r.Digest = j.res.Digest
+	effs = append(effs, m.move(r, PhaseExtracted, "", Progress{Done: j.res.TarSize, Total: j.res.TarSize, Unit: "bytes"})...)
+	effs = append(effs, effShare{rec: r, pieces: j.pieces})
+	m.lastBad = nil
+	m.log.Info("verified and extracted: the stick can be unplugged", "phase", string(PhaseExtracted),
+		"bundle", r.Name, "digest", r.Digest, "approval", j.res.Approval)
+	return append(effs, m.next()...)
+}
+
+func (m *machine) loadDone(r *Record, j evJobDone) []effect {
+	switch {
+	case j.stopped:
+		return nil
+	case j.err != nil && Permanent(j.err):
+		m.backoff = 0
+		m.log.Error("loading failed and cannot heal by retrying", "phase", string(PhaseFailed), "bundle", r.Name, "err", j.err)
+		return m.move(r, PhaseFailed, j.err.Error(), r.Progress)
+	case j.err != nil:
+		m.backoff = min(max(2*m.backoff, 5*time.Second), 5*time.Minute)
+		reason := fmt.Sprintf("loading failed, retrying in %s: %v", m.backoff, j.err)
+		m.log.Error("loading failed", "phase", string(PhaseLoading), "bundle", r.Name, "err", j.err)
+		return append(m.move(r, PhaseLoading, reason, r.Progress), effRetryIn{m.backoff})
+	}
+	m.backoff = 0
+	effs := m.move(r, PhaseLoaded, "", r.Progress)
+	m.log.Info("loaded: every image is present and pinned", "phase", string(PhaseLoaded), "bundle", r.Name, "digest", r.Digest)
+	return append(effs, m.gate(r)...)
+}
+
+func (m *machine) reject(r *Record, err error) []effect {
+	reason := strings.TrimPrefix(err.Error(), "bundle "+r.Name+": ")
+	m.log.Error("bundle refused", "phase", string(PhaseRejected), "bundle", r.Name, "reason", reason)
+	m.lastBad = r
+	return m.move(r, PhaseRejected, reason, Progress{})
+}
+
+func (m *machine) request(q evRequest) []effect {
+	switch q.kind {
+	case reqLoad:
+		if m.job != nil {
+			return []effect{effReply{q.reply, fmt.Errorf("busy (%s); try again when it is done", m.job.kind)}}
+		}
+		held := ""
+		if m.active != nil {
+			held = m.active.Digest
+		}
+		return []effect{effProbe{origin: OriginFile, path: q.path, held: held, reply: q.reply}}
+	case reqCleanup:
+		if m.active == nil {
+			return []effect{effReply{q.reply, errors.New("no bundle to clean up")}}
+		}
+		if m.cleanupAsked {
+			return []effect{effReply{q.reply, errors.New("a cleanup is already under way")}}
+		}
+		m.cleanupAsked, m.cleanupReply = true, q.reply
+		if m.job != nil {
+			return []effect{effStopJob{}} // the cleanup starts when it has stopped
+		}
+		return m.cleanup()
+	case reqProceed:
+		r := m.active
+		if r == nil || r.Phase != PhaseClusterReady {
+			return []effect{effReply{q.reply, errors.New("the cluster is not ready: every node must be loaded with the same bundle first (see 'ferry status --cluster')")}}
+		}
+		effs, err := m.startHook(r)
+		return append(effs, effReply{q.reply, err})
+	}
+	return []effect{effReply{q.reply, fmt.Errorf("unknown request %q", q.kind)}}
+}
+
+// cleanup starts taking the active bundle out of CRI-O and off the disk.
+func (m *machine) cleanup() []effect {
+	r := m.active
+	if r == nil {
+		m.cleanupAsked = false
+		return []effect{effReply{m.cleanupReply, errors.New("no bundle to clean up")}}
+	}
+	unload := m.hasLoader && r.Metadata != nil && r.Phase != PhaseDetected
+	return m.startJob(effStartJob{kind: jobCleanup, rec: r, unload: unload}, "")
+}
+
+func (m *machine) cleanupDone(r *Record, j evJobDone) []effect {
+	reply := m.cleanupReply
+	m.cleanupAsked, m.cleanupReply = false, nil
+	if j.err != nil {
+		return []effect{effReply{reply, fmt.Errorf("cleanup of %s: %w", r.Name, j.err)}}
+	}
+	effs := m.move(r, PhaseCleaned, "", Progress{})
+	m.active = nil
+	m.log.Info("cleaned up", "phase", string(PhaseCleaned), "bundle", r.Name, "digest", r.Digest)
+	return append(effs, effReply{reply, nil})
+}
+
+// move puts r in phase p and persists it.
+func (m *machine) move(r *Record, p Phase, reason string, prog Progress) []effect {
+	if r.Times == nil {
+		r.Times = map[Phase]time.Time{}
+	}
+	if r.Phase != p || r.Times[p].IsZero() {
+		r.Times[p] = m.now().UTC()
+	}
+	r.Phase, r.Reason, r.Progress = p, reason, prog
+	m.records[r.ID] = r
+	// The line of each phase passed through is told, even when the same
+	// step moves on (extracted, then loading).
+	return []effect{effSave{r}, effAnnounce{m.status().Line}}
+}
+
+// incomingPath is where a fetched tar lands, under its own name so that
+// messages about it read as they would for a stick.
+func (m *machine) incomingPath(r *Record) string {
+	return filepath.Join(m.cfg.Paths.StateDir, "incoming", strings.TrimPrefix(r.Digest, "sha256:"), r.Name)
+}
+
+// peersSeen acts on a fresh view of the peers.
+func (m *machine) peersSeen(v view) []effect {
+	old := m.view
+	m.view = v
+	for _, p := range m.cfg.Peer.Peers {
+		now, was := v.statuses[p].Err, old.statuses[p].Err
+		if now != nil && (was == nil || was.Error() != now.Error()) {
+			m.log.Warn("a peer cannot be asked", "peer", p, "err", now)
+		} else if now == nil && was != nil {
+			m.log.Info("a peer answers again", "peer", p)
+		}
+	}
+	r := m.active
+	switch {
+	case r == nil && m.job == nil:
+		return m.maybeFetch(v)
+	case r == nil:
+	case r.Phase == PhaseExtracted && m.job == nil:
+		return m.next()
+	case r.Phase.Loaded():
+		return m.gate(r)
+	}
+	return nil
+}
+
+// maybeFetch starts fetching the bundle the peers offer, after the same
+// checks a stick gets.
+func (m *machine) maybeFetch(v view) []effect {
+	o, conflict := oneOffer(v.offers)
+	if conflict != "" {
+		return m.reportConflict(conflict)
+	}
+	if o == nil {
+		return nil
+	}
+	for _, old := range m.records {
+		if old.Digest == o.Digest && (old.Phase == PhaseRejected || old.Phase == PhaseCleaned) {
+			return nil // refused or done with before: not again
+		}
+	}
+	meta, err := bundle.ParseMetadata(o.Metadata)
+	name := "bundle from " + o.Peer
+	if meta != nil {
+		name = meta.Name() + ".tar"
+	}
+	r := &Record{Digest: o.Digest, Name: name, Metadata: meta, Origin: OriginPeer, Source: o.Peer}
+	if meta != nil {
+		r.ID = m.newID(meta.DirName())
+	} else {
+		r.ID = m.newID("peer")
+	}
+	if err == nil {
+		_, err = m.policy.ApproveOffer(meta, o.Digest)
+	}
+	if err != nil {
+		return m.reject(r, err)
+	}
+	r.Dir = filepath.Join(m.cfg.Paths.ExtractDir, meta.DirName())
+	m.active = r
+	effs := m.move(r, PhaseFetching, "", Progress{Unit: "bytes"})
+	m.log.Info("fetching the bundle from the peers", "phase", string(PhaseFetching), "bundle", r.Name, "digest", r.Digest)
+	return append(effs, m.startJob(effStartJob{kind: jobFetch, rec: r}, "")...)
+}
+
+// oneOffer is the one bundle the peers offer, or why there is a conflict.
+func oneOffer(offers []peer.PeerOffer) (*peer.PeerOffer, string) {
+	var one *peer.PeerOffer
+	digests := map[string]bool{}
+	for i := range offers {
+		if !digests[offers[i].Digest] {
+			digests[offers[i].Digest] = true
+			one = &offers[i]
+		}
+	}
+	if len(digests) > 1 {
+		return nil, fmt.Sprintf("the peers hold different bundles (%s): two sticks were plugged; remove one and run 'ferry cleanup' on the nodes that hold it", shortDigests(digests))
+	}
+	return one, ""
+}
+
+// gate moves a loaded node to cluster-ready once every node is loaded with
+// the same bundle, and runs the hook once where the stick was plugged.
+func (m *machine) gate(r *Record) []effect {
+	d := Decision{Verdict: Ready, Digest: r.Digest}
+	if m.hasPeers {
+		for _, p := range m.cfg.Peer.Peers {
+			if _, heard := m.view.statuses[p]; !heard {
+				return nil
+			}
+		}
+		d = Decide(m.peerStatus(), m.view.statuses)
+	}
+	var effs []effect
+	switch d.Verdict {
+	case Ready:
+		if r.Phase != PhaseClusterReady {
+			effs = m.move(r, PhaseClusterReady, "", r.Progress)
+			m.log.Info("every node holds the bundle, loaded and pinned: the upgrade may proceed", "phase", string(PhaseClusterReady), "bundle", r.Name, "digest", r.Digest)
+		}
+		if r.Plugged && m.cfg.Cluster.Schedule == "Automatic" && r.Hook == nil && len(m.cfg.Cluster.OnReady) > 0 {
+			hook, _ := m.startHook(r)
+			effs = append(effs, hook...)
+		}
+	case Conflict:
+		effs = m.reportConflict(d.Reason)
+	}
+	return effs
+}
+
+// startHook marks the hook started (persisted first, so a crash never
+// runs it twice) and runs it.
+func (m *machine) startHook(r *Record) ([]effect, error) {
+	if len(m.cfg.Cluster.OnReady) == 0 {
+		return nil, errors.New("no on_ready hook is configured")
+	}
+	if r.Hook != nil {
+		return nil, errors.New("the on_ready hook already ran")
+	}
+	r.Hook = &HookRun{Started: m.now().UTC()}
+	return []effect{effSave{r}, effRunHook{r}}, nil
+}
+
+func (m *machine) hookDone(h evHookDone) []effect {
+	r := m.records[h.id]
+	if r == nil {
+		return nil
+	}
+	run := h.run
+	r.Hook = &run
+	if run.Error != "" {
+		m.log.Error("the on_ready hook failed", "bundle", r.Name, "err", run.Error)
+	} else {
+		m.log.Info("the on_ready hook succeeded", "bundle", r.Name)
+	}
+	return []effect{effSave{r}}
+}
+
+func (m *machine) reportConflict(reason string) []effect {
+	if b := m.lastBad; b != nil && b.Phase == PhaseConflict && b.Reason == reason {
+		return nil
+	}
+	m.log.Warn("conflict", "phase", string(PhaseConflict), "reason", reason)
+	r := &Record{ID: m.newID("cluster"), Name: "cluster", Origin: OriginPeer}
+	m.lastBad = r
+	return m.move(r, PhaseConflict, reason, Progress{})
+}
+
+// peersAgree reports whether every peer holds the same bundle as r, which
+// must hold before anything is pinned.
+func (m *machine) peersAgree(r *Record) (bool, string) {
+	if !m.hasPeers {
+		return true, ""
+	}
+	if m.view.at.IsZero() {
+		return false, "waiting to hear from the peers"
+	}
+	self := m.peerStatus()
+	var waiting []string
+	for _, p := range m.cfg.Peer.Peers {
+		st, heard := m.view.statuses[p]
+		switch {
+		case !heard:
+			waiting = append(waiting, p+" (not heard from yet)")
+		case st.Err != nil:
+			waiting = append(waiting, p+" (unreachable)")
+		case conflicting(self, st.Status):
+			return false, fmt.Sprintf("conflict: node %s holds another bundle (%s, %s): remove the second stick and run 'ferry cleanup' there", nodeName(p, st.Status), st.Version, ShortDigest(st.Digest))
+		case st.Digest != r.Digest:
+			waiting = append(waiting, nodeName(p, st.Status))
+		}
+	}
+	if len(waiting) > 0 {
+		return false, "waiting for " + strings.Join(waiting, ", ") + " to hold the bundle"
+	}
+	return true, ""
+}
+
+// Permanent reports whether err says that retrying cannot fix it (an
+// image the bundle lacks, bytes that do not match their digest): such a
+// load ends in failed instead of retrying forever. An error opts in by
+// having a Permanent() bool method returning true, so the agent needs no
+// import of the part that raised it.
+func Permanent(err error) bool {
+	var p interface{ Permanent() bool }
+	return errors.As(err, &p) && p.Permanent()
+}
