@@ -306,3 +306,51 @@ func TestCluster_PeerRefusingOurTokenIsShownInStatus(t *testing.T) {
 		t.Fatalf("status %+v", s)
 	}
 }
+
+// The hook ends on its own goroutine while the loop saves the same
+// record: the record on disk must always hold the newest state.
+func TestCluster_HookEndAndLoopSavesNeverLoseTheNewestRecord(t *testing.T) {
+	for i := range 25 {
+		h := newHarness(t, t.TempDir())
+		h.cfg.Cluster.OnReady = []string{"true"}
+		h.start()
+		src, digest := stick(t, bundletest.Options{})
+		h.plug("/dev/sda", src)
+		stop := make(chan struct{})
+		go func() { // readers hammer the snapshot meanwhile
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					_ = h.agent.Status()
+					_ = h.agent.Cluster()
+				}
+			}
+		}()
+		h.waitPhase(PhaseClusterReady)
+		deadline := time.Now().Add(10 * time.Second)
+		for !hookFinished(h.agent.Status()) && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		close(stop)
+		h.stop()
+		store, err := OpenStore(h.cfg.Paths.StateDir)
+		must(t, err)
+		recs, err := store.Load()
+		must(t, err)
+		if len(recs) != 1 || recs[0].Digest != digest || recs[0].Phase != PhaseClusterReady ||
+			recs[0].Hook == nil || recs[0].Hook.Finished.IsZero() || recs[0].Hook.Exit != 0 {
+			t.Fatalf("iteration %d: record on disk %+v (hook %+v)", i, recs[0], recs[0].Hook)
+		}
+	}
+}
+
+func hookFinished(s Status) bool {
+	for _, r := range s.Bundles {
+		if r.Hook != nil && !r.Hook.Finished.IsZero() {
+			return true
+		}
+	}
+	return false
+}

@@ -293,7 +293,11 @@ func (m *machine) jobDone(j evJobDone) []effect {
 	}
 	m.job = nil
 	r := m.records[j.id]
-	if r == nil {
+	if r == nil || r != m.active || !jobFits(j.kind, r.Phase) {
+		m.log.Warn("a job's end for a bundle no longer in its phase is ignored", "job", string(j.kind), "record", j.id)
+		if m.cleanupAsked {
+			return append(effs, m.cleanup()...)
+		}
 		return effs
 	}
 	switch j.kind {
@@ -310,6 +314,20 @@ func (m *machine) jobDone(j evJobDone) []effect {
 		return append(effs, m.cleanup()...)
 	}
 	return effs
+}
+
+// jobFits reports whether a job of this kind runs in phase p: a job's end
+// moves a bundle only from the phase the job belongs to.
+func jobFits(k jobKind, p Phase) bool {
+	switch k {
+	case jobExtract:
+		return p == PhaseDetected || p == PhaseFetching
+	case jobFetch:
+		return p == PhaseFetching
+	case jobLoad:
+		return p == PhaseLoading
+	}
+	return p.Active() // cleanup
 }
 
 func (m *machine) fetchDone(r *Record, j evJobDone) []effect {

@@ -1,0 +1,228 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/peer"
+)
+
+const (
+	heldDigest  = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	otherDigest = "sha256:2222222222222222222222222222222222222222222222222222222222222222"
+)
+
+var allPhases = []Phase{PhaseIdle, PhaseDetected, PhaseFetching, PhaseExtracted, PhaseLoading, PhaseLoaded,
+	PhaseClusterReady, PhaseCleaned, PhaseRejected, PhaseFailed, PhaseConflict}
+
+// machineIn is a machine whose one bundle is in phase p (PhaseIdle: none).
+func machineIn(t *testing.T, p Phase) *machine {
+	cfg := DefaultConfig()
+	cfg.NodeName, cfg.Arch = "node-a", "x86_64"
+	cfg.Paths.StateDir, cfg.Paths.ExtractDir = t.TempDir(), t.TempDir()
+	cfg.Cluster.OnReady = []string{"true"}
+	clock := time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)
+	m := newMachine(cfg, bundle.Policy{Arch: "x86_64"}, Deps{Media: &fakeMedia{}, Loader: &fakeLoader{},
+		Log: slog.New(slog.DiscardHandler), Now: func() time.Time { return clock }})
+	if p == PhaseIdle {
+		return m
+	}
+	meta := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: "quay.io/r@" + heldDigest}
+	r := &Record{ID: "held", Digest: heldDigest, Name: "upgrade-4.13.7-x86_64.tar", Metadata: meta,
+		Origin: OriginStick, Plugged: true, Dir: "/nonexistent/4.13.7-x86_64"}
+	m.move(r, p, "", Progress{})
+	switch {
+	case p.Active():
+		m.active = r
+	case p == PhaseRejected || p == PhaseConflict:
+		m.lastBad = r
+	}
+	return m
+}
+
+// events is one of each kind of event, as it would reach a node.
+func events(reply chan error) map[string]event {
+	meta := &bundle.Metadata{Version: "4.13.8", Arch: "x86_64"}
+	same := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64"}
+	return map[string]event{
+		"stick plugged":        evDevice{DeviceEvent{Action: "add", Device: "/dev/sdb"}},
+		"stick pulled":         evDevice{DeviceEvent{Action: "remove", Device: "/dev/sdb"}},
+		"same bundle offered":  evOffer{origin: OriginStick, device: "/dev/sdb", src: bundle.Source{Path: "/m/upgrade-4.13.7-x86_64.tar"}, meta: same, digest: heldDigest},
+		"other bundle offered": evOffer{origin: OriginStick, device: "/dev/sdb", src: bundle.Source{Path: "/m/upgrade-4.13.8-x86_64.tar"}, meta: meta, digest: otherDigest},
+		"unreadable offer":     evOffer{origin: OriginFile, src: bundle.Source{Path: "/m/upgrade-x.tar"}, err: errors.New("bad metadata"), reply: reply},
+		"extract done":         evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, TarSize: 10}},
+		"load done":            evJobDone{kind: jobLoad, id: "held"},
+		"load failed":          evJobDone{kind: jobLoad, id: "held", err: errors.New("crio is down")},
+		"fetch done":           evJobDone{kind: jobFetch, id: "held"},
+		"progress":             evProgress{id: "held", p: Progress{Done: 1, Total: 2, Unit: "bytes"}},
+		"peers seen":           evView{view{statuses: map[string]peer.PeerStatus{}, at: time.Now()}},
+		"cleanup asked":        evRequest{kind: reqCleanup, reply: reply},
+		"proceed asked":        evRequest{kind: reqProceed, reply: reply},
+		"load asked":           evRequest{kind: reqLoad, path: "/root/b.tar", reply: reply},
+		"hook done":            evHookDone{id: "held", run: HookRun{Exit: 0}},
+		"retry":                evRetry{},
+	}
+}
+
+// want is the phase the held bundle is in after the event, for each phase
+// it was in; a phase absent from a row means "unchanged".
+var want = map[string]map[Phase]Phase{
+	"extract done": {PhaseDetected: PhaseLoading, PhaseFetching: PhaseLoading},
+	"load done":    {PhaseLoading: PhaseClusterReady},
+	"load failed":  {PhaseLoading: PhaseLoading},
+	"peers seen":   {PhaseLoaded: PhaseClusterReady, PhaseExtracted: PhaseLoading},
+	"retry":        {PhaseExtracted: PhaseLoading},
+}
+
+// TestStep_EveryPhaseTimesEveryEvent runs each event in each phase and
+// checks the rules that hold everywhere, and the phase that follows.
+func TestStep_EveryPhaseTimesEveryEvent(t *testing.T) {
+	for _, p := range allPhases {
+		for name := range events(nil) {
+			t.Run(fmt.Sprintf("%s/%s", p, name), func(t *testing.T) {
+				m := machineIn(t, p)
+				reply := make(chan error, 1)
+				ev := events(reply)[name]
+				if j, ok := ev.(evJobDone); ok {
+					m.job = &job{kind: j.kind, id: j.id}
+				}
+				busyBefore := m.job != nil
+				effs := m.step(ev)
+
+				starts, replies := 0, 0
+				for _, e := range effs {
+					switch e := e.(type) {
+					case effStartJob:
+						starts++
+					case effReply:
+						replies++
+						if e.ch != reply {
+							t.Errorf("a reply to someone else")
+						}
+					case effSave:
+						if e.rec.ID == "" || e.rec.Phase == "" || e.rec.Times[e.rec.Phase].IsZero() {
+							t.Errorf("saved a record without id, phase or time: %+v", e.rec)
+						}
+					}
+				}
+				if starts > 1 || starts == 1 && busyBefore && !isJobDone(ev) {
+					t.Errorf("%d jobs started while busy=%v", starts, busyBefore)
+				}
+				if starts == 1 && m.job == nil {
+					t.Error("a job started but the machine does not know it")
+				}
+				if _, ok := ev.(evRequest); ok && replies != 1 && !(name == "cleanup asked" && m.cleanupAsked) && !(name == "load asked") {
+					t.Errorf("%d replies to a request", replies)
+				}
+				if name == "load asked" && replies == 0 && countProbes(effs) != 1 {
+					t.Error("ferry load neither answered nor probed")
+				}
+				if m.active != nil && !m.active.Phase.Active() {
+					t.Errorf("active bundle in phase %s, which does not hold the node", m.active.Phase)
+				}
+				if m.lastBad != nil && m.lastBad.Phase != PhaseRejected && m.lastBad.Phase != PhaseConflict {
+					t.Errorf("last refusal in phase %s", m.lastBad.Phase)
+				}
+				if r := m.records["held"]; r != nil && p != PhaseIdle {
+					exp := p
+					if w, ok := want[name][p]; ok {
+						exp = w
+					}
+					if r.Phase != exp {
+						t.Errorf("held bundle went %s → %s, want %s", p, r.Phase, exp)
+					}
+				}
+				if st := m.status(); st.Line == "" || st.Node != "node-a" {
+					t.Errorf("status %+v", st)
+				}
+			})
+		}
+	}
+}
+
+func isJobDone(ev event) bool { _, ok := ev.(evJobDone); return ok }
+
+func countProbes(effs []effect) int {
+	n := 0
+	for _, e := range effs {
+		if _, ok := e.(effProbe); ok {
+			n++
+		}
+	}
+	return n
+}
+
+// A few transitions spelled out, where the rule matters most.
+func TestStep_OtherBundleWhileOneIsHeldIsAConflictRecordNotAnExtraction(t *testing.T) {
+	for _, p := range []Phase{PhaseDetected, PhaseFetching, PhaseExtracted, PhaseLoading, PhaseLoaded, PhaseClusterReady} {
+		m := machineIn(t, p)
+		effs := m.step(events(nil)["other bundle offered"])
+		if m.active.ID != "held" || m.lastBad == nil || m.lastBad.Phase != PhaseConflict || m.lastBad.ID == "held" {
+			t.Fatalf("%s: active %+v, last refusal %+v", p, m.active, m.lastBad)
+		}
+		for _, e := range effs {
+			if _, ok := e.(effStartJob); ok {
+				t.Fatalf("%s: a job started for the conflicting bundle", p)
+			}
+		}
+	}
+}
+
+func TestStep_RecordIDsStayWhenThePhaseChanges(t *testing.T) {
+	m := machineIn(t, PhaseIdle)
+	m.step(evOffer{origin: OriginStick, device: "/dev/sda", src: bundle.Source{Path: "/m/upgrade-4.13.7-x86_64.tar", Raw: true},
+		meta: &bundle.Metadata{Version: "4.13.7", Arch: "x86_64"}})
+	id := m.active.ID
+	m.step(evJobDone{kind: jobExtract, id: id, res: &bundle.Result{Digest: heldDigest}})
+	if m.active == nil || m.active.ID != id || m.active.Digest != heldDigest || len(m.records) != 1 {
+		t.Fatalf("after extraction: %+v, %d records", m.active, len(m.records))
+	}
+}
+
+func TestStep_AStickPulledMidReadStopsTheJobAndWaitsForIt(t *testing.T) {
+	m := machineIn(t, PhaseIdle)
+	m.step(evOffer{origin: OriginStick, device: "/dev/sda", src: bundle.Source{Path: "/dev/sda", Raw: true},
+		meta: &bundle.Metadata{Version: "4.13.7", Arch: "x86_64"}})
+	effs := m.step(evDevice{DeviceEvent{Action: "remove", Device: "/dev/sda"}})
+	if len(effs) != 1 || effs[0] != (effStopJob{}) {
+		t.Fatalf("effects %v", effs)
+	}
+	m.step(evJobDone{kind: jobExtract, id: m.active.ID, stopped: true, err: errors.New("read: no such device")})
+	if m.active.Phase != PhaseDetected || m.job != nil {
+		t.Fatalf("after the pull: %+v", m.active)
+	}
+}
+
+func TestStep_CleanupWaitsForTheRunningJob(t *testing.T) {
+	m := machineIn(t, PhaseLoading)
+	m.job = &job{kind: jobLoad, id: "held"}
+	reply := make(chan error, 1)
+	if effs := m.step(evRequest{kind: reqCleanup, reply: reply}); len(effs) != 1 || effs[0] != (effStopJob{}) {
+		t.Fatalf("effects %v", effs)
+	}
+	effs := m.step(evJobDone{kind: jobLoad, id: "held", stopped: true})
+	if m.job == nil || m.job.kind != jobCleanup || countStarts(effs) != 1 {
+		t.Fatalf("no cleanup after the stop: %v", effs)
+	}
+	effs = m.step(evJobDone{kind: jobCleanup, id: "held"})
+	if m.active != nil || m.records["held"].Phase != PhaseCleaned {
+		t.Fatalf("after cleanup: %+v", m.records["held"])
+	}
+	if last := effs[len(effs)-1]; last != (effReply{reply, nil}) {
+		t.Fatalf("no reply: %v", effs)
+	}
+}
+
+func countStarts(effs []effect) int {
+	n := 0
+	for _, e := range effs {
+		if _, ok := e.(effStartJob); ok {
+			n++
+		}
+	}
+	return n
+}
