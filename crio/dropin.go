@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -31,6 +32,9 @@ type Dropins struct {
 	CRIOConfDir       string // /etc/crio/crio.conf.d
 	RegistriesConfDir string // /etc/containers/registries.conf.d
 	CertsDir          string // /etc/containers/certs.d
+	// RegistriesConf is the node's registries.conf, whose mirrors ferry's
+	// drop-in keeps; default registries.conf beside RegistriesConfDir.
+	RegistriesConf string
 }
 
 // Setup is what the drop-ins describe.
@@ -128,7 +132,11 @@ func (d *Dropins) Apply(s Setup) (Change, error) {
 	if err != nil {
 		return ch, err
 	}
-	mirrorsConf, err := MirrorsConf(s.Images, s.Addr, s.Label)
+	site, err := d.SiteRegistries()
+	if err != nil {
+		return ch, err
+	}
+	mirrorsConf, err := MirrorsConf(s.Images, s.Addr, s.Label, site)
 	if err != nil {
 		return ch, err
 	}
@@ -366,11 +374,14 @@ type registriesConf struct {
 type registryEntry struct {
 	Prefix   string        `toml:"prefix"`
 	Location string        `toml:"location"`
+	Insecure bool          `toml:"insecure,omitempty"`
+	Blocked  bool          `toml:"blocked,omitempty"`
 	Mirror   []mirrorEntry `toml:"mirror"`
 }
 
 type mirrorEntry struct {
 	Location       string `toml:"location"`
+	Insecure       bool   `toml:"insecure,omitempty"`
 	PullFromMirror string `toml:"pull-from-mirror,omitempty"`
 }
 
@@ -380,8 +391,11 @@ type mirrorEntry struct {
 // digest pulls only; one with an image that kept its tag uses it for tag
 // pulls too (the embedded registry serves the tag), so a pull by that tag
 // is served locally and other tags still fall back to the original
-// registry.
-func MirrorsConf(images []string, addr, label string) ([]byte, error) {
+// registry. After the embedded registry come the mirrors site (the node's
+// own configuration; nil for none) had for the repository, with their
+// options, and its location, insecure and blocked: ferry's entry replaces
+// the node's for the same prefix, and must not lose what it did.
+func MirrorsConf(images []string, addr, label string, site *SiteRegistries) ([]byte, error) {
 	if !strings.HasPrefix(addr, "127.0.0.1:") {
 		return nil, fmt.Errorf("%w: registry address %q is not 127.0.0.1:<port>", ErrDropin, addr)
 	}
@@ -399,29 +413,37 @@ func MirrorsConf(images []string, addr, label string) ([]byte, error) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	var conf registriesConf
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "# Written by ferry%s: its repositories are served by ferry's\n", forLabel(label))
+	fmt.Fprintf(&b, "# embedded registry on %s (CA in certs.d/%s). Removed by `ferry cleanup`.\n", addr, addr)
+	var entries []registryEntry
 	for _, n := range names {
 		m := mirrorEntry{Location: addr + "/" + paths[n], PullFromMirror: "digest-only"}
 		if tagged[n] {
 			m.PullFromMirror = "all"
 		}
-		conf.Registry = append(conf.Registry, registryEntry{Prefix: n, Location: n, Mirror: []mirrorEntry{m}})
-	}
-	var b bytes.Buffer
-	fmt.Fprintf(&b, "# Written by ferry%s: its repositories are served by ferry's\n", forLabel(label))
-	fmt.Fprintf(&b, "# embedded registry on %s (CA in certs.d/%s). Removed by `ferry cleanup`.\n\n", addr, addr)
-	enc := toml.NewEncoder(&b)
-	enc.Indent = ""
-	if err := enc.Encode(conf); err != nil {
-		return nil, fmt.Errorf("%w: registries.conf.d: %v", ErrDropin, err)
+		e, from, err := site.entryFor(n, m)
+		if err != nil {
+			return nil, err
+		}
+		b.WriteString("\n")
+		if from != "" {
+			fmt.Fprintf(&b, "# Then this node's own settings for %s, from %s.\n", n, from)
+		}
+		enc := toml.NewEncoder(&b)
+		enc.Indent = ""
+		if err := enc.Encode(registriesConf{Registry: []registryEntry{e}}); err != nil {
+			return nil, fmt.Errorf("%w: registries.conf.d: %v", ErrDropin, err)
+		}
+		entries = append(entries, e)
 	}
 	var back registriesConf
-	if _, err := toml.Decode(b.String(), &back); err != nil || len(back.Registry) != len(conf.Registry) {
+	if _, err := toml.Decode(b.String(), &back); err != nil || len(back.Registry) != len(entries) {
 		return nil, fmt.Errorf("%w: generated registries.conf.d drop-in does not decode back (%v): not written", ErrDropin, err)
 	}
 	for i, r := range back.Registry {
-		if r.Prefix != conf.Registry[i].Prefix || len(r.Mirror) != 1 || r.Mirror[0] != conf.Registry[i].Mirror[0] {
-			return nil, fmt.Errorf("%w: generated registries.conf.d entry %d does not decode back: not written", ErrDropin, i)
+		if !reflect.DeepEqual(r, entries[i]) {
+			return nil, fmt.Errorf("%w: generated registries.conf.d entry %d (%s) does not decode back: not written", ErrDropin, i, entries[i].Prefix)
 		}
 	}
 	return b.Bytes(), nil

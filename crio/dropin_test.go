@@ -70,7 +70,7 @@ func TestPullRefs_DigestForEveryImageAndTagForTaggedOnes(t *testing.T) {
 }
 
 func TestMirrorsConf_Golden(t *testing.T) {
-	b, err := crio.MirrorsConf(bundleImages, "127.0.0.1:5443", "4.13.7-x86_64")
+	b, err := crio.MirrorsConf(bundleImages, "127.0.0.1:5443", "4.13.7-x86_64", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestMirrorsConf_RefusesNonLoopbackAndBadRefs(t *testing.T) {
 		"no repository":  {[]string{"busybox@" + d1}, "127.0.0.1:5000"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if _, err := crio.MirrorsConf(tc.images, tc.addr, ""); !errors.Is(err, crio.ErrDropin) {
+			if _, err := crio.MirrorsConf(tc.images, tc.addr, "", nil); !errors.Is(err, crio.ErrDropin) {
 				t.Fatalf("got %v, want ErrDropin", err)
 			}
 		})
@@ -308,7 +308,7 @@ func testCA(t *testing.T, isCA bool) []byte {
 }
 
 func TestMirrorsConf_CollidingPathsKeepTheirHost(t *testing.T) {
-	b, err := crio.MirrorsConf([]string{"a.io/team/app@" + d1, "b.io:5000/team/app@" + d2}, "127.0.0.1:5443", "")
+	b, err := crio.MirrorsConf([]string{"a.io/team/app@" + d1, "b.io:5000/team/app@" + d2}, "127.0.0.1:5443", "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,7 +99,7 @@ func TestRealCRIO_ImageServiceConformance(t *testing.T) {
 	c := crioenv.Start(t)
 	b := makeBundle(t, 3, 4096)
 	// Mirrors and CA only; the suite sets the pins.
-	mirrors, err := crio.MirrorsConf(b.Images, b.Reg.Addr(), "")
+	mirrors, err := crio.MirrorsConf(b.Images, b.Reg.Addr(), "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
