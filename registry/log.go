@@ -2,6 +2,7 @@ package registry
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -28,6 +29,10 @@ func quietDistributionLogs(log *slog.Logger) {
 	})
 }
 
+// unknownCodes are distribution's error codes for a name, manifest or
+// blob the bundle does not hold (404).
+var unknownCodes = map[string]bool{"manifest unknown": true, "blob unknown": true, "name unknown": true}
+
 type slogHook struct{}
 
 func (slogHook) Levels() []logrus.Level {
@@ -40,7 +45,12 @@ func (slogHook) Fire(e *logrus.Entry) error {
 		return nil
 	}
 	level := slog.LevelWarn
-	if e.Level <= logrus.ErrorLevel {
+	switch {
+	case unknownCodes[fmt.Sprint(e.Data["err.code"])]:
+		// Normal: with the node's own mirrors after ferry's, CRI-O asks
+		// the embedded registry first for images the bundle does not have.
+		level = slog.LevelDebug
+	case e.Level <= logrus.ErrorLevel:
 		level = slog.LevelError
 	}
 	attrs := make([]slog.Attr, 0, 4)
