@@ -63,9 +63,11 @@ func (c *counter) snapshot() Stats {
 var routeRE = regexp.MustCompile(`^/v2/(.+)/(manifests|blobs)/([^/]+)$`)
 
 // front is the handler in front of distribution: it refuses writes, maps
-// the bundle's kept tags to their digests and counts requests.
+// the bundle's kept tags to their digests, serves blobs from their files
+// and counts requests.
 type front struct {
 	next  http.Handler
+	blobs blobFiles
 	stats *counter
 	tags  map[string]string // "<repo path>:<tag>" → "sha256:…"
 	log   *slog.Logger
@@ -73,9 +75,9 @@ type front struct {
 
 func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
-	var repo, kind string
+	var repo, kind, ref string
 	if m := routeRE.FindStringSubmatch(r.URL.Path); m != nil {
-		repo, kind = m[1], m[2]
+		repo, kind, ref = m[1], m[2], m[3]
 		// A tag the bundle kept is served as the digest it was resolved
 		// to when the bundle was made, whether or not the tree holds the
 		// tag: metadata.json is what was verified.
@@ -88,9 +90,11 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	readOnly := r.Method == http.MethodGet || r.Method == http.MethodHead
-	if readOnly {
+	switch {
+	case readOnly && kind == "blobs" && f.blobs.serve(rec, r, repo, ref):
+	case readOnly:
 		f.next.ServeHTTP(rec, r)
-	} else {
+	default:
 		rec.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
 		http.Error(rec, `{"errors":[{"code":"UNSUPPORTED","message":"ferry's embedded registry is read-only"}]}`, http.StatusMethodNotAllowed)
 	}

@@ -140,7 +140,7 @@ func (r *Registry) Handler(ctx context.Context, root string) (http.Handler, func
 	if err != nil {
 		return nil, nil, err
 	}
-	h := &front{next: app, stats: r.stats, tags: tags, log: r.log}
+	h := &front{next: app, blobs: blobFiles{root: root}, stats: r.stats, tags: tags, log: r.log}
 	return h, func() { app.Shutdown() }, nil
 }
 
