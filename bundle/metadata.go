@@ -40,6 +40,9 @@ type Metadata struct {
 	Release       string    `json:"release"`
 	Images        []string  `json:"images"`
 	Created       time.Time `json:"created"`
+	// ReleaseSignatures are the release image's signatures, each one
+	// signature file as a signature store serves it (base64 in JSON).
+	ReleaseSignatures [][]byte `json:"releaseSignatures,omitempty"`
 }
 
 // Arches are the architectures ferry knows, by `uname -m` name.
