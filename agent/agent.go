@@ -46,9 +46,19 @@ type Medium interface {
 // Loader puts an extracted bundle into the container runtime and takes it
 // out again.
 type Loader interface {
-	Load(ctx context.Context, meta *bundle.Metadata, dir string, progress func(done, total int)) error
+	// Load pulls and pins meta's images; keep are pins of the previous
+	// bundle, whose release runs until this one's upgrade is done.
+	Load(ctx context.Context, meta *bundle.Metadata, dir string, keep []string, progress func(done, total int)) error
 	// Resume serves a loaded bundle again after a restart (its registry).
-	Resume(ctx context.Context, meta *bundle.Metadata, dir string) error
+	Resume(ctx context.Context, meta *bundle.Metadata, dir string, keep []string) error
+	// Retire is the end of a bundle whose upgrade is done: its registry,
+	// mirror and CA go, its pins stay.
+	Retire(ctx context.Context, meta *bundle.Metadata, dir string) error
+	// Unpin drops the pins of these images (the previous bundle's, once
+	// the next upgrade is done).
+	Unpin(ctx context.Context, images []string) error
+	// Cleanup takes out a bundle that never became the cluster's release:
+	// pins, mirror, CA and registry.
 	Cleanup(ctx context.Context, meta *bundle.Metadata, dir string) error
 }
 
@@ -64,9 +74,12 @@ type Deps struct {
 	Media   MediaOpener
 	Loader  Loader
 	Peers   Peers
+	API     ClusterAPI // nil: no Kubernetes API; the on_ready hook is the only way out
 	Notify  Notifier
 	Log     *slog.Logger
 	Now     func() time.Time
+	// APIPoll is how often the cluster's upgrade is read; 0 is 5 s.
+	APIPoll time.Duration
 }
 
 // Agent drives one node.
@@ -82,6 +95,9 @@ type Agent struct {
 
 	events   chan event      // from jobs, probes, hooks, requests
 	progress chan evProgress // throttled job progress; dropped when full
+	// annotations carries the newest Node annotations to annotate (nil
+	// without an API).
+	annotations chan map[string]string
 
 	// Loop-owned handles of what runs in the background.
 	life     context.Context // ends with Run
@@ -117,7 +133,11 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		events:   make(chan event, 16),
 		progress: make(chan evProgress, 1),
 	}
+	if deps.API != nil {
+		a.annotations = make(chan map[string]string, 1)
+	}
 	a.publish()
+	a.beat.Store(time.Now().UnixNano()) // alive from the start: the loop turns at once
 	return a, nil
 }
 

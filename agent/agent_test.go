@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -61,10 +62,14 @@ type fakeLoader struct {
 	mu       sync.Mutex
 	loads    []string
 	cleanups int
+	retires  []string
+	unpinned []string
+	keeps    [][]string
 	fail     int
+	pinned   map[string]bool // what the fake CRI-O pins
 }
 
-func (l *fakeLoader) Load(_ context.Context, m *bundle.Metadata, dir string, progress func(int, int)) error {
+func (l *fakeLoader) Load(_ context.Context, m *bundle.Metadata, dir string, keep []string, progress func(int, int)) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, err := os.Stat(filepath.Join(dir, bundle.MetadataName)); err != nil {
@@ -77,14 +82,41 @@ func (l *fakeLoader) Load(_ context.Context, m *bundle.Metadata, dir string, pro
 	n := len(m.AllImages())
 	progress(n, n)
 	l.loads = append(l.loads, m.Version)
+	l.keeps = append(l.keeps, keep)
+	if l.pinned == nil {
+		l.pinned = map[string]bool{}
+	}
+	for _, ref := range m.AllImages() {
+		l.pinned[ref] = true
+	}
 	return nil
 }
 
-func (l *fakeLoader) Resume(context.Context, *bundle.Metadata, string) error { return nil }
+func (l *fakeLoader) Resume(context.Context, *bundle.Metadata, string, []string) error { return nil }
 
-func (l *fakeLoader) Cleanup(context.Context, *bundle.Metadata, string) error {
+func (l *fakeLoader) Retire(_ context.Context, m *bundle.Metadata, _ string) error {
+	l.mu.Lock()
+	l.retires = append(l.retires, m.Version)
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *fakeLoader) Unpin(_ context.Context, images []string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, ref := range images {
+		delete(l.pinned, ref)
+		l.unpinned = append(l.unpinned, ref)
+	}
+	return nil
+}
+
+func (l *fakeLoader) Cleanup(_ context.Context, m *bundle.Metadata, _ string) error {
 	l.mu.Lock()
 	l.cleanups++
+	for _, ref := range m.AllImages() {
+		delete(l.pinned, ref)
+	}
 	l.mu.Unlock()
 	return nil
 }
@@ -378,29 +410,66 @@ func TestAgent_LoadFailureIsRetried(t *testing.T) {
 	}
 }
 
-func TestAgent_CleanupRemovesTheBundle(t *testing.T) {
+func TestAgent_CleanupOfALoadedBundleIsTheUpgradeDone(t *testing.T) {
 	h := newHarness(t, t.TempDir())
 	h.start()
-	src, _ := stick(t, bundletest.Options{})
+	first := bundletest.Options{Images: []string{"quay.io/a/shared@sha256:" + strings.Repeat("1", 64), "quay.io/a/old@sha256:" + strings.Repeat("2", 64)}}
+	src, _ := stick(t, first)
 	h.plug("/dev/sda", src)
-	s := h.waitPhase(PhaseClusterReady)
+	h.waitPhase(PhaseClusterReady)
 	must(t, h.agent.Request(t.Context(), "cleanup", ""))
 	h.loader.mu.Lock()
-	cleanups := h.loader.cleanups
+	retires, cleanups := len(h.loader.retires), h.loader.cleanups
 	h.loader.mu.Unlock()
-	if cleanups != 1 {
-		t.Fatal("loader cleanup not called")
+	if retires != 1 || cleanups != 0 {
+		t.Fatalf("retires %d, cleanups %d: want the upgrade's end (pins kept), not a cleanup", retires, cleanups)
 	}
 	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); !os.IsNotExist(err) {
 		t.Fatal("extracted dir kept")
 	}
-	if got := h.agent.Status(); got.Phase != "idle" {
-		t.Fatalf("after cleanup %+v (was %s)", got, s.Phase)
+	if got := h.agent.Status(); got.Phase != string(PhaseUpgraded) || !strings.Contains(got.Line, "waiting for the next upgrade stick") || !got.Healthy {
+		t.Fatalf("after cleanup %+v", got)
 	}
-	// A new bundle is welcome now.
-	next, _ := stick(t, bundletest.Options{Version: "4.13.8"})
+	// The next bundle is the next upgrade, not a conflict; it loads
+	// keeping the first one's pins, and its own end unpins them (except
+	// the images both hold).
+	next, _ := stick(t, bundletest.Options{Version: "4.13.8", Images: []string{"quay.io/a/shared@sha256:" + strings.Repeat("1", 64)}})
 	h.plug("/dev/sdb", next)
 	if s := h.waitPhase(PhaseClusterReady); s.Version != "4.13.8" {
+		t.Fatal(s.Version)
+	}
+	h.loader.mu.Lock()
+	keep := h.loader.keeps[len(h.loader.keeps)-1]
+	h.loader.mu.Unlock()
+	if !slices.Contains(keep, "quay.io/a/old@sha256:"+strings.Repeat("2", 64)) {
+		t.Fatalf("the second load did not keep the first bundle's pins: %v", keep)
+	}
+	must(t, h.agent.Request(t.Context(), "cleanup", ""))
+	h.loader.mu.Lock()
+	defer h.loader.mu.Unlock()
+	if h.loader.pinned["quay.io/a/old@sha256:"+strings.Repeat("2", 64)] || !h.loader.pinned["quay.io/a/shared@sha256:"+strings.Repeat("1", 64)] {
+		t.Fatalf("after the second upgrade: unpinned %v, pinned %v", h.loader.unpinned, h.loader.pinned)
+	}
+}
+
+func TestAgent_CleanupBeforeLoadingTakesTheBundleOut(t *testing.T) {
+	h := newHarness(t, t.TempDir())
+	h.peers = newFakePeers()
+	h.cfg.Peer.Peers = []string{"10.0.0.2:8090"} // never answers: the bundle stays extracted
+	h.start()
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseExtracted)
+	must(t, h.agent.Request(t.Context(), "cleanup", ""))
+	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); !os.IsNotExist(err) {
+		t.Fatal("extracted dir kept")
+	}
+	if got := h.agent.Status(); got.Phase != "idle" {
+		t.Fatalf("after cleanup %+v", got)
+	}
+	next, _ := stick(t, bundletest.Options{Version: "4.13.8"})
+	h.plug("/dev/sdb", next)
+	if s := h.waitPhase(PhaseExtracted); s.Version != "4.13.8" {
 		t.Fatal(s.Version)
 	}
 }

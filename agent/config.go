@@ -92,6 +92,12 @@ type Cluster struct {
 	Schedule string `toml:"schedule"`
 	// OnReady is the hook's argv; FERRY_RELEASE holds the release reference.
 	OnReady []string `toml:"on_ready"`
+	// Kubeconfig, when set, lets the agent start and follow the cluster
+	// upgrade through the Kubernetes API and annotate its Node.
+	Kubeconfig string `toml:"kubeconfig"`
+	// ForceUnsigned sets force: true on the desired update, for a release
+	// the cluster cannot verify. Off unless an administrator says so.
+	ForceUnsigned bool `toml:"force_unsigned"`
 }
 
 // DefaultConfig is what a node gets with no config file.

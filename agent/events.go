@@ -69,18 +69,33 @@ type evHookDone struct {
 	run HookRun
 }
 
+// evUpgradeAsked: one try at asking the cluster for the upgrade (err nil:
+// accepted).
+type evUpgradeAsked struct {
+	id  string
+	err error
+}
+
+// evUpgradeSeen: how the cluster's upgrade to release stands.
+type evUpgradeSeen struct {
+	release string
+	st      UpgradeStatus
+}
+
 // evRetry: the backoff timer fired.
 type evRetry struct{}
 
-func (evStart) isEvent()    {}
-func (evDevice) isEvent()   {}
-func (evOffer) isEvent()    {}
-func (evJobDone) isEvent()  {}
-func (evProgress) isEvent() {}
-func (evView) isEvent()     {}
-func (evRequest) isEvent()  {}
-func (evHookDone) isEvent() {}
-func (evRetry) isEvent()    {}
+func (evStart) isEvent()        {}
+func (evDevice) isEvent()       {}
+func (evOffer) isEvent()        {}
+func (evJobDone) isEvent()      {}
+func (evProgress) isEvent()     {}
+func (evView) isEvent()         {}
+func (evRequest) isEvent()      {}
+func (evHookDone) isEvent()     {}
+func (evRetry) isEvent()        {}
+func (evUpgradeAsked) isEvent() {}
+func (evUpgradeSeen) isEvent()  {}
 
 type jobKind string
 
@@ -88,7 +103,8 @@ const (
 	jobExtract jobKind = "extract"
 	jobFetch   jobKind = "fetch"
 	jobLoad    jobKind = "load"
-	jobCleanup jobKind = "cleanup"
+	jobCleanup jobKind = "cleanup" // taken out before it was the cluster's release
+	jobRetire  jobKind = "retire"  // upgraded: files, registry, mirror go; the previous bundle's pins go
 )
 
 type requestKind string
@@ -127,8 +143,12 @@ type effStartJob struct {
 	src    bundle.Source
 	policy bundle.Policy
 	pieces bool // hash the peers' piece list in the same pass
+	// load: pins of the previous bundle to keep
+	keep []string
 	// cleanup
 	unload bool
+	// retire: the previous bundle, whose pins go now
+	previous *Record
 }
 
 // effStopJob cancels the running job; its evJobDone follows.
@@ -146,10 +166,16 @@ type effShare struct {
 type effRemove struct{ path string }
 
 // effResumeLoader serves a loaded bundle's registry again after a restart.
-type effResumeLoader struct{ rec *Record }
+type effResumeLoader struct {
+	rec  *Record
+	keep []string
+}
 
 // effRunHook runs on_ready; its record is already marked started.
 type effRunHook struct{ rec *Record }
+
+// effAskUpgrade asks the cluster for the upgrade, retrying until accepted.
+type effAskUpgrade struct{ rec *Record }
 
 // effRetryIn arms the backoff timer.
 type effRetryIn struct{ after time.Duration }
@@ -175,3 +201,4 @@ func (effRunHook) isEffect()      {}
 func (effRetryIn) isEffect()      {}
 func (effReply) isEffect()        {}
 func (effAnnounce) isEffect()     {}
+func (effAskUpgrade) isEffect()   {}

@@ -38,11 +38,11 @@ type Decision struct {
 }
 
 // holds is the one rule for "this node holds a bundle": a digest, in a
-// phase that holds the node (a refused, cleaned or finished bundle does
+// phase that holds the node (a refused, cleaned or upgraded bundle does
 // not; a failed or conflicting one still does, so the others see it).
 func holds(s peer.Status) bool {
 	switch Phase(s.Phase) {
-	case "", PhaseIdle, PhaseCleaned, PhaseRejected:
+	case "", PhaseIdle, PhaseCleaned, PhaseRejected, PhaseUpgraded:
 		return false
 	}
 	return s.Digest != ""

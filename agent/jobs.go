@@ -97,9 +97,11 @@ func (a *Agent) runJob(ctx context.Context, j effStartJob) event {
 		done.err = a.fetch(ctx, r)
 	case jobLoad:
 		p := a.throttle(r.ID, "images")
-		done.err = a.deps.Loader.Load(ctx, r.Metadata, r.Dir, func(d, t int) { p(int64(d), int64(t)) })
+		done.err = a.deps.Loader.Load(ctx, r.Metadata, r.Dir, j.keep, func(d, t int) { p(int64(d), int64(t)) })
 	case jobCleanup:
 		done.err = a.cleanup(ctx, r, j.unload)
+	case jobRetire:
+		done.err = a.retire(ctx, r, j)
 	}
 	done.stopped = ctx.Err() != nil
 	return done
@@ -163,6 +165,37 @@ func (a *Agent) cleanup(ctx context.Context, r *Record, unload bool) error {
 	}
 	if r.Digest != "" {
 		os.Remove(a.store.IndexPath(r.Digest))
+	}
+	return nil
+}
+
+// retire ends a bundle whose upgrade is done: registry, mirror and CA go
+// (pins stay), files and sharing go, and the previous bundle's pins go,
+// except the images this one holds too.
+func (a *Agent) retire(ctx context.Context, r *Record, j effStartJob) error {
+	if j.unload {
+		if err := a.deps.Loader.Retire(ctx, r.Metadata, r.Dir); err != nil {
+			return err
+		}
+	}
+	if err := a.cleanup(ctx, r, false); err != nil {
+		return err
+	}
+	if p := j.previous; j.unload && p != nil && p.Metadata != nil {
+		mine := map[string]bool{}
+		for _, ref := range r.Metadata.AllImages() {
+			mine[ref] = true
+		}
+		var gone []string
+		for _, ref := range p.Metadata.AllImages() {
+			if !mine[ref] {
+				gone = append(gone, ref)
+			}
+		}
+		if len(gone) > 0 {
+			a.log.Info("unpinning the previous bundle's images", "bundle", p.Name, "images", len(gone))
+			return a.deps.Loader.Unpin(ctx, gone)
+		}
 	}
 	return nil
 }

@@ -41,6 +41,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.bg.Add(1)
 		go func() { defer a.bg.Done(); a.pollPeers(jctx, 2*time.Second, views) }()
 	}
+	if a.deps.API != nil {
+		a.bg.Add(2)
+		go func() { defer a.bg.Done(); a.annotate(jctx, 5*time.Second) }()
+		go func() { defer a.bg.Done(); a.followUpgrade(jctx) }()
+	}
 	a.deps.Notify.Ready()
 	a.announce()
 	tick := time.NewTicker(5 * time.Second)
@@ -119,17 +124,19 @@ func (a *Agent) perform(ctx context.Context, e effect) {
 		}
 	case effResumeLoader:
 		// In the background: CRI-O may still be starting.
-		meta, name, dir := e.rec.Metadata, e.rec.Name, e.rec.Dir
+		meta, name, dir, keep := e.rec.Metadata, e.rec.Name, e.rec.Dir, e.keep
 		a.bg.Add(1)
 		go func() {
 			defer a.bg.Done()
-			if err := a.deps.Loader.Resume(ctx, meta, dir); err != nil && ctx.Err() == nil {
+			if err := a.deps.Loader.Resume(ctx, meta, dir, keep); err != nil && ctx.Err() == nil {
 				a.log.Error("cannot serve the loaded bundle again", "bundle", name, "err", err)
 			}
 		}()
 	case effRunHook:
 		r := e.rec.clone()
 		a.background(ctx, func(ctx context.Context) event { return a.runHook(ctx, r) })
+	case effAskUpgrade:
+		a.askUpgrade(ctx, e.rec.clone())
 	case effRetryIn:
 		if a.retry != nil {
 			a.retry.Stop()

@@ -5,14 +5,16 @@ type Phase string
 
 // Phases, in order; rejected, failed and conflict are terminal reports.
 const (
-	PhaseIdle         Phase = "idle"      // no bundle (status only)
-	PhaseDetected     Phase = "detected"  // seen; verifying and extracting
-	PhaseFetching     Phase = "fetching"  // being fetched from peers
-	PhaseExtracted    Phase = "extracted" // verified and extracted
-	PhaseLoading      Phase = "loading"   // pulling and pinning into CRI-O
-	PhaseLoaded       Phase = "loaded"    // every image present and pinned
-	PhaseClusterReady Phase = "cluster-ready"
-	PhaseCleaned      Phase = "cleaned"
+	PhaseIdle         Phase = "idle"          // no bundle (status only)
+	PhaseDetected     Phase = "detected"      // seen; verifying and extracting
+	PhaseFetching     Phase = "fetching"      // being fetched from peers
+	PhaseExtracted    Phase = "extracted"     // verified and extracted
+	PhaseLoading      Phase = "loading"       // pulling and pinning into CRI-O
+	PhaseLoaded       Phase = "loaded"        // every image present and pinned
+	PhaseClusterReady Phase = "cluster-ready" // every node loaded: the upgrade may start
+	PhaseUpgrading    Phase = "upgrading"     // the cluster upgrades to this release
+	PhaseUpgraded     Phase = "upgraded"      // done: files gone, pins kept until the next upgrade
+	PhaseCleaned      Phase = "cleaned"       // taken out by hand before it was the cluster's release
 	PhaseRejected     Phase = "rejected"
 	PhaseFailed       Phase = "failed"
 	PhaseConflict     Phase = "conflict"
@@ -22,14 +24,16 @@ const (
 // different bundle is then a conflict.
 func (p Phase) Active() bool {
 	switch p {
-	case PhaseDetected, PhaseFetching, PhaseExtracted, PhaseLoading, PhaseLoaded, PhaseClusterReady:
+	case PhaseDetected, PhaseFetching, PhaseExtracted, PhaseLoading, PhaseLoaded, PhaseClusterReady, PhaseUpgrading:
 		return true
 	}
 	return false
 }
 
 // Loaded reports whether every image of the bundle is present and pinned.
-func (p Phase) Loaded() bool { return p == PhaseLoaded || p == PhaseClusterReady }
+func (p Phase) Loaded() bool {
+	return p == PhaseLoaded || p == PhaseClusterReady || p == PhaseUpgrading
+}
 
 // Origin is where a bundle came from.
 type Origin string

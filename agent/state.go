@@ -40,6 +40,15 @@ type Record struct {
 	Plugged bool `json:"plugged,omitempty"`
 	// Hook is the on_ready hook's run, once started.
 	Hook *HookRun `json:"hook,omitempty"`
+	// Upgrade is the cluster upgrade this node asked for (the stick's
+	// node, or the one where ferry proceed ran).
+	Upgrade *UpgradeRun `json:"upgrade,omitempty"`
+	// Message is the cluster version operator's progress line.
+	Message string `json:"message,omitempty"`
+	// Retired: upgraded, and its files, registry and mirror are gone.
+	Retired bool `json:"retired,omitempty"`
+	// Unpinned: the next bundle's upgrade is done and this one's pins went.
+	Unpinned bool `json:"unpinned,omitempty"`
 }
 
 // Store keeps records as one JSON file each, written atomically.
@@ -110,6 +119,10 @@ func (r *Record) clone() *Record {
 	if r.Hook != nil {
 		h := *r.Hook
 		c.Hook = &h
+	}
+	if r.Upgrade != nil {
+		u := *r.Upgrade
+		c.Upgrade = &u
 	}
 	c.Times = make(map[Phase]time.Time, len(r.Times))
 	for k, v := range r.Times {

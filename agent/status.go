@@ -27,7 +27,8 @@ type Status struct {
 	Release  string              `json:"release,omitempty"`
 	Progress *Progress           `json:"progress,omitempty"`
 	Reason   string              `json:"reason,omitempty"`
-	Error    string              `json:"error,omitempty"` // the newest refusal or conflict
+	Message  string              `json:"message,omitempty"` // the cluster version operator's progress line
+	Error    string              `json:"error,omitempty"`   // the newest refusal or conflict
 	Times    map[Phase]time.Time `json:"times,omitempty"`
 	Healthy  bool                `json:"healthy"`
 	Notice   string              `json:"notice,omitempty"` // a passing remark, e.g. a stick that holds the bundle already here
@@ -50,14 +51,19 @@ func (a *Agent) publish() {
 	s := a.m.status()
 	ps := a.m.peerStatus()
 	a.snap.Store(&snapshot{status: s, peer: ps, cluster: a.m.cluster(ps)})
+	a.wantAnnotations(s)
 }
 
 // status builds the node's status from the machine's state.
 func (m *machine) status() Status {
 	s := Status{Node: m.cfg.NodeName, Phase: string(PhaseIdle), Healthy: true, Notice: m.notice}
-	if m.active != nil {
-		r := m.active.clone()
-		s.Phase, s.Bundle, s.Digest, s.Reason, s.Times = string(r.Phase), r.Name, r.Digest, r.Reason, r.Times
+	shown := m.active
+	if shown == nil && m.lastBad == nil {
+		shown = m.done // the last upgrade, until the next bundle
+	}
+	if shown != nil {
+		r := shown.clone()
+		s.Phase, s.Bundle, s.Digest, s.Reason, s.Times, s.Message = string(r.Phase), r.Name, r.Digest, r.Reason, r.Times, r.Message
 		if r.Metadata != nil {
 			s.Version, s.Release = r.Metadata.Version, r.Metadata.Release
 		}
@@ -77,7 +83,7 @@ func (m *machine) status() Status {
 	for _, r := range m.records {
 		s.Bundles = append(s.Bundles, *r.clone())
 	}
-	if strings.HasPrefix(s.Reason, "conflict") || s.Phase == string(PhaseFailed) {
+	if strings.HasPrefix(s.Reason, "conflict") || strings.HasPrefix(s.Reason, "the cluster refuses") || s.Phase == string(PhaseFailed) {
 		s.Healthy = false
 	}
 	if s.Error == "" {
@@ -143,7 +149,25 @@ func statusLine(s Status) string {
 		if s.Progress != nil {
 			n = s.Progress.Total
 		}
-		return fmt.Sprintf("cluster-ready %s: every node is loaded, %d images pinned (%s)", s.Version, n, ShortDigest(s.Digest))
+		line := fmt.Sprintf("cluster-ready %s: every node is loaded, %d images pinned (%s)", s.Version, n, ShortDigest(s.Digest))
+		if s.Reason != "" {
+			line += " — " + s.Reason
+		}
+		return line
+	case PhaseUpgrading:
+		line := "upgrading to " + s.Version
+		if s.Message != "" {
+			line += ": " + s.Message
+		}
+		if s.Reason != "" {
+			line += " — " + s.Reason
+		}
+		return line
+	case PhaseUpgraded:
+		if s.Reason != "" {
+			return "upgraded to " + s.Version + " — " + s.Reason
+		}
+		return fmt.Sprintf("upgraded to %s (%s): its images stay pinned until the next upgrade; waiting for the next upgrade stick", s.Version, ShortDigest(s.Digest))
 	case PhaseRejected:
 		return "rejected " + name + ": " + s.Reason
 	case PhaseConflict:

@@ -25,14 +25,20 @@ type machine struct {
 	hasMedia  bool
 	hasLoader bool
 	hasPeers  bool
+	hasAPI    bool
 
 	records map[string]*Record
 	active  *Record // the bundle that holds the node, nil when none
 	lastBad *Record // the newest refusal or conflict, shown until a bundle succeeds
-	job     *job    // the running job, nil when idle
-	probing map[string]bool
-	view    view // the peers, as last polled
-	backoff time.Duration
+	// previous is the last upgraded bundle whose pins stay until the next
+	// upgrade is done; done is the last upgraded one, shown when idle.
+	previous *Record
+	done     *Record
+	asking   bool // an ask for the cluster upgrade is under way
+	job      *job // the running job, nil when idle
+	probing  map[string]bool
+	view     view // the peers, as last polled
+	backoff  time.Duration
 	// cleanupReply: a cleanup waits for the running job to stop.
 	cleanupReply chan error
 	cleanupAsked bool
@@ -53,6 +59,7 @@ func newMachine(cfg Config, policy bundle.Policy, d Deps) *machine {
 	return &machine{
 		cfg: cfg, policy: policy, now: d.Now, log: d.Log,
 		hasMedia: d.Media != nil, hasLoader: d.Loader != nil, hasPeers: d.Peers != nil && len(cfg.Peer.Peers) > 0,
+		hasAPI:  d.API != nil,
 		records: map[string]*Record{}, probing: map[string]bool{},
 	}
 }
@@ -79,6 +86,10 @@ func (m *machine) step(ev event) []effect {
 		return m.request(ev)
 	case evHookDone:
 		return m.hookDone(ev)
+	case evUpgradeAsked:
+		return m.upgradeAsked(ev)
+	case evUpgradeSeen:
+		return m.upgradeSeen(ev)
 	case evRetry:
 		return m.next()
 	}
@@ -90,11 +101,18 @@ func (m *machine) step(ev event) []effect {
 func (m *machine) start(recs []*Record) []effect {
 	for _, r := range recs {
 		m.records[r.ID] = r
-		if r.Phase.Active() {
+		switch {
+		case r.Phase.Active():
 			m.active = r
-		}
-		if r.Phase == PhaseRejected || r.Phase == PhaseConflict {
+		case r.Phase == PhaseRejected || r.Phase == PhaseConflict:
 			m.lastBad = r
+		case r.Phase == PhaseUpgraded && !r.Retired:
+			m.active = r // its cleanup was cut short: finish it
+		case r.Phase == PhaseUpgraded:
+			m.done = r
+			if !r.Unpinned {
+				m.previous = r
+			}
 		}
 	}
 	r := m.active
@@ -116,12 +134,12 @@ func (m *machine) start(recs []*Record) []effect {
 			}
 		}
 		return append(effs, m.move(r, PhaseDetected, "interrupted before the copy finished: plug the stick in again", Progress{})...)
-	case PhaseFetching:
+	case PhaseFetching, PhaseUpgraded:
 	default:
 		effs = append(effs, effShare{rec: r})
 	}
 	if r.Phase.Loaded() && m.hasLoader {
-		effs = append(effs, effResumeLoader{r})
+		effs = append(effs, effResumeLoader{rec: r, keep: m.keep(r)})
 	}
 	return append(effs, m.next()...)
 }
@@ -148,7 +166,18 @@ func (m *machine) next() []effect {
 		}
 		effs := m.move(r, PhaseLoading, "", Progress{Total: int64(len(r.Metadata.AllImages())), Unit: "images"})
 		m.log.Info("loading into CRI-O", "phase", string(PhaseLoading), "bundle", r.Name, "digest", r.Digest)
-		return append(effs, m.startJob(effStartJob{kind: jobLoad, rec: r}, "")...)
+		return append(effs, m.startJob(effStartJob{kind: jobLoad, rec: r, keep: m.keep(r)}, "")...)
+	case PhaseUpgraded:
+		return m.retire(r)
+	}
+	return nil
+}
+
+// keep is what r's load must leave pinned: the previous bundle's images,
+// the release the cluster runs until r's upgrade is done.
+func (m *machine) keep(r *Record) []string {
+	if p := m.previous; p != nil && p != r && p.Metadata != nil && !p.Unpinned {
+		return p.Metadata.AllImages()
 	}
 	return nil
 }
@@ -309,6 +338,8 @@ func (m *machine) jobDone(j evJobDone) []effect {
 		effs = append(effs, m.loadDone(r, j)...)
 	case jobCleanup:
 		return append(effs, m.cleanupDone(r, j)...)
+	case jobRetire:
+		return append(effs, m.retireDone(r, j)...)
 	}
 	if m.cleanupAsked {
 		return append(effs, m.cleanup()...)
@@ -326,6 +357,8 @@ func jobFits(k jobKind, p Phase) bool {
 		return p == PhaseFetching
 	case jobLoad:
 		return p == PhaseLoading
+	case jobRetire:
+		return p == PhaseUpgraded
 	}
 	return p.Active() // cleanup
 }
@@ -410,21 +443,30 @@ func (m *machine) request(q evRequest) []effect {
 		if m.active == nil {
 			return []effect{effReply{q.reply, errors.New("no bundle to clean up")}}
 		}
-		if m.cleanupAsked {
+		if m.cleanupAsked || m.active.Phase == PhaseUpgraded {
 			return []effect{effReply{q.reply, errors.New("a cleanup is already under way")}}
 		}
 		m.cleanupAsked, m.cleanupReply = true, q.reply
+		if r := m.active; r.Phase.Loaded() && m.job == nil {
+			// Loaded everywhere: without the API, this is the word that
+			// the upgrade is done.
+			m.log.Info("ferry cleanup: the upgrade is done", "bundle", r.Name)
+			return m.upgraded(r)
+		}
 		if m.job != nil {
 			return []effect{effStopJob{}} // the cleanup starts when it has stopped
 		}
 		return m.cleanup()
 	case reqProceed:
 		r := m.active
-		if r == nil || r.Phase != PhaseClusterReady {
+		if r == nil || r.Phase != PhaseClusterReady && r.Phase != PhaseUpgrading {
 			return []effect{effReply{q.reply, errors.New("the cluster is not ready: every node must be loaded with the same bundle first (see 'ferry status --cluster')")}}
 		}
-		effs, err := m.startHook(r)
-		return append(effs, effReply{q.reply, err})
+		effs := m.proceed(r, true)
+		if len(effs) == 0 {
+			return []effect{effReply{q.reply, m.nothingToProceed(r)}}
+		}
+		return append(effs, effReply{q.reply, nil})
 	}
 	return []effect{effReply{q.reply, fmt.Errorf("unknown request %q", q.kind)}}
 }
@@ -509,7 +551,7 @@ func (m *machine) maybeFetch(v view) []effect {
 		return nil
 	}
 	for _, old := range m.records {
-		if old.Digest == o.Digest && (old.Phase == PhaseRejected || old.Phase == PhaseCleaned) {
+		if old.Digest == o.Digest && (old.Phase == PhaseRejected || old.Phase == PhaseCleaned || old.Phase == PhaseUpgraded) {
 			return nil // refused or done with before: not again
 		}
 	}
@@ -568,13 +610,12 @@ func (m *machine) gate(r *Record) []effect {
 	var effs []effect
 	switch d.Verdict {
 	case Ready:
-		if r.Phase != PhaseClusterReady {
+		if r.Phase == PhaseLoaded {
 			effs = m.move(r, PhaseClusterReady, "", r.Progress)
 			m.log.Info("every node holds the bundle, loaded and pinned: the upgrade may proceed", "phase", string(PhaseClusterReady), "bundle", r.Name, "digest", r.Digest)
 		}
-		if r.Plugged && m.cfg.Cluster.Schedule == "Automatic" && r.Hook == nil && len(m.cfg.Cluster.OnReady) > 0 {
-			hook, _ := m.startHook(r)
-			effs = append(effs, hook...)
+		if r.Plugged && m.cfg.Cluster.Schedule == "Automatic" {
+			effs = append(effs, m.proceed(r, false)...)
 		}
 	case Conflict:
 		effs = m.reportConflict(d.Reason)

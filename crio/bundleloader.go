@@ -37,16 +37,40 @@ type BundleLoader struct {
 // docker/registry/v2) and loads meta's images, pinned. Calling it again
 // for the same bundle (after a restart) is cheap: unchanged drop-ins are
 // not rewritten and present, pinned images are skipped.
-func (b *BundleLoader) Load(ctx context.Context, meta *bundle.Metadata, dir string, progress func(done, total int)) error {
+func (b *BundleLoader) Load(ctx context.Context, meta *bundle.Metadata, dir string, keep []string, progress func(done, total int)) error {
 	reg, err := b.serve(dir)
 	if err != nil {
 		return err
 	}
 	_, err = b.Loader.Load(ctx, Request{
-		Images: meta.AllImages(), Addr: reg.Addr(), CACert: reg.CACertPEM(),
+		Images: meta.AllImages(), Keep: PullRefs(keep), Addr: reg.Addr(), CACert: reg.CACertPEM(),
 		Label: meta.DirName(), Progress: progress,
 	})
 	return err
+}
+
+// Retire ends a bundle whose upgrade is done: its mirror and CA go and
+// the registry stops if it serves dir; its pins stay.
+func (b *BundleLoader) Retire(ctx context.Context, meta *bundle.Metadata, dir string) error {
+	addr, err := b.addr()
+	if err != nil {
+		return err
+	}
+	if err := b.Loader.Retire(ctx, Request{Images: meta.AllImages(), Addr: addr, Label: meta.DirName()}); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	serving := b.dir == dir
+	b.mu.Unlock()
+	if serving {
+		b.Close()
+	}
+	return nil
+}
+
+// Unpin drops the pins of images (an earlier bundle's).
+func (b *BundleLoader) Unpin(ctx context.Context, images []string) error {
+	return b.Loader.Unpin(ctx, Request{Images: images, Label: "previous bundle"})
 }
 
 // Cleanup unpins meta's images (keeping pins other drop-ins hold),

@@ -28,7 +28,7 @@ func TestBundleLoader_ServesUntilCleanup(t *testing.T) {
 	bl := &crio.BundleLoader{Loader: l, RegistryStateDir: t.TempDir(), Log: testLog(t)}
 	defer bl.Close()
 	var last int
-	if err := bl.Load(t.Context(), meta, tree.Root, func(done, total int) { last = done }); err != nil {
+	if err := bl.Load(t.Context(), meta, tree.Root, nil, func(done, total int) { last = done }); err != nil {
 		t.Fatal(err)
 	}
 	if last != 2 || !f.present[meta.Release] {
@@ -53,7 +53,7 @@ func TestBundleLoader_ServesUntilCleanup(t *testing.T) {
 	}
 
 	// Loading again (an agent restart) keeps the same registry.
-	if err := bl.Load(t.Context(), meta, tree.Root, nil); err != nil {
+	if err := bl.Load(t.Context(), meta, tree.Root, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := bl.Cleanup(t.Context(), meta, tree.Root); err != nil {
@@ -72,7 +72,7 @@ func TestBundleLoader_RefusesDirectoryWithoutTree(t *testing.T) {
 	bl := &crio.BundleLoader{Loader: l, RegistryStateDir: t.TempDir()}
 	defer bl.Close()
 	meta := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: fmt.Sprintf("quay.io/a/b@sha256:%064x", 1)}
-	if err := bl.Load(t.Context(), meta, t.TempDir(), nil); !errors.Is(err, registry.ErrNotBundle) {
+	if err := bl.Load(t.Context(), meta, t.TempDir(), nil, nil); !errors.Is(err, registry.ErrNotBundle) {
 		t.Fatalf("got %v, want ErrNotBundle", err)
 	}
 }

@@ -183,11 +183,21 @@ func (l *Loader) Unload(ctx context.Context, req Request) error {
 	if err := l.reload(ctx, refs[0]); err != nil {
 		return err
 	}
+	if err := l.waitUnpinned(ctx, refs, req.Keep); err != nil {
+		return err
+	}
+	log.Info("bundle images unpinned", "IMAGES", len(refs))
+	return nil
+}
+
+// waitUnpinned waits until CRI-O no longer pins refs, except those other
+// drop-ins (or keep) still pin.
+func (l *Loader) waitUnpinned(ctx context.Context, refs, keep []string) error {
 	others, err := l.Dropins.PinsBefore()
 	if err != nil {
 		return err
 	}
-	held := compilePins(append(others, req.Keep...))
+	held := compilePins(append(append(others, keep...), l.stillPinned()...))
 	deadline := time.Now().Add(orDefault(l.PinWait, time.Minute))
 	for _, ref := range refs {
 		if matchesAny(held, ref) {
@@ -205,7 +215,7 @@ func (l *Loader) Unload(ctx context.Context, req Request) error {
 				continue
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("%w: %s still pinned %s after removing the pin drop-in and reloading: look for \"Unable to reload configuration\" in journalctl -u crio",
+				return fmt.Errorf("%w: %s still pinned %s after removing its pin and reloading: look for \"Unable to reload configuration\" in journalctl -u crio",
 					ErrNotApplied, ref, orDefault(l.PinWait, time.Minute))
 			}
 			if err := sleep(ctx, l.poll()); err != nil {
@@ -213,7 +223,6 @@ func (l *Loader) Unload(ctx context.Context, req Request) error {
 			}
 		}
 	}
-	log.Info("bundle images unpinned", "IMAGES", len(refs))
 	return nil
 }
 

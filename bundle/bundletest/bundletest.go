@@ -23,6 +23,7 @@ type Options struct {
 	Arch    string            // default "x86_64"
 	Files   map[string]string // path under docker/registry/v2/ → content
 	NoSHA   bool              // do not write the .sha256 sidecar
+	Images  []string          // metadata's images; default one
 }
 
 // Write makes upgrade-<version>-<arch>.tar (+ .sha256) in dir and returns
@@ -38,6 +39,9 @@ func Write(t testing.TB, dir string, o Options) (string, string) {
 	if o.Files == nil {
 		o.Files = map[string]string{"blobs/sha256/aa/aabb/data": strings.Repeat("layer ", 4096)}
 	}
+	if o.Images == nil {
+		o.Images = []string{"quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + strings.Repeat("cd", 32)}
+	}
 	var size int64
 	for _, c := range o.Files {
 		size += int64(len(c))
@@ -46,7 +50,7 @@ func Write(t testing.TB, dir string, o Options) (string, string) {
 	meta := bundle.Metadata{
 		FormatVersion: 1, Version: o.Version, Arch: o.Arch, SizeBytes: size + 4096, Size: bundle.HumanSize(size + 4096),
 		Release: "quay.io/openshift-release-dev/ocp-release@sha256:" + d,
-		Images:  []string{"quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + strings.Repeat("cd", 32)},
+		Images:  o.Images,
 		Created: time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC),
 	}
 	mb, err := json.Marshal(meta)

@@ -20,19 +20,19 @@ type crioLoader struct {
 }
 
 // Load checks room in the container storage first.
-func (l crioLoader) Load(ctx context.Context, meta *bundle.Metadata, dir string, progress func(done, total int)) error {
+func (l crioLoader) Load(ctx context.Context, meta *bundle.Metadata, dir string, keep []string, progress func(done, total int)) error {
 	if _, err := os.Stat(l.storageDir); err == nil {
 		if err := crio.CheckRoom(l.storageDir, meta.SizeBytes+l.floor); err != nil {
 			return err
 		}
 	}
-	return l.BundleLoader.Load(ctx, meta, dir, progress)
+	return l.BundleLoader.Load(ctx, meta, dir, keep, progress)
 }
 
 // Resume brings the registry back for a loaded bundle; loading again is
 // cheap (drop-ins unchanged, images present and pinned are skipped).
-func (l crioLoader) Resume(ctx context.Context, meta *bundle.Metadata, dir string) error {
-	return l.BundleLoader.Load(ctx, meta, dir, nil)
+func (l crioLoader) Resume(ctx context.Context, meta *bundle.Metadata, dir string, keep []string) error {
+	return l.BundleLoader.Load(ctx, meta, dir, keep, nil)
 }
 
 // newLoader wires CRI-O, or nothing when no CRI socket is configured.

@@ -1,0 +1,56 @@
+package agent
+
+import (
+	"context"
+	"time"
+)
+
+// ClusterAPI is the cluster's Kubernetes API as the agent needs it: the
+// kube package implements it, an in-memory twin stands in for it in unit
+// tests. No Kubernetes type crosses this seam.
+type ClusterAPI interface {
+	// Annotate sets annotations on the Node named node; an empty value
+	// removes the key.
+	Annotate(ctx context.Context, node string, annotations map[string]string) error
+	// StartUpgrade publishes the release's signatures and asks the cluster
+	// version operator for the update. Doing it again is harmless.
+	StartUpgrade(ctx context.Context, u Upgrade) error
+	// UpgradeStatus is how the cluster's upgrade to release stands.
+	UpgradeStatus(ctx context.Context, release string) (UpgradeStatus, error)
+}
+
+// Upgrade is what the cluster is asked to do.
+type Upgrade struct {
+	Release    string // digest reference of the release image
+	Version    string
+	Signatures [][]byte
+	Force      bool
+}
+
+// UpgradeState is where the cluster's upgrade to one release stands.
+type UpgradeState string
+
+const (
+	UpgradeNotAsked  UpgradeState = ""          // desiredUpdate names another release (or none)
+	UpgradePending   UpgradeState = "pending"   // asked, not started yet
+	UpgradeRunning   UpgradeState = "upgrading" // history[0] is this release, Partial
+	UpgradeCompleted UpgradeState = "upgraded"  // a history entry for this release is Completed
+	UpgradeRefused   UpgradeState = "refused"   // the operator will not (not accepted, failing)
+)
+
+// UpgradeStatus is the operator's own words on one release.
+type UpgradeStatus struct {
+	State UpgradeState
+	// Message is the Progressing condition's message.
+	Message string
+	// Reason is why it waits or refuses (Failing, ReleaseAccepted=False,
+	// Upgradeable=False messages).
+	Reason string
+}
+
+// UpgradeRun records the cluster upgrade this node asked for.
+type UpgradeRun struct {
+	Requested time.Time `json:"requested"`
+	Accepted  time.Time `json:"accepted,omitzero"`
+	Error     string    `json:"error,omitempty"`
+}

@@ -1,0 +1,199 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strings"
+	"time"
+)
+
+// The agent's side of the Kubernetes API: the calls run off the loop and
+// report back with events; the Node's annotations follow the published
+// status.
+
+// post sends ev to the loop unless the loop has ended.
+func (a *Agent) post(ev event) {
+	select {
+	case a.events <- ev:
+	case <-a.life.Done():
+	}
+}
+
+// askUpgrade asks the cluster for r's upgrade, with backoff, until it is
+// accepted or the agent stops; each failed try is reported.
+func (a *Agent) askUpgrade(ctx context.Context, r *Record) {
+	u := Upgrade{Release: r.Metadata.Release, Version: r.Metadata.Version, Force: a.cfg.Cluster.ForceUnsigned}
+	u.Signatures = r.Metadata.ReleaseSignatures
+	if len(u.Signatures) == 0 && !u.Force {
+		a.log.Warn("the bundle carries no release signature: a disconnected cluster will refuse the release unless it can verify it otherwise (set cluster.force_unsigned only if you trust the bundle)", "bundle", r.Name)
+	}
+	a.bg.Add(1)
+	go func() {
+		defer a.bg.Done()
+		wait := time.Second
+		for {
+			cctx, cancel := context.WithTimeout(ctx, time.Minute)
+			err := a.deps.API.StartUpgrade(cctx, u)
+			cancel()
+			if ctx.Err() != nil {
+				return
+			}
+			a.post(evUpgradeAsked{id: r.ID, err: err})
+			if err == nil {
+				return
+			}
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return
+			}
+			wait = min(2*wait, time.Minute)
+		}
+	}()
+}
+
+// followUpgrade reads the cluster's upgrade of the active bundle's
+// release while it is ready, upgrading or being asked for.
+func (a *Agent) followUpgrade(ctx context.Context) {
+	every := a.deps.APIPoll
+	if every <= 0 {
+		every = 5 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var lastErr string
+	for {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+		s := a.snap.Load().status
+		if s.Release == "" || (s.Phase != string(PhaseClusterReady) && s.Phase != string(PhaseUpgrading)) {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		st, err := a.deps.API.UpgradeStatus(cctx, s.Release)
+		cancel()
+		if err != nil {
+			if err.Error() != lastErr && ctx.Err() == nil {
+				a.log.Warn("cannot read the cluster's upgrade; trying again", "err", err)
+			}
+			lastErr = err.Error()
+			continue
+		}
+		lastErr = ""
+		a.post(evUpgradeSeen{release: s.Release, st: st})
+	}
+}
+
+// Annotation keys on the node's Node object (DESIGN §5).
+const (
+	AnnotationPhase    = "ferry.io/phase"
+	AnnotationBundle   = "ferry.io/bundle"
+	AnnotationDigest   = "ferry.io/digest"
+	AnnotationProgress = "ferry.io/progress"
+	AnnotationReason   = "ferry.io/reason"
+)
+
+// annotations are the Node annotations that tell s; an empty value
+// removes its key.
+func annotations(s Status) map[string]string {
+	out := map[string]string{
+		AnnotationPhase: s.Phase, AnnotationBundle: "", AnnotationDigest: s.Digest,
+		AnnotationProgress: "", AnnotationReason: s.Reason,
+	}
+	if s.Bundle != "" {
+		out[AnnotationBundle] = strings.TrimSuffix(strings.TrimPrefix(s.Bundle, "upgrade-"), ".tar")
+	}
+	if p := s.Progress; p != nil && p.Total > 0 && (s.Phase == string(PhaseDetected) || s.Phase == string(PhaseFetching) || s.Phase == string(PhaseLoading)) {
+		if p.Unit == "images" {
+			out[AnnotationProgress] = fmt.Sprintf("%d/%d images", p.Done, p.Total)
+		} else {
+			out[AnnotationProgress] = ofTotal(p.Done, p.Total)
+		}
+	}
+	if s.Phase == string(PhaseUpgrading) && s.Message != "" {
+		out[AnnotationProgress] = s.Message
+	}
+	if out[AnnotationReason] == "" && !s.Healthy {
+		out[AnnotationReason] = s.Error
+	}
+	return out
+}
+
+// annotate keeps the node's annotations equal to the newest status: at
+// once on a phase change, at most every progressEvery for progress alone,
+// never when nothing changed; failed writes are retried with backoff.
+func (a *Agent) annotate(ctx context.Context, progressEvery time.Duration) {
+	var written map[string]string
+	var lastWrite time.Time
+	var want map[string]string
+	wait := time.Second
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		select {
+		case w := <-a.annotations:
+			want = w
+		case <-timer.C:
+		case <-ctx.Done():
+			return
+		}
+		if want == nil || maps.Equal(want, written) {
+			continue
+		}
+		if written != nil && onlyProgress(want, written) {
+			if d := progressEvery - time.Since(lastWrite); d > 0 {
+				timer.Reset(d)
+				continue
+			}
+		}
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := a.deps.API.Annotate(cctx, a.cfg.NodeName, want)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if wait == time.Second {
+				a.log.Warn("cannot annotate this node's Node object; retrying", "node", a.cfg.NodeName, "err", err)
+			}
+			timer.Reset(wait)
+			wait = min(2*wait, time.Minute)
+			continue
+		}
+		wait = time.Second
+		written, lastWrite = want, time.Now()
+	}
+}
+
+func onlyProgress(a, b map[string]string) bool {
+	for k, v := range a {
+		if k != AnnotationProgress && b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// wantAnnotations hands the newest annotations to annotate, replacing any
+// it has not taken yet.
+func (a *Agent) wantAnnotations(s Status) {
+	if a.annotations == nil {
+		return
+	}
+	w := annotations(s)
+	for {
+		select {
+		case a.annotations <- w:
+			return
+		default:
+		}
+		select {
+		case <-a.annotations:
+		default:
+		}
+	}
+}

@@ -1,0 +1,166 @@
+package agenttest
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/test/ferryenv"
+	"github.com/ferry-edge/ferry/test/udevenv"
+)
+
+// watchdogSocket is a real notify socket that keeps the time of each
+// WATCHDOG=1 ping.
+type watchdogSocket struct {
+	path  string
+	mu    sync.Mutex
+	pings []time.Time
+}
+
+func newWatchdogSocket(t *testing.T) *watchdogSocket {
+	p := filepath.Join(t.TempDir(), "notify.sock")
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: p, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &watchdogSocket{path: p}
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			k, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			if strings.Contains(string(buf[:k]), "WATCHDOG=1") {
+				w.mu.Lock()
+				w.pings = append(w.pings, time.Now())
+				w.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() { c.Close() })
+	return w
+}
+
+// longestGap is the longest time without a ping between from and to.
+func (w *watchdogSocket) longestGap(from, to time.Time) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	last, gap := from, time.Duration(0)
+	for _, p := range w.pings {
+		if p.Before(from) || p.After(to) {
+			continue
+		}
+		gap = max(gap, p.Sub(last))
+		last = p
+	}
+	return max(gap, to.Sub(last))
+}
+
+// throttledCgroup is a blkio cgroup (v1 here) that caps reads from dev;
+// commands run in it through the prefix it returns.
+func throttledCgroup(t *testing.T, dev string, bytesPerSec int) []string {
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		t.Fatalf("stat %s: %v", dev, err)
+	}
+	dir := fmt.Sprintf("/sys/fs/cgroup/blkio/ferry-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	rule := fmt.Sprintf("%d:%d %d", unix.Major(st.Rdev), unix.Minor(st.Rdev), bytesPerSec)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no blkio cgroup to throttle the stick: %v", err)
+		}
+		t.Skipf("no blkio cgroup to throttle the stick: %v", err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	if err := os.WriteFile(filepath.Join(dir, "blkio.throttle.read_bps_device"), []byte(rule), 0o644); err != nil {
+		t.Fatalf("throttle %s: %v", dev, err)
+	}
+	return []string{"sh", "-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, dir}
+}
+
+func dropCaches(t *testing.T, dev string) {
+	exec.Command("blockdev", "--flushbufs", dev).Run()
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0o200); err != nil {
+		t.Fatalf("drop caches: %v", err)
+	}
+}
+
+// TestAgent_RawStickOfTheHeldBundleNeverStallsTheWatchdog plugs a raw
+// stick that takes more than a minute to read (systemd's watchdog is 60 s)
+// while its bundle is already held, and starts the agent again with the
+// stick still in: the whole read runs off the main loop, the watchdog is
+// pinged throughout, the agent never restarts, and it says the stick holds
+// the bundle already here.
+func TestAgent_RawStickOfTheHeldBundleNeverStallsTheWatchdog(t *testing.T) {
+	udevenv.Require(t)
+	tarPath, digest := mediumBundle(t)
+	tb, err := os.ReadFile(tarPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := udevenv.RawImage(t, udevenv.File{Name: "raw", Data: tb})
+	// ~70 s for the whole tar.
+	rate := len(tb) / 70
+	const watchdog = 20 * time.Second // pings every 10 s
+
+	cfg := ferryenv.Config(t.TempDir())
+	notify := newWatchdogSocket(t)
+	a := ferryenv.Start(t, cfg, "NOTIFY_SOCKET="+notify.path,
+		fmt.Sprintf("WATCHDOG_USEC=%d", watchdog.Microseconds()))
+	a.WaitPhase(bound, "idle")
+	if out, err := a.Ferry("load", tarPath); err != nil {
+		t.Fatalf("ferry load: %v\n%s", err, out)
+	}
+	a.WaitPhase(bound, agent.PhaseExtracted)
+
+	// From here on the agent runs in a cgroup that reads the next loop
+	// device (the stick to come) at a capped rate.
+	next := udevenv.Run(t, "losetup", "-f")
+	a.Stop()
+	a.Prefix = throttledCgroup(t, next, rate)
+	t.Cleanup(a.Stop) // before the cgroup goes: it cannot while the agent is in it
+	a.Restart()
+	a.WaitPhase(bound, agent.PhaseExtracted)
+
+	// The stick is attached here, not in a subtest: its cleanup detaches it.
+	if loop := udevenv.Attach(t, img); loop.Dev != next {
+		t.Fatalf("the stick is %s, the throttle is on %s", loop.Dev, next)
+	}
+	for _, run := range []string{"plugged while the bundle is held", "present when the agent starts"} {
+		if run == "present when the agent starts" {
+			a.Stop()
+			dropCaches(t, next)
+			a.Restart()
+		}
+		start := time.Now()
+		s := a.Wait(3*time.Minute, run+": the stick to be recognised", func(s agent.Status) bool {
+			return strings.Contains(s.Notice, "bundle already held")
+		})
+		took := time.Since(start)
+		if took < 60*time.Second {
+			t.Fatalf("%s: the read took %s: the throttle did not hold, nothing was proven", run, took)
+		}
+		if gap := notify.longestGap(start, time.Now()); gap > watchdog {
+			t.Fatalf("%s: no watchdog ping for %s during the read (watchdog %s)", run, gap, watchdog)
+		}
+		select {
+		case <-a.Exited():
+			t.Fatalf("%s: the agent exited during the read", run)
+		default:
+		}
+		if s.Phase != string(agent.PhaseExtracted) || s.Digest != digest || s.Error != "" {
+			t.Fatalf("%s: status after the read: %+v", run, s)
+		}
+		t.Logf("%s: read the %d-byte stick in %s, watchdog pinged throughout", run, len(tb), took.Round(time.Second))
+	}
+}
