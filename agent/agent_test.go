@@ -161,6 +161,7 @@ type harness struct {
 	loader *fakeLoader
 	lines  *lines
 	peers  Peers
+	api    *fakeAPI
 	agent  *Agent
 	cancel context.CancelFunc
 	done   chan error
@@ -180,8 +181,12 @@ func newHarness(t *testing.T, root string) *harness {
 func (h *harness) start() {
 	h.t.Helper()
 	clock := time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)
+	var api ClusterAPI
+	if h.api != nil {
+		api = h.api
+	}
 	a, err := New(h.cfg, Deps{Devices: h.dev, Media: h.media, Loader: h.loader, Notify: h.lines, Peers: h.peers,
-		Now: func() time.Time { return clock }})
+		API: api, APIPoll: 20 * time.Millisecond, Now: func() time.Time { return clock }})
 	if err != nil {
 		h.t.Fatal(err)
 	}

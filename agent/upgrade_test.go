@@ -1,0 +1,265 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferry-edge/ferry/bundle/bundletest"
+)
+
+// fakeAPI is the cluster's API as the agent sees it: the test plays the
+// cluster version operator by setting the upgrade's status.
+type fakeAPI struct {
+	mu       sync.Mutex
+	nodes    map[string]map[string]string // node → annotations
+	writes   int
+	starts   []Upgrade
+	failN    int // fail this many more StartUpgrade calls
+	status   map[string]UpgradeStatus
+	history  []map[string]string // every annotation write, in order
+	annoFail int
+}
+
+func newFakeAPI() *fakeAPI {
+	return &fakeAPI{nodes: map[string]map[string]string{}, status: map[string]UpgradeStatus{}}
+}
+
+func (f *fakeAPI) Annotate(_ context.Context, node string, ann map[string]string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.annoFail > 0 {
+		f.annoFail--
+		return errors.New("the API server is down")
+	}
+	n := f.nodes[node]
+	if n == nil {
+		n = map[string]string{}
+		f.nodes[node] = n
+	}
+	for k, v := range ann {
+		if v == "" {
+			delete(n, k)
+		} else {
+			n[k] = v
+		}
+	}
+	f.writes++
+	f.history = append(f.history, maps.Clone(n))
+	return nil
+}
+
+func (f *fakeAPI) StartUpgrade(_ context.Context, u Upgrade) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failN > 0 {
+		f.failN--
+		return errors.New("connection refused")
+	}
+	f.starts = append(f.starts, u)
+	if _, ok := f.status[u.Release]; !ok {
+		f.status[u.Release] = UpgradeStatus{State: UpgradePending}
+	}
+	return nil
+}
+
+func (f *fakeAPI) UpgradeStatus(_ context.Context, release string) (UpgradeStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.status[release], nil
+}
+
+func (f *fakeAPI) set(release string, st UpgradeStatus) {
+	f.mu.Lock()
+	f.status[release] = st
+	f.mu.Unlock()
+}
+
+func (f *fakeAPI) annotation(node, key string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.nodes[node][key]
+}
+
+func (f *fakeAPI) sawPhase(node, phase string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, h := range f.history {
+		if h[AnnotationPhase] == phase {
+			return true
+		}
+	}
+	return false
+}
+
+func apiHarness(t *testing.T) (*harness, *fakeAPI) {
+	h := newHarness(t, t.TempDir())
+	api := newFakeAPI()
+	h.api = api
+	return h, api
+}
+
+func (h *harness) waitFor(what string, cond func() bool) {
+	h.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("never: %s; status %+v", what, h.agent.Status())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestUpgrade_StartsFollowsAndCleansUpThroughTheAPI(t *testing.T) {
+	h, api := apiHarness(t)
+	marker := filepath.Join(t.TempDir(), "hook.out")
+	h.cfg.Cluster.OnReady = []string{"/bin/sh", "-c", "echo $FERRY_VERSION >> " + marker}
+	h.start()
+	src, digest := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseClusterReady)
+	h.waitFor("the upgrade asked for", func() bool { api.mu.Lock(); defer api.mu.Unlock(); return len(api.starts) == 1 })
+	release := h.agent.Status().Release
+	if u := api.starts[0]; u.Release != release || u.Version != "4.13.7" || u.Force {
+		t.Fatalf("asked for %+v", u)
+	}
+	h.waitFor("the hook after the API", func() bool { b, _ := os.ReadFile(marker); return string(b) == "4.13.7\n" })
+
+	api.set(release, UpgradeStatus{State: UpgradeRunning, Message: "Working towards 4.13.7: 106 of 841 done (12% complete)"})
+	s := h.waitPhase(PhaseUpgrading)
+	if !strings.Contains(s.Line, "106 of 841 done") {
+		t.Fatalf("line %q", s.Line)
+	}
+	h.waitFor("the progress annotated", func() bool {
+		return strings.Contains(api.annotation("node-a", AnnotationProgress), "106 of 841")
+	})
+	api.set(release, UpgradeStatus{State: UpgradeCompleted, Message: "Cluster version is 4.13.7"})
+	s = h.waitPhase(PhaseUpgraded)
+	h.waitFor("the bundle retired", func() bool { h.loader.mu.Lock(); defer h.loader.mu.Unlock(); return len(h.loader.retires) == 1 })
+	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); !os.IsNotExist(err) {
+		t.Fatal("extracted tree kept after the upgrade")
+	}
+	h.waitFor("upgraded annotated", func() bool { return api.annotation("node-a", AnnotationPhase) == "upgraded" })
+	for _, p := range []string{"detected", "loading", "cluster-ready", "upgrading", "upgraded"} {
+		if !api.sawPhase("node-a", p) {
+			t.Errorf("the Node was never annotated %s", p)
+		}
+	}
+	if got := api.annotation("node-a", AnnotationDigest); got != digest {
+		t.Errorf("digest annotation %q", got)
+	}
+	if got := api.annotation("node-a", AnnotationBundle); got != "4.13.7-x86_64" {
+		t.Errorf("bundle annotation %q", got)
+	}
+	// Nothing changes, nothing is written.
+	api.mu.Lock()
+	n := api.writes
+	api.mu.Unlock()
+	time.Sleep(300 * time.Millisecond)
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	if api.writes != n {
+		t.Errorf("%d annotation writes while nothing changed", api.writes-n)
+	}
+	if len(api.starts) != 1 {
+		t.Errorf("the upgrade was asked for %d times", len(api.starts))
+	}
+}
+
+func TestUpgrade_AnUnreachableAPIIsRetriedAndNothingIsLost(t *testing.T) {
+	h, api := apiHarness(t)
+	api.failN = 2
+	api.annoFail = 3
+	h.start()
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseClusterReady)
+	h.waitFor("the upgrade asked for after the failures", func() bool { api.mu.Lock(); defer api.mu.Unlock(); return len(api.starts) == 1 })
+	h.waitFor("the phase annotated once the API answers", func() bool { return api.annotation("node-a", AnnotationPhase) == "cluster-ready" })
+	var rec *Record
+	for _, r := range h.agent.Status().Bundles {
+		if r.Upgrade != nil {
+			rec = &r
+		}
+	}
+	if rec == nil || rec.Upgrade.Accepted.IsZero() || rec.Upgrade.Error != "" {
+		t.Fatalf("record %+v", rec)
+	}
+}
+
+func TestUpgrade_AReleaseTheClusterRefusesIsShownWithTheOperatorsWords(t *testing.T) {
+	h, api := apiHarness(t)
+	h.start()
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseClusterReady)
+	release := h.agent.Status().Release
+	api.set(release, UpgradeStatus{State: UpgradeRefused, Reason: "The update cannot be verified: unable to verify sha256:abab… against keyrings: verifier-public-key-redhat"})
+	s := h.waitReason("the cluster refuses the release")
+	if s.Healthy || !strings.Contains(s.Line, "cannot be verified") {
+		t.Fatalf("status %+v", s)
+	}
+	h.waitFor("the reason annotated", func() bool {
+		return strings.Contains(api.annotation("node-a", AnnotationReason), "cannot be verified")
+	})
+}
+
+func TestUpgrade_ManualScheduleAsksOnProceedAndAFailedHookRunsAgain(t *testing.T) {
+	h, api := apiHarness(t)
+	h.cfg.Cluster.Schedule = "Manual"
+	flag := filepath.Join(t.TempDir(), "ok")
+	// The hook fails until the flag file exists.
+	h.cfg.Cluster.OnReady = []string{"/bin/sh", "-c", "test -e " + flag}
+	h.start()
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseClusterReady)
+	time.Sleep(200 * time.Millisecond)
+	api.mu.Lock()
+	asked := len(api.starts)
+	api.mu.Unlock()
+	if asked != 0 {
+		t.Fatal("Manual schedule asked for the upgrade by itself")
+	}
+	must(t, h.agent.Request(t.Context(), "proceed", ""))
+	h.waitFor("the upgrade asked for", func() bool { api.mu.Lock(); defer api.mu.Unlock(); return len(api.starts) == 1 })
+	h.waitFor("the hook failed", func() bool { return hookFailed(h.agent.Status()) })
+	must(t, os.WriteFile(flag, nil, 0o644))
+	must(t, h.agent.Request(t.Context(), "proceed", ""))
+	h.waitFor("the hook ran again and succeeded", func() bool { return hookFinished(h.agent.Status()) && !hookFailed(h.agent.Status()) })
+	if err := h.agent.Request(t.Context(), "proceed", ""); err == nil {
+		t.Fatal("proceed ran a succeeded hook again")
+	}
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	if len(api.starts) != 1 {
+		t.Fatalf("the upgrade was asked for %d times", len(api.starts))
+	}
+}
+
+func hookFailed(s Status) bool {
+	for _, r := range s.Bundles {
+		if r.Hook != nil && r.Hook.Error != "" {
+			return true
+		}
+	}
+	return false
+}
+
+func TestUpgrade_AnUpgradeFoundDoneIsCleanedUpAtOnce(t *testing.T) {
+	h, api := apiHarness(t)
+	h.start()
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseClusterReady)
+	release := h.agent.Status().Release
+	api.set(release, UpgradeStatus{State: UpgradeCompleted, Message: "Cluster version is 4.13.7"})
+	h.waitPhase(PhaseUpgraded)
+	h.waitFor("retired", func() bool { h.loader.mu.Lock(); defer h.loader.mu.Unlock(); return len(h.loader.retires) == 1 })
+}
