@@ -43,8 +43,8 @@ func init() {
 	register(&command{name: "status", summary: "show what the agent is doing", run: runStatus})
 	register(&command{name: "config check", summary: "validate a config file and print the effective config", run: runConfigCheck})
 	register(&command{name: "load", summary: "give the agent a bundle file instead of a stick", run: runLoad})
-	register(&command{name: "proceed", summary: "run the on_ready hook now (schedule = \"Manual\")", run: runProceed})
-	register(&command{name: "cleanup", summary: "unpin and remove the active bundle", run: runCleanup})
+	register(&command{name: "proceed", summary: "start the cluster upgrade now (schedule = \"Manual\"), or run a failed on_ready hook again", run: runProceed})
+	register(&command{name: "cleanup", summary: "the upgrade is done: remove the bundle's files, registry and mirror (pins stay until the next upgrade); before loading: take the bundle out", run: runCleanup})
 }
 
 // loadConfig reads --config (explicit) or the default path.
@@ -196,7 +196,13 @@ func printStatus(s agent.Status) {
 	if s.Error != "" && s.Healthy {
 		fmt.Printf("last refusal: %s\n", s.Error)
 	}
-	for _, p := range []agent.Phase{agent.PhaseDetected, agent.PhaseFetching, agent.PhaseExtracted, agent.PhaseLoading, agent.PhaseLoaded, agent.PhaseClusterReady} {
+	if s.Message != "" {
+		fmt.Printf("cluster: %s\n", s.Message)
+	}
+	if s.Notice != "" {
+		fmt.Printf("note:    %s\n", s.Notice)
+	}
+	for _, p := range []agent.Phase{agent.PhaseDetected, agent.PhaseFetching, agent.PhaseExtracted, agent.PhaseLoading, agent.PhaseLoaded, agent.PhaseClusterReady, agent.PhaseUpgrading, agent.PhaseUpgraded} {
 		if t, ok := s.Times[p]; ok {
 			fmt.Printf("  %-14s %s\n", p, t.Local().Format("2006-01-02 15:04:05"))
 		}
@@ -316,6 +322,6 @@ func runProceed(ctx context.Context, args []string) error {
 	if _, err := agent.NewClient(cfg.Paths.Socket).Do(ctx, "proceed", ""); err != nil {
 		return err
 	}
-	fmt.Println("on_ready hook started; its output goes to the journal: journalctl -u ferry HOOK=on_ready")
+	fmt.Println("proceeding: the upgrade is asked for through the API when a kubeconfig is set, then the on_ready hook runs (its output: journalctl -u ferry HOOK=on_ready); follow it with 'ferry status'")
 	return nil
 }

@@ -200,7 +200,7 @@ func TestDocs_DefaultConfigFileShowsEveryKeyAndLoadsAsDefaults(t *testing.T) {
 // phases reads the Phase constants of agent/state.go.
 func phases(t *testing.T) []string {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(root, "agent/state.go"), nil, 0)
+	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(root, "agent/phase.go"), nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func phases(t *testing.T) []string {
 		}
 	}
 	if len(out) < 5 {
-		t.Fatalf("found phases %v in agent/state.go: the parse is broken", out)
+		t.Fatalf("found phases %v in agent/phase.go: the parse is broken", out)
 	}
 	sort.Strings(out)
 	return out
@@ -243,6 +243,9 @@ func TestDocs_TechnicianGuideCoversEveryPhaseAndRefusal(t *testing.T) {
 		"loading":       "`loading ",
 		"loaded":        "`loaded ",
 		"cluster-ready": "`cluster-ready ",
+		"upgrading":     "`upgrading to ",
+		"upgraded":      "`upgraded to ",
+		"idle":          "`waiting for an upgrade stick`",
 		"cleaned":       "`waiting for an upgrade stick`",
 		"rejected":      "`rejected ",
 		"failed":        "`failed ",
@@ -251,7 +254,7 @@ func TestDocs_TechnicianGuideCoversEveryPhaseAndRefusal(t *testing.T) {
 	for _, p := range phases(t) {
 		line, ok := seenAs[p]
 		if !ok {
-			t.Errorf("phase %q (agent/state.go) is new: add what it shows to docs/technician.md and to this test", p)
+			t.Errorf("phase %q (agent/phase.go) is new: add what it shows to docs/technician.md and to this test", p)
 			continue
 		}
 		if !strings.Contains(doc, line) {
