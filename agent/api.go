@@ -17,6 +17,8 @@ type ClusterAPI interface {
 	StartUpgrade(ctx context.Context, u Upgrade) error
 	// UpgradeStatus is how the cluster's upgrade to release stands.
 	UpgradeStatus(ctx context.Context, release string) (UpgradeStatus, error)
+	// NodeAddresses maps every Node's name to its InternalIP.
+	NodeAddresses(ctx context.Context) (map[string]string, error)
 }
 
 // Upgrade is what the cluster is asked to do.

@@ -19,6 +19,8 @@ type Peers interface {
 	Discover(ctx context.Context) ([]peer.PeerOffer, error)
 	Fetch(ctx context.Context, digest, dest string, progress func(peer.Progress)) error
 	Statuses(ctx context.Context) map[string]peer.PeerStatus
+	// SetPeers replaces the peer list (found through the cluster's API).
+	SetPeers(peers []string)
 }
 
 // view is one poll of the peers.

@@ -30,6 +30,7 @@ type fakePeers struct {
 	fetched  int
 	shared   map[string]int64
 	pieces   map[string]*peer.PieceList
+	peerList []string
 }
 
 func newFakePeers() *fakePeers {
@@ -43,6 +44,11 @@ func (f *fakePeers) Share(d string, _ []byte, r io.ReaderAt, size int64, pieces 
 	return nil
 }
 func (f *fakePeers) Unshare(d string) { f.mu.Lock(); delete(f.shared, d); f.mu.Unlock() }
+func (f *fakePeers) SetPeers(peers []string) {
+	f.mu.Lock()
+	f.peerList = peers
+	f.mu.Unlock()
+}
 func (f *fakePeers) Discover(context.Context) ([]peer.PeerOffer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -82,6 +82,9 @@ type evUpgradeSeen struct {
 	st      UpgradeStatus
 }
 
+// evPeerList: the other nodes, as the cluster's API lists them.
+type evPeerList struct{ peers []string }
+
 // evRetry: the backoff timer fired.
 type evRetry struct{}
 
@@ -96,6 +99,7 @@ func (evHookDone) isEvent()     {}
 func (evRetry) isEvent()        {}
 func (evUpgradeAsked) isEvent() {}
 func (evUpgradeSeen) isEvent()  {}
+func (evPeerList) isEvent()     {}
 
 type jobKind string
 

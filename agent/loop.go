@@ -37,7 +37,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	views := make(chan view)
-	if a.m.hasPeers {
+	if a.deps.Peers != nil {
 		a.bg.Add(1)
 		go func() { defer a.bg.Done(); a.pollPeers(jctx, 2*time.Second, views) }()
 	}
@@ -45,6 +45,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.bg.Add(2)
 		go func() { defer a.bg.Done(); a.annotate(jctx, 5*time.Second) }()
 		go func() { defer a.bg.Done(); a.followUpgrade(jctx) }()
+		if a.deps.Peers != nil && len(a.cfg.Peer.Peers) == 0 {
+			a.bg.Add(1)
+			go func() { defer a.bg.Done(); a.findPeers(jctx, 30*time.Second) }()
+		}
 	}
 	a.deps.Notify.Ready()
 	a.announce()

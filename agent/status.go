@@ -89,7 +89,7 @@ func (m *machine) status() Status {
 	if s.Error == "" {
 		// A peer that refuses our token is a config mistake to show here;
 		// an unreachable one may just be down.
-		for _, p := range m.cfg.Peer.Peers {
+		for _, p := range m.peers {
 			if err := m.view.statuses[p].Err; err != nil && errors.Is(err, peer.ErrUnauthorized) {
 				s.Error = fmt.Sprintf("peer %s refuses this node: %v", p, err)
 				s.Healthy = false

@@ -24,7 +24,8 @@ type machine struct {
 	log       *slog.Logger
 	hasMedia  bool
 	hasLoader bool
-	hasPeers  bool
+	peersOn   bool     // a peer transport is wired
+	peers     []string // the other nodes: from the config, or the API
 	hasAPI    bool
 
 	records map[string]*Record
@@ -58,7 +59,7 @@ type job struct {
 func newMachine(cfg Config, policy bundle.Policy, d Deps) *machine {
 	return &machine{
 		cfg: cfg, policy: policy, now: d.Now, log: d.Log,
-		hasMedia: d.Media != nil, hasLoader: d.Loader != nil, hasPeers: d.Peers != nil && len(cfg.Peer.Peers) > 0,
+		hasMedia: d.Media != nil, hasLoader: d.Loader != nil, peersOn: d.Peers != nil, peers: cfg.Peer.Peers,
 		hasAPI:  d.API != nil,
 		records: map[string]*Record{}, probing: map[string]bool{},
 	}
@@ -90,6 +91,9 @@ func (m *machine) step(ev event) []effect {
 		return m.upgradeAsked(ev)
 	case evUpgradeSeen:
 		return m.upgradeSeen(ev)
+	case evPeerList:
+		m.peers = ev.peers
+		return nil
 	case evRetry:
 		return m.next()
 	}
@@ -181,6 +185,9 @@ func (m *machine) keep(r *Record) []string {
 	}
 	return nil
 }
+
+// hasPeers reports whether this node has peers to agree with.
+func (m *machine) hasPeers() bool { return m.peersOn && len(m.peers) > 0 }
 
 func (m *machine) startJob(e effStartJob, device string) []effect {
 	m.job = &job{kind: e.kind, id: e.rec.ID, device: device}
@@ -519,7 +526,7 @@ func (m *machine) incomingPath(r *Record) string {
 func (m *machine) peersSeen(v view) []effect {
 	old := m.view
 	m.view = v
-	for _, p := range m.cfg.Peer.Peers {
+	for _, p := range m.peers {
 		now, was := v.statuses[p].Err, old.statuses[p].Err
 		if now != nil && (was == nil || was.Error() != now.Error()) {
 			m.log.Warn("a peer cannot be asked", "peer", p, "err", now)
@@ -599,8 +606,8 @@ func oneOffer(offers []peer.PeerOffer) (*peer.PeerOffer, string) {
 // the same bundle, and runs the hook once where the stick was plugged.
 func (m *machine) gate(r *Record) []effect {
 	d := Decision{Verdict: Ready, Digest: r.Digest}
-	if m.hasPeers {
-		for _, p := range m.cfg.Peer.Peers {
+	if m.hasPeers() {
+		for _, p := range m.peers {
 			if _, heard := m.view.statuses[p]; !heard {
 				return nil
 			}
@@ -664,7 +671,7 @@ func (m *machine) reportConflict(reason string) []effect {
 // peersAgree reports whether every peer holds the same bundle as r, which
 // must hold before anything is pinned.
 func (m *machine) peersAgree(r *Record) (bool, string) {
-	if !m.hasPeers {
+	if !m.hasPeers() {
 		return true, ""
 	}
 	if m.view.at.IsZero() {
@@ -672,7 +679,7 @@ func (m *machine) peersAgree(r *Record) (bool, string) {
 	}
 	self := m.peerStatus()
 	var waiting []string
-	for _, p := range m.cfg.Peer.Peers {
+	for _, p := range m.peers {
 		st, heard := m.view.statuses[p]
 		switch {
 		case !heard:

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
+	"slices"
 	"strings"
 	"time"
 )
@@ -196,4 +198,49 @@ func (a *Agent) wantAnnotations(s Status) {
 		default:
 		}
 	}
+}
+
+// findPeers keeps the peer list equal to the other Nodes' InternalIPs at
+// the peer port, for a config that names no peers: nodes added later are
+// included.
+func (a *Agent) findPeers(ctx context.Context, every time.Duration) {
+	port := peerPort(a.cfg.Peer.Listen)
+	var last []string
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		nodes, err := a.deps.API.NodeAddresses(cctx)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			a.log.Warn("cannot list the cluster's nodes for peers; trying again", "err", err)
+		}
+		if err == nil {
+			var peers []string
+			for name, ip := range nodes {
+				if name != a.cfg.NodeName && ip != "" {
+					peers = append(peers, net.JoinHostPort(ip, port))
+				}
+			}
+			slices.Sort(peers)
+			if !slices.Equal(peers, last) {
+				a.log.Info("peers from the cluster's API", "peers", strings.Join(peers, " "))
+				a.deps.Peers.SetPeers(peers)
+				a.post(evPeerList{peers: peers})
+				last = peers
+			}
+		}
+		select {
+		case <-time.After(every):
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// peerPort is the port of the peer server's listen address (8090 when
+// unset: every node runs the same config).
+func peerPort(listen string) string {
+	if _, port, err := net.SplitHostPort(listen); err == nil && port != "" {
+		return port
+	}
+	return "8090"
 }

@@ -25,6 +25,7 @@ type fakeAPI struct {
 	status   map[string]UpgradeStatus
 	history  []map[string]string // every annotation write, in order
 	annoFail int
+	addrs    map[string]string
 }
 
 func newFakeAPI() *fakeAPI {
@@ -73,6 +74,12 @@ func (f *fakeAPI) UpgradeStatus(_ context.Context, release string) (UpgradeStatu
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.status[release], nil
+}
+
+func (f *fakeAPI) NodeAddresses(context.Context) (map[string]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.addrs), nil
 }
 
 func (f *fakeAPI) set(release string, st UpgradeStatus) {
@@ -262,4 +269,25 @@ func TestUpgrade_AnUpgradeFoundDoneIsCleanedUpAtOnce(t *testing.T) {
 	api.set(release, UpgradeStatus{State: UpgradeCompleted, Message: "Cluster version is 4.13.7"})
 	h.waitPhase(PhaseUpgraded)
 	h.waitFor("retired", func() bool { h.loader.mu.Lock(); defer h.loader.mu.Unlock(); return len(h.loader.retires) == 1 })
+}
+
+func TestUpgrade_PeersComeFromTheAPIWhenTheConfigNamesNone(t *testing.T) {
+	h, api := apiHarness(t)
+	api.addrs = map[string]string{"node-a": "10.0.0.1", "node-b": "10.0.0.2", "node-c": "10.0.0.3"}
+	p := newFakePeers()
+	h.peers = p
+	h.cfg.Peer.Listen = ":9000"
+	h.start()
+	h.waitFor("the peer list from the API", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return strings.Join(p.peerList, " ") == "10.0.0.2:9000 10.0.0.3:9000"
+	})
+	// With peers, loading waits for them to hold the bundle.
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	s := h.waitReason("waiting for")
+	if !strings.Contains(s.Reason, "10.0.0.2:9000") || s.Phase != string(PhaseExtracted) {
+		t.Fatalf("status %+v", s)
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -44,6 +45,9 @@ type Fetcher struct {
 	opts FetcherOptions
 	c    *Client
 	log  *slog.Logger
+
+	mu    sync.Mutex
+	peers []string // opts.Peers, or the list SetPeers gave
 }
 
 // NewFetcher makes a fetcher for opts.Peers.
@@ -64,7 +68,22 @@ func NewFetcher(opts FetcherOptions) *Fetcher {
 	if c == nil {
 		c = NewClient(opts.Token, nil)
 	}
-	return &Fetcher{opts: opts, c: c, log: opts.Log}
+	return &Fetcher{opts: opts, c: c, log: opts.Log, peers: slices.Clone(opts.Peers)}
+}
+
+// SetPeers replaces the peer list (peers found through the cluster's API,
+// so that nodes added later are included).
+func (f *Fetcher) SetPeers(peers []string) {
+	f.mu.Lock()
+	f.peers = slices.Clone(peers)
+	f.mu.Unlock()
+}
+
+// Peers is the current peer list.
+func (f *Fetcher) Peers() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.peers)
 }
 
 // PeerOffer is an offer and the peer that made it.
@@ -84,7 +103,7 @@ func (f *Fetcher) Discover(ctx context.Context) ([]PeerOffer, error) {
 		errs []error
 		wg   sync.WaitGroup
 	)
-	for _, p := range f.opts.Peers {
+	for _, p := range f.Peers() {
 		wg.Go(func() {
 			o, err := f.c.Offers(ctx, p)
 			mu.Lock()
@@ -115,7 +134,7 @@ func (f *Fetcher) Statuses(ctx context.Context) map[string]PeerStatus {
 		out = map[string]PeerStatus{}
 		wg  sync.WaitGroup
 	)
-	for _, p := range f.opts.Peers {
+	for _, p := range f.Peers() {
 		wg.Go(func() {
 			s, err := f.c.Status(ctx, p)
 			mu.Lock()
@@ -161,7 +180,7 @@ func (f *Fetcher) Fetch(ctx context.Context, digest, dest string, progress func(
 		return fmt.Errorf("peer fetch: %q is not a sha256 digest", digest)
 	}
 	j := &job{f: f, digest: digest, dest: dest, progress: progress, peers: map[string]*peerState{}}
-	for _, p := range f.opts.Peers {
+	for _, p := range f.Peers() {
 		j.peers[p] = &peerState{addr: p}
 	}
 	if err := j.prepare(ctx); err != nil {
@@ -329,7 +348,7 @@ func (j *job) choosePieceList(ctx context.Context) error {
 			return fmt.Errorf("peer fetch %s: %w", j.digest, derr)
 		}
 		if n == 0 && first && derr == nil {
-			return fmt.Errorf("%w: %s: none of %d peers offers it", ErrNoPeers, j.digest, len(j.f.opts.Peers))
+			return fmt.Errorf("%w: %s: none of %d peers offers it", ErrNoPeers, j.digest, len(j.f.Peers()))
 		}
 		first = false
 		var best *vote
