@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ferry-edge/ferry/crio"
+	"github.com/ferry-edge/ferry/crio/critest"
 )
 
 // fakeCRIO is an in-memory CRI-O: images by name, pins applied from the
@@ -490,4 +491,21 @@ func TestLoad_ReloadsWhenUnchangedFilesAreNotInEffect(t *testing.T) {
 	if !res.Reloaded || f.reloads != 1 {
 		t.Errorf("result %+v after %d reloads, want one reload", res, f.reloads)
 	}
+}
+
+// The loader's in-memory CRI-O is held to the same suite as the real one
+// (test/crio) and the gRPC fake: what the loader tests assume of it, a
+// real CRI-O does.
+func TestFakeCRIO_ConformsToTheImageServiceSuite(t *testing.T) {
+	f := newFakeCRIO(t, t.TempDir())
+	f.failPulls[refX] = []error{errors.New("manifest unknown"), errors.New("manifest unknown")}
+	critest.RunImageServiceSuite(t, f, critest.Env{
+		Pullable: []string{refA, refB},
+		Absent:   refX,
+		Pin: func(t *testing.T, refs ...string) {
+			f.mu.Lock()
+			f.pins = refs
+			f.mu.Unlock()
+		},
+	})
 }
