@@ -19,7 +19,7 @@ out=$(go test ./test/release -run XXX -bench ReleaseLoad -benchtime 1x -timeout 
   exit 1
 }
 echo "$out" >&2
-# P6 release-sized load of 180 images (180 refs), 3.87 GiB: ferry 95.12s; floor 90.01s (sha256 9.80s + raw pulls 80.21s, 4 workers; 2:85.00s 4:80.21s 8:81.00s);
+# P6 release-sized load of 180 images (180 refs), 3.87 GiB: ferry 95.12s (extract 20.1s, load 75.0s); floor 90.01s (sha256 9.80s + raw pulls 80.21s, 4 workers; 2:85.00s 4:80.21s 8:81.00s);
 #   ferry/floor 1.057 (goal ≤ 1.1); agent peak RSS 41 MiB (goal ≤ 64), idle 18 MiB (goal ≤ 32)
 line=$(echo "$out" | grep -E '^P6 ' | tail -1 || true)
 if [ -z "$line" ]; then
@@ -28,11 +28,11 @@ if [ -z "$line" ]; then
 fi
 field() { echo "$line" | sed -nE "s#.*$1.*#\\1#p"; }
 images=$(field 'load of ([0-9]+) images'); refs=$(field '\(([0-9]+) refs\)'); gib=$(field ', ([0-9.]+) GiB:')
-ferry=$(field 'ferry ([0-9.]+)s;'); floor=$(field 'floor ([0-9.]+)s \('); hash=$(field 'sha256 ([0-9.]+)s')
+ferry=$(field 'ferry ([0-9.]+)s '); extract=$(field 'extract ([0-9.]+)s,'); load=$(field ', load ([0-9.]+)s\)'); floor=$(field 'floor ([0-9.]+)s \('); hash=$(field 'sha256 ([0-9.]+)s')
 pulls=$(field 'raw pulls ([0-9.]+)s'); fw=$(field ', ([0-9]+) workers;'); ratio=$(field 'ferry/floor ([0-9.]+)')
 peak=$(field 'peak RSS ([0-9]+) MiB'); idle=$(field 'idle ([0-9]+) MiB')
 printf '%-44s %10s %8s  %s\n' "P6 release-sized load, $images images, ${gib} GiB" "${ferry}s" "$(printf %.2fx "$ratio")" \
-  "vs sha256 ${hash}s + fastest raw CRI pulls ${pulls}s ($fw workers) = ${floor}s; goal <= 1.1x"
+  "vs sha256 ${hash}s + fastest raw CRI pulls ${pulls}s ($fw workers) = ${floor}s; goal <= 1.1x; ferry: extract ${extract}s, load ${load}s"
 printf '%-44s %10s %8s  %s\n' "P6 agent peak RSS, release-sized load" "$peak MiB" "" "goal <= 64 MiB; idle $idle MiB (goal <= 32 MiB)"
-printf '{"bench":"P6","images":%s,"refs":%s,"gib":%s,"ferry_s":%s,"floor_s":%s,"sha256_s":%s,"raw_pulls_s":%s,"fastest_workers":%s,"ratio":%s,"peak_rss_mib":%s,"idle_rss_mib":%s}\n' \
-  "$images" "$refs" "$gib" "$ferry" "$floor" "$hash" "$pulls" "$fw" "$ratio" "$peak" "$idle" >> "$RESULTS"
+printf '{"bench":"P6","images":%s,"refs":%s,"gib":%s,"ferry_s":%s,"extract_s":%s,"load_s":%s,"floor_s":%s,"sha256_s":%s,"raw_pulls_s":%s,"fastest_workers":%s,"ratio":%s,"peak_rss_mib":%s,"idle_rss_mib":%s}\n' \
+  "$images" "$refs" "$gib" "$ferry" "$extract" "$load" "$floor" "$hash" "$pulls" "$fw" "$ratio" "$peak" "$idle" >> "$RESULTS"
