@@ -18,10 +18,13 @@ import (
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
 	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/peer/peertest"
 )
 
-// fakePeers serves offers and statuses the test sets; Fetch copies a tar
-// the test provides.
+// fakePeers is the peer network in memory: offers and statuses the test
+// sets, plus whatever linked fakes share (Share on one is an offer to the
+// others). It is held to the same suite as the real peers
+// (TestFakePeers_ConformsToThePeerSuite).
 type fakePeers struct {
 	mu       sync.Mutex
 	offers   []peer.PeerOffer
@@ -29,37 +32,95 @@ type fakePeers struct {
 	tars     map[string]string // digest → tar path
 	fetched  int
 	shared   map[string]int64
+	held     map[string]heldBundle
 	pieces   map[string]*peer.PieceList
+	linked   map[string]*fakePeers // peer address → its fake
 	peerList []string
+	peersSet bool // SetPeers was called: only peerList counts
+}
+
+type heldBundle struct {
+	meta []byte
+	r    io.ReaderAt
+	size int64
 }
 
 func newFakePeers() *fakePeers {
-	return &fakePeers{statuses: map[string]peer.PeerStatus{}, tars: map[string]string{}, shared: map[string]int64{}, pieces: map[string]*peer.PieceList{}}
+	return &fakePeers{statuses: map[string]peer.PeerStatus{}, tars: map[string]string{}, shared: map[string]int64{},
+		held: map[string]heldBundle{}, pieces: map[string]*peer.PieceList{}, linked: map[string]*fakePeers{}}
 }
 
-func (f *fakePeers) Share(d string, _ []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error {
+// link makes other reachable at addr.
+func (f *fakePeers) link(addr string, other *fakePeers) {
+	f.mu.Lock()
+	f.linked[addr] = other
+	f.mu.Unlock()
+}
+
+func (f *fakePeers) Share(d string, meta []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.shared[d], f.pieces[d] = size, pieces
+	f.held[d] = heldBundle{meta: meta, r: r, size: size}
 	return nil
 }
-func (f *fakePeers) Unshare(d string) { f.mu.Lock(); delete(f.shared, d); f.mu.Unlock() }
-func (f *fakePeers) SetPeers(peers []string) {
+func (f *fakePeers) Unshare(d string) {
 	f.mu.Lock()
-	f.peerList = peers
+	delete(f.shared, d)
+	delete(f.held, d)
 	f.mu.Unlock()
 }
+func (f *fakePeers) SetPeers(peers []string) {
+	f.mu.Lock()
+	f.peerList, f.peersSet = peers, true
+	f.mu.Unlock()
+}
+
+// reachable reports whether addr is a peer now (locked).
+func (f *fakePeers) reachable(addr string) bool {
+	return !f.peersSet || slices.Contains(f.peerList, addr)
+}
+
 func (f *fakePeers) Discover(context.Context) ([]peer.PeerOffer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]peer.PeerOffer(nil), f.offers...), nil
+	out := append([]peer.PeerOffer(nil), f.offers...)
+	for addr, o := range f.linked {
+		if !f.reachable(addr) {
+			continue
+		}
+		o.mu.Lock()
+		for d, b := range o.held {
+			out = append(out, peer.PeerOffer{Peer: addr, Offer: peer.Offer{Digest: d, Metadata: b.meta, Size: b.size, Complete: true}})
+		}
+		o.mu.Unlock()
+	}
+	return out, nil
 }
 func (f *fakePeers) Fetch(_ context.Context, d, dest string, p func(peer.Progress)) error {
 	f.mu.Lock()
 	src := f.tars[d]
 	f.fetched++
+	var from *heldBundle
+	for addr, o := range f.linked {
+		o.mu.Lock()
+		if b, ok := o.held[d]; ok && f.reachable(addr) {
+			from = &b
+		}
+		o.mu.Unlock()
+	}
 	f.mu.Unlock()
-	b, err := os.ReadFile(src)
+	var b []byte
+	var err error
+	switch {
+	case src != "":
+		b, err = os.ReadFile(src)
+	case from != nil:
+		b = make([]byte, from.size)
+		_, err = from.r.ReadAt(b, 0)
+	default:
+		err = fmt.Errorf("%w: %s", peer.ErrNoPeers, d)
+	}
 	if err != nil {
 		return err
 	}
@@ -71,7 +132,14 @@ func (f *fakePeers) Statuses(context.Context) map[string]peer.PeerStatus {
 	defer f.mu.Unlock()
 	out := map[string]peer.PeerStatus{}
 	for k, v := range f.statuses {
-		out[k] = v
+		if f.reachable(k) {
+			out[k] = v
+		}
+	}
+	for addr := range f.linked {
+		if _, ok := out[addr]; !ok && f.reachable(addr) {
+			out[addr] = peer.PeerStatus{Status: peer.Status{Node: addr}}
+		}
 	}
 	return out
 }
@@ -79,6 +147,14 @@ func (f *fakePeers) set(addr string, s peer.Status) {
 	f.mu.Lock()
 	f.statuses[addr] = peer.PeerStatus{Status: s}
 	f.mu.Unlock()
+}
+
+func TestFakePeers_ConformsToThePeerSuite(t *testing.T) {
+	peertest.Run(t, func(t *testing.T) (peertest.Peers, peertest.Peers, string) {
+		src, dst := newFakePeers(), newFakePeers()
+		dst.link("10.0.0.9:8090", src)
+		return src, dst, "10.0.0.9:8090"
+	})
 }
 
 // offer makes the fake peer at addr offer the bundle at tarPath.

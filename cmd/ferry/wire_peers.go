@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -12,22 +11,6 @@ import (
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/peer"
 )
-
-// peers joins the shelf (what this node serves) and the fetcher (what it
-// gets) behind agent.Peers.
-type peers struct {
-	*peer.Shelf
-	*peer.Fetcher
-}
-
-func (p peers) Share(digest string, meta []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error {
-	if pieces != nil {
-		return p.Shelf.AddHashed(digest, meta, r, pieces)
-	}
-	return p.Shelf.Add(digest, meta, r, size)
-}
-
-func (p peers) Unshare(digest string) { p.Shelf.Remove(digest) }
 
 // newPeers builds the peer side; serve runs its HTTP server until ctx ends
 // (nil when no listen address is configured).
@@ -59,5 +42,5 @@ func newPeers(cfg agent.Config, log *slog.Logger) (agent.Peers, func(ctx context
 			return nil
 		}
 	}
-	return peers{shelf, f}, serve, nil
+	return peer.Node{Shelf: shelf, Fetcher: f}, serve, nil
 }

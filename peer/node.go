@@ -1,0 +1,23 @@
+package peer
+
+import "io"
+
+// Node is one node's side of the peer network: the shelf it serves from
+// and the fetcher it gets bundles with (the agent's Peers).
+type Node struct {
+	*Shelf
+	*Fetcher
+}
+
+// Share serves a verified bundle's tar bytes; pieces, when not nil, is its
+// piece list as hashed in the extraction pass (served at once, no second
+// read of the bundle).
+func (n Node) Share(digest string, meta []byte, r io.ReaderAt, size int64, pieces *PieceList) error {
+	if pieces != nil {
+		return n.Shelf.AddHashed(digest, meta, r, pieces)
+	}
+	return n.Shelf.Add(digest, meta, r, size)
+}
+
+// Unshare stops serving a bundle.
+func (n Node) Unshare(digest string) { n.Shelf.Remove(digest) }
