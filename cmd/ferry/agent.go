@@ -83,6 +83,9 @@ func runAgent(ctx context.Context, args []string) error {
 	if deps.Loader, err = newLoader(cfg, log); err != nil {
 		return err
 	}
+	if deps.API, err = newClusterAPI(cfg, log); err != nil {
+		return err
+	}
 	p, servePeers, err := newPeers(cfg, log)
 	if err != nil {
 		return err

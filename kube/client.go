@@ -1,0 +1,174 @@
+// Package kube is ferry's Kubernetes client: exactly what the agent needs
+// of the cluster's API (its Node's annotations, the release signature
+// ConfigMap, ClusterVersion) on net/http, with a kubeconfig, timeouts and
+// retries.
+//
+// Why not client-go: ferry needs five REST calls on three resources.
+// client-go with a typed or dynamic client adds ~13 MiB to the binary and
+// its informer machinery to the heap; this package adds a few hundred KiB
+// (figures in the closing note of the change that made it, and in
+// `make bench` P4's idle RSS with a kubeconfig).
+package kube
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+)
+
+// ErrForbidden means the API refused ferry's identity a right it needs.
+var ErrForbidden = errors.New("the cluster's API refuses ferry")
+
+// APIError is an answer of the API server that is not a success.
+type APIError struct {
+	Code    int
+	Reason  string // Kubernetes' reason, e.g. "Conflict", "Forbidden"
+	Message string
+}
+
+func (e *APIError) Error() string {
+	if e.Code == http.StatusForbidden {
+		return fmt.Sprintf("%v (403): %s: apply ferry's RBAC (packaging/rbac.yaml) and check that its kubeconfig uses ferry's ServiceAccount", ErrForbidden, e.Message)
+	}
+	return fmt.Sprintf("the cluster's API answered %d %s: %s", e.Code, e.Reason, e.Message)
+}
+
+func (e *APIError) Is(target error) bool { return target == ErrForbidden && e.Code == http.StatusForbidden }
+
+// IsConflict reports a 409 (a write raced another, or the object exists).
+func IsConflict(err error) bool {
+	var a *APIError
+	return errors.As(err, &a) && a.Code == http.StatusConflict
+}
+
+// IsNotFound reports a 404.
+func IsNotFound(err error) bool {
+	var a *APIError
+	return errors.As(err, &a) && a.Code == http.StatusNotFound
+}
+
+// Client talks to one API server.
+type Client struct {
+	ep  endpoint
+	hc  *http.Client
+	log *slog.Logger
+	// Attempts bounds the tries of one call on network errors, 429 and
+	// 5xx; Backoff is the first wait, doubled each time.
+	Attempts int
+	Backoff  time.Duration
+}
+
+// New reads a kubeconfig and returns a client for its current context.
+func New(kubeconfig string, log *slog.Logger) (*Client, error) {
+	ep, err := loadKubeconfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	tr := &http.Transport{
+		TLSClientConfig:     ep.tls,
+		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout: 10 * time.Second,
+		MaxIdleConns:        2,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	return &Client{ep: ep, hc: &http.Client{Transport: tr, Timeout: time.Minute}, log: log, Attempts: 4, Backoff: 250 * time.Millisecond}, nil
+}
+
+// Server is the API server's URL.
+func (c *Client) Server() string { return c.ep.server }
+
+// do sends one request, retrying what a retry can fix; out, when not nil,
+// receives the JSON answer.
+func (c *Client) do(ctx context.Context, method, path, contentType string, body any, out any) error {
+	var payload []byte
+	if body != nil {
+		var err error
+		if payload, err = json.Marshal(body); err != nil {
+			return err
+		}
+	}
+	wait := c.Backoff
+	var last error
+	for attempt := 1; ; attempt++ {
+		last = c.once(ctx, method, path, contentType, payload, out)
+		if last == nil || !retryable(last) || attempt >= c.Attempts || ctx.Err() != nil {
+			return last
+		}
+		c.log.Debug("kube: retrying", "method", method, "path", path, "err", last)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return last
+		}
+		wait *= 2
+	}
+}
+
+func (c *Client) once(ctx context.Context, method, path, contentType string, payload []byte, out any) error {
+	var rd io.Reader
+	if payload != nil {
+		rd = bytes.NewReader(payload)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.ep.server+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("User-Agent", "ferry")
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	if c.ep.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.ep.token)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("the cluster's API at %s cannot be reached: %w", c.ep.server, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return fmt.Errorf("reading the cluster's answer: %w", err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var st struct {
+			Reason  string `json:"reason"`
+			Message string `json:"message"`
+		}
+		json.Unmarshal(b, &st)
+		if st.Message == "" {
+			st.Message = http.StatusText(resp.StatusCode)
+		}
+		return &APIError{Code: resp.StatusCode, Reason: st.Reason, Message: st.Message}
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			return fmt.Errorf("the cluster's answer to %s %s is not the JSON expected: %w", method, path, err)
+		}
+	}
+	return nil
+}
+
+// retryable: network errors, 429 and 5xx; not 4xx.
+func retryable(err error) bool {
+	var a *APIError
+	if errors.As(err, &a) {
+		return a.Code == http.StatusTooManyRequests || a.Code >= 500
+	}
+	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
+const (
+	mergePatch = "application/merge-patch+json"
+	jsonType   = "application/json"
+)

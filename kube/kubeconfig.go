@@ -1,0 +1,160 @@
+package kube
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// kubeconfig is the part of a kubeconfig file ferry reads.
+type kubeconfig struct {
+	CurrentContext string `yaml:"current-context"`
+	Clusters       []struct {
+		Name    string `yaml:"name"`
+		Cluster struct {
+			Server                   string `yaml:"server"`
+			CertificateAuthority     string `yaml:"certificate-authority"`
+			CertificateAuthorityData string `yaml:"certificate-authority-data"`
+			InsecureSkipTLSVerify    bool   `yaml:"insecure-skip-tls-verify"`
+		} `yaml:"cluster"`
+	} `yaml:"clusters"`
+	Users []struct {
+		Name string `yaml:"name"`
+		User struct {
+			Token                 string `yaml:"token"`
+			TokenFile             string `yaml:"tokenFile"`
+			ClientCertificate     string `yaml:"client-certificate"`
+			ClientCertificateData string `yaml:"client-certificate-data"`
+			ClientKey             string `yaml:"client-key"`
+			ClientKeyData         string `yaml:"client-key-data"`
+		} `yaml:"user"`
+	} `yaml:"users"`
+	Contexts []struct {
+		Name    string `yaml:"name"`
+		Context struct {
+			Cluster string `yaml:"cluster"`
+			User    string `yaml:"user"`
+		} `yaml:"context"`
+	} `yaml:"contexts"`
+}
+
+// endpoint is where and how to reach the API server.
+type endpoint struct {
+	server string
+	token  string
+	tls    *tls.Config
+}
+
+// loadKubeconfig reads path: its current context's server, CA, and token
+// or client certificate. Relative file names are relative to path's dir.
+func loadKubeconfig(path string) (endpoint, error) {
+	var ep endpoint
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ep, fmt.Errorf("kubeconfig: %w", err)
+	}
+	var kc kubeconfig
+	if err := yaml.Unmarshal(b, &kc); err != nil {
+		return ep, fmt.Errorf("kubeconfig %s is not valid YAML: %v", path, err)
+	}
+	bad := func(format string, args ...any) (endpoint, error) {
+		return endpoint{}, fmt.Errorf("kubeconfig %s: "+format, append([]any{path}, args...)...)
+	}
+	ctxName := kc.CurrentContext
+	if ctxName == "" && len(kc.Contexts) == 1 {
+		ctxName = kc.Contexts[0].Name
+	}
+	var clusterName, userName string
+	found := false
+	for _, c := range kc.Contexts {
+		if c.Name == ctxName {
+			clusterName, userName, found = c.Context.Cluster, c.Context.User, true
+		}
+	}
+	if !found {
+		return bad("no context %q (set current-context)", ctxName)
+	}
+	dir := filepath.Dir(path)
+	file := func(p string) ([]byte, error) {
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(dir, p)
+		}
+		return os.ReadFile(p)
+	}
+	ep.tls = &tls.Config{MinVersion: tls.VersionTLS12}
+	found = false
+	for _, c := range kc.Clusters {
+		if c.Name != clusterName {
+			continue
+		}
+		found = true
+		ep.server = strings.TrimSuffix(c.Cluster.Server, "/")
+		var ca []byte
+		switch {
+		case c.Cluster.CertificateAuthorityData != "":
+			if ca, err = base64.StdEncoding.DecodeString(c.Cluster.CertificateAuthorityData); err != nil {
+				return bad("certificate-authority-data is not base64: %v", err)
+			}
+		case c.Cluster.CertificateAuthority != "":
+			if ca, err = file(c.Cluster.CertificateAuthority); err != nil {
+				return bad("certificate-authority: %v", err)
+			}
+		}
+		if len(ca) > 0 {
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(ca) {
+				return bad("the certificate authority holds no PEM certificate")
+			}
+			ep.tls.RootCAs = pool
+		}
+		ep.tls.InsecureSkipVerify = c.Cluster.InsecureSkipTLSVerify
+	}
+	if !found || ep.server == "" {
+		return bad("no server for cluster %q", clusterName)
+	}
+	for _, u := range kc.Users {
+		if u.Name != userName {
+			continue
+		}
+		ep.token = u.User.Token
+		if u.User.TokenFile != "" {
+			t, err := file(u.User.TokenFile)
+			if err != nil {
+				return bad("tokenFile: %v", err)
+			}
+			ep.token = strings.TrimSpace(string(t))
+		}
+		certPEM, keyPEM := []byte(nil), []byte(nil)
+		if u.User.ClientCertificateData != "" {
+			certPEM, _ = base64.StdEncoding.DecodeString(u.User.ClientCertificateData)
+		} else if u.User.ClientCertificate != "" {
+			if certPEM, err = file(u.User.ClientCertificate); err != nil {
+				return bad("client-certificate: %v", err)
+			}
+		}
+		if u.User.ClientKeyData != "" {
+			keyPEM, _ = base64.StdEncoding.DecodeString(u.User.ClientKeyData)
+		} else if u.User.ClientKey != "" {
+			if keyPEM, err = file(u.User.ClientKey); err != nil {
+				return bad("client-key: %v", err)
+			}
+		}
+		if len(certPEM) > 0 {
+			cert, err := tls.X509KeyPair(certPEM, keyPEM)
+			if err != nil {
+				return bad("client certificate: %v", err)
+			}
+			ep.tls.Certificates = []tls.Certificate{cert}
+		}
+	}
+	if ep.token == "" && len(ep.tls.Certificates) == 0 {
+		return bad("user %q has no token, tokenFile or client certificate", userName)
+	}
+	return ep, nil
+}

@@ -1,0 +1,77 @@
+package kube
+
+import (
+	"context"
+	"net/url"
+)
+
+// Annotate sets annotations on the Node named node with one merge patch;
+// an empty value removes its key.
+func (c *Client) Annotate(ctx context.Context, node string, annotations map[string]string) error {
+	ann := map[string]any{}
+	for k, v := range annotations {
+		if v == "" {
+			ann[k] = nil // null removes the key in a merge patch
+		} else {
+			ann[k] = v
+		}
+	}
+	patch := map[string]any{"metadata": map[string]any{"annotations": ann}}
+	return c.do(ctx, "PATCH", "/api/v1/nodes/"+url.PathEscape(node), mergePatch, patch, nil)
+}
+
+// NodeAnnotations returns the annotations of every Node, by node name.
+func (c *Client) NodeAnnotations(ctx context.Context) (map[string]map[string]string, error) {
+	nodes, err := c.listNodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]map[string]string{}
+	for _, n := range nodes {
+		out[n.Metadata.Name] = n.Metadata.Annotations
+	}
+	return out, nil
+}
+
+// NodeAddresses maps every Node's name to its InternalIP ("" when it has
+// none).
+func (c *Client) NodeAddresses(ctx context.Context) (map[string]string, error) {
+	nodes, err := c.listNodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, n := range nodes {
+		out[n.Metadata.Name] = ""
+		for _, a := range n.Status.Addresses {
+			if a.Type == "InternalIP" {
+				out[n.Metadata.Name] = a.Address
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+type node struct {
+	Metadata struct {
+		Name        string            `json:"name"`
+		Annotations map[string]string `json:"annotations"`
+	} `json:"metadata"`
+	Status struct {
+		Addresses []struct {
+			Type    string `json:"type"`
+			Address string `json:"address"`
+		} `json:"addresses"`
+	} `json:"status"`
+}
+
+func (c *Client) listNodes(ctx context.Context) ([]node, error) {
+	var list struct {
+		Items []node `json:"items"`
+	}
+	if err := c.do(ctx, "GET", "/api/v1/nodes", "", nil, &list); err != nil {
+		return nil, err
+	}
+	return list.Items, nil
+}

@@ -1,0 +1,224 @@
+package kube
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+)
+
+// Where a disconnected cluster's version operator reads release
+// signatures (DESIGN §5).
+const (
+	SignatureNamespace = "openshift-config-managed"
+	SignatureLabel     = "release.openshift.io/verification-signatures"
+	clusterVersionPath = "/apis/config.openshift.io/v1/clusterversions/version"
+)
+
+// UpgradeRequest is the update ferry asks for.
+type UpgradeRequest struct {
+	Release    string // name@sha256:<hex>
+	Version    string
+	Signatures [][]byte
+	Force      bool
+}
+
+// StartUpgrade writes the release's signatures as the ConfigMap the
+// cluster version operator reads, then merge-patches ClusterVersion's
+// spec.desiredUpdate. It does nothing to desiredUpdate when it already
+// names the release; calling it again is harmless.
+func (c *Client) StartUpgrade(ctx context.Context, u UpgradeRequest) error {
+	hex, ok := strings.CutPrefix(u.Release[strings.LastIndex(u.Release, "@")+1:], "sha256:")
+	if !ok || len(hex) != 64 {
+		return fmt.Errorf("release %q is not a digest reference (name@sha256:…)", u.Release)
+	}
+	if len(u.Signatures) > 0 {
+		if err := c.putSignatures(ctx, hex, u.Signatures); err != nil {
+			return fmt.Errorf("writing the release signatures: %w", err)
+		}
+	}
+	cv, err := c.clusterVersion(ctx)
+	if err != nil {
+		return fmt.Errorf("reading clusterversion/version: %w", err)
+	}
+	if cv.Spec.DesiredUpdate != nil && cv.Spec.DesiredUpdate.Image == u.Release {
+		return nil
+	}
+	patch := map[string]any{"spec": map[string]any{"desiredUpdate": map[string]any{
+		"image": u.Release, "version": u.Version, "force": u.Force,
+	}}}
+	if err := c.do(ctx, "PATCH", clusterVersionPath, mergePatch, patch, nil); err != nil {
+		return fmt.Errorf("setting clusterversion/version spec.desiredUpdate: %w", err)
+	}
+	return nil
+}
+
+type configMap struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name            string            `json:"name"`
+		Namespace       string            `json:"namespace"`
+		Labels          map[string]string `json:"labels"`
+		ResourceVersion string            `json:"resourceVersion,omitempty"`
+	} `json:"metadata"`
+	BinaryData map[string]string `json:"binaryData"`
+}
+
+// putSignatures creates or updates ConfigMap sha256-<hex>: binaryData
+// sha256-<hex>-1, -2, … (a 409 on update is a race: read and try again).
+func (c *Client) putSignatures(ctx context.Context, hex string, sigs [][]byte) error {
+	var want configMap
+	want.APIVersion, want.Kind = "v1", "ConfigMap"
+	want.Metadata.Name, want.Metadata.Namespace = "sha256-"+hex, SignatureNamespace
+	want.Metadata.Labels = map[string]string{SignatureLabel: ""}
+	want.BinaryData = map[string]string{}
+	for i, s := range sigs {
+		want.BinaryData[fmt.Sprintf("sha256-%s-%d", hex, i+1)] = base64.StdEncoding.EncodeToString(s)
+	}
+	base := "/api/v1/namespaces/" + SignatureNamespace + "/configmaps"
+	for range 5 {
+		err := c.do(ctx, "POST", base, jsonType, want, nil)
+		if err == nil || !IsConflict(err) {
+			return err
+		}
+		var have configMap
+		if err := c.do(ctx, "GET", base+"/"+want.Metadata.Name, "", nil, &have); err != nil {
+			if IsNotFound(err) {
+				continue // deleted meanwhile: create again
+			}
+			return err
+		}
+		if reflect.DeepEqual(have.BinaryData, want.BinaryData) && have.Metadata.Labels != nil {
+			if _, ok := have.Metadata.Labels[SignatureLabel]; ok {
+				return nil
+			}
+		}
+		upd := want
+		upd.Metadata.ResourceVersion = have.Metadata.ResourceVersion
+		err = c.do(ctx, "PUT", base+"/"+want.Metadata.Name, jsonType, upd, nil)
+		if err == nil || !IsConflict(err) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("configmap %s/sha256-%s kept changing under ferry: try again", SignatureNamespace, hex)
+}
+
+type condition struct {
+	Type    string `json:"type"`
+	Status  string `json:"status"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+type clusterVersion struct {
+	Metadata struct {
+		ResourceVersion string `json:"resourceVersion"`
+	} `json:"metadata"`
+	Spec struct {
+		DesiredUpdate *struct {
+			Image   string `json:"image"`
+			Version string `json:"version"`
+			Force   bool   `json:"force"`
+		} `json:"desiredUpdate"`
+	} `json:"spec"`
+	Status struct {
+		History []struct {
+			State   string `json:"state"`
+			Image   string `json:"image"`
+			Version string `json:"version"`
+		} `json:"history"`
+		Conditions []condition `json:"conditions"`
+	} `json:"status"`
+}
+
+func (c *Client) clusterVersion(ctx context.Context) (*clusterVersion, error) {
+	var cv clusterVersion
+	if err := c.do(ctx, "GET", clusterVersionPath, "", nil, &cv); err != nil {
+		return nil, err
+	}
+	return &cv, nil
+}
+
+func (cv *clusterVersion) condition(t string) *condition {
+	for i := range cv.Status.Conditions {
+		if cv.Status.Conditions[i].Type == t {
+			return &cv.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// Upgrade states, as UpgradeStatus reports them.
+const (
+	NotAsked  = ""          // desiredUpdate names another release, or none
+	Pending   = "pending"   // asked; the operator has not started it
+	Upgrading = "upgrading" // history[0] is the release, Partial
+	Upgraded  = "upgraded"  // a history entry for the release is Completed
+	Refused   = "refused"   // ReleaseAccepted=False, or Failing while asked
+)
+
+// Upgrade is how the cluster's upgrade to one release stands, in the
+// cluster version operator's own words.
+type Upgrade struct {
+	State   string
+	Message string // the Progressing condition's message
+	Reason  string // Failing, ReleaseAccepted=False, Upgradeable=False messages
+}
+
+// UpgradeStatus reads ClusterVersion for release.
+func (c *Client) UpgradeStatus(ctx context.Context, release string) (Upgrade, error) {
+	cv, err := c.clusterVersion(ctx)
+	if err != nil {
+		return Upgrade{}, err
+	}
+	return upgradeOf(cv, release), nil
+}
+
+// upgradeOf reads ClusterVersion as the cluster version operator writes
+// it: history newest first, conditions Progressing, Failing,
+// ReleaseAccepted, Upgradeable.
+func upgradeOf(cv *clusterVersion, release string) Upgrade {
+	var u Upgrade
+	if p := cv.condition("Progressing"); p != nil {
+		u.Message = p.Message
+	}
+	var reasons []string
+	if f := cv.condition("Failing"); f != nil && f.Status == "True" {
+		reasons = append(reasons, f.Message)
+	}
+	accepted := cv.condition("ReleaseAccepted")
+	if accepted != nil && accepted.Status == "False" {
+		reasons = append(reasons, accepted.Message)
+	}
+	if up := cv.condition("Upgradeable"); up != nil && up.Status == "False" {
+		reasons = append(reasons, up.Message)
+	}
+	u.Reason = strings.Join(reasons, "; ")
+	for i, h := range cv.Status.History {
+		if h.Image != release {
+			continue
+		}
+		if h.State == "Completed" {
+			u.State = Upgraded
+			return u
+		}
+		if i == 0 {
+			u.State = Upgrading
+			return u
+		}
+	}
+	desired := cv.Spec.DesiredUpdate
+	switch {
+	case desired == nil || desired.Image != release:
+		u.State = NotAsked
+	case accepted != nil && accepted.Status == "False":
+		u.State = Refused
+	default:
+		u.State = Pending
+	}
+	return u
+}
