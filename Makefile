@@ -19,11 +19,13 @@ build:
 	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/ferry
 
 # What the tests need on a fresh Debian 12: packages, a CRI-O build (cached
-# in /var/cache/ferry-test), QEMU and friends.
+# in /var/cache/ferry-test), a kube-apiserver build and OpenShift's
+# ClusterVersion CRD (cached there too), QEMU and friends.
 setup:
 	bash test/setup/install-deps.sh
 	bash test/setup/setup-vm-host.sh
 	bash test/setup/build-crio.sh >/dev/null
+	bash test/setup/build-apiserver.sh >/dev/null
 
 unit:
 	$(GO) vet ./...

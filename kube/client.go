@@ -172,3 +172,10 @@ const (
 	mergePatch = "application/merge-patch+json"
 	jsonType   = "application/json"
 )
+
+// Raw sends one request to path with the client's identity and retries;
+// out, when not nil, receives the JSON answer. For what ferry's own calls
+// do not cover (test harnesses, `ferry status --cluster`).
+func (c *Client) Raw(ctx context.Context, method, path, contentType string, body, out any) error {
+	return c.do(ctx, method, path, contentType, body, out)
+}

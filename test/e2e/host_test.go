@@ -116,16 +116,19 @@ func TestHost_StickBundleLoadedAndPinnedInRealCRIO(t *testing.T) {
 	a.WaitPhase(bound, agent.PhaseClusterReady)
 	checkPinned(t, cl, refs, true)
 
-	// Cleanup unpins and removes everything ferry added; MCO's pin stays.
+	// Without an API, cleanup says the upgrade is done: the mirror, CA,
+	// registry and files go; the pins stay until the next upgrade; MCO's
+	// pin stays too.
 	if out, err := a.Ferry("cleanup"); err != nil {
 		t.Fatalf("ferry cleanup: %v\n%s", err, out)
 	}
-	a.WaitPhase(bound, "idle")
-	checkPinned(t, cl, refs, false) // cleanup waits until CRI-O applied it
-	for _, f := range []string{filepath.Join(c.Dropins.CRIOConfDir, crio.DropinName), filepath.Join(c.Dropins.RegistriesConfDir, crio.DropinName)} {
-		if _, err := os.Stat(f); !os.IsNotExist(err) {
-			t.Errorf("%s left after cleanup", f)
-		}
+	a.WaitPhase(bound, agent.PhaseUpgraded)
+	checkPinned(t, cl, refs, true)
+	if _, err := os.Stat(filepath.Join(c.Dropins.RegistriesConfDir, crio.DropinName)); !os.IsNotExist(err) {
+		t.Error("the mirror drop-in is left after the upgrade is done")
+	}
+	if _, err := os.Stat(filepath.Join(c.Dropins.CRIOConfDir, crio.DropinName)); err != nil {
+		t.Errorf("the pins drop-in went with the upgrade's end: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(cfg.Paths.ExtractDir, meta.DirName())); !os.IsNotExist(err) {
 		t.Error("extracted bundle left after cleanup")

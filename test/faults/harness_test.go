@@ -186,7 +186,8 @@ func ferry(a *ferryenv.Agent, args ...string) error {
 }
 
 // cleanupNode runs `ferry cleanup` unless the node holds nothing, and
-// waits for idle.
+// waits until nothing holds the node (idle, or upgraded for a loaded
+// bundle: its pins stay until the next upgrade).
 func cleanupNode(a *ferryenv.Agent) error {
 	s, err := waitFor(a, bound, "the agent to answer", func(agent.Status) bool { return true })
 	if err != nil {
@@ -198,7 +199,9 @@ func cleanupNode(a *ferryenv.Agent) error {
 	if err := ferry(a, "cleanup"); err != nil {
 		return err
 	}
-	_, err = waitFor(a, bound, "idle after cleanup", func(s agent.Status) bool { return s.Phase == "idle" })
+	_, err = waitFor(a, bound, "idle after cleanup", func(s agent.Status) bool {
+		return s.Phase == "idle" || s.Phase == string(agent.PhaseUpgraded)
+	})
 	return err
 }
 

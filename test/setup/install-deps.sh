@@ -10,6 +10,7 @@ pkgs=(
   curl ca-certificates rpm time rpm2cpio cpio      # rpm: make rpm and test/packaging
   systemd zsh fish                            # systemd-analyze; completion tests
   dbus-daemon                                 # systemd/reload_dbus_test.go: a private bus
+  etcd-server                                 # test/kubeenv: the real API server's store
 )
 missing=()
 for p in "${pkgs[@]}"; do

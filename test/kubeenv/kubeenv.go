@@ -1,0 +1,385 @@
+// Package kubeenv runs a real Kubernetes API for tests: Debian's etcd and a
+// kube-apiserver built from the Go module proxy (test/setup/
+// build-apiserver.sh caches it with OpenShift's real ClusterVersion CRD),
+// with token auth, RBAC on, and ServiceAccount tokens. Nothing acts on
+// ClusterVersion: the test plays the cluster version operator by writing
+// its status. With CI=true a missing piece fails the test, elsewhere it
+// skips it.
+package kubeenv
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/ferry-edge/ferry/kube"
+	"github.com/ferry-edge/ferry/test/crioenv"
+)
+
+const kubeVersion = "v1.34.4"
+
+// Env is a running API server.
+type Env struct {
+	t       testing.TB
+	Dir     string
+	Port    int
+	Server  string      // https://127.0.0.1:port
+	Admin   *kube.Client // system:masters
+	AdminKC string       // its kubeconfig
+	bin     string
+	etcd    *exec.Cmd
+	api     *exec.Cmd
+	etcdURL string
+}
+
+// Start starts etcd and kube-apiserver, installs the ClusterVersion CRD,
+// the namespace signatures go to, and ClusterVersion "version" as an
+// installed cluster has it (history: one Completed entry of current).
+func Start(t testing.TB, current string) *Env {
+	t.Helper()
+	crioenv.Need(t, os.Geteuid() == 0, "needs root")
+	cache := os.Getenv("FERRY_CACHE")
+	if cache == "" {
+		cache = "/var/cache/ferry-test"
+	}
+	bin := filepath.Join(cache, "kube-"+kubeVersion)
+	_, err := os.Stat(filepath.Join(bin, "kube-apiserver"))
+	crioenv.Need(t, err == nil, "no kube-apiserver in %s: run bash test/setup/build-apiserver.sh", bin)
+	_, err = exec.LookPath("etcd")
+	crioenv.Need(t, err == nil, "no etcd: apt-get install etcd-server (test/setup/install-deps.sh)")
+
+	e := &Env{t: t, Dir: t.TempDir(), bin: bin}
+	eport, port := freePort(t), freePort(t)
+	e.Port = port
+	e.Server = "https://127.0.0.1:" + strconv.Itoa(port)
+	e.etcdURL = "http://127.0.0.1:" + strconv.Itoa(eport)
+	must(t, os.WriteFile(filepath.Join(e.Dir, "tokens.csv"), []byte("admintoken,admin,admin,system:masters\nnobodytoken,nobody,nobody\n"), 0o600))
+	run(t, "openssl", "genrsa", "-out", filepath.Join(e.Dir, "sa.key"), "2048")
+	run(t, "openssl", "rsa", "-in", filepath.Join(e.Dir, "sa.key"), "-pubout", "-out", filepath.Join(e.Dir, "sa.pub"))
+	e.etcd = e.spawn("etcd.log", "etcd", "--data-dir", filepath.Join(e.Dir, "etcd"),
+		"--listen-client-urls", e.etcdURL, "--advertise-client-urls", e.etcdURL,
+		"--listen-peer-urls", "http://127.0.0.1:"+strconv.Itoa(freePort(t)))
+	e.StartAPIServer()
+	t.Cleanup(e.stop)
+
+	e.AdminKC = e.kubeconfig("admin", "admintoken", true)
+	e.Admin, err = kube.New(e.AdminKC, nil)
+	must(t, err)
+	e.waitReady()
+	e.ApplyFile(filepath.Join(bin, "clusterversions.crd.yaml"))
+	e.waitCRD()
+	e.Create("/api/v1/namespaces", map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": "openshift-config-managed"}})
+	e.Create("/apis/config.openshift.io/v1/clusterversions", map[string]any{
+		"apiVersion": "config.openshift.io/v1", "kind": "ClusterVersion", "metadata": map[string]any{"name": "version"},
+		"spec": map[string]any{"clusterID": "0b4f5b1e-5d7a-4c62-8a5e-2f2f1a7f4c11", "channel": "stable-4.13"},
+	})
+	e.SetHistory(History{State: "Completed", Image: current, Version: "4.13.6"})
+	return e
+}
+
+// StartAPIServer starts kube-apiserver (again, after StopAPIServer) on the
+// same port and etcd.
+func (e *Env) StartAPIServer() {
+	e.api = e.spawn("apiserver.log", filepath.Join(e.bin, "kube-apiserver"),
+		"--etcd-servers="+e.etcdURL, "--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(e.Port),
+		"--cert-dir="+filepath.Join(e.Dir, "certs"), "--token-auth-file="+filepath.Join(e.Dir, "tokens.csv"),
+		"--authorization-mode=RBAC", "--service-account-issuer=https://kubernetes.default.svc",
+		"--service-account-key-file="+filepath.Join(e.Dir, "sa.pub"),
+		"--service-account-signing-key-file="+filepath.Join(e.Dir, "sa.key"),
+		"--service-cluster-ip-range=10.96.0.0/24")
+	if e.Admin != nil {
+		e.waitReady()
+	}
+}
+
+// StopAPIServer stops kube-apiserver (etcd stays): the API is down.
+func (e *Env) StopAPIServer() {
+	if e.api != nil && e.api.Process != nil {
+		e.api.Process.Signal(syscall.SIGTERM)
+		e.api.Wait()
+		e.api = nil
+	}
+}
+
+func (e *Env) stop() {
+	e.StopAPIServer()
+	if e.etcd != nil && e.etcd.Process != nil {
+		e.etcd.Process.Kill()
+		e.etcd.Wait()
+	}
+}
+
+func (e *Env) spawn(logName, name string, args ...string) *exec.Cmd {
+	e.t.Helper()
+	f, err := os.Create(filepath.Join(e.Dir, logName))
+	must(e.t, err)
+	cmd := exec.Command(name, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	must(e.t, cmd.Start())
+	return cmd
+}
+
+// Log is the API server's log, for a failing test.
+func (e *Env) Log() string {
+	b, _ := os.ReadFile(filepath.Join(e.Dir, "apiserver.log"))
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+func (e *Env) waitReady() {
+	e.t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		err := e.Admin.Raw(context.Background(), "GET", "/readyz", "", nil, nil)
+		if err == nil || strings.Contains(err.Error(), "not the JSON expected") {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("kube-apiserver not ready after 90 s: %v\n%s", err, e.Log())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (e *Env) waitCRD() {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if err := e.Admin.Raw(context.Background(), "GET", "/apis/config.openshift.io/v1/clusterversions", "", nil, nil); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatal("the ClusterVersion CRD never became established")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// kubeconfig writes a kubeconfig for token; with the API server's own
+// certificate as its CA (verified), or insecure for the harness itself.
+func (e *Env) kubeconfig(name, token string, insecure bool) string {
+	cluster := fmt.Sprintf("{server: %q, insecure-skip-tls-verify: true}", e.Server)
+	if !insecure {
+		cluster = fmt.Sprintf("{server: %q, certificate-authority: %q}", e.Server, filepath.Join(e.Dir, "certs", "apiserver.crt"))
+	}
+	kc := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters: [{name: t, cluster: %s}]\nusers: [{name: u, user: {token: %q}}]\ncontexts: [{name: t, context: {cluster: t, user: u}}]\ncurrent-context: t\n", cluster, token)
+	p := filepath.Join(e.Dir, name+".kubeconfig")
+	must(e.t, os.WriteFile(p, []byte(kc), 0o600))
+	return p
+}
+
+// ServiceAccountKubeconfig is a kubeconfig with a real token of the
+// ServiceAccount ns/name (TokenRequest), checking the server's certificate.
+func (e *Env) ServiceAccountKubeconfig(ns, name string) string {
+	e.t.Helper()
+	var tr struct {
+		Status struct {
+			Token string `json:"token"`
+		} `json:"status"`
+	}
+	body := map[string]any{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": map[string]any{"expirationSeconds": 3600}}
+	must(e.t, e.Admin.Raw(context.Background(), "POST", fmt.Sprintf("/api/v1/namespaces/%s/serviceaccounts/%s/token", ns, name), "application/json", body, &tr))
+	return e.kubeconfig(ns+"-"+name, tr.Status.Token, false)
+}
+
+// NobodyKubeconfig is a user with no rights at all.
+func (e *Env) NobodyKubeconfig() string { return e.kubeconfig("nobody", "nobodytoken", false) }
+
+// Create posts obj to path (a collection); an existing object is fine.
+func (e *Env) Create(path string, obj any) {
+	e.t.Helper()
+	if err := e.Admin.Raw(context.Background(), "POST", path, "application/json", obj, nil); err != nil && !kube.IsConflict(err) {
+		e.t.Fatalf("create at %s: %v", path, err)
+	}
+}
+
+// ApplyFile creates every object of a (multi-document) YAML file.
+func (e *Env) ApplyFile(path string) {
+	e.t.Helper()
+	b, err := os.ReadFile(path)
+	must(e.t, err)
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	for {
+		var obj map[string]any
+		if err := dec.Decode(&obj); err == io.EOF {
+			break
+		} else if err != nil {
+			e.t.Fatalf("%s: %v", path, err)
+		}
+		if obj == nil {
+			continue
+		}
+		e.Create(collection(e.t, obj), obj)
+	}
+}
+
+// collection is the REST path that objects of obj's kind are created at.
+func collection(t testing.TB, obj map[string]any) string {
+	kind, _ := obj["kind"].(string)
+	md, _ := obj["metadata"].(map[string]any)
+	ns, _ := md["namespace"].(string)
+	switch kind {
+	case "Namespace":
+		return "/api/v1/namespaces"
+	case "ServiceAccount":
+		return "/api/v1/namespaces/" + ns + "/serviceaccounts"
+	case "ClusterRole", "ClusterRoleBinding":
+		return "/apis/rbac.authorization.k8s.io/v1/" + strings.ToLower(kind) + "s"
+	case "Role", "RoleBinding":
+		return "/apis/rbac.authorization.k8s.io/v1/namespaces/" + ns + "/" + strings.ToLower(kind) + "s"
+	case "CustomResourceDefinition":
+		return "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+	}
+	t.Fatalf("kubeenv: no REST path known for kind %q", kind)
+	return ""
+}
+
+// AddNode creates a Node with an InternalIP (there is no kubelet).
+func (e *Env) AddNode(name, ip string) {
+	e.t.Helper()
+	e.Create("/api/v1/nodes", map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": name}})
+	patch := map[string]any{"status": map[string]any{"addresses": []any{map[string]any{"type": "InternalIP", "address": ip}}}}
+	must(e.t, e.Admin.Raw(context.Background(), "PATCH", "/api/v1/nodes/"+name+"/status", "application/merge-patch+json", patch, nil))
+}
+
+// Annotations are a Node's annotations.
+func (e *Env) Annotations(node string) map[string]string {
+	e.t.Helper()
+	var n struct {
+		Metadata struct {
+			Annotations map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	must(e.t, e.Admin.Raw(context.Background(), "GET", "/api/v1/nodes/"+node, "", nil, &n))
+	return n.Metadata.Annotations
+}
+
+// History is one entry of ClusterVersion's status.history.
+type History struct {
+	State   string // Partial or Completed
+	Image   string
+	Version string
+}
+
+// Condition is one of ClusterVersion's status.conditions.
+type Condition struct {
+	Type, Status, Reason, Message string
+}
+
+// SetHistory writes status.history (newest first) as the version operator
+// does, through the status subresource.
+func (e *Env) SetHistory(h ...History) {
+	e.t.Helper()
+	now := time.Now().UTC().Format(time.RFC3339)
+	var entries []any
+	for _, x := range h {
+		ent := map[string]any{"state": x.State, "image": x.Image, "version": x.Version, "startedTime": now, "verified": true}
+		if x.State == "Completed" {
+			ent["completionTime"] = now
+		} else {
+			ent["completionTime"] = nil
+		}
+		entries = append(entries, ent)
+	}
+	e.patchStatus(map[string]any{"history": entries, "desired": map[string]any{"image": h[0].Image, "version": h[0].Version},
+		"observedGeneration": 1, "versionHash": "x"})
+}
+
+// SetConditions writes status.conditions.
+func (e *Env) SetConditions(cs ...Condition) {
+	e.t.Helper()
+	now := time.Now().UTC().Format(time.RFC3339)
+	var out []any
+	for _, c := range cs {
+		out = append(out, map[string]any{"type": c.Type, "status": c.Status, "reason": c.Reason, "message": c.Message, "lastTransitionTime": now})
+	}
+	e.patchStatus(map[string]any{"conditions": out})
+}
+
+func (e *Env) patchStatus(status map[string]any) {
+	e.t.Helper()
+	err := e.Admin.Raw(context.Background(), "PATCH", "/apis/config.openshift.io/v1/clusterversions/version/status",
+		"application/merge-patch+json", map[string]any{"status": status}, nil)
+	if err != nil {
+		e.t.Fatalf("writing ClusterVersion status as the version operator: %v", err)
+	}
+}
+
+// DesiredUpdate is ClusterVersion's spec.desiredUpdate (nil when unset).
+func (e *Env) DesiredUpdate() map[string]any {
+	e.t.Helper()
+	var cv struct {
+		Spec struct {
+			DesiredUpdate map[string]any `json:"desiredUpdate"`
+		} `json:"spec"`
+	}
+	must(e.t, e.Admin.Raw(context.Background(), "GET", "/apis/config.openshift.io/v1/clusterversions/version", "", nil, &cv))
+	return cv.Spec.DesiredUpdate
+}
+
+// ConfigMap returns a ConfigMap's labels and binaryData (decoded), or
+// false when it does not exist.
+func (e *Env) ConfigMap(ns, name string) (labels map[string]string, data map[string][]byte, ok bool) {
+	e.t.Helper()
+	var cm struct {
+		Metadata struct {
+			Labels map[string]string `json:"labels"`
+		} `json:"metadata"`
+		BinaryData map[string][]byte `json:"binaryData"`
+	}
+	err := e.Admin.Raw(context.Background(), "GET", "/api/v1/namespaces/"+ns+"/configmaps/"+name, "", nil, &cm)
+	if kube.IsNotFound(err) {
+		return nil, nil, false
+	}
+	must(e.t, err)
+	return cm.Metadata.Labels, cm.BinaryData, true
+}
+
+// Generation is ClusterVersion's metadata.generation: it grows with each
+// change of its spec, so a test counts ferry's patches with it.
+func (e *Env) Generation() int64 {
+	e.t.Helper()
+	var cv struct {
+		Metadata struct {
+			Generation int64 `json:"generation"`
+		} `json:"metadata"`
+	}
+	must(e.t, e.Admin.Raw(context.Background(), "GET", "/apis/config.openshift.io/v1/clusterversions/version", "", nil, &cv))
+	return cv.Metadata.Generation
+}
+
+func freePort(t testing.TB) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func run(t testing.TB, name string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", name, err, out)
+	}
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Build a real kube-apiserver from the Go module proxy, and fetch
+# OpenShift's ClusterVersion CRD from the github.com/openshift/api module,
+# for the tests that play the cluster version operator against a real API.
+# Cached outside the repo, keyed on the versions; prints the cache dir.
+#
+# The k8s.io/kubernetes module zip holds no staging/ (nested modules are
+# cut out of module zips): its ./staging replaces are dropped and the
+# published k8s.io/* modules of the same release are required instead.
+set -euo pipefail
+KUBE_VERSION=${KUBE_VERSION:-v1.34.4}
+STAGING_VERSION=v0${KUBE_VERSION#v1}
+OPENSHIFT_API=${OPENSHIFT_API:-github.com/openshift/api@v0.0.0-20260213204242-d34f11c515b3}
+CACHE=${FERRY_CACHE:-/var/cache/ferry-test}
+OUT="$CACHE/kube-$KUBE_VERSION"
+CRD=config/v1/zz_generated.crd-manifests/0000_00_cluster-version-operator_01_clusterversions-Default.crd.yaml
+
+if [ -x "$OUT/kube-apiserver" ] && [ -s "$OUT/clusterversions.crd.yaml" ]; then
+  echo "$OUT"; exit 0
+fi
+mkdir -p "$OUT.tmp"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+moddir() { (cd "$work" && go mod download -json "$1" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p'); }
+
+cp "$(moddir "$OPENSHIFT_API")/$CRD" "$OUT.tmp/clusterversions.crd.yaml"
+if [ -x "$OUT/kube-apiserver" ]; then
+  cp "$OUT/kube-apiserver" "$OUT.tmp/"
+else
+  cp -r "$(moddir "k8s.io/kubernetes@$KUBE_VERSION")" "$work/k8s"
+  chmod -R u+w "$work/k8s"
+  cd "$work/k8s"
+  rm -rf vendor go.work go.work.sum
+  python3 - "$STAGING_VERSION" <<'PY'
+import re, sys
+v = sys.argv[1]
+s = open('go.mod').read()
+staged = re.findall(r'^\s*(k8s\.io/[\w.-]+) => \./staging/src/k8s\.io/[\w.-]+\s*$', s, re.M)
+s = re.sub(r'^\s*k8s\.io/[\w.-]+ => \./staging/src/k8s\.io/[\w.-]+\s*\n', '', s, flags=re.M)
+for m in staged:
+    s = re.sub(r'(^\s*' + re.escape(m) + r') v0\.0\.0\b', r'\1 ' + v, s, flags=re.M)
+open('go.mod', 'w').write(s)
+PY
+  GOFLAGS=-mod=mod go build -trimpath -o "$OUT.tmp/kube-apiserver" ./cmd/kube-apiserver >&2
+fi
+rm -rf "$OUT"; mv "$OUT.tmp" "$OUT"
+echo "$OUT"
