@@ -297,7 +297,7 @@ func (e *Env) SetHistory(h ...History) {
 		entries = append(entries, ent)
 	}
 	e.patchStatus(map[string]any{"history": entries, "desired": map[string]any{"image": h[0].Image, "version": h[0].Version},
-		"observedGeneration": 1, "versionHash": "x"})
+		"observedGeneration": 1, "versionHash": "x", "availableUpdates": []any{}})
 }
 
 // SetConditions writes status.conditions.
@@ -311,13 +311,32 @@ func (e *Env) SetConditions(cs ...Condition) {
 	e.patchStatus(map[string]any{"conditions": out})
 }
 
+// patchStatus replaces the given keys of ClusterVersion's status with a
+// PUT of the whole object, as the operator's client does (a merge patch
+// would drop the nulls the CRD requires, e.g. completionTime: null).
 func (e *Env) patchStatus(status map[string]any) {
 	e.t.Helper()
-	err := e.Admin.Raw(context.Background(), "PATCH", "/apis/config.openshift.io/v1/clusterversions/version/status",
-		"application/merge-patch+json", map[string]any{"status": status}, nil)
-	if err != nil {
-		e.t.Fatalf("writing ClusterVersion status as the version operator: %v", err)
+	const path = "/apis/config.openshift.io/v1/clusterversions/version"
+	for range 5 {
+		var cv map[string]any
+		must(e.t, e.Admin.Raw(context.Background(), "GET", path, "", nil, &cv))
+		st, _ := cv["status"].(map[string]any)
+		if st == nil {
+			st = map[string]any{}
+		}
+		for k, v := range status {
+			st[k] = v
+		}
+		cv["status"] = st
+		err := e.Admin.Raw(context.Background(), "PUT", path+"/status", "application/json", cv, nil)
+		if err == nil {
+			return
+		}
+		if !kube.IsConflict(err) {
+			e.t.Fatalf("writing ClusterVersion status as the version operator: %v", err)
+		}
 	}
+	e.t.Fatal("writing ClusterVersion status: conflicts every time")
 }
 
 // DesiredUpdate is ClusterVersion's spec.desiredUpdate (nil when unset).

@@ -1,0 +1,155 @@
+// Package kube tests ferry's Kubernetes client against a real
+// kube-apiserver with OpenShift's ClusterVersion CRD (test/kubeenv), with
+// only the rights packaging/rbac.yaml grants; the test plays the cluster
+// version operator.
+package kube
+
+import (
+	"bytes"
+	"errors"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/ferry-edge/ferry/kube"
+	"github.com/ferry-edge/ferry/test/kubeenv"
+)
+
+const (
+	current = "quay.io/openshift-release-dev/ocp-release@sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	next    = "quay.io/openshift-release-dev/ocp-release@sha256:2222222222222222222222222222222222222222222222222222222222222222"
+)
+
+func repoFile(name string) string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", name)
+}
+
+// ferryClient is a client with ferry's ServiceAccount and only its RBAC.
+func ferryClient(t *testing.T, e *kubeenv.Env) *kube.Client {
+	e.ApplyFile(repoFile("packaging/rbac.yaml"))
+	c, err := kube.New(e.ServiceAccountKubeconfig("openshift-ferry", "ferry"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestClient_TheUpgradeLoopWithOnlyFerrysRBAC(t *testing.T) {
+	e := kubeenv.Start(t, current)
+	e.AddNode("node-a", "10.0.0.1")
+	e.AddNode("node-b", "10.0.0.2")
+	c := ferryClient(t, e)
+	ctx := t.Context()
+
+	// Node annotations: set, then one removed with an empty value.
+	if err := c.Annotate(ctx, "node-a", map[string]string{"ferry.io/phase": "loaded", "ferry.io/reason": "waiting"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Annotate(ctx, "node-a", map[string]string{"ferry.io/phase": "cluster-ready", "ferry.io/reason": ""}); err != nil {
+		t.Fatal(err)
+	}
+	ann := e.Annotations("node-a")
+	if ann["ferry.io/phase"] != "cluster-ready" || ann["ferry.io/reason"] != "" {
+		t.Fatalf("annotations %v", ann)
+	}
+	addrs, err := c.NodeAddresses(ctx)
+	if err != nil || addrs["node-a"] != "10.0.0.1" || addrs["node-b"] != "10.0.0.2" {
+		t.Fatalf("node addresses %v, %v", addrs, err)
+	}
+
+	// Not asked yet.
+	if u, err := c.UpgradeStatus(ctx, next); err != nil || u.State != kube.NotAsked {
+		t.Fatalf("before: %+v, %v", u, err)
+	}
+	sigs := [][]byte{[]byte("signature one\x00\xff"), []byte("signature two")}
+	req := kube.UpgradeRequest{Release: next, Version: "4.13.7", Signatures: sigs}
+	if err := c.StartUpgrade(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	hex := strings.TrimPrefix(next[strings.Index(next, "@")+1:], "sha256:")
+	labels, data, ok := e.ConfigMap(kube.SignatureNamespace, "sha256-"+hex)
+	if !ok {
+		t.Fatal("no signature ConfigMap")
+	}
+	if _, ok := labels[kube.SignatureLabel]; !ok {
+		t.Errorf("labels %v lack %s", labels, kube.SignatureLabel)
+	}
+	if !bytes.Equal(data["sha256-"+hex+"-1"], sigs[0]) || !bytes.Equal(data["sha256-"+hex+"-2"], sigs[1]) || len(data) != 2 {
+		t.Errorf("binaryData %q", data)
+	}
+	du := e.DesiredUpdate()
+	if du["image"] != next || du["version"] != "4.13.7" || du["force"] != false {
+		t.Fatalf("desiredUpdate %v", du)
+	}
+	gen := e.Generation()
+	// Asking again changes nothing.
+	if err := c.StartUpgrade(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if g := e.Generation(); g != gen {
+		t.Errorf("asking again patched ClusterVersion (generation %d → %d)", gen, g)
+	}
+	if u, _ := c.UpgradeStatus(ctx, next); u.State != kube.Pending {
+		t.Errorf("after the request: %+v", u)
+	}
+
+	// The version operator at work.
+	e.SetHistory(kubeenv.History{State: "Partial", Image: next, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
+	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "True", Reason: "", Message: "Working towards 4.13.7: 106 of 841 done (12% complete)"})
+	u, err := c.UpgradeStatus(ctx, next)
+	if err != nil || u.State != kube.Upgrading || !strings.Contains(u.Message, "106 of 841") {
+		t.Fatalf("upgrading: %+v, %v", u, err)
+	}
+	e.SetHistory(kubeenv.History{State: "Completed", Image: next, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
+	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "False", Message: "Cluster version is 4.13.7"})
+	if u, _ := c.UpgradeStatus(ctx, next); u.State != kube.Upgraded {
+		t.Fatalf("completed: %+v", u)
+	}
+}
+
+func TestClient_ARefusedReleaseSaysWhyInTheOperatorsWords(t *testing.T) {
+	e := kubeenv.Start(t, current)
+	c := ferryClient(t, e)
+	if err := c.StartUpgrade(t.Context(), kube.UpgradeRequest{Release: next, Version: "4.13.7"}); err != nil {
+		t.Fatal(err)
+	}
+	e.SetConditions(kubeenv.Condition{Type: "ReleaseAccepted", Status: "False", Reason: "RetrievePayload",
+		Message: "Retrieving payload failed version=\"4.13.7\" image=\"" + next + "\" failure=The update cannot be verified: unable to verify sha256:2222 against keyrings: verifier-public-key-redhat"})
+	u, err := c.UpgradeStatus(t.Context(), next)
+	if err != nil || u.State != kube.Refused || !strings.Contains(u.Reason, "cannot be verified") {
+		t.Fatalf("%+v, %v", u, err)
+	}
+}
+
+func TestClient_WithoutRightsFailsNamingWhatIsMissing(t *testing.T) {
+	e := kubeenv.Start(t, current)
+	e.AddNode("node-a", "10.0.0.1")
+	c, err := kube.New(e.NobodyKubeconfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Annotate(t.Context(), "node-a", map[string]string{"ferry.io/phase": "loaded"})
+	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), `cannot patch resource "nodes"`) || !strings.Contains(err.Error(), "rbac.yaml") {
+		t.Fatalf("annotate without rights: %v", err)
+	}
+	err = c.StartUpgrade(t.Context(), kube.UpgradeRequest{Release: next, Version: "4.13.7", Signatures: [][]byte{[]byte("s")}})
+	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "configmaps") {
+		t.Fatalf("start without rights: %v", err)
+	}
+}
+
+func TestClient_TheAPIServerDownForAWhileIsRetried(t *testing.T) {
+	e := kubeenv.Start(t, current)
+	e.AddNode("node-a", "10.0.0.1")
+	c := ferryClient(t, e)
+	e.StopAPIServer()
+	if err := c.Annotate(t.Context(), "node-a", map[string]string{"ferry.io/phase": "loaded"}); err == nil || !strings.Contains(err.Error(), "cannot be reached") {
+		t.Fatalf("with the API down: %v", err)
+	}
+	e.StartAPIServer()
+	if err := c.Annotate(t.Context(), "node-a", map[string]string{"ferry.io/phase": "loaded"}); err != nil {
+		t.Fatalf("once it is back: %v", err)
+	}
+}
