@@ -262,9 +262,15 @@ func (d *Dropins) checkNotOverridden(pins []string) error {
 	return nil
 }
 
-// confNames lists the regular files of a crio.conf.d directory, sorted as
-// CRI-O reads them. A missing directory has none.
+// confNames lists the regular files (and symlinks) of a crio.conf.d
+// directory, sorted as CRI-O reads them. A missing directory has none.
 func confNames(dir string) ([]string, error) {
+	return sortedNames(dir, func(e os.DirEntry) bool { return e.Type().IsRegular() || e.Type()&os.ModeSymlink != 0 })
+}
+
+// sortedNames lists the entries of dir that keep accepts, sorted. A
+// missing directory has none.
+func sortedNames(dir string, keep func(os.DirEntry) bool) ([]string, error) {
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -274,7 +280,7 @@ func confNames(dir string) ([]string, error) {
 	}
 	var names []string
 	for _, e := range ents {
-		if e.Type().IsRegular() || e.Type()&os.ModeSymlink != 0 {
+		if keep(e) {
 			names = append(names, e.Name())
 		}
 	}

@@ -115,24 +115,9 @@ func (d *Dropins) SiteRegistries() (*SiteRegistries, error) {
 }
 
 // registriesDropins lists the files of registries.conf.d containers/image
-// reads: every non-directory entry named *.conf, sorted. A missing
-// directory has none.
+// reads: every non-directory entry named *.conf, sorted.
 func registriesDropins(dir string) ([]string, error) {
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrDropin, err)
-	}
-	var names []string
-	for _, e := range ents {
-		if !e.IsDir() && strings.HasSuffix(e.Name(), ".conf") {
-			names = append(names, e.Name())
-		}
-	}
-	sort.Strings(names)
-	return names, nil
+	return sortedNames(dir, func(e os.DirEntry) bool { return !e.IsDir() && strings.HasSuffix(e.Name(), ".conf") })
 }
 
 // readSiteFile reads one registries configuration file and normalizes it

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -47,33 +46,11 @@ func BenchmarkLoad(b *testing.B) {
 		}
 	}
 	rawPull := func(workers int) time.Duration {
-		start := time.Now()
-		jobs := make(chan string)
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var firstErr error
-		for range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for r := range jobs {
-					if _, err := cl.Pull(ctx, r); err != nil {
-						mu.Lock()
-						firstErr = err
-						mu.Unlock()
-					}
-				}
-			}()
+		d, err := crioenv.PullAll(ctx, cl, refs, workers)
+		if err != nil {
+			b.Fatal(err)
 		}
-		for _, r := range refs {
-			jobs <- r
-		}
-		close(jobs)
-		wg.Wait()
-		if firstErr != nil {
-			b.Fatal(firstErr)
-		}
-		return time.Since(start)
+		return d
 	}
 
 	// The mirror for the raw pulls: ferry's own drop-ins, applied once.

@@ -309,3 +309,35 @@ func (c *CRIO) Configure(cfg *agent.Config) {
 	cfg.Paths.RegistriesConfDir = c.Dropins.RegistriesConfDir
 	cfg.Paths.CertsDir = c.Dropins.CertsDir
 }
+
+// PullAll pulls refs through cl with that many concurrent CRI pulls, as
+// the benchmarks' floor does, and returns how long it took; the error is
+// the first pull's that failed.
+func PullAll(ctx context.Context, cl *crio.Client, refs []string, workers int) (time.Duration, error) {
+	start := time.Now()
+	jobs := make(chan string)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range jobs {
+				if _, err := cl.Pull(ctx, r); err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for _, r := range refs {
+		jobs <- r
+	}
+	close(jobs)
+	wg.Wait()
+	return time.Since(start), firstErr
+}

@@ -26,7 +26,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -156,37 +155,6 @@ func sha256File(b *testing.B, path string) time.Duration {
 	return time.Since(start)
 }
 
-// rawPull pulls refs with that many concurrent CRI pulls.
-func rawPull(b *testing.B, cl *crio.Client, refs []string, workers int) time.Duration {
-	start := time.Now()
-	jobs := make(chan string)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var firstErr error
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for r := range jobs {
-				if _, err := cl.Pull(context.Background(), r); err != nil {
-					mu.Lock()
-					firstErr = err
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	for _, r := range refs {
-		jobs <- r
-	}
-	close(jobs)
-	wg.Wait()
-	if firstErr != nil {
-		b.Fatal(firstErr)
-	}
-	return time.Since(start)
-}
-
 func BenchmarkReleaseLoad(b *testing.B) {
 	total, err := strconv.ParseFloat(envOr("FERRY_P6_MIB", "3960"), 64)
 	if err != nil {
@@ -242,7 +210,10 @@ func BenchmarkReleaseLoad(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		d := rawPull(b, cl, refs, w)
+		d, err := crioenv.PullAll(context.Background(), cl, refs, w)
+		if err != nil {
+			b.Fatal(err)
+		}
 		each = append(each, fmt.Sprintf("%d:%.2fs", w, d.Seconds()))
 		if bestW == 0 || d < best {
 			best, bestW = d, w
