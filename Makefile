@@ -6,6 +6,8 @@ LDFLAGS := -X main.version=$(VERSION)
 BIN     := bin/ferry
 UNIT_PKGS = $(shell $(GO) list ./... | grep -v '/test/')
 FUZZTIME ?= 10s
+# Tests make bundles with no route to the public signature store.
+export FERRY_SIGNATURE_STORE ?=
 
 .PHONY: help build setup unit integration e2e test fuzz fuzz-short bench demo rpm faults clean
 

@@ -60,6 +60,11 @@ type CreateOptions struct {
 	KeepWork bool
 
 	SignKey *minisign.PrivateKey // nil: no signature
+	// ReleaseSignatures are the release image's signature files; when
+	// none are given, SignatureStore (a URL, "" for none) is asked.
+	ReleaseSignatures [][]byte
+	SignatureStore    string
+	SignatureClient   *http.Client // nil: a client with a 20 s timeout
 	Jobs    int                  // images copied at once; default 4
 	Created time.Time            // metadata.created; default now
 	Log     *slog.Logger
@@ -327,6 +332,7 @@ func (c *creator) run(ctx context.Context) (*CreateResult, error) {
 	}
 	// One entry per distinct reference; the release is not in images.
 	meta := &Metadata{FormatVersion: FormatVersion, Version: version, Arch: c.arch, Release: rel.String(), Created: o.Created}
+	meta.ReleaseSignatures = c.releaseSignatures(ctx, rel.digest)
 	seen := map[string]bool{rel.String(): true}
 	for _, p := range plans[1:] {
 		if s := p.ref.String(); !seen[s] {

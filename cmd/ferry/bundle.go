@@ -74,6 +74,11 @@ func runBundleInspect(_ context.Context, args []string) error {
 	}
 	fmt.Printf("bundle:   %s\nversion:  %s\narch:     %s\nsize:     %s (%d bytes)\nrelease:  %s\nimages:   %d (+ release)\ncreated:  %s\n",
 		m.Name(), m.Version, m.Arch, m.Size, m.SizeBytes, m.Release, len(m.Images), m.Created.Format(time.RFC3339))
+	if n := len(m.ReleaseSignatures); n > 0 {
+		fmt.Printf("release signatures: %d\n", n)
+	} else {
+		fmt.Printf("release signatures: none (a disconnected cluster will refuse this release unless it can verify it otherwise)\n")
+	}
 	return nil
 }
 

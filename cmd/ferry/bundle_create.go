@@ -31,12 +31,24 @@ var (
 	createKeepWork   = createFlags.Bool("keep-work-dir", false, "keep the work directory after success")
 	createJobs       = createFlags.Int("jobs", 4, "images copied at once")
 	createQuiet      = createFlags.Bool("quiet", false, "no progress output")
+	createSigStore   = createFlags.String("signature-store", signatureStoreDefault(), "where the release's signatures are fetched when no --release-signature is given (<URL>/sha256=<hex>/signature-N); \"\" for none")
 	createExtras     multiFlag
 	createMirrors    multiFlag
+	createSigFiles   multiFlag
 )
+
+// signatureStoreDefault is the public store, or $FERRY_SIGNATURE_STORE when
+// set (even empty: tests and sites with no route to it).
+func signatureStoreDefault() string {
+	if v, ok := os.LookupEnv("FERRY_SIGNATURE_STORE"); ok {
+		return v
+	}
+	return bundle.DefaultSignatureStore
+}
 
 func init() {
 	createFlags.Var(&createExtras, "extra-image", "extra image to include, by tag or digest (repeatable; a tag is resolved and kept)")
+	createFlags.Var(&createSigFiles, "release-signature", "a signature file of the release image, as a signature store serves it (repeatable)")
 	createFlags.Var(&createMirrors, "mirror", "PREFIX=LOCATION: fetch images whose name starts with PREFIX from LOCATION, keep the original name (repeatable)")
 }
 
@@ -93,6 +105,14 @@ func runBundleCreate(ctx context.Context, args []string) error {
 			return usageError("%v", err)
 		}
 	}
+	for _, f := range createSigFiles {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return usageError("--release-signature: %v", err)
+		}
+		o.ReleaseSignatures = append(o.ReleaseSignatures, b)
+	}
+	o.SignatureStore = *createSigStore
 	if *createSignKey != "" {
 		key, err := bundle.LoadSignKey(*createSignKey, os.Getenv("FERRY_SIGN_PASSWORD"))
 		if err != nil {

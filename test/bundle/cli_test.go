@@ -92,3 +92,38 @@ func TestCreateCLI_FullDisk(t *testing.T) {
 	t.Log(stderr)
 	noBundle(t, filepath.Join(dir, "out"))
 }
+
+func TestCreateCLI_ReleaseSignaturesGoIntoTheBundleAndInspectCountsThem(t *testing.T) {
+	dir := t.TempDir()
+	reg := fixture.NewRegistry(t)
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 2})
+	for i, s := range []string{"sig one", "sig two"} {
+		if err := os.WriteFile(filepath.Join(dir, "signature-"+string(rune('1'+i))), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := filepath.Join(dir, "out")
+	code, stderr := ferry(t, dir, "bundle", "create", "--quiet", "--release", release, "--mirror", reg.Mirror(),
+		"--cert-dir", reg.CertsDir, "--output", out, "--signature-store", "",
+		"--release-signature", filepath.Join(dir, "signature-1"), "--release-signature", filepath.Join(dir, "signature-2"))
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, stderr)
+	}
+	cmd := exec.Command(ferryBin, "bundle", "inspect", filepath.Join(out, "upgrade-4.13.7-x86_64.tar"))
+	b, err := cmd.Output()
+	if err != nil || !strings.Contains(string(b), "release signatures: 2") {
+		t.Fatalf("inspect: %v\n%s", err, b)
+	}
+
+	// Without any: made, and said loudly, at creation and at inspection.
+	out2 := filepath.Join(dir, "out2")
+	code, stderr = ferry(t, dir, "bundle", "create", "--quiet", "--release", release, "--mirror", reg.Mirror(),
+		"--cert-dir", reg.CertsDir, "--output", out2, "--signature-store", "")
+	if code != 0 || !strings.Contains(stderr, "NO release signature") {
+		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
+	}
+	b, _ = exec.Command(ferryBin, "bundle", "inspect", filepath.Join(out2, "upgrade-4.13.7-x86_64.tar")).Output()
+	if !strings.Contains(string(b), "release signatures: none") {
+		t.Fatalf("inspect:\n%s", b)
+	}
+}
