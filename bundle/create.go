@@ -65,9 +65,9 @@ type CreateOptions struct {
 	ReleaseSignatures [][]byte
 	SignatureStore    string
 	SignatureClient   *http.Client // nil: a client with a 20 s timeout
-	Jobs    int                  // images copied at once; default 4
-	Created time.Time            // metadata.created; default now
-	Log     *slog.Logger
+	Jobs              int          // images copied at once; default 4
+	Created           time.Time    // metadata.created; default now
+	Log               *slog.Logger
 	// Progress, when set, receives snapshots a few times a second and once
 	// with Phase "done".
 	Progress func(Progress)

@@ -40,7 +40,9 @@ func (e *APIError) Error() string {
 	return fmt.Sprintf("the cluster's API answered %d %s: %s", e.Code, e.Reason, e.Message)
 }
 
-func (e *APIError) Is(target error) bool { return target == ErrForbidden && e.Code == http.StatusForbidden }
+func (e *APIError) Is(target error) bool {
+	return target == ErrForbidden && e.Code == http.StatusForbidden
+}
 
 // IsConflict reports a 409 (a write raced another, or the object exists).
 func IsConflict(err error) bool {

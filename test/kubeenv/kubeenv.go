@@ -35,7 +35,7 @@ type Env struct {
 	t       testing.TB
 	Dir     string
 	Port    int
-	Server  string      // https://127.0.0.1:port
+	Server  string       // https://127.0.0.1:port
 	Admin   *kube.Client // system:masters
 	AdminKC string       // its kubeconfig
 	bin     string
