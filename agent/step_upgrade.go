@@ -10,6 +10,10 @@ import (
 // tried again.
 const retireRetry = 30 * time.Second
 
+// retiring is the reason an upgraded bundle shows until its cleanup is
+// done.
+const retiring = "cleaning up: removing the bundle's files, registry and mirror (its images stay pinned)"
+
 // Transitions of the cluster upgrade (called from step): asking for it,
 // following it, and cleaning up when it is done.
 
@@ -116,7 +120,7 @@ func (m *machine) upgradeSeen(ev evUpgradeSeen) []effect {
 // upgraded marks r done and starts its cleanup: files, registry and
 // mirror go, its pins stay; the previous bundle's pins go.
 func (m *machine) upgraded(r *Record) []effect {
-	effs := m.move(r, PhaseUpgraded, "", r.Progress)
+	effs := m.move(r, PhaseUpgraded, retiring, r.Progress)
 	m.lastBad = nil
 	return append(effs, m.retire(r)...)
 }

@@ -148,7 +148,12 @@ func TestUpgrade_StartsFollowsAndCleansUpThroughTheAPI(t *testing.T) {
 	})
 	api.set(release, UpgradeStatus{State: UpgradeCompleted, Message: "Cluster version is 4.13.7"})
 	s = h.waitPhase(PhaseUpgraded)
-	h.waitFor("the bundle retired", func() bool { h.loader.mu.Lock(); defer h.loader.mu.Unlock(); return len(h.loader.retires) == 1 })
+	h.waitFor("the bundle retired", func() bool { s := h.agent.Status(); return s.Phase == "upgraded" && s.Reason == "" })
+	h.loader.mu.Lock()
+	if len(h.loader.retires) != 1 {
+		t.Errorf("retired %d times", len(h.loader.retires))
+	}
+	h.loader.mu.Unlock()
 	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); !os.IsNotExist(err) {
 		t.Fatal("extracted tree kept after the upgrade")
 	}

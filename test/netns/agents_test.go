@@ -63,6 +63,8 @@ type fleetOptions struct {
 	Tokens map[int]string
 	// Listen overrides a node's [peer] listen (e.g. behind a proxy).
 	Listen map[int]string
+	// Setup, when set, adjusts each node's config before its agent starts.
+	Setup func(n *Node, cfg *agent.Config)
 }
 
 // newFleet builds the lab and starts an agent (and CRI-O) on every node,
@@ -103,6 +105,9 @@ func newFleet(t *testing.T, o fleetOptions) *fleet {
 			c := crioenv.StartIn(t, []string{"nsenter", "--net=/run/netns/" + n.NS})
 			an.CRIO = c
 			c.Configure(&cfg)
+		}
+		if o.Setup != nil {
+			o.Setup(n, &cfg)
 		}
 		an.Cfg = cfg
 		an.A = ferryenv.StartIn(t, []string{"ip", "netns", "exec", n.NS}, cfg)
@@ -265,12 +270,12 @@ func (an *anode) checkBigTree(t *testing.T) {
 
 // realBundle makes, with `ferry bundle create`, a bundle of a small
 // release of real images that CRI-O can pull.
-func realBundle(t *testing.T, reg *fixture.Registry, version string, seed uint64) (string, *bundle.Metadata, string) {
+func realBundle(t *testing.T, reg *fixture.Registry, version string, seed uint64, extra ...string) (string, *bundle.Metadata, string) {
 	t.Helper()
 	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{Version: version, PayloadImages: 3, Seed: seed})
 	out := t.TempDir()
-	cmd := exec.Command(ferryenv.Binary(t), "bundle", "create", "--release", release,
-		"--mirror", reg.Mirror(), "--cert-dir", reg.CertsDir, "--output", out)
+	cmd := exec.Command(ferryenv.Binary(t), append([]string{"bundle", "create", "--release", release,
+		"--mirror", reg.Mirror(), "--cert-dir", reg.CertsDir, "--output", out}, extra...)...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("ferry bundle create: %v\n%s", err, b)
 	}

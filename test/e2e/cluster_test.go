@@ -1,0 +1,193 @@
+package e2e
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/crio"
+	"github.com/ferry-edge/ferry/test/crioenv"
+	"github.com/ferry-edge/ferry/test/ferryenv"
+	"github.com/ferry-edge/ferry/test/fixture"
+	"github.com/ferry-edge/ferry/test/kubeenv"
+)
+
+const runningRelease = "quay.io/openshift-release-dev/ocp-release@sha256:1111111111111111111111111111111111111111111111111111111111111111"
+
+func repoFile(name string) string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", name)
+}
+
+// releaseBundle makes the bundle of a release (payload by seed) plus a
+// custom image every release of the site carries, with one signature.
+func releaseBundle(t *testing.T, reg *fixture.Registry, version string, seed uint64) (string, *bundle.Metadata) {
+	t.Helper()
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{Version: version, PayloadImages: 4, Seed: seed})
+	sig := filepath.Join(t.TempDir(), "signature-1")
+	if err := os.WriteFile(sig, []byte("signature of "+version), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	cmd := exec.Command(ferryenv.Binary(t), "bundle", "create", "--release", release,
+		"--mirror", reg.Mirror(), "--cert-dir", reg.CertsDir, "--output", out,
+		"--extra-image", "quay.io/my-company/my-workload:v1", "--release-signature", sig, "--signature-store", "")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("ferry bundle create: %v\n%s", err, b)
+	}
+	tarPath := filepath.Join(out, "upgrade-"+version+"-x86_64.tar")
+	meta, err := bundle.InspectFile(tarPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tarPath, meta
+}
+
+// upgradeOnce takes one bundle through the whole loop with the test as the
+// cluster version operator, checking what a node shows at each step.
+func upgradeOnce(t *testing.T, e *kubeenv.Env, a *ferryenv.Agent, tarPath string, meta *bundle.Metadata, previous string) {
+	t.Helper()
+	if out, err := a.Ferry("load", tarPath); err != nil {
+		t.Fatalf("ferry load: %v\n%s", err, out)
+	}
+	a.WaitPhase(bound, agent.PhaseClusterReady)
+	deadline := time.Now().Add(bound)
+	for du := e.DesiredUpdate(); du == nil || du["image"] != meta.Release; du = e.DesiredUpdate() {
+		if time.Now().After(deadline) {
+			t.Fatalf("desiredUpdate is %v, want %s\n%s", du, meta.Release, a.Logs())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if du := e.DesiredUpdate(); du["force"] != false || du["version"] != meta.Version {
+		t.Fatalf("desiredUpdate %v", du)
+	}
+	hex := strings.TrimPrefix(meta.Release[strings.Index(meta.Release, "@")+1:], "sha256:")
+	labels, data, ok := e.ConfigMap("openshift-config-managed", "sha256-"+hex)
+	if _, labelled := labels["release.openshift.io/verification-signatures"]; !ok || !labelled || string(data["sha256-"+hex+"-1"]) != "signature of "+meta.Version {
+		t.Fatalf("signature ConfigMap: exists %v, labels %v, data %q", ok, labels, data)
+	}
+	waitAnnotated(t, e, "cluster-ready")
+
+	e.SetHistory(kubeenv.History{State: "Partial", Image: meta.Release, Version: meta.Version}, kubeenv.History{State: "Completed", Image: previous, Version: "old"})
+	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "True", Message: "Working towards " + meta.Version + ": 300 of 841 done (35% complete)"})
+	s := a.WaitPhase(bound, agent.PhaseUpgrading)
+	if !strings.Contains(s.Line, "300 of 841 done") {
+		t.Errorf("status line %q lacks the operator's progress", s.Line)
+	}
+	waitAnnotated(t, e, "upgrading")
+	if p := e.Annotations("node-a")["ferry.io/progress"]; !strings.Contains(p, "300 of 841") {
+		t.Errorf("progress annotation %q", p)
+	}
+
+	e.SetHistory(kubeenv.History{State: "Completed", Image: meta.Release, Version: meta.Version}, kubeenv.History{State: "Completed", Image: previous, Version: "old"})
+	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "False", Message: "Cluster version is " + meta.Version})
+	a.Wait(bound, "upgraded and cleaned up", func(s agent.Status) bool {
+		return s.Phase == string(agent.PhaseUpgraded) && s.Reason == ""
+	})
+	waitAnnotated(t, e, "upgraded")
+}
+
+func waitAnnotated(t *testing.T, e *kubeenv.Env, phase string) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for {
+		ann := e.Annotations("node-a")
+		if ann["ferry.io/phase"] == phase {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node-a never annotated %s: %v", phase, ann)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestHost_TheUpgradeLoopThroughARealAPI: one node, real CRI-O, a real
+// kube-apiserver with OpenShift's ClusterVersion CRD and ferry's own
+// RBAC. Two upgrades in a row: each ends with its files, registry and
+// mirror gone and its pins kept; the second's end unpins the first's
+// images except those both hold.
+func TestHost_TheUpgradeLoopThroughARealAPI(t *testing.T) {
+	c := crioenv.Start(t)
+	e := kubeenv.Start(t, runningRelease)
+	e.ApplyFile(repoFile("packaging/rbac.yaml"))
+	e.AddNode("node-a", "127.0.0.1")
+	reg := fixture.NewRegistry(t)
+	reg.PushImage(t, "my-company/my-workload", "v1")
+	firstTar, first := releaseBundle(t, reg, "4.13.7", 1)
+	secondTar, second := releaseBundle(t, reg, "4.13.8", 2)
+
+	cfg := nodeConfig(t, c)
+	cfg.NodeName = "node-a"
+	cfg.Cluster.Kubeconfig = e.ServiceAccountKubeconfig("openshift-ferry", "ferry")
+	a := ferryenv.Start(t, cfg)
+	a.WaitPhase(bound, "idle")
+	cl := c.Client(t)
+
+	upgradeOnce(t, e, a, firstTar, first, runningRelease)
+	if _, err := os.Stat(filepath.Join(cfg.Paths.ExtractDir, first.DirName())); !os.IsNotExist(err) {
+		t.Error("the extracted tree outlived the upgrade")
+	}
+	if _, err := os.Stat(filepath.Join(c.Dropins.RegistriesConfDir, crio.DropinName)); !os.IsNotExist(err) {
+		t.Error("the mirror drop-in outlived the upgrade")
+	}
+	if ents, _ := os.ReadDir(c.Dropins.CertsDir); len(ents) != 0 {
+		t.Errorf("certs.d entries left: %v", ents)
+	}
+	if s, _ := a.Status(context.Background()); s.Phase != string(agent.PhaseUpgraded) {
+		t.Errorf("status after the upgrade %+v", s)
+	}
+	checkPinned(t, cl, refsOf(first), true)
+
+	// Nothing changes: nothing is written to the Node (resourceVersion).
+	rv := nodeVersion(t, e)
+	time.Sleep(12 * time.Second)
+	if now := nodeVersion(t, e); now != rv {
+		t.Errorf("the Node was written while nothing changed (resourceVersion %s → %s)", rv, now)
+	}
+
+	// The registry is gone: nothing listens where it served.
+	port, err := os.ReadFile(filepath.Join(cfg.Paths.StateDir, "registry", "port"))
+	if err != nil {
+		t.Fatalf("the registry's kept port: %v", err)
+	}
+	if conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strings.TrimSpace(string(port)), time.Second); err == nil {
+		conn.Close()
+		t.Error("the embedded registry still answers after the upgrade")
+	}
+
+	// The next upgrade: the first bundle's pins stay while it runs, and go
+	// at its end, except the image both carry.
+	upgradeOnce(t, e, a, secondTar, second, first.Release)
+	checkPinned(t, cl, refsOf(second), true)
+	shared := "quay.io/my-company/my-workload:v1"
+	var gone []string
+	for _, ref := range refsOf(first) {
+		if !strings.HasPrefix(ref, "quay.io/my-company/my-workload") {
+			gone = append(gone, ref)
+		}
+	}
+	checkPinned(t, cl, gone, false)
+	checkPinned(t, cl, []string{shared}, true)
+}
+
+func nodeVersion(t *testing.T, e *kubeenv.Env) string {
+	t.Helper()
+	var n struct {
+		Metadata struct {
+			ResourceVersion string `json:"resourceVersion"`
+		} `json:"metadata"`
+	}
+	if err := e.Admin.Raw(context.Background(), "GET", "/api/v1/nodes/node-a", "", nil, &n); err != nil {
+		t.Fatal(err)
+	}
+	return n.Metadata.ResourceVersion
+}

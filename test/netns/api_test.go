@@ -1,0 +1,135 @@
+package netns
+
+import (
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/test/fixture"
+	"github.com/ferry-edge/ferry/test/kubeenv"
+)
+
+const runningRelease = "quay.io/openshift-release-dev/ocp-release@sha256:1111111111111111111111111111111111111111111111111111111111111111"
+
+// forwardAPI makes the API server (on the host's loopback) reachable from
+// inside the lab's namespaces at 127.0.0.1:<its port>: a unix socket on
+// the shared file system joins the two sides (the host's own network is
+// not touched). It returns the Setup to pass to newFleet.
+func forwardAPI(t *testing.T, e *kubeenv.Env, kubeconfig string) func(n *Node, cfg *agent.Config) {
+	sock := filepath.Join(t.TempDir(), "api.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(e.Port))
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				go io.Copy(up, c)
+				io.Copy(c, up)
+			}()
+		}
+	}()
+	return func(n *Node, cfg *agent.Config) {
+		n.Start("api-forward", "socat", "TCP-LISTEN:"+strconv.Itoa(e.Port)+",bind=127.0.0.1,fork,reuseaddr", "UNIX-CONNECT:"+sock)
+		e.AddNode(n.Name, n.IP)
+		cfg.Cluster.Kubeconfig = kubeconfig
+	}
+}
+
+func repoFile(name string) string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", name)
+}
+
+// TestAgents_ThreeNodesOneAPIServerOneUpgrade: a stick on A; every node
+// loads; exactly one desiredUpdate patch (from A, with the signature
+// ConfigMap); the test, as the version operator, upgrades; every node
+// follows to upgraded, annotated on its Node, its files gone, its pins kept.
+func TestAgents_ThreeNodesOneAPIServerOneUpgrade(t *testing.T) {
+	e := kubeenv.Start(t, runningRelease)
+	e.ApplyFile(repoFile("packaging/rbac.yaml"))
+	kc := e.ServiceAccountKubeconfig("openshift-ferry", "ferry")
+	f := newFleet(t, fleetOptions{Nodes: 3, CRIO: true, Setup: forwardAPI(t, e, kc)})
+	reg := fixture.NewRegistry(t)
+	sig := filepath.Join(t.TempDir(), "signature-1")
+	if err := os.WriteFile(sig, []byte("a release signature"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tarPath, meta, digest := realBundle(t, reg, "4.13.7", 0, "--release-signature", sig, "--signature-store", "")
+	a := f.nodes[0]
+	gen := e.Generation()
+
+	a.load(t, tarPath)
+	for _, n := range f.nodes {
+		n.waitHolds(t, agent.PhaseClusterReady, digest)
+	}
+	waitFor(t, "desiredUpdate to name the bundle's release", func() bool {
+		du := e.DesiredUpdate()
+		return du != nil && du["image"] == meta.Release && du["force"] == false
+	})
+	hex := strings.TrimPrefix(meta.Release[strings.Index(meta.Release, "@")+1:], "sha256:")
+	if _, data, ok := e.ConfigMap("openshift-config-managed", "sha256-"+hex); !ok || string(data["sha256-"+hex+"-1"]) != "a release signature" {
+		t.Fatalf("signature ConfigMap: %v %q", ok, data)
+	}
+	waitFor(t, "A's hook after the API accepted the upgrade", func() bool { return len(hookLines(t, a.Hook)) == 1 })
+
+	e.SetHistory(kubeenv.History{State: "Partial", Image: meta.Release, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: runningRelease, Version: "4.13.6"})
+	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "True", Message: "Working towards 4.13.7: 9 of 841 done (1% complete)"})
+	for _, n := range f.nodes {
+		s := n.A.WaitPhase(agentBound, agent.PhaseUpgrading)
+		if !strings.Contains(s.Line, "9 of 841 done") {
+			t.Errorf("%s: line %q", n.Name, s.Line)
+		}
+	}
+	waitFor(t, "every Node annotated upgrading", func() bool {
+		for _, n := range f.nodes {
+			if ann := e.Annotations(n.Name); ann["ferry.io/phase"] != "upgrading" || ann["ferry.io/digest"] != digest || ann["ferry.io/bundle"] != "4.13.7-x86_64" {
+				return false
+			}
+		}
+		return true
+	})
+
+	e.SetHistory(kubeenv.History{State: "Completed", Image: meta.Release, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: runningRelease, Version: "4.13.6"})
+	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "False", Message: "Cluster version is 4.13.7"})
+	for _, n := range f.nodes {
+		n.A.Wait(agentBound, "upgraded and cleaned up", func(s agent.Status) bool {
+			return s.Phase == string(agent.PhaseUpgraded) && s.Reason == ""
+		})
+		if _, err := os.Stat(filepath.Join(n.Cfg.Paths.ExtractDir, meta.DirName())); !os.IsNotExist(err) {
+			t.Errorf("%s: the extracted tree is still there", n.Name)
+		}
+		n.checkPinned(t, meta, true)
+	}
+	waitFor(t, "every Node annotated upgraded", func() bool {
+		for _, n := range f.nodes {
+			if e.Annotations(n.Name)["ferry.io/phase"] != "upgraded" {
+				return false
+			}
+		}
+		return true
+	})
+	if g := e.Generation(); g != gen+1 {
+		t.Errorf("ClusterVersion's spec changed %d times, want exactly one desiredUpdate patch", g-gen)
+	}
+	if got := hookLines(t, a.Hook); len(got) != 1 {
+		t.Errorf("A's hook ran %d times", len(got))
+	}
+}
