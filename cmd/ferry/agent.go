@@ -307,6 +307,9 @@ func clusterStatus(ctx context.Context, cfg agent.Config, asJSON bool) error {
 			row(name, p.Phase, p.Digest, note)
 		}
 		fmt.Printf("\ncluster: %s — %s\n", cs.Decision.Verdict, cs.Decision.Reason)
+		if cfg.Cluster.Kubeconfig != "" {
+			printNodeAnnotations(ctx, cfg)
+		}
 	}
 	if cs.Decision.Verdict == "conflict" {
 		return fmt.Errorf("%s", cs.Decision.Reason)

@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/kube"
@@ -31,4 +34,31 @@ func newClusterAPI(cfg agent.Config, log *slog.Logger) (agent.ClusterAPI, error)
 		return nil, usageError("cluster.kubeconfig: %v", err)
 	}
 	return clusterAPI{c}, nil
+}
+
+// printNodeAnnotations prints every Node's ferry.io annotations, as an
+// administrator sees them with oc get nodes.
+func printNodeAnnotations(ctx context.Context, cfg agent.Config) {
+	c, err := kube.New(cfg.Cluster.Kubeconfig, nil)
+	if err == nil {
+		var nodes map[string]map[string]string
+		if nodes, err = c.NodeAnnotations(ctx); err == nil {
+			names := slices.Sorted(maps.Keys(nodes))
+			fmt.Printf("\nin the cluster's API (%s):\n%-24s %-14s %-16s %-24s %s\n", c.Server(), "NODE", "PHASE", "BUNDLE", "PROGRESS", "REASON")
+			for _, n := range names {
+				a := nodes[n]
+				fmt.Printf("%-24s %-14s %-16s %-24s %s\n", n, or(a[agent.AnnotationPhase], "-"), or(a[agent.AnnotationBundle], "-"),
+					or(a[agent.AnnotationProgress], "-"), a[agent.AnnotationReason])
+			}
+			return
+		}
+	}
+	fmt.Printf("\nthe cluster's API cannot be read: %v\n", err)
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }

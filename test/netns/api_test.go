@@ -126,6 +126,10 @@ func TestAgents_ThreeNodesOneAPIServerOneUpgrade(t *testing.T) {
 		}
 		return true
 	})
+	out, err := f.nodes[1].A.Ferry("status", "--cluster")
+	if err != nil || !strings.Contains(out, "in the cluster's API") || strings.Count(out, "upgraded") < 3 {
+		t.Errorf("ferry status --cluster on %s: %v\n%s", f.nodes[1].Name, err, out)
+	}
 	if g := e.Generation(); g != gen+1 {
 		t.Errorf("ClusterVersion's spec changed %d times, want exactly one desiredUpdate patch", g-gen)
 	}
