@@ -29,3 +29,10 @@ echo "    bin/ferry: $(bin/ferry version 2>/dev/null | head -1)"
 # The narration is the test's; -v streams it as it happens.
 FERRY_DEMO=1 go test -count=1 -timeout 40m -run '^TestDemo$' -v ./test/vm \
   | grep --line-buffered -v -e '^=== RUN' -e '^=== PAUSE' -e '^=== CONT' -e 'level=INFO msg="qemu started"'
+
+step "The cluster half"
+echo "    This node has no Kubernetes API: it stops at cluster-ready, where an on_ready hook or an"
+echo "    administrator takes over. To have ferry start the OpenShift upgrade itself (signature"
+echo "    ConfigMap, ClusterVersion desiredUpdate), follow it and clean up: apply packaging/rbac.yaml"
+echo "    and set [cluster] kubeconfig (docs/admin.md, \"The cluster through its API\")."
+echo "    make test runs that path against a real kube-apiserver (test/kube, test/e2e, test/netns)."
