@@ -159,7 +159,7 @@ func (b *BundleLoader) serve(dir string) (*registry.Registry, error) {
 		defer close(done)
 		if err := reg.Serve(ctx, dir); err != nil {
 			if b.Log != nil {
-				b.Log.Error("embedded registry stopped", "ERR", err)
+				b.Log.Error("embedded registry stopped", "err", err)
 			}
 		}
 	}()

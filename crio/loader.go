@@ -121,8 +121,8 @@ func (l *Loader) Load(ctx context.Context, req Request) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	log := l.log().With("BUNDLE", req.Label)
-	log.Info("CRI-O drop-ins written", "CHANGE", ch.String(), "IMAGES", len(refs))
+	log := l.log().With("bundle_dir", req.Label)
+	log.Info("CRI-O drop-ins written", "change", ch.String(), "images", len(refs))
 	reload := ch.NeedsReload()
 	if !reload && !l.applied(ctx, refs) {
 		// Files in place but not in effect: an earlier run stopped
@@ -161,7 +161,7 @@ func (l *Loader) Load(ctx context.Context, req Request) (Result, error) {
 		return res, err
 	}
 	res.Elapsed = time.Since(start)
-	log.Info("bundle images loaded and pinned", "IMAGES", len(refs), "PULLED", pulled, "SKIPPED", res.Skipped, "ELAPSED", res.Elapsed.Round(time.Millisecond))
+	log.Info("bundle images loaded and pinned", "images", len(refs), "pulled", pulled, "skipped", res.Skipped, "elapsed", res.Elapsed.Round(time.Millisecond))
 	return res, nil
 }
 
@@ -174,8 +174,8 @@ func (l *Loader) Unload(ctx context.Context, req Request) error {
 	if err != nil {
 		return err
 	}
-	log := l.log().With("BUNDLE", req.Label)
-	log.Info("CRI-O drop-ins removed", "CHANGE", ch.String())
+	log := l.log().With("bundle_dir", req.Label)
+	log.Info("CRI-O drop-ins removed", "change", ch.String())
 	refs := PullRefs(req.Images)
 	if !ch.NeedsReload() || len(refs) == 0 {
 		return nil
@@ -186,7 +186,7 @@ func (l *Loader) Unload(ctx context.Context, req Request) error {
 	if err := l.waitUnpinned(ctx, refs, req.Keep); err != nil {
 		return err
 	}
-	log.Info("bundle images unpinned", "IMAGES", len(refs))
+	log.Info("bundle images unpinned", "images", len(refs))
 	return nil
 }
 
@@ -291,7 +291,7 @@ func (l *Loader) waitApplied(ctx context.Context, refs []string) error {
 			}
 			continue
 		case err != nil:
-			l.log().Debug("cannot read CRI-O's live config; checking pins through image status instead", "ERR", err)
+			l.log().Debug("cannot read CRI-O's live config; checking pins through image status instead", "err", err)
 			return nil
 		}
 		l.cameBack()
@@ -394,7 +394,7 @@ func (l *Loader) inventory(ctx context.Context) (map[string]bool, error) {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			l.log().Debug("cannot list CRI-O's images; checking each", "ERR", err)
+			l.log().Debug("cannot list CRI-O's images; checking each", "err", err)
 			return map[string]bool{}, nil
 		}
 		l.cameBack()
@@ -459,7 +459,7 @@ func (l *Loader) pullOne(ctx context.Context, ref string) error {
 			return err
 		}
 		wait := min(backoff<<(attempt-1), 8*backoff)
-		l.log().Warn("pull failed; retrying", "IMAGE", ref, "ATTEMPT", attempt, "RETRY_IN", wait, "ERR", err)
+		l.log().Warn("pull failed; retrying", "image", ref, "attempt", attempt, "retry_in", wait, "err", err)
 		attempt++
 		if err := sleep(ctx, wait); err != nil {
 			return fatalError{err}
@@ -483,7 +483,7 @@ func (l *Loader) waitCRIO(ctx context.Context, cause error) error {
 	l.mu.Lock()
 	if l.downSince.IsZero() {
 		l.downSince = time.Now()
-		l.log().Warn(fmt.Sprintf("CRI-O is not answering; waiting up to %s for it to come back", limit), "ERR", cause)
+		l.log().Warn(fmt.Sprintf("CRI-O is not answering; waiting up to %s for it to come back", limit), "err", cause)
 	}
 	since := time.Since(l.downSince)
 	l.mu.Unlock()
@@ -497,7 +497,7 @@ func (l *Loader) cameBack() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.downSince.IsZero() {
-		l.log().Info("CRI-O is answering again", "AFTER", time.Since(l.downSince).Round(time.Millisecond))
+		l.log().Info("CRI-O is answering again", "after", time.Since(l.downSince).Round(time.Millisecond))
 		l.downSince = time.Time{}
 	}
 }
@@ -545,7 +545,7 @@ func (l *Loader) verify(ctx context.Context, refs []string) error {
 			// CRI-O restarted after an unclean stop repairs its storage
 			// and may drop images: pull those once more.
 			repulled = true
-			l.log().Warn("images missing from CRI-O after their pull; pulling them again", "IMAGES", len(absent))
+			l.log().Warn("images missing from CRI-O after their pull; pulling them again", "images", len(absent))
 			if _, err := l.pullAll(ctx, absent, 0, len(absent), nil); err != nil {
 				return err
 			}

@@ -79,7 +79,7 @@ func (l *Loader) Retire(ctx context.Context, req Request) error {
 	if err != nil {
 		return err
 	}
-	l.log().Info("CRI-O mirror removed; pins kept until the next upgrade", "BUNDLE", req.Label, "CHANGE", ch.String())
+	l.log().Info("CRI-O mirror removed; pins kept until the next upgrade", "bundle_dir", req.Label, "change", ch.String())
 	if !ch.NeedsReload() {
 		return nil
 	}
@@ -103,7 +103,7 @@ func (l *Loader) Unpin(ctx context.Context, req Request) error {
 	if err := l.waitUnpinned(ctx, refs, req.Keep); err != nil {
 		return err
 	}
-	l.log().Info("the previous bundle's images unpinned", "BUNDLE", req.Label, "IMAGES", len(refs))
+	l.log().Info("the previous bundle's images unpinned", "bundle_dir", req.Label, "images", len(refs))
 	return nil
 }
 

@@ -224,10 +224,10 @@ type job struct {
 // prepare loads the resume record or discovers the bundle and chooses its
 // piece list, then opens dest.
 func (j *job) prepare(ctx context.Context) error {
-	log := j.f.log.With("DIGEST", j.digest)
+	log := j.f.log.With("digest", j.digest)
 	if st, err := j.loadState(); err == nil {
 		j.pl, j.meta, j.mine = st.Pieces, st.Meta, st.Have
-		log.Info("peer fetch: resuming", "PIECES", j.mine.Count(), "OF", j.pl.N())
+		log.Info("peer fetch: resuming", "pieces", j.mine.Count(), "of", j.pl.N())
 	} else if !errors.Is(err, os.ErrNotExist) {
 		log.Warn("peer fetch: resume record unusable; starting over", "err", err)
 	}
@@ -243,7 +243,7 @@ func (j *job) prepare(ctx context.Context) error {
 	}
 	if fi, err := fl.Stat(); err != nil || fi.Size() != j.pl.Size {
 		if j.mine.Count() > 0 {
-			log.Warn("peer fetch: file size changed since the resume record; starting over", "FILE", j.dest)
+			log.Warn("peer fetch: file size changed since the resume record; starting over", "file", j.dest)
 			j.mine = NewHave(j.pl.N())
 		}
 		if err := fl.Truncate(j.pl.Size); err != nil {
@@ -298,7 +298,7 @@ func (j *job) saveState() error {
 // holds the whole bundle). Peers that disagree are dropped. It waits while
 // the source is still hashing and while no peer answers.
 func (j *job) choosePieceList(ctx context.Context) error {
-	log := j.f.log.With("DIGEST", j.digest)
+	log := j.f.log.With("digest", j.digest)
 	first := true
 	for wait := time.Duration(0); ; wait = min(max(2*wait, 500*time.Millisecond), 10*time.Second) {
 		select {
@@ -326,7 +326,7 @@ func (j *job) choosePieceList(ctx context.Context) error {
 				pl, err := j.f.c.Pieces(ctx, o.Peer, j.digest, o.Size)
 				if err != nil {
 					if !errors.Is(err, ErrNotReady) {
-						log.Warn("peer fetch: no piece list from peer", "PEER", o.Peer, "err", err)
+						log.Warn("peer fetch: no piece list from peer", "peer", o.Peer, "err", err)
 					}
 					return
 				}
@@ -358,7 +358,7 @@ func (j *job) choosePieceList(ctx context.Context) error {
 			}
 		}
 		if best == nil {
-			log.Info("peer fetch: waiting for a piece list", "OFFERS", n, "err", derr)
+			log.Info("peer fetch: waiting for a piece list", "offers", n, "err", derr)
 			continue
 		}
 		for _, v := range votes {
@@ -381,7 +381,7 @@ func (j *job) drop(peer, why string) {
 		return
 	}
 	ps.dropped, ps.dropReason = true, why
-	j.f.log.Warn("peer dropped for this bundle", "PEER", peer, "DIGEST", j.digest, "reason", why)
+	j.f.log.Warn("peer dropped for this bundle", "peer", peer, "digest", j.digest, "reason", why)
 }
 
 type pieceResult struct {
@@ -407,7 +407,7 @@ func (j *job) run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	opts := j.f.opts
-	log := j.f.log.With("DIGEST", j.digest)
+	log := j.f.log.With("digest", j.digest)
 	results := make(chan pieceResult)
 	haves := make(chan haveResult)
 	inflight := make([]bool, j.pl.N())
@@ -664,7 +664,7 @@ func (j *job) backoff(ps *peerState, err error) {
 	ps.fails++
 	d := min(250*time.Millisecond<<min(ps.fails-1, 8), 15*time.Second)
 	ps.retryAt = time.Now().Add(d)
-	j.f.log.Info("peer fetch: peer failed; retrying later", "PEER", ps.addr, "DIGEST", j.digest, "RETRY_IN", d, "err", err)
+	j.f.log.Info("peer fetch: peer failed; retrying later", "peer", ps.addr, "digest", j.digest, "retry_in", d, "err", err)
 }
 
 // supply counts, per piece, the peers known to hold it or to be fetching
@@ -762,6 +762,6 @@ func (j *job) verifyWhole(whole *prefixHash) error {
 	if s := j.f.opts.Shelf; s != nil {
 		s.complete(j.digest)
 	}
-	j.f.log.Info("peer fetch: bundle complete", "DIGEST", j.digest, "FILE", j.dest)
+	j.f.log.Info("peer fetch: bundle complete", "digest", j.digest, "file", j.dest)
 	return nil
 }

@@ -86,7 +86,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		sum := sha256.Sum256([]byte(got))
 		if !ok || subtle.ConstantTimeCompare(sum[:], s.token[:]) != 1 {
-			s.opts.Log.Warn("peer request refused: wrong or missing token", "REMOTE", r.RemoteAddr, "PATH", r.URL.Path)
+			s.opts.Log.Warn("peer request refused: wrong or missing token", "remote", r.RemoteAddr, "path", r.URL.Path)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="ferry"`)
 			http.Error(w, "wrong or missing bearer token: set the same token_file on every node", http.StatusUnauthorized)
 			return
@@ -200,7 +200,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		http.Error(w, err.Error(), http.StatusNotFound)
 		return
 	}
-	s.opts.Log.Error("peer request failed", "PATH", r.URL.Path, "err", err)
+	s.opts.Log.Error("peer request failed", "path", r.URL.Path, "err", err)
 	http.Error(w, err.Error(), http.StatusInternalServerError)
 }
 
@@ -297,12 +297,12 @@ func (s *Server) copyRange(w http.ResponseWriter, r *http.Request, o Offer, ra i
 		if m > 0 {
 			_ = rc.SetWriteDeadline(time.Now().Add(s.opts.IdleWrite))
 			if _, werr := w.Write(buf[:m]); werr != nil {
-				s.opts.Log.Debug("peer tar write stopped", "REMOTE", r.RemoteAddr, "DIGEST", o.Digest, "err", werr)
+				s.opts.Log.Debug("peer tar write stopped", "remote", r.RemoteAddr, "digest", o.Digest, "err", werr)
 				return false
 			}
 		}
 		if err != nil && int64(m) < k {
-			s.opts.Log.Error("peer tar read failed", "DIGEST", o.Digest, "OFFSET", off+int64(m), "err", err)
+			s.opts.Log.Error("peer tar read failed", "digest", o.Digest, "offset", off+int64(m), "err", err)
 			panic(http.ErrAbortHandler) // the client sees a short body, not a wrong one
 		}
 		off += int64(m)

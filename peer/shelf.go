@@ -240,14 +240,14 @@ func (s *Shelf) hash(ctx context.Context, e *entry, known *PieceList) {
 	}
 	s.mu.Unlock()
 	if err != nil {
-		s.opts.Log.Error("peer: cannot serve bundle", "DIGEST", d, "err", err)
+		s.opts.Log.Error("peer: cannot serve bundle", "digest", d, "err", err)
 		return
 	}
 	if known != nil {
 		s.saveCached(known)
 		return
 	}
-	s.opts.Log.Info("peer: piece list ready", "DIGEST", d, "PIECES", p.N())
+	s.opts.Log.Info("peer: piece list ready", "digest", d, "pieces", p.N())
 	s.saveCached(p)
 }
 
@@ -280,7 +280,7 @@ func (s *Shelf) saveCached(p *PieceList) {
 		err = atomicfile.WriteFile(s.cachePath(p.Digest), b, 0o600)
 	}
 	if err != nil {
-		s.opts.Log.Warn("peer: cannot cache piece list; it will be computed again after a restart", "DIGEST", p.Digest, "err", err)
+		s.opts.Log.Warn("peer: cannot cache piece list; it will be computed again after a restart", "digest", p.Digest, "err", err)
 	}
 }
 

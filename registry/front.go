@@ -121,7 +121,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		c.s.Blobs++
 	}
 	if rec.status >= 400 {
-		f.log.Debug("registry request failed", "METHOD", r.Method, "PATH", r.URL.Path, "STATUS", rec.status)
+		f.log.Debug("registry request failed", "method", r.Method, "path", r.URL.Path, "status", rec.status)
 	}
 }
 

@@ -69,7 +69,7 @@ func New(stateDir string, port int, log *slog.Logger) (*Registry, error) {
 		return nil, fmt.Errorf("registry certificate in %s: %w", stateDir, err)
 	}
 	if created {
-		log.Info("made a new certificate for the embedded registry", "DIR", stateDir)
+		log.Info("made a new certificate for the embedded registry", "dir", stateDir)
 	}
 	kept := false
 	if port == 0 {
@@ -95,7 +95,7 @@ func New(stateDir string, port int, log *slog.Logger) (*Registry, error) {
 			ln.Close()
 			return nil, fmt.Errorf("keep registry port: %w", err)
 		}
-		log.Info("embedded registry port chosen", "PORT", port)
+		log.Info("embedded registry port chosen", "port", port)
 	}
 	quietDistributionLogs(log)
 	return &Registry{log: log, ln: ln, port: port, cert: cert, certPEM: certPEM, stats: newCounter()}, nil
@@ -173,7 +173,7 @@ func (r *Registry) Serve(ctx context.Context, root string) error {
 		ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelDebug),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
-	r.log.Info("embedded registry serving", "ADDR", r.Addr(), "ROOT", root)
+	r.log.Info("embedded registry serving", "addr", r.Addr(), "root", root)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(r.ln, "", "") }()
 	select {

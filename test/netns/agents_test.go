@@ -484,10 +484,10 @@ func TestAgents_FlippingPeerDroppedFetchCompletesFromOthers(t *testing.T) {
 			dropped += l + "\n"
 		}
 	}
-	if !strings.Contains(dropped, "PEER="+b.Addr(peerPort)) {
+	if !strings.Contains(dropped, "peer="+b.Addr(peerPort)) {
 		t.Fatalf("C did not drop the flipping peer %s; its drops:\n%s", b.Addr(peerPort), dropped)
 	}
-	if strings.Contains(dropped, "PEER="+a.Addr(peerPort)) {
+	if strings.Contains(dropped, "peer="+a.Addr(peerPort)) {
 		t.Fatalf("C dropped the honest peer A:\n%s", dropped)
 	}
 }
