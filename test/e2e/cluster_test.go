@@ -191,3 +191,100 @@ func nodeVersion(t *testing.T, e *kubeenv.Env) string {
 	}
 	return n.Metadata.ResourceVersion
 }
+
+// TestHost_ManualProceedAFailedHookAnOutageAndARefusal: the API server is
+// down when the node becomes ready (ferry keeps trying, loses nothing);
+// with schedule Manual nothing is asked until ferry proceed; the hook that
+// fails runs again on the next ferry proceed, without asking twice; the
+// operator refusing the release is shown in the status and on the Node.
+func TestHost_ManualProceedAFailedHookAnOutageAndARefusal(t *testing.T) {
+	c := crioenv.Start(t)
+	e := kubeenv.Start(t, runningRelease)
+	e.ApplyFile(repoFile("packaging/rbac.yaml"))
+	e.AddNode("node-a", "127.0.0.1")
+	reg := fixture.NewRegistry(t)
+	reg.PushImage(t, "my-company/my-workload", "v1")
+	tarPath, meta := releaseBundle(t, reg, "4.13.7", 3)
+
+	flag := filepath.Join(t.TempDir(), "hook-may-succeed")
+	cfg := nodeConfig(t, c)
+	cfg.NodeName = "node-a"
+	cfg.Cluster.Schedule = "Manual"
+	cfg.Cluster.OnReady = []string{"/bin/sh", "-c", "test -e " + flag}
+	cfg.Cluster.Kubeconfig = e.ServiceAccountKubeconfig("openshift-ferry", "ferry")
+	gen := e.Generation()
+	e.StopAPIServer()
+	a := ferryenv.Start(t, cfg)
+	a.WaitPhase(bound, "idle")
+	if out, err := a.Ferry("load", tarPath); err != nil {
+		t.Fatalf("ferry load: %v\n%s", err, out)
+	}
+	a.WaitPhase(bound, agent.PhaseClusterReady)
+	time.Sleep(3 * time.Second) // annotation tries fail meanwhile
+	e.StartAPIServer()
+	waitAnnotated(t, e, "cluster-ready")
+	if du := e.DesiredUpdate(); du != nil {
+		t.Fatalf("Manual schedule asked by itself: %v", du)
+	}
+
+	if out, err := a.Ferry("proceed"); err != nil {
+		t.Fatalf("ferry proceed: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(bound)
+	for du := e.DesiredUpdate(); du == nil || du["image"] != meta.Release; du = e.DesiredUpdate() {
+		if time.Now().After(deadline) {
+			t.Fatalf("desiredUpdate %v after ferry proceed", du)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	hookState := func() (ran, failed bool) {
+		s, err := a.Status(context.Background())
+		if err != nil {
+			return false, false
+		}
+		for _, r := range s.Bundles {
+			if r.Hook != nil && !r.Hook.Finished.IsZero() {
+				return true, r.Hook.Error != ""
+			}
+		}
+		return false, false
+	}
+	waitUntil(t, "the hook to fail", func() bool { ran, failed := hookState(); return ran && failed })
+	if err := os.WriteFile(flag, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := a.Ferry("proceed"); err != nil {
+		t.Fatalf("ferry proceed (hook again): %v\n%s", err, out)
+	}
+	waitUntil(t, "the hook to succeed on the second proceed", func() bool { ran, failed := hookState(); return ran && !failed })
+	if g := e.Generation(); g != gen+1 {
+		t.Errorf("ClusterVersion's spec changed %d times, want one", g-gen)
+	}
+
+	e.SetConditions(kubeenv.Condition{Type: "ReleaseAccepted", Status: "False", Reason: "RetrievePayload",
+		Message: "The update cannot be verified: unable to verify " + meta.Release + " against keyrings: verifier-public-key-redhat"})
+	s := a.Wait(bound, "the refusal to show", func(s agent.Status) bool {
+		return strings.Contains(s.Reason, "the cluster refuses the release")
+	})
+	if s.Healthy || !strings.Contains(s.Line, "cannot be verified") {
+		t.Errorf("status %+v", s)
+	}
+	deadline = time.Now().Add(bound)
+	for !strings.Contains(e.Annotations("node-a")["ferry.io/reason"], "cannot be verified") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the refusal is not on the Node: %v", e.Annotations("node-a"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
