@@ -88,7 +88,7 @@ func sidecarDigest(src bundle.Source) string {
 
 // runJob runs one job to its end.
 func (a *Agent) runJob(ctx context.Context, j effStartJob) event {
-	r := j.rec.clone()
+	r := j.rec // a copy (perform)
 	done := evJobDone{kind: j.kind, id: r.ID}
 	switch j.kind {
 	case jobExtract:

@@ -106,6 +106,12 @@ func (a *Agent) perform(ctx context.Context, e effect) {
 	case effProbe:
 		a.background(ctx, func(ctx context.Context) event { return a.probe(ctx, e) })
 	case effStartJob:
+		// The job gets copies, made here on the loop: the loop goes on
+		// changing the records (progress) while the job runs.
+		e.rec = e.rec.clone()
+		if e.previous != nil {
+			e.previous = e.previous.clone()
+		}
 		jctx, cancel := context.WithCancel(ctx)
 		a.jobStop = cancel
 		a.background(jctx, func(ctx context.Context) event {
