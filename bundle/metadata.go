@@ -121,27 +121,6 @@ func knownArch(a string) bool {
 	return false
 }
 
-var digestRefRE = regexp.MustCompile(`^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)+(?::[\w][\w.-]{0,127})?@sha256:[0-9a-f]{64}$`)
-
-// checkDigestRef accepts name@sha256:<hex> and name:tag@sha256:<hex> (a
-// custom image given by tag keeps its tag).
-func checkDigestRef(ref string) error {
-	if !digestRefRE.MatchString(ref) {
-		return fmt.Errorf("%q is not a registry/name[:tag]@sha256:<64 hex> reference", ref)
-	}
-	return nil
-}
-
-// SplitRef splits name[:tag]@sha256:hex into its name, tag ("" if none)
-// and digest.
-func SplitRef(ref string) (name, tag, digest string) {
-	name, digest, _ = strings.Cut(ref, "@")
-	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
-		name, tag = name[:i], name[i+1:]
-	}
-	return name, tag, digest
-}
-
 // HumanSize formats n bytes the way metadata's size field does ("16 GiB").
 func HumanSize(n int64) string {
 	const unit = 1024

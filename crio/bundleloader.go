@@ -43,7 +43,7 @@ func (b *BundleLoader) Load(ctx context.Context, meta *bundle.Metadata, dir stri
 		return err
 	}
 	_, err = b.Loader.Load(ctx, Request{
-		Images: meta.AllImages(), Keep: PullRefs(keep), Addr: reg.Addr(), CACert: reg.CACertPEM(),
+		Images: meta.AllImages(), Keep: bundle.PullRefs(keep), Addr: reg.Addr(), CACert: reg.CACertPEM(),
 		Label: meta.DirName(), Progress: progress,
 	})
 	return err

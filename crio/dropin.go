@@ -80,33 +80,6 @@ func (c Change) String() string {
 	return strings.Join(s, ", ") + " changed"
 }
 
-// PullRefs are the references to pull for a bundle's images: each by
-// digest (name@sha256:…, the tag dropped) and, for an image that kept its
-// tag, also name:tag, so that both names are on the image and pinned.
-func PullRefs(images []string) []string {
-	var out []string
-	seen := map[string]bool{}
-	add := func(r string) {
-		if !seen[r] {
-			seen[r] = true
-			out = append(out, r)
-		}
-	}
-	for _, ref := range images {
-		name, tag, digest := bundle.SplitRef(ref)
-		if digest != "" {
-			add(name + "@" + digest)
-		}
-		if tag != "" {
-			add(name + ":" + tag)
-		}
-		if digest == "" && tag == "" {
-			add(name)
-		}
-	}
-	return out
-}
-
 // Apply writes the three drop-ins for s: each only if its bytes differ
 // (unchanged files are not rewritten, so the caller can skip the reload),
 // each validated before it is written, through a temporary file outside
@@ -124,7 +97,7 @@ func (d *Dropins) Apply(s Setup) (Change, error) {
 	if err != nil {
 		return ch, err
 	}
-	pins := mergePins(before, s.Keep, PullRefs(s.Images))
+	pins := mergePins(before, s.Keep, bundle.PullRefs(s.Images))
 	if err := d.checkNotOverridden(pins); err != nil {
 		return ch, err
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
 )
 
@@ -56,7 +57,7 @@ func golden(t *testing.T, name string, got []byte) {
 }
 
 func TestPullRefs_DigestForEveryImageAndTagForTaggedOnes(t *testing.T) {
-	got := crio.PullRefs(bundleImages)
+	got := bundle.PullRefs(bundleImages)
 	want := []string{
 		"quay.io/openshift-release-dev/ocp-release@" + d1,
 		"quay.io/openshift-release-dev/ocp-v4.0-art-dev@" + d2,
@@ -95,7 +96,7 @@ func TestMirrorsConf_RefusesNonLoopbackAndBadRefs(t *testing.T) {
 }
 
 func TestPinsConf_Golden(t *testing.T) {
-	pins := append([]string{"registry.example/base@" + d1, "quay.io/quoted\"*"}, crio.PullRefs(bundleImages)...)
+	pins := append([]string{"registry.example/base@" + d1, "quay.io/quoted\"*"}, bundle.PullRefs(bundleImages)...)
 	slices.Sort(pins)
 	b, err := crio.PinsConf(pins, "4.13.7-x86_64")
 	if err != nil {
@@ -168,7 +169,7 @@ func TestApply_PinsUnionOfEarlierDropinsAndBundle(t *testing.T) {
 	want := append([]string{
 		"from/main@" + d1, "early/one:v1", "old/bundle@" + d2,
 		"quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee", "registry.example/pause*",
-	}, crio.PullRefs(bundleImages)...)
+	}, bundle.PullRefs(bundleImages)...)
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Errorf("pins\n got %q\nwant %q", got, want)
@@ -255,7 +256,7 @@ func TestApply_RefusesAndWritesNothing(t *testing.T) {
 func TestApply_LaterDropinHoldingOurPinsIsAccepted(t *testing.T) {
 	ds := newDirs(t)
 	all := `[crio.image]
-pinned_images = [` + `"` + strings.Join(crio.PullRefs(bundleImages), `", "`) + `"]
+pinned_images = [` + `"` + strings.Join(bundle.PullRefs(bundleImages), `", "`) + `"]
 `
 	ds.write(t, "crio/crio.conf.d/zz-late.conf", all)
 	if _, err := ds.d.Apply(crio.Setup{Images: bundleImages, Addr: "127.0.0.1:5443", CACert: testCA(t, true)}); err != nil {

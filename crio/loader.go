@@ -114,7 +114,7 @@ func orDefault(d, def time.Duration) time.Duration {
 func (l *Loader) Load(ctx context.Context, req Request) (Result, error) {
 	start := time.Now()
 	res := Result{}
-	refs := PullRefs(req.Images)
+	refs := bundle.PullRefs(req.Images)
 	res.Total = len(refs)
 	ch, err := l.Dropins.Apply(Setup{Images: req.Images, Keep: req.Keep, Addr: req.Addr, CACert: req.CACert, Label: req.Label})
 	res.Change = ch
@@ -176,7 +176,7 @@ func (l *Loader) Unload(ctx context.Context, req Request) error {
 	}
 	log := l.log().With("bundle_dir", req.Label)
 	log.Info("CRI-O drop-ins removed", "change", ch.String())
-	refs := PullRefs(req.Images)
+	refs := bundle.PullRefs(req.Images)
 	if !ch.NeedsReload() || len(refs) == 0 {
 		return nil
 	}

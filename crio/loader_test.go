@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/crio/critest"
 )
@@ -198,7 +199,7 @@ func TestLoad_PullsEveryImageAndEndsPinned(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			refs := crio.PullRefs(images)
+			refs := bundle.PullRefs(images)
 			if res.Total != len(refs) || res.Pulled+res.Skipped != len(refs) || !res.Reloaded {
 				t.Errorf("result %+v, want %d images and a reload", res, len(refs))
 			}
@@ -240,7 +241,7 @@ func TestLoad_AgainSkipsPresentPinnedAndDoesNotReload(t *testing.T) {
 func TestLoad_RetriesTransientPullErrors(t *testing.T) {
 	l, f, _ := newLoader(t)
 	images := manyImages(5)
-	ref := crio.PullRefs(images)[2]
+	ref := bundle.PullRefs(images)[2]
 	f.failPulls[ref] = []error{status.Error(codes.Unknown, "pinging container registry: connection reset"), status.Error(codes.Unknown, "EOF")}
 	if _, err := l.Load(t.Context(), request(t, images)); err != nil {
 		t.Fatal(err)
@@ -254,7 +255,7 @@ func TestLoad_FailsNamingImagesThatNeverPull(t *testing.T) {
 	l, f, _ := newLoader(t)
 	l.Attempts = 3
 	images := manyImages(5)
-	bad := []string{crio.PullRefs(images)[1], crio.PullRefs(images)[3]}
+	bad := []string{bundle.PullRefs(images)[1], bundle.PullRefs(images)[3]}
 	for _, r := range bad {
 		for range 10 {
 			f.failPulls[r] = append(f.failPulls[r], status.Error(codes.Unknown, "manifest unknown"))
@@ -277,7 +278,7 @@ func TestLoad_FailsNamingImagesThatNeverPull(t *testing.T) {
 func TestLoad_InvalidArgumentIsNotRetried(t *testing.T) {
 	l, f, _ := newLoader(t)
 	images := manyImages(3)
-	r := crio.PullRefs(images)[0]
+	r := bundle.PullRefs(images)[0]
 	f.failPulls[r] = []error{status.Error(codes.InvalidArgument, "bad ref"), nil}
 	if _, err := l.Load(t.Context(), request(t, images)); !errors.Is(err, crio.ErrNotLoaded) {
 		t.Fatalf("got %v, want ErrNotLoaded", err)
@@ -358,7 +359,7 @@ func TestLoad_ContextCancelStops(t *testing.T) {
 func TestUnload_UnpinsBundleButKeepsOtherDropinsPins(t *testing.T) {
 	l, f, ds := newLoader(t)
 	images := manyImages(6)
-	refs := crio.PullRefs(images)
+	refs := bundle.PullRefs(images)
 	ds.write(t, "crio/crio.conf.d/50-pinned-images", "[crio.image]\npinned_images = [\""+refs[2]+"\", \"quay.io/my-company/*\"]\n")
 	req := request(t, images)
 	if _, err := l.Load(t.Context(), req); err != nil {
@@ -466,7 +467,7 @@ func (v *vanishing) Pull(ctx context.Context, ref string) (string, error) {
 func TestLoad_PullsAgainAnImageThatVanished(t *testing.T) {
 	l, f, _ := newLoader(t)
 	images := manyImages(4)
-	ref := crio.PullRefs(images)[1]
+	ref := bundle.PullRefs(images)[1]
 	l.CRI = &vanishing{fakeCRIO: f, ref: ref}
 	if _, err := l.Load(t.Context(), request(t, images)); err != nil {
 		t.Fatal(err)

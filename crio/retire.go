@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+
+	"github.com/ferry-edge/ferry/bundle"
 )
 
 // After a bundle's upgrade is done its images stay pinned until the next
@@ -47,7 +49,7 @@ func (d *Dropins) Unpin(images []string, label string) (Change, error) {
 	if err != nil {
 		return ch, err
 	}
-	drop := PullRefs(images)
+	drop := bundle.PullRefs(images)
 	var kept []string
 	own := false
 	for _, p := range pins {
@@ -83,7 +85,7 @@ func (l *Loader) Retire(ctx context.Context, req Request) error {
 	if !ch.NeedsReload() {
 		return nil
 	}
-	return l.reload(ctx, firstOr(PullRefs(req.Images), "ferry.invalid/probe"))
+	return l.reload(ctx, firstOr(bundle.PullRefs(req.Images), "ferry.invalid/probe"))
 }
 
 // Unpin takes req.Images out of ferry's pins, reloads CRI-O and waits
@@ -93,7 +95,7 @@ func (l *Loader) Unpin(ctx context.Context, req Request) error {
 	if err != nil {
 		return err
 	}
-	refs := PullRefs(req.Images)
+	refs := bundle.PullRefs(req.Images)
 	if !ch.NeedsReload() || len(refs) == 0 {
 		return nil
 	}

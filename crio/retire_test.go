@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
 )
 
@@ -39,18 +40,18 @@ func TestRetireThenUnpin_PinsLiveUntilTheNextUpgradeIsDone(t *testing.T) {
 		}
 		return p
 	}
-	for _, ref := range crio.PullRefs(first) {
+	for _, ref := range bundle.PullRefs(first) {
 		if !pinned(ref) {
 			t.Fatalf("%s unpinned by the upgrade's end; it must stay until the next one", ref)
 		}
 	}
 
 	next := request(t, second)
-	next.Keep = crio.PullRefs(first)
+	next.Keep = bundle.PullRefs(first)
 	if _, err := l.Load(t.Context(), next); err != nil {
 		t.Fatal(err)
 	}
-	for _, ref := range crio.PullRefs(append(first, second...)) {
+	for _, ref := range bundle.PullRefs(append(first, second...)) {
 		if !pinned(ref) {
 			t.Fatalf("%s not pinned while both releases may run", ref)
 		}
@@ -65,12 +66,12 @@ func TestRetireThenUnpin_PinsLiveUntilTheNextUpgradeIsDone(t *testing.T) {
 	if err := l.Unpin(t.Context(), crio.Request{Images: gone, Label: "previous"}); err != nil {
 		t.Fatal(err)
 	}
-	for _, ref := range crio.PullRefs(gone) {
+	for _, ref := range bundle.PullRefs(gone) {
 		if pinned(ref) {
 			t.Errorf("%s still pinned after the next upgrade", ref)
 		}
 	}
-	for _, ref := range crio.PullRefs(second) {
+	for _, ref := range bundle.PullRefs(second) {
 		if !pinned(ref) {
 			t.Errorf("%s of the running release was unpinned", ref)
 		}

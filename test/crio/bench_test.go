@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/registry"
 	"github.com/ferry-edge/ferry/test/crioenv"
@@ -33,7 +34,7 @@ func BenchmarkLoad(b *testing.B) {
 	}
 	c := crioenv.Start(b)
 	tb := makeBundle(b, n-2, 4096) // + release + one tagged custom image
-	refs := crio.PullRefs(tb.Images)
+	refs := bundle.PullRefs(tb.Images)
 	cl := c.Client(b)
 	ctx := context.Background()
 	b.Logf("bundle: %d images, %d references to pull, %d cores", len(tb.Images), len(refs), runtime.NumCPU())

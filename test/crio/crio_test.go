@@ -131,7 +131,7 @@ func TestRealCRIO_LoadPinsEveryImageThroughTheMirror(t *testing.T) {
 	// MCO's drop-in pins an image outside the bundle, already pulled, and
 	// one of the bundle's.
 	outside := b.Fixture.Local(b.Fixture.PushImage(t, "mco/thing", ""))
-	mcoPins := []string{outside, crio.PullRefs(b.Images)[5]}
+	mcoPins := []string{outside, bundle.PullRefs(b.Images)[5]}
 	crioenv.Write(t, filepath.Join(c.Dropins.CRIOConfDir, "50-pinned-images"),
 		fmt.Sprintf("[crio]\n  [crio.image]\n    pinned_images = [%q, %q]\n", mcoPins[0], mcoPins[1]))
 	sighupAndWait(t, c, mcoPins)
@@ -148,7 +148,7 @@ func TestRealCRIO_LoadPinsEveryImageThroughTheMirror(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	refs := crio.PullRefs(b.Images)
+	refs := bundle.PullRefs(b.Images)
 	t.Logf("loaded %d images (%d pulled) in %s", res.Total, res.Pulled, res.Elapsed)
 	if len(refs) < 30 || res.Total != len(refs) || last != [2]int{len(refs), len(refs)} {
 		t.Errorf("result %+v, last progress %v, want %d images", res, last, len(refs))
@@ -284,7 +284,7 @@ func TestRealCRIO_LoaderWaitsForCRIOKilledMidLoad(t *testing.T) {
 		t.Error("no log line saying CRI-O came back")
 	}
 	cl := c.Client(t)
-	for _, ref := range crio.PullRefs(b.Images) {
+	for _, ref := range bundle.PullRefs(b.Images) {
 		present, pinned, err := cl.Status(t.Context(), ref)
 		if err != nil || !present || !pinned {
 			t.Errorf("%s: present=%v pinned=%v err=%v", ref, present, pinned, err)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/test/crioenv"
 	"github.com/ferry-edge/ferry/test/fixture"
@@ -72,7 +73,7 @@ location = "%s/my-company/app"
 	conf, _ := os.ReadFile(filepath.Join(c.Dropins.RegistriesConfDir, crio.DropinName))
 	t.Logf("ferry's drop-in:\n%s", conf)
 
-	refs := crio.PullRefs(b.Images)
+	refs := bundle.PullRefs(b.Images)
 	if s := b.Reg.Stats(); s.Manifests < int64(len(refs)) {
 		t.Errorf("the embedded registry served %d manifests, want ≥ %d (one per reference)", s.Manifests, len(refs))
 	}

@@ -57,7 +57,7 @@ func nodeConfig(t *testing.T, c *crioenv.CRIO) agent.Config {
 // refsOf lists every reference CRI-O pulls the bundle's images as (the
 // pins match these), tags included.
 func refsOf(meta *bundle.Metadata) []string {
-	return crio.PullRefs(meta.AllImages())
+	return bundle.PullRefs(meta.AllImages())
 }
 
 func checkPinned(t *testing.T, cl crio.ImageService, refs []string, want bool) {

@@ -16,7 +16,6 @@ import (
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
-	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/test/crioenv"
 	"github.com/ferry-edge/ferry/test/ferryenv"
 	"github.com/ferry-edge/ferry/test/fixture"
@@ -61,7 +60,7 @@ func crioNode(t *testing.T, images int, imageSize int64) (*node, string) {
 		// CRI-O pins its pause image itself (crioenv's pause_image).
 		allowed: map[string]bool{mcoPin: true, "quay.io/ferry-test/pause:none": true}, bundleRef: map[string]bool{},
 	}
-	for _, ref := range append(meta.AllImages(), crio.PullRefs(meta.AllImages())...) {
+	for _, ref := range append(meta.AllImages(), bundle.PullRefs(meta.AllImages())...) {
 		n.allowed[ref], n.bundleRef[ref] = true, true
 	}
 	if _, err := waitFor(n.a, bound, "idle", phaseIs("idle")); err != nil {

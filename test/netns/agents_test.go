@@ -292,7 +292,7 @@ func realBundle(t *testing.T, reg *fixture.Registry, version string, seed uint64
 func (an *anode) checkPinned(t *testing.T, meta *bundle.Metadata, want bool) {
 	t.Helper()
 	cl := an.CRIO.Client(t)
-	for _, ref := range crio.PullRefs(meta.AllImages()) {
+	for _, ref := range bundle.PullRefs(meta.AllImages()) {
 		present, pinned, err := cl.Status(t.Context(), ref)
 		if err != nil {
 			t.Fatalf("%s: image status %s: %v", an.Name, ref, err)

@@ -31,7 +31,6 @@ import (
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
-	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/test/crioenv"
 	"github.com/ferry-edge/ferry/test/ferryenv"
 	"github.com/ferry-edge/ferry/test/fixture"
@@ -174,7 +173,7 @@ func BenchmarkReleaseLoad(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	refs := crio.PullRefs(meta.AllImages())
+	refs := bundle.PullRefs(meta.AllImages())
 	b.Logf("bundle %s: %d images, %d references, %.2f GiB", tarPath, len(meta.AllImages()), len(refs), float64(fi.Size())/(1<<30))
 
 	hash := sha256File(b, tarPath) // also warms the page cache as the stick's read would not: both runs read from it

@@ -1,9 +1,62 @@
 package bundle
 
 import (
+	"fmt"
+	"regexp"
 	"sort"
 	"strings"
 )
+
+// Image references, in one place: how metadata.json writes them, how a
+// bundle stores their repositories, and what a node pulls and pins.
+
+var digestRefRE = regexp.MustCompile(`^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)+(?::[\w][\w.-]{0,127})?@sha256:[0-9a-f]{64}$`)
+
+// checkDigestRef accepts name@sha256:<hex> and name:tag@sha256:<hex> (a
+// custom image given by tag keeps its tag).
+func checkDigestRef(ref string) error {
+	if !digestRefRE.MatchString(ref) {
+		return fmt.Errorf("%q is not a registry/name[:tag]@sha256:<64 hex> reference", ref)
+	}
+	return nil
+}
+
+// SplitRef splits name[:tag]@sha256:hex into its name, tag ("" if none)
+// and digest.
+func SplitRef(ref string) (name, tag, digest string) {
+	name, digest, _ = strings.Cut(ref, "@")
+	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
+		name, tag = name[:i], name[i+1:]
+	}
+	return name, tag, digest
+}
+
+// PullRefs are the references to pull for a bundle's images: each by
+// digest (name@sha256:…, the tag dropped) and, for an image that kept its
+// tag, also name:tag, so that both names are on the image and pinned.
+func PullRefs(images []string) []string {
+	var out []string
+	seen := map[string]bool{}
+	add := func(r string) {
+		if !seen[r] {
+			seen[r] = true
+			out = append(out, r)
+		}
+	}
+	for _, ref := range images {
+		name, tag, digest := SplitRef(ref)
+		if digest != "" {
+			add(name + "@" + digest)
+		}
+		if tag != "" {
+			add(name + ":" + tag)
+		}
+		if digest == "" && tag == "" {
+			add(name)
+		}
+	}
+	return out
+}
 
 // RepoPath is name (registry/path, no tag or digest) without its registry
 // host: the path a bundle stores it under when no other name collides.
