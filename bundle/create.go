@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-edge/ferry/internal/atomicfile"
+	"github.com/ferry-edge/ferry/internal/diskspace"
 )
 
 // Platform choices for manifest lists (CreateOptions.Platforms).
@@ -647,17 +648,17 @@ func (c *creator) checkSpace(plans []*imagePlan, workDir string) error {
 		dir string
 		n   int64
 	}{{workDir, missing}, {c.o.OutputDir, total}} {
-		var st syscall.Statfs_t
 		var fi syscall.Stat_t
-		if syscall.Statfs(d.dir, &st) != nil || syscall.Stat(d.dir, &fi) != nil {
+		n, err := diskspace.Free(d.dir)
+		if err != nil || syscall.Stat(d.dir, &fi) != nil {
 			return nil // cannot tell: let the writes report it
 		}
 		need[fi.Dev] += d.n
-		free[fi.Dev] = int64(st.Bavail) * st.Bsize
+		free[fi.Dev] = n
 	}
 	for dev, n := range need {
 		if n+n/100 > free[dev] {
-			return fmt.Errorf("%w: the bundle needs about %s more (%s of images to fetch into %s, a %s tar in %s) and only %s is free: free space or choose other --work-dir/--output",
+			return fmt.Errorf("%w (disk full): the bundle needs about %s more (%s of images to fetch into %s, a %s tar in %s) and only %s is free: free space or choose other --work-dir/--output",
 				ErrDiskFull, HumanSize(n), HumanSize(missing), workDir, HumanSize(total), c.o.OutputDir, HumanSize(free[dev]))
 		}
 	}
@@ -678,7 +679,7 @@ func (c *creator) writeBundle(meta *Metadata, workDir string) (*CreateResult, er
 		f.Close()
 		os.Remove(partial)
 		if errors.Is(err, syscall.ENOSPC) {
-			return nil, fmt.Errorf("%w: no space left writing %s: free space in --output and run again (the copied images are kept in %s)", ErrDiskFull, partial, workDir)
+			return nil, fmt.Errorf("%w (disk full): no space left writing %s: free space in --output and run again (the copied images are kept in %s)", ErrDiskFull, partial, workDir)
 		}
 		return nil, fmt.Errorf("bundle: writing %s: %w", partial, err)
 	}

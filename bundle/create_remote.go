@@ -16,6 +16,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/ferry-edge/ferry/internal/diskspace"
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 )
@@ -27,8 +28,9 @@ var (
 	ErrUnreachable  = errors.New("registry unreachable")
 	ErrNotFound     = errors.New("image not found")
 	ErrUntrusted    = errors.New("registry certificate not trusted")
-	ErrDiskFull     = errors.New("disk full")
-	ErrRelease      = errors.New("bad release image")
+	// ErrDiskFull is ErrNoSpace: the output or work dir filled up.
+	ErrDiskFull = diskspace.ErrNoSpace
+	ErrRelease  = errors.New("bad release image")
 )
 
 // Mirror makes bundle create fetch images whose name starts with Prefix
@@ -240,7 +242,7 @@ func explain(err error, host, what string) error {
 	case errors.As(err, &uerr), errors.As(err, &herr), errors.As(err, &cerr):
 		return fmt.Errorf("%w: registry %s: %v: put its CA in --cert-dir as <dir>/%s/ca.crt, or pass --tls-verify=false", ErrUntrusted, host, err, host)
 	case errors.Is(err, syscall.ENOSPC):
-		return fmt.Errorf("%w: no space left writing %s: free space in --work-dir or --output and run again (what was copied is kept)", ErrDiskFull, what)
+		return fmt.Errorf("%w (disk full): no space left writing %s: free space in --work-dir or --output and run again (what was copied is kept)", ErrDiskFull, what)
 	case errors.As(err, &dnsErr), errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH),
 		errors.Is(err, syscall.ENETUNREACH), errors.As(err, &opErr):
 		return fmt.Errorf("%w: cannot reach registry %s for %s: %v: check the name, the network and any --mirror", ErrUnreachable, host, what, err)

@@ -1,6 +1,10 @@
 package bundle
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/ferry-edge/ferry/internal/diskspace"
+)
 
 // Refusals: a bundle is refused for one of these reasons. Each wraps into
 // the returned error with a message that says what to do; errors.Is finds
@@ -10,7 +14,7 @@ var (
 	ErrMismatch    = errors.New("sha256 mismatch")
 	ErrWrongArch   = errors.New("wrong architecture")
 	ErrNotApproved = errors.New("not approved")
-	ErrNoSpace     = errors.New("not enough space")
+	ErrNoSpace     = diskspace.ErrNoSpace
 )
 
 // IsRefusal reports whether err refuses the bundle itself (as opposed to an

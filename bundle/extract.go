@@ -14,7 +14,7 @@ import (
 	"strings"
 
 	"aead.dev/minisign"
-	"golang.org/x/sys/unix"
+	"github.com/ferry-edge/ferry/internal/diskspace"
 )
 
 // Policy is what a bundle must satisfy to be accepted (DESIGN.md §3).
@@ -371,14 +371,6 @@ func checkSpace(dir string, sizeBytes, factor int64) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return fmt.Errorf("checking free space in %s: %w", dir, err)
-	}
-	free := int64(st.Bavail) * int64(st.Bsize)
-	if need := factor * sizeBytes; free < need {
-		return fmt.Errorf("%w in %s: %s free, %s needed (%d × the bundle's %s): free some space and plug the stick again",
-			ErrNoSpace, dir, HumanSize(free), HumanSize(need), factor, HumanSize(sizeBytes))
-	}
-	return nil
+	need := factor * sizeBytes
+	return diskspace.Check(dir, need, fmt.Sprintf("%d × the bundle's %s; free some space and plug the stick again", factor, HumanSize(sizeBytes)))
 }

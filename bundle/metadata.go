@@ -10,6 +10,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/ferry-edge/ferry/internal/diskspace"
 )
 
 // FormatVersion is the newest metadata.json format this ferry understands.
@@ -122,18 +124,4 @@ func knownArch(a string) bool {
 }
 
 // HumanSize formats n bytes the way metadata's size field does ("16 GiB").
-func HumanSize(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	v := float64(n) / float64(div)
-	s := fmt.Sprintf("%.1f", v)
-	s = strings.TrimSuffix(s, ".0")
-	return s + " " + string("KMGTPE"[exp]) + "iB"
-}
+func HumanSize(n int64) string { return diskspace.Human(n) }

@@ -10,13 +10,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/diskspace"
 )
 
 var (
@@ -26,8 +26,6 @@ var (
 	// ErrNotApplied means CRI-O did not take up the new drop-ins after a
 	// reload (it keeps its old configuration when any drop-in is broken).
 	ErrNotApplied = errors.New("CRI-O did not apply the new configuration")
-	// ErrNoRoom means a filesystem lacks the space a bundle needs.
-	ErrNoRoom = errors.New("not enough free space")
 )
 
 // DefaultWorkers is the pull concurrency for this node: CRI-O's pulls of
@@ -608,17 +606,8 @@ func matchesAny(res []*regexp.Regexp, s string) bool {
 	return false
 }
 
-// CheckRoom returns ErrNoRoom when the filesystem holding dir (CRI-O's
-// image store) has fewer than need bytes available (f_bavail).
+// CheckRoom returns diskspace.ErrNoSpace when the filesystem holding dir
+// (CRI-O's storage) has less than need bytes free.
 func CheckRoom(dir string, need int64) error {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(dir, &st); err != nil {
-		return fmt.Errorf("free space of %s: %w", dir, err)
-	}
-	free := int64(st.Bavail) * int64(st.Bsize)
-	if free < need {
-		return fmt.Errorf("%w in %s: %s free, %s needed: free space there (crictl rmi --prune removes unused images) and load again",
-			ErrNoRoom, dir, bundle.HumanSize(free), bundle.HumanSize(need))
-	}
-	return nil
+	return diskspace.Check(dir, need, "free space there (crictl rmi --prune removes unused images) and load again")
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/crio/critest"
+	"github.com/ferry-edge/ferry/internal/diskspace"
 )
 
 // fakeCRIO is an in-memory CRI-O: images by name, pins applied from the
@@ -442,8 +443,8 @@ func TestCheckRoom(t *testing.T) {
 		t.Errorf("1 byte: %v", err)
 	}
 	err := crio.CheckRoom(dir, 1<<62)
-	if !errors.Is(err, crio.ErrNoRoom) {
-		t.Fatalf("got %v, want ErrNoRoom", err)
+	if !errors.Is(err, diskspace.ErrNoSpace) {
+		t.Fatalf("got %v, want diskspace.ErrNoSpace", err)
 	}
 	t.Log(err)
 }

@@ -1,0 +1,52 @@
+// Package diskspace answers "is there room?" the one way ferry asks it:
+// free bytes for an unprivileged writer (statfs f_bavail), one sentinel
+// for "no", and sizes written the way metadata.json writes them.
+package diskspace
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrNoSpace means a filesystem lacks the room something needs.
+var ErrNoSpace = errors.New("not enough space")
+
+// Free is the space available in the filesystem holding path.
+func Free(path string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return 0, fmt.Errorf("checking free space in %s: %w", path, err)
+	}
+	return int64(st.Bavail) * int64(st.Bsize), nil
+}
+
+// Check returns ErrNoSpace, saying how much is free and needed and what
+// to do (fix), when the filesystem holding path has less than need free.
+func Check(path string, need int64, fix string) error {
+	free, err := Free(path)
+	if err != nil {
+		return err
+	}
+	if free < need {
+		return fmt.Errorf("%w in %s: %s free, %s needed: %s", ErrNoSpace, path, Human(free), Human(need), fix)
+	}
+	return nil
+}
+
+// Human formats n bytes as metadata's size field does ("16 GiB").
+func Human(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	s := strings.TrimSuffix(fmt.Sprintf("%.1f", float64(n)/float64(div)), ".0")
+	return s + " " + string("KMGTPE"[exp]) + "iB"
+}
