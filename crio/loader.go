@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"regexp"
 	"runtime"
 	"slices"
@@ -56,6 +57,8 @@ type Loader struct {
 	PinWait time.Duration
 	// Poll is the interval of status polls; 0 is 50ms.
 	Poll time.Duration
+	// StorageDir is CRI-O's image store, checked by CheckRoom.
+	StorageDir string
 
 	mu        sync.Mutex
 	downSince time.Time
@@ -604,6 +607,15 @@ func matchesAny(res []*regexp.Regexp, s string) bool {
 		}
 	}
 	return false
+}
+
+// CheckRoom returns diskspace.ErrNoSpace when CRI-O's image store has
+// less than need bytes free (no store yet: nothing to check).
+func (l *Loader) CheckRoom(need int64) error {
+	if _, err := os.Stat(l.StorageDir); l.StorageDir == "" || err != nil {
+		return nil
+	}
+	return CheckRoom(l.StorageDir, need)
 }
 
 // CheckRoom returns diskspace.ErrNoSpace when the filesystem holding dir

@@ -80,8 +80,12 @@ func runAgent(ctx context.Context, args []string) error {
 		Notify:  notifier{},
 		Log:     log,
 	}
-	if deps.Loader, err = newLoader(cfg, log); err != nil {
+	loading, err := newLoading(cfg, log)
+	if err != nil {
 		return err
+	}
+	if loading != nil {
+		deps.Loader = loading
 	}
 	if deps.API, err = newClusterAPI(cfg, log); err != nil {
 		return err
@@ -100,6 +104,9 @@ func runAgent(ctx context.Context, args []string) error {
 	g, ctx := errgroup.WithContext(ctx)
 	if servePeers != nil {
 		g.Go(func() error { return servePeers(ctx, a) })
+	}
+	if loading != nil {
+		g.Go(func() error { return loading.Run(ctx) })
 	}
 	g.Go(func() error { return a.ServeStatus(ctx, cfg.Paths.Socket) })
 	g.Go(func() error { return systemd.Watchdog(ctx, a.Alive, log) })
