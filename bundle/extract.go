@@ -28,6 +28,9 @@ type Policy struct {
 	// SpaceFactor × sizeBytes must be free where the bundle is extracted;
 	// 0 means 2. Negative skips the check (verify only).
 	SpaceFactor int64
+	// ApprovedByPeer is a digest this node approved before fetching it from
+	// a peer (ApproveOffer): it is approved, and said to be so ("peer").
+	ApprovedByPeer string
 }
 
 // Options tune one verify or extract run.
@@ -293,7 +296,7 @@ func readErr(err error) error {
 
 func decideApproval(src Source, p Policy) (approval, error) {
 	var ap approval
-	for _, d := range p.ApprovedDigests {
+	for _, d := range append(slices.Clone(p.ApprovedDigests), p.ApprovedByPeer) {
 		if n := NormalizeDigest(d); n != "" {
 			ap.approved = append(ap.approved, n)
 		}
@@ -316,6 +319,8 @@ func decideApproval(src Source, p Policy) (approval, error) {
 	}
 	approvalOn := len(ap.approved) > 0 || len(p.TrustedKeys) > 0
 	switch {
+	case p.ApprovedByPeer != "" && ap.expected == p.ApprovedByPeer:
+		ap.mode = "peer"
 	case ap.expected != "" && slices.Contains(ap.approved, ap.expected):
 		ap.mode = "digest"
 	case ap.sig != nil:

@@ -26,10 +26,11 @@ func (p Policy) ApproveOffer(meta *Metadata, digest string) (string, error) {
 
 // PreApproved is the policy for extracting a bundle whose digest was
 // approved before it was fetched (ApproveOffer): that digest, and nothing
-// else, is approved; with approval off it stays off.
+// else, is approved, and the result says "peer"; with approval off it
+// stays off.
 func (p Policy) PreApproved(digest string) Policy {
 	if p.On() {
-		p.ApprovedDigests, p.TrustedKeys = []string{digest}, nil
+		p.ApprovedDigests, p.TrustedKeys, p.ApprovedByPeer = nil, nil, digest
 	}
 	return p
 }
