@@ -37,7 +37,19 @@ type Config struct {
 	Registry Registry `toml:"registry"`
 	Peer     Peer     `toml:"peer"`
 	Cluster  Cluster  `toml:"cluster"`
+	Media    Media    `toml:"media"`
 }
+
+// Media is how bundles arrive on removable media.
+type Media struct {
+	// Detect is "automatic" (udev: a plugged stick is mounted read-only or
+	// read raw) or "manual" (no mounts, no reads of plugged devices: only
+	// `ferry load`).
+	Detect string `toml:"detect"`
+}
+
+// Automatic reports whether plugged devices are watched.
+func (m Media) Automatic() bool { return m.Detect != "manual" }
 
 // Paths are every place the agent reads or writes, so that tests can run it
 // in a scratch root.
@@ -125,6 +137,7 @@ func DefaultConfig() Config {
 		},
 		Peer:    Peer{Listen: ":8090"},
 		Cluster: Cluster{Schedule: "Automatic"},
+		Media:   Media{Detect: "automatic"},
 	}
 }
 
@@ -203,6 +216,11 @@ func (c *Config) Validate() error {
 	case "Automatic", "Manual":
 	default:
 		return bad("cluster.schedule", "%q is not Automatic or Manual", c.Cluster.Schedule)
+	}
+	switch c.Media.Detect {
+	case "automatic", "manual":
+	default:
+		return bad("media.detect", "%q is not automatic or manual", c.Media.Detect)
 	}
 	return nil
 }

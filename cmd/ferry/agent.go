@@ -74,11 +74,11 @@ func runAgent(ctx context.Context, args []string) error {
 	if err := media.Sweep(); err != nil { // mounts a crashed agent left behind
 		log.Warn("cleaning the mount dir", "err", err)
 	}
-	deps := agent.Deps{
-		Devices: udevSource{udev.NewMonitor(log)},
-		Media:   udevMedia{media},
-		Notify:  notifier{},
-		Log:     log,
+	deps := agent.Deps{Notify: notifier{}, Log: log}
+	if cfg.Media.Automatic() {
+		deps.Devices, deps.Media = udevSource{udev.NewMonitor(log)}, udevMedia{media}
+	} else {
+		log.Info("media.detect is manual: plugged devices are not read; give bundles with ferry load")
 	}
 	loading, err := newLoading(cfg, log)
 	if err != nil {

@@ -300,3 +300,32 @@ func mountedUnder(t *testing.T, dir string) bool {
 	}
 	return bytes.Contains(b, []byte(" "+dir+"/"))
 }
+
+// TestAgent_ManualDetectionReadsNoPluggedDeviceOnlyFerryLoad: with
+// media.detect = "manual" a plugged stick is neither mounted nor read (the
+// agent does not even watch udev); ferry load still works.
+func TestAgent_ManualDetectionReadsNoPluggedDeviceOnlyFerryLoad(t *testing.T) {
+	udevenv.Require(t)
+	tarPath, digest := mediumBundle(t)
+	img := udevenv.Ext4Image(t, "FERRY", stickFiles(t, tarPath)...)
+	cfg := ferryenv.Config(t.TempDir())
+	cfg.Media.Detect = "manual"
+	a := ferryenv.Start(t, cfg)
+	a.WaitPhase(bound, "idle")
+	udevenv.Attach(t, img)
+	// A plugged stick is seen within 1 s in automatic mode (P4); give it 5.
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if s, err := a.Status(t.Context()); err != nil || s.Phase != "idle" {
+			t.Fatalf("manual detection reacted to a plugged stick: %+v, %v", s, err)
+		}
+		if mountedUnder(t, cfg.Paths.MountDir) {
+			t.Fatal("manual detection mounted a plugged stick")
+		}
+	}
+	if out, err := a.Ferry("load", tarPath); err != nil {
+		t.Fatalf("ferry load: %v\n%s", err, out)
+	}
+	if s := a.WaitPhase(bound, agent.PhaseExtracted); s.Digest != digest {
+		t.Fatalf("digest %s, want %s", s.Digest, digest)
+	}
+}
