@@ -151,21 +151,12 @@ func (d *Dropins) removeStaleCAs(addr string, ca []byte) {
 // Remove deletes ferry's drop-ins and the CA for addr. Pins that other
 // drop-ins hold stay: they are in those files, which CRI-O reads again.
 func (d *Dropins) Remove(addr string) (Change, error) {
-	var ch Change
-	var err error
-	if ch.Pins, err = removeIfExists(filepath.Join(d.CRIOConfDir, DropinName)); err != nil {
+	ch, err := d.RemoveMirror(addr)
+	if err != nil {
 		return ch, err
 	}
-	if ch.Mirrors, err = removeIfExists(filepath.Join(d.RegistriesConfDir, DropinName)); err != nil {
-		return ch, err
-	}
-	if addr != "" {
-		if ch.CA, err = removeIfExists(filepath.Join(d.CertsDir, addr, "ca.crt")); err != nil {
-			return ch, err
-		}
-		os.Remove(filepath.Join(d.CertsDir, addr)) // only if empty
-	}
-	return ch, nil
+	ch.Pins, err = removeIfExists(filepath.Join(d.CRIOConfDir, DropinName))
+	return ch, err
 }
 
 // PinnedBy returns the pins ferry's crio.conf.d drop-in holds now (nil

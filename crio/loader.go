@@ -175,8 +175,13 @@ func (l *Loader) Unload(ctx context.Context, req Request) error {
 	if err != nil {
 		return err
 	}
-	log := l.log().With("bundle_dir", req.Label)
-	log.Info("CRI-O drop-ins removed", "change", ch.String())
+	l.log().Info("CRI-O drop-ins removed", "bundle_dir", req.Label, "change", ch.String())
+	return l.applyUnpin(ctx, ch, req, "bundle images unpinned")
+}
+
+// applyUnpin reloads CRI-O after a change that unpins req.Images and
+// waits until they are unpinned (except those still pinned elsewhere).
+func (l *Loader) applyUnpin(ctx context.Context, ch Change, req Request, done string) error {
 	refs := bundle.PullRefs(req.Images)
 	if !ch.NeedsReload() || len(refs) == 0 {
 		return nil
@@ -187,7 +192,7 @@ func (l *Loader) Unload(ctx context.Context, req Request) error {
 	if err := l.waitUnpinned(ctx, refs, req.Keep); err != nil {
 		return err
 	}
-	log.Info("bundle images unpinned", "images", len(refs))
+	l.log().Info(done, "bundle_dir", req.Label, "images", len(refs))
 	return nil
 }
 

@@ -95,18 +95,7 @@ func (l *Loader) Unpin(ctx context.Context, req Request) error {
 	if err != nil {
 		return err
 	}
-	refs := bundle.PullRefs(req.Images)
-	if !ch.NeedsReload() || len(refs) == 0 {
-		return nil
-	}
-	if err := l.reload(ctx, refs[0]); err != nil {
-		return err
-	}
-	if err := l.waitUnpinned(ctx, refs, req.Keep); err != nil {
-		return err
-	}
-	l.log().Info("the previous bundle's images unpinned", "bundle_dir", req.Label, "images", len(refs))
-	return nil
+	return l.applyUnpin(ctx, ch, req, "the previous bundle's images unpinned")
 }
 
 // stillPinned is what ferry's own drop-in still pins (after Unpin).

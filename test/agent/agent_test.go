@@ -29,11 +29,13 @@ func TestMain(m *testing.M) { os.Exit(udevenv.Main(m)) }
 // hanging; not a speed requirement.
 const bound = 2 * time.Minute
 
-// notifySocket is a real unixgram socket standing in for systemd's.
+// notifySocket is a real unixgram socket standing in for systemd's; it
+// keeps every message and the time it came.
 type notifySocket struct {
 	path string
 	mu   sync.Mutex
 	msgs []string
+	at   []time.Time
 }
 
 func newNotifySocket(t *testing.T) *notifySocket {
@@ -52,6 +54,7 @@ func newNotifySocket(t *testing.T) *notifySocket {
 			}
 			n.mu.Lock()
 			n.msgs = append(n.msgs, string(buf[:k]))
+			n.at = append(n.at, time.Now())
 			n.mu.Unlock()
 		}
 	}()

@@ -2,12 +2,10 @@ package agenttest
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,46 +16,14 @@ import (
 	"github.com/ferry-edge/ferry/test/udevenv"
 )
 
-// watchdogSocket is a real notify socket that keeps the time of each
-// WATCHDOG=1 ping.
-type watchdogSocket struct {
-	path  string
-	mu    sync.Mutex
-	pings []time.Time
-}
-
-func newWatchdogSocket(t *testing.T) *watchdogSocket {
-	p := filepath.Join(t.TempDir(), "notify.sock")
-	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: p, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &watchdogSocket{path: p}
-	go func() {
-		buf := make([]byte, 4096)
-		for {
-			k, err := c.Read(buf)
-			if err != nil {
-				return
-			}
-			if strings.Contains(string(buf[:k]), "WATCHDOG=1") {
-				w.mu.Lock()
-				w.pings = append(w.pings, time.Now())
-				w.mu.Unlock()
-			}
-		}
-	}()
-	t.Cleanup(func() { c.Close() })
-	return w
-}
-
-// longestGap is the longest time without a ping between from and to.
-func (w *watchdogSocket) longestGap(from, to time.Time) time.Duration {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+// longestGap is the longest time without a WATCHDOG=1 ping between from
+// and to.
+func (n *notifySocket) longestGap(from, to time.Time) time.Duration {
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	last, gap := from, time.Duration(0)
-	for _, p := range w.pings {
-		if p.Before(from) || p.After(to) {
+	for i, p := range n.at {
+		if p.Before(from) || p.After(to) || !strings.Contains(n.msgs[i], "WATCHDOG=1") {
 			continue
 		}
 		gap = max(gap, p.Sub(last))
@@ -114,7 +80,7 @@ func TestAgent_RawStickOfTheHeldBundleNeverStallsTheWatchdog(t *testing.T) {
 	const watchdog = 20 * time.Second // pings every 10 s
 
 	cfg := ferryenv.Config(t.TempDir())
-	notify := newWatchdogSocket(t)
+	notify := newNotifySocket(t)
 	a := ferryenv.Start(t, cfg, "NOTIFY_SOCKET="+notify.path,
 		fmt.Sprintf("WATCHDOG_USEC=%d", watchdog.Microseconds()))
 	a.WaitPhase(bound, "idle")

@@ -59,13 +59,7 @@ func upgradeOnce(t *testing.T, e *kubeenv.Env, a *ferryenv.Agent, tarPath string
 		t.Fatalf("ferry load: %v\n%s", err, out)
 	}
 	a.WaitPhase(bound, agent.PhaseClusterReady)
-	deadline := time.Now().Add(bound)
-	for du := e.DesiredUpdate(); du == nil || du["image"] != meta.Release; du = e.DesiredUpdate() {
-		if time.Now().After(deadline) {
-			t.Fatalf("desiredUpdate is %v, want %s\n%s", du, meta.Release, a.Logs())
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	waitDesired(t, e, meta.Release)
 	if du := e.DesiredUpdate(); du["force"] != false || du["version"] != meta.Version {
 		t.Fatalf("desiredUpdate %v", du)
 	}
@@ -97,17 +91,7 @@ func upgradeOnce(t *testing.T, e *kubeenv.Env, a *ferryenv.Agent, tarPath string
 
 func waitAnnotated(t *testing.T, e *kubeenv.Env, phase string) {
 	t.Helper()
-	deadline := time.Now().Add(bound)
-	for {
-		ann := e.Annotations("node-a")
-		if ann["ferry.io/phase"] == phase {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node-a never annotated %s: %v", phase, ann)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitUntil(t, "node-a annotated "+phase, func() bool { return e.Annotations("node-a")["ferry.io/phase"] == phase })
 }
 
 // TestHost_TheUpgradeLoopThroughARealAPI: one node, real CRI-O, a real
@@ -230,13 +214,7 @@ func TestHost_ManualProceedAFailedHookAnOutageAndARefusal(t *testing.T) {
 	if out, err := a.Ferry("proceed"); err != nil {
 		t.Fatalf("ferry proceed: %v\n%s", err, out)
 	}
-	deadline := time.Now().Add(bound)
-	for du := e.DesiredUpdate(); du == nil || du["image"] != meta.Release; du = e.DesiredUpdate() {
-		if time.Now().After(deadline) {
-			t.Fatalf("desiredUpdate %v after ferry proceed", du)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	waitDesired(t, e, meta.Release)
 	hookState := func() (ran, failed bool) {
 		s, err := a.Status(context.Background())
 		if err != nil {
@@ -269,13 +247,18 @@ func TestHost_ManualProceedAFailedHookAnOutageAndARefusal(t *testing.T) {
 	if s.Healthy || !strings.Contains(s.Line, "cannot be verified") {
 		t.Errorf("status %+v", s)
 	}
-	deadline = time.Now().Add(bound)
-	for !strings.Contains(e.Annotations("node-a")["ferry.io/reason"], "cannot be verified") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the refusal is not on the Node: %v", e.Annotations("node-a"))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	waitUntil(t, "the refusal on the Node", func() bool {
+		return strings.Contains(e.Annotations("node-a")["ferry.io/reason"], "cannot be verified")
+	})
+}
+
+// waitDesired waits until ClusterVersion's desiredUpdate names release.
+func waitDesired(t *testing.T, e *kubeenv.Env, release string) {
+	t.Helper()
+	waitUntil(t, "desiredUpdate to name "+release, func() bool {
+		du := e.DesiredUpdate()
+		return du != nil && du["image"] == release
+	})
 }
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
