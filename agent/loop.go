@@ -36,20 +36,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return errors.New("watching devices: " + err.Error())
 		}
 	}
-	views := make(chan view)
-	if a.deps.Peers != nil {
-		a.bg.Add(1)
-		go func() { defer a.bg.Done(); a.pollPeers(jctx, 2*time.Second, views) }()
-	}
-	if a.deps.API != nil {
-		a.bg.Add(2)
-		go func() { defer a.bg.Done(); a.annotate(jctx, 5*time.Second) }()
-		go func() { defer a.bg.Done(); a.followUpgrade(jctx) }()
-		if a.deps.Peers != nil && len(a.cfg.Peer.Peers) == 0 {
-			a.bg.Add(1)
-			go func() { defer a.bg.Done(); a.findPeers(jctx, 30*time.Second) }()
-		}
-	}
+	views := a.watchers(jctx)
 	a.deps.Notify.Ready()
 	a.announce()
 	tick := time.NewTicker(5 * time.Second)
@@ -82,6 +69,28 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		a.turn(jctx, ev)
 	}
+}
+
+// watchers starts what watches the outside for the loop: the peers' view
+// (sent on the returned channel), and with an API the Node's annotations,
+// the cluster's upgrade and, when the config names none, the peer list.
+func (a *Agent) watchers(ctx context.Context) <-chan view {
+	views := make(chan view)
+	goBG := func(f func()) {
+		a.bg.Add(1)
+		go func() { defer a.bg.Done(); f() }()
+	}
+	if a.deps.Peers != nil {
+		goBG(func() { a.pollPeers(ctx, 2*time.Second, views) })
+	}
+	if a.deps.API != nil {
+		goBG(func() { a.annotate(ctx, 5*time.Second) })
+		goBG(func() { a.followUpgrade(ctx) })
+		if a.deps.Peers != nil && len(a.cfg.Peer.Peers) == 0 {
+			goBG(func() { a.findPeers(ctx, 30*time.Second) })
+		}
+	}
+	return views
 }
 
 // turn is one step: the state changes, the snapshot is published, then

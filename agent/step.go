@@ -240,27 +240,13 @@ func (m *machine) offer(o evOffer) []effect {
 		return effs
 	}
 	log = log.With("bundle", o.src.Name())
-	if act := m.active; act != nil {
-		same := !o.differs && (o.digest != "" && o.digest == act.Digest ||
-			o.digest == "" && act.Digest == "" && act.Name == o.src.Name())
-		switch {
-		case same && act.Phase == PhaseDetected && m.job == nil:
-			log.Info("resuming the copy of this bundle")
-		case same:
-			log.Info("this bundle is already here; nothing to do", "phase", string(act.Phase))
-			m.notice = fmt.Sprintf("%s on %s is the bundle already held (%s)", o.src.Name(), orFile(o.device), ShortDigest(act.Digest))
-			reply(nil)
-			return effs
-		default:
-			reason := fmt.Sprintf("%s differs from the bundle this node already holds (%s, %s): remove this stick; run 'ferry cleanup' first to replace the bundle",
-				o.src.Name(), act.Name, act.Phase)
-			log.Warn("conflict: a second, different bundle", "reason", reason)
-			r := m.newRecord(o, o.meta)
-			effs = append(effs, m.move(r, PhaseConflict, reason, Progress{})...)
-			m.lastBad = r
-			reply(nil)
-			return effs
-		}
+	if act := m.active; act != nil && !(m.sameBundle(o, act) && act.Phase == PhaseDetected && m.job == nil) {
+		effs = append(effs, m.offerWhileHeld(o, act, log)...)
+		reply(nil)
+		return effs
+	}
+	if m.active != nil {
+		log.Info("resuming the copy of this bundle")
 	}
 	if m.job != nil {
 		reply(fmt.Errorf("busy (%s); try again when it is done", m.job.kind))
@@ -284,6 +270,29 @@ func (m *machine) offer(o evOffer) []effect {
 	keep = o.medium != nil
 	reply(nil)
 	return effs
+}
+
+// sameBundle reports whether an offer is the bundle act holds: the same
+// digest, or for sources that tell none, the same name.
+func (m *machine) sameBundle(o evOffer, act *Record) bool {
+	return !o.differs && (o.digest != "" && o.digest == act.Digest ||
+		o.digest == "" && act.Digest == "" && act.Name == o.src.Name())
+}
+
+// offerWhileHeld answers a bundle offered while another holds the node: the
+// same one is noted, a different one is a conflict record.
+func (m *machine) offerWhileHeld(o evOffer, act *Record, log *slog.Logger) []effect {
+	if m.sameBundle(o, act) {
+		log.Info("this bundle is already here; nothing to do", "phase", string(act.Phase))
+		m.notice = fmt.Sprintf("%s on %s is the bundle already held (%s)", o.src.Name(), orFile(o.device), ShortDigest(act.Digest))
+		return nil
+	}
+	reason := fmt.Sprintf("%s differs from the bundle this node already holds (%s, %s): remove this stick; run 'ferry cleanup' first to replace the bundle",
+		o.src.Name(), act.Name, act.Phase)
+	log.Warn("conflict: a second, different bundle", "reason", reason)
+	r := m.newRecord(o, o.meta)
+	m.lastBad = r
+	return m.move(r, PhaseConflict, reason, Progress{})
 }
 
 func orFile(device string) string {
