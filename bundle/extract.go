@@ -183,6 +183,14 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	if src.Raw {
 		total = meta.SizeBytes
 	}
+	if meta.Shape == ShapeSeed {
+		if meta.SizeBytes == 0 {
+			meta.SizeBytes = total // the tar's own length serves the space checks
+		}
+		if len(meta.Duplicates) > 0 {
+			log.Warn("metadata.json lists images more than once; each is counted once", "bundle", name, "images", strings.Join(meta.Duplicates, " "))
+		}
+	}
 	if opts.Arch != "" && meta.Arch != opts.Arch {
 		return nil, refuse(fmt.Errorf("%w: the bundle is for %s, this node is %s: bring the %s bundle of version %s",
 			ErrWrongArch, meta.Arch, opts.Arch, opts.Arch, meta.Version))

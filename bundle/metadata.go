@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -45,7 +47,20 @@ type Metadata struct {
 	// ReleaseSignatures are the release image's signatures, each one
 	// signature file as a signature store serves it (base64 in JSON).
 	ReleaseSignatures [][]byte `json:"releaseSignatures,omitempty"`
+
+	// Shape is how the metadata was written: ShapeFerry, or ShapeSeed (no
+	// formatVersion: the seed's example and upgrade-tool), read leniently.
+	Shape string `json:"-"`
+	// Duplicates are images a seed-shaped metadata listed more than once
+	// (counted once).
+	Duplicates []string `json:"-"`
 }
+
+// Metadata shapes.
+const (
+	ShapeFerry = "ferry"
+	ShapeSeed  = "seed (upgrade-tool)"
+)
 
 // Arches are the architectures ferry knows, by `uname -m` name.
 var Arches = []string{"x86_64", "aarch64", "ppc64le", "s390x"}
@@ -71,10 +86,54 @@ func ParseMetadata(b []byte) (*Metadata, error) {
 	if err := dec.Decode(&m); err != nil {
 		return nil, fmt.Errorf("%w: metadata.json is not valid JSON: %v", ErrInvalid, err)
 	}
+	if m.FormatVersion == 0 {
+		m.readSeedShape()
+	} else {
+		m.Shape = ShapeFerry
+	}
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
 	return &m, nil
+}
+
+// readSeedShape fills what the seed's metadata leaves out: sizeBytes from
+// the human size ("16 GiB"; 0 when absent: the tar's length then serves
+// the space checks), and each image listed once.
+func (m *Metadata) readSeedShape() {
+	m.Shape = ShapeSeed
+	if m.SizeBytes == 0 {
+		m.SizeBytes = parseHumanSize(m.Size)
+	}
+	seen := map[string]bool{m.Release: true}
+	images := m.Images[:0]
+	for _, ref := range m.Images {
+		if seen[ref] {
+			m.Duplicates = append(m.Duplicates, ref)
+			continue
+		}
+		seen[ref] = true
+		images = append(images, ref)
+	}
+	m.Images = images
+}
+
+// parseHumanSize reads "16 GiB", "3.9GB", "512 MiB", "1024" as bytes; 0
+// when it cannot.
+func parseHumanSize(s string) int64 {
+	s = strings.TrimSpace(s)
+	i := strings.IndexFunc(s, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+	num, unit := s, ""
+	if i >= 0 {
+		num, unit = s[:i], strings.ToUpper(strings.TrimSpace(s[i:]))
+	}
+	v, err := strconv.ParseFloat(num, 64)
+	if err != nil || v < 0 {
+		return 0
+	}
+	mult := map[string]float64{"": 1, "B": 1, "K": 1 << 10, "KB": 1e3, "KIB": 1 << 10, "M": 1 << 20, "MB": 1e6, "MIB": 1 << 20,
+		"G": 1 << 30, "GB": 1e9, "GIB": 1 << 30, "T": 1 << 40, "TB": 1e12, "TIB": 1 << 40}[unit]
+	return int64(math.Round(v * mult))
 }
 
 // Validate checks every required field.
@@ -82,8 +141,9 @@ func (m *Metadata) Validate() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: metadata.json: %s", ErrInvalid, fmt.Sprintf(format, a...))
 	}
+	seed := m.Shape == ShapeSeed
 	switch {
-	case m.FormatVersion < 1:
+	case m.FormatVersion < 1 && !seed:
 		return bad("formatVersion missing")
 	case m.FormatVersion > FormatVersion:
 		return bad("formatVersion %d is newer than this ferry understands (%d): update ferry", m.FormatVersion, FormatVersion)
@@ -91,9 +151,9 @@ func (m *Metadata) Validate() error {
 		return bad("version %q missing or malformed", m.Version)
 	case !knownArch(m.Arch):
 		return bad("arch %q is not one of %s", m.Arch, strings.Join(Arches, ", "))
-	case m.SizeBytes <= 0:
+	case m.SizeBytes <= 0 && !seed:
 		return bad("sizeBytes missing")
-	case m.Size == "":
+	case m.Size == "" && !seed:
 		return bad("size missing")
 	case m.Release == "":
 		return bad("release missing")

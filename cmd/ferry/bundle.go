@@ -74,6 +74,10 @@ func runBundleInspect(_ context.Context, args []string) error {
 	}
 	fmt.Printf("bundle:   %s\nversion:  %s\narch:     %s\nsize:     %s (%d bytes)\nrelease:  %s\nimages:   %d (+ release)\ncreated:  %s\n",
 		m.Name(), m.Version, m.Arch, m.Size, m.SizeBytes, m.Release, len(m.Images), m.Created.Format(time.RFC3339))
+	fmt.Printf("shape:    %s\n", m.Shape)
+	if len(m.Duplicates) > 0 {
+		fmt.Printf("warning:  images listed more than once (counted once): %s\n", strings.Join(m.Duplicates, ", "))
+	}
 	if n := len(m.ReleaseSignatures); n > 0 {
 		fmt.Printf("release signatures: %d\n", n)
 	} else {
