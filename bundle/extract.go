@@ -254,10 +254,7 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	if got := hr.consumed - align512(lastEnd); got != 1024 {
 		return nil, refuse(fmt.Errorf("%w: truncated: the end-of-archive marker is incomplete: the copy stopped early; copy the bundle again", ErrInvalid))
 	}
-	if opts.Index != nil {
-		opts.Index.add(slices.Clone(rec), "", 0)
-	}
-	if !src.Raw {
+	if !src.Raw && meta.Shape != ShapeSeed {
 		more, err := hr.trailing()
 		if err != nil {
 			return nil, refuse(readErr(err))
@@ -265,6 +262,28 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 		if more {
 			return nil, refuse(fmt.Errorf("%w: bytes follow the end-of-archive marker: the file was altered or badly copied; copy the bundle again", ErrInvalid))
 		}
+	}
+	if !src.Raw && meta.Shape == ShapeSeed {
+		// A seed-shaped bundle made with GNU tar: its record padding
+		// (zeros) is part of the file and of its sha256sum, so it is
+		// consumed, and digest, pieces and index include it.
+		if opts.Index != nil {
+			hr.rec = &rec
+		}
+		pad, ok, err := hr.consumeZeroPadding()
+		hr.rec = nil
+		if err != nil {
+			return nil, refuse(readErr(err))
+		}
+		if !ok {
+			return nil, refuse(fmt.Errorf("%w: bytes follow the end-of-archive marker: the file was altered or badly copied; copy the bundle again", ErrInvalid))
+		}
+		if pad > 0 {
+			log.Info("zero record padding after the end-of-archive marker (GNU tar) is part of the bundle", "bundle", name, "bytes", pad)
+		}
+	}
+	if opts.Index != nil {
+		opts.Index.add(slices.Clone(rec), "", 0)
 	}
 	digest := hr.finish()
 	if err := ap.check(digest, hr); err != nil {

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -79,5 +80,61 @@ func TestExtract_SeedShapedBundle(t *testing.T) {
 	}
 	if res.Metadata.Shape != bundle.ShapeSeed || res.Metadata.SizeBytes != int64(b.Len()) {
 		t.Fatalf("metadata %+v", res.Metadata)
+	}
+}
+
+// A seed-shaped tar made by GNU tar ends with zero record padding, which
+// sha256sum covers: accepted, the digest is the file's; anything but zeros
+// after the end marker is still refused.
+func TestExtract_SeedShapedGNUPadding(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		tail   []byte
+		wantOK bool
+	}{
+		{"zeros to the 10 KiB record", nil, true},
+		{"a non-zero byte in the padding", []byte{0, 0, 1}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			var b bytes.Buffer
+			tw := tar.NewWriter(&b)
+			for _, e := range [][2]string{{"metadata.json", seedMetadata}, {"docker/registry/v2/blobs/sha256/aa/aabb/data", "layer"}} {
+				tw.WriteHeader(&tar.Header{Name: e[0], Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(e[1]))})
+				tw.Write([]byte(e[1]))
+			}
+			tw.Close()
+			data := append(b.Bytes(), make([]byte, 10240-b.Len()%10240)...)
+			if tc.tail != nil {
+				copy(data[len(data)-len(tc.tail):], tc.tail)
+			}
+			tarPath := filepath.Join(dir, "upgrade-4.13.7-x86_64.tar")
+			os.WriteFile(tarPath, data, 0o644)
+			sum := sha256.Sum256(data)
+			os.WriteFile(filepath.Join(dir, "upgrade-4.13.7-x86_64.sha256"), []byte(hex.EncodeToString(sum[:])+"  upgrade-4.13.7-x86_64.tar\n"), 0o644)
+			src, _ := bundle.FindSource(tarPath, "")
+			var ix bundle.Index
+			res, err := bundle.Extract(t.Context(), src, filepath.Join(dir, "out"), bundle.Options{Index: &ix})
+			if !tc.wantOK {
+				if !errors.Is(err, bundle.ErrInvalid) || !strings.Contains(err.Error(), "follow the end") {
+					t.Fatalf("got %v", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Digest != "sha256:"+hex.EncodeToString(sum[:]) || res.TarSize != int64(len(data)) || ix.Size != int64(len(data)) {
+				t.Fatalf("digest %s size %d index %d; want the whole file's", res.Digest, res.TarSize, ix.Size)
+			}
+			// The tar served to peers, regenerated from the tree, is the file.
+			got := make([]byte, len(data))
+			if _, err := ix.ReaderAt(filepath.Join(dir, "out")).ReadAt(got, 0); err != nil && !errors.Is(err, io.EOF) {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, data) {
+				t.Fatal("the regenerated tar differs from the file")
+			}
+		})
 	}
 }

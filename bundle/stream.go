@@ -144,6 +144,35 @@ func (r *hashingReader) fill() error {
 	return nil
 }
 
+// maxPadding bounds the zeros accepted after the end-of-archive marker
+// (GNU tar pads to its record size, 10 KiB by default).
+const maxPadding = 1 << 20
+
+// consumeZeroPadding consumes (so hashes, tees and records) what follows
+// the end-of-archive marker, which may only be zeros, at most maxPadding
+// of them. ok is false when anything else follows.
+func (r *hashingReader) consumeZeroPadding() (n int64, ok bool, err error) {
+	buf := make([]byte, 32<<10)
+	for {
+		k, err := r.Read(buf)
+		for _, b := range buf[:k] {
+			if b != 0 {
+				return n, false, nil
+			}
+		}
+		n += int64(k)
+		if n > maxPadding {
+			return n, false, nil
+		}
+		if err == io.EOF {
+			return n, true, nil
+		}
+		if err != nil {
+			return n, false, err
+		}
+	}
+}
+
 // trailing reports whether src holds any byte after what was consumed.
 func (r *hashingReader) trailing() (bool, error) {
 	if r.pos < len(r.cur) {
