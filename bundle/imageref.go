@@ -138,3 +138,13 @@ func hostPath(name string) string {
 func looksLikeHost(s string) bool {
 	return strings.ContainsAny(s, ".:") || s == "localhost"
 }
+
+// ReleaseRepo is where OpenShift's release images are published.
+const ReleaseRepo = "quay.io/openshift-release-dev/ocp-release"
+
+// ReleaseImage is the release image of version and arch, by the tag the
+// release repository gives it (4.13.7-x86_64); bundle create resolves it
+// to its digest, as the seed's `oc adm upgrade create bundle` does.
+func ReleaseImage(version, arch string) string {
+	return ReleaseRepo + ":" + version + "-" + arch
+}

@@ -17,7 +17,7 @@ func init() {
 
 var (
 	createFlags      = newFlagSet("bundle create", "")
-	createRelease    = createFlags.String("release", "", "release image (e.g. quay.io/openshift-release-dev/ocp-release:4.13.7-x86_64 or …@sha256:…)")
+	createRelease    = createFlags.String("release", "", "release image (e.g. quay.io/openshift-release-dev/ocp-release:4.13.7-x86_64 or …@sha256:…); default: that of --version and --arch")
 	createVersion    = createFlags.String("version", "", "bundle version (default: the release image's release-metadata)")
 	createArch       = createFlags.String("arch", "", "x86_64, aarch64, ppc64le or s390x (default: the release image's architecture)")
 	createExtraFile  = createFlags.String("extra-images-file", "", "file of extra images, one a line (# comments, blank lines ignored)")
@@ -60,7 +60,10 @@ func runBundleCreate(ctx context.Context, args []string) error {
 		return usageError("unexpected argument %q", createFlags.Arg(0))
 	}
 	if *createRelease == "" {
-		return usageError("--release is required")
+		if *createVersion == "" || *createArch == "" {
+			return usageError("--release, or --version and --arch, is required")
+		}
+		*createRelease = bundle.ReleaseImage(*createVersion, *createArch)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	o := bundle.CreateOptions{

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/test/fixture"
 )
 
@@ -51,7 +52,7 @@ func TestCreateCLI_ExitCodesAndMessages(t *testing.T) {
 		code int
 		says string
 	}{
-		{"no release", nil, 2, "--release is required"},
+		{"no release", nil, 2, "--release, or --version and --arch, is required"},
 		{"bad mirror", []string{"--release", release, "--mirror", "quay.io"}, 2, "PREFIX=LOCATION"},
 		{"unknown arch", []string{"--release", release, "--arch", "riscv64"}, 2, "riscv64"},
 		{"missing pull secret", []string{"--release", release, "--pull-secret", "/nonexistent"}, 2, "--pull-secret"},
@@ -125,5 +126,28 @@ func TestCreateCLI_ReleaseSignaturesGoIntoTheBundleAndInspectCountsThem(t *testi
 	b, _ = exec.Command(ferryBin, "bundle", "inspect", filepath.Join(out2, "upgrade-4.13.7-x86_64.tar")).Output()
 	if !strings.Contains(string(b), "release signatures: none") {
 		t.Fatalf("inspect:\n%s", b)
+	}
+}
+
+// bundle create --version --arch without --release does what the seed's
+// `oc adm upgrade create bundle` does: the release image of that version
+// and arch, resolved (here through --mirror) and recorded by digest.
+func TestCreateCLI_VersionAndArchNameTheRelease(t *testing.T) {
+	dir := t.TempDir()
+	reg := fixture.NewRegistry(t)
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{Version: "4.13.7", Arch: "x86_64", PayloadImages: 2})
+	out := filepath.Join(dir, "out")
+	code, stderr := ferry(t, dir, "bundle", "create", "--quiet", "--version", "4.13.7", "--arch", "x86_64",
+		"--mirror", reg.Mirror(), "--cert-dir", reg.CertsDir, "--output", out, "--signature-store", "")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, stderr)
+	}
+	m, err := bundle.InspectFile(filepath.Join(out, "upgrade-4.13.7-x86_64.tar"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest := release[strings.Index(release, "@"):]
+	if !strings.HasPrefix(m.Release, bundle.ReleaseRepo) || !strings.HasSuffix(m.Release, digest) {
+		t.Fatalf("release %s, want %s…%s", m.Release, bundle.ReleaseRepo, digest)
 	}
 }
