@@ -374,11 +374,19 @@ feed:
 		return pulled, unfatal(cause)
 	}
 	if len(failed) > 0 {
-		names := make([]string, 0, len(failed))
-		for r := range failed {
+		var names, broken []string
+		for r, err := range failed {
 			names = append(names, r)
+			if cannotHeal(err) {
+				broken = append(broken, r)
+			}
 		}
 		slices.Sort(names)
+		slices.Sort(broken)
+		if len(broken) > 0 {
+			return pulled, PermanentError{fmt.Errorf("%w: %d of %d images cannot be pulled from the bundle, and retrying cannot fix it: %s (first error: %v): the bundle is incomplete or damaged; make it again",
+				ErrNotLoaded, len(broken), total, strings.Join(broken, ", "), failed[broken[0]])}
+		}
 		return pulled, fmt.Errorf("%w: %d of %d images could not be pulled through the embedded registry: %s (first error: %v)",
 			ErrNotLoaded, len(failed), total, strings.Join(names, ", "), failed[names[0]])
 	}
@@ -479,8 +487,36 @@ func retryable(err error) bool {
 	case codes.InvalidArgument, codes.Unimplemented, codes.PermissionDenied, codes.Unauthenticated:
 		return false
 	}
-	return true
+	return !cannotHeal(err)
 }
+
+// healless are what CRI-O says when the registry lacks what the bundle
+// names, or serves bytes that are not it: retrying pulls the same.
+var healless = []string{"manifest unknown", "blob unknown", "name unknown", "unauthorized", "denied",
+	"digest did not match", "does not match", "digest mismatch", "invalid checksum"}
+
+// cannotHeal says whether a pull error is one retrying cannot fix.
+func cannotHeal(err error) bool {
+	switch status.Code(err) {
+	case codes.PermissionDenied, codes.Unauthenticated:
+		return true
+	}
+	msg := strings.ToLower(err.Error())
+	for _, h := range healless {
+		if strings.Contains(msg, h) {
+			return true
+		}
+	}
+	return false
+}
+
+// PermanentError is a load that retrying cannot complete: the bundle lacks
+// images, or holds bytes that are not them. Permanent reports true, so the
+// agent ends the bundle in failed instead of retrying.
+type PermanentError struct{ error }
+
+func (PermanentError) Permanent() bool { return true }
+func (e PermanentError) Unwrap() error { return e.error }
 
 // waitCRIO is called when CRI-O did not answer: it waits a little, or
 // returns an error once CRI-O has been unreachable longer than CRIOWait.

@@ -259,7 +259,7 @@ func TestLoad_FailsNamingImagesThatNeverPull(t *testing.T) {
 	bad := []string{bundle.PullRefs(images)[1], bundle.PullRefs(images)[3]}
 	for _, r := range bad {
 		for range 10 {
-			f.failPulls[r] = append(f.failPulls[r], status.Error(codes.Unknown, "manifest unknown"))
+			f.failPulls[r] = append(f.failPulls[r], status.Error(codes.Unknown, "pinging container registry 127.0.0.1:5443: connection refused"))
 		}
 	}
 	_, err := l.Load(t.Context(), request(t, images))
@@ -510,4 +510,37 @@ func TestFakeCRIO_ConformsToTheImageServiceSuite(t *testing.T) {
 			f.mu.Unlock()
 		},
 	})
+}
+
+func TestLoad_APullThatCannotHealIsPermanentAndNamesTheImages(t *testing.T) {
+	l, f, _ := newLoader(t)
+	images := manyImages(5)
+	broken := images[2]
+	f.failPulls[broken] = []error{
+		status.Error(codes.NotFound, "initializing source docker://"+broken+": reading manifest in 127.0.0.1:5443/x: manifest unknown"),
+		status.Error(codes.NotFound, "manifest unknown"), status.Error(codes.NotFound, "manifest unknown"), status.Error(codes.NotFound, "manifest unknown"),
+	}
+	_, err := l.Load(t.Context(), request(t, images))
+	var p interface{ Permanent() bool }
+	if !errors.As(err, &p) || !p.Permanent() || !strings.Contains(err.Error(), broken) || !errors.Is(err, crio.ErrNotLoaded) {
+		t.Fatalf("got %v, want a permanent error naming %s", err, broken)
+	}
+	f.mu.Lock()
+	tries := f.pulls[broken]
+	f.mu.Unlock()
+	if tries != 1 {
+		t.Errorf("a manifest the bundle lacks was pulled %d times, want once", tries)
+	}
+}
+
+func TestLoad_ATransientPullFailureIsNotPermanent(t *testing.T) {
+	l, f, _ := newLoader(t)
+	l.Attempts = 2
+	images := manyImages(3)
+	f.failPulls[images[1]] = []error{errors.New("connection reset by peer"), errors.New("connection reset by peer")}
+	_, err := l.Load(t.Context(), request(t, images))
+	var p interface{ Permanent() bool }
+	if err == nil || errors.As(err, &p) {
+		t.Fatalf("got %v, want a failure that may heal", err)
+	}
 }
