@@ -173,6 +173,7 @@ func (f *fakePeers) offer(t *testing.T, addr, tarPath, digest string) {
 func clusterHarness(t *testing.T) (*harness, *fakePeers) {
 	h := newHarness(t, t.TempDir())
 	h.cfg.Peer.Peers = []string{"10.0.0.2:8090"}
+	h.cfg.Peer.Open = true // no token file in these tests
 	p := newFakePeers()
 	h.peers = p
 	return h, p
@@ -435,4 +436,14 @@ func hookFinished(s Status) bool {
 		}
 	}
 	return false
+}
+
+func TestCluster_PeersWithoutATokenAreAConfigMistakeShownInStatus(t *testing.T) {
+	h, _ := clusterHarness(t)
+	h.cfg.Peer.Open = false
+	h.start()
+	h.waitFor("the missing token in the status", func() bool {
+		s := h.agent.Status()
+		return !s.Healthy && strings.Contains(s.Error, "no peer.token_file") && strings.Contains(s.Line, "token_file")
+	})
 }

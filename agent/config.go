@@ -95,7 +95,14 @@ type Peer struct {
 	Peers []string `toml:"peers"`
 	// TokenFile holds a bearer token shared by the cluster's nodes.
 	TokenFile string `toml:"token_file"`
+	// Open serves bundles to anyone who can reach Listen when there is no
+	// token; without it (the default) a node with no token serves nothing.
+	Open bool `toml:"open"`
 }
+
+// Closed reports whether the peer server refuses everyone (no token, not
+// open).
+func (p Peer) Closed() bool { return p.TokenFile == "" && !p.Open }
 
 // Cluster is the gate that lets the cluster upgrade proceed.
 type Cluster struct {

@@ -86,6 +86,10 @@ func (m *machine) status() Status {
 	if strings.HasPrefix(s.Reason, "conflict") || strings.HasPrefix(s.Reason, "the cluster refuses") || s.Phase == string(PhaseFailed) {
 		s.Healthy = false
 	}
+	if s.Error == "" && len(m.peers) > 0 && m.cfg.Peer.Closed() {
+		s.Error = "peers are configured but there is no peer.token_file: this node serves no bundle to them and they refuse it; set the same token_file on every node (or peer.open = true on a closed network)"
+		s.Healthy = false
+	}
 	if s.Error == "" {
 		// A peer that refuses our token is a config mistake to show here;
 		// an unreachable one may just be down.

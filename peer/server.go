@@ -37,6 +37,10 @@ type Store interface {
 type ServerOptions struct {
 	// Token, when set, is required as "Authorization: Bearer <token>".
 	Token string
+	// Closed refuses every request when there is no Token: a node serves
+	// its bundles only to the cluster's nodes, never to anyone who can
+	// reach the port (the agent's default; `peer.open = true` lifts it).
+	Closed bool
 	// Status reports this node's status for /v1/status; nil: 404.
 	Status func() Status
 	// Log receives one line per refused or failed request; nil: discard.
@@ -82,6 +86,12 @@ func NewServer(store Store, opts ServerOptions) *Server {
 
 // ServeHTTP checks the token, then routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.opts.Token == "" && s.opts.Closed {
+		s.opts.Log.Warn("peer request refused: this node has no peer token", "remote", r.RemoteAddr, "path", r.URL.Path)
+		w.Header().Set("WWW-Authenticate", `Bearer realm="ferry"`)
+		http.Error(w, "this node serves no bundle without a peer token: set the same peer.token_file on every node (or peer.open = true)", http.StatusUnauthorized)
+		return
+	}
 	if s.opts.Token != "" {
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		sum := sha256.Sum256([]byte(got))

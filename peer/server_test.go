@@ -2,6 +2,8 @@ package peer
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -250,5 +252,23 @@ func TestShelf_AddHashedServesItsListAtOnceWithoutReading(t *testing.T) {
 	other.Digest = "sha256:" + strings.Repeat("0", 64)
 	if err := s.AddHashed(digest, []byte(testMeta), r, &other); err == nil {
 		t.Fatal("a piece list for another digest was accepted")
+	}
+}
+
+func TestServer_ClosedWithoutATokenServesNothing(t *testing.T) {
+	data := []byte("bundle bytes")
+	sum := sha256.Sum256(data)
+	digest := "sha256:" + hex.EncodeToString(sum[:])
+	n := newNode(t, ServerOptions{Closed: true, Status: func() Status { return Status{Node: "a"} }}, nil)
+	n.hold(t, data, digest)
+	for _, p := range []string{"/v1/bundles", "/v1/bundles/" + digest + "/tar", "/v1/status"} {
+		resp, body := get(t, n.srv.URL+p, nil)
+		if resp.StatusCode != 401 || !strings.Contains(string(body), "token_file") {
+			t.Errorf("%s: %d %q, want 401 naming token_file", p, resp.StatusCode, body)
+		}
+	}
+	open := newNode(t, ServerOptions{Status: func() Status { return Status{Node: "b"} }}, nil)
+	if resp, _ := get(t, open.srv.URL+"/v1/status", nil); resp.StatusCode != 200 {
+		t.Errorf("an open server (peer.open = true) answers %d", resp.StatusCode)
 	}
 }

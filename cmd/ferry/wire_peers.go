@@ -35,7 +35,7 @@ func newPeers(cfg agent.Config, log *slog.Logger) (agent.Peers, func(ctx context
 	if cfg.Peer.Listen != "" {
 		serve = func(ctx context.Context, a *agent.Agent) error {
 			defer shelf.Close()
-			srv := peer.NewServer(shelf, peer.ServerOptions{Token: token, Status: a.PeerStatus, Log: log})
+			srv := peer.NewServer(shelf, peer.ServerOptions{Token: token, Closed: cfg.Peer.Closed(), Status: a.PeerStatus, Log: log})
 			if err := srv.ListenAndServe(ctx, cfg.Peer.Listen); err != nil {
 				return fmt.Errorf("peer server on %s: %w", cfg.Peer.Listen, err)
 			}

@@ -592,7 +592,7 @@ func TestAgents_TokenMismatchRefused(t *testing.T) {
 	c.waitHolds(t, agent.PhaseExtracted, digest)
 	waitFor(t, "A to log that it refused B", func() bool {
 		for _, l := range strings.Split(a.A.Logs(), "\n") {
-			if strings.Contains(l, "peer request refused") && strings.Contains(l, "REMOTE="+b.IP+":") {
+			if strings.Contains(l, "peer request refused") && strings.Contains(l, "remote="+b.IP+":") {
 				return true
 			}
 		}
@@ -632,4 +632,35 @@ func smallBundle(t *testing.T) (string, string) {
 		t.Fatal(err)
 	}
 	return tarPath, sidecarDigest(t, tarPath)
+}
+
+// TestAgents_NoTokenServesNothingUnlessOpen: closed by default — nodes
+// with peers and no token serve no bundle (401), and say why; the same
+// fleet with peer.open = true shares the bundle.
+func TestAgents_NoTokenServesNothingUnlessOpen(t *testing.T) {
+	noTokens := map[int]string{0: "", 1: ""}
+	tarPath, digest := smallBundle(t)
+
+	f := newFleet(t, fleetOptions{Nodes: 2, Tokens: noTokens})
+	a, b := f.nodes[0], f.nodes[1]
+	a.load(t, tarPath)
+	a.waitHolds(t, agent.PhaseExtracted, digest)
+	waitFor(t, "B to see A refuse it (401)", func() bool {
+		cs, _ := b.cluster(t)
+		p, ok := cs.Peers[a.Addr(peerPort)]
+		return ok && strings.Contains(p.Unreachable, "401")
+	})
+	for _, n := range []*anode{a, b} {
+		s, err := n.A.Status(t.Context())
+		if err != nil || s.Healthy || !strings.Contains(s.Error, "no peer.token_file") {
+			t.Errorf("%s: status does not say the token is missing: %+v, %v", n.Name, s, err)
+		}
+	}
+	if s, _ := b.A.Status(t.Context()); s.Phase != "idle" {
+		t.Fatalf("B got the bundle from a closed node: %s", s.Line)
+	}
+
+	open := newFleet(t, fleetOptions{Nodes: 2, Tokens: noTokens, Setup: func(_ *Node, cfg *agent.Config) { cfg.Peer.Open = true }})
+	open.nodes[0].load(t, tarPath)
+	open.nodes[1].waitHolds(t, agent.PhaseExtracted, digest)
 }
