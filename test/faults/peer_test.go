@@ -29,6 +29,7 @@ func source(t *testing.T, tarPath, digest string, blobs int) (*node, string) {
 	cfg := ferryenv.Config(t.TempDir())
 	cfg.NodeName = "source"
 	addr := "127.0.0.1:" + strconv.Itoa(freePort(t, "127.0.0.1"))
+	cfg.Peer.Open = true // loopback only: no token file
 	cfg.Peer.Listen = addr
 	a := ferryenv.Start(t, cfg)
 	n := &node{a: a, cfg: cfg, digest: digest, wantBlobs: blobs}
@@ -50,6 +51,7 @@ func fetcher(t *testing.T, i int, peers []string, digest string, blobs int) *nod
 	t.Helper()
 	cfg := ferryenv.Config(t.TempDir())
 	cfg.NodeName = "fetcher-" + strconv.Itoa(i)
+	cfg.Peer.Open = true // loopback only: no token file
 	cfg.Peer.Listen = "127.0.0.2:" + strconv.Itoa(freePort(t, "127.0.0.2"))
 	cfg.Peer.Peers = peers
 	a := ferryenv.Start(t, cfg)

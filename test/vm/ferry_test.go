@@ -206,7 +206,9 @@ func nodeConfig(name string, approved []string, listen string, peers []string) s
 	}
 	fmt.Fprintf(&b, "\n[peer]\nlisten = %q\n", listen)
 	if len(peers) > 0 {
-		fmt.Fprintf(&b, "peers = [%s]\n", quoteList(peers))
+		// The guests' own link-local network: open instead of delivering a
+		// token file to each guest.
+		fmt.Fprintf(&b, "peers = [%s]\nopen = true\n", quoteList(peers))
 	}
 	fmt.Fprintf(&b, "\n[cluster]\nschedule = \"Automatic\"\non_ready = [\"/usr/local/bin/ferry-vm-on-ready\"]\n")
 	return b.String()
