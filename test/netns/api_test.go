@@ -137,3 +137,38 @@ func TestAgents_ThreeNodesOneAPIServerOneUpgrade(t *testing.T) {
 		t.Errorf("A's hook ran %d times", len(got))
 	}
 }
+
+// TestAgents_ARefusedReleaseIsShownOnEveryNode: the version operator
+// refuses the release (it cannot verify it); every node says why in its
+// status and on its Node, and none goes on.
+func TestAgents_ARefusedReleaseIsShownOnEveryNode(t *testing.T) {
+	e := kubeenv.Start(t, runningRelease)
+	e.ApplyFile(repoFile("packaging/rbac.yaml"))
+	kc := e.ServiceAccountKubeconfig("openshift-ferry", "ferry")
+	f := newFleet(t, fleetOptions{Nodes: 3, CRIO: true, Setup: forwardAPI(t, e, kc)})
+	reg := fixture.NewRegistry(t)
+	tarPath, meta, digest := realBundle(t, reg, "4.13.7", 5, "--signature-store", "")
+	f.nodes[0].load(t, tarPath)
+	for _, n := range f.nodes {
+		n.waitHolds(t, agent.PhaseClusterReady, digest)
+	}
+	waitFor(t, "desiredUpdate", func() bool { du := e.DesiredUpdate(); return du != nil && du["image"] == meta.Release })
+	e.SetConditions(kubeenv.Condition{Type: "ReleaseAccepted", Status: "False", Reason: "RetrievePayload",
+		Message: "The update cannot be verified: unable to verify " + meta.Release + " against keyrings: verifier-public-key-redhat"})
+	for _, n := range f.nodes {
+		s := n.A.Wait(agentBound, "the refusal", func(s agent.Status) bool {
+			return strings.Contains(s.Reason, "the cluster refuses the release") && strings.Contains(s.Reason, "cannot be verified")
+		})
+		if s.Healthy || s.Phase != string(agent.PhaseClusterReady) {
+			t.Errorf("%s: %+v", n.Name, s)
+		}
+	}
+	waitFor(t, "the refusal on every Node", func() bool {
+		for _, n := range f.nodes {
+			if !strings.Contains(e.Annotations(n.Name)["ferry.io/reason"], "cannot be verified") {
+				return false
+			}
+		}
+		return true
+	})
+}
