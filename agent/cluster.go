@@ -60,7 +60,8 @@ func (a *Agent) PeerStatus() peer.Status { return a.snap.Load().peer }
 // so that the peers see the conflict).
 func (m *machine) peerStatus() peer.Status {
 	s := m.status()
-	ps := peer.Status{Node: s.Node, Phase: s.Phase, Digest: s.Digest, Version: s.Version, Release: s.Release, Error: s.Error}
+	ps := peer.Status{Node: s.Node, Phase: s.Phase, Digest: s.Digest, Version: s.Version, Release: s.Release, Error: s.Error,
+		Progress: progressText(s)}
 	if m.active != nil && m.active.Digest == s.Digest {
 		ps.Source = m.active.Plugged
 	} else {

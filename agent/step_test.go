@@ -228,3 +228,21 @@ func countStarts(effs []effect) int {
 	}
 	return n
 }
+
+// Peers (and ferry status --cluster) see each node's progress in words.
+func TestPeerStatus_CarriesProgressInWords(t *testing.T) {
+	m := machineIn(t, PhaseLoading)
+	m.step(evProgress{id: "held", p: Progress{Done: 120, Total: 183, Unit: "images"}})
+	if got := m.peerStatus().Progress; got != "120/183 images" {
+		t.Fatalf("loading: %q", got)
+	}
+	m = machineIn(t, PhaseFetching)
+	m.step(evProgress{id: "held", p: Progress{Done: 7 << 29, Total: 16 << 30, Unit: "bytes"}})
+	if got := m.peerStatus().Progress; got != "3.5/16.0 GiB" {
+		t.Fatalf("fetching: %q", got)
+	}
+	m = machineIn(t, PhaseClusterReady)
+	if got := m.peerStatus().Progress; got != "" {
+		t.Fatalf("cluster-ready: %q", got)
+	}
+}

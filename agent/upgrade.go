@@ -109,16 +109,7 @@ func annotations(s Status) map[string]string {
 	if s.Bundle != "" {
 		out[AnnotationBundle] = strings.TrimSuffix(strings.TrimPrefix(s.Bundle, "upgrade-"), ".tar")
 	}
-	if p := s.Progress; p != nil && p.Total > 0 && (s.Phase == string(PhaseDetected) || s.Phase == string(PhaseFetching) || s.Phase == string(PhaseLoading)) {
-		if p.Unit == "images" {
-			out[AnnotationProgress] = fmt.Sprintf("%d/%d images", p.Done, p.Total)
-		} else {
-			out[AnnotationProgress] = ofTotal(p.Done, p.Total)
-		}
-	}
-	if s.Phase == string(PhaseUpgrading) && s.Message != "" {
-		out[AnnotationProgress] = s.Message
-	}
+	out[AnnotationProgress] = progressText(s)
 	if out[AnnotationReason] == "" && !s.Healthy {
 		out[AnnotationReason] = s.Error
 	}
@@ -178,6 +169,22 @@ func onlyProgress(a, b map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// progressText is a node's progress in words, while it is moving: bytes
+// read or fetched, images loaded, or the version operator's line.
+func progressText(s Status) string {
+	switch p := s.Progress; {
+	case s.Phase == string(PhaseUpgrading):
+		return s.Message
+	case p == nil || p.Total <= 0:
+		return ""
+	case s.Phase != string(PhaseDetected) && s.Phase != string(PhaseFetching) && s.Phase != string(PhaseLoading):
+		return ""
+	case p.Unit == "images":
+		return fmt.Sprintf("%d/%d images", p.Done, p.Total)
+	}
+	return ofTotal(s.Progress.Done, s.Progress.Total)
 }
 
 // wantAnnotations hands the newest annotations to annotate, replacing any

@@ -87,6 +87,9 @@ type Status struct {
 	// Source is true on the node the stick was plugged into.
 	Source bool   `json:"source,omitempty"`
 	Error  string `json:"error,omitempty"`
+	// Progress is the node's progress in words ("6.7/16.0 GiB",
+	// "120/183 images").
+	Progress string `json:"progress,omitempty"`
 }
 
 // PeerStatus is one peer's answer to /v1/status, or why there is none.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/systemd"
 	"github.com/ferry-edge/ferry/udev"
 )
@@ -294,14 +295,15 @@ func clusterStatus(ctx context.Context, cfg agent.Config, asJSON bool) error {
 		enc.SetIndent("", "  ")
 		enc.Encode(cs)
 	} else {
-		fmt.Printf("%-24s %-14s %-20s %s\n", "NODE", "PHASE", "DIGEST", "NOTE")
-		row := func(name, phase, digest, note string) {
-			if len(digest) > 19 {
-				digest = digest[:19]
+		fmt.Printf("%-24s %-14s %-20s %-22s %s\n", "NODE", "PHASE", "DIGEST", "PROGRESS", "NOTE")
+		row := func(name string, s peer.Status, note string) {
+			digest := "-"
+			if s.Digest != "" {
+				digest = agent.ShortDigest(s.Digest)
 			}
-			fmt.Printf("%-24s %-14s %-20s %s\n", name, phase, digest, note)
+			fmt.Printf("%-24s %-14s %-20s %-22s %s\n", name, s.Phase, digest, or(s.Progress, "-"), note)
 		}
-		row(cs.Self.Node+" (this node)", cs.Self.Phase, cs.Self.Digest, cs.Self.Error)
+		row(cs.Self.Node+" (this node)", cs.Self, cs.Self.Error)
 		for addr, p := range cs.Peers {
 			name := p.Node
 			if name == "" {
@@ -311,7 +313,7 @@ func clusterStatus(ctx context.Context, cfg agent.Config, asJSON bool) error {
 			if p.Unreachable != "" {
 				note = "unreachable: " + p.Unreachable
 			}
-			row(name, p.Phase, p.Digest, note)
+			row(name, p.Status, note)
 		}
 		fmt.Printf("\ncluster: %s — %s\n", cs.Decision.Verdict, cs.Decision.Reason)
 		if cfg.Cluster.Kubeconfig != "" {
