@@ -418,7 +418,8 @@ func TestAgent_LoadFailureIsRetried(t *testing.T) {
 func TestAgent_CleanupOfALoadedBundleIsTheUpgradeDone(t *testing.T) {
 	h := newHarness(t, t.TempDir())
 	h.start()
-	first := bundletest.Options{Images: []string{"quay.io/a/shared@sha256:" + strings.Repeat("1", 64), "quay.io/a/old@sha256:" + strings.Repeat("2", 64)}}
+	first := bundletest.Options{Images: []string{"quay.io/a/shared", "quay.io/a/old"}}
+	shared, old := bundletest.Ref("quay.io/a/shared", 0), bundletest.Ref("quay.io/a/old", 0)
 	src, _ := stick(t, first)
 	h.plug("/dev/sda", src)
 	h.waitPhase(PhaseClusterReady)
@@ -438,7 +439,7 @@ func TestAgent_CleanupOfALoadedBundleIsTheUpgradeDone(t *testing.T) {
 	// The next bundle is the next upgrade, not a conflict; it loads
 	// keeping the first one's pins, and its own end unpins them (except
 	// the images both hold).
-	next, _ := stick(t, bundletest.Options{Version: "4.13.8", Images: []string{"quay.io/a/shared@sha256:" + strings.Repeat("1", 64)}})
+	next, _ := stick(t, bundletest.Options{Version: "4.13.8", Images: []string{"quay.io/a/shared"}})
 	h.plug("/dev/sdb", next)
 	if s := h.waitPhase(PhaseClusterReady); s.Version != "4.13.8" {
 		t.Fatal(s.Version)
@@ -446,13 +447,13 @@ func TestAgent_CleanupOfALoadedBundleIsTheUpgradeDone(t *testing.T) {
 	h.loader.mu.Lock()
 	keep := h.loader.keeps[len(h.loader.keeps)-1]
 	h.loader.mu.Unlock()
-	if !slices.Contains(keep, "quay.io/a/old@sha256:"+strings.Repeat("2", 64)) {
+	if !slices.Contains(keep, old) {
 		t.Fatalf("the second load did not keep the first bundle's pins: %v", keep)
 	}
 	must(t, h.agent.Request(t.Context(), "cleanup", ""))
 	h.loader.mu.Lock()
 	defer h.loader.mu.Unlock()
-	if h.loader.pinned["quay.io/a/old@sha256:"+strings.Repeat("2", 64)] || !h.loader.pinned["quay.io/a/shared@sha256:"+strings.Repeat("1", 64)] {
+	if h.loader.pinned[old] || !h.loader.pinned[shared] {
 		t.Fatalf("after the second upgrade: unpinned %v, pinned %v", h.loader.unpinned, h.loader.pinned)
 	}
 }

@@ -212,7 +212,7 @@ func TestCluster_FetchesFromPeerThenWaitsForAgreementBeforeLoading(t *testing.T)
 func TestCluster_StickBundleIsSharedWithPiecesFromTheExtractionPass(t *testing.T) {
 	h, p := clusterHarness(t)
 	h.start()
-	src, digest := stick(t, bundletest.Options{Files: map[string]string{"blobs/sha256/aa/aabb/data": strings.Repeat("layer ", 2<<20)}}) // 12 MiB: 3 pieces
+	src, digest := stick(t, bundletest.Options{LayerSize: 12 << 20}) // 12 MiB: 3 pieces
 	h.plug("/dev/sda", src)
 	h.waitPhase(PhaseExtracted)
 	tb, err := os.ReadFile(src.Path)

@@ -289,6 +289,12 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	if err := ap.check(digest, hr); err != nil {
 		return nil, refuse(err)
 	}
+	if w.ix == nil {
+		w.ix = newTreeIndex() // no entry after metadata.json
+	}
+	if err := w.ix.check(meta); err != nil {
+		return nil, refuse(err)
+	}
 	res = &Result{Metadata: meta, Digest: digest, TarSize: hr.consumed, Approval: ap.mode}
 	if ap.mode == "digest-at-end" {
 		res.Approval = "digest"

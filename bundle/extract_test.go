@@ -9,22 +9,36 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"aead.dev/minisign"
+
+	"github.com/ferry-edge/ferry/internal/imagetree"
 )
 
 const testDigest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
+// testTree is a complete registry tree: the release and one image.
+var testTree = imagetree.Tree{}
+
+var (
+	testRelease = testTree.Add("quay.io/openshift-release-dev/ocp-release", imagetree.Layer("release", 0))
+	testImage   = testTree.Add("quay.io/openshift-release-dev/ocp-v4.0-art-dev", imagetree.Layer("image", 4000))
+	// testLayer is the image's layer blob, below RegistryRoot.
+	testLayer = imagetree.BlobPath(imagetree.Digest(imagetree.Layer("image", 4000)))
+)
+
 func testMetadata(size int64) *Metadata {
 	return &Metadata{
 		FormatVersion: 1, Version: "4.13.7", Arch: "x86_64", Size: HumanSize(size), SizeBytes: size,
-		Release: "quay.io/openshift-release-dev/ocp-release@" + testDigest,
-		Images:  []string{"quay.io/openshift-release-dev/ocp-v4.0-art-dev@" + testDigest[:len(testDigest)-1] + "0"},
+		Release: testRelease,
+		Images:  []string{testImage},
 		Created: time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC),
 	}
 }
@@ -44,12 +58,16 @@ func dir(name string) entry {
 }
 
 func validEntries() []entry {
-	return []entry{
-		dir("docker/"), dir("docker/registry/"), dir("docker/registry/v2/"),
-		dir("docker/registry/v2/blobs/"),
-		file("docker/registry/v2/blobs/sha256/aa/aabb/data", strings.Repeat("layer-bytes ", 1000)),
-		file("docker/registry/v2/repositories/openshift-release-dev/ocp-release/_manifests/revisions/sha256/aabb/link", "sha256:aabb"),
+	return treeEntries(testTree)
+}
+
+// treeEntries are the tar entries of a tree, directories first.
+func treeEntries(tree imagetree.Tree) []entry {
+	es := []entry{dir("docker/"), dir("docker/registry/"), dir("docker/registry/v2/"), dir("docker/registry/v2/blobs/")}
+	for _, n := range slices.Sorted(maps.Keys(tree)) {
+		es = append(es, file(RegistryRoot+n, string(tree[n])))
 	}
+	return es
 }
 
 // writeBundle writes metadata (or meta as raw JSON when it is []byte) then
@@ -131,9 +149,9 @@ func TestExtract_ValidBundleAppearsWithSameDigest(t *testing.T) {
 	if lastDone != int64(len(tb)) || lastTotal != int64(len(tb)) {
 		t.Errorf("progress ended at %d/%d, want %d/%d", lastDone, lastTotal, len(tb), len(tb))
 	}
-	got, err := os.ReadFile(filepath.Join(dest, "docker/registry/v2/blobs/sha256/aa/aabb/data"))
+	got, err := os.ReadFile(filepath.Join(dest, RegistryRoot, testLayer))
 	must(t, err)
-	if string(got) != strings.Repeat("layer-bytes ", 1000) {
+	if !bytes.Equal(got, imagetree.Layer("image", 4000)) {
 		t.Fatal("blob content differs")
 	}
 	if _, err := os.Stat(filepath.Join(dest, MetadataName)); err != nil {
@@ -207,7 +225,7 @@ func TestExtract_Rejects(t *testing.T) {
 		{"gnu sparse", withRaw(t, meta, gnuHeader(rawHeader("docker/registry/v2/s", 'S', 0))), "", Policy{}, ErrInvalid, "sparse"},
 		{"pax sparse", withRaw(t, meta, append(rawPAX(t, "GNU.sparse.major=1\nGNU.sparse.minor=0\nGNU.sparse.name=docker/registry/v2/s\nGNU.sparse.realsize=0\n"), rawHeader("docker/registry/v2/GNUSparseFile.0/s", '0', 0)...)), "", Policy{}, ErrInvalid, "invalid bundle"},
 		{"outside registry root", with(file("etc/cron.d/x", "x")), "", Policy{}, ErrInvalid, "outside"},
-		{"duplicate entry", with(file("docker/registry/v2/blobs/sha256/aa/aabb/data", "again")), "", Policy{}, ErrInvalid, "twice"},
+		{"duplicate entry", with(file(RegistryRoot+testLayer, "again")), "", Policy{}, ErrInvalid, "twice"},
 		{"metadata not first", writeBundle(t, nil, append([]entry{dir("docker/")}, file(MetadataName, "{}"))), "", Policy{}, ErrInvalid, "first entry"},
 		{"metadata missing", writeBundle(t, nil, validEntries()), "", Policy{}, ErrInvalid, "first entry"},
 		{"metadata malformed", writeBundle(t, []byte("{not json"), validEntries()), "", Policy{}, ErrInvalid, "not valid JSON"},

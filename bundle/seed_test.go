@@ -7,12 +7,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/imagetree"
 )
 
 // The seed's own example of metadata.json: no formatVersion, no sizeBytes.
@@ -26,6 +29,24 @@ const seedMetadata = `{
     "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:` + "cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd" + `"
   ]
 }`
+
+// seedBundle is seedMetadata naming the images of a complete tree.
+func seedBundle() (meta string, tree imagetree.Tree) {
+	tree = imagetree.Tree{}
+	release := tree.Add("quay.io/openshift-release-dev/ocp-release", imagetree.Layer("release", 0))
+	image := tree.Add("quay.io/openshift-release-dev/ocp-v4.0-art-dev", imagetree.Layer("image", 6000))
+	hexOf := func(ref string) string { _, d, _ := strings.Cut(ref, "@sha256:"); return d }
+	meta = strings.ReplaceAll(seedMetadata, strings.Repeat("ab", 32), hexOf(release))
+	return strings.ReplaceAll(meta, strings.Repeat("cd", 32), hexOf(image)), tree
+}
+
+// addTree writes tree's files to tw, sorted.
+func addTree(tw *tar.Writer, tree imagetree.Tree) {
+	for _, n := range slices.Sorted(maps.Keys(tree)) {
+		tw.WriteHeader(&tar.Header{Name: bundle.RegistryRoot + n, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(tree[n]))})
+		tw.Write(tree[n])
+	}
+}
 
 func TestParseMetadata_SeedShapeIsReadAndSaysSo(t *testing.T) {
 	m, err := bundle.ParseMetadata([]byte(seedMetadata))
@@ -56,7 +77,8 @@ func TestParseMetadata_SeedSizes(t *testing.T) {
 // serving the space checks.
 func TestExtract_SeedShapedBundle(t *testing.T) {
 	dir := t.TempDir()
-	meta := strings.Replace(seedMetadata, `"size": "16 GiB",`, ``, 1)
+	meta, tree := seedBundle()
+	meta = strings.Replace(meta, `"size": "16 GiB",`, ``, 1)
 	var b bytes.Buffer
 	tw := tar.NewWriter(&b)
 	add := func(name, body string) {
@@ -64,7 +86,7 @@ func TestExtract_SeedShapedBundle(t *testing.T) {
 		tw.Write([]byte(body))
 	}
 	add("metadata.json", meta)
-	add("docker/registry/v2/blobs/sha256/aa/aabb/data", strings.Repeat("layer ", 1000))
+	addTree(tw, tree)
 	tw.Close()
 	tarPath := filepath.Join(dir, "upgrade-4.13.7-x86_64.tar")
 	os.WriteFile(tarPath, b.Bytes(), 0o644)
@@ -99,10 +121,10 @@ func TestExtract_SeedShapedGNUPadding(t *testing.T) {
 			dir := t.TempDir()
 			var b bytes.Buffer
 			tw := tar.NewWriter(&b)
-			for _, e := range [][2]string{{"metadata.json", seedMetadata}, {"docker/registry/v2/blobs/sha256/aa/aabb/data", "layer"}} {
-				tw.WriteHeader(&tar.Header{Name: e[0], Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(e[1]))})
-				tw.Write([]byte(e[1]))
-			}
+			meta, tree := seedBundle()
+			tw.WriteHeader(&tar.Header{Name: "metadata.json", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(meta))})
+			tw.Write([]byte(meta))
+			addTree(tw, tree)
 			tw.Close()
 			data := append(b.Bytes(), make([]byte, 10240-b.Len()%10240)...)
 			if tc.tail != nil {

@@ -2,8 +2,12 @@ package bundle
 
 import (
 	"archive/tar"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"path"
@@ -24,6 +28,10 @@ type treeWriter struct {
 	seen  map[string]bool
 	dirs  map[string]bool // created directories
 	buf   []byte
+
+	ix   *treeIndex   // what the tree holds, checked after the pass
+	sum  hash.Hash    // a blob's sha256, reused
+	keep bytes.Buffer // a link's or a possible manifest's bytes, reused
 }
 
 // checkName returns the clean name of a tar entry, or why it is refused.
@@ -61,6 +69,8 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 	if w.seen == nil {
 		w.seen = map[string]bool{MetadataName: true}
 		w.dirs = map[string]bool{}
+		w.ix = newTreeIndex()
+		w.sum = sha256.New()
 	}
 	switch hdr.Typeflag {
 	case tar.TypeReg, tar.TypeDir:
@@ -100,7 +110,9 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 	if w.buf == nil {
 		w.buf = make([]byte, chunkSize)
 	}
-	var dst io.Writer = io.Discard
+	rel := strings.TrimPrefix(clean, RegistryRoot)
+	blob := blobHex(rel)
+	var sinks []io.Writer
 	var f *os.File
 	if w.root != "" {
 		if err := w.mkdir(path.Dir(clean)); err != nil {
@@ -110,9 +122,17 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 		if err != nil {
 			return fmt.Errorf("extracting %s: %w", clean, err)
 		}
-		dst = writerOnly{f}
+		sinks = append(sinks, f)
 	}
-	n, err := io.CopyBuffer(dst, tr, w.buf)
+	w.keep.Reset()
+	if blob != "" {
+		w.sum.Reset()
+		sinks = append(sinks, w.sum)
+	}
+	if (blob != "" && hdr.Size <= maxManifest) || (isLink(rel) && hdr.Size <= maxLink) {
+		sinks = append(sinks, &w.keep)
+	}
+	n, err := io.CopyBuffer(writerOnly{io.MultiWriter(sinks...)}, tr, w.buf)
 	if f != nil {
 		if cerr := f.Close(); err == nil {
 			err = cerr
@@ -126,6 +146,24 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 	}
 	if n != hdr.Size {
 		return readErr(io.ErrUnexpectedEOF)
+	}
+	return w.index(rel, blob)
+}
+
+// index records a file just read for the tree check: a blob must hash to
+// its name.
+func (w *treeWriter) index(rel, blob string) error {
+	switch {
+	case blob != "":
+		if got := hex.EncodeToString(w.sum.Sum(nil)); got != blob {
+			return fmt.Errorf("%w: blob sha256:%s does not hash to its name (its bytes are sha256:%s): the bundle was altered, or made from a damaged registry, although its sha256 matches; ask the engineer to make it again", ErrInvalid, blob, got)
+		}
+		w.ix.blobs[blob] = true
+		if w.keep.Len() > 0 {
+			return w.ix.keep(blob, w.keep.Bytes())
+		}
+	case isLink(rel) && w.keep.Len() > 0:
+		w.ix.links[rel] = strings.TrimSpace(w.keep.String())
 	}
 	return nil
 }

@@ -28,7 +28,7 @@ func writeTreeFiles(t *testing.T, root string, files map[string]string) {
 	}
 }
 
-var testTree = map[string]string{
+var writeTree = map[string]string{
 	"blobs/sha256/ab/" + strings.Repeat("ab", 32) + "/data":                            strings.Repeat("x", 3000),
 	"blobs/sha256/cd/" + strings.Repeat("cd", 32) + "/data":                            "{}",
 	"repositories/a-b/_layers/sha256/" + strings.Repeat("ab", 32) + "/link":            "sha256:" + strings.Repeat("ab", 32),
@@ -49,7 +49,7 @@ func TestWriteTar_SameInputsSameBytes(t *testing.T) {
 	var digests []string
 	for range 2 {
 		root := t.TempDir()
-		writeTreeFiles(t, root, testTree)
+		writeTreeFiles(t, root, writeTree)
 		var buf bytes.Buffer
 		d, n, err := WriteTar(&buf, testMeta(), root)
 		if err != nil {
@@ -68,7 +68,7 @@ func TestWriteTar_SameInputsSameBytes(t *testing.T) {
 
 func TestWriteTar_MetadataFirstSortedCanonicalNoTrailingBytes(t *testing.T) {
 	root := t.TempDir()
-	writeTreeFiles(t, root, testTree)
+	writeTreeFiles(t, root, writeTree)
 	meta := testMeta()
 	var buf bytes.Buffer
 	if _, _, err := WriteTar(&buf, meta, root); err != nil {
@@ -148,7 +148,7 @@ func TestWriteTar_RefusesSpecialFiles(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			root := t.TempDir()
-			writeTreeFiles(t, root, testTree)
+			writeTreeFiles(t, root, writeTree)
 			if err := mk(filepath.Join(root, "docker/registry/v2/blobs/evil")); err != nil {
 				t.Fatal(err)
 			}
@@ -163,7 +163,7 @@ func TestWriteTar_RefusesSpecialFiles(t *testing.T) {
 
 func TestWriteTar_RefusesInvalidMetadataAndMissingTree(t *testing.T) {
 	root := t.TempDir()
-	writeTreeFiles(t, root, testTree)
+	writeTreeFiles(t, root, writeTree)
 	m := testMeta()
 	m.Arch = "amd64"
 	if _, _, err := WriteTar(io.Discard, m, root); !errors.Is(err, ErrInvalid) {

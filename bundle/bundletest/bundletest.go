@@ -15,19 +15,32 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/imagetree"
 )
 
 // Options describe a test bundle.
 type Options struct {
-	Version string            // default "4.13.7"
-	Arch    string            // default "x86_64"
-	Files   map[string]string // path under docker/registry/v2/ → content
-	NoSHA   bool              // do not write the .sha256 sidecar
-	Images  []string          // metadata's images; default one
+	Version string   // default "4.13.7"
+	Arch    string   // default "x86_64"
+	Images  []string // names (registry/repo[:tag]) of its images besides the release; default one
+	// LayerSize is each image's one layer in bytes (default 24 KiB): what
+	// makes a bundle big enough to need several pieces.
+	LayerSize int
+	NoSHA     bool // do not write the .sha256 sidecar
 }
 
-// Write makes upgrade-<version>-<arch>.tar (+ .sha256) in dir and returns
-// the tar's path and digest.
+// DefaultImage is the image a bundle holds when Options.Images is empty.
+const DefaultImage = "quay.io/openshift-release-dev/ocp-v4.0-art-dev"
+
+// Ref is the reference (name[:tag]@sha256:…) a bundle written with
+// layerSize lists for the image name.
+func Ref(name string, layerSize int) string {
+	return imagetree.Tree{}.Add(name, imagetree.Layer(name, layerSize))
+}
+
+// Write makes upgrade-<version>-<arch>.tar (+ .sha256) in dir, holding
+// complete images (every blob, manifest and link), and returns the tar's
+// path and digest.
 func Write(t testing.TB, dir string, o Options) (string, string) {
 	t.Helper()
 	if o.Version == "" {
@@ -36,21 +49,20 @@ func Write(t testing.TB, dir string, o Options) (string, string) {
 	if o.Arch == "" {
 		o.Arch = "x86_64"
 	}
-	if o.Files == nil {
-		o.Files = map[string]string{"blobs/sha256/aa/aabb/data": strings.Repeat("layer ", 4096)}
-	}
 	if o.Images == nil {
-		o.Images = []string{"quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + strings.Repeat("cd", 32)}
+		o.Images = []string{DefaultImage}
 	}
-	var size int64
-	for _, c := range o.Files {
-		size += int64(len(c))
+	tree := imagetree.Tree{}
+	release := tree.Add("quay.io/openshift-release-dev/ocp-release", imagetree.Layer("release "+o.Version+"-"+o.Arch, 0))
+	var refs []string
+	for _, n := range o.Images {
+		refs = append(refs, tree.Add(n, imagetree.Layer(n, o.LayerSize)))
 	}
-	d := strings.Repeat("ab", 32)
+	size := tree.Size()
 	meta := bundle.Metadata{
 		FormatVersion: 1, Version: o.Version, Arch: o.Arch, SizeBytes: size + 4096, Size: bundle.HumanSize(size + 4096),
-		Release: "quay.io/openshift-release-dev/ocp-release@sha256:" + d,
-		Images:  o.Images,
+		Release: release,
+		Images:  refs,
 		Created: time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC),
 	}
 	mb, err := json.Marshal(meta)
@@ -73,13 +85,13 @@ func Write(t testing.TB, dir string, o Options) (string, string) {
 		}
 	}
 	write(&tar.Header{Name: bundle.MetadataName, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(mb))}, string(mb))
-	names := make([]string, 0, len(o.Files))
-	for n := range o.Files {
+	names := make([]string, 0, len(tree))
+	for n := range tree {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		write(&tar.Header{Name: bundle.RegistryRoot + n, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(o.Files[n]))}, o.Files[n])
+		write(&tar.Header{Name: bundle.RegistryRoot + n, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(tree[n]))}, string(tree[n]))
 	}
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ package agenttest
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -91,11 +92,11 @@ func stickFiles(t *testing.T, tarPath string) []udevenv.File {
 }
 
 func mediumBundle(t *testing.T) (string, string) {
-	files := map[string]string{}
+	var images []string
 	for i := range 8 {
-		files["blobs/sha256/a"+string(rune('0'+i))+"/b/data"] = strings.Repeat(string(rune('a'+i)), 1<<20)
+		images = append(images, fmt.Sprintf("quay.io/a/image-%d", i))
 	}
-	return bundletest.Write(t, t.TempDir(), bundletest.Options{Files: files})
+	return bundletest.Write(t, t.TempDir(), bundletest.Options{Images: images, LayerSize: 1 << 20})
 }
 
 func TestAgent_Ext4StickIsVerifiedAndExtracted(t *testing.T) {
