@@ -160,3 +160,57 @@ func TestExtract_SeedShapedGNUPadding(t *testing.T) {
 		})
 	}
 }
+
+// The same GNU tar dd'd onto a stick: the device goes on past the record
+// padding, and has no .sha256. When the approved digest is the file's
+// (sha256sum of the tar, padding included), the padding is the bundle's;
+// when it is the digest up to the end marker (a tar with no padding on a
+// zeroed stick), it is not. Anything else is refused.
+func TestVerify_SeedShapedGNUTarOnARawDevice(t *testing.T) {
+	meta, tree := seedBundle()
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	tw.WriteHeader(&tar.Header{Name: "metadata.json", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(meta))})
+	tw.Write([]byte(meta))
+	addTree(tw, tree)
+	tw.Close()
+	bare := b.Bytes()
+	file := append(bytes.Clone(bare), make([]byte, 10240-len(bare)%10240)...)
+	digestOf := func(b []byte) string { s := sha256.Sum256(b); return "sha256:" + hex.EncodeToString(s[:]) }
+	dev := filepath.Join(t.TempDir(), "sdb")
+	os.WriteFile(dev, append(bytes.Clone(file), bytes.Repeat([]byte{0xAB}, 1<<20)...), 0o644)
+	src := bundle.Source{Path: dev, Raw: true}
+
+	for _, tc := range []struct {
+		name     string
+		approved string
+		size     int
+	}{
+		{"approved as sha256sum of the GNU tar", digestOf(file), len(file)},
+		{"approved up to the end marker", digestOf(bare), len(bare)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ix bundle.Index
+			out := filepath.Join(t.TempDir(), "out")
+			res, err := bundle.Extract(t.Context(), src, out, bundle.Options{Policy: bundle.Policy{ApprovedDigests: []string{tc.approved}}, Index: &ix})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Digest != tc.approved || res.TarSize != int64(tc.size) || ix.Size != int64(tc.size) {
+				t.Fatalf("digest %s size %d index %d; want %s %d", res.Digest, res.TarSize, ix.Size, tc.approved, tc.size)
+			}
+			got := make([]byte, tc.size)
+			if _, err := ix.ReaderAt(out).ReadAt(got, 0); err != nil && !errors.Is(err, io.EOF) {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, file[:tc.size]) {
+				t.Fatal("the tar served to peers differs from the approved bytes")
+			}
+		})
+	}
+	other := bytes.Clone(file)
+	other[len(other)-1] = 1
+	if _, err := bundle.Verify(t.Context(), src, bundle.Options{Policy: bundle.Policy{ApprovedDigests: []string{digestOf(other)}}}); !errors.Is(err, bundle.ErrNotApproved) {
+		t.Fatalf("another digest: %v", err)
+	}
+}

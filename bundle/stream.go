@@ -3,6 +3,7 @@ package bundle
 import (
 	"context"
 	"crypto/sha256"
+	"encoding"
 	"encoding/hex"
 	"errors"
 	"hash"
@@ -200,6 +201,39 @@ func (r *hashingReader) trailing() (bool, error) {
 func (r *hashingReader) finish() string {
 	r.close(true)
 	return "sha256:" + hex.EncodeToString(r.sum.Sum(nil))
+}
+
+// finishPeek is finish for a raw device, and also returns up to n bytes
+// that follow what was consumed, read but not hashed: a seed-shaped
+// bundle's GNU record padding, which is the file's but cannot be told
+// from a zeroed device until the digest says which it is.
+func (r *hashingReader) finishPeek(n int) (string, []byte, error) {
+	tail := append([]byte(nil), r.cur[r.pos:min(len(r.cur), r.pos+n)]...)
+	srcErr := r.srcErr
+	d := r.finish()
+	if len(tail) < n && srcErr == nil {
+		more := make([]byte, n-len(tail))
+		k, err := io.ReadFull(r.src, more)
+		tail = append(tail, more[:k]...)
+		if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
+			return d, tail, err
+		}
+	}
+	return d, tail, nil
+}
+
+// digestWith is the digest of what was hashed followed by more.
+func (r *hashingReader) digestWith(more []byte) string {
+	state, err := r.sum.(encoding.BinaryMarshaler).MarshalBinary()
+	if err != nil {
+		return ""
+	}
+	h := sha256.New()
+	if h.(encoding.BinaryUnmarshaler).UnmarshalBinary(state) != nil {
+		return ""
+	}
+	h.Write(more)
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }
 
 // close stops the hasher; with flush, the consumed tail is hashed first.
