@@ -162,46 +162,35 @@ func TestHost_CRIOKilledMidLoadTheAgentWaitsThenCompletes(t *testing.T) {
 	checkPinned(t, c.Client(t), refsOf(meta), true)
 }
 
-// TestHost_ABundleLackingAnImageEndsFailedNotRetriedForever: a bundle whose
-// tree lacks one image's manifest (its tar and .sha256 agree) fails its
-// pull in a real CRI-O with "manifest unknown": the agent ends it in
-// failed, naming the image, within a bounded time.
-func TestHost_ABundleLackingAnImageEndsFailedNotRetriedForever(t *testing.T) {
+// TestHost_APullThatCannotHealEndsFailedNotRetriedForever: a tree damaged
+// on the node after it was extracted and checked (one image's manifest
+// link gone, as a bad disk or a hand in /var/lib/upgrade would do) fails
+// that pull in a real CRI-O with "manifest unknown": the agent ends the
+// bundle in failed, naming the image, within a bounded time, instead of
+// retrying forever. CRI-O is down while the tree is damaged, so the agent
+// is waiting in loading, as after a crio restart.
+func TestHost_APullThatCannotHealEndsFailedNotRetriedForever(t *testing.T) {
 	c := crioenv.Start(t)
 	tarPath, meta := makeBundle(t, 4, 0)
-	tree := filepath.Join(t.TempDir(), "tree")
-	if out, err := exec.Command(ferryenv.Binary(t), "bundle", "extract", "--quiet", tarPath, "--dest", tree).CombinedOutput(); err != nil {
-		t.Fatalf("extract: %v\n%s", err, out)
-	}
-	missing := meta.Images[1]
-	name, _, d := bundle.SplitRef(missing)
-	link := filepath.Join(tree, "docker/registry/v2/repositories", bundle.RepoPath(name), "_manifests/revisions/sha256", strings.TrimPrefix(d, "sha256:"))
-	if err := os.RemoveAll(link); err != nil {
-		t.Fatal(err)
-	}
-	broken := filepath.Join(t.TempDir(), "upgrade-4.13.7-x86_64.tar")
-	f, err := os.Create(broken)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := *meta
-	digest, _, err := bundle.WriteTar(f, &m, tree)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(strings.TrimSuffix(broken, ".tar")+".sha256", []byte(bundle.FormatSHA256File(digest, filepath.Base(broken))), 0o644)
-
+	c.Kill(t)
 	cfg := nodeConfig(t, c)
 	a := ferryenv.Start(t, cfg)
 	a.WaitPhase(bound, "idle")
-	start := time.Now()
-	if out, err := a.Ferry("load", broken); err != nil {
+	if out, err := a.Ferry("load", tarPath); err != nil {
 		t.Fatalf("ferry load: %v\n%s", err, out)
 	}
+	a.WaitPhase(bound, agent.PhaseLoading)
+	missing := meta.Images[1]
+	name, _, d := bundle.SplitRef(missing)
+	link := filepath.Join(cfg.Paths.ExtractDir, meta.DirName(), bundle.RegistryRoot, "repositories", bundle.RepoPath(name), "_manifests/revisions/sha256", strings.TrimPrefix(d, "sha256:"))
+	if err := os.RemoveAll(link); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	c.Start(t)
 	s := a.WaitPhase(bound, agent.PhaseFailed)
 	if !strings.Contains(s.Reason, name) || !strings.Contains(s.Reason, "make it again") || s.Healthy {
 		t.Fatalf("status %+v", s)
 	}
-	t.Logf("failed %s after the load began: %s", time.Since(start).Round(time.Second), s.Line)
+	t.Logf("failed %s after CRI-O came back: %s", time.Since(start).Round(time.Second), s.Line)
 }
