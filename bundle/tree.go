@@ -19,6 +19,10 @@ import (
 	"github.com/ferry-edge/ferry/internal/atomicfile"
 )
 
+// hashBlobs is off only in the benchmark that measures what hashing every
+// blob costs.
+var hashBlobs = true
+
 // treeWriter checks every entry after metadata.json and, when root is set,
 // writes it there.
 type treeWriter struct {
@@ -125,7 +129,7 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 		sinks = append(sinks, f)
 	}
 	w.keep.Reset()
-	if blob != "" {
+	if blob != "" && hashBlobs {
 		w.sum.Reset()
 		sinks = append(sinks, w.sum)
 	}
@@ -155,8 +159,13 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 func (w *treeWriter) index(rel, blob string) error {
 	switch {
 	case blob != "":
-		if got := hex.EncodeToString(w.sum.Sum(nil)); got != blob {
-			return fmt.Errorf("%w: blob sha256:%s does not hash to its name (its bytes are sha256:%s): the bundle was altered, or made from a damaged registry, although its sha256 matches; ask the engineer to make it again", ErrInvalid, blob, got)
+		if got := hex.EncodeToString(w.sum.Sum(nil)); hashBlobs && got != blob {
+			// Said only if the whole tar's digest matches: a damaged copy
+			// is "copy it again", not "make it again".
+			if w.ix.lying == nil {
+				w.ix.lying = fmt.Errorf("%w: blob sha256:%s does not hash to its name (its bytes are sha256:%s): the bundle was altered, or made from a damaged registry, although its sha256 matches; ask the engineer to make it again", ErrInvalid, blob, got)
+			}
+			return nil
 		}
 		w.ix.blobs[blob] = true
 		if w.keep.Len() > 0 {

@@ -31,6 +31,7 @@ type treeIndex struct {
 	links     map[string]string // repository link paths → the digest they hold
 	manifests map[string][]byte // hex → bytes of blobs that may be manifests
 	kept      int64
+	lying     error // the first blob that does not hash to its name
 }
 
 func newTreeIndex() *treeIndex {
@@ -100,6 +101,9 @@ func (d descriptor) foreign() bool {
 
 // check walks every image of meta through the tree.
 func (ix *treeIndex) check(meta *Metadata) error {
+	if ix.lying != nil {
+		return ix.lying
+	}
 	all := meta.AllImages()
 	repos := RepoPaths(all)
 	for _, ref := range all {

@@ -1,6 +1,7 @@
 package bundle
 
 import (
+	"bytes"
 	"errors"
 	"maps"
 	"os"
@@ -105,5 +106,17 @@ func TestExtract_RefusesATreeThatLacksWhatItsMetadataSays(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A blob damaged on its way (the .sha256 is the bundle's own) is a bad
+// copy, said as such: "copy it again", not "make it again".
+func TestExtract_ADamagedBlobIsABadCopyNotALyingBundle(t *testing.T) {
+	good := writeBundle(t, testMetadata(1<<20), validEntries())
+	bad := bytes.Clone(good)
+	bad[bytes.Index(bad, imagetree.Layer("image", 4000))+100] ^= 1
+	_, err := Verify(t.Context(), stage(t, bad, sum(good)), Options{})
+	if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "copy it again") {
+		t.Fatalf("got %v", err)
 	}
 }

@@ -63,18 +63,25 @@ func Layer(name string, size int) []byte {
 // Add stores an image of one layer under name (registry/repo[:tag]) and
 // returns its reference name[:tag]@sha256:<manifest>.
 func (t Tree) Add(name string, layer []byte) string {
+	t.blob(layer)
+	return t.AddOver(name, Digest(layer), int64(len(layer)))
+}
+
+// AddOver is Add for a layer already stored elsewhere (a big one, written
+// to disk by the caller at BlobPath(layer)): it stores the image's config,
+// manifest and links.
+func (t Tree) AddOver(name, layer string, size int64) string {
 	repo, tag := split(name)
-	config := []byte(fmt.Sprintf(`{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[%q]}}`, Digest(layer)))
+	config := []byte(fmt.Sprintf(`{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[%q]}}`, layer))
 	m, _ := json.Marshal(map[string]any{
 		"schemaVersion": 2,
 		"mediaType":     MediaManifest,
-		"config":        descriptor(mediaConfig, config),
-		"layers":        []any{descriptor(mediaLayer, layer)},
+		"config":        map[string]any{"mediaType": mediaConfig, "digest": Digest(config), "size": len(config)},
+		"layers":        []any{map[string]any{"mediaType": mediaLayer, "digest": layer, "size": size}},
 	})
-	for _, b := range [][]byte{config, layer} {
-		t.blob(b)
-		t[LayerLink(repo, Digest(b))] = []byte(Digest(b))
-	}
+	t.blob(config)
+	t[LayerLink(repo, Digest(config))] = []byte(Digest(config))
+	t[LayerLink(repo, layer)] = []byte(layer)
 	return t.manifest(name, repo, tag, m)
 }
 
@@ -113,10 +120,6 @@ func (t Tree) Size() int64 {
 		n += int64(len(b))
 	}
 	return n
-}
-
-func descriptor(mediaType string, b []byte) map[string]any {
-	return map[string]any{"mediaType": mediaType, "digest": Digest(b), "size": len(b)}
 }
 
 // split returns name's repository path (its registry host removed, as a

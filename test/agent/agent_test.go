@@ -19,6 +19,7 @@ import (
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
+	"github.com/ferry-edge/ferry/internal/imagetree"
 	"github.com/ferry-edge/ferry/test/bigbundle"
 	"github.com/ferry-edge/ferry/test/ferryenv"
 	"github.com/ferry-edge/ferry/test/udevenv"
@@ -164,7 +165,7 @@ func TestAgent_CorruptStickIsRefusedAndNothingExtracted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tb[bytes.Index(tb, bytes.Repeat([]byte("d"), 4096))+100] ^= 0x01 // one flipped byte in a blob; the .sha256 stays
+	tb[bytes.Index(tb, imagetree.Layer("quay.io/a/image-3", 4096))+100] ^= 0x01 // one flipped byte in a blob; the .sha256 stays
 	if err := os.WriteFile(tarPath, tb, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +223,7 @@ func TestAgent_StickPulledMidReadThenPluggedAgain(t *testing.T) {
 	}
 	udevenv.Attach(t, second)
 	s = a.WaitPhase(bound, agent.PhaseExtracted)
-	if err := bigbundle.CheckTree(filepath.Join(cfg.Paths.ExtractDir, "0.0.256-x86_64"), 256<<20, 8<<20); err != nil {
+	if err := bigbundle.CheckTree(filepath.Join(cfg.Paths.ExtractDir, "0.1.256-x86_64"), 256<<20, 8<<20); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -239,7 +240,7 @@ func TestAgent_KillNineDuringExtraction(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := ferryenv.Config(t.TempDir())
-	dir := filepath.Join(cfg.Paths.ExtractDir, "0.0.1024-x86_64")
+	dir := filepath.Join(cfg.Paths.ExtractDir, "0.1.1024-x86_64")
 	a := ferryenv.Start(t, cfg)
 	a.WaitPhase(bound, "idle")
 

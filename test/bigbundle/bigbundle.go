@@ -14,13 +14,14 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/imagetree"
 )
 
-// Make writes upgrade-0.0.<MiB>-x86_64.tar and its .sha256 in out, or
+// Make writes upgrade-0.1.<MiB>-x86_64.tar and its .sha256 in out, or
 // reuses them, and returns the tar's path. Every blob's content hashes to
 // the digest in its path, so CheckTree can tell a complete tree.
 func Make(size, blobSize int64, out string) (string, error) {
-	version := fmt.Sprintf("0.0.%d", size>>20)
+	version := fmt.Sprintf("0.1.%d", size>>20) // 0.1: complete images (0.0 had bare blobs)
 	name := "upgrade-" + version + "-x86_64"
 	tarPath := filepath.Join(out, name+".tar")
 	if _, err := os.Stat(strings.TrimSuffix(tarPath, ".tar") + ".sha256"); err == nil {
@@ -33,6 +34,7 @@ func Make(size, blobSize int64, out string) (string, error) {
 	os.RemoveAll(tree)
 	defer os.RemoveAll(tree)
 	rng := rand.NewChaCha8([32]byte{1})
+	small := imagetree.Tree{} // configs, manifests and links
 	var images []string
 	for i := int64(0); i*blobSize < size; i++ {
 		n := min(blobSize, size-i*blobSize)
@@ -47,7 +49,16 @@ func Make(size, blobSize int64, out string) (string, error) {
 		if err := os.WriteFile(filepath.Join(dir, "data"), buf, 0o644); err != nil {
 			return "", err
 		}
-		images = append(images, "quay.io/bench/img@sha256:"+h)
+		images = append(images, small.AddOver(fmt.Sprintf("quay.io/bench/img-%d", i), "sha256:"+h, n))
+	}
+	for p, b := range small {
+		p = filepath.Join(tree, bundle.RegistryRoot, p)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			return "", err
+		}
 	}
 	meta := &bundle.Metadata{Version: version, Arch: "x86_64", Release: images[0], Images: images[1:],
 		Created: time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)}
@@ -76,10 +87,15 @@ func Make(size, blobSize int64, out string) (string, error) {
 	return tarPath, nil
 }
 
+// Blobs is how many blobs a Make bundle holds: per image, its big layer,
+// a config and a manifest.
+func Blobs(size, blobSize int64) int { return 3 * int((size+blobSize-1)/blobSize) }
+
 // CheckTree verifies an extracted tree made from a Make bundle: every blob
-// is there and hashes to its name, and the count matches.
+// is there and hashes to its name, and the count matches (each image: its
+// big layer, a config and a manifest).
 func CheckTree(dir string, size, blobSize int64) error {
-	want := int((size + blobSize - 1) / blobSize)
+	want := Blobs(size, blobSize)
 	n := 0
 	err := filepath.WalkDir(filepath.Join(dir, "docker/registry/v2/blobs/sha256"), func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() {

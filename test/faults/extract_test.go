@@ -32,7 +32,7 @@ func bigBundle(t *testing.T, sizeMiB, blobMiB int64) (string, string, int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p, "sha256:" + string(b[:64]), int((sizeMiB + blobMiB - 1) / blobMiB)
+	return p, "sha256:" + string(b[:64]), bigbundle.Blobs(sizeMiB, blobMiB)
 }
 
 // TestFaults_KillDuringExtract: kill -9 of the agent at a random point of

@@ -64,7 +64,7 @@ func TestInvariants_CatchABrokenNode(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := ferryenv.Config(t.TempDir())
 			n := &node{cfg: cfg, digest: digest, wantBlobs: blobs}
-			dir := filepath.Join(cfg.Paths.ExtractDir, "0.0.32-x86_64")
+			dir := filepath.Join(cfg.Paths.ExtractDir, "0.1.32-x86_64")
 			if err := os.MkdirAll(cfg.Paths.ExtractDir, 0o755); err != nil {
 				t.Fatal(err)
 			}

@@ -262,7 +262,7 @@ func sidecarDigest(t *testing.T, tarPath string) string {
 // checkBigTree checks n's extracted copy of the big bundle blob by blob.
 func (an *anode) checkBigTree(t *testing.T) {
 	t.Helper()
-	dir := filepath.Join(an.Cfg.Paths.ExtractDir, "0.0.256-x86_64")
+	dir := filepath.Join(an.Cfg.Paths.ExtractDir, "0.1.256-x86_64")
 	if err := bigbundle.CheckTree(dir, bigSize, bigBlob); err != nil {
 		t.Fatalf("%s: %v", an.Name, err)
 	}
