@@ -12,9 +12,10 @@ import (
 
 // Peers is the agent's view of the other nodes (peer.Shelf + peer.Fetcher).
 type Peers interface {
-	// Share serves a verified bundle's tar bytes to the peers; pieces,
-	// when not nil, is its piece list as hashed in the extraction pass.
-	Share(digest string, meta []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error
+	// Share serves a verified bundle's tar bytes to the peers, with its
+	// signature (nil for none); pieces, when not nil, is its piece list as
+	// hashed in the extraction pass.
+	Share(digest string, meta, sig []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error
 	Unshare(digest string)
 	Discover(ctx context.Context) ([]peer.PeerOffer, error)
 	Fetch(ctx context.Context, digest, dest string, progress func(peer.Progress)) error
@@ -55,16 +56,18 @@ func (a *Agent) pollPeers(ctx context.Context, interval time.Duration, out chan<
 // PeerStatus is what this node tells its peers.
 func (a *Agent) PeerStatus() peer.Status { return a.snap.Load().peer }
 
-// peerStatus is what this node tells its peers: its digest only while a
-// bundle holds it (a refused one is not held; a held one in conflict is,
-// so that the peers see the conflict).
+// peerStatus is what this node tells its peers: its digest while a bundle
+// holds it (a held one in conflict too, so that the peers see the
+// conflict), or while it shows a bundle it refused, so that the peers do
+// not pin one that this node will never hold.
 func (m *machine) peerStatus() peer.Status {
 	s := m.status()
 	ps := peer.Status{Node: s.Node, Phase: s.Phase, Digest: s.Digest, Version: s.Version, Release: s.Release, Error: s.Error,
 		Progress: progressText(s)}
-	if m.active != nil && m.active.Digest == s.Digest {
+	switch {
+	case m.active != nil && m.active.Digest == s.Digest:
 		ps.Source = m.active.Plugged
-	} else {
+	case Phase(s.Phase) != PhaseRejected:
 		ps.Digest = ""
 	}
 	return ps

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"aead.dev/minisign"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -41,6 +43,7 @@ type fakePeers struct {
 
 type heldBundle struct {
 	meta []byte
+	sig  []byte
 	r    io.ReaderAt
 	size int64
 }
@@ -57,11 +60,11 @@ func (f *fakePeers) link(addr string, other *fakePeers) {
 	f.mu.Unlock()
 }
 
-func (f *fakePeers) Share(d string, meta []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error {
+func (f *fakePeers) Share(d string, meta, sig []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.shared[d], f.pieces[d] = size, pieces
-	f.held[d] = heldBundle{meta: meta, r: r, size: size}
+	f.held[d] = heldBundle{meta: meta, sig: sig, r: r, size: size}
 	return nil
 }
 func (f *fakePeers) Unshare(d string) {
@@ -91,7 +94,7 @@ func (f *fakePeers) Discover(context.Context) ([]peer.PeerOffer, error) {
 		}
 		o.mu.Lock()
 		for d, b := range o.held {
-			out = append(out, peer.PeerOffer{Peer: addr, Offer: peer.Offer{Digest: d, Metadata: b.meta, Size: b.size, Complete: true}})
+			out = append(out, peer.PeerOffer{Peer: addr, Offer: peer.Offer{Digest: d, Metadata: b.meta, Size: b.size, Complete: true, Signature: b.sig}})
 		}
 		o.mu.Unlock()
 	}
@@ -446,4 +449,139 @@ func TestCluster_PeersWithoutATokenAreAConfigMistakeShownInStatus(t *testing.T) 
 		s := h.agent.Status()
 		return !s.Healthy && strings.Contains(s.Error, "no peer.token_file") && strings.Contains(s.Line, "token_file")
 	})
+}
+
+// signedOffer makes the fake peer at addr offer the bundle at tarPath with
+// a signature by priv, and returns a trusted_keys file for pub.
+func signedOffer(t *testing.T, p *fakePeers, addr, tarPath, digest string, priv minisign.PrivateKey) {
+	t.Helper()
+	f, err := os.Open(tarPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sig, err := bundle.SignReader(priv, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.offer(t, addr, tarPath, digest)
+	p.mu.Lock()
+	p.offers[len(p.offers)-1].Signature = sig
+	p.mu.Unlock()
+}
+
+func keyFile(t *testing.T, pub minisign.PublicKey) string {
+	t.Helper()
+	b, err := pub.MarshalText()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "engineer.pub")
+	must(t, os.WriteFile(path, b, 0o644))
+	return path
+}
+
+// Approval travels (DESIGN.md §4 "Peers"): a node whose own trusted_keys
+// hold the signer fetches a peer's bundle approved only by signature,
+// verifies the signature over the bytes it extracts, loads it and serves
+// it on with its signature. A signature by another key is refused before
+// a byte is fetched, saying why; one that names a trusted key but does not
+// verify is refused at extraction.
+func TestCluster_ABundleApprovedOnlyBySignatureReachesANodeWithTheKey(t *testing.T) {
+	pub, priv, _ := minisign.GenerateKey(nil)
+	_, otherPriv, _ := minisign.GenerateKey(nil)
+	tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+
+	t.Run("signed by a trusted key", func(t *testing.T) {
+		h, p := clusterHarness(t)
+		h.cfg.TrustedKeys = []string{keyFile(t, pub)}
+		p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "extracted", Digest: digest})
+		signedOffer(t, p, "10.0.0.2:8090", tarPath, digest, priv)
+		h.start()
+		h.waitPhase(PhaseLoaded)
+		var rec Record
+		for _, r := range h.agent.Status().Bundles {
+			if r.Digest == digest {
+				rec = r
+			}
+		}
+		if rec.Approval != "signature" || len(rec.Signature) == 0 {
+			t.Fatalf("approval %q, signature %d bytes", rec.Approval, len(rec.Signature))
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if !bytes.Equal(p.held[digest].sig, rec.Signature) {
+			t.Error("the bundle is served on without its signature")
+		}
+	})
+	t.Run("signed by another key", func(t *testing.T) {
+		h, p := clusterHarness(t)
+		h.cfg.TrustedKeys = []string{keyFile(t, pub)}
+		signedOffer(t, p, "10.0.0.2:8090", tarPath, digest, otherPriv)
+		h.start()
+		s := h.waitPhase(PhaseRejected)
+		if !strings.Contains(s.Reason, "not one of this node's trusted_keys") {
+			t.Fatal(s.Reason)
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.fetched != 0 {
+			t.Fatal("fetched a bundle this node's keys do not approve")
+		}
+	})
+	t.Run("a trusted key's signature of other bytes", func(t *testing.T) {
+		h, p := clusterHarness(t)
+		h.cfg.TrustedKeys = []string{keyFile(t, pub)}
+		other, _ := bundletest.Write(t, t.TempDir(), bundletest.Options{Version: "4.13.9"})
+		signedOffer(t, p, "10.0.0.2:8090", other, digest, priv) // the signature of another tar
+		p.mu.Lock()
+		p.tars[digest] = tarPath
+		p.mu.Unlock()
+		h.start()
+		s := h.waitPhase(PhaseRejected)
+		if !strings.Contains(s.Reason, "signature does not verify") {
+			t.Fatal(s.Reason)
+		}
+		if len(h.loader.loads) != 0 {
+			t.Fatal("loaded")
+		}
+	})
+}
+
+// A peer whose policy refuses the cluster's bundle blocks loading here:
+// every node must hold the same bundle before anything is pinned, and this
+// node shows which node refuses it and why.
+func TestCluster_APeerThatRefusesTheBundleBlocksLoadingAndIsShown(t *testing.T) {
+	h, p := clusterHarness(t)
+	h.start()
+	src, digest := stick(t, bundletest.Options{})
+	why := "rejected upgrade-4.13.7-x86_64.tar: not approved: the peers' bundle is signed by key 1234, which is not one of this node's trusted_keys"
+	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "rejected", Digest: digest, Error: why})
+	h.plug("/dev/sda", src)
+	s := h.waitReason("node b refuses this bundle")
+	if s.Phase != string(PhaseExtracted) || !strings.Contains(s.Reason, "trusted_keys") {
+		t.Fatalf("%+v", s)
+	}
+	time.Sleep(1500 * time.Millisecond) // another peer poll
+	if len(h.loader.loads) != 0 {
+		t.Fatal("loaded although a node refuses the bundle")
+	}
+	// Once that node holds it, loading goes on.
+	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "extracted", Digest: digest})
+	h.waitPhase(PhaseLoaded)
+}
+
+// A node that refused a peer's bundle tells its peers which bundle it
+// refused, so that they do not pin it.
+func TestCluster_ANodeThatRefusedABundleTellsItsPeersWhich(t *testing.T) {
+	h, p := clusterHarness(t)
+	h.cfg.ApprovedDigests = []string{"sha256:" + strings.Repeat("1", 64)}
+	tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+	p.offer(t, "10.0.0.2:8090", tarPath, digest)
+	h.start()
+	h.waitPhase(PhaseRejected)
+	ps := h.agent.PeerStatus()
+	if ps.Phase != string(PhaseRejected) || ps.Digest != digest || !strings.Contains(ps.Error, "approved_digests") {
+		t.Fatalf("peer status %+v", ps)
+	}
 }

@@ -48,6 +48,12 @@ func holds(s peer.Status) bool {
 	return s.Digest != ""
 }
 
+// refuses tells whether a node refused the bundle digest (its policy
+// does not approve it, or it found it bad).
+func refuses(s peer.Status, digest string) bool {
+	return Phase(s.Phase) == PhaseRejected && s.Digest == digest
+}
+
 // conflicting is the one conflict rule: two nodes that both hold a bundle,
 // and not the same one.
 func conflicting(a, b peer.Status) bool { return holds(a) && holds(b) && a.Digest != b.Digest }

@@ -132,8 +132,9 @@ func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.
 	return res, pieces, nil
 }
 
-// fetch gets the tar from the peers, with a sidecar so that extraction
-// checks the digest again in its own pass.
+// fetch gets the tar from the peers, with sidecars so that extraction
+// checks the digest again in its own pass, and the signature that came
+// with the offer when this node approved the bundle by it.
 func (a *Agent) fetch(ctx context.Context, r *Record) error {
 	dest := a.m.incomingPath(r)
 	if err := os.MkdirAll(filepath.Dir(dest), 0o700); err != nil {
@@ -142,6 +143,11 @@ func (a *Agent) fetch(ctx context.Context, r *Record) error {
 	p := a.throttle(r.ID, "bytes")
 	if err := a.deps.Peers.Fetch(ctx, r.Digest, dest, func(pr peer.Progress) { p(pr.Done, pr.Total) }); err != nil {
 		return err
+	}
+	if r.Signature != nil {
+		if err := os.WriteFile(dest+".minisig", r.Signature, 0o600); err != nil {
+			return err
+		}
 	}
 	sha := strings.TrimSuffix(dest, ".tar") + ".sha256"
 	return os.WriteFile(sha, []byte(bundle.FormatSHA256File(r.Digest, filepath.Base(dest))), 0o600)
@@ -228,7 +234,7 @@ func (a *Agent) share(r *Record, pieces *peer.PieceList) {
 		return
 	}
 	meta, _ := json.Marshal(r.Metadata)
-	if err := a.deps.Peers.Share(r.Digest, meta, ix.ReaderAt(r.Dir), ix.Size, pieces); err != nil {
+	if err := a.deps.Peers.Share(r.Digest, meta, r.Signature, ix.ReaderAt(r.Dir), ix.Size, pieces); err != nil {
 		a.log.Warn("cannot serve the bundle to peers", "bundle", r.Name, "err", err)
 	}
 }

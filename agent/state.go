@@ -49,6 +49,12 @@ type Record struct {
 	Retired bool `json:"retired,omitempty"`
 	// Unpinned: the next bundle's upgrade is done and this one's pins went.
 	Unpinned bool `json:"unpinned,omitempty"`
+	// Signature is the bundle's .minisig, when it had one: it travels to
+	// the peers with the metadata.
+	Signature []byte `json:"signature,omitempty"`
+	// Approval is how this node approved the bundle ("digest",
+	// "signature", "peer", "off").
+	Approval string `json:"approval,omitempty"`
 }
 
 // Store keeps records as one JSON file each, written atomically.

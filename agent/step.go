@@ -389,6 +389,11 @@ func (m *machine) fetchDone(r *Record, j evJobDone) []effect {
 		return append(m.move(r, PhaseFetching, reason, r.Progress), effRetryIn{10 * time.Second})
 	}
 	src := bundle.Source{Path: m.incomingPath(r), SHA256Path: strings.TrimSuffix(m.incomingPath(r), ".tar") + ".sha256"}
+	if r.Approval == "signature" {
+		// Approved by this node's own keys: verified over the bytes now.
+		src.SigPath = src.Path + ".minisig"
+		return m.extract(r, src, "", nil, m.policy)
+	}
 	return m.extract(r, src, "", nil, m.policy.PreApproved(r.Digest))
 }
 
@@ -408,7 +413,7 @@ func (m *machine) extractDone(r *Record, j evJobDone) []effect {
 		m.log.Warn("extraction interrupted", "phase", string(PhaseDetected), "bundle", r.Name, "err", j.err)
 		return append(effs, m.move(r, PhaseDetected, reason+" ("+j.err.Error()+")", Progress{})...)
 	}
-	r.Digest = j.res.Digest
+	r.Digest, r.Approval, r.Signature = j.res.Digest, j.res.Approval, j.res.Signature
 	effs = append(effs, m.move(r, PhaseExtracted, "", Progress{Done: j.res.TarSize, Total: j.res.TarSize, Unit: "bytes"})...)
 	effs = append(effs, effShare{rec: r, pieces: j.pieces})
 	m.lastBad = nil
@@ -583,7 +588,8 @@ func (m *machine) maybeFetch(v view) []effect {
 		r.ID = m.newID("peer")
 	}
 	if err == nil {
-		_, err = m.policy.ApproveOffer(meta, o.Digest)
+		r.Approval, err = m.policy.ApproveOffer(meta, o.Digest, o.Signature)
+		r.Signature = o.Signature
 	}
 	if err != nil {
 		return m.reject(r, err)
@@ -697,6 +703,8 @@ func (m *machine) peersAgree(r *Record) (bool, string) {
 			waiting = append(waiting, p+" (unreachable)")
 		case conflicting(self, st.Status):
 			return false, fmt.Sprintf("conflict: node %s holds another bundle (%s, %s): remove the second stick and run 'ferry cleanup' there", nodeName(p, st.Status), st.Version, ShortDigest(st.Digest))
+		case refuses(st.Status, r.Digest):
+			return false, fmt.Sprintf("node %s refuses this bundle (%s): every node must hold it before anything is pinned; approve it there (approved_digests or trusted_keys) or bring a bundle every node approves", nodeName(p, st.Status), st.Status.Error)
 		case st.Digest != r.Digest:
 			waiting = append(waiting, nodeName(p, st.Status))
 		}

@@ -58,6 +58,9 @@ type Result struct {
 	Digest   string // sha256:<hex> of the tar bytes up to the end marker
 	TarSize  int64
 	Approval string // how it was approved: "digest", "signature" or "off"
+	// Signature is the bundle's .minisig, if it had one: it travels to
+	// the peers, whose own trusted_keys may approve the bundle by it.
+	Signature []byte
 }
 
 // Verify checks src without writing anything.
@@ -124,6 +127,7 @@ func InspectFile(path string) (*Metadata, error) {
 type approval struct {
 	mode     string // "digest", "signature", "digest-at-end", "off"
 	sig      []byte // signature to verify at the end
+	travels  []byte // the .minisig, verified here or not, for the peers
 	keys     []minisign.PublicKey
 	approved []string // normalized approved digests
 	expected string   // digest from .sha256, "" for none
@@ -316,7 +320,7 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	if err := w.ix.check(meta); err != nil {
 		return nil, refuse(err)
 	}
-	res = &Result{Metadata: meta, Digest: digest, TarSize: hr.consumed, Approval: ap.mode}
+	res = &Result{Metadata: meta, Digest: digest, TarSize: hr.consumed, Approval: ap.mode, Signature: ap.travels}
 	if ap.mode == "digest-at-end" {
 		res.Approval = "digest"
 	}
@@ -378,12 +382,15 @@ func decideApproval(src Source, p Policy) (approval, error) {
 			return ap, err
 		}
 	}
-	if src.SigPath != "" && len(p.TrustedKeys) > 0 {
-		b, err := os.ReadFile(src.SigPath)
+	if src.SigPath != "" {
+		b, err := readSignature(src.SigPath)
 		if err != nil {
-			return ap, fmt.Errorf("reading %s: %w", src.SigPath, err)
+			return ap, err
 		}
-		ap.sig, ap.keys = b, p.TrustedKeys
+		ap.travels = b // for the peers, whose keys may approve it
+		if len(p.TrustedKeys) > 0 {
+			ap.sig, ap.keys = b, p.TrustedKeys
+		}
 	}
 	approvalOn := len(ap.approved) > 0 || len(p.TrustedKeys) > 0
 	switch {

@@ -1,15 +1,21 @@
 package bundle
 
-import "fmt"
+import (
+	"fmt"
+
+	"aead.dev/minisign"
+)
 
 // On reports whether approval is configured at all.
 func (p Policy) On() bool { return len(p.ApprovedDigests) > 0 || len(p.TrustedKeys) > 0 }
 
 // ApproveOffer applies arch and approval to a bundle a peer offers, before
-// any byte of it is fetched: the peer shows its metadata and digest only,
-// so with approval on, the digest itself must be approved. It returns how
-// it was approved ("digest" or "off").
-func (p Policy) ApproveOffer(meta *Metadata, digest string) (string, error) {
+// any byte of it is fetched: the peer shows its metadata, digest and
+// signature (sig, its .minisig; nil when it has none). It returns how it
+// was approved: "digest", "off", or "signature" when sig is by one of the
+// trusted keys; the signature itself is then verified over the bytes as
+// they are extracted (a Source with SigPath, under this policy).
+func (p Policy) ApproveOffer(meta *Metadata, digest string, sig []byte) (string, error) {
 	if p.Arch != "" && meta.Arch != p.Arch {
 		return "", fmt.Errorf("%w: the peers' bundle is for %s, this node is %s", ErrWrongArch, meta.Arch, p.Arch)
 	}
@@ -21,7 +27,22 @@ func (p Policy) ApproveOffer(meta *Metadata, digest string) (string, error) {
 			return "digest", nil
 		}
 	}
-	return "", fmt.Errorf("%w: the peers' bundle %s is not in approved_digests: approve it on every node", ErrNotApproved, digest)
+	if len(p.TrustedKeys) == 0 {
+		return "", fmt.Errorf("%w: the peers' bundle %s is not in approved_digests: approve it on every node", ErrNotApproved, digest)
+	}
+	if sig == nil {
+		return "", fmt.Errorf("%w: the peers' bundle %s is not in approved_digests and carries no signature: approve it on every node", ErrNotApproved, digest)
+	}
+	var s minisign.Signature
+	if err := s.UnmarshalText(sig); err != nil {
+		return "", fmt.Errorf("%w: the peers' bundle %s carries a signature that does not parse (%v): ask the engineer to sign it again", ErrNotApproved, digest, err)
+	}
+	for _, k := range p.TrustedKeys {
+		if k.ID() == s.KeyID {
+			return "signature", nil
+		}
+	}
+	return "", fmt.Errorf("%w: the peers' bundle %s is signed by key %X, which is not one of this node's trusted_keys: add the engineer's public key here, or approve the digest", ErrNotApproved, digest, s.KeyID)
 }
 
 // PreApproved is the policy for extracting a bundle whose digest was

@@ -2,8 +2,11 @@ package bundle_test
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
+
+	"aead.dev/minisign"
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
@@ -23,11 +26,11 @@ func TestPolicy_APeersApprovedDigestIsApprovedAndSaysSo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pol.ApproveOffer(meta, digest); !errors.Is(err, bundle.ErrNotApproved) {
+	if _, err := pol.ApproveOffer(meta, digest, nil); !errors.Is(err, bundle.ErrNotApproved) {
 		t.Fatalf("an offer of an unapproved digest: %v", err)
 	}
 	pol.ApprovedDigests = append(pol.ApprovedDigests, digest)
-	if how, err := pol.ApproveOffer(meta, digest); err != nil || how != "digest" {
+	if how, err := pol.ApproveOffer(meta, digest, nil); err != nil || how != "digest" {
 		t.Fatalf("offer: %q, %v", how, err)
 	}
 	res, err := bundle.Verify(t.Context(), src, bundle.Options{Policy: pol.PreApproved(digest)})
@@ -37,5 +40,63 @@ func TestPolicy_APeersApprovedDigestIsApprovedAndSaysSo(t *testing.T) {
 	other := pol.PreApproved("sha256:" + strings.Repeat("1", 64))
 	if _, err := bundle.Verify(t.Context(), src, bundle.Options{Policy: other}); !errors.Is(err, bundle.ErrNotApproved) {
 		t.Fatalf("a fetched bundle whose digest is not the pre-approved one: %v", err)
+	}
+}
+
+// Approval travels: a node whose trusted_keys hold the signer approves a
+// peer's bundle by the signature that comes with the offer, then verifies
+// it over the bytes it extracts; another key, no signature or a bad one
+// is refused before a byte is fetched.
+func TestPolicy_APeersSignatureApprovesWithThisNodesKeys(t *testing.T) {
+	p, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+	pub, priv, _ := minisign.GenerateKey(nil)
+	otherPub, otherPriv, _ := minisign.GenerateKey(nil)
+	signWith := func(k minisign.PrivateKey) []byte {
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		sig, err := bundle.SignReader(k, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sig
+	}
+	sig, otherSig := signWith(priv), signWith(otherPriv)
+	meta, err := bundle.InspectFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := bundle.Policy{TrustedKeys: []minisign.PublicKey{pub}, SpaceFactor: -1}
+	if how, err := pol.ApproveOffer(meta, digest, sig); err != nil || how != "signature" {
+		t.Fatalf("signed by a trusted key: %q, %v", how, err)
+	}
+	for name, s := range map[string][]byte{"no signature": nil, "another key": otherSig, "garbage": []byte("untrusted comment: x\nnot base64\n")} {
+		if _, err := pol.ApproveOffer(meta, digest, s); !errors.Is(err, bundle.ErrNotApproved) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if _, err := (bundle.Policy{TrustedKeys: []minisign.PublicKey{otherPub}}).ApproveOffer(meta, digest, sig); err == nil || !strings.Contains(err.Error(), "not one of this node's trusted_keys") {
+		t.Errorf("a node without the signer's key: %v", err)
+	}
+
+	// The fetched bytes are verified with the signature that came along.
+	if err := os.WriteFile(p+".minisig", sig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src, err := bundle.FindSource(p, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := bundle.Verify(t.Context(), src, bundle.Options{Policy: pol})
+	if err != nil || res.Approval != "signature" || string(res.Signature) != string(sig) {
+		t.Fatalf("extracting with the travelling signature: %+v, %v", res, err)
+	}
+	if err := os.WriteFile(p+".minisig", otherSig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bundle.Verify(t.Context(), src, bundle.Options{Policy: pol}); !errors.Is(err, bundle.ErrNotApproved) {
+		t.Fatalf("a signature that does not verify: %v", err)
 	}
 }

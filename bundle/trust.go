@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -120,4 +121,24 @@ func FindSource(path, sha256Path string) (Source, error) {
 		src.SigPath = path + ".minisig"
 	}
 	return src, nil
+}
+
+// maxSigFile bounds a .minisig (a few hundred bytes with its comments).
+const maxSigFile = 4 << 10
+
+// readSignature reads a .minisig, bounded: it is passed on to peers.
+func readSignature(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSigFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	if len(b) > maxSigFile {
+		return nil, fmt.Errorf("%w: %s is over %d bytes: not a minisign signature", ErrInvalid, path, maxSigFile)
+	}
+	return b, nil
 }

@@ -216,6 +216,7 @@ type job struct {
 
 	pl    *PieceList
 	meta  json.RawMessage
+	sig   []byte // the bundle's .minisig, passed on
 	file  *os.File
 	mine  Have
 	peers map[string]*peerState
@@ -253,7 +254,7 @@ func (j *job) prepare(ctx context.Context) error {
 	}
 	j.file = fl
 	if s := j.f.opts.Shelf; s != nil {
-		s.addPartial(Offer{Digest: j.digest, Metadata: j.meta, Size: j.pl.Size}, fl, j.pl, j.mine)
+		s.addPartial(Offer{Digest: j.digest, Metadata: j.meta, Size: j.pl.Size, Signature: j.sig}, fl, j.pl, j.mine)
 	}
 	return nil
 }
@@ -310,6 +311,7 @@ func (j *job) choosePieceList(ctx context.Context) error {
 		type vote struct {
 			pl       *PieceList
 			meta     json.RawMessage
+			sig      []byte
 			peers    []string
 			complete bool
 		}
@@ -336,7 +338,7 @@ func (j *job) choosePieceList(ctx context.Context) error {
 				defer mu.Unlock()
 				v := votes[k]
 				if v == nil {
-					v = &vote{pl: pl, meta: o.Metadata}
+					v = &vote{pl: pl, meta: o.Metadata, sig: o.Signature}
 					votes[k] = v
 				}
 				v.peers = append(v.peers, o.Peer)
@@ -370,7 +372,7 @@ func (j *job) choosePieceList(ctx context.Context) error {
 				}
 			}
 		}
-		j.pl, j.meta = best.pl, best.meta
+		j.pl, j.meta, j.sig = best.pl, best.meta, best.sig
 		return nil
 	}
 }

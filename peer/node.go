@@ -9,14 +9,20 @@ type Node struct {
 	*Fetcher
 }
 
-// Share serves a verified bundle's tar bytes; pieces, when not nil, is its
-// piece list as hashed in the extraction pass (served at once, no second
-// read of the bundle).
-func (n Node) Share(digest string, meta []byte, r io.ReaderAt, size int64, pieces *PieceList) error {
+// Share serves a verified bundle's tar bytes, with its signature (nil for
+// none); pieces, when not nil, is its piece list as hashed in the
+// extraction pass (served at once, no second read of the bundle).
+func (n Node) Share(digest string, meta, sig []byte, r io.ReaderAt, size int64, pieces *PieceList) error {
+	var err error
 	if pieces != nil {
-		return n.Shelf.AddHashed(digest, meta, r, pieces)
+		err = n.Shelf.AddHashed(digest, meta, r, pieces)
+	} else {
+		err = n.Shelf.Add(digest, meta, r, size)
 	}
-	return n.Shelf.Add(digest, meta, r, size)
+	if err == nil {
+		n.Shelf.SetSignature(digest, sig)
+	}
+	return err
 }
 
 // Unshare stops serving a bundle.

@@ -74,6 +74,9 @@ type Offer struct {
 	PieceSize int64           `json:"pieceSize"`
 	// Complete is true when the node holds every byte verified.
 	Complete bool `json:"complete"`
+	// Signature is the bundle's .minisig, when it came with one: each
+	// node applies its own trusted_keys to it (approval travels).
+	Signature []byte `json:"signature,omitempty"`
 }
 
 // Status is what a node reports about itself on /v1/status. The agent

@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -315,6 +316,15 @@ func (s *Shelf) setPending(digest string, i int, on bool) {
 		e.have.Pending[i/8] |= 1 << (i % 8)
 	} else {
 		e.have.Pending[i/8] &^= 1 << (i % 8)
+	}
+}
+
+// SetSignature offers sig (a .minisig) with the bundle's metadata.
+func (s *Shelf) SetSignature(digest string, sig []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.entries[digest]; e != nil {
+		e.offer.Signature = bytes.Clone(sig)
 	}
 }
 

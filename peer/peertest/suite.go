@@ -20,7 +20,7 @@ import (
 
 // Peers is the agent's view of the peer network (agent.Peers).
 type Peers interface {
-	Share(digest string, meta []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error
+	Share(digest string, meta, sig []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error
 	Unshare(digest string)
 	Discover(ctx context.Context) ([]peer.PeerOffer, error)
 	Fetch(ctx context.Context, digest, dest string, progress func(peer.Progress)) error
@@ -38,6 +38,7 @@ func Run(t *testing.T, pair Pair) {
 	sum := sha256.Sum256(data)
 	digest := "sha256:" + hex.EncodeToString(sum[:])
 	meta := []byte(`{"version":"4.13.7","arch":"x86_64"}`)
+	sig := []byte("untrusted comment: signature from minisign secret key\nRUQ...\n")
 
 	t.Run("NothingSharedIsNoOffer", func(t *testing.T) {
 		_, dst, _ := pair(t)
@@ -46,13 +47,13 @@ func Run(t *testing.T, pair Pair) {
 			t.Fatalf("offers %+v", offers)
 		}
 	})
-	t.Run("ASharedBundleIsOfferedFetchedWholeAndUnshared", func(t *testing.T) {
+	t.Run("ASharedBundleIsOfferedWithItsSignatureFetchedWholeAndUnshared", func(t *testing.T) {
 		src, dst, addr := pair(t)
-		if err := src.Share(digest, meta, bytes.NewReader(data), int64(len(data)), nil); err != nil {
+		if err := src.Share(digest, meta, sig, bytes.NewReader(data), int64(len(data)), nil); err != nil {
 			t.Fatal(err)
 		}
 		offers, err := dst.Discover(t.Context())
-		if err != nil || len(offers) != 1 || offers[0].Digest != digest || offers[0].Peer != addr || !bytes.Equal(offers[0].Metadata, meta) {
+		if err != nil || len(offers) != 1 || offers[0].Digest != digest || offers[0].Peer != addr || !bytes.Equal(offers[0].Metadata, meta) || !bytes.Equal(offers[0].Signature, sig) {
 			t.Fatalf("offers %+v, %v", offers, err)
 		}
 		dest := filepath.Join(t.TempDir(), "b.tar")
