@@ -585,3 +585,32 @@ func TestCluster_ANodeThatRefusedABundleTellsItsPeersWhich(t *testing.T) {
 		t.Fatalf("peer status %+v", ps)
 	}
 }
+
+// A node that refused a peer's bundle by its policy takes it once its
+// policy approves it (the administrator added the digest and restarted
+// ferry): no cleanup is needed.
+func TestCluster_ARefusedPeerBundleIsTakenOnceThePolicyApprovesIt(t *testing.T) {
+	h, p := clusterHarness(t)
+	h.cfg.ApprovedDigests = []string{"sha256:" + strings.Repeat("1", 64)}
+	tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "extracted", Digest: digest})
+	p.offer(t, "10.0.0.2:8090", tarPath, digest)
+	h.start()
+	h.waitPhase(PhaseRejected)
+	time.Sleep(1500 * time.Millisecond) // another poll: still refused, not fetched
+	p.mu.Lock()
+	n := p.fetched
+	p.mu.Unlock()
+	if n != 0 {
+		t.Fatal("fetched a bundle the policy refuses")
+	}
+	h.stop()
+	h2 := newHarness(t, filepath.Dir(h.cfg.Paths.StateDir))
+	h2.cfg = h.cfg
+	h2.cfg.ApprovedDigests = append(h2.cfg.ApprovedDigests, digest)
+	h2.peers = p
+	h2.start()
+	if s := h2.waitPhase(PhaseLoaded); s.Digest != digest {
+		t.Fatal(s.Digest)
+	}
+}

@@ -571,12 +571,26 @@ func (m *machine) maybeFetch(v view) []effect {
 	if o == nil {
 		return nil
 	}
+	meta, err := bundle.ParseMetadata(o.Metadata)
 	for _, old := range m.records {
-		if old.Digest == o.Digest && (old.Phase == PhaseRejected || old.Phase == PhaseCleaned || old.Phase == PhaseUpgraded) {
-			return nil // refused or done with before: not again
+		if old.Digest != o.Digest {
+			continue
+		}
+		switch old.Phase {
+		case PhaseCleaned, PhaseUpgraded:
+			return nil // done with before: not again
+		case PhaseRejected:
+			// Refused for its bytes (it was fetched), or still by this
+			// node's policy: not again. Refused by a policy since changed
+			// to approve it (a restart with the engineer's key): fetch it.
+			if old.Dir != "" || err != nil {
+				return nil
+			}
+			if _, perr := m.policy.ApproveOffer(meta, o.Digest, o.Signature); perr != nil {
+				return nil
+			}
 		}
 	}
-	meta, err := bundle.ParseMetadata(o.Metadata)
 	name := "bundle from " + o.Peer
 	if meta != nil {
 		name = meta.Name() + ".tar"
