@@ -204,6 +204,7 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	}
 
 	w := &treeWriter{meta: meta}
+	defer w.close()
 	if dest != "" {
 		if err := checkSpace(filepath.Dir(dest), meta.SizeBytes, opts.SpaceFactor); err != nil {
 			return nil, refuse(err)

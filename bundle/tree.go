@@ -3,11 +3,9 @@ package bundle
 import (
 	"archive/tar"
 	"bytes"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"os"
 	"path"
@@ -33,9 +31,17 @@ type treeWriter struct {
 	dirs  map[string]bool // created directories
 	buf   []byte
 
-	ix   *treeIndex   // what the tree holds, checked after the pass
-	sum  hash.Hash    // a blob's sha256, reused
-	keep bytes.Buffer // a link's or a possible manifest's bytes, reused
+	ix      *treeIndex   // what the tree holds, checked after the pass
+	bh      *blobHasher  // hashes blobs on another core
+	blobSum []byte       // the last blob's sha256
+	keep    bytes.Buffer // a link's or a possible manifest's bytes, reused
+}
+
+// close stops what the writer runs beside the pass.
+func (w *treeWriter) close() {
+	if w.bh != nil {
+		w.bh.close()
+	}
 }
 
 // checkName returns the clean name of a tar entry, or why it is refused.
@@ -74,7 +80,7 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 		w.seen = map[string]bool{MetadataName: true}
 		w.dirs = map[string]bool{}
 		w.ix = newTreeIndex()
-		w.sum = sha256.New()
+		w.bh = newBlobHasher()
 	}
 	switch hdr.Typeflag {
 	case tar.TypeReg, tar.TypeDir:
@@ -116,7 +122,6 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 	}
 	rel := strings.TrimPrefix(clean, RegistryRoot)
 	blob := blobHex(rel)
-	var sinks []io.Writer
 	var f *os.File
 	if w.root != "" {
 		if err := w.mkdir(path.Dir(clean)); err != nil {
@@ -126,17 +131,32 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 		if err != nil {
 			return fmt.Errorf("extracting %s: %w", clean, err)
 		}
-		sinks = append(sinks, f)
 	}
 	w.keep.Reset()
-	if blob != "" && hashBlobs {
-		w.sum.Reset()
-		sinks = append(sinks, w.sum)
+	keep := (blob != "" && hdr.Size <= maxManifest) || (isLink(rel) && hdr.Size <= maxLink)
+	hashing := blob != "" && hashBlobs
+	var n int64
+	for n < hdr.Size && err == nil {
+		buf := w.buf
+		if hashing {
+			buf = w.bh.buffer()
+		}
+		var k int
+		k, err = io.ReadFull(tr, buf[:min(int64(len(buf)), hdr.Size-n)])
+		n += int64(k)
+		if f != nil && k > 0 && err == nil {
+			_, err = f.Write(buf[:k])
+		}
+		if keep {
+			w.keep.Write(buf[:k])
+		}
+		if hashing {
+			w.bh.add(buf[:k])
+		}
 	}
-	if (blob != "" && hdr.Size <= maxManifest) || (isLink(rel) && hdr.Size <= maxLink) {
-		sinks = append(sinks, &w.keep)
+	if hashing {
+		w.blobSum = w.bh.sum()
 	}
-	n, err := io.CopyBuffer(writerOnly{io.MultiWriter(sinks...)}, tr, w.buf)
 	if f != nil {
 		if cerr := f.Close(); err == nil {
 			err = cerr
@@ -159,7 +179,7 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 func (w *treeWriter) index(rel, blob string) error {
 	switch {
 	case blob != "":
-		if got := hex.EncodeToString(w.sum.Sum(nil)); hashBlobs && got != blob {
+		if got := hex.EncodeToString(w.blobSum); hashBlobs && got != blob {
 			// Said only if the whole tar's digest matches: a damaged copy
 			// is "copy it again", not "make it again".
 			if w.ix.lying == nil {
