@@ -7,18 +7,14 @@ package bundle_test
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/test/fixture"
@@ -71,68 +67,6 @@ func run(t *testing.T, dir string, name string, args ...string) string {
 func sha(b []byte) string {
 	s := sha256.Sum256(b)
 	return "sha256:" + hex.EncodeToString(s[:])
-}
-
-// serveTree runs Debian's docker-registry over dir (an extracted bundle)
-// on a free loopback port and returns host:port.
-func serveTree(t *testing.T, dir string) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	cfg := fmt.Sprintf(`version: 0.1
-log:
-  level: error
-  accesslog:
-    disabled: true
-storage:
-  filesystem:
-    rootdirectory: %s
-  maintenance:
-    uploadpurging:
-      enabled: false
-    readonly:
-      enabled: true
-http:
-  addr: %s
-`, dir, addr)
-	cfgPath := filepath.Join(t.TempDir(), "config.yml")
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var logs bytes.Buffer
-	cmd := exec.Command("docker-registry", "serve", cfgPath)
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("docker-registry log:\n%s", logs.String())
-		}
-	})
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/v2/", nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return addr
-			}
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("docker-registry did not answer on %s: %v\n%s", addr, err, logs.String())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }
 
 // TestCreate_RoundTripThroughOutsideTools is issue 2's first "must show":
@@ -198,7 +132,7 @@ func TestCreate_RoundTripThroughOutsideTools(t *testing.T) {
 	}
 
 	// Served as is by distribution 2.8.
-	addr := serveTree(t, tree)
+	addr, _ := fixture.ServeDistribution(t, tree, true)
 	paths := bundle.RepoPaths(m.AllImages())
 	copies := t.TempDir()
 	for i, ref := range m.AllImages() {
