@@ -147,12 +147,16 @@ func (nopNotifier) Ready()        {}
 func (nopNotifier) Status(string) {}
 
 // Request asks the running agent to do something (from the status API):
-// "load" a file at path, "cleanup", or "proceed".
-func (a *Agent) Request(ctx context.Context, kind, path string) error {
-	req := evRequest{kind: requestKind(kind), path: path, reply: make(chan error, 1)}
+// "load" the bundle in m (files ferry load opened and passed), "cleanup",
+// or "proceed" (m nil). The agent owns m from then on.
+func (a *Agent) Request(ctx context.Context, kind string, m Medium) error {
+	req := evRequest{kind: requestKind(kind), medium: m, reply: make(chan error, 1)}
 	select {
 	case a.events <- req:
 	case <-ctx.Done():
+		if m != nil {
+			m.Close()
+		}
 		return ctx.Err()
 	}
 	select {

@@ -423,7 +423,7 @@ func TestAgent_CleanupOfALoadedBundleIsTheUpgradeDone(t *testing.T) {
 	src, _ := stick(t, first)
 	h.plug("/dev/sda", src)
 	h.waitPhase(PhaseClusterReady)
-	must(t, h.agent.Request(t.Context(), "cleanup", ""))
+	must(t, h.agent.Request(t.Context(), "cleanup", nil))
 	h.loader.mu.Lock()
 	retires, cleanups := len(h.loader.retires), h.loader.cleanups
 	h.loader.mu.Unlock()
@@ -450,7 +450,7 @@ func TestAgent_CleanupOfALoadedBundleIsTheUpgradeDone(t *testing.T) {
 	if !slices.Contains(keep, old) {
 		t.Fatalf("the second load did not keep the first bundle's pins: %v", keep)
 	}
-	must(t, h.agent.Request(t.Context(), "cleanup", ""))
+	must(t, h.agent.Request(t.Context(), "cleanup", nil))
 	h.loader.mu.Lock()
 	defer h.loader.mu.Unlock()
 	if h.loader.pinned[old] || !h.loader.pinned[shared] {
@@ -466,7 +466,7 @@ func TestAgent_CleanupBeforeLoadingTakesTheBundleOut(t *testing.T) {
 	src, _ := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
 	h.waitPhase(PhaseExtracted)
-	must(t, h.agent.Request(t.Context(), "cleanup", ""))
+	must(t, h.agent.Request(t.Context(), "cleanup", nil))
 	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); !os.IsNotExist(err) {
 		t.Fatal("extracted dir kept")
 	}
@@ -504,7 +504,7 @@ func TestStatusAPI_OverUnixSocket(t *testing.T) {
 		t.Fatalf("socket mode %v", fi.Mode().Perm())
 	}
 	p, _ := bundletest.Write(t, t.TempDir(), bundletest.Options{})
-	_, err = c.Do(t.Context(), "load", p)
+	_, err = c.Load(t.Context(), p)
 	must(t, err)
 	h.waitPhase(PhaseClusterReady)
 	if _, err := NewClient(filepath.Join(t.TempDir(), "none.sock")).Status(t.Context()); !errors.Is(err, ErrNotRunning) {

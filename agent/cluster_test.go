@@ -315,7 +315,7 @@ func TestCluster_ManualScheduleWaitsForProceed(t *testing.T) {
 	h.start()
 	src, digest := stick(t, bundletest.Options{})
 	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "loaded", Digest: digest})
-	if err := h.agent.Request(t.Context(), "proceed", ""); err == nil {
+	if err := h.agent.Request(t.Context(), "proceed", nil); err == nil {
 		t.Fatal("proceed accepted before the cluster is ready")
 	}
 	h.plug("/dev/sda", src)
@@ -324,7 +324,7 @@ func TestCluster_ManualScheduleWaitsForProceed(t *testing.T) {
 	if _, err := os.Stat(marker); err == nil {
 		t.Fatal("Manual schedule ran the hook by itself")
 	}
-	must(t, h.agent.Request(t.Context(), "proceed", ""))
+	must(t, h.agent.Request(t.Context(), "proceed", nil))
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		if b, _ := os.ReadFile(marker); string(b) == "ran\n" {
@@ -335,7 +335,7 @@ func TestCluster_ManualScheduleWaitsForProceed(t *testing.T) {
 	if b, _ := os.ReadFile(marker); string(b) != "ran\n" {
 		t.Fatalf("hook output %q", b)
 	}
-	if err := h.agent.Request(t.Context(), "proceed", ""); err == nil {
+	if err := h.agent.Request(t.Context(), "proceed", nil); err == nil {
 		t.Fatal("proceed ran the hook a second time")
 	}
 }

@@ -58,9 +58,9 @@ type evView struct{ view }
 
 // evRequest: a request from the status API.
 type evRequest struct {
-	kind  requestKind
-	path  string
-	reply chan error
+	kind   requestKind
+	medium Medium // load: the bundle's open files (ferry load passes them)
+	reply  chan error
 }
 
 // evHookDone: the on_ready hook finished.
@@ -134,7 +134,7 @@ type effSave struct{ rec *Record }
 type effProbe struct {
 	origin Origin
 	ev     DeviceEvent // a stick
-	path   string      // a file
+	medium Medium      // a file given to ferry load, open
 	held   string      // the held bundle's digest, "" for none
 	reply  chan error
 }

@@ -28,12 +28,7 @@ var errNoBundle = errors.New("no upgrade bundle here")
 func (a *Agent) probe(ctx context.Context, p effProbe) event {
 	o := evOffer{origin: p.origin, device: p.ev.Device, reply: p.reply}
 	if p.origin == OriginFile {
-		src, err := bundle.FindSource(p.path, "")
-		if err != nil {
-			o.noBundle, o.err = true, err
-			return o
-		}
-		o.src = src
+		o.src, o.medium = p.medium.Bundles()[0], p.medium
 	} else {
 		m, err := a.deps.Media.Open(ctx, p.ev)
 		if err != nil {

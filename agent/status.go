@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -198,10 +197,11 @@ func (a *Agent) ServeStatus(ctx context.Context, path string) error {
 		return err
 	}
 	os.Remove(path)
-	l, err := net.Listen("unix", path)
+	ul, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		return fmt.Errorf("status socket: %w", err)
 	}
+	l := fdListener{ul}
 	if err := os.Chmod(path, 0o600); err != nil {
 		l.Close()
 		return err
@@ -212,7 +212,16 @@ func (a *Agent) ServeStatus(ctx context.Context, path string) error {
 	})
 	act := func(kind string) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
-			err := a.Request(r.Context(), kind, r.URL.Query().Get("path"))
+			var m Medium
+			if kind == "load" {
+				p, err := passedBundle(r)
+				if err != nil {
+					writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+					return
+				}
+				m = p
+			}
+			err := a.Request(r.Context(), kind, m)
 			if err != nil {
 				writeJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
 				return
@@ -226,7 +235,10 @@ func (a *Agent) ServeStatus(ctx context.Context, path string) error {
 	mux.HandleFunc("POST /v1/proceed", act("proceed"))
 	mux.HandleFunc("POST /v1/load", act("load"))
 	mux.HandleFunc("POST /v1/cleanup", act("cleanup"))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, fdConnKey{}, c)
+		}}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -250,17 +262,24 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 var ErrNotRunning = errors.New("the ferry agent is not running")
 
 // Client talks to a running agent over its socket.
-type Client struct{ hc *http.Client }
+type Client struct {
+	path string
+	hc   *http.Client
+}
 
 // NewClient returns a client for the socket at path.
 func NewClient(path string) *Client {
-	return &Client{hc: &http.Client{
-		Timeout: 30 * time.Minute,
-		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", path)
-		}},
-	}}
+	c := &Client{path: path}
+	c.hc = &http.Client{
+		Timeout:   30 * time.Minute,
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return c.dial(ctx) }},
+	}
+	return c
+}
+
+func (c *Client) dial(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", c.path)
 }
 
 // Status asks the agent for its status.
@@ -278,13 +297,10 @@ func (c *Client) Cluster(ctx context.Context) (ClusterStatus, error) {
 	return cs, json.Unmarshal(b, &cs)
 }
 
-// Do asks the agent to load a file ("load", path) or clean up ("cleanup").
-func (c *Client) Do(ctx context.Context, kind, path string) (Status, error) {
-	u := "/v1/" + kind
-	if path != "" {
-		u += "?path=" + url.QueryEscape(path)
-	}
-	return c.call(ctx, http.MethodPost, u)
+// Do asks the agent to clean up ("cleanup") or proceed ("proceed"); Load
+// gives it a bundle.
+func (c *Client) Do(ctx context.Context, kind string) (Status, error) {
+	return c.call(ctx, http.MethodPost, "/v1/"+kind)
 }
 
 func (c *Client) call(ctx context.Context, method, path string) (Status, error) {
@@ -297,11 +313,15 @@ func (c *Client) call(ctx context.Context, method, path string) (Status, error) 
 }
 
 func (c *Client) raw(ctx context.Context, method, path string) ([]byte, error) {
+	return raw(ctx, c.hc, method, path)
+}
+
+func raw(ctx context.Context, hc *http.Client, method, path string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, method, "http://ferry"+path, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.hc.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("%w (%v): start it with 'systemctl start ferry'", ErrNotRunning, err)
 	}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -132,10 +131,10 @@ func (m *machine) start(recs []*Record) []effect {
 		if r.Dir != "" {
 			effs = append(effs, effRemove{r.Dir})
 		}
-		if r.Origin == OriginFile && r.Source != "" {
-			if _, err := os.Stat(r.Source); err == nil {
-				return append(effs, effProbe{origin: OriginFile, path: r.Source, held: r.Digest})
-			}
+		if r.Origin == OriginFile {
+			// The file came as a descriptor, gone with the restart; the
+			// agent never opens the caller's path itself.
+			return append(effs, m.move(r, PhaseDetected, "interrupted before the copy finished: run 'ferry load "+r.Source+"' again", Progress{})...)
 		}
 		return append(effs, m.move(r, PhaseDetected, "interrupted before the copy finished: plug the stick in again", Progress{})...)
 	case PhaseFetching, PhaseUpgraded:
@@ -258,7 +257,7 @@ func (m *machine) offer(o evOffer) []effect {
 		r.Plugged = o.origin != OriginPeer
 	}
 	r.Metadata = o.meta
-	r.Source = o.src.Path
+	r.Source = o.src.Where()
 	if o.origin == OriginStick {
 		r.Source = o.device
 	}
@@ -318,7 +317,7 @@ func (m *machine) newRecord(o evOffer, meta *bundle.Metadata) *Record {
 	if meta != nil {
 		base = meta.DirName()
 	}
-	r := &Record{Digest: o.digest, Name: o.src.Name(), Metadata: meta, Origin: o.origin, Source: o.src.Path}
+	r := &Record{Digest: o.digest, Name: o.src.Name(), Metadata: meta, Origin: o.origin, Source: o.src.Where()}
 	r.ID = m.newID(base)
 	return r
 }
@@ -452,14 +451,17 @@ func (m *machine) reject(r *Record, err error) []effect {
 func (m *machine) request(q evRequest) []effect {
 	switch q.kind {
 	case reqLoad:
+		if q.medium == nil {
+			return []effect{effReply{q.reply, errors.New("no bundle given")}}
+		}
 		if m.job != nil {
-			return []effect{effReply{q.reply, fmt.Errorf("busy (%s); try again when it is done", m.job.kind)}}
+			return []effect{effCloseMedium{q.medium}, effReply{q.reply, fmt.Errorf("busy (%s); try again when it is done", m.job.kind)}}
 		}
 		held := ""
 		if m.active != nil {
 			held = m.active.Digest
 		}
-		return []effect{effProbe{origin: OriginFile, path: q.path, held: held, reply: q.reply}}
+		return []effect{effProbe{origin: OriginFile, medium: q.medium, held: held, reply: q.reply}}
 	case reqCleanup:
 		if m.active == nil {
 			return []effect{effReply{q.reply, errors.New("no bundle to clean up")}}

@@ -62,7 +62,7 @@ func events(reply chan error) map[string]event {
 		"peers seen":           evView{view{statuses: map[string]peer.PeerStatus{}, at: time.Now()}},
 		"cleanup asked":        evRequest{kind: reqCleanup, reply: reply},
 		"proceed asked":        evRequest{kind: reqProceed, reply: reply},
-		"load asked":           evRequest{kind: reqLoad, path: "/root/b.tar", reply: reply},
+		"load asked":           evRequest{kind: reqLoad, medium: &fakeMedium{srcs: []bundle.Source{{Path: "/root/b.tar"}}}, reply: reply},
 		"hook done":            evHookDone{id: "held", run: HookRun{Exit: 0}},
 		"retry":                evRetry{},
 	}

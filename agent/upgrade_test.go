@@ -239,13 +239,13 @@ func TestUpgrade_ManualScheduleAsksOnProceedAndAFailedHookRunsAgain(t *testing.T
 	if asked != 0 {
 		t.Fatal("Manual schedule asked for the upgrade by itself")
 	}
-	must(t, h.agent.Request(t.Context(), "proceed", ""))
+	must(t, h.agent.Request(t.Context(), "proceed", nil))
 	h.waitFor("the upgrade asked for", func() bool { api.mu.Lock(); defer api.mu.Unlock(); return len(api.starts) == 1 })
 	h.waitFor("the hook failed", func() bool { return hookFailed(h.agent.Status()) })
 	must(t, os.WriteFile(flag, nil, 0o644))
-	must(t, h.agent.Request(t.Context(), "proceed", ""))
+	must(t, h.agent.Request(t.Context(), "proceed", nil))
 	h.waitFor("the hook ran again and succeeded", func() bool { return hookFinished(h.agent.Status()) && !hookFailed(h.agent.Status()) })
-	if err := h.agent.Request(t.Context(), "proceed", ""); err == nil {
+	if err := h.agent.Request(t.Context(), "proceed", nil); err == nil {
 		t.Fatal("proceed ran a succeeded hook again")
 	}
 	api.mu.Lock()

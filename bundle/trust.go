@@ -90,10 +90,22 @@ type Source struct {
 	// SHA256Path and SigPath are the sidecar files; "" when absent.
 	SHA256Path string
 	SigPath    string
+	// Label is where the bundle came from when Path does not say it: a
+	// descriptor passed by ferry load is read at /proc/self/fd/N, and
+	// Label is the path the caller gave.
+	Label string
 }
 
 // Name is the tar's base name, as the technician sees it.
-func (s Source) Name() string { return filepath.Base(s.Path) }
+func (s Source) Name() string { return filepath.Base(s.Where()) }
+
+// Where is the path the bundle is known by (Label, else Path).
+func (s Source) Where() string {
+	if s.Label != "" {
+		return s.Label
+	}
+	return s.Path
+}
 
 // FindSource describes path: a block device is raw; for a file, the
 // sidecars next to it (upgrade-X.sha256, upgrade-X.tar.minisig) are found.

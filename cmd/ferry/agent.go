@@ -249,7 +249,7 @@ func runLoad(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	s, err := agent.NewClient(cfg.Paths.Socket).Do(ctx, "load", path)
+	s, err := agent.NewClient(cfg.Paths.Socket).Load(ctx, path)
 	if err != nil {
 		return err
 	}
@@ -266,7 +266,7 @@ func runCleanup(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	s, err := agent.NewClient(cfg.Paths.Socket).Do(ctx, "cleanup", "")
+	s, err := agent.NewClient(cfg.Paths.Socket).Do(ctx, "cleanup")
 	if err != nil {
 		return err
 	}
@@ -334,7 +334,7 @@ func runProceed(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := agent.NewClient(cfg.Paths.Socket).Do(ctx, "proceed", ""); err != nil {
+	if _, err := agent.NewClient(cfg.Paths.Socket).Do(ctx, "proceed"); err != nil {
 		return err
 	}
 	fmt.Println("proceeding: the upgrade is asked for through the API when a kubeconfig is set, then the on_ready hook runs (its output: journalctl -u ferry HOOK=on_ready); follow it with 'ferry status'")

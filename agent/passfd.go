@@ -1,0 +1,279 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ferry-edge/ferry/bundle"
+)
+
+// ferry load hands the agent open files, not a path (SCM_RIGHTS over the
+// status socket): the agent reads the bundle through them and never opens
+// a path a caller names, so any file or device the caller can read works,
+// whatever the unit's sandbox hides (ProtectHome, PrivateTmp).
+
+// maxPassed bounds the descriptors one request carries: the tar, its
+// .sha256 and its .minisig.
+const maxPassed = 3
+
+// PassedBundle is a bundle given as open files. It is a Medium: the agent
+// closes it when it is done reading, or refuses it.
+type PassedBundle struct {
+	Label       string // the path the caller gave, for messages
+	Tar         *os.File
+	SHA256, Sig *os.File // nil when absent
+}
+
+// Bundles reads the files through this process's own descriptors.
+func (p *PassedBundle) Bundles() []bundle.Source {
+	src := bundle.Source{Path: fdPath(p.Tar), Label: p.Label}
+	if fi, err := p.Tar.Stat(); err == nil && fi.Mode()&os.ModeDevice != 0 {
+		src.Raw = true
+	}
+	if p.SHA256 != nil {
+		src.SHA256Path = fdPath(p.SHA256)
+	}
+	if p.Sig != nil {
+		src.SigPath = fdPath(p.Sig)
+	}
+	return []bundle.Source{src}
+}
+
+// Close closes every file.
+func (p *PassedBundle) Close() error {
+	for _, f := range []*os.File{p.Tar, p.SHA256, p.Sig} {
+		if f != nil {
+			f.Close()
+		}
+	}
+	return nil
+}
+
+// fdPath names an open file for this process: opening it opens the same
+// file, whatever path it was found by.
+func fdPath(f *os.File) string { return fmt.Sprintf("/proc/self/fd/%d", f.Fd()) }
+
+// OpenBundle opens the bundle at path and its sidecars, as the caller:
+// what ferry load passes to the agent.
+func OpenBundle(path string) (*PassedBundle, error) {
+	src, err := bundle.FindSource(path, "")
+	if err != nil {
+		return nil, err
+	}
+	p := &PassedBundle{Label: path}
+	open := func(name string) (*os.File, error) {
+		f, err := os.Open(name)
+		if err != nil {
+			p.Close()
+			return nil, fmt.Errorf("bundle %s: %w", name, err)
+		}
+		return f, nil
+	}
+	if p.Tar, err = open(src.Path); err != nil {
+		return nil, err
+	}
+	if src.SHA256Path != "" {
+		if p.SHA256, err = open(src.SHA256Path); err != nil {
+			return nil, err
+		}
+	}
+	if src.SigPath != "" {
+		if p.Sig, err = open(src.SigPath); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// files lists the open files and what each is, in the order they travel.
+func (p *PassedBundle) files() ([]*os.File, []string) {
+	fs, kinds := []*os.File{p.Tar}, []string{"tar"}
+	if p.SHA256 != nil {
+		fs, kinds = append(fs, p.SHA256), append(kinds, "sha256")
+	}
+	if p.Sig != nil {
+		fs, kinds = append(fs, p.Sig), append(kinds, "minisig")
+	}
+	return fs, kinds
+}
+
+// passedBundle takes the files a load request's connection carried.
+func passedBundle(r *http.Request) (*PassedBundle, error) {
+	c, _ := r.Context().Value(fdConnKey{}).(*fdConn)
+	if c == nil {
+		return nil, errors.New("no files came with the request: use 'ferry load PATH'")
+	}
+	files := c.take()
+	kinds := strings.Split(r.URL.Query().Get("files"), ",")
+	if len(files) != len(kinds) || len(files) == 0 {
+		for _, f := range files {
+			f.Close()
+		}
+		return nil, fmt.Errorf("the request names %d files and carries %d: use 'ferry load PATH'", len(kinds), len(files))
+	}
+	p := &PassedBundle{Label: r.URL.Query().Get("label")}
+	for i, k := range kinds {
+		switch k {
+		case "tar":
+			p.Tar = files[i]
+		case "sha256":
+			p.SHA256 = files[i]
+		case "minisig":
+			p.Sig = files[i]
+		default:
+			files[i].Close()
+		}
+	}
+	if p.Tar == nil {
+		p.Close()
+		return nil, errors.New("no tar among the files passed")
+	}
+	return p, nil
+}
+
+type fdConnKey struct{}
+
+// fdListener hands out connections that keep the descriptors a client
+// sends with its request.
+type fdListener struct{ *net.UnixListener }
+
+func (l fdListener) Accept() (net.Conn, error) {
+	c, err := l.AcceptUnix()
+	if err != nil {
+		return nil, err
+	}
+	return &fdConn{UnixConn: c}, nil
+}
+
+// fdConn reads with recvmsg so that descriptors sent with the request's
+// bytes are kept (a plain read would close them), at most maxPassed.
+type fdConn struct {
+	*net.UnixConn
+	mu    sync.Mutex
+	files []*os.File
+}
+
+func (c *fdConn) Read(b []byte) (int, error) {
+	oob := make([]byte, unix.CmsgSpace(maxPassed*4))
+	n, oobn, _, _, err := c.ReadMsgUnix(b, oob)
+	if oobn > 0 {
+		c.keep(oob[:oobn])
+	}
+	switch {
+	case n < 0:
+		n = 0
+	case n == 0 && err == nil && len(b) > 0:
+		err = io.EOF // recvmsg's 0 on a stream: the peer closed
+	}
+	return n, err
+}
+
+func (c *fdConn) keep(oob []byte) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range msgs {
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			if len(c.files) < maxPassed {
+				c.files = append(c.files, os.NewFile(uintptr(fd), "passed"))
+			} else {
+				unix.Close(fd)
+			}
+		}
+	}
+}
+
+func (c *fdConn) take() []*os.File {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fs := c.files
+	c.files = nil
+	return fs
+}
+
+func (c *fdConn) Close() error {
+	for _, f := range c.take() {
+		f.Close()
+	}
+	return c.UnixConn.Close()
+}
+
+// Load gives the agent the bundle at path (ferry load): the files are
+// opened here, as the caller, and passed to the agent.
+func (c *Client) Load(ctx context.Context, path string) (Status, error) {
+	p, err := OpenBundle(path)
+	if err != nil {
+		return Status{}, err
+	}
+	defer p.Close() // the agent holds its own copies
+	return c.pass(ctx, p)
+}
+
+// pass sends p's files to the agent with a load request.
+func (c *Client) pass(ctx context.Context, p *PassedBundle) (Status, error) {
+	files, kinds := p.files()
+	rights := unix.UnixRights(fds(files)...)
+	hc := &http.Client{Timeout: c.hc.Timeout, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			conn, err := c.dial(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return &rightsConn{UnixConn: conn.(*net.UnixConn), rights: rights}, nil
+		},
+	}}
+	q := url.Values{"files": {strings.Join(kinds, ",")}, "label": {p.Label}}
+	b, err := raw(ctx, hc, http.MethodPost, "/v1/load?"+q.Encode())
+	if err != nil {
+		return Status{}, err
+	}
+	var s Status
+	return s, json.Unmarshal(b, &s)
+}
+
+func fds(files []*os.File) []int {
+	out := make([]int, len(files))
+	for i, f := range files {
+		out[i] = int(f.Fd())
+	}
+	return out
+}
+
+// rightsConn sends the descriptors with the request's first bytes.
+type rightsConn struct {
+	*net.UnixConn
+	rights []byte
+}
+
+func (c *rightsConn) Write(b []byte) (int, error) {
+	if c.rights == nil {
+		return c.UnixConn.Write(b)
+	}
+	n, _, err := c.WriteMsgUnix(b, c.rights, nil)
+	c.rights = nil
+	if err == nil && n < len(b) {
+		var m int
+		m, err = io.Writer(c.UnixConn).Write(b[n:])
+		n += m
+	}
+	return n, err
+}
