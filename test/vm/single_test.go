@@ -220,3 +220,42 @@ func report(t *testing.T, what string, b *testBundle, took time.Duration, fl flo
 	t.Log(msg)
 	fmt.Println(msg)
 }
+
+// TestSingleNode_FerryLoadOfAFileInRootUnderThePackagedUnit: the packaged
+// unit hides /root from ferry (ProtectHome=yes) and gives it its own /tmp
+// (PrivateTmp=yes); `ferry load /root/upgrade-….tar` still loads and pins
+// every image, because the command opens the file as the caller and hands
+// the agent the open descriptor.
+func TestSingleNode_FerryLoadOfAFileInRootUnderThePackagedUnit(t *testing.T) {
+	e := setup(t)
+	ctx := t.Context()
+	n, size := bundleImages()
+	b := makeBundle(t, ctx, e, "4.13.9", n, size)
+	tarData, err := os.ReadFile(b.Tar)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shaData, err := os.ReadFile(b.SHA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inRoot := "/root/" + filepath.Base(b.Tar)
+	node := Node{Name: "node1", Config: nodeConfig("node1", nil, "", nil), Extra: Layer{
+		inRoot:                           {Data: tarData, Mode: 0o600},
+		"/root/" + filepath.Base(b.SHA): {Data: shaData, Mode: 0o600},
+	}}
+	v := e.boot(t, ctx, "node1", node, 2, nil)
+	e.waitReady(t, ctx, v)
+	requireActive(t, ctx, v)
+	if got := strings.TrimSpace(sh(t, ctx, v, "systemctl show -p ProtectHome --value ferry")); got != "yes" {
+		t.Fatalf("the unit's ProtectHome is %q: this test needs the packaged unit's sandbox", got)
+	}
+
+	start := time.Now()
+	out := sh(t, ctx, v, "ferry load "+inRoot)
+	t.Logf("ferry load %s: %s", inRoot, strings.TrimSpace(out))
+	waitStatus(t, ctx, v, loadTimeout, func(s ferryStatus) bool { return s.loadedWith(b.Digest) },
+		func(s ferryStatus) bool { return s.Phase == "rejected" || s.Phase == "failed" })
+	t.Logf("ferry load of a file in /root to loaded: %s", time.Since(start).Round(time.Second))
+	checkLoadedNode(t, ctx, v, b)
+}
