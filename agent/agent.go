@@ -60,6 +60,9 @@ type Loader interface {
 	// Cleanup takes out a bundle that never became the cluster's release:
 	// pins, mirror, CA and registry.
 	Cleanup(ctx context.Context, meta *bundle.Metadata, dir string) error
+	// CheckRoomBefore fails (diskspace.ErrNoSpace) when there is no room
+	// to write the bundle's bytes under dir (writes) and then load it.
+	CheckRoomBefore(ctx context.Context, meta *bundle.Metadata, dir string, writes int64) error
 }
 
 // Notifier is systemd's view of the agent (no-ops off systemd).

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -67,6 +68,7 @@ type fakeLoader struct {
 	keeps    [][]string
 	fail     int
 	pinned   map[string]bool // what the fake CRI-O pins
+	room     error           // CheckRoomBefore's answer
 }
 
 func (l *fakeLoader) Load(_ context.Context, m *bundle.Metadata, dir string, keep []string, progress func(int, int)) error {
@@ -93,6 +95,11 @@ func (l *fakeLoader) Load(_ context.Context, m *bundle.Metadata, dir string, kee
 }
 
 func (l *fakeLoader) Resume(context.Context, *bundle.Metadata, string, []string) error { return nil }
+func (l *fakeLoader) CheckRoomBefore(context.Context, *bundle.Metadata, string, int64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.room
+}
 
 func (l *fakeLoader) Retire(_ context.Context, m *bundle.Metadata, _ string) error {
 	l.mu.Lock()
@@ -517,4 +524,41 @@ func must(t *testing.T, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// No room for a stick's bundle and its load: refused before a byte is
+// written, saying so; a peer's bundle is not fetched, and the fetch is
+// retried (space may be freed).
+func TestAgent_NoRoomRefusesBeforeWriting(t *testing.T) {
+	noRoom := fmt.Errorf("%w in /var: writing the bundle (1 GiB) and loading the 1 images CRI-O does not hold needs 3 GiB; free 2 GiB there", bundle.ErrNoSpace)
+	t.Run("a stick", func(t *testing.T) {
+		h := newHarness(t, t.TempDir())
+		h.loader.room = noRoom
+		h.start()
+		src, _ := stick(t, bundletest.Options{})
+		h.plug("/dev/sda", src)
+		s := h.waitPhase(PhaseRejected)
+		if !strings.Contains(s.Reason, "free 2 GiB there") {
+			t.Fatal(s.Reason)
+		}
+		if ents, _ := os.ReadDir(h.cfg.Paths.ExtractDir); len(ents) != 0 {
+			t.Fatalf("wrote %s", ents[0].Name())
+		}
+	})
+	t.Run("a peer's bundle", func(t *testing.T) {
+		h, p := clusterHarness(t)
+		h.loader.room = noRoom
+		tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+		p.offer(t, "10.0.0.2:8090", tarPath, digest)
+		h.start()
+		s := h.waitReason("free 2 GiB there")
+		if s.Phase != string(PhaseFetching) {
+			t.Fatalf("%+v", s)
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.fetched != 0 {
+			t.Fatal("fetched without room")
+		}
+	})
 }

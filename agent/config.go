@@ -77,8 +77,12 @@ type CRIO struct {
 	PullWorkers int `toml:"pull_workers"`
 	// StorageDir is CRI-O's image store, checked for room before loading.
 	StorageDir string `toml:"storage_dir"`
-	// StorageFloorBytes is kept free in StorageDir beyond the bundle's size.
+	// StorageFloorBytes is kept free in StorageDir beyond what a load
+	// writes there.
 	StorageFloorBytes int64 `toml:"storage_floor_bytes"`
+	// KubeletConfig is the kubelet's configuration, read for its image
+	// GC and eviction thresholds (defaults 85% used, 15% free when absent).
+	KubeletConfig string `toml:"kubelet_config"`
 }
 
 // Registry is the embedded registry serving the extracted bundle.
@@ -141,6 +145,7 @@ func DefaultConfig() Config {
 			PidFile:           "/var/run/crio/crio.pid",
 			StorageDir:        "/var/lib/containers/storage",
 			StorageFloorBytes: 1 << 30,
+			KubeletConfig:     "/etc/kubernetes/kubelet.conf",
 		},
 		Peer:    Peer{Listen: ":8090"},
 		Cluster: Cluster{Schedule: "Automatic"},

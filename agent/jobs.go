@@ -103,8 +103,14 @@ func (a *Agent) runJob(ctx context.Context, j effStartJob) event {
 }
 
 func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.Result, *peer.PieceList, error) {
+	if err := a.roomBefore(ctx, r, r.Metadata.SizeBytes); err != nil {
+		return nil, nil, err
+	}
 	var ix bundle.Index
 	opts := bundle.Options{Policy: j.policy, Sync: true, Index: &ix, Log: a.log, Progress: a.throttle(r.ID, "bytes")}
+	if a.deps.Loader != nil && opts.SpaceFactor == 0 {
+		opts.SpaceFactor = 1 // the tree: its load was counted just above
+	}
 	var hasher *peer.PieceHasher
 	if a.deps.Peers != nil && j.pieces {
 		// The piece list for the peers, hashed in the same pass. A fetched
@@ -132,6 +138,12 @@ func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.
 // with the offer when this node approved the bundle by it.
 func (a *Agent) fetch(ctx context.Context, r *Record) error {
 	dest := a.m.incomingPath(r)
+	if _, err := os.Stat(dest); os.IsNotExist(err) {
+		// Until cut-through, the tar and then its tree.
+		if err := a.roomBefore(ctx, r, 2*r.Metadata.SizeBytes); err != nil {
+			return err
+		}
+	}
 	if err := os.MkdirAll(filepath.Dir(dest), 0o700); err != nil {
 		return err
 	}
@@ -146,6 +158,22 @@ func (a *Agent) fetch(ctx context.Context, r *Record) error {
 	}
 	sha := strings.TrimSuffix(dest, ".tar") + ".sha256"
 	return os.WriteFile(sha, []byte(bundle.FormatSHA256File(r.Digest, filepath.Base(dest))), 0o600)
+}
+
+// roomBefore checks, before a bundle's bytes are written on this node
+// (writes of them), that there is room for them and for its load within
+// what the kubelet tolerates (Loader.CheckRoomBefore).
+func (a *Agent) roomBefore(ctx context.Context, r *Record, writes int64) error {
+	if a.deps.Loader == nil || r.Metadata == nil {
+		return nil
+	}
+	if err := os.MkdirAll(a.cfg.Paths.ExtractDir, 0o755); err != nil {
+		return err
+	}
+	if err := a.deps.Loader.CheckRoomBefore(ctx, r.Metadata, a.cfg.Paths.ExtractDir, writes); err != nil {
+		return fmt.Errorf("bundle %s: %w", r.Name, err)
+	}
+	return nil
 }
 
 // cleanup takes a bundle out of CRI-O, stops sharing it and removes its

@@ -37,8 +37,14 @@ type Runtime interface {
 	Retire(ctx context.Context, r RuntimeRequest) error
 	// Unpin drops the pins of r.Images.
 	Unpin(ctx context.Context, r RuntimeRequest) error
-	// CheckRoom fails when the image store lacks need bytes.
-	CheckRoom(need int64) error
+	// Present tells which of refs the runtime holds.
+	Present(ctx context.Context, refs []string) (map[string]bool, error)
+	// SameFilesystem tells whether dir is on the image store's filesystem.
+	SameFilesystem(dir string) bool
+	// CheckRoom fails (diskspace.ErrNoSpace) when writing need bytes
+	// (what, in words) to the image store would cross what the kubelet
+	// tolerates there.
+	CheckRoom(need int64, what string) error
 }
 
 // RuntimeRequest is one set of images for the runtime.
@@ -59,7 +65,7 @@ type Loading struct {
 	// across restarts).
 	OpenRegistry func() (BundleServer, error)
 	Runtime      Runtime
-	// RoomFloor is kept free in the image store beyond the bundle's size.
+	// RoomFloor is kept free in the image store beyond what a load writes.
 	RoomFloor int64
 	Log       *slog.Logger
 
@@ -84,10 +90,68 @@ func (l *Loading) Run(ctx context.Context) error {
 // Load serves dir and loads meta's images, pinned; keep are the previous
 // bundle's pins. Calling it again for the same bundle is cheap.
 func (l *Loading) Load(ctx context.Context, meta *bundle.Metadata, dir string, keep []string, progress func(done, total int)) error {
-	if err := l.Runtime.CheckRoom(meta.SizeBytes + l.RoomFloor); err != nil {
+	if err := l.checkRoom(ctx, meta, dir); err != nil {
 		return err
 	}
 	return l.load(ctx, meta, dir, keep, progress)
+}
+
+// CheckRoomBefore is the room check before a bundle is extracted or
+// fetched, on every node: writes bytes under dir, then its load. The tree
+// that sizes the load exactly is not there yet, so the images CRI-O lacks
+// are estimated as their share, by count, of the bundle's size; Load
+// checks exactly once the tree is there.
+func (l *Loading) CheckRoomBefore(ctx context.Context, meta *bundle.Metadata, dir string, writes int64) error {
+	images := meta.AllImages()
+	refs := make([]string, len(images))
+	for i, ref := range images {
+		refs[i] = bundle.PullRefs([]string{ref})[0]
+	}
+	present, _ := l.Runtime.Present(ctx, refs) // unknown: every image counted as missing
+	n := 0
+	for _, r := range refs {
+		if !present[r] {
+			n++
+		}
+	}
+	var est int64
+	if len(images) > 0 {
+		est = meta.SizeBytes / int64(len(images)) * int64(n)
+	}
+	need := 2*est + l.RoomFloor
+	what := fmt.Sprintf("loading the %d images CRI-O does not hold (about 2 × %s)", n, bundle.HumanSize(est))
+	if l.Runtime.SameFilesystem(dir) {
+		need += writes
+		what = fmt.Sprintf("writing the bundle (%s) and %s", bundle.HumanSize(writes), what)
+	}
+	return l.Runtime.CheckRoom(need, what)
+}
+
+// checkRoom: the runtime stores layers uncompressed, so a load needs
+// twice the bytes of the blobs it does not hold yet (per image it lacks,
+// counting a blob once), within what the kubelet tolerates.
+func (l *Loading) checkRoom(ctx context.Context, meta *bundle.Metadata, dir string) error {
+	images := meta.AllImages()
+	blobs, err := bundle.ImageBlobs(dir, images, bundle.GoArch(meta.Arch))
+	if err != nil {
+		return fmt.Errorf("%w: the extracted bundle in %s is damaged (%v): run 'ferry cleanup' and give the bundle again", bundle.ErrInvalid, dir, err)
+	}
+	byDigest := make(map[string]string, len(images)) // image → the name it is pulled by
+	refs := make([]string, 0, len(images))
+	for _, ref := range images {
+		byDigest[ref] = bundle.PullRefs([]string{ref})[0]
+		refs = append(refs, byDigest[ref])
+	}
+	present, err := l.Runtime.Present(ctx, refs)
+	if err != nil {
+		present = nil // counted as missing: the check errs on the safe side
+	}
+	missing, n := bundle.MissingBytes(blobs, func(ref string) bool { return present[byDigest[ref]] })
+	if n == 0 {
+		return nil
+	}
+	what := fmt.Sprintf("loading the %d images CRI-O does not hold (2 × their %s: layers are stored uncompressed)", n, bundle.HumanSize(missing))
+	return l.Runtime.CheckRoom(2*missing+l.RoomFloor, what)
 }
 
 // Resume serves a loaded bundle again after a restart (drop-ins unchanged,

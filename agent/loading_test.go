@@ -4,25 +4,33 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/imagetree"
 	"github.com/ferry-edge/ferry/registry"
 	"github.com/ferry-edge/ferry/registry/registrytest"
 )
 
 // fakeRuntime records what the loading asks of CRI-O.
 type fakeRuntime struct {
-	mu    sync.Mutex
-	calls []string
-	last  RuntimeRequest
-	room  error
+	mu      sync.Mutex
+	calls   []string
+	last    RuntimeRequest
+	room    error
+	present map[string]bool
+	need    int64 // asked of CheckRoom
+	what    string
 }
 
 func (f *fakeRuntime) record(op string, r RuntimeRequest) error {
@@ -39,7 +47,18 @@ func (f *fakeRuntime) Load(_ context.Context, r RuntimeRequest) error   { return
 func (f *fakeRuntime) Unload(_ context.Context, r RuntimeRequest) error { return f.record("unload", r) }
 func (f *fakeRuntime) Retire(_ context.Context, r RuntimeRequest) error { return f.record("retire", r) }
 func (f *fakeRuntime) Unpin(_ context.Context, r RuntimeRequest) error  { return f.record("unpin", r) }
-func (f *fakeRuntime) CheckRoom(int64) error                            { return f.room }
+func (f *fakeRuntime) CheckRoom(need int64, what string) error {
+	f.need, f.what = need, what
+	return f.room
+}
+func (f *fakeRuntime) SameFilesystem(string) bool { return true }
+func (f *fakeRuntime) Present(_ context.Context, refs []string) (map[string]bool, error) {
+	out := map[string]bool{}
+	for _, r := range refs {
+		out[r] = f.present[r]
+	}
+	return out, nil
+}
 
 func newLoading(t *testing.T) (*Loading, *fakeRuntime) {
 	rt := &fakeRuntime{}
@@ -116,11 +135,72 @@ func TestLoading_RefusesADirectoryWithoutATreeAndAFullStore(t *testing.T) {
 	if err := l.Load(t.Context(), meta, t.TempDir(), nil, nil); !errors.Is(err, bundle.ErrInvalid) {
 		t.Fatalf("got %v, want ErrInvalid", err)
 	}
+	tree := imagetree.Tree{}
+	meta.Release = tree.Add("quay.io/a/b", imagetree.Layer("b", 0))
 	rt.room = bundle.ErrNoSpace
-	if err := l.Load(t.Context(), meta, t.TempDir(), nil, nil); !errors.Is(err, bundle.ErrNoSpace) {
+	if err := l.Load(t.Context(), meta, writeTree(t, tree), nil, nil); !errors.Is(err, bundle.ErrNoSpace) {
 		t.Fatalf("got %v, want ErrNoSpace", err)
 	}
 	if len(rt.calls) != 0 {
 		t.Fatalf("the runtime was asked %v", rt.calls)
+	}
+}
+
+// writeTree writes tree as an extracted bundle's dir.
+func writeTree(t *testing.T, tree imagetree.Tree) string {
+	dir := t.TempDir()
+	for p, b := range tree {
+		p = filepath.Join(dir, bundle.RegistryRoot, p)
+		must(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		must(t, os.WriteFile(p, b, 0o644))
+	}
+	return dir
+}
+
+// The room a load asks for is twice the blobs of the images CRI-O does not
+// hold, each blob once (two images sharing their layer count it once; an
+// image CRI-O holds counts nothing), and nothing when it holds them all.
+func TestLoading_AsksRoomForTwiceWhatCRIODoesNotHold(t *testing.T) {
+	l, rt := newLoading(t)
+	tree := imagetree.Tree{}
+	shared := imagetree.Layer("shared", 100<<10)
+	a := tree.Add("quay.io/x/a", shared)
+	b := tree.Add("quay.io/x/b", shared)
+	held := tree.Add("quay.io/x/held", imagetree.Layer("held", 300<<10))
+	meta := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: held, Images: []string{a, b}}
+	dir := writeTree(t, tree)
+	rt.present = map[string]bool{held: true}
+	must(t, l.Load(t.Context(), meta, dir, nil, nil))
+	_, d, _ := strings.Cut(a, "@")
+	var m struct{ Config struct{ Size int64 } } // a's manifest names its config's size
+	must(t, json.Unmarshal(tree[imagetree.BlobPath(d)], &m))
+	if want := 2 * (int64(len(shared)) + m.Config.Size); rt.need != want || !strings.Contains(rt.what, "2 images") {
+		t.Fatalf("asked for %d bytes (%s), want %d", rt.need, rt.what, want)
+	}
+	rt.present = map[string]bool{held: true, a: true, b: true}
+	rt.need, rt.what = -1, ""
+	must(t, l.Load(t.Context(), meta, dir, nil, nil))
+	if rt.need != -1 {
+		t.Fatalf("asked for %d bytes although CRI-O holds every image", rt.need)
+	}
+}
+
+// Before a bundle is written on a node, the room for it and for its load
+// is checked: the bundle's bytes (on the image store's filesystem) and
+// twice the images' share, by count, of the bundle for those CRI-O lacks.
+func TestLoading_CheckRoomBeforeCountsTheWritesAndTheImagesCRIOLacks(t *testing.T) {
+	l, rt := newLoading(t)
+	meta := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", SizeBytes: 4 << 30,
+		Release: fmt.Sprintf("quay.io/a/r@sha256:%064x", 1),
+		Images:  []string{fmt.Sprintf("quay.io/a/b@sha256:%064x", 2), fmt.Sprintf("quay.io/a/c@sha256:%064x", 3), fmt.Sprintf("quay.io/a/d@sha256:%064x", 4)}}
+	rt.present = map[string]bool{meta.Images[0]: true}
+	l.RoomFloor = 1
+	must(t, l.CheckRoomBefore(t.Context(), meta, t.TempDir(), 8<<30))
+	if want := int64(8<<30) + 2*(3<<30) + 1; rt.need != want || !strings.Contains(rt.what, "3 images") || !strings.Contains(rt.what, "8 GiB") {
+		t.Fatalf("asked for %d (%s), want %d", rt.need, rt.what, want)
+	}
+	rt.room = bundle.ErrNoSpace
+	if err := l.CheckRoomBefore(t.Context(), meta, t.TempDir(), 1); !errors.Is(err, bundle.ErrNoSpace) {
+		t.Fatalf("got %v", err)
 	}
 }

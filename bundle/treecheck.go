@@ -91,7 +91,11 @@ type manifest struct {
 type descriptor struct {
 	MediaType string   `json:"mediaType"`
 	Digest    string   `json:"digest"`
+	Size      int64    `json:"size"`
 	URLs      []string `json:"urls"`
+	Platform  *struct {
+		Architecture string `json:"architecture"`
+	} `json:"platform"`
 }
 
 // foreign layers are not in any bundle: their URLs serve them.

@@ -1,6 +1,8 @@
 package crio
 
 import (
+	"golang.org/x/sys/unix"
+
 	"context"
 	"errors"
 	"fmt"
@@ -57,6 +59,11 @@ type Loader struct {
 	PinWait time.Duration
 	// Poll is the interval of status polls; 0 is 50ms.
 	Poll time.Duration
+	// Limits are what the kubelet tolerates on the image store (its
+	// eviction and image GC thresholds); zero: read from KubeletConfig
+	// at each check (the MCO may change it), else the kubelet's defaults.
+	Limits        diskspace.Limits
+	KubeletConfig string
 	// StorageDir is CRI-O's image store, checked by CheckRoom.
 	StorageDir string
 
@@ -650,17 +657,54 @@ func matchesAny(res []*regexp.Regexp, s string) bool {
 	return false
 }
 
-// CheckRoom returns diskspace.ErrNoSpace when CRI-O's image store has
-// less than need bytes free (no store yet: nothing to check).
-func (l *Loader) CheckRoom(need int64) error {
+// Present tells which of refs CRI-O holds, pinned or not (each by the
+// name it was pulled as).
+func (l *Loader) Present(ctx context.Context, refs []string) (map[string]bool, error) {
+	imgs, err := l.CRI.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	have := map[string]bool{}
+	for _, img := range imgs {
+		for _, n := range append(img.RepoTags, img.RepoDigests...) {
+			have[n] = true
+		}
+	}
+	out := make(map[string]bool, len(refs))
+	for _, r := range refs {
+		out[r] = have[r]
+	}
+	return out, nil
+}
+
+// SameFilesystem tells whether dir is on the image store's filesystem (on
+// RHCOS, /var/lib/upgrade and /var/lib/containers both are /var).
+func (l *Loader) SameFilesystem(dir string) bool {
+	var a, b unix.Stat_t
+	return l.StorageDir != "" && unix.Stat(l.StorageDir, &a) == nil && unix.Stat(dir, &b) == nil && a.Dev == b.Dev
+}
+
+// CheckRoom returns diskspace.ErrNoSpace when writing need bytes (what,
+// in words) to CRI-O's image store would cross what the kubelet tolerates
+// there (Limits): it would evict pods or delete images. No store yet:
+// nothing to check.
+func (l *Loader) CheckRoom(need int64, what string) error {
 	if _, err := os.Stat(l.StorageDir); l.StorageDir == "" || err != nil {
 		return nil
 	}
-	return CheckRoom(l.StorageDir, need)
+	return diskspace.CheckKubelet(l.StorageDir, need, l.limits(), what, "crictl rmi --prune removes unused images; then load again")
 }
 
-// CheckRoom returns diskspace.ErrNoSpace when the filesystem holding dir
-// (CRI-O's storage) has less than need bytes free.
-func CheckRoom(dir string, need int64) error {
-	return diskspace.Check(dir, need, "free space there (crictl rmi --prune removes unused images) and load again")
+func (l *Loader) limits() diskspace.Limits {
+	if l.Limits != (diskspace.Limits{}) {
+		return l.Limits
+	}
+	if l.KubeletConfig == "" {
+		return diskspace.DefaultLimits
+	}
+	lim, err := diskspace.ReadKubeletLimits(l.KubeletConfig)
+	if err != nil {
+		l.log().Warn("cannot read the kubelet's thresholds; using its defaults (15% free, 85% used)", "err", err)
+	}
+	return lim
 }

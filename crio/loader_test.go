@@ -437,16 +437,35 @@ func TestSignalReloader_SendsSIGHUPToCrio(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-func TestCheckRoom(t *testing.T) {
+// CheckRoom holds a load to what the kubelet tolerates on the image
+// store, and says how much to free there.
+func TestCheckRoom_KeepsTheKubeletsThresholds(t *testing.T) {
 	dir := t.TempDir()
-	if err := crio.CheckRoom(dir, 1); err != nil {
+	l := &crio.Loader{StorageDir: dir}
+	if err := l.CheckRoom(1, "one byte"); err != nil {
 		t.Errorf("1 byte: %v", err)
 	}
-	err := crio.CheckRoom(dir, 1<<62)
-	if !errors.Is(err, diskspace.ErrNoSpace) {
-		t.Fatalf("got %v, want diskspace.ErrNoSpace", err)
+	total, free, err := diskspace.Usage(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Up to the image GC threshold fits; one byte more crosses it (or the
+	// eviction threshold, whichever is nearer).
+	l.Limits = diskspace.Limits{GCHighPercent: 100}
+	if err := l.CheckRoom(free/2, "half the free space"); err != nil {
+		t.Errorf("half the free space with GC at 100%%: %v", err)
+	}
+	used := total - free
+	l.Limits = diskspace.Limits{GCHighPercent: float64(used+free/2) * 100 / float64(total)}
+	err = l.CheckRoom(free-free/4, "three quarters of the free space")
+	if !errors.Is(err, diskspace.ErrNoSpace) || !strings.Contains(err.Error(), "imageGCHighThresholdPercent") ||
+		!strings.Contains(err.Error(), dir) || !strings.Contains(err.Error(), "crictl rmi --prune") || !strings.Contains(err.Error(), "free ") {
+		t.Fatalf("got %v", err)
 	}
 	t.Log(err)
+	if err := (&crio.Loader{StorageDir: filepath.Join(dir, "none")}).CheckRoom(1<<62, "anything"); err != nil {
+		t.Errorf("no store yet: %v", err)
+	}
 }
 
 // vanishing drops an image right after its first pull, as CRI-O's storage

@@ -51,7 +51,8 @@ func newLoading(cfg agent.Config, log *slog.Logger) (*agent.Loading, error) {
 	return &agent.Loading{
 		OpenRegistry: func() (agent.BundleServer, error) { return registry.New(regDir, cfg.Registry.Port, log) },
 		Runtime: crioRuntime{&crio.Loader{CRI: cl, Reloader: rl, Log: log, Workers: cfg.CRIO.PullWorkers, StorageDir: cfg.CRIO.StorageDir,
-			Dropins: &crio.Dropins{CRIOConfDir: cfg.Paths.CRIOConfDir, RegistriesConfDir: cfg.Paths.RegistriesConfDir, CertsDir: cfg.Paths.CertsDir}}},
+			KubeletConfig: cfg.CRIO.KubeletConfig,
+			Dropins:       &crio.Dropins{CRIOConfDir: cfg.Paths.CRIOConfDir, RegistriesConfDir: cfg.Paths.RegistriesConfDir, CertsDir: cfg.Paths.CertsDir}}},
 		RoomFloor: cfg.CRIO.StorageFloorBytes,
 		Log:       log,
 	}, nil
