@@ -66,6 +66,7 @@ type CRIO struct {
 	t       testing.TB
 	bin     string
 	Root    string
+	Storage string // the image store; "" for Root/storage
 	Socket  string
 	PidFile string
 	Dropins *crio.Dropins
@@ -87,6 +88,18 @@ func Start(t testing.TB) *CRIO {
 // pid is CRI-O's own (the pid file reloads it).
 func StartIn(t testing.TB, prefix []string) *CRIO {
 	t.Helper()
+	return start(t, prefix, "")
+}
+
+// StartOn is Start with CRI-O's image store in storage (a filesystem the
+// test made, e.g. a small loop mount).
+func StartOn(t testing.TB, storage string) *CRIO {
+	t.Helper()
+	return start(t, nil, storage)
+}
+
+func start(t testing.TB, prefix []string, storage string) *CRIO {
+	t.Helper()
 	bin := crioBinDir(t)
 	// Short paths: the socket path must fit in sun_path.
 	root, err := os.MkdirTemp("", "ferry-crio-")
@@ -94,7 +107,7 @@ func StartIn(t testing.TB, prefix []string) *CRIO {
 		t.Fatal(err)
 	}
 	c := &CRIO{
-		t: t, bin: bin, Root: root, prefix: prefix,
+		t: t, bin: bin, Root: root, prefix: prefix, Storage: storage,
 		Socket:  filepath.Join(root, "run", "crio.sock"),
 		PidFile: filepath.Join(root, "run", "crio.pid"),
 		LogFile: filepath.Join(root, "crio.log"),
@@ -117,10 +130,17 @@ func StartIn(t testing.TB, prefix []string) *CRIO {
 	return c
 }
 
+func (c *CRIO) storageDir() string {
+	if c.Storage != "" {
+		return c.Storage
+	}
+	return filepath.Join(c.Root, "storage")
+}
+
 func (c *CRIO) config() string {
 	r := c.Root
 	return fmt.Sprintf(`[crio]
-root = "%[1]s/storage"
+root = "%[3]s"
 runroot = "%[1]s/run/storage"
 storage_driver = "overlay"
 log_dir = "%[1]s/run/pods-logs"
@@ -163,7 +183,7 @@ enable_nri = false
 
 [crio.metrics]
 enable_metrics = false
-`, r, c.bin)
+`, r, c.bin, c.storageDir())
 }
 
 // Start starts CRI-O and waits until it answers on its socket.
@@ -250,7 +270,7 @@ func (c *CRIO) cleanup() {
 		sc := bufio.NewScanner(bytes.NewReader(b))
 		for sc.Scan() {
 			f := strings.Fields(sc.Text())
-			if len(f) > 4 && strings.HasPrefix(f[4], c.Root) {
+			if len(f) > 4 && (strings.HasPrefix(f[4], c.Root) || c.Storage != "" && strings.HasPrefix(f[4], c.Storage+"/")) {
 				mps = append(mps, f[4])
 			}
 		}
@@ -303,7 +323,7 @@ func (c *CRIO) Configure(cfg *agent.Config) {
 	cfg.CRIO.Socket = c.Socket
 	cfg.CRIO.Reload = "signal"
 	cfg.CRIO.PidFile = c.PidFile
-	cfg.CRIO.StorageDir = filepath.Join(c.Root, "storage")
+	cfg.CRIO.StorageDir = c.storageDir()
 	cfg.CRIO.StorageFloorBytes = 1 << 20
 	cfg.Paths.CRIOConfDir = c.Dropins.CRIOConfDir
 	cfg.Paths.RegistriesConfDir = c.Dropins.RegistriesConfDir
