@@ -350,6 +350,10 @@ func TestCluster_UnapprovedPeerBundleIsNotFetched(t *testing.T) {
 	if !strings.Contains(s.Reason, "approved_digests") {
 		t.Fatal(s.Reason)
 	}
+	// It tells its peers which bundle it refused, so that they do not pin it.
+	if ps := h.agent.PeerStatus(); ps.Phase != string(PhaseRejected) || ps.Digest != digest || !strings.Contains(ps.Error, "approved_digests") {
+		t.Fatalf("peer status %+v", ps)
+	}
 	p.mu.Lock()
 	n := p.fetched
 	p.mu.Unlock()
@@ -569,21 +573,6 @@ func TestCluster_APeerThatRefusesTheBundleBlocksLoadingAndIsShown(t *testing.T) 
 	// Once that node holds it, loading goes on.
 	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "extracted", Digest: digest})
 	h.waitPhase(PhaseLoaded)
-}
-
-// A node that refused a peer's bundle tells its peers which bundle it
-// refused, so that they do not pin it.
-func TestCluster_ANodeThatRefusedABundleTellsItsPeersWhich(t *testing.T) {
-	h, p := clusterHarness(t)
-	h.cfg.ApprovedDigests = []string{"sha256:" + strings.Repeat("1", 64)}
-	tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
-	p.offer(t, "10.0.0.2:8090", tarPath, digest)
-	h.start()
-	h.waitPhase(PhaseRejected)
-	ps := h.agent.PeerStatus()
-	if ps.Phase != string(PhaseRejected) || ps.Digest != digest || !strings.Contains(ps.Error, "approved_digests") {
-		t.Fatalf("peer status %+v", ps)
-	}
 }
 
 // A node that refused a peer's bundle by its policy takes it once its
