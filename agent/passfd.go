@@ -160,15 +160,18 @@ func (l fdListener) Accept() (net.Conn, error) {
 // bytes are kept (a plain read would close them), at most maxPassed.
 type fdConn struct {
 	*net.UnixConn
+	oob   []byte // room for maxPassed descriptors
 	mu    sync.Mutex
 	files []*os.File
 }
 
 func (c *fdConn) Read(b []byte) (int, error) {
-	oob := make([]byte, unix.CmsgSpace(maxPassed*4))
-	n, oobn, _, _, err := c.ReadMsgUnix(b, oob)
+	if c.oob == nil {
+		c.oob = make([]byte, unix.CmsgSpace(maxPassed*4))
+	}
+	n, oobn, _, _, err := c.ReadMsgUnix(b, c.oob)
 	if oobn > 0 {
-		c.keep(oob[:oobn])
+		c.keep(c.oob[:oobn])
 	}
 	switch {
 	case n < 0:
