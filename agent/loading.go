@@ -1,11 +1,13 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	"github.com/ferry-edge/ferry/bundle"
@@ -90,10 +92,29 @@ func (l *Loading) Run(ctx context.Context) error {
 // Load serves dir and loads meta's images, pinned; keep are the previous
 // bundle's pins. Calling it again for the same bundle is cheap.
 func (l *Loading) Load(ctx context.Context, meta *bundle.Metadata, dir string, keep []string, progress func(done, total int)) error {
-	if err := l.checkRoom(ctx, meta, dir); err != nil {
+	blobs, err := bundle.ImageBlobs(dir, meta.AllImages(), bundle.GoArch(meta.Arch))
+	if err != nil {
+		return fmt.Errorf("%w: the extracted bundle in %s is damaged (%v): run 'ferry cleanup' and give the bundle again", bundle.ErrInvalid, dir, err)
+	}
+	if err := l.checkRoom(ctx, blobs); err != nil {
 		return err
 	}
-	return l.load(ctx, meta, dir, keep, progress)
+	return l.load(ctx, meta, dir, keep, progress, biggestFirst(meta.AllImages(), blobs))
+}
+
+// biggestFirst orders images by their bytes, largest first: pulled in that
+// order, a few big images do not run alone at the end while the other
+// workers idle.
+func biggestFirst(images []string, blobs map[string]map[string]int64) []string {
+	size := make(map[string]int64, len(images))
+	for _, ref := range images {
+		for _, n := range blobs[ref] {
+			size[ref] += n
+		}
+	}
+	out := slices.Clone(images)
+	slices.SortStableFunc(out, func(a, b string) int { return cmp.Compare(size[b], size[a]) })
+	return out
 }
 
 // CheckRoomBefore is the room check before a bundle is extracted or
@@ -130,15 +151,10 @@ func (l *Loading) CheckRoomBefore(ctx context.Context, meta *bundle.Metadata, di
 // checkRoom: the runtime stores layers uncompressed, so a load needs
 // twice the bytes of the blobs it does not hold yet (per image it lacks,
 // counting a blob once), within what the kubelet tolerates.
-func (l *Loading) checkRoom(ctx context.Context, meta *bundle.Metadata, dir string) error {
-	images := meta.AllImages()
-	blobs, err := bundle.ImageBlobs(dir, images, bundle.GoArch(meta.Arch))
-	if err != nil {
-		return fmt.Errorf("%w: the extracted bundle in %s is damaged (%v): run 'ferry cleanup' and give the bundle again", bundle.ErrInvalid, dir, err)
-	}
-	byDigest := make(map[string]string, len(images)) // image → the name it is pulled by
-	refs := make([]string, 0, len(images))
-	for _, ref := range images {
+func (l *Loading) checkRoom(ctx context.Context, blobs map[string]map[string]int64) error {
+	byDigest := make(map[string]string, len(blobs)) // image → the name it is pulled by
+	refs := make([]string, 0, len(blobs))
+	for ref := range blobs {
 		byDigest[ref] = bundle.PullRefs([]string{ref})[0]
 		refs = append(refs, byDigest[ref])
 	}
@@ -157,15 +173,16 @@ func (l *Loading) checkRoom(ctx context.Context, meta *bundle.Metadata, dir stri
 // Resume serves a loaded bundle again after a restart (drop-ins unchanged,
 // present and pinned images skipped).
 func (l *Loading) Resume(ctx context.Context, meta *bundle.Metadata, dir string, keep []string) error {
-	return l.load(ctx, meta, dir, keep, nil)
+	return l.load(ctx, meta, dir, keep, nil, meta.AllImages())
 }
 
-func (l *Loading) load(ctx context.Context, meta *bundle.Metadata, dir string, keep []string, progress func(done, total int)) error {
+// load serves dir and loads images (meta's, in the order to pull them).
+func (l *Loading) load(ctx context.Context, meta *bundle.Metadata, dir string, keep []string, progress func(done, total int), images []string) error {
 	reg, err := l.serve(dir)
 	if err != nil {
 		return err
 	}
-	return l.Runtime.Load(ctx, RuntimeRequest{Images: meta.AllImages(), Keep: keep, Addr: reg.Addr(),
+	return l.Runtime.Load(ctx, RuntimeRequest{Images: images, Keep: keep, Addr: reg.Addr(),
 		CACert: reg.CACertPEM(), Label: meta.DirName(), Progress: progress})
 }
 

@@ -160,6 +160,7 @@ func writeTree(t *testing.T, tree imagetree.Tree) string {
 // The room a load asks for is twice the blobs of the images CRI-O does not
 // hold, each blob once (two images sharing their layer count it once; an
 // image CRI-O holds counts nothing), and nothing when it holds them all.
+// Images are pulled biggest first.
 func TestLoading_AsksRoomForTwiceWhatCRIODoesNotHold(t *testing.T) {
 	l, rt := newLoading(t)
 	tree := imagetree.Tree{}
@@ -167,7 +168,7 @@ func TestLoading_AsksRoomForTwiceWhatCRIODoesNotHold(t *testing.T) {
 	a := tree.Add("quay.io/x/a", shared)
 	b := tree.Add("quay.io/x/b", shared)
 	held := tree.Add("quay.io/x/held", imagetree.Layer("held", 300<<10))
-	meta := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: held, Images: []string{a, b}}
+	meta := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: a, Images: []string{b, held}}
 	dir := writeTree(t, tree)
 	rt.present = map[string]bool{held: true}
 	must(t, l.Load(t.Context(), meta, dir, nil, nil))
@@ -176,6 +177,9 @@ func TestLoading_AsksRoomForTwiceWhatCRIODoesNotHold(t *testing.T) {
 	must(t, json.Unmarshal(tree[imagetree.BlobPath(d)], &m))
 	if want := 2 * (int64(len(shared)) + m.Config.Size); rt.need != want || !strings.Contains(rt.what, "2 images") {
 		t.Fatalf("asked for %d bytes (%s), want %d", rt.need, rt.what, want)
+	}
+	if got := rt.last.Images; len(got) != 3 || got[0] != held {
+		t.Errorf("pull order %v: the biggest image (%s) first", got, held)
 	}
 	rt.present = map[string]bool{held: true, a: true, b: true}
 	rt.need, rt.what = -1, ""
