@@ -61,8 +61,9 @@ type Loader interface {
 	// pins, mirror, CA and registry.
 	Cleanup(ctx context.Context, meta *bundle.Metadata, dir string) error
 	// CheckRoomBefore fails (diskspace.ErrNoSpace) when there is no room
-	// to write the bundle's bytes under dir (writes) and then load it.
-	CheckRoomBefore(ctx context.Context, meta *bundle.Metadata, dir string, writes int64) error
+	// to write the bundle's bytes (writes: bytes by directory) and then
+	// load it.
+	CheckRoomBefore(ctx context.Context, meta *bundle.Metadata, writes map[string]int64) error
 }
 
 // Notifier is systemd's view of the agent (no-ops off systemd).

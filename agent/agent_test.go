@@ -14,6 +14,7 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
+	"github.com/ferry-edge/ferry/peer"
 )
 
 // fakeDevices is a DeviceSource the test feeds.
@@ -67,8 +68,9 @@ type fakeLoader struct {
 	unpinned []string
 	keeps    [][]string
 	fail     int
-	pinned   map[string]bool // what the fake CRI-O pins
-	room     error           // CheckRoomBefore's answer
+	pinned   map[string]bool                     // what the fake CRI-O pins
+	room     error                               // CheckRoomBefore's answer
+	roomFor  func(writes map[string]int64) error // or this one's
 }
 
 func (l *fakeLoader) Load(_ context.Context, m *bundle.Metadata, dir string, keep []string, progress func(int, int)) error {
@@ -95,9 +97,12 @@ func (l *fakeLoader) Load(_ context.Context, m *bundle.Metadata, dir string, kee
 }
 
 func (l *fakeLoader) Resume(context.Context, *bundle.Metadata, string, []string) error { return nil }
-func (l *fakeLoader) CheckRoomBefore(context.Context, *bundle.Metadata, string, int64) error {
+func (l *fakeLoader) CheckRoomBefore(_ context.Context, _ *bundle.Metadata, writes map[string]int64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.roomFor != nil {
+		return l.roomFor(writes)
+	}
 	return l.room
 }
 
@@ -527,8 +532,11 @@ func must(t *testing.T, err error) {
 }
 
 // No room for a stick's bundle and its load: refused before a byte is
-// written, saying so; a peer's bundle is not fetched, and the fetch is
-// retried (space may be freed).
+// written, saying so and what to do after freeing space; a peer's bundle
+// is not fetched, and the fetch is retried (space may be freed), the room
+// asked for counting its tar and its tree; a fetched bundle with no room
+// left to extract it (the disk filled meanwhile) is fetched again, not
+// refused for good.
 func TestAgent_NoRoomRefusesBeforeWriting(t *testing.T) {
 	noRoom := fmt.Errorf("%w in /var: writing the bundle (1 GiB) and loading the 1 images CRI-O does not hold needs 3 GiB; free 2 GiB there", bundle.ErrNoSpace)
 	t.Run("a stick", func(t *testing.T) {
@@ -538,7 +546,7 @@ func TestAgent_NoRoomRefusesBeforeWriting(t *testing.T) {
 		src, _ := stick(t, bundletest.Options{})
 		h.plug("/dev/sda", src)
 		s := h.waitPhase(PhaseRejected)
-		if !strings.Contains(s.Reason, "free 2 GiB there") {
+		if !strings.Contains(s.Reason, "free 2 GiB there; then plug the stick in again") {
 			t.Fatal(s.Reason)
 		}
 		if ents, _ := os.ReadDir(h.cfg.Paths.ExtractDir); len(ents) != 0 {
@@ -547,18 +555,58 @@ func TestAgent_NoRoomRefusesBeforeWriting(t *testing.T) {
 	})
 	t.Run("a peer's bundle", func(t *testing.T) {
 		h, p := clusterHarness(t)
-		h.loader.room = noRoom
+		var asked map[string]int64
+		h.loader.roomFor = func(w map[string]int64) error { asked = w; return noRoom }
 		tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
 		p.offer(t, "10.0.0.2:8090", tarPath, digest)
 		h.start()
-		s := h.waitReason("free 2 GiB there")
+		s := h.waitReason("free 2 GiB there; then it is fetched by itself")
 		if s.Phase != string(PhaseFetching) {
 			t.Fatalf("%+v", s)
 		}
+		h.loader.mu.Lock()
+		if len(asked) != 2 || asked[h.cfg.Paths.ExtractDir] <= 0 || asked[h.cfg.Paths.StateDir] != asked[h.cfg.Paths.ExtractDir] {
+			t.Errorf("room asked for %v: want the tar in %s and the tree in %s", asked, h.cfg.Paths.StateDir, h.cfg.Paths.ExtractDir)
+		}
+		h.loader.mu.Unlock()
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if p.fetched != 0 {
 			t.Fatal("fetched without room")
+		}
+	})
+	t.Run("a fetched bundle, the disk filled meanwhile", func(t *testing.T) {
+		h, p := clusterHarness(t)
+		h.loader.roomFor = func(w map[string]int64) error {
+			if len(w) == 1 { // the extraction
+				return noRoom
+			}
+			return nil
+		}
+		tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+		p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "extracted", Digest: digest})
+		p.offer(t, "10.0.0.2:8090", tarPath, digest)
+		h.start()
+		s := h.waitReason("no room to extract the fetched bundle, fetching it again once there is")
+		if s.Phase != string(PhaseFetching) || !strings.Contains(s.Reason, "free 2 GiB there") {
+			t.Fatalf("%+v", s)
+		}
+		if ents, _ := os.ReadDir(filepath.Join(h.cfg.Paths.StateDir, "incoming")); len(ents) != 0 {
+			t.Errorf("the tar was kept: %s", ents[0].Name())
+		}
+		// Space freed; the retry (here: the restart) fetches and loads it.
+		h.stop()
+		h.loader.mu.Lock()
+		h.loader.roomFor = nil
+		h.loader.mu.Unlock()
+		h.start()
+		if s := h.waitPhase(PhaseLoaded); s.Digest != digest {
+			t.Fatal(s.Digest)
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.fetched != 2 {
+			t.Errorf("fetched %d times, want 2", p.fetched)
 		}
 	})
 }

@@ -103,13 +103,24 @@ func (a *Agent) runJob(ctx context.Context, j effStartJob) event {
 }
 
 func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.Result, *peer.PieceList, error) {
-	if err := a.roomBefore(ctx, r, r.Metadata.SizeBytes); err != nil {
+	again := "then plug the stick in again"
+	switch r.Origin {
+	case OriginFile:
+		again = "then run ferry load again"
+	case OriginPeer:
+		again = "then it is fetched again by itself"
+	}
+	if err := a.roomBefore(ctx, r, map[string]int64{a.cfg.Paths.ExtractDir: r.Metadata.SizeBytes}, again); err != nil {
 		return nil, nil, err
 	}
 	var ix bundle.Index
 	opts := bundle.Options{Policy: j.policy, Sync: true, Index: &ix, Log: a.log, Progress: a.throttle(r.ID, "bytes")}
 	if a.deps.Loader != nil && opts.SpaceFactor == 0 {
-		opts.SpaceFactor = 1 // the tree: its load was counted just above
+		// The tree itself where it extracts: its load, and the tree when
+		// it shares the image store's filesystem, were checked just above
+		// against what the kubelet tolerates (the 2 × of extraction
+		// alone stood for both).
+		opts.SpaceFactor = 1
 	}
 	var hasher *peer.PieceHasher
 	if a.deps.Peers != nil && j.pieces {
@@ -139,8 +150,10 @@ func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.
 func (a *Agent) fetch(ctx context.Context, r *Record) error {
 	dest := a.m.incomingPath(r)
 	if _, err := os.Stat(dest); os.IsNotExist(err) {
-		// Until cut-through, the tar and then its tree.
-		if err := a.roomBefore(ctx, r, 2*r.Metadata.SizeBytes); err != nil {
+		// The tar where it lands, then its tree where it extracts.
+		writes := map[string]int64{a.cfg.Paths.ExtractDir: r.Metadata.SizeBytes}
+		writes[a.cfg.Paths.StateDir] += r.Metadata.SizeBytes
+		if err := a.roomBefore(ctx, r, writes, "then it is fetched by itself (tried every 10 s)"); err != nil {
 			return err
 		}
 	}
@@ -161,17 +174,20 @@ func (a *Agent) fetch(ctx context.Context, r *Record) error {
 }
 
 // roomBefore checks, before a bundle's bytes are written on this node
-// (writes of them), that there is room for them and for its load within
-// what the kubelet tolerates (Loader.CheckRoomBefore).
-func (a *Agent) roomBefore(ctx context.Context, r *Record, writes int64) error {
+// (writes: bytes by directory), that there is room for them and for its
+// load within what the kubelet tolerates (Loader.CheckRoomBefore); a
+// refusal ends with what comes after freeing space (again).
+func (a *Agent) roomBefore(ctx context.Context, r *Record, writes map[string]int64, again string) error {
 	if a.deps.Loader == nil || r.Metadata == nil {
 		return nil
 	}
-	if err := os.MkdirAll(a.cfg.Paths.ExtractDir, 0o755); err != nil {
-		return err
+	for dir := range writes {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
 	}
-	if err := a.deps.Loader.CheckRoomBefore(ctx, r.Metadata, a.cfg.Paths.ExtractDir, writes); err != nil {
-		return fmt.Errorf("bundle %s: %w", r.Name, err)
+	if err := a.deps.Loader.CheckRoomBefore(ctx, r.Metadata, writes); err != nil {
+		return fmt.Errorf("bundle %s: %w; %s", r.Name, err, again)
 	}
 	return nil
 }

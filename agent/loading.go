@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/ferry-edge/ferry/bundle"
@@ -96,7 +97,7 @@ func (l *Loading) Load(ctx context.Context, meta *bundle.Metadata, dir string, k
 	if err != nil {
 		return fmt.Errorf("%w: the extracted bundle in %s is damaged (%v): run 'ferry cleanup' and give the bundle again", bundle.ErrInvalid, dir, err)
 	}
-	if err := l.checkRoom(ctx, blobs); err != nil {
+	if err := l.checkLoadRoom(ctx, blobs); err != nil {
 		return err
 	}
 	return l.load(ctx, meta, dir, keep, progress, biggestFirst(meta.AllImages(), blobs))
@@ -117,57 +118,87 @@ func biggestFirst(images []string, blobs map[string]map[string]int64) []string {
 	return out
 }
 
-// CheckRoomBefore is the room check before a bundle is extracted or
-// fetched, on every node: writes bytes under dir, then its load. The tree
-// that sizes the load exactly is not there yet, so the images CRI-O lacks
-// are estimated as their share, by count, of the bundle's size; Load
-// checks exactly once the tree is there.
-func (l *Loading) CheckRoomBefore(ctx context.Context, meta *bundle.Metadata, dir string, writes int64) error {
-	images := meta.AllImages()
-	refs := make([]string, len(images))
-	for i, ref := range images {
-		refs[i] = bundle.PullRefs([]string{ref})[0]
-	}
-	present, _ := l.Runtime.Present(ctx, refs) // unknown: every image counted as missing
-	n := 0
-	for _, r := range refs {
-		if !present[r] {
-			n++
+// CheckRoomBefore is the room check before a bundle's bytes are written
+// on this node, on every node: before a stick's (or a file's) bundle is
+// extracted and before a peer's is fetched. writes are the bytes about to
+// be written, by directory; those on the image store's filesystem (on
+// RHCOS /var/lib/upgrade, /var/lib/ferry and /var/lib/containers all are
+// /var) count with the load. The tree that sizes the load exactly is not
+// there yet: bundle.EstimateMissingBytes sizes it from the metadata, never
+// below the exact count, so that a bundle that passes here does not fail
+// Load's exact check with its tree written.
+func (l *Loading) CheckRoomBefore(ctx context.Context, meta *bundle.Metadata, writes map[string]int64) error {
+	present := l.present(ctx, meta.AllImages())
+	est, n, perImage := bundle.EstimateMissingBytes(meta, present)
+	var need, written int64
+	for dir, b := range writes {
+		if b > 0 && l.Runtime.SameFilesystem(dir) {
+			written += b
 		}
 	}
-	var est int64
-	if len(images) > 0 {
-		est = meta.SizeBytes / int64(len(images)) * int64(n)
+	var what []string
+	if written > 0 {
+		need += written
+		what = append(what, fmt.Sprintf("writing the bundle (%s)", bundle.HumanSize(written)))
 	}
-	need := 2*est + l.RoomFloor
-	what := fmt.Sprintf("loading the %d images CRI-O does not hold (about 2 × %s)", n, bundle.HumanSize(est))
-	if l.Runtime.SameFilesystem(dir) {
-		need += writes
-		what = fmt.Sprintf("writing the bundle (%s) and %s", bundle.HumanSize(writes), what)
+	if n > 0 {
+		need += 2 * est
+		basis := "their sizes in the bundle's metadata"
+		if !perImage {
+			basis = "the whole bundle: its metadata has no per-image sizes"
+		}
+		what = append(what, fmt.Sprintf("loading the %d images CRI-O does not hold (2 × %s, from %s: layers are stored uncompressed)", n, bundle.HumanSize(est), basis))
 	}
-	return l.Runtime.CheckRoom(need, what)
+	return l.checkRoom(need, what)
 }
 
-// checkRoom: the runtime stores layers uncompressed, so a load needs
+// checkLoadRoom: the runtime stores layers uncompressed, so a load needs
 // twice the bytes of the blobs it does not hold yet (per image it lacks,
-// counting a blob once), within what the kubelet tolerates.
-func (l *Loading) checkRoom(ctx context.Context, blobs map[string]map[string]int64) error {
-	byDigest := make(map[string]string, len(blobs)) // image → the name it is pulled by
-	refs := make([]string, 0, len(blobs))
+// counting a blob once, less those of the images it holds), within what
+// the kubelet tolerates.
+func (l *Loading) checkLoadRoom(ctx context.Context, blobs map[string]map[string]int64) error {
+	images := make([]string, 0, len(blobs))
 	for ref := range blobs {
-		byDigest[ref] = bundle.PullRefs([]string{ref})[0]
-		refs = append(refs, byDigest[ref])
+		images = append(images, ref)
 	}
-	present, err := l.Runtime.Present(ctx, refs)
-	if err != nil {
-		present = nil // counted as missing: the check errs on the safe side
-	}
-	missing, n := bundle.MissingBytes(blobs, func(ref string) bool { return present[byDigest[ref]] })
+	missing, n := bundle.MissingBytes(blobs, l.present(ctx, images))
 	if n == 0 {
 		return nil
 	}
-	what := fmt.Sprintf("loading the %d images CRI-O does not hold (2 × their %s: layers are stored uncompressed)", n, bundle.HumanSize(missing))
-	return l.Runtime.CheckRoom(2*missing+l.RoomFloor, what)
+	return l.checkRoom(2*missing, []string{fmt.Sprintf("loading the %d images CRI-O does not hold (2 × their %s: layers are stored uncompressed)", n, bundle.HumanSize(missing))})
+}
+
+// checkRoom asks the runtime for need bytes (what, in words) and the
+// floor; nothing to write, nothing to check.
+func (l *Loading) checkRoom(need int64, what []string) error {
+	if need <= 0 {
+		return nil
+	}
+	if l.RoomFloor > 0 {
+		need += l.RoomFloor
+		what = append(what, fmt.Sprintf("keeping %s free (crio.storage_floor_bytes)", bundle.HumanSize(l.RoomFloor)))
+	}
+	return l.Runtime.CheckRoom(need, strings.Join(what, " and "))
+}
+
+// present tells, by metadata reference, whether the runtime holds each of
+// images (by the name it is pulled as). When it cannot tell, none: the
+// room checks then err on the safe side.
+func (l *Loading) present(ctx context.Context, images []string) func(ref string) bool {
+	pull := make(map[string]string, len(images))
+	refs := make([]string, 0, len(images))
+	for _, ref := range images {
+		pull[ref] = bundle.PullRefs([]string{ref})[0]
+		refs = append(refs, pull[ref])
+	}
+	held, err := l.Runtime.Present(ctx, refs)
+	if err != nil {
+		if l.Log != nil {
+			l.Log.Warn("cannot ask CRI-O which images it holds; counting them all as missing", "err", err)
+		}
+		held = nil
+	}
+	return func(ref string) bool { return held[pull[ref]] }
 }
 
 // Resume serves a loaded bundle again after a restart (drop-ins unchanged,

@@ -29,7 +29,9 @@ type fakeRuntime struct {
 	last    RuntimeRequest
 	room    error
 	present map[string]bool
-	need    int64 // asked of CheckRoom
+	noList  error           // Present's error
+	apart   map[string]bool // dirs not on the image store's filesystem
+	need    int64           // asked of CheckRoom
 	what    string
 }
 
@@ -51,8 +53,11 @@ func (f *fakeRuntime) CheckRoom(need int64, what string) error {
 	f.need, f.what = need, what
 	return f.room
 }
-func (f *fakeRuntime) SameFilesystem(string) bool { return true }
+func (f *fakeRuntime) SameFilesystem(dir string) bool { return !f.apart[dir] }
 func (f *fakeRuntime) Present(_ context.Context, refs []string) (map[string]bool, error) {
+	if f.noList != nil {
+		return nil, f.noList
+	}
 	out := map[string]bool{}
 	for _, r := range refs {
 		out[r] = f.present[r]
@@ -190,21 +195,79 @@ func TestLoading_AsksRoomForTwiceWhatCRIODoesNotHold(t *testing.T) {
 }
 
 // Before a bundle is written on a node, the room for it and for its load
-// is checked: the bundle's bytes (on the image store's filesystem) and
-// twice the images' share, by count, of the bundle for those CRI-O lacks.
+// is checked: the bytes written on the image store's filesystem, and twice
+// what the images CRI-O lacks may need, sized from the metadata never
+// below what the tree will say: the whole bundle without per-image sizes,
+// their sum (or the bundle less the biggest image CRI-O holds) with them.
 func TestLoading_CheckRoomBeforeCountsTheWritesAndTheImagesCRIOLacks(t *testing.T) {
-	l, rt := newLoading(t)
-	meta := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", SizeBytes: 4 << 30,
-		Release: fmt.Sprintf("quay.io/a/r@sha256:%064x", 1),
-		Images:  []string{fmt.Sprintf("quay.io/a/b@sha256:%064x", 2), fmt.Sprintf("quay.io/a/c@sha256:%064x", 3), fmt.Sprintf("quay.io/a/d@sha256:%064x", 4)}}
-	rt.present = map[string]bool{meta.Images[0]: true}
-	l.RoomFloor = 1
-	must(t, l.CheckRoomBefore(t.Context(), meta, t.TempDir(), 8<<30))
-	if want := int64(8<<30) + 2*(3<<30) + 1; rt.need != want || !strings.Contains(rt.what, "3 images") || !strings.Contains(rt.what, "8 GiB") {
-		t.Fatalf("asked for %d (%s), want %d", rt.need, rt.what, want)
+	const gib = 1 << 30
+	ref := func(i int) string { return fmt.Sprintf("quay.io/a/i%d@sha256:%064x", i, i) }
+	meta := func(sizes ...int64) *bundle.Metadata {
+		m := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", SizeBytes: 10 * gib, Release: ref(0),
+			Images: []string{ref(1), ref(2), ref(3)}}
+		if len(sizes) > 0 {
+			m.ImageBytes = map[string]int64{}
+			for i, n := range sizes {
+				m.ImageBytes[ref(i)] = n
+			}
+		}
+		return m
 	}
+	tree, tar := "/var/lib/upgrade", "/var/lib/ferry"
+	for _, tc := range []struct {
+		name    string
+		meta    *bundle.Metadata
+		present []int
+		apart   []string
+		noList  bool
+		writes  map[string]int64
+		need    int64 // 0: CheckRoom not asked
+		says    []string
+	}{
+		{"no per-image sizes: the whole bundle", meta(), []int{1}, nil, false, map[string]int64{tree: 10 * gib},
+			10*gib + 2*10*gib + 1, []string{"writing the bundle (10 GiB)", "3 images", "2 × 10 GiB", "no per-image sizes", "keeping 1 B free"}},
+		{"per-image sizes: those CRI-O lacks", meta(1*gib, 6*gib, 2*gib, 1*gib), []int{1}, nil, false, map[string]int64{tree: 10 * gib},
+			10*gib + 2*4*gib + 1, []string{"3 images", "2 × 4 GiB", "sizes in the bundle's metadata"}},
+		{"per-image sizes overlapping: the bundle less the biggest held", meta(9*gib, 3*gib, 9*gib, 9*gib), []int{1}, nil, false, nil,
+			2*7*gib + 1, []string{"2 × 7 GiB"}},
+		{"a fetch: tar and tree on the store's filesystem", meta(), nil, nil, false, map[string]int64{tree: 10 * gib, tar: 10 * gib},
+			20*gib + 2*10*gib + 1, []string{"writing the bundle (20 GiB)", "4 images"}},
+		{"the tree on another filesystem", meta(), nil, []string{tree}, false, map[string]int64{tree: 10 * gib},
+			2*10*gib + 1, []string{"loading the 4 images"}},
+		{"CRI-O holds all, the tree elsewhere: nothing to ask", meta(), []int{0, 1, 2, 3}, []string{tree}, false, map[string]int64{tree: 10 * gib},
+			0, nil},
+		{"CRI-O holds all: the tree only", meta(), []int{0, 1, 2, 3}, nil, false, map[string]int64{tree: 10 * gib},
+			10*gib + 1, []string{"writing the bundle (10 GiB) and keeping"}},
+		{"CRI-O cannot say: every image missing", meta(), []int{0, 1, 2, 3}, []string{tree}, true, map[string]int64{tree: 10 * gib},
+			2*10*gib + 1, []string{"4 images"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, rt := newLoading(t)
+			l.RoomFloor = 1
+			rt.present, rt.apart, rt.need = map[string]bool{}, map[string]bool{}, 0
+			for _, i := range tc.present {
+				rt.present[ref(i)] = true
+			}
+			for _, d := range tc.apart {
+				rt.apart[d] = true
+			}
+			if tc.noList {
+				rt.noList = errors.New("crio is down")
+			}
+			must(t, l.CheckRoomBefore(t.Context(), tc.meta, tc.writes))
+			if rt.need != tc.need {
+				t.Fatalf("asked for %s (%s), want %s", bundle.HumanSize(rt.need), rt.what, bundle.HumanSize(tc.need))
+			}
+			for _, w := range tc.says {
+				if !strings.Contains(rt.what, w) {
+					t.Errorf("%q does not say %q", rt.what, w)
+				}
+			}
+		})
+	}
+	l, rt := newLoading(t)
 	rt.room = bundle.ErrNoSpace
-	if err := l.CheckRoomBefore(t.Context(), meta, t.TempDir(), 1); !errors.Is(err, bundle.ErrNoSpace) {
+	if err := l.CheckRoomBefore(t.Context(), meta(), nil); !errors.Is(err, bundle.ErrNoSpace) {
 		t.Fatalf("got %v", err)
 	}
 }

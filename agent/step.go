@@ -402,6 +402,14 @@ func (m *machine) extractDone(r *Record, j evJobDone) []effect {
 		effs = append(effs, effRemove{filepath.Dir(m.incomingPath(r))})
 	}
 	if j.err != nil {
+		if r.Origin == OriginPeer && errors.Is(j.err, bundle.ErrNoSpace) {
+			// Not the bundle's fault: the disk filled up since the fetch
+			// checked for room. Its tar is gone (above); it is fetched
+			// again, after the same check, once there is room.
+			reason := fmt.Sprintf("no room to extract the fetched bundle, fetching it again once there is: %v", j.err)
+			m.log.Warn("no room to extract a fetched bundle", "phase", string(PhaseFetching), "bundle", r.Name, "err", j.err)
+			return append(append(effs, m.move(r, PhaseFetching, reason, Progress{Unit: "bytes"})...), effRetryIn{10 * time.Second})
+		}
 		if bundle.IsRefusal(j.err) {
 			m.active = nil
 			return append(effs, m.reject(r, j.err)...)

@@ -369,6 +369,14 @@ func (c *creator) run(ctx context.Context) (*CreateResult, error) {
 		c.log.Info("removed files of an earlier run that this bundle does not need", "files", removed)
 	}
 
+	// Each image's bytes: a node sizes its load with them before it
+	// extracts the bundle. Without them it counts the whole bundle.
+	if blobs, err := ImageBlobs(workDir, meta.AllImages(), GoArch(c.arch)); err != nil {
+		c.log.Warn("the bundle goes without its per-image sizes", "err", err)
+	} else {
+		meta.ImageBytes = ImageSizes(blobs)
+	}
+
 	// Write.
 	c.prog.phase.Store("write")
 	res, err := c.writeBundle(meta, workDir)

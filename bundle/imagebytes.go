@@ -102,3 +102,60 @@ func MissingBytes(blobs map[string]map[string]int64, present func(ref string) bo
 	}
 	return bytes, missing
 }
+
+// ImageSizes is, for each image of blobs (ImageBlobs), the bytes of its
+// blobs: what metadata.json's imageBytes holds.
+func ImageSizes(blobs map[string]map[string]int64) map[string]int64 {
+	out := make(map[string]int64, len(blobs))
+	for ref, bs := range blobs {
+		var n int64
+		for _, b := range bs {
+			n += b
+		}
+		out[ref] = n
+	}
+	return out
+}
+
+// EstimateMissingBytes sizes, from the metadata alone (before the tree is
+// extracted), what pulling the images a runtime lacks (not present, by
+// the references of metadata.json) writes. It never says less than
+// MissingBytes on the extracted tree, so that a bundle that passes a room
+// check before extraction does not fail the same check once extracted,
+// with its tree already written:
+//
+//   - with imageBytes, the smaller of their sum over the missing images
+//     (a blob two of them share counted twice) and sizeBytes less the
+//     biggest present image (every blob of the tree belongs to some image,
+//     and a runtime that holds an image holds all its blobs);
+//   - without (bundles made before ferry wrote imageBytes, seed-shaped
+//     ones), the whole sizeBytes as soon as one image is missing: a share
+//     by count would say too little when the missing images are the big
+//     ones.
+//
+// perImage says which.
+func EstimateMissingBytes(m *Metadata, present func(ref string) bool) (bytes int64, missing int, perImage bool) {
+	perImage = len(m.ImageBytes) > 0
+	var sum, biggestPresent int64
+	for _, ref := range m.AllImages() {
+		n, known := m.ImageBytes[ref]
+		if present(ref) {
+			if known {
+				biggestPresent = max(biggestPresent, n)
+			}
+			continue
+		}
+		missing++
+		sum += n
+		if !known {
+			perImage = false
+		}
+	}
+	switch {
+	case missing == 0:
+		return 0, 0, perImage
+	case !perImage:
+		return m.SizeBytes, missing, false
+	}
+	return max(min(sum, m.SizeBytes-biggestPresent), 0), missing, true
+}

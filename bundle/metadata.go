@@ -47,6 +47,12 @@ type Metadata struct {
 	// ReleaseSignatures are the release image's signatures, each one
 	// signature file as a signature store serves it (base64 in JSON).
 	ReleaseSignatures [][]byte `json:"releaseSignatures,omitempty"`
+	// ImageBytes (optional; ferry bundle create writes it) is, for the
+	// release and each image (keys as in release and images), the bytes a
+	// runtime stores when it pulls it: its config and layers, each once.
+	// It lets a node size a load before the bundle is extracted (see
+	// EstimateMissingBytes); bundles without it still load.
+	ImageBytes map[string]int64 `json:"imageBytes,omitempty"`
 
 	// Shape is how the metadata was written: ShapeFerry, or ShapeSeed (no
 	// formatVersion: the seed's example and upgrade-tool), read leniently.
@@ -170,6 +176,14 @@ func (m *Metadata) Validate() error {
 			return bad("images[%d]: %s listed twice", i, ref)
 		}
 		seen[ref] = true
+	}
+	for ref, n := range m.ImageBytes {
+		if !seen[ref] {
+			return bad("imageBytes: %s is not the release nor one of the images", ref)
+		}
+		if n < 0 || m.SizeBytes > 0 && n > m.SizeBytes {
+			return bad("imageBytes: %s: %d bytes does not fit in sizeBytes %d", ref, n, m.SizeBytes)
+		}
 	}
 	return nil
 }

@@ -1,8 +1,6 @@
 package crio
 
 import (
-	"golang.org/x/sys/unix"
-
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -692,7 +691,7 @@ func (l *Loader) CheckRoom(need int64, what string) error {
 	if _, err := os.Stat(l.StorageDir); l.StorageDir == "" || err != nil {
 		return nil
 	}
-	return diskspace.CheckKubelet(l.StorageDir, need, l.limits(), what, "crictl rmi --prune removes unused images; then load again")
+	return diskspace.CheckKubelet(l.StorageDir, need, l.limits(), what, "'crictl rmi --prune' removes the images no container uses")
 }
 
 func (l *Loader) limits() diskspace.Limits {
@@ -704,7 +703,7 @@ func (l *Loader) limits() diskspace.Limits {
 	}
 	lim, err := diskspace.ReadKubeletLimits(l.KubeletConfig)
 	if err != nil {
-		l.log().Warn("cannot read the kubelet's thresholds; using its defaults (15% free, 85% used)", "err", err)
+		l.log().Warn("cannot read some of the kubelet's thresholds; using its defaults for those (imagefs.available 15%, image GC at 85%)", "err", err)
 	}
 	return lim
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -13,14 +14,17 @@ import (
 )
 
 // Limits are what the kubelet tolerates on its image filesystem before it
-// acts: below EvictBelow free it evicts pods (its imagefs.available hard
-// eviction threshold), above GCHighPercent used it deletes images (image
-// garbage collection). A load that crosses either makes the kubelet delete
-// images a disconnected site cannot pull again.
+// acts: below EvictBelow free it evicts pods (its imagefs.available
+// eviction threshold, hard or soft), above GCHighPercent used it deletes
+// images (image garbage collection). A load that crosses either makes the
+// kubelet delete images a disconnected site cannot pull again.
 type Limits struct {
 	EvictBelowBytes   int64   // absolute imagefs.available, or 0
 	EvictBelowPercent float64 // imagefs.available as a percentage, or 0
-	GCHighPercent     float64
+	// EvictFrom names the setting the eviction threshold comes from
+	// ("" for evictionHard, the kubelet's default).
+	EvictFrom     string
+	GCHighPercent float64
 }
 
 // DefaultLimits are the kubelet's defaults (imagefs.available 15%,
@@ -29,7 +33,12 @@ var DefaultLimits = Limits{EvictBelowPercent: 15, GCHighPercent: 85}
 
 // ReadKubeletLimits reads a KubeletConfiguration (YAML or JSON, as
 // OpenShift writes /etc/kubernetes/kubelet.conf); a missing file gives the
-// defaults, and so does a setting it leaves out.
+// defaults, and so does a setting it leaves out: the kubelet applies its
+// own default for an evictionHard that lists other signals only, unless
+// told not to merge, and assuming the default errs on the safe side. A
+// soft eviction threshold evicts too (after its grace period): the
+// stricter of the two holds. A setting that cannot be read keeps its
+// default, and the error says which.
 func ReadKubeletLimits(path string) (Limits, error) {
 	l := DefaultLimits
 	b, err := os.ReadFile(path)
@@ -41,30 +50,52 @@ func ReadKubeletLimits(path string) (Limits, error) {
 	}
 	var cfg struct {
 		EvictionHard                map[string]string `yaml:"evictionHard"`
+		EvictionSoft                map[string]string `yaml:"evictionSoft"`
 		ImageGCHighThresholdPercent *float64          `yaml:"imageGCHighThresholdPercent"`
 	}
 	if err := yaml.Unmarshal(b, &cfg); err != nil {
 		return l, fmt.Errorf("kubelet config %s: %w", path, err)
 	}
+	var errs []error
 	if p := cfg.ImageGCHighThresholdPercent; p != nil {
 		if *p <= 0 || *p > 100 {
-			return l, fmt.Errorf("kubelet config %s: imageGCHighThresholdPercent %v is not a percentage", path, *p)
+			errs = append(errs, fmt.Errorf("kubelet config %s: imageGCHighThresholdPercent %v is not a percentage", path, *p))
+		} else {
+			l.GCHighPercent = *p
 		}
-		l.GCHighPercent = *p
 	}
 	if v, ok := cfg.EvictionHard["imagefs.available"]; ok {
-		l.EvictBelowBytes, l.EvictBelowPercent = 0, 0
-		if pct, ok := strings.CutSuffix(strings.TrimSpace(v), "%"); ok {
-			f, err := strconv.ParseFloat(pct, 64)
-			if err != nil || f < 0 || f > 100 {
-				return l, fmt.Errorf("kubelet config %s: evictionHard imagefs.available %q is not a percentage", path, v)
-			}
-			l.EvictBelowPercent = f
-		} else if l.EvictBelowBytes, err = parseQuantity(v); err != nil {
-			return l, fmt.Errorf("kubelet config %s: evictionHard imagefs.available %q: %w", path, v, err)
+		bytes, pct, err := parseThreshold(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("kubelet config %s: evictionHard imagefs.available %q: %w", path, v, err))
+		} else {
+			l.EvictBelowBytes, l.EvictBelowPercent = bytes, pct
 		}
 	}
-	return l, nil
+	if v, ok := cfg.EvictionSoft["imagefs.available"]; ok {
+		bytes, pct, err := parseThreshold(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("kubelet config %s: evictionSoft imagefs.available %q: %w", path, v, err))
+		} else if bytes > l.EvictBelowBytes || pct > l.EvictBelowPercent {
+			l.EvictBelowBytes, l.EvictBelowPercent = max(bytes, l.EvictBelowBytes), max(pct, l.EvictBelowPercent)
+			l.EvictFrom = "evictionSoft"
+		}
+	}
+	return l, errors.Join(errs...)
+}
+
+// parseThreshold reads an eviction threshold: a percentage ("15%") or a
+// quantity of bytes ("10Gi").
+func parseThreshold(v string) (bytes int64, pct float64, err error) {
+	if p, ok := strings.CutSuffix(strings.TrimSpace(v), "%"); ok {
+		f, err := strconv.ParseFloat(p, 64)
+		if err != nil || f < 0 || f > 100 {
+			return 0, 0, errors.New("not a percentage")
+		}
+		return 0, f, nil
+	}
+	bytes, err = parseQuantity(v)
+	return bytes, 0, err
 }
 
 // parseQuantity reads a Kubernetes quantity of bytes: 10Gi, 500M, 1024.
@@ -82,13 +113,14 @@ func parseQuantity(s string) (int64, error) {
 		}
 	}
 	f, err := strconv.ParseFloat(s, 64)
-	if err != nil || f < 0 {
+	if err != nil || f < 0 || math.IsInf(f, 0) {
 		return 0, errors.New("not a quantity of bytes")
 	}
 	return int64(math.Ceil(f * mult)), nil
 }
 
-// Usage is the size and free space of the filesystem holding path.
+// Usage is the size and free space of the filesystem holding path, as
+// the kubelet counts them (free: what an unprivileged writer may use).
 func Usage(path string) (total, free int64, err error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(path, &st); err != nil {
@@ -104,18 +136,27 @@ func (l Limits) Headroom(total, free int64) (int64, string) {
 	byEvict := free - evict
 	byGC := int64(float64(total)*l.GCHighPercent/100) - (total - free)
 	if byGC < byEvict {
-		return max(byGC, 0), fmt.Sprintf("the kubelet deletes images above %.0f%% use (imageGCHighThresholdPercent)", l.GCHighPercent)
+		return max(byGC, 0), fmt.Sprintf("the kubelet deletes images above %s use (imageGCHighThresholdPercent)", percent(l.GCHighPercent))
 	}
-	what := fmt.Sprintf("%.0f%%", l.EvictBelowPercent)
-	if l.EvictBelowBytes > 0 {
+	what := percent(l.EvictBelowPercent)
+	if l.EvictBelowBytes > int64(float64(total)*l.EvictBelowPercent/100) {
 		what = Human(l.EvictBelowBytes)
 	}
-	return max(byEvict, 0), fmt.Sprintf("the kubelet evicts pods below %s free (evictionHard imagefs.available)", what)
+	from := l.EvictFrom
+	if from == "" {
+		from = "evictionHard"
+	}
+	return max(byEvict, 0), fmt.Sprintf("the kubelet evicts pods below %s free (%s imagefs.available)", what, from)
+}
+
+func percent(p float64) string {
+	return strings.TrimSuffix(strconv.FormatFloat(p, 'f', 1, 64), ".0") + "%"
 }
 
 // CheckKubelet returns ErrNoSpace when writing need bytes to the
 // filesystem holding path would cross what the kubelet tolerates (l); the
-// error says how much to free there, why, and what to do (fix).
+// error says how much to free on which filesystem, why, and what to do
+// (fix).
 func CheckKubelet(path string, need int64, l Limits, what, fix string) error {
 	total, free, err := Usage(path)
 	if err != nil {
@@ -125,6 +166,58 @@ func CheckKubelet(path string, need int64, l Limits, what, fix string) error {
 	if need <= room {
 		return nil
 	}
-	return fmt.Errorf("%w in %s: %s needs %s, and %s free there leaves room for %s only: %s; free %s there: %s",
-		ErrNoSpace, path, what, Human(need), Human(free), Human(room), why, Human(need-room), fix)
+	where := path
+	if mp := MountPoint(path); mp != "" && mp != path {
+		where = fmt.Sprintf("%s (the filesystem mounted on %s)", path, mp)
+	}
+	return fmt.Errorf("%w in %s: %s needs %s, and its %s free leave room for %s only: %s; free %s there: %s",
+		ErrNoSpace, where, what, Human(need), Human(free), Human(room), why, Human(need-room), fix)
+}
+
+// MountPoint is where the filesystem holding path is mounted (the
+// longest mount point above it in /proc/self/mountinfo, so that bind
+// mounts such as RHCOS's /var count), or "" when it cannot tell.
+func MountPoint(path string) string {
+	p, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return ""
+	}
+	if p, err = filepath.Abs(p); err != nil {
+		return ""
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return ""
+	}
+	best := ""
+	for line := range strings.SplitSeq(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescapeMount(f[4])
+		if (p == mp || mp == "/" || strings.HasPrefix(p, mp+"/")) && len(mp) > len(best) {
+			best = mp
+		}
+	}
+	return best
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var out strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				out.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		out.WriteByte(s[i])
+	}
+	return out.String()
 }
