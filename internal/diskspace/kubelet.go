@@ -135,9 +135,7 @@ func (l Limits) Headroom(total, free int64) (int64, string) {
 	evict := max(l.EvictBelowBytes, int64(float64(total)*l.EvictBelowPercent/100))
 	byEvict := free - evict
 	byGC := int64(float64(total)*l.GCHighPercent/100) - (total - free)
-	if byGC < byEvict {
-		return max(byGC, 0), fmt.Sprintf("the kubelet deletes images above %s use (imageGCHighThresholdPercent)", percent(l.GCHighPercent))
-	}
+	gc := fmt.Sprintf("the kubelet deletes images above %s use (imageGCHighThresholdPercent)", percent(l.GCHighPercent))
 	what := percent(l.EvictBelowPercent)
 	if l.EvictBelowBytes > int64(float64(total)*l.EvictBelowPercent/100) {
 		what = Human(l.EvictBelowBytes)
@@ -146,7 +144,16 @@ func (l Limits) Headroom(total, free int64) (int64, string) {
 	if from == "" {
 		from = "evictionHard"
 	}
-	return max(byEvict, 0), fmt.Sprintf("the kubelet evicts pods below %s free (%s imagefs.available)", what, from)
+	evicts := fmt.Sprintf("evicts pods below %s free (%s imagefs.available)", what, from)
+	switch d := byGC - byEvict; {
+	case d < -total/1000:
+		return max(byGC, 0), gc
+	case d <= total/1000:
+		// Both at once, as with the kubelet's defaults (85% used is 15%
+		// free).
+		return max(min(byGC, byEvict), 0), gc + " and " + evicts
+	}
+	return max(byEvict, 0), "the kubelet " + evicts
 }
 
 func percent(p float64) string {
@@ -170,7 +177,7 @@ func CheckKubelet(path string, need int64, l Limits, what, fix string) error {
 	if mp := MountPoint(path); mp != "" && mp != path {
 		where = fmt.Sprintf("%s (the filesystem mounted on %s)", path, mp)
 	}
-	return fmt.Errorf("%w in %s: %s needs %s, and its %s free leave room for %s only: %s; free %s there: %s",
+	return fmt.Errorf("%w in %s: %s needs %s; of the %s free there, %s can be used: %s; free %s there: %s",
 		ErrNoSpace, where, what, Human(need), Human(free), Human(room), why, Human(need-room), fix)
 }
 

@@ -70,6 +70,8 @@ func TestHeadroom_TheNearerThresholdBinds(t *testing.T) {
 		{"absolute eviction", Limits{EvictBelowBytes: 35 * gib, GCHighPercent: 95}, 100 * gib, 40 * gib, 5 * gib, "below 35 GiB free"},
 		{"soft eviction", Limits{EvictBelowPercent: 30, EvictFrom: "evictionSoft", GCHighPercent: 95}, 100 * gib, 40 * gib, 10 * gib, "(evictionSoft imagefs.available)"},
 		{"fractional percent", Limits{EvictBelowPercent: 10, GCHighPercent: 82.5}, 100 * gib, 40 * gib, 22*gib + gib/2, "above 82.5% use"},
+		{"the defaults: both at once", DefaultLimits, 100 * gib, 40 * gib, 25 * gib,
+			"the kubelet deletes images above 85% use (imageGCHighThresholdPercent) and evicts pods below 15% free (evictionHard imagefs.available)"},
 		{"already over", DefaultLimits, 100 * gib, 10 * gib, 0, "the kubelet"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
