@@ -39,7 +39,12 @@ fuzz-short fuzz:
 	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
 	  for f in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/func //'); do \
 	    echo "fuzz $$pkg $$f ($(FUZZTIME))"; \
-	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg >/dev/null; \
+	    log=$$(mktemp); \
+	    if ! $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg >$$log 2>&1; then \
+	      tail -n 60 $$log; \
+	      echo "fuzz: $$f failed; a new input that fails is under $$dir/testdata/fuzz/$$f (commit it with the fix)"; \
+	      exit 1; \
+	    fi; rm -f $$log; \
 	  done; \
 	done
 fuzz: FUZZTIME = 2m
