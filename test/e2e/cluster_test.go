@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -31,24 +30,12 @@ func repoFile(name string) string {
 // custom image every release of the site carries, with one signature.
 func releaseBundle(t *testing.T, reg *fixture.Registry, version string, seed uint64) (string, *bundle.Metadata) {
 	t.Helper()
-	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{Version: version, PayloadImages: 4, Seed: seed})
 	sig := filepath.Join(t.TempDir(), "signature-1")
 	if err := os.WriteFile(sig, []byte("signature of "+version), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out := t.TempDir()
-	cmd := exec.Command(ferryenv.Binary(t), "bundle", "create", "--release", release,
-		"--mirror", reg.Mirror(), "--cert-dir", reg.CertsDir, "--output", out,
-		"--extra-image", "quay.io/my-company/my-workload:v1", "--release-signature", sig, "--signature-store", "")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("ferry bundle create: %v\n%s", err, b)
-	}
-	tarPath := filepath.Join(out, "upgrade-"+version+"-x86_64.tar")
-	meta, err := bundle.InspectFile(tarPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tarPath, meta
+	return createBundleFrom(t, reg, fixture.ReleaseOptions{Version: version, PayloadImages: 4, Seed: seed},
+		"--release-signature", sig, "--signature-store", "")
 }
 
 // upgradeOnce takes one bundle through the whole loop with the test as the

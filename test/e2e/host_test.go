@@ -29,17 +29,32 @@ const bound = 5 * time.Minute
 // (by tag) to a TLS registry and runs `ferry bundle create` against it.
 func makeBundle(t *testing.T, n int, imageSize int64) (tarPath string, meta *bundle.Metadata) {
 	t.Helper()
+	return createBundle(t, fixture.ReleaseOptions{Version: "4.13.7", Arch: "x86_64", PayloadImages: n, ImageSize: imageSize})
+}
+
+// createBundle pushes a release made as opts says and the custom workload
+// image to a fresh registry, and makes a bundle of them with ferry bundle
+// create and its extra arguments.
+func createBundle(t *testing.T, opts fixture.ReleaseOptions, extra ...string) (tarPath string, meta *bundle.Metadata) {
+	t.Helper()
 	reg := fixture.NewRegistry(t)
-	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{Version: "4.13.7", Arch: "x86_64", PayloadImages: n, ImageSize: imageSize})
 	reg.PushImage(t, "my-company/my-workload", "v1")
+	return createBundleFrom(t, reg, opts, extra...)
+}
+
+// createBundleFrom is createBundle with a registry that already holds the
+// workload image.
+func createBundleFrom(t *testing.T, reg *fixture.Registry, opts fixture.ReleaseOptions, extra ...string) (tarPath string, meta *bundle.Metadata) {
+	t.Helper()
+	release, _ := reg.PushRelease(t, opts)
 	out := t.TempDir()
-	cmd := exec.Command(ferryenv.Binary(t), "bundle", "create", "--release", release,
+	args := append([]string{"bundle", "create", "--release", release,
 		"--mirror", reg.Mirror(), "--cert-dir", reg.CertsDir,
-		"--extra-image", "quay.io/my-company/my-workload:v1", "--output", out)
-	if b, err := cmd.CombinedOutput(); err != nil {
+		"--extra-image", "quay.io/my-company/my-workload:v1", "--output", out}, extra...)
+	if b, err := exec.Command(ferryenv.Binary(t), args...).CombinedOutput(); err != nil {
 		t.Fatalf("ferry bundle create: %v\n%s", err, b)
 	}
-	tarPath = filepath.Join(out, "upgrade-4.13.7-x86_64.tar")
+	tarPath = filepath.Join(out, "upgrade-"+opts.Version+"-x86_64.tar")
 	meta, err := bundle.InspectFile(tarPath)
 	if err != nil {
 		t.Fatal(err)

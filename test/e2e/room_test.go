@@ -196,20 +196,5 @@ func TestHost_RoomOnOneFilesystemAsOnRHCOS(t *testing.T) {
 // made this way share them.
 func makeBundleOf(t *testing.T, sizes ...int64) (tarPath string, meta *bundle.Metadata) {
 	t.Helper()
-	reg := fixture.NewRegistry(t)
-	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{Version: "4.13.7", Arch: "x86_64", ImageSizes: sizes})
-	reg.PushImage(t, "my-company/my-workload", "v1")
-	out := t.TempDir()
-	cmd := exec.Command(ferryenv.Binary(t), "bundle", "create", "--release", release,
-		"--mirror", reg.Mirror(), "--cert-dir", reg.CertsDir,
-		"--extra-image", "quay.io/my-company/my-workload:v1", "--output", out)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("ferry bundle create: %v\n%s", err, b)
-	}
-	tarPath = filepath.Join(out, "upgrade-4.13.7-x86_64.tar")
-	meta, err := bundle.InspectFile(tarPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tarPath, meta
+	return createBundle(t, fixture.ReleaseOptions{Version: "4.13.7", Arch: "x86_64", ImageSizes: sizes})
 }

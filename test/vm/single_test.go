@@ -241,7 +241,7 @@ func TestSingleNode_FerryLoadOfAFileInRootUnderThePackagedUnit(t *testing.T) {
 	}
 	inRoot := "/root/" + filepath.Base(b.Tar)
 	node := Node{Name: "node1", Config: nodeConfig("node1", nil, "", nil), Extra: Layer{
-		inRoot:                           {Data: tarData, Mode: 0o600},
+		inRoot:                          {Data: tarData, Mode: 0o600},
 		"/root/" + filepath.Base(b.SHA): {Data: shaData, Mode: 0o600},
 	}}
 	v := e.boot(t, ctx, "node1", node, 2, nil)
