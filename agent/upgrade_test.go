@@ -169,7 +169,16 @@ func TestUpgrade_StartsFollowsAndCleansUpThroughTheAPI(t *testing.T) {
 	if got := api.annotation("node-a", AnnotationBundle); got != "4.13.7-x86_64" {
 		t.Errorf("bundle annotation %q", got)
 	}
-	// Nothing changes, nothing is written.
+	// Nothing changes, nothing is written: once the Node shows the final
+	// status (a progress-only change may still be held back), no write.
+	h.waitFor("the Node to show the final status", func() bool {
+		for k, v := range annotations(h.agent.Status()) {
+			if api.annotation("node-a", k) != v {
+				return false
+			}
+		}
+		return true
+	})
 	api.mu.Lock()
 	n := api.writes
 	api.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -418,6 +419,11 @@ func TestSignalReloader_SendsSIGHUPToCrio(t *testing.T) {
 	}
 	b, _ := os.ReadFile(src)
 	os.WriteFile(bin, b, 0o755)
+	// A SIGHUP ignored here (a run under nohup) stays ignored across exec:
+	// catching it makes the child start with the default, fatal action.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	cmd := exec.Command(bin, "60")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
