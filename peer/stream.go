@@ -1,0 +1,235 @@
+package peer
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// StreamWindow is how far ahead of the extraction a streaming fetch asks
+// for pieces: max(64 MiB, 5% of the bundle), in bytes. It bounds what the
+// fetch holds on disk beside the extracted tree, so a fetching node's
+// disk peak is the tree plus this: 1 GiB → 64 MiB (1.06×), 16 GiB →
+// 820 MiB (1.05×). Wide enough that the fetchers have several pieces to
+// take from each other rather than all from the source.
+func StreamWindow(size int64) int64 { return max(64<<20, size/20) }
+
+// ErrWithdrawn: the bundle stopped being offered by every peer while its
+// piece list was still growing: its source's read failed or its digest
+// did not match. Nothing fetched is kept.
+var ErrWithdrawn = errors.New("the source withdrew the bundle before it was whole")
+
+// FetchStream gets bundle digest from the peers as Fetch does, but feeds
+// its bytes, in order, to consume (the extraction) as they arrive instead
+// of keeping the whole tar: pieces are written to the sparse file dest at
+// their offsets, and the bytes consume has read are freed (hole-punched),
+// so dest never holds more than window bytes (StreamWindow); pieces past
+// the window are not asked for. consume must read to io.EOF; it runs on
+// its own goroutine and must return before FetchStream does. FetchStream
+// returns the piece list once consume returned nil, every piece matched
+// and the bytes consume read hash to digest; a refusal by consume is
+// returned as is. It always starts over (no resume record): a restart
+// starts the fetch and the extraction again. Pieces still in the window
+// are re-served through the Shelf; the entry is removed at the end, the
+// caller offers the extracted bundle instead (AddHashed with the list).
+func (f *Fetcher) FetchStream(ctx context.Context, digest, dest string, window int64, progress func(Progress), consume func(io.Reader) error) (*PieceList, error) {
+	if !ValidDigest(digest) {
+		return nil, fmt.Errorf("peer fetch: %q is not a sha256 digest", digest)
+	}
+	for _, p := range []string{dest, StatePath(dest)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("peer fetch %s: %w", digest, err)
+		}
+	}
+	st := &stream{window: window, consume: consume, shelf: f.opts.Shelf, digest: digest, log: f.log}
+	j := &job{f: f, digest: digest, dest: dest, progress: progress, peers: map[string]*peerState{}, stream: st}
+	for _, p := range f.Peers() {
+		j.peers[p] = &peerState{addr: p}
+	}
+	if err := j.prepare(ctx); err != nil {
+		return nil, err
+	}
+	st.start()
+	err := j.run(ctx)
+	st.stop()
+	if f.opts.Shelf != nil {
+		f.opts.Shelf.Remove(digest) // closes j.file
+	} else {
+		j.file.Close()
+	}
+	os.Remove(dest)
+	if err != nil {
+		return nil, err
+	}
+	return j.pl, nil
+}
+
+// stream feeds a fetch's in-order prefix to an extraction and frees what
+// the extraction has read.
+type stream struct {
+	window  int64
+	consume func(io.Reader) error
+	shelf   *Shelf
+	digest  string
+	log     interface{ Warn(string, ...any) }
+
+	f      *os.File
+	pl     *PieceList // its size and piece size only
+	wake   chan struct{}
+	exited chan struct{}
+	err    error // consume's, once exited is closed
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	avail   int64 // bytes [0, avail) are held
+	stopped bool
+	off     int64 // bytes [0, off) were read by consume
+	h       hash.Hash
+	freed   atomic.Int64 // pieces [0, freed) are freed
+	noPunch bool
+}
+
+// start runs consume over the prefix of the file prepare opened.
+func (s *stream) start() {
+	s.h = sha256.New()
+	s.cond = sync.NewCond(&s.mu)
+	s.wake, s.exited = make(chan struct{}, 1), make(chan struct{})
+	go func() {
+		defer close(s.exited)
+		err := s.consume(s)
+		if err == nil {
+			_, err = io.Copy(io.Discard, s) // hash to the end whatever consume left
+		}
+		s.err = err
+	}()
+}
+
+// limit is the first piece past the window: pieces from there on are
+// not asked for yet.
+func (s *stream) limit() int {
+	w := max(int((s.window+s.pl.PieceSize-1)/s.pl.PieceSize), 1)
+	return min(int(s.freed.Load())+w, s.pl.N())
+}
+
+// advance tells it bytes [0, avail) are held.
+func (s *stream) advance(avail int64) {
+	s.mu.Lock()
+	s.avail = max(s.avail, avail)
+	s.mu.Unlock()
+	s.cond.Broadcast()
+}
+
+// stop makes consume's reads fail and waits for it to return.
+func (s *stream) stop() {
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
+	s.cond.Broadcast()
+	<-s.exited
+}
+
+// consumeErr is what consume returned (after exited is closed).
+func (s *stream) consumeErr() error { return s.err }
+
+var errStreamStopped = errors.New("the fetch stopped")
+
+// Read gives consume the held prefix, waiting for the next piece.
+func (s *stream) Read(p []byte) (int, error) {
+	s.mu.Lock()
+	for s.off >= s.avail && s.off < s.pl.Size && !s.stopped {
+		s.cond.Wait()
+	}
+	off, n := s.off, min(int64(len(p)), s.avail-s.off)
+	stopped := s.stopped
+	s.mu.Unlock()
+	switch {
+	case off >= s.pl.Size:
+		return 0, io.EOF
+	case stopped:
+		return 0, errStreamStopped
+	}
+	m, err := s.f.ReadAt(p[:n], off)
+	s.h.Write(p[:m])
+	s.mu.Lock()
+	s.off += int64(m)
+	s.mu.Unlock()
+	s.free(off + int64(m))
+	if err == io.EOF && int64(m) == n {
+		err = nil
+	}
+	return m, err
+}
+
+// free punches out the pieces consume has read past (upto: bytes read),
+// after marking them freed so that no one serves them any more.
+func (s *stream) free(upto int64) {
+	k := upto / s.pl.PieceSize
+	if upto == s.pl.Size {
+		k = int64(s.pl.N())
+	}
+	from := s.freed.Load()
+	if k <= from {
+		return
+	}
+	s.freed.Store(k)
+	for i := int(from); i < int(k); i++ {
+		if s.shelf != nil {
+			s.shelf.dropPiece(s.digest, i)
+		}
+	}
+	off, _ := s.pl.Bounds(int(from))
+	end := min(k*s.pl.PieceSize, s.pl.Size)
+	if !s.noPunch {
+		if err := unix.Fallocate(int(s.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, end-off); err != nil {
+			s.noPunch = true
+			s.log.Warn("peer fetch: cannot free the extracted part of the download; it will take the bundle's size on disk", "file", s.f.Name(), "err", err)
+		}
+	}
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// verify checks that what consume read (and the rest, drained) hashes to
+// digest.
+func (s *stream) verify(digest string) error {
+	got := "sha256:" + hex.EncodeToString(s.h.Sum(nil))
+	if got != digest {
+		return fmt.Errorf("%w: %s: every piece matched the piece list but the whole hashes to %s; the piece list was wrong; nothing was kept and it will start over", ErrDigestMismatch, digest, got)
+	}
+	return nil
+}
+
+// reader is what the shelf serves from: the file, but no piece freed
+// before or during the read (a read that raced a punch would give
+// zeros for a verified piece).
+func (s *stream) reader() io.ReaderAt { return freedGuard{s} }
+
+type freedGuard struct{ s *stream }
+
+var errFreed = errors.New("piece already extracted and freed here")
+
+func (g freedGuard) ReadAt(p []byte, off int64) (int, error) {
+	s := g.s
+	first := func() int64 { return s.freed.Load() * s.pl.PieceSize }
+	if off < first() {
+		return 0, errFreed
+	}
+	n, err := s.f.ReadAt(p, off)
+	if off < first() {
+		return 0, errFreed
+	}
+	return n, err
+}
+
+func (g freedGuard) Close() error { return g.s.f.Close() }
