@@ -736,7 +736,7 @@ func (j *job) assign(now time.Time, inflight []bool, total int, sentElsewhere ma
 // withdrawnAfter is how long every peer must have stopped offering a
 // bundle whose list still grows before the fetch gives it up: longer than
 // a source agent's restart, which offers it again.
-const withdrawnAfter = 5 * time.Second
+var withdrawnAfter = 5 * time.Second
 
 // withdrawn reports whether every peer still used has said, for
 // withdrawnAfter, that it does not hold a bundle whose piece list is

@@ -16,7 +16,7 @@ type LiveHasher struct {
 	*PieceHasher
 	s      *Shelf
 	e      *entry
-	size   int64
+	end    int64 // the bundle's size on the medium
 	shared int // pieces [0, shared) told to the shelf
 }
 
@@ -47,13 +47,13 @@ func (s *Shelf) AddLive(digest string, meta, sig []byte, r io.ReaderAt, size int
 	}
 	e.have.Live = true
 	s.put(digest, e)
-	return &LiveHasher{PieceHasher: NewPieceHasher(ps), s: s, e: e, size: size}, nil
+	return &LiveHasher{PieceHasher: NewPieceHasher(ps), s: s, e: e, end: size}, nil
 }
 
 // Write hashes b and offers the pieces it completes.
 func (l *LiveHasher) Write(b []byte) (int, error) {
 	n, _ := l.PieceHasher.Write(b)
-	if l.total == l.size && l.filled > 0 {
+	if l.total == l.end && l.filled > 0 {
 		l.next() // the short last piece: complete at the medium's end
 	}
 	for ; l.shared < len(l.sums); l.shared++ {
@@ -65,7 +65,7 @@ func (l *LiveHasher) Write(b []byte) (int, error) {
 // List is the piece list of everything written (see PieceHasher.List).
 func (l *LiveHasher) List(digest string) *PieceList {
 	if l.filled == 0 {
-		return &PieceList{Digest: digest, Size: l.total, PieceSize: l.size, Pieces: l.sums}
+		return &PieceList{Digest: digest, Size: l.total, PieceSize: l.PieceHasher.size, Pieces: l.sums}
 	}
 	return l.PieceHasher.List(digest)
 }

@@ -1,0 +1,198 @@
+package peer
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// collect is a consume that keeps every byte it reads, calling each(n)
+// with the bytes read so far after every read.
+const window4 = 4 * testPieceSize
+
+func collect(out *bytes.Buffer, each func(n int64)) func(io.Reader) error {
+	return func(r io.Reader) error {
+		buf := make([]byte, 16<<10)
+		for {
+			n, err := r.Read(buf)
+			out.Write(buf[:n])
+			if each != nil {
+				each(int64(out.Len()))
+			}
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func TestFetchStream_FromALiveSourceFetchersStartBeforeItsReadEnds(t *testing.T) {
+	data, digest := randomBundle(t, 24*testPieceSize+123)
+	src := newNode(t, ServerOptions{}, nil)
+	live, err := src.shelf.AddLive(digest, []byte(testMeta), nil, bytes.NewReader(data), int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, c := newNode(t, ServerOptions{}, nil), newNode(t, ServerOptions{}, nil)
+	var started atomic.Bool // a fetcher's extraction has bytes
+	firstBytes := make(chan struct{})
+	var once sync.Once
+	mark := func(int64) {
+		if started.CompareAndSwap(false, true) {
+			once.Do(func() { close(firstBytes) })
+		}
+	}
+	// The source reads half, then waits until a fetcher extracts, so a
+	// fetch that waited for the whole read would never start.
+	go func() {
+		live.Write(data[:len(data)/2])
+		select {
+		case <-firstBytes:
+		case <-time.After(10 * time.Second):
+		}
+		for off := len(data) / 2; off < len(data); off += 10000 {
+			live.Write(data[off:min(off+10000, len(data))])
+		}
+	}()
+	var wg sync.WaitGroup
+	got := map[*node]*bytes.Buffer{b: {}, c: {}}
+	lists := map[*node]*PieceList{}
+	var mu sync.Mutex
+	for n, other := range map[*node]*node{b: c, c: b} {
+		wg.Go(func() {
+			f := fastFetcher([]string{src.addr, other.addr}, FetcherOptions{Shelf: n.shelf})
+			pl, err := f.FetchStream(t.Context(), digest, filepath.Join(t.TempDir(), "b.part"), 4*testPieceSize, nil, collect(got[n], mark))
+			if err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			lists[n] = pl
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if !started.Load() {
+		t.Fatal("no fetcher extracted anything")
+	}
+	want := live.List(digest)
+	for n, buf := range got {
+		if !bytes.Equal(buf.Bytes(), data) {
+			t.Fatalf("a fetcher extracted %d bytes, not the bundle's %d", buf.Len(), len(data))
+		}
+		if pl := lists[n]; pl == nil || pl.Partial || pl.Validate() != nil || !equalLists(pl, want) {
+			t.Fatalf("fetched list %+v, want the source's", pl)
+		}
+	}
+}
+
+func equalLists(a, b *PieceList) bool {
+	return a.Digest == b.Digest && a.Size == b.Size && a.PieceSize == b.PieceSize && slices.Equal(a.Pieces, b.Pieces)
+}
+
+func TestFetchStream_HoldsNoMoreThanItsWindowOnDisk(t *testing.T) {
+	data, digest := randomBundle(t, 40*testPieceSize)
+	src := newSource(t, data, digest, ServerOptions{})
+	dest := filepath.Join(t.TempDir(), "b.part")
+	const window = 4 * testPieceSize
+	var peak int64
+	sample := func(int64) {
+		var st syscall.Stat_t
+		if syscall.Stat(dest, &st) == nil {
+			peak = max(peak, st.Blocks*512)
+		}
+		time.Sleep(time.Millisecond) // an extraction slower than the network
+	}
+	var out bytes.Buffer
+	if _, err := fastFetcher([]string{src.addr}, FetcherOptions{}).FetchStream(t.Context(), digest, dest, window, nil, collect(&out, sample)); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(out.Bytes(), data) {
+		t.Fatal("extracted bytes differ from the bundle")
+	}
+	if peak == 0 || peak > window {
+		t.Fatalf("download file peaked at %d bytes on disk, want (0, %d] (the window)", peak, window)
+	}
+	if _, err := os.Stat(dest); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("download file left behind: %v", err)
+	}
+	t.Logf("peak %d bytes on disk for a %d-byte bundle, window %d", peak, len(data), window)
+}
+
+func TestFetchStream_ARefusingExtractionStopsTheFetch(t *testing.T) {
+	data, digest := randomBundle(t, 16*testPieceSize)
+	src := newSource(t, data, digest, ServerOptions{})
+	refused := errors.New("refused: not an upgrade bundle")
+	consume := func(r io.Reader) error {
+		io.ReadFull(r, make([]byte, 100))
+		return refused
+	}
+	_, err := fastFetcher([]string{src.addr}, FetcherOptions{}).FetchStream(t.Context(), digest, filepath.Join(t.TempDir(), "b.part"), window4, nil, consume)
+	if !errors.Is(err, refused) {
+		t.Fatalf("FetchStream = %v, want the extraction's refusal", err)
+	}
+}
+
+func TestFetchStream_AWithdrawnLiveOfferIsGivenUp(t *testing.T) {
+	old := withdrawnAfter
+	withdrawnAfter = 200 * time.Millisecond
+	t.Cleanup(func() { withdrawnAfter = old })
+	data, digest := randomBundle(t, 16*testPieceSize)
+	src := newNode(t, ServerOptions{}, nil)
+	live, err := src.shelf.AddLive(digest, []byte(testMeta), nil, bytes.NewReader(data), int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	live.Write(data[:3*testPieceSize])
+	var out bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		_, err := fastFetcher([]string{src.addr}, FetcherOptions{}).FetchStream(t.Context(), digest, filepath.Join(t.TempDir(), "b.part"), window4, nil, collect(&out, nil))
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	live.Close() // the read ended in a mismatch: the offer goes
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrWithdrawn) {
+			t.Fatalf("FetchStream = %v, want ErrWithdrawn", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fetch still waits for a withdrawn bundle")
+	}
+}
+
+func TestPieceList_GrowingListsMergeOrDisagree(t *testing.T) {
+	a := &PieceList{Digest: "sha256:" + sum(nil), Size: 3 * MinPieceSize, PieceSize: MinPieceSize, Pieces: []string{sum([]byte("0")), "", ""}, Partial: true}
+	b := a.clone()
+	b.Pieces[1] = sum([]byte("1"))
+	m, err := a.merge(b)
+	if err != nil || m.Pieces[1] != b.Pieces[1] || !m.Partial || a.Pieces[1] != "" {
+		t.Fatalf("merge = %+v, %v; want piece 1 learned, still partial, a unchanged", m, err)
+	}
+	if m2, _ := m.merge(a); m2 != m {
+		t.Fatal("merging a list that adds nothing made a new list")
+	}
+	c := a.clone()
+	c.Pieces[0] = sum([]byte("x"))
+	if _, err := m.merge(c); !errors.Is(err, ErrBadPieceList) {
+		t.Fatalf("disagreeing lists merged: %v", err)
+	}
+	if err := a.Validate(); err != nil {
+		t.Fatalf("a partial list does not validate: %v", err)
+	}
+	a.Partial = false
+	if err := a.Validate(); err == nil {
+		t.Fatal("a whole list with unknown pieces validates")
+	}
+}
