@@ -123,6 +123,24 @@ func InspectFile(path string) (*Metadata, error) {
 	return ReadMetadata(f)
 }
 
+// openSource opens the bundle's bytes and says their length (0 for a
+// raw device: it is learned from the metadata).
+func openSource(src Source) (io.ReadCloser, int64, error) {
+	if src.Reader != nil {
+		return io.NopCloser(src.Reader), src.Size, nil
+	}
+	f, err := os.Open(src.Path)
+	if err != nil || src.Raw {
+		return f, 0, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	return f, fi.Size(), nil
+}
+
 // approval is what was decided about approval before the pass.
 type approval struct {
 	mode     string // "digest", "signature", "digest-at-end", "off"
@@ -146,19 +164,11 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 		return nil, refuse(err)
 	}
 
-	f, err := os.Open(src.Path)
+	f, total, err := openSource(src)
 	if err != nil {
 		return nil, refuse(err)
 	}
 	defer f.Close()
-	var total int64
-	if !src.Raw {
-		fi, err := f.Stat()
-		if err != nil {
-			return nil, refuse(err)
-		}
-		total = fi.Size()
-	}
 
 	var progress func(int64)
 	if opts.Progress != nil {

@@ -427,3 +427,28 @@ func gnuHeader(b []byte) []byte {
 	copy(b[148:156], fmt.Sprintf("%06o\x00 ", chk))
 	return b
 }
+
+// A fetch streams the tar into the extraction (cut-through): the bytes
+// come from Source.Reader, the sidecars from beside Path, and a stream
+// that is not the bundle the .sha256 names is refused.
+func TestExtract_FromAReaderChecksTheSidecarDigest(t *testing.T) {
+	tb := writeBundle(t, testMetadata(1<<20), validEntries())
+	src := stage(t, tb, "")
+	must(t, os.Remove(src.Path)) // never opened
+	src.Reader, src.Size = bytes.NewReader(tb), int64(len(tb))
+	res, err := Extract(t.Context(), src, filepath.Join(t.TempDir(), "b"), Options{Policy: Policy{Arch: "x86_64"}})
+	must(t, err)
+	if res.Digest != sum(tb) || res.TarSize != int64(len(tb)) {
+		t.Fatalf("digest %s size %d, want %s %d", res.Digest, res.TarSize, sum(tb), len(tb))
+	}
+	bad := bytes.Clone(tb)
+	bad[len(bad)-1030] ^= 1
+	src.Reader = bytes.NewReader(bad)
+	dest := filepath.Join(t.TempDir(), "c")
+	if _, err := Extract(t.Context(), src, dest, Options{Policy: Policy{Arch: "x86_64"}}); !IsRefusal(err) {
+		t.Fatalf("altered stream: %v, want it refused", err)
+	}
+	if _, err := os.Stat(dest); !os.IsNotExist(err) {
+		t.Fatalf("a refused stream left %s: %v", dest, err)
+	}
+}
