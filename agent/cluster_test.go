@@ -130,6 +130,30 @@ func (f *fakePeers) Fetch(_ context.Context, d, dest string, p func(peer.Progres
 	p(peer.Progress{Done: int64(len(b)), Total: int64(len(b))})
 	return os.WriteFile(dest, b, 0o600)
 }
+
+// FetchStream gets the bytes as Fetch does and streams them into consume.
+func (f *fakePeers) FetchStream(ctx context.Context, d, dest string, _ int64, p func(peer.Progress), consume func(io.Reader) error) (*peer.PieceList, error) {
+	if err := f.Fetch(ctx, d, dest, p); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(dest)
+	os.Remove(dest)
+	if err != nil {
+		return nil, err
+	}
+	if err := consume(bytes.NewReader(b)); err != nil {
+		return nil, err
+	}
+	h := peer.NewPieceHasher(peer.DefaultPieceSize)
+	h.Write(b)
+	return h.List(d), nil
+}
+
+// ShareLive offers nothing until the bundle is shared whole.
+func (f *fakePeers) ShareLive(d string, meta, sig []byte, r io.ReaderAt, size int64) (*peer.LiveHasher, error) {
+	return peer.NewShelf(peer.ShelfOptions{}).AddLive(d, meta, sig, r, size)
+}
+
 func (f *fakePeers) Statuses(context.Context) map[string]peer.PeerStatus {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -17,7 +17,7 @@ type LiveHasher struct {
 	s      *Shelf
 	e      *entry
 	end    int64 // the bundle's size on the medium
-	shared int // pieces [0, shared) told to the shelf
+	shared int   // pieces [0, shared) told to the shelf
 }
 
 // AddLive offers a bundle the node is still reading (cut-through): r is
@@ -114,6 +114,18 @@ func (s *Shelf) setPieces(digest string, pl *PieceList) {
 	defer s.mu.Unlock()
 	if e := s.entries[digest]; e != nil && !e.offer.Complete && e.pieces.N() == pl.N() {
 		e.pieces = pl
+	}
+}
+
+// fetched keeps pl, checked against the whole digest by a streaming
+// fetch, for the Add of the extracted bundle that follows (the list peers
+// already use); the entry serves nothing until then: its bytes are gone.
+func (s *Shelf) fetched(digest string, pl *PieceList) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.entries[digest]; e != nil && !e.offer.Complete {
+		e.pieces, e.verified = pl, true
+		e.have = NewHave(pl.N())
 	}
 }
 

@@ -39,8 +39,8 @@ var ErrWithdrawn = errors.New("the source withdrew the bundle before it was whol
 // and the bytes consume read hash to digest; a refusal by consume is
 // returned as is. It always starts over (no resume record): a restart
 // starts the fetch and the extraction again. Pieces still in the window
-// are re-served through the Shelf; the entry is removed at the end, the
-// caller offers the extracted bundle instead (AddHashed with the list).
+// are re-served through the Shelf; at the end its entry serves nothing
+// but keeps the list, for the caller's Add of the extracted bundle.
 func (f *Fetcher) FetchStream(ctx context.Context, digest, dest string, window int64, progress func(Progress), consume func(io.Reader) error) (*PieceList, error) {
 	if !ValidDigest(digest) {
 		return nil, fmt.Errorf("peer fetch: %q is not a sha256 digest", digest)
@@ -61,10 +61,13 @@ func (f *Fetcher) FetchStream(ctx context.Context, digest, dest string, window i
 	st.start()
 	err := j.run(ctx)
 	st.stop()
-	if f.opts.Shelf != nil {
-		f.opts.Shelf.Remove(digest) // closes j.file
-	} else {
+	switch {
+	case f.opts.Shelf == nil:
 		j.file.Close()
+	case err != nil:
+		f.opts.Shelf.Remove(digest) // closes j.file
+	default:
+		f.opts.Shelf.fetched(digest, j.pl)
 	}
 	os.Remove(dest)
 	if err != nil {
