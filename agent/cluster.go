@@ -25,7 +25,7 @@ type Peers interface {
 	ShareLive(digest string, meta, sig []byte, r io.ReaderAt, size int64) (*peer.LiveHasher, error)
 	// FetchStream fetches a bundle into consume, an extraction, as its
 	// bytes arrive, holding at most window bytes of it in dest.
-	FetchStream(ctx context.Context, digest, dest string, window int64, progress func(peer.Progress), consume func(io.Reader) error) (*peer.PieceList, error)
+	FetchStream(ctx context.Context, digest, dest string, window int64, progress func(peer.Progress), consume peer.StreamConsumer) (*peer.PieceList, error)
 	Statuses(ctx context.Context) map[string]peer.PeerStatus
 	// SetPeers replaces the peer list (found through the cluster's API).
 	SetPeers(peers []string)

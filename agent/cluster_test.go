@@ -132,7 +132,7 @@ func (f *fakePeers) Fetch(_ context.Context, d, dest string, p func(peer.Progres
 }
 
 // FetchStream gets the bytes as Fetch does and streams them into consume.
-func (f *fakePeers) FetchStream(ctx context.Context, d, dest string, _ int64, p func(peer.Progress), consume func(io.Reader) error) (*peer.PieceList, error) {
+func (f *fakePeers) FetchStream(ctx context.Context, d, dest string, _ int64, p func(peer.Progress), consume peer.StreamConsumer) (*peer.PieceList, error) {
 	if err := f.Fetch(ctx, d, dest, p); err != nil {
 		return nil, err
 	}
@@ -141,7 +141,7 @@ func (f *fakePeers) FetchStream(ctx context.Context, d, dest string, _ int64, p 
 	if err != nil {
 		return nil, err
 	}
-	if err := consume(bytes.NewReader(b)); err != nil {
+	if err := consume(bytes.NewReader(b), nil, func(peer.StreamResume) {}); err != nil {
 		return nil, err
 	}
 	h := peer.NewPieceHasher(peer.DefaultPieceSize)

@@ -227,11 +227,14 @@ func (a *Agent) fetch(ctx context.Context, r *Record, j effStartJob) (*bundle.Re
 		return nil, nil, err
 	}
 	var ix bundle.Index
-	opts := a.extractOptions(r, j.policy, &ix)
 	var res *bundle.Result
 	p := a.throttle(r.ID, "bytes")
 	_, err = a.deps.Peers.FetchStream(ctx, r.Digest, dest, window, func(pr peer.Progress) { p(pr.Done, pr.Total) },
-		func(rd io.Reader) (err error) {
+		func(rd io.Reader, from *peer.StreamResume, checkpoint func(peer.StreamResume)) error {
+			opts, err := a.streamOptions(r, j.policy, &ix, from, checkpoint)
+			if err != nil {
+				return err
+			}
 			src.Reader = rd
 			res, err = bundle.Extract(ctx, src, r.Dir, opts)
 			return err
@@ -241,6 +244,36 @@ func (a *Agent) fetch(ctx context.Context, r *Record, j effStartJob) (*bundle.Re
 	}
 	a.keepIndex(r, res, &ix)
 	return res, nil, nil // the shelf keeps the list it was fetched with
+}
+
+// checkpointEvery is how often a streaming fetch's extraction records
+// where it got to (its tar index so far, in the fetch's resume record).
+const checkpointEvery = 500 * time.Millisecond
+
+// streamOptions are the options of an extraction fed by a streaming
+// fetch: resumed from where the fetch's record says it had got to, and
+// recording that as it goes.
+func (a *Agent) streamOptions(r *Record, pol bundle.Policy, ix *bundle.Index, from *peer.StreamResume, checkpoint func(peer.StreamResume)) (bundle.Options, error) {
+	opts := a.extractOptions(r, pol, ix)
+	if from != nil {
+		var old bundle.Index
+		if err := old.Decode(from.Data); err != nil {
+			return opts, fmt.Errorf("resuming the extraction of %s: %w; it starts over", r.Name, err)
+		}
+		opts.Resume = &bundle.Resume{Index: &old, Offset: from.Offset}
+		a.log.Info("resuming the extraction where it stopped", "bundle", r.Name, "bytes", from.Offset)
+	}
+	var last time.Time
+	opts.Checkpoint = func(off int64) {
+		if time.Since(last) < checkpointEvery {
+			return
+		}
+		last = time.Now()
+		if b, err := ix.Encode(); err == nil {
+			checkpoint(peer.StreamResume{Offset: off, Data: b})
+		}
+	}
+	return opts, nil
 }
 
 // writeSidecars writes the .sha256 of the digest this node asked for and

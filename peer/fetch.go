@@ -161,6 +161,8 @@ type fetchState struct {
 	Pieces *PieceList      `json:"pieceList"`
 	Meta   json.RawMessage `json:"metadata"`
 	Have   Have            `json:"have"`
+	// Stream: where a streaming fetch's extraction had got to.
+	Stream *StreamResume `json:"stream,omitempty"`
 }
 
 // StatePath is where Fetch keeps its resume record for dest.
@@ -234,6 +236,9 @@ func (j *job) prepare(ctx context.Context) error {
 	log := j.f.log.With("digest", j.digest)
 	if st, err := j.loadState(); err == nil {
 		j.pl, j.meta, j.mine = st.Pieces, st.Meta, st.Have
+		if j.stream != nil {
+			j.stream.from = st.Stream
+		}
 		log.Info("peer fetch: resuming", "pieces", j.mine.Count(), "of", j.pl.N())
 	} else if !errors.Is(err, os.ErrNotExist) {
 		log.Warn("peer fetch: resume record unusable; starting over", "err", err)
@@ -252,6 +257,9 @@ func (j *job) prepare(ctx context.Context) error {
 		if j.mine.Count() > 0 {
 			log.Warn("peer fetch: file size changed since the resume record; starting over", "file", j.dest)
 			j.mine = NewHave(j.pl.N())
+			if j.stream != nil {
+				j.stream.from = nil
+			}
 		}
 		if err := fl.Truncate(j.pl.Size); err != nil {
 			fl.Close()
@@ -298,7 +306,11 @@ func (j *job) saveState() error {
 	if err := j.file.Sync(); err != nil {
 		return err
 	}
-	b, err := json.Marshal(fetchState{Pieces: j.pl, Meta: j.meta, Have: j.mine})
+	st := fetchState{Pieces: j.pl, Meta: j.meta, Have: j.mine}
+	if j.stream != nil {
+		st.Have, st.Stream = j.stream.record(j.mine)
+	}
+	b, err := json.Marshal(st)
 	if err != nil {
 		return err
 	}
@@ -481,7 +493,7 @@ func (j *job) run(ctx context.Context) error {
 				polls--
 			}
 		}
-		if dirty && j.stream == nil {
+		if dirty {
 			if serr := j.saveState(); serr != nil {
 				log.Warn("peer fetch: cannot save resume record", "err", serr)
 			}
@@ -542,7 +554,7 @@ func (j *job) run(ctx context.Context) error {
 			return j.verifyWhole(whole)
 		}
 		if j.mine.Count() == j.pl.N() && consumed == nil {
-			return finish(j.stream.verify(j.digest))
+			return finish(nil) // the extraction checked the whole digest
 		}
 		for _, a := range j.assign(time.Now(), inflight, total, sentElsewhere, rnd) {
 			total++
@@ -581,6 +593,7 @@ func (j *job) run(ctx context.Context) error {
 			// The extraction ended: refused (finish stops the fetch), or
 			// it read the last byte, so every piece is held.
 			if err := j.stream.consumeErr(); err != nil {
+				j.stream.failed = true
 				return finish(err)
 			}
 			consumed = nil
@@ -650,7 +663,7 @@ func (j *job) run(ctx context.Context) error {
 			if j.withdrawn(time.Now()) {
 				return finish(fmt.Errorf("%w: %s: no peer offers it any more while its source was still reading it (the read failed or the digest did not match); nothing fetched is kept", ErrWithdrawn, j.digest))
 			}
-			if dirty && j.stream == nil && time.Since(lastSave) >= time.Second {
+			if dirty && time.Since(lastSave) >= time.Second {
 				if err := j.saveState(); err != nil {
 					return finish(fmt.Errorf("peer fetch %s: save resume record %s: %w", j.digest, StatePath(j.dest), err))
 				}

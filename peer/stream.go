@@ -2,11 +2,8 @@ package peer
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"os"
 	"sync"
@@ -28,32 +25,50 @@ func StreamWindow(size int64) int64 { return max(64<<20, size/20) }
 // did not match. Nothing fetched is kept.
 var ErrWithdrawn = errors.New("the source withdrew the bundle before it was whole")
 
+// StreamResume is where a streaming fetch's extraction had got to: the
+// tar's bytes [0, Offset) are in its staging tree, and Data (the
+// consumer's own) says how to read them back.
+type StreamResume struct {
+	Offset int64  `json:"offset"`
+	Data   []byte `json:"data"`
+}
+
+// StreamConsumer is the extraction a streaming fetch feeds. r gives the
+// tar's bytes in order from from.Offset (from nil: from the start; else
+// the consumer reads [0, from.Offset) back from what it kept), up to
+// io.EOF; it calls checkpoint whenever it has kept the bytes up to an
+// offset, so that a fetch interrupted later resumes from there. It must
+// check the bundle's whole digest: FetchStream checks every piece only.
+type StreamConsumer func(r io.Reader, from *StreamResume, checkpoint func(StreamResume)) error
+
 // FetchStream gets bundle digest from the peers as Fetch does, but feeds
 // its bytes, in order, to consume (the extraction) as they arrive instead
 // of keeping the whole tar: pieces are written to the sparse file dest at
 // their offsets, and the bytes consume has read are freed (hole-punched),
 // so dest never holds more than window bytes (StreamWindow); pieces past
-// the window are not asked for. consume must read to io.EOF; it runs on
-// its own goroutine and must return before FetchStream does. FetchStream
-// returns the piece list once consume returned nil, every piece matched
-// and the bytes consume read hash to digest; a refusal by consume is
-// returned as is. It always starts over (no resume record): a restart
-// starts the fetch and the extraction again. Pieces still in the window
-// are re-served through the Shelf; at the end its entry serves nothing
-// but keeps the list, for the caller's Add of the extracted bundle.
-func (f *Fetcher) FetchStream(ctx context.Context, digest, dest string, window int64, progress func(Progress), consume func(io.Reader) error) (*PieceList, error) {
+// the window are not asked for. consume runs on its own goroutine and has
+// returned when FetchStream does, which returns the piece list once
+// consume returned nil and every piece matched. A refusal by consume is
+// returned as is, and the next call starts over; any other failure keeps
+// the resume record (StatePath(dest)): the held pieces and consume's last
+// checkpoint, from which the next call resumes. Pieces in the window are
+// re-served through the Shelf; at the end its entry serves nothing but
+// keeps the list, for the caller's Add of the extracted bundle.
+func (f *Fetcher) FetchStream(ctx context.Context, digest, dest string, window int64, progress func(Progress), consume StreamConsumer) (*PieceList, error) {
 	if !ValidDigest(digest) {
 		return nil, fmt.Errorf("peer fetch: %q is not a sha256 digest", digest)
-	}
-	for _, p := range []string{dest, StatePath(dest)} {
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("peer fetch %s: %w", digest, err)
-		}
 	}
 	st := &stream{window: window, consume: consume, shelf: f.opts.Shelf, digest: digest, log: f.log}
 	j := &job{f: f, digest: digest, dest: dest, progress: progress, peers: map[string]*peerState{}, stream: st}
 	for _, p := range f.Peers() {
 		j.peers[p] = &peerState{addr: p}
+	}
+	if rec, err := j.loadState(); err != nil || rec.Stream == nil {
+		// Nothing extracted to resume from: the pieces alone are of no
+		// use, their bytes before the window are gone.
+		if err := removeAll(dest, StatePath(dest)); err != nil {
+			return nil, fmt.Errorf("peer fetch %s: %w", digest, err)
+		}
 	}
 	if err := j.prepare(ctx); err != nil {
 		return nil, err
@@ -69,51 +84,96 @@ func (f *Fetcher) FetchStream(ctx context.Context, digest, dest string, window i
 	default:
 		f.opts.Shelf.fetched(digest, j.pl)
 	}
-	os.Remove(dest)
+	if err == nil || st.failed {
+		removeAll(dest, StatePath(dest))
+	}
 	if err != nil {
 		return nil, err
 	}
 	return j.pl, nil
 }
 
+func removeAll(paths ...string) error {
+	for _, p := range paths {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
 // stream feeds a fetch's in-order prefix to an extraction and frees what
 // the extraction has read.
 type stream struct {
 	window  int64
-	consume func(io.Reader) error
+	consume StreamConsumer
 	shelf   *Shelf
 	digest  string
 	log     interface{ Warn(string, ...any) }
+	from    *StreamResume // the resume record's, or nil
 
 	f      *os.File
 	pl     *PieceList // its size and piece size only
 	wake   chan struct{}
 	exited chan struct{}
 	err    error // consume's, once exited is closed
+	failed bool  // the fetch ended because consume failed
 
 	mu      sync.Mutex
 	cond    *sync.Cond
 	avail   int64 // bytes [0, avail) are held
 	stopped bool
-	off     int64 // bytes [0, off) were read by consume
-	h       hash.Hash
-	freed   atomic.Int64 // pieces [0, freed) are freed
+	off     int64         // bytes [0, off) were read by consume
+	cp      *StreamResume // consume's last checkpoint
+	freed   atomic.Int64  // pieces [0, freed) are freed
 	noPunch bool
 }
 
-// start runs consume over the prefix of the file prepare opened.
+// start runs consume over the prefix of the file prepare opened, from
+// where the resume record says its extraction had got to.
 func (s *stream) start() {
-	s.h = sha256.New()
 	s.cond = sync.NewCond(&s.mu)
 	s.wake, s.exited = make(chan struct{}, 1), make(chan struct{})
+	if s.from != nil {
+		s.off, s.cp = s.from.Offset, s.from
+		s.freed.Store(s.from.Offset / s.pl.PieceSize)
+		if s.shelf != nil {
+			for i := range int(s.freed.Load()) {
+				s.shelf.dropPiece(s.digest, i) // held as extracted, not as bytes
+			}
+		}
+	}
 	go func() {
 		defer close(s.exited)
-		err := s.consume(s)
+		err := s.consume(s, s.from, s.checkpoint)
 		if err == nil {
-			_, err = io.Copy(io.Discard, s) // hash to the end whatever consume left
+			_, err = io.Copy(io.Discard, s) // to the end, whatever consume left
 		}
 		s.err = err
 	}()
+}
+
+func (s *stream) checkpoint(cp StreamResume) {
+	s.mu.Lock()
+	s.cp = &cp
+	s.mu.Unlock()
+}
+
+// record is what the resume record keeps of a fetch: the checkpoint and
+// the pieces before it (extracted: read back from the tree). Not the
+// pieces in the file: the extraction may free them before the next
+// record, and a restart would take the holes for them.
+func (s *stream) record(mine Have) (Have, *StreamResume) {
+	s.mu.Lock()
+	cp := s.cp
+	s.mu.Unlock()
+	h := NewHave(mine.Pieces)
+	if cp != nil {
+		for i := range int(cp.Offset / s.pl.PieceSize) {
+			h.Set(i)
+		}
+	}
+	return h, cp
 }
 
 // limit is the first piece past the window: pieces from there on are
@@ -161,7 +221,6 @@ func (s *stream) Read(p []byte) (int, error) {
 		return 0, errStreamStopped
 	}
 	m, err := s.f.ReadAt(p[:n], off)
-	s.h.Write(p[:m])
 	s.mu.Lock()
 	s.off += int64(m)
 	s.mu.Unlock()
@@ -201,16 +260,6 @@ func (s *stream) free(upto int64) {
 	case s.wake <- struct{}{}:
 	default:
 	}
-}
-
-// verify checks that what consume read (and the rest, drained) hashes to
-// digest.
-func (s *stream) verify(digest string) error {
-	got := "sha256:" + hex.EncodeToString(s.h.Sum(nil))
-	if got != digest {
-		return fmt.Errorf("%w: %s: every piece matched the piece list but the whole hashes to %s; the piece list was wrong; nothing was kept and it will start over", ErrDigestMismatch, digest, got)
-	}
-	return nil
 }
 
 // reader is what the shelf serves from: the file, but no piece freed

@@ -2,6 +2,7 @@ package peer
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"os"
@@ -18,8 +19,8 @@ import (
 // with the bytes read so far after every read.
 const window4 = 4 * testPieceSize
 
-func collect(out *bytes.Buffer, each func(n int64)) func(io.Reader) error {
-	return func(r io.Reader) error {
+func collect(out *bytes.Buffer, each func(n int64)) StreamConsumer {
+	return func(r io.Reader, _ *StreamResume, _ func(StreamResume)) error {
 		buf := make([]byte, 16<<10)
 		for {
 			n, err := r.Read(buf)
@@ -133,7 +134,7 @@ func TestFetchStream_ARefusingExtractionStopsTheFetch(t *testing.T) {
 	data, digest := randomBundle(t, 16*testPieceSize)
 	src := newSource(t, data, digest, ServerOptions{})
 	refused := errors.New("refused: not an upgrade bundle")
-	consume := func(r io.Reader) error {
+	consume := func(r io.Reader, _ *StreamResume, _ func(StreamResume)) error {
 		io.ReadFull(r, make([]byte, 100))
 		return refused
 	}
@@ -194,5 +195,57 @@ func TestPieceList_GrowingListsMergeOrDisagree(t *testing.T) {
 	a.Partial = false
 	if err := a.Validate(); err == nil {
 		t.Fatal("a whole list with unknown pieces validates")
+	}
+}
+
+// A streaming fetch stopped after its extraction's checkpoint resumes
+// from it: the extraction is given the bytes from the checkpoint on, and
+// only the pieces from there are fetched again.
+func TestFetchStream_ResumesFromTheExtractionsCheckpoint(t *testing.T) {
+	data, digest := randomBundle(t, 32*testPieceSize)
+	src := newSource(t, data, digest, ServerOptions{})
+	dest := filepath.Join(t.TempDir(), "b.part")
+	const at = 10*testPieceSize + 100 // the checkpoint: mid-piece
+	ctx, cancel := context.WithCancel(t.Context())
+	first := func(r io.Reader, from *StreamResume, checkpoint func(StreamResume)) error {
+		if from != nil {
+			t.Errorf("a first fetch resumes from %+v", from)
+		}
+		if _, err := io.ReadFull(r, make([]byte, at+3*testPieceSize)); err != nil {
+			return err
+		}
+		checkpoint(StreamResume{Offset: at, Data: []byte("tree index")})
+		time.Sleep(1200 * time.Millisecond) // the record is saved every second
+		cancel()                            // the agent stops
+		_, err := io.Copy(io.Discard, r)
+		return err
+	}
+	f := fastFetcher([]string{src.addr}, FetcherOptions{})
+	if _, err := f.FetchStream(ctx, digest, dest, window4, nil, first); !errors.Is(err, context.Canceled) {
+		t.Fatalf("first fetch: %v, want it cancelled", err)
+	}
+	if _, err := os.Stat(StatePath(dest)); err != nil {
+		t.Fatalf("no resume record: %v", err)
+	}
+	before := src.reqs.get("/v1/bundles/" + digest + "/tar")
+	var rest bytes.Buffer
+	second := func(r io.Reader, from *StreamResume, _ func(StreamResume)) error {
+		if from == nil || from.Offset != at || string(from.Data) != "tree index" {
+			t.Errorf("resumed from %+v, want the checkpoint", from)
+		}
+		_, err := io.Copy(&rest, r)
+		return err
+	}
+	if _, err := f.FetchStream(t.Context(), digest, dest, window4, nil, second); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(rest.Bytes(), data[at:]) {
+		t.Fatalf("resumed extraction got %d bytes, want the %d from the checkpoint on", rest.Len(), len(data)-at)
+	}
+	if got, most := src.reqs.get("/v1/bundles/"+digest+"/tar")-before, 32-at/testPieceSize; got > most {
+		t.Fatalf("the resumed fetch asked for %d pieces, want at most the %d from the checkpoint's piece on", got, most)
+	}
+	if _, err := os.Stat(StatePath(dest)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("resume record left after the end: %v", err)
 	}
 }
