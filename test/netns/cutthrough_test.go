@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -153,11 +152,7 @@ func BenchmarkCutThrough(b *testing.B) {
 	size := *cutSizeMiB << 20
 	stick, link := *cutStickMiB<<20, *cutRateMB*1000*1000
 	floor := time.Duration(float64(size) / float64(min(stick, link)) * float64(time.Second))
-	for _, ns := range strings.Split(*cutNodes, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(ns))
-		if err != nil || n < 2 {
-			b.Fatalf("-cut.nodes: %q is not a node count of 2 or more", ns)
-		}
+	for _, n := range nodeCounts(b, "-cut.nodes", *cutNodes) {
 		for _, mode := range strings.Split(*cutModes, ",") {
 			b.Run(fmt.Sprintf("%s/N=%d", mode, n), func(b *testing.B) {
 				var all time.Duration
