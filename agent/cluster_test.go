@@ -141,7 +141,7 @@ func (f *fakePeers) FetchStream(ctx context.Context, d, dest string, _ int64, p 
 	if err != nil {
 		return nil, err
 	}
-	if err := consume(bytes.NewReader(b), nil, func(peer.StreamResume) {}); err != nil {
+	if err := consume(bytes.NewReader(b), nil, func(int64, func() []byte) {}); err != nil {
 		return nil, err
 	}
 	h := peer.NewPieceHasher(peer.DefaultPieceSize)

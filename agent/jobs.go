@@ -230,7 +230,7 @@ func (a *Agent) fetch(ctx context.Context, r *Record, j effStartJob) (*bundle.Re
 	var res *bundle.Result
 	p := a.throttle(r.ID, "bytes")
 	_, err = a.deps.Peers.FetchStream(ctx, r.Digest, dest, window, func(pr peer.Progress) { p(pr.Done, pr.Total) },
-		func(rd io.Reader, from *peer.StreamResume, checkpoint func(peer.StreamResume)) error {
+		func(rd io.Reader, from *peer.StreamResume, checkpoint peer.Checkpoint) error {
 			opts, err := a.streamOptions(r, j.policy, &ix, from, checkpoint)
 			if err != nil {
 				return err
@@ -246,14 +246,11 @@ func (a *Agent) fetch(ctx context.Context, r *Record, j effStartJob) (*bundle.Re
 	return res, nil, nil // the shelf keeps the list it was fetched with
 }
 
-// checkpointEvery is how often a streaming fetch's extraction records
-// where it got to (its tar index so far, in the fetch's resume record).
-const checkpointEvery = 500 * time.Millisecond
-
 // streamOptions are the options of an extraction fed by a streaming
 // fetch: resumed from where the fetch's record says it had got to, and
-// recording that as it goes.
-func (a *Agent) streamOptions(r *Record, pol bundle.Policy, ix *bundle.Index, from *peer.StreamResume, checkpoint func(peer.StreamResume)) (bundle.Options, error) {
+// telling the fetch where it gets to, entry by entry (the tar index so
+// far, encoded only when the fetch writes its record).
+func (a *Agent) streamOptions(r *Record, pol bundle.Policy, ix *bundle.Index, from *peer.StreamResume, checkpoint peer.Checkpoint) (bundle.Options, error) {
 	opts := a.extractOptions(r, pol, ix)
 	if from != nil {
 		var old bundle.Index
@@ -263,15 +260,13 @@ func (a *Agent) streamOptions(r *Record, pol bundle.Policy, ix *bundle.Index, fr
 		opts.Resume = &bundle.Resume{Index: &old, Offset: from.Offset}
 		a.log.Info("resuming the extraction where it stopped", "bundle", r.Name, "bytes", from.Offset)
 	}
-	var last time.Time
 	opts.Checkpoint = func(off int64) {
-		if time.Since(last) < checkpointEvery {
-			return
-		}
-		last = time.Now()
-		if b, err := ix.Encode(); err == nil {
-			checkpoint(peer.StreamResume{Offset: off, Data: b})
-		}
+		// The segments so far never change: the index only grows.
+		segs := ix.Segments[:len(ix.Segments):len(ix.Segments)]
+		checkpoint(off, func() []byte {
+			b, _ := (&bundle.Index{Segments: segs}).Encode()
+			return b
+		})
 	}
 	return opts, nil
 }

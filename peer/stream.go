@@ -39,7 +39,14 @@ type StreamResume struct {
 // io.EOF; it calls checkpoint whenever it has kept the bytes up to an
 // offset, so that a fetch interrupted later resumes from there. It must
 // check the bundle's whole digest: FetchStream checks every piece only.
-type StreamConsumer func(r io.Reader, from *StreamResume, checkpoint func(StreamResume)) error
+type StreamConsumer func(r io.Reader, from *StreamResume, checkpoint Checkpoint) error
+
+// Checkpoint tells a streaming fetch that its consumer has kept the
+// bytes up to offset; data, called later from another goroutine when the
+// resume record is written (about once a second, so a checkpoint can be
+// cheap and frequent), gives StreamResume.Data for it: it must read
+// nothing that changes after the call.
+type Checkpoint func(offset int64, data func() []byte)
 
 // FetchStream gets bundle digest from the peers as Fetch does, but feeds
 // its bytes, in order, to consume (the extraction) as they arrive instead
@@ -125,6 +132,7 @@ type stream struct {
 	stopped bool
 	off     int64         // bytes [0, off) were read by consume
 	cp      *StreamResume // consume's last checkpoint
+	cpData  func() []byte // its data, not encoded yet
 	freed   atomic.Int64  // pieces [0, freed) are freed
 	noPunch bool
 }
@@ -153,9 +161,10 @@ func (s *stream) start() {
 	}()
 }
 
-func (s *stream) checkpoint(cp StreamResume) {
+func (s *stream) checkpoint(offset int64, data func() []byte) {
 	s.mu.Lock()
-	s.cp = &cp
+	s.cp = &StreamResume{Offset: offset}
+	s.cpData = data
 	s.mu.Unlock()
 }
 
@@ -165,8 +174,12 @@ func (s *stream) checkpoint(cp StreamResume) {
 // record, and a restart would take the holes for them.
 func (s *stream) record(mine Have) (Have, *StreamResume) {
 	s.mu.Lock()
-	cp := s.cp
+	cp, data := s.cp, s.cpData
+	s.cpData = nil // encoded once
 	s.mu.Unlock()
+	if data != nil {
+		cp.Data = data()
+	}
 	h := NewHave(mine.Pieces)
 	if cp != nil {
 		for i := range int(cp.Offset / s.pl.PieceSize) {
@@ -179,8 +192,12 @@ func (s *stream) record(mine Have) (Have, *StreamResume) {
 // limit is the first piece past the window: pieces from there on are
 // not asked for yet.
 func (s *stream) limit() int {
-	w := max(int((s.window+s.pl.PieceSize-1)/s.pl.PieceSize), 1)
-	return min(int(s.freed.Load())+w, s.pl.N())
+	return min(int(s.freed.Load())+s.pieces(), s.pl.N())
+}
+
+// pieces is the window in pieces: at most this many are in the file.
+func (s *stream) pieces() int {
+	return max(int(s.window/s.pl.PieceSize), 2)
 }
 
 // advance tells it bytes [0, avail) are held.
@@ -232,12 +249,11 @@ func (s *stream) Read(p []byte) (int, error) {
 }
 
 // free punches out the pieces consume has read past (upto: bytes read),
-// after marking them freed so that no one serves them any more.
+// after marking them freed so that no one serves them any more, except
+// the last half window of them: the other fetchers, about as far along,
+// still take those from here rather than from the source.
 func (s *stream) free(upto int64) {
-	k := upto / s.pl.PieceSize
-	if upto == s.pl.Size {
-		k = int64(s.pl.N())
-	}
+	k := upto/s.pl.PieceSize - int64(s.pieces()/2)
 	from := s.freed.Load()
 	if k <= from {
 		return

@@ -20,7 +20,7 @@ import (
 const window4 = 4 * testPieceSize
 
 func collect(out *bytes.Buffer, each func(n int64)) StreamConsumer {
-	return func(r io.Reader, _ *StreamResume, _ func(StreamResume)) error {
+	return func(r io.Reader, _ *StreamResume, _ Checkpoint) error {
 		buf := make([]byte, 16<<10)
 		for {
 			n, err := r.Read(buf)
@@ -134,7 +134,7 @@ func TestFetchStream_ARefusingExtractionStopsTheFetch(t *testing.T) {
 	data, digest := randomBundle(t, 16*testPieceSize)
 	src := newSource(t, data, digest, ServerOptions{})
 	refused := errors.New("refused: not an upgrade bundle")
-	consume := func(r io.Reader, _ *StreamResume, _ func(StreamResume)) error {
+	consume := func(r io.Reader, _ *StreamResume, _ Checkpoint) error {
 		io.ReadFull(r, make([]byte, 100))
 		return refused
 	}
@@ -207,14 +207,14 @@ func TestFetchStream_ResumesFromTheExtractionsCheckpoint(t *testing.T) {
 	dest := filepath.Join(t.TempDir(), "b.part")
 	const at = 10*testPieceSize + 100 // the checkpoint: mid-piece
 	ctx, cancel := context.WithCancel(t.Context())
-	first := func(r io.Reader, from *StreamResume, checkpoint func(StreamResume)) error {
+	first := func(r io.Reader, from *StreamResume, checkpoint Checkpoint) error {
 		if from != nil {
 			t.Errorf("a first fetch resumes from %+v", from)
 		}
 		if _, err := io.ReadFull(r, make([]byte, at+3*testPieceSize)); err != nil {
 			return err
 		}
-		checkpoint(StreamResume{Offset: at, Data: []byte("tree index")})
+		checkpoint(at, func() []byte { return []byte("tree index") })
 		time.Sleep(1200 * time.Millisecond) // the record is saved every second
 		cancel()                            // the agent stops
 		_, err := io.Copy(io.Discard, r)
@@ -229,7 +229,7 @@ func TestFetchStream_ResumesFromTheExtractionsCheckpoint(t *testing.T) {
 	}
 	before := src.reqs.get("/v1/bundles/" + digest + "/tar")
 	var rest bytes.Buffer
-	second := func(r io.Reader, from *StreamResume, _ func(StreamResume)) error {
+	second := func(r io.Reader, from *StreamResume, _ Checkpoint) error {
 		if from == nil || from.Offset != at || string(from.Data) != "tree index" {
 			t.Errorf("resumed from %+v, want the checkpoint", from)
 		}
