@@ -91,8 +91,8 @@ func (f *Fetcher) FetchStream(ctx context.Context, digest, dest string, window i
 	default:
 		f.opts.Shelf.fetched(digest, j.pl)
 	}
-	if err == nil || st.failed {
-		removeAll(dest, StatePath(dest))
+	if err == nil || st.failed || errors.Is(err, ErrWithdrawn) {
+		removeAll(dest, StatePath(dest)) // done, refused, or not to be kept
 	}
 	if err != nil {
 		return nil, err
