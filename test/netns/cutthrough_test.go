@@ -54,7 +54,10 @@ func plugThrottledStick(t testing.TB, o cutOptions) (cutRun, *fleet, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := newFleet(t, fleetOptions{Nodes: o.Nodes, Rate: o.LinkRate, Setup: func(_ *Node, cfg *agent.Config) { cfg.Peer.Serial = o.Serial }})
+	f := newFleet(t, fleetOptions{Nodes: o.Nodes, Rate: o.LinkRate, Setup: func(_ *Node, cfg *agent.Config) {
+		cfg.Peer.Serial = o.Serial
+		cfg.Media.Detect = "manual" // the stick is given with ferry load, never mounted by a node itself
+	}})
 	src, fetchers := f.nodes[0], f.nodes[1:]
 	stick := NewStick(t, tarPath)
 	ThrottleReads(t, src.A.Cmd.Process.Pid, stick.Dev, o.StickRate)

@@ -20,7 +20,8 @@ type Stick struct {
 }
 
 // NewStick puts tarPath and its .sha256 on a fresh loop-mounted ext4
-// (cold: nothing of it in the page cache).
+// (cold: nothing of it in the page cache). Agents that should not mount
+// it themselves need media.detect = "manual" (a udevd may run beside).
 func NewStick(t testing.TB, tarPath string) Stick {
 	t.Helper()
 	dir := t.TempDir()
@@ -47,14 +48,18 @@ func NewStick(t testing.TB, tarPath string) Stick {
 		t.Fatal(err)
 	}
 	run(t, "mkfs.ext4", "-q", "-d", files, img)
-	loop := strings.TrimSpace(run(t, "losetup", "-f", "--show", img))
+	out, err := exec.Command("losetup", "-f", "--show", img).Output()
+	if err != nil {
+		t.Fatalf("losetup %s: %v", img, err)
+	}
+	loop := strings.TrimSpace(string(out))
 	t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
 	mnt := filepath.Join(dir, "mnt")
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	run(t, "mount", "-o", "ro,nodev,nosuid,noexec", loop, mnt)
-	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
+	t.Cleanup(func() { exec.Command("umount", mnt).Run() }) // before losetup -d
 	dev := strings.TrimSpace(run(t, "lsblk", "-dno", "MAJ:MIN", loop))
 	return Stick{Tar: filepath.Join(mnt, filepath.Base(tarPath)), Dev: dev}
 }
