@@ -59,7 +59,11 @@ func NewStick(t testing.TB, tarPath string) Stick {
 		t.Fatal(err)
 	}
 	run(t, "mount", "-o", "ro,nodev,nosuid,noexec", loop, mnt)
-	t.Cleanup(func() { exec.Command("umount", mnt).Run() }) // before losetup -d
+	t.Cleanup(func() { // before losetup -d
+		if exec.Command("umount", mnt).Run() != nil {
+			exec.Command("umount", "-l", mnt).Run() // still open: gone once closed
+		}
+	})
 	dev := strings.TrimSpace(run(t, "lsblk", "-dno", "MAJ:MIN", loop))
 	return Stick{Tar: filepath.Join(mnt, filepath.Base(tarPath)), Dev: dev}
 }
