@@ -17,6 +17,7 @@ STICK=${P2C_STICK_MIB:-100}
 RATE=${P2C_RATE_MB:-50}
 MODES=${P2C_MODES:-cut,serial}
 RESULTS=${RESULTS:-${BENCH_DIR:-/var/tmp/ferry-bench}/results.jsonl}
+mkdir -p "$(dirname "$RESULTS")"
 out=$(go test ./test/netns -run XXX -bench CutThrough -benchtime 1x -timeout 90m \
   -cut.size "$SIZE_MIB" -cut.nodes "$NODES" -cut.stick "$STICK" -cut.rate "$RATE" -cut.modes "$MODES" 2>&1) || {
   echo "$out" >&2
