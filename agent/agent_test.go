@@ -553,30 +553,44 @@ func TestAgent_NoRoomRefusesBeforeWriting(t *testing.T) {
 			t.Fatalf("wrote %s", ents[0].Name())
 		}
 	})
-	t.Run("a peer's bundle", func(t *testing.T) {
-		h, p := clusterHarness(t)
-		var asked map[string]int64
-		h.loader.roomFor = func(w map[string]int64) error { asked = w; return noRoom }
-		tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
-		p.offer(t, "10.0.0.2:8090", tarPath, digest)
-		h.start()
-		s := h.waitReason("free 2 GiB there; then it is fetched by itself")
-		if s.Phase != string(PhaseFetching) {
-			t.Fatalf("%+v", s)
-		}
-		h.loader.mu.Lock()
-		if len(asked) != 2 || asked[h.cfg.Paths.ExtractDir] <= 0 || asked[h.cfg.Paths.StateDir] != asked[h.cfg.Paths.ExtractDir] {
-			t.Errorf("room asked for %v: want the tar in %s and the tree in %s", asked, h.cfg.Paths.StateDir, h.cfg.Paths.ExtractDir)
-		}
-		h.loader.mu.Unlock()
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if p.fetched != 0 {
-			t.Fatal("fetched without room")
-		}
-	})
+	for _, tc := range []struct {
+		name   string
+		serial bool
+		// state is the room asked for in the state dir, given the tree's.
+		state func(tree int64) int64
+		what  string
+	}{
+		{name: "a peer's bundle, fetched whole (serial)", serial: true, state: func(tree int64) int64 { return tree }, what: "the tar"},
+		{name: "a peer's bundle, cut-through: its tree and a window", state: peer.StreamWindow, what: "the window"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, p := clusterHarness(t)
+			h.cfg.Peer.Serial = tc.serial
+			var asked map[string]int64
+			h.loader.roomFor = func(w map[string]int64) error { asked = w; return noRoom }
+			tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+			p.offer(t, "10.0.0.2:8090", tarPath, digest)
+			h.start()
+			s := h.waitReason("free 2 GiB there; then it is fetched by itself")
+			if s.Phase != string(PhaseFetching) {
+				t.Fatalf("%+v", s)
+			}
+			h.loader.mu.Lock()
+			tree := asked[h.cfg.Paths.ExtractDir]
+			if len(asked) != 2 || tree <= 0 || asked[h.cfg.Paths.StateDir] != tc.state(tree) {
+				t.Errorf("room asked for %v: want %s (%d) in %s and the tree in %s", asked, tc.what, tc.state(tree), h.cfg.Paths.StateDir, h.cfg.Paths.ExtractDir)
+			}
+			h.loader.mu.Unlock()
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if p.fetched != 0 {
+				t.Fatal("fetched without room")
+			}
+		})
+	}
 	t.Run("a fetched bundle, the disk filled meanwhile", func(t *testing.T) {
 		h, p := clusterHarness(t)
+		h.cfg.Peer.Serial = true // the extraction's own check comes after a whole fetch
 		h.loader.roomFor = func(w map[string]int64) error {
 			if len(w) == 1 { // the extraction
 				return noRoom

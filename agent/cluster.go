@@ -19,6 +19,13 @@ type Peers interface {
 	Unshare(digest string)
 	Discover(ctx context.Context) ([]peer.PeerOffer, error)
 	Fetch(ctx context.Context, digest, dest string, progress func(peer.Progress)) error
+	// ShareLive offers a bundle while this node reads it from its stick
+	// (cut-through): pieces are served as the returned hasher, the
+	// extraction pass's Tee, hashes them; Close withdraws the offer.
+	ShareLive(digest string, meta, sig []byte, r io.ReaderAt, size int64) (*peer.LiveHasher, error)
+	// FetchStream fetches a bundle into consume, an extraction, as its
+	// bytes arrive, holding at most window bytes of it in dest.
+	FetchStream(ctx context.Context, digest, dest string, window int64, progress func(peer.Progress), consume peer.StreamConsumer) (*peer.PieceList, error)
 	Statuses(ctx context.Context) map[string]peer.PeerStatus
 	// SetPeers replaces the peer list (found through the cluster's API).
 	SetPeers(peers []string)

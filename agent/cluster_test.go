@@ -39,6 +39,7 @@ type fakePeers struct {
 	linked   map[string]*fakePeers // peer address → its fake
 	peerList []string
 	peersSet bool // SetPeers was called: only peerList counts
+	live     []*peer.Shelf // ShareLive's offers, one shelf each
 }
 
 type heldBundle struct {
@@ -130,6 +131,34 @@ func (f *fakePeers) Fetch(_ context.Context, d, dest string, p func(peer.Progres
 	p(peer.Progress{Done: int64(len(b)), Total: int64(len(b))})
 	return os.WriteFile(dest, b, 0o600)
 }
+
+// FetchStream gets the bytes as Fetch does and streams them into consume.
+func (f *fakePeers) FetchStream(ctx context.Context, d, dest string, _ int64, p func(peer.Progress), consume peer.StreamConsumer) (*peer.PieceList, error) {
+	if err := f.Fetch(ctx, d, dest, p); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(dest)
+	os.Remove(dest)
+	if err != nil {
+		return nil, err
+	}
+	if err := consume(bytes.NewReader(b), nil, func(int64, func() []byte) {}); err != nil {
+		return nil, err
+	}
+	h := peer.NewPieceHasher(peer.DefaultPieceSize)
+	h.Write(b)
+	return h.List(d), nil
+}
+
+// ShareLive offers the bundle on a shelf of its own, kept in live.
+func (f *fakePeers) ShareLive(d string, meta, sig []byte, r io.ReaderAt, size int64) (*peer.LiveHasher, error) {
+	sh := peer.NewShelf(peer.ShelfOptions{})
+	f.mu.Lock()
+	f.live = append(f.live, sh)
+	f.mu.Unlock()
+	return sh.AddLive(d, meta, sig, r, size)
+}
+
 func (f *fakePeers) Statuses(context.Context) map[string]peer.PeerStatus {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -601,5 +630,50 @@ func TestCluster_ARefusedPeerBundleIsTakenOnceThePolicyApprovesIt(t *testing.T) 
 	h2.start()
 	if s := h2.waitPhase(PhaseLoaded); s.Digest != digest {
 		t.Fatal(s.Digest)
+	}
+}
+
+// A stick's bundle is offered to the peers while it is read, under the
+// digest its .sha256 names; the offer ends with the read: replaced by the
+// extracted bundle's, with the piece list hashed in the pass, or withdrawn
+// when the read ends in a refusal.
+func TestCluster_StickOfferedWhileReadThenReplacedOrWithdrawn(t *testing.T) {
+	for _, damaged := range []bool{false, true} {
+		t.Run(fmt.Sprintf("damaged=%v", damaged), func(t *testing.T) {
+			h, p := clusterHarness(t)
+			h.start()
+			src, digest := stick(t, bundletest.Options{LayerSize: 9 << 20})
+			if damaged {
+				b, err := os.ReadFile(src.Path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b[len(b)/2] ^= 1
+				if err := os.WriteFile(src.Path, b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.plug("/dev/sda", src)
+			if damaged {
+				h.waitPhase(PhaseRejected)
+			} else {
+				h.waitPhase(PhaseExtracted)
+			}
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if len(p.live) != 1 {
+				t.Fatalf("%d live offers, want one while the stick was read", len(p.live))
+			}
+			if o := p.live[0].Offers(); len(o) != 0 {
+				t.Errorf("the live offer outlived the read: %+v", o)
+			}
+			_, shared := p.shared[digest]
+			if shared == damaged {
+				t.Errorf("shared %v after the read, want %v", shared, !damaged)
+			}
+			if !damaged && (p.pieces[digest] == nil || p.pieces[digest].Partial || p.pieces[digest].Digest != digest) {
+				t.Errorf("shared with piece list %+v, want the whole one hashed in the pass", p.pieces[digest])
+			}
+		})
 	}
 }

@@ -102,6 +102,11 @@ type Peer struct {
 	// Open serves bundles to anyone who can reach Listen when there is no
 	// token; without it (the default) a node with no token serves nothing.
 	Open bool `toml:"open"`
+	// Serial distributes as before cut-through: the stick's node offers
+	// the bundle only once it is extracted, and a fetching node keeps the
+	// whole tar, then extracts it (twice the bundle on its disk). For
+	// comparison (make bench), not for use.
+	Serial bool `toml:"serial"`
 }
 
 // Closed reports whether the peer server refuses everyone (no token, not

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -89,7 +90,7 @@ func (a *Agent) runJob(ctx context.Context, j effStartJob) event {
 	case jobExtract:
 		done.res, done.pieces, done.err = a.extract(ctx, r, j)
 	case jobFetch:
-		done.err = a.fetch(ctx, r)
+		done.res, done.pieces, done.err = a.fetch(ctx, r, j)
 	case jobLoad:
 		p := a.throttle(r.ID, "images")
 		done.err = a.deps.Loader.Load(ctx, r.Metadata, r.Dir, j.keep, func(d, t int) { p(int64(d), int64(t)) })
@@ -114,29 +115,32 @@ func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.
 		return nil, nil, err
 	}
 	var ix bundle.Index
-	opts := bundle.Options{Policy: j.policy, Sync: true, Index: &ix, Log: a.log, Progress: a.throttle(r.ID, "bytes")}
-	if a.deps.Loader != nil && opts.SpaceFactor == 0 {
-		// The tree itself where it extracts: its load, and the tree when
-		// it shares the image store's filesystem, were checked just above
-		// against what the kubelet tolerates (the 2 × of extraction
-		// alone stood for both).
-		opts.SpaceFactor = 1
+	opts := a.extractOptions(r, j.policy, &ix)
+	opts.Progress = a.throttle(r.ID, "bytes")
+	var hasher interface {
+		io.Writer
+		List(digest string) *peer.PieceList
 	}
-	var hasher *peer.PieceHasher
 	if a.deps.Peers != nil && j.pieces {
-		// The piece list for the peers, hashed in the same pass. A fetched
-		// bundle's shelf entry keeps the list it was fetched and checked
-		// with.
+		// The piece list for the peers, hashed in the same pass; offered
+		// piece by piece as it is (cut-through) when the digest is known
+		// before the read. A fetched bundle's shelf entry keeps the list
+		// it was fetched and checked with.
 		hasher = peer.NewPieceHasher(peer.DefaultPieceSize)
+		if live := a.shareLive(r, j.src); live != nil {
+			// Withdrawn at the end either way: refused, the peers drop it;
+			// extracted, the tree's offer (effShare) replaces it, and the
+			// stick can be unmounted.
+			defer live.Close()
+			hasher = live
+		}
 		opts.Tee = hasher
 	}
 	res, err := bundle.Extract(ctx, j.src, r.Dir, opts)
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := ix.WriteFile(a.store.IndexPath(res.Digest)); err != nil {
-		a.log.Warn("cannot keep the tar index; peers will not be served", "bundle", r.Name, "err", err)
-	}
+	a.keepIndex(r, res, &ix)
 	var pieces *peer.PieceList
 	if hasher != nil {
 		pieces = hasher.List(res.Digest)
@@ -144,10 +148,150 @@ func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.
 	return res, pieces, nil
 }
 
-// fetch gets the tar from the peers, with sidecars so that extraction
-// checks the digest again in its own pass, and the signature that came
-// with the offer when this node approved the bundle by it.
-func (a *Agent) fetch(ctx context.Context, r *Record) error {
+// extractOptions are those of every extraction of r (from a stick, a
+// file, or streamed from the peers).
+func (a *Agent) extractOptions(r *Record, pol bundle.Policy, ix *bundle.Index) bundle.Options {
+	opts := bundle.Options{Policy: pol, Sync: true, Index: ix, Log: a.log}
+	if a.deps.Loader != nil && opts.SpaceFactor == 0 {
+		// The tree itself where it extracts: its load, and the tree when
+		// it shares the image store's filesystem, were checked before
+		// against what the kubelet tolerates (the 2 × of extraction
+		// alone stood for both).
+		opts.SpaceFactor = 1
+	}
+	return opts
+}
+
+// keepIndex writes the tar index with which the tree is served again.
+func (a *Agent) keepIndex(r *Record, res *bundle.Result, ix *bundle.Index) {
+	if err := ix.WriteFile(a.store.IndexPath(res.Digest)); err != nil {
+		a.log.Warn("cannot keep the tar index; peers will not be served", "bundle", r.Name, "err", err)
+	}
+}
+
+// shareLive offers a stick's bundle to the peers while this node reads
+// it (cut-through), under the digest its .sha256 names: the digest the
+// read must end with, or the offer is withdrawn. nil when the digest is
+// not known before the read (a raw device without one learns it at the
+// end), in serial mode, or when the file cannot be opened twice.
+func (a *Agent) shareLive(r *Record, src bundle.Source) *peer.LiveHasher {
+	digest := sidecarDigest(src)
+	if src.Raw || a.cfg.Peer.Serial || digest == "" || r.Metadata == nil {
+		return nil
+	}
+	f, err := os.Open(src.Path)
+	if err != nil {
+		a.log.Warn("cannot offer the bundle to the peers while it is read; they fetch it once it is extracted", "bundle", r.Name, "err", err)
+		return nil
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil
+	}
+	var sig []byte
+	if src.SigPath != "" {
+		sig, _ = os.ReadFile(src.SigPath)
+	}
+	meta, _ := json.Marshal(r.Metadata)
+	live, err := a.deps.Peers.ShareLive(digest, meta, sig, f, fi.Size())
+	if err != nil {
+		f.Close()
+		a.log.Warn("cannot offer the bundle to the peers while it is read; they fetch it once it is extracted", "bundle", r.Name, "err", err)
+		return nil
+	}
+	a.log.Info("offering the bundle to the peers while it is read (cut-through)", "bundle", r.Name, "digest", digest)
+	return live
+}
+
+// fetch gets the bundle from the peers and extracts it as its bytes
+// arrive (cut-through): the disk holds its tree and at most a window of
+// the tar (peer.StreamWindow), never the whole tar. The sidecars are
+// written first, so that the extraction checks the digest in its own
+// pass, and the signature that came with the offer when this node
+// approved the bundle by it. A restart starts it over. In serial mode it
+// keeps the whole tar and the extraction is a job of its own.
+func (a *Agent) fetch(ctx context.Context, r *Record, j effStartJob) (*bundle.Result, *peer.PieceList, error) {
+	if a.cfg.Peer.Serial {
+		return nil, nil, a.fetchWhole(ctx, r)
+	}
+	dest := a.m.incomingPath(r)
+	window := peer.StreamWindow(r.Metadata.SizeBytes)
+	writes := map[string]int64{a.cfg.Paths.ExtractDir: r.Metadata.SizeBytes}
+	writes[a.cfg.Paths.StateDir] += window
+	if err := a.roomBefore(ctx, r, writes, "then it is fetched by itself (tried every 10 s)"); err != nil {
+		return nil, nil, err
+	}
+	src, err := a.writeSidecars(r, dest)
+	if err != nil {
+		return nil, nil, err
+	}
+	var ix bundle.Index
+	var res *bundle.Result
+	p := a.throttle(r.ID, "bytes")
+	_, err = a.deps.Peers.FetchStream(ctx, r.Digest, dest, window, func(pr peer.Progress) { p(pr.Done, pr.Total) },
+		func(rd io.Reader, from *peer.StreamResume, checkpoint peer.Checkpoint) error {
+			opts, err := a.streamOptions(r, j.policy, &ix, from, checkpoint)
+			if err != nil {
+				return err
+			}
+			src.Reader = rd
+			res, err = bundle.Extract(ctx, src, r.Dir, opts)
+			return err
+		})
+	if err != nil {
+		return nil, nil, err
+	}
+	a.keepIndex(r, res, &ix)
+	return res, nil, nil // the shelf keeps the list it was fetched with
+}
+
+// streamOptions are the options of an extraction fed by a streaming
+// fetch: resumed from where the fetch's record says it had got to, and
+// telling the fetch where it gets to, entry by entry (the tar index so
+// far, encoded only when the fetch writes its record).
+func (a *Agent) streamOptions(r *Record, pol bundle.Policy, ix *bundle.Index, from *peer.StreamResume, checkpoint peer.Checkpoint) (bundle.Options, error) {
+	opts := a.extractOptions(r, pol, ix)
+	if from != nil {
+		var old bundle.Index
+		if err := old.Decode(from.Data); err != nil {
+			return opts, fmt.Errorf("resuming the extraction of %s: %w; it starts over", r.Name, err)
+		}
+		opts.Resume = &bundle.Resume{Index: &old, Offset: from.Offset}
+		a.log.Info("resuming the extraction where it stopped", "bundle", r.Name, "bytes", from.Offset)
+	}
+	opts.Checkpoint = func(off int64) {
+		// The segments so far never change: the index only grows.
+		segs := ix.Segments[:len(ix.Segments):len(ix.Segments)]
+		checkpoint(off, func() []byte {
+			b, _ := (&bundle.Index{Segments: segs}).Encode()
+			return b
+		})
+	}
+	return opts, nil
+}
+
+// writeSidecars writes the .sha256 of the digest this node asked for and
+// the .minisig that came with the offer beside dest, the bundle's source
+// for its extraction.
+func (a *Agent) writeSidecars(r *Record, dest string) (bundle.Source, error) {
+	src := bundle.Source{Path: dest, SHA256Path: strings.TrimSuffix(dest, ".tar") + ".sha256"}
+	if err := os.MkdirAll(filepath.Dir(dest), 0o700); err != nil {
+		return src, err
+	}
+	if r.Signature != nil {
+		if err := os.WriteFile(dest+".minisig", r.Signature, 0o600); err != nil {
+			return src, err
+		}
+	}
+	if r.Approval == "signature" {
+		src.SigPath = dest + ".minisig"
+	}
+	return src, os.WriteFile(src.SHA256Path, []byte(bundle.FormatSHA256File(r.Digest, filepath.Base(dest))), 0o600)
+}
+
+// fetchWhole gets the whole tar from the peers (serial mode).
+func (a *Agent) fetchWhole(ctx context.Context, r *Record) error {
 	dest := a.m.incomingPath(r)
 	if _, err := os.Stat(dest); os.IsNotExist(err) {
 		// The tar where it lands, then its tree where it extracts.
@@ -164,13 +308,8 @@ func (a *Agent) fetch(ctx context.Context, r *Record) error {
 	if err := a.deps.Peers.Fetch(ctx, r.Digest, dest, func(pr peer.Progress) { p(pr.Done, pr.Total) }); err != nil {
 		return err
 	}
-	if r.Signature != nil {
-		if err := os.WriteFile(dest+".minisig", r.Signature, 0o600); err != nil {
-			return err
-		}
-	}
-	sha := strings.TrimSuffix(dest, ".tar") + ".sha256"
-	return os.WriteFile(sha, []byte(bundle.FormatSHA256File(r.Digest, filepath.Base(dest))), 0o600)
+	_, err := a.writeSidecars(r, dest)
+	return err
 }
 
 // roomBefore checks, before a bundle's bytes are written on this node

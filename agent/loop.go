@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"github.com/ferry-edge/ferry/bundle"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,7 +20,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.removeStaging()
+	a.removeStaging(recs)
 	jctx, stopAll := context.WithCancel(ctx)
 	a.life = jctx
 	defer func() {
@@ -187,14 +188,21 @@ func (a *Agent) background(ctx context.Context, fn func(context.Context) event) 
 }
 
 // removeStaging drops staging dirs left by a crash: they are never taken
-// as good.
-func (a *Agent) removeStaging() {
+// as good. A bundle being fetched keeps its own: its fetch extracts as it
+// goes and resumes there (every byte read back is checked again).
+func (a *Agent) removeStaging(recs []*Record) {
 	ents, err := os.ReadDir(a.cfg.Paths.ExtractDir)
 	if err != nil {
 		return
 	}
+	resumes := map[string]bool{}
+	for _, r := range recs {
+		if r.Phase == PhaseFetching && r.Dir != "" && !a.cfg.Peer.Serial {
+			resumes[filepath.Base(bundle.StagingDir(r.Dir))] = true
+		}
+	}
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), ".staging-") {
+		if strings.HasPrefix(e.Name(), ".staging-") && !resumes[e.Name()] {
 			a.log.Info("removing an interrupted extraction", "dir", e.Name())
 			os.RemoveAll(filepath.Join(a.cfg.Paths.ExtractDir, e.Name()))
 		}

@@ -155,7 +155,7 @@ func (m *machine) next() []effect {
 	}
 	switch r.Phase {
 	case PhaseFetching:
-		return m.startJob(effStartJob{kind: jobFetch, rec: r}, "")
+		return m.fetch(r)
 	case PhaseExtracted, PhaseLoading:
 		if ok, why := m.peersAgree(r); !ok {
 			if r.Reason == why {
@@ -382,11 +382,15 @@ func (m *machine) fetchDone(r *Record, j evJobDone) []effect {
 	switch {
 	case j.stopped:
 		return nil
+	case j.res != nil || streamRefused(j.err):
+		// Fetched and extracted in one pass (cut-through).
+		return m.extractDone(r, j)
 	case j.err != nil:
 		reason := fmt.Sprintf("fetching from the peers failed, retrying: %v", j.err)
 		m.log.Warn("fetch failed", "phase", string(PhaseFetching), "bundle", r.Name, "err", j.err)
 		return append(m.move(r, PhaseFetching, reason, r.Progress), effRetryIn{10 * time.Second})
 	}
+	// Serial mode: the whole tar is here; extract it.
 	src := bundle.Source{Path: m.incomingPath(r), SHA256Path: strings.TrimSuffix(m.incomingPath(r), ".tar") + ".sha256"}
 	if r.Approval == "signature" {
 		// Approved by this node's own keys: verified over the bytes now.
@@ -394,6 +398,14 @@ func (m *machine) fetchDone(r *Record, j evJobDone) []effect {
 		return m.extract(r, src, "", nil, m.policy)
 	}
 	return m.extract(r, src, "", nil, m.policy.PreApproved(r.Digest))
+}
+
+// streamRefused reports whether a fetch that extracted as it went ended
+// in a refusal of the bundle (or no room to extract it), which is the
+// extraction's end to handle. A digest mismatch is not: the bytes came
+// from peers that lied, and the fetch is tried again.
+func streamRefused(err error) bool {
+	return err != nil && (bundle.IsRefusal(err) || errors.Is(err, bundle.ErrNoSpace)) && !errors.Is(err, bundle.ErrMismatch)
 }
 
 func (m *machine) extractDone(r *Record, j evJobDone) []effect {
@@ -622,7 +634,19 @@ func (m *machine) maybeFetch(v view) []effect {
 	m.active = r
 	effs := m.move(r, PhaseFetching, "", Progress{Unit: "bytes"})
 	m.log.Info("fetching the bundle from the peers", "phase", string(PhaseFetching), "bundle", r.Name, "digest", r.Digest)
-	return append(effs, m.startJob(effStartJob{kind: jobFetch, rec: r}, "")...)
+	return append(effs, m.fetch(r)...)
+}
+
+// fetch starts fetching r from the peers, extracting it as it arrives
+// (cut-through) under the policy its extraction gets: approved by this
+// node's own keys, the signature is verified over the bytes; approved by
+// digest, that digest. A tree left by an interrupted run is not trusted.
+func (m *machine) fetch(r *Record) []effect {
+	pol := m.policy.PreApproved(r.Digest)
+	if r.Approval == "signature" {
+		pol = m.policy
+	}
+	return append([]effect{effRemove{r.Dir}}, m.startJob(effStartJob{kind: jobFetch, rec: r, policy: pol}, "")...)
 }
 
 // oneOffer is the one bundle the peers offer, or why there is a conflict.

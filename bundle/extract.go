@@ -49,7 +49,25 @@ type Options struct {
 	// agent hashes the peers' piece list there). A refused bundle may have
 	// written part of its bytes to it.
 	Tee io.Writer
-	Log *slog.Logger
+	// Resume, when set, continues an extraction into dest's staging dir
+	// that a stop interrupted (a streaming fetch restarted): the tar's
+	// bytes [0, Offset) are read back from the staging tree as its Index
+	// says, checked again like any (digest, blobs, tree) but not written
+	// again, and the source gives the bytes from Offset on.
+	Resume *Resume
+	// Checkpoint, when set, is called on the extraction's goroutine each
+	// time the staging tree holds the tar's bytes [0, offset), which
+	// Index (required with it) then tells how to read back: what a
+	// Resume needs. A run that stops without refusing the bundle keeps
+	// its staging dir for that resume.
+	Checkpoint func(offset int64)
+	Log        *slog.Logger
+}
+
+// Resume is where an interrupted extraction got to (Options.Resume).
+type Resume struct {
+	Index  *Index
+	Offset int64
 }
 
 // Result describes a verified bundle.
@@ -123,6 +141,42 @@ func InspectFile(path string) (*Metadata, error) {
 	return ReadMetadata(f)
 }
 
+// prepareStaging makes w's staging dir with metadata.json in it, or
+// keeps the one an interrupted run left when resuming it.
+func prepareStaging(w *treeWriter, metaBytes []byte, resume bool) error {
+	if resume {
+		if _, err := os.Stat(filepath.Join(w.root, MetadataName)); err != nil {
+			return fmt.Errorf("resuming the extraction: %w", err)
+		}
+		return nil
+	}
+	if err := os.RemoveAll(w.root); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(w.root, 0o755); err != nil {
+		return err
+	}
+	return w.writeFile(MetadataName, metaBytes)
+}
+
+// openSource opens the bundle's bytes and says their length (0 for a
+// raw device: it is learned from the metadata).
+func openSource(src Source) (io.ReadCloser, int64, error) {
+	if src.Reader != nil {
+		return io.NopCloser(src.Reader), src.Size, nil
+	}
+	f, err := os.Open(src.Path)
+	if err != nil || src.Raw {
+		return f, 0, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	return f, fi.Size(), nil
+}
+
 // approval is what was decided about approval before the pass.
 type approval struct {
 	mode     string // "digest", "signature", "digest-at-end", "off"
@@ -146,25 +200,23 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 		return nil, refuse(err)
 	}
 
-	f, err := os.Open(src.Path)
+	f, total, err := openSource(src)
 	if err != nil {
 		return nil, refuse(err)
 	}
 	defer f.Close()
-	var total int64
-	if !src.Raw {
-		fi, err := f.Stat()
-		if err != nil {
-			return nil, refuse(err)
-		}
-		total = fi.Size()
+	var resumeAt int64 = -1 // entries whose content ends by here are already in the tree
+	var in io.Reader = f
+	if r := opts.Resume; r != nil && dest != "" {
+		resumeAt = r.Offset
+		in = io.MultiReader(io.NewSectionReader(r.Index.ReaderAt(StagingDir(dest)), 0, r.Offset), f)
 	}
 
 	var progress func(int64)
 	if opts.Progress != nil {
 		progress = func(done int64) { opts.Progress(done, total) }
 	}
-	hr := newHashingReader(ctx, f, ap.mode == "signature", progress)
+	hr := newHashingReader(ctx, in, ap.mode == "signature", progress)
 	defer hr.close(false)
 	tr := tar.NewReader(hr)
 	var rec []byte
@@ -203,27 +255,21 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 		log.Warn("approval is off: accepting any bundle whose sha256 checks; set approved_digests or trusted_keys", "bundle", name)
 	}
 
-	w := &treeWriter{meta: meta}
+	w := &treeWriter{meta: meta, resuming: resumeAt >= 0}
 	defer w.close()
 	if dest != "" {
 		if err := checkSpace(filepath.Dir(dest), meta.SizeBytes, opts.SpaceFactor); err != nil {
 			return nil, refuse(err)
 		}
 		w.root = StagingDir(dest)
-		if err := os.RemoveAll(w.root); err != nil {
-			return nil, refuse(err)
-		}
-		if err := os.MkdirAll(w.root, 0o755); err != nil {
+		if err := prepareStaging(w, metaBytes, resumeAt >= 0); err != nil {
 			return nil, refuse(err)
 		}
 		defer func() {
-			if err != nil {
+			if err != nil && (opts.Checkpoint == nil || IsRefusal(err)) {
 				os.RemoveAll(w.root)
 			}
 		}()
-		if err := w.writeFile(MetadataName, metaBytes); err != nil {
-			return nil, refuse(err)
-		}
 	}
 	if opts.Index != nil {
 		opts.Index.add(slices.Clone(rec), MetadataName, hdr.Size)
@@ -244,6 +290,7 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 		if err != nil {
 			return nil, refuse(readErr(err))
 		}
+		w.replayed = hr.consumed <= resumeAt
 		if err := w.entry(tr, hdr); err != nil {
 			return nil, refuse(err)
 		}
@@ -255,6 +302,9 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 			opts.Index.add(slices.Clone(rec), p, hdr.Size)
 		}
 		lastEnd = hr.consumed
+		if opts.Checkpoint != nil && !w.replayed {
+			opts.Checkpoint(lastEnd)
+		}
 	}
 	if got := hr.consumed - align512(lastEnd); got != 1024 {
 		return nil, refuse(fmt.Errorf("%w: truncated: the end-of-archive marker is incomplete: the copy stopped early; copy the bundle again", ErrInvalid))

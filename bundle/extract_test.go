@@ -427,3 +427,95 @@ func gnuHeader(b []byte) []byte {
 	copy(b[148:156], fmt.Sprintf("%06o\x00 ", chk))
 	return b
 }
+
+// A fetch streams the tar into the extraction (cut-through): the bytes
+// come from Source.Reader, the sidecars from beside Path, and a stream
+// that is not the bundle the .sha256 names is refused.
+func TestExtract_FromAReaderChecksTheSidecarDigest(t *testing.T) {
+	tb := writeBundle(t, testMetadata(1<<20), validEntries())
+	src := stage(t, tb, "")
+	must(t, os.Remove(src.Path)) // never opened
+	src.Reader, src.Size = bytes.NewReader(tb), int64(len(tb))
+	res, err := Extract(t.Context(), src, filepath.Join(t.TempDir(), "b"), Options{Policy: Policy{Arch: "x86_64"}})
+	must(t, err)
+	if res.Digest != sum(tb) || res.TarSize != int64(len(tb)) {
+		t.Fatalf("digest %s size %d, want %s %d", res.Digest, res.TarSize, sum(tb), len(tb))
+	}
+	bad := bytes.Clone(tb)
+	bad[len(bad)-1030] ^= 1
+	src.Reader = bytes.NewReader(bad)
+	dest := filepath.Join(t.TempDir(), "c")
+	if _, err := Extract(t.Context(), src, dest, Options{Policy: Policy{Arch: "x86_64"}}); !IsRefusal(err) {
+		t.Fatalf("altered stream: %v, want it refused", err)
+	}
+	if _, err := os.Stat(dest); !os.IsNotExist(err) {
+		t.Fatalf("a refused stream left %s: %v", dest, err)
+	}
+}
+
+// failAfter reads from r until n bytes, then fails as a stopped fetch.
+type failAfter struct {
+	r io.Reader
+	n int64
+}
+
+func (f *failAfter) Read(p []byte) (int, error) {
+	if f.n <= 0 {
+		return 0, errors.New("the fetch stopped")
+	}
+	p = p[:min(int64(len(p)), f.n)]
+	n, err := f.r.Read(p)
+	f.n -= int64(n)
+	return n, err
+}
+
+// An extraction fed by a fetch that stopped resumes from its last
+// checkpoint: the bytes before it are read back from the staging tree
+// (and checked with the rest), those after come from the source.
+func TestExtract_ResumesFromACheckpointInItsStagingTree(t *testing.T) {
+	tb := writeBundle(t, testMetadata(1<<20), validEntries())
+	src := stage(t, tb, "")
+	dest := filepath.Join(t.TempDir(), "b")
+	type cp struct {
+		ix  Index
+		off int64
+	}
+	var cps []cp
+	var ix Index
+	opts := Options{Policy: Policy{Arch: "x86_64"}, Index: &ix}
+	opts.Checkpoint = func(off int64) {
+		c := cp{off: off}
+		c.ix.Segments = slices.Clone(ix.Segments)
+		cps = append(cps, c)
+	}
+	src.Reader, src.Size = &failAfter{r: bytes.NewReader(tb), n: int64(len(tb)) - 1500}, int64(len(tb))
+	if _, err := Extract(t.Context(), src, dest, opts); err == nil || IsRefusal(err) {
+		t.Fatalf("stopped stream: %v, want a read error", err)
+	}
+	if len(cps) < 2 {
+		t.Fatalf("%d checkpoints, want some", len(cps))
+	}
+	if _, err := os.Stat(StagingDir(dest)); err != nil {
+		t.Fatalf("the staging dir of a stopped extraction with checkpoints is gone: %v", err)
+	}
+	last := cps[len(cps)-1]
+	if regen := make([]byte, last.off); true {
+		n, err := last.ix.ReaderAt(StagingDir(dest)).ReadAt(regen, 0)
+		if err != nil || !bytes.Equal(regen[:n], tb[:last.off]) {
+			t.Fatalf("the staging tree does not give back the tar up to the checkpoint (%d bytes, %v)", n, err)
+		}
+	}
+	opts.Checkpoint = func(int64) {}
+	opts.Resume = &Resume{Index: &last.ix, Offset: last.off}
+	src.Reader = bytes.NewReader(tb[last.off:])
+	res, err := Extract(t.Context(), src, dest, opts)
+	must(t, err)
+	if res.Digest != sum(tb) {
+		t.Fatalf("resumed digest %s, want %s", res.Digest, sum(tb))
+	}
+	got, err := os.ReadFile(filepath.Join(dest, RegistryRoot, testLayer))
+	must(t, err)
+	if !bytes.Equal(got, imagetree.Layer("image", 4000)) {
+		t.Fatal("blob content differs after the resume")
+	}
+}

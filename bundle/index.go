@@ -39,19 +39,39 @@ func (ix *Index) add(raw []byte, path string, size int64) {
 
 // WriteFile stores the index at path atomically.
 func (ix *Index) WriteFile(path string) error {
+	b, err := ix.Encode()
+	if err == nil {
+		err = atomicfile.WriteFile(path, b, 0o600)
+	}
+	if err != nil {
+		return fmt.Errorf("writing tar index %s: %w", path, err)
+	}
+	return nil
+}
+
+// Encode is the index as WriteFile stores it. (Not MarshalBinary: gob
+// would call it to encode the index itself.)
+func (ix *Index) Encode() ([]byte, error) {
 	var b bytes.Buffer
 	zw := gzip.NewWriter(&b)
 	err := gob.NewEncoder(zw).Encode(ix)
 	if cerr := zw.Close(); err == nil {
 		err = cerr
 	}
-	if err == nil {
-		err = atomicfile.WriteFile(path, b.Bytes(), 0o600)
-	}
+	return b.Bytes(), err
+}
+
+// Decode reads an index Encode made.
+func (ix *Index) Decode(b []byte) error {
+	return ix.decode(bytes.NewReader(b))
+}
+
+func (ix *Index) decode(r io.Reader) error {
+	zr, err := gzip.NewReader(r)
 	if err != nil {
-		return fmt.Errorf("writing tar index %s: %w", path, err)
+		return err
 	}
-	return nil
+	return gob.NewDecoder(zr).Decode(ix)
 }
 
 // ReadIndex loads an index written by WriteFile.
@@ -61,12 +81,8 @@ func ReadIndex(path string) (*Index, error) {
 		return nil, err
 	}
 	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		return nil, fmt.Errorf("tar index %s: %w", path, err)
-	}
 	var ix Index
-	if err := gob.NewDecoder(zr).Decode(&ix); err != nil {
+	if err := ix.decode(f); err != nil {
 		return nil, fmt.Errorf("tar index %s: %w", path, err)
 	}
 	return &ix, nil

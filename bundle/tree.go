@@ -30,6 +30,12 @@ type treeWriter struct {
 	seen  map[string]bool
 	dirs  map[string]bool // created directories
 	buf   []byte
+	// replayed: the entry being read is already in the tree (a resumed
+	// extraction reads it back from there): checked, not written.
+	replayed bool
+	// resuming: files after the replayed ones may be left, part written,
+	// by the interrupted run: they are written over.
+	resuming bool
 
 	ix      *treeIndex   // what the tree holds, checked after the pass
 	bh      *blobHasher  // hashes blobs on another core
@@ -123,11 +129,15 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 	rel := strings.TrimPrefix(clean, RegistryRoot)
 	blob := blobHex(rel)
 	var f *os.File
-	if w.root != "" {
+	if w.root != "" && !w.replayed {
 		if err := w.mkdir(path.Dir(clean)); err != nil {
 			return err
 		}
-		f, err = os.OpenFile(filepath.Join(w.root, clean), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+		flags := os.O_CREATE | os.O_EXCL | os.O_WRONLY
+		if w.resuming {
+			flags = os.O_CREATE | os.O_TRUNC | os.O_WRONLY
+		}
+		f, err = os.OpenFile(filepath.Join(w.root, clean), flags, 0o644)
 		if err != nil {
 			return fmt.Errorf("extracting %s: %w", clean, err)
 		}

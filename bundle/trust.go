@@ -94,6 +94,11 @@ type Source struct {
 	// descriptor passed by ferry load is read at /proc/self/fd/N, and
 	// Label is the path the caller gave.
 	Label string
+	// Reader, when set, gives the tar's bytes instead of opening Path
+	// (a fetch streaming into the extraction: cut-through); Size is
+	// their length. Path still names the bundle and its sidecars.
+	Reader io.Reader
+	Size   int64
 }
 
 // Name is the tar's base name, as the technician sees it.

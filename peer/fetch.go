@@ -161,6 +161,8 @@ type fetchState struct {
 	Pieces *PieceList      `json:"pieceList"`
 	Meta   json.RawMessage `json:"metadata"`
 	Have   Have            `json:"have"`
+	// Stream: where a streaming fetch's extraction had got to.
+	Stream *StreamResume `json:"stream,omitempty"`
 }
 
 // StatePath is where Fetch keeps its resume record for dest.
@@ -206,6 +208,7 @@ type peerState struct {
 	fails      int
 	retryAt    time.Time
 	polling    bool
+	gone       bool // it said it does not hold the bundle (any more)
 }
 
 type job struct {
@@ -214,12 +217,17 @@ type job struct {
 	dest     string
 	progress func(Progress)
 
-	pl    *PieceList
-	meta  json.RawMessage
-	sig   []byte // the bundle's .minisig, passed on
-	file  *os.File
-	mine  Have
-	peers map[string]*peerState
+	pl   *PieceList
+	meta json.RawMessage
+	sig  []byte // the bundle's .minisig, passed on
+	file *os.File
+	mine Have
+	// stream, when set, is the extraction the bytes feed as they arrive
+	// (FetchStream); nil: the whole file is kept (Fetch).
+	stream *stream
+	// goneSince: when every peer stopped offering it (withdrawn).
+	goneSince time.Time
+	peers     map[string]*peerState
 }
 
 // prepare loads the resume record or discovers the bundle and chooses its
@@ -228,6 +236,9 @@ func (j *job) prepare(ctx context.Context) error {
 	log := j.f.log.With("digest", j.digest)
 	if st, err := j.loadState(); err == nil {
 		j.pl, j.meta, j.mine = st.Pieces, st.Meta, st.Have
+		if j.stream != nil {
+			j.stream.from = st.Stream
+		}
 		log.Info("peer fetch: resuming", "pieces", j.mine.Count(), "of", j.pl.N())
 	} else if !errors.Is(err, os.ErrNotExist) {
 		log.Warn("peer fetch: resume record unusable; starting over", "err", err)
@@ -246,6 +257,9 @@ func (j *job) prepare(ctx context.Context) error {
 		if j.mine.Count() > 0 {
 			log.Warn("peer fetch: file size changed since the resume record; starting over", "file", j.dest)
 			j.mine = NewHave(j.pl.N())
+			if j.stream != nil {
+				j.stream.from = nil
+			}
 		}
 		if err := fl.Truncate(j.pl.Size); err != nil {
 			fl.Close()
@@ -253,8 +267,13 @@ func (j *job) prepare(ctx context.Context) error {
 		}
 	}
 	j.file = fl
+	var served io.ReaderAt = fl
+	if j.stream != nil {
+		j.stream.f, j.stream.pl = fl, j.pl
+		served = j.stream.reader()
+	}
 	if s := j.f.opts.Shelf; s != nil {
-		s.addPartial(Offer{Digest: j.digest, Metadata: j.meta, Size: j.pl.Size, Signature: j.sig}, fl, j.pl, j.mine)
+		s.addPartial(Offer{Digest: j.digest, Metadata: j.meta, Size: j.pl.Size, Signature: j.sig}, served, j.pl, j.mine)
 	}
 	return nil
 }
@@ -287,7 +306,11 @@ func (j *job) saveState() error {
 	if err := j.file.Sync(); err != nil {
 		return err
 	}
-	b, err := json.Marshal(fetchState{Pieces: j.pl, Meta: j.meta, Have: j.mine})
+	st := fetchState{Pieces: j.pl, Meta: j.meta, Have: j.mine}
+	if j.stream != nil {
+		st.Have, st.Stream = j.stream.record(j.mine)
+	}
+	b, err := json.Marshal(st)
 	if err != nil {
 		return err
 	}
@@ -308,14 +331,7 @@ func (j *job) choosePieceList(ctx context.Context) error {
 		case <-time.After(wait):
 		}
 		offers, derr := j.f.Discover(ctx)
-		type vote struct {
-			pl       *PieceList
-			meta     json.RawMessage
-			sig      []byte
-			peers    []string
-			complete bool
-		}
-		votes := map[[32]byte]*vote{}
+		var votes []*vote
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		n := 0
@@ -332,14 +348,12 @@ func (j *job) choosePieceList(ctx context.Context) error {
 					}
 					return
 				}
-				b, _ := json.Marshal(pl)
-				k := sha256.Sum256(b)
 				mu.Lock()
 				defer mu.Unlock()
-				v := votes[k]
+				v := agreeing(votes, pl)
 				if v == nil {
 					v = &vote{pl: pl, meta: o.Metadata, sig: o.Signature}
-					votes[k] = v
+					votes = append(votes, v)
 				}
 				v.peers = append(v.peers, o.Peer)
 				v.complete = v.complete || o.Complete
@@ -377,6 +391,27 @@ func (j *job) choosePieceList(ctx context.Context) error {
 	}
 }
 
+// vote is the peers that gave one piece list (or lists that agree on
+// every piece they both know: a live source's list grows).
+type vote struct {
+	pl       *PieceList
+	meta     json.RawMessage
+	sig      []byte
+	peers    []string
+	complete bool
+}
+
+// agreeing is the vote whose list agrees with pl, which it takes in.
+func agreeing(votes []*vote, pl *PieceList) *vote {
+	for _, v := range votes {
+		if m, err := v.pl.merge(pl); err == nil {
+			v.pl = m
+			return v
+		}
+	}
+	return nil
+}
+
 func (j *job) drop(peer, why string) {
 	ps := j.peers[peer]
 	if ps == nil || ps.dropped {
@@ -396,6 +431,7 @@ type pieceResult struct {
 type haveResult struct {
 	peer string
 	have Have
+	pl   *PieceList // the peer's piece list, when it knows digests ours lacks
 	err  error
 }
 
@@ -403,9 +439,16 @@ type haveResult struct {
 // run in their own goroutines and report back on channels.
 func (j *job) run(ctx context.Context) error {
 	// Not under the cancel below: finish cancels the requests, and the
-	// hashing must go on to the last piece.
-	whole := startPrefixHash(ctx, j.file, j.pl)
-	defer whole.stop()
+	// hashing must go on to the last piece. A stream hashes what it
+	// extracts instead (its pieces are freed once extracted).
+	var whole *prefixHash
+	var consumed, freed <-chan struct{}
+	if j.stream == nil {
+		whole = startPrefixHash(ctx, j.file, j.pl)
+		defer whole.stop()
+	} else {
+		consumed, freed = j.stream.exited, j.stream.wake
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	opts := j.f.opts
@@ -426,7 +469,11 @@ func (j *job) run(ctx context.Context) error {
 		for front < j.pl.N() && j.mine.Has(front) {
 			front++
 		}
-		whole.advance(front)
+		if whole != nil {
+			whole.advance(front)
+		} else {
+			j.stream.advance(min(int64(front)*j.pl.PieceSize, j.pl.Size))
+		}
 	}
 	advance()
 
@@ -462,10 +509,14 @@ func (j *job) run(ctx context.Context) error {
 			}
 			ps.polling = true
 			polls++
-			go func(addr string) {
+			go func(addr string, pl *PieceList) {
 				h, err := j.f.c.Have(ctx, addr, j.digest)
-				haves <- haveResult{peer: addr, have: h, err: err}
-			}(ps.addr)
+				var theirs *PieceList
+				if err == nil && learnsFrom(pl, h) {
+					theirs, _ = j.f.c.Pieces(ctx, addr, j.digest, pl.Size)
+				}
+				haves <- haveResult{peer: addr, have: h, pl: theirs, err: err}
+			}(ps.addr, j.pl)
 		}
 	}
 	poll()
@@ -496,19 +547,26 @@ func (j *job) run(ctx context.Context) error {
 	report()
 
 	for {
-		if j.mine.Count() == j.pl.N() {
+		if j.mine.Count() == j.pl.N() && whole != nil {
 			if err := finish(nil); err != nil {
 				return err
 			}
 			return j.verifyWhole(whole)
+		}
+		if j.mine.Count() == j.pl.N() && consumed == nil {
+			return finish(nil) // the extraction checked the whole digest
 		}
 		for _, a := range j.assign(time.Now(), inflight, total, sentElsewhere, rnd) {
 			total++
 			if s := opts.Shelf; s != nil {
 				s.setPending(j.digest, a.piece, true)
 			}
+			// The list may grow (a new one) while the request runs: it
+			// takes the piece's bounds and digest with it.
+			off, n := j.pl.Bounds(a.piece)
+			want := j.pl.Pieces[a.piece]
 			go func() {
-				results <- j.fetchPiece(ctx, a.peer, a.piece, a.firstCopy)
+				results <- j.fetchPiece(ctx, a, off, n, want)
 			}()
 		}
 		if total == 0 && polls == 0 {
@@ -531,6 +589,16 @@ func (j *job) run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return finish(fmt.Errorf("peer fetch %s: %w", j.digest, context.Cause(ctx)))
+		case <-consumed:
+			// The extraction ended: refused (finish stops the fetch), or
+			// it read the last byte, so every piece is held.
+			if err := j.stream.consumeErr(); err != nil {
+				j.stream.failed = true
+				return finish(err)
+			}
+			consumed = nil
+		case <-freed:
+			// Pieces extracted and freed: the window moved on.
 		case r := <-results:
 			total--
 			inflight[r.piece] = false
@@ -575,11 +643,14 @@ func (j *job) run(ctx context.Context) error {
 			case h.err == nil && h.have.Pieces != j.pl.N():
 				j.drop(h.peer, fmt.Sprintf("it has %d pieces of the bundle, the piece list has %d", h.have.Pieces, j.pl.N()))
 			case h.err == nil:
+				ps.gone = false
+				j.learn(h)
 				ps.have, ps.known = h.have, true
-				ps.seed = h.have.Count() == j.pl.N()
+				ps.seed = h.have.Live || h.have.Count() == j.pl.N()
 				ps.fails = 0
 			case errors.Is(h.err, ErrUnknownBundle) || errors.Is(h.err, ErrNotReady):
 				ps.have, ps.known, ps.seed = NewHave(j.pl.N()), true, false
+				ps.gone = errors.Is(h.err, ErrUnknownBundle)
 			case errors.Is(h.err, ErrUnauthorized):
 				j.drop(h.peer, "it refused our token: set the same token_file on every node")
 			case ctx.Err() != nil:
@@ -589,6 +660,9 @@ func (j *job) run(ctx context.Context) error {
 			}
 		case <-tick.C:
 			poll()
+			if j.withdrawn(time.Now()) {
+				return finish(fmt.Errorf("%w: %s: no peer offers it any more while its source was still reading it (the read failed or the digest did not match); nothing fetched is kept", ErrWithdrawn, j.digest))
+			}
 			if dirty && time.Since(lastSave) >= time.Second {
 				if err := j.saveState(); err != nil {
 					return finish(fmt.Errorf("peer fetch %s: save resume record %s: %w", j.digest, StatePath(j.dest), err))
@@ -629,6 +703,16 @@ func (j *job) assign(now time.Time, inflight []bool, total int, sentElsewhere ma
 		order = append(order, ps)
 	}
 	rnd.Shuffle(len(order), func(a, b int) { order[a], order[b] = order[b], order[a] })
+	// Pieces nobody can give yet (digest unknown: the source has not read
+	// them) or beyond a stream's window count as taken.
+	taken := slices.Clone(inflight)
+	limit := j.pl.N()
+	if j.stream != nil {
+		limit = j.stream.limit()
+	}
+	for i := range taken {
+		taken[i] = taken[i] || i >= limit || j.pl.Partial && !j.pl.Known(i)
+	}
 	var out []assignment
 	for _, idle := range []bool{false, true} {
 		if idle && total+len(out) > 0 {
@@ -648,11 +732,11 @@ func (j *job) assign(now time.Time, inflight []bool, total int, sentElsewhere ma
 				if ps.seed && !idle {
 					avoid = nearby
 				}
-				i := pickPiece(j.mine, inflight, ps.have, rarity, avoid)
+				i := pickPiece(j.mine, taken, ps.have, rarity, avoid)
 				if i < 0 {
 					continue
 				}
-				inflight[i] = true
+				inflight[i], taken[i] = true, true
 				ps.inflight++
 				progressMade = true
 				out = append(out, assignment{peer: ps.addr, piece: i, firstCopy: avoid != nil})
@@ -660,6 +744,64 @@ func (j *job) assign(now time.Time, inflight []bool, total int, sentElsewhere ma
 		}
 	}
 	return out
+}
+
+// withdrawnAfter is how long every peer must have stopped offering a
+// bundle whose list still grows before the fetch gives it up: longer than
+// a source agent's restart, which offers it again.
+var withdrawnAfter = 5 * time.Second
+
+// withdrawn reports whether every peer still used has said, for
+// withdrawnAfter, that it does not hold a bundle whose piece list is
+// still partial: its source withdrew it.
+func (j *job) withdrawn(now time.Time) bool {
+	all := j.pl.Partial
+	for _, ps := range j.peers {
+		all = all && (ps.dropped || ps.gone)
+	}
+	if !all {
+		j.goneSince = time.Time{}
+		return false
+	}
+	if j.goneSince.IsZero() {
+		j.goneSince = now
+	}
+	return now.Sub(j.goneSince) >= withdrawnAfter
+}
+
+// learnsFrom reports whether a peer holding h knows piece digests that
+// pl, a list still growing (cut-through), lacks.
+func learnsFrom(pl *PieceList, h Have) bool {
+	if !pl.Partial || h.Pieces != pl.N() {
+		return false
+	}
+	for i := range pl.N() {
+		if h.Has(i) && !pl.Known(i) {
+			return true
+		}
+	}
+	return false
+}
+
+// learn takes in the piece digests a peer's list adds to ours (a live
+// source's list grows as it reads), and offers them through the shelf.
+// A list that disagrees with ours on a piece drops its peer.
+func (j *job) learn(h haveResult) {
+	if h.pl == nil {
+		return
+	}
+	m, err := j.pl.merge(h.pl)
+	if err != nil {
+		j.drop(h.peer, "its piece list disagrees with the one this fetch uses: "+err.Error())
+		return
+	}
+	if m == j.pl {
+		return
+	}
+	j.pl = m
+	if s := j.f.opts.Shelf; s != nil {
+		s.setPieces(j.digest, m)
+	}
 }
 
 func (j *job) backoff(ps *peerState, err error) {
@@ -710,19 +852,19 @@ func pickPiece(mine Have, inflight []bool, theirs Have, rarity []int, avoid []bo
 // asking for a first copy (FirstCopyHeader) if firstCopy. A
 // bad piece leaves garbage in its slot, which is neither marked held nor
 // served, and is overwritten by the next attempt.
-func (j *job) fetchPiece(ctx context.Context, peer string, i int, firstCopy bool) pieceResult {
-	off, n := j.pl.Bounds(i)
+func (j *job) fetchPiece(ctx context.Context, a assignment, off, n int64, want string) pieceResult {
+	peer, i := a.peer, a.piece
 	h := sha256.New()
 	w := &hashWriter{w: io.NewOffsetWriter(j.file, off), h: h}
-	err := j.f.c.copyRange(ctx, peer, j.digest, off, n, w, firstCopy)
+	err := j.f.c.copyRange(ctx, peer, j.digest, off, n, w, a.firstCopy)
 	if w.err != nil {
 		return pieceResult{peer: peer, piece: i, local: true, err: fmt.Errorf("peer fetch %s: write %s: %w (is the disk full?)", j.digest, j.dest, w.err)}
 	}
 	if err != nil {
 		return pieceResult{peer: peer, piece: i, err: err}
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != j.pl.Pieces[i] {
-		return pieceResult{peer: peer, piece: i, err: fmt.Errorf("%w: piece %d from peer %s: sha256 %.12s…, want %.12s…", ErrBadPiece, i, peer, got, j.pl.Pieces[i])}
+	if got := hex.EncodeToString(h.Sum(nil)); got != want {
+		return pieceResult{peer: peer, piece: i, err: fmt.Errorf("%w: piece %d from peer %s: sha256 %.12s…, want %.12s…", ErrBadPiece, i, peer, got, want)}
 	}
 	return pieceResult{peer: peer, piece: i}
 }

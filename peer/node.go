@@ -25,5 +25,10 @@ func (n Node) Share(digest string, meta, sig []byte, r io.ReaderAt, size int64, 
 	return err
 }
 
+// ShareLive offers a bundle while the node still reads it (AddLive).
+func (n Node) ShareLive(digest string, meta, sig []byte, r io.ReaderAt, size int64) (*LiveHasher, error) {
+	return n.Shelf.AddLive(digest, meta, sig, r, size)
+}
+
 // Unshare stops serving a bundle.
 func (n Node) Unshare(digest string) { n.Shelf.Remove(digest) }

@@ -23,6 +23,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -134,6 +135,48 @@ type PieceList struct {
 	Size      int64    `json:"size"`
 	PieceSize int64    `json:"pieceSize"`
 	Pieces    []string `json:"pieces"` // lowercase hex sha256 per piece
+	// Partial: the source is still reading the bundle (cut-through); a
+	// piece not hashed yet has "" and is neither held nor served by
+	// anyone. The list grows as the source reads; the whole digest is
+	// checked at the end as for a whole list.
+	Partial bool `json:"partial,omitempty"`
+}
+
+// Known reports whether piece i's digest is known.
+func (p *PieceList) Known(i int) bool { return i >= 0 && i < len(p.Pieces) && p.Pieces[i] != "" }
+
+// clone is a copy whose pieces can be changed.
+func (p *PieceList) clone() *PieceList {
+	c := *p
+	c.Pieces = slices.Clone(p.Pieces)
+	return &c
+}
+
+// merge is p with the digests q knows that p does not (p itself when q
+// adds nothing); an error when the two disagree on a piece both know, or
+// are not lists of the same bundle in the same pieces.
+func (p *PieceList) merge(q *PieceList) (*PieceList, error) {
+	if q.Digest != p.Digest || q.Size != p.Size || q.PieceSize != p.PieceSize || len(q.Pieces) != len(p.Pieces) {
+		return nil, fmt.Errorf("%w: a list for %s in %d bytes in pieces of %d does not fit %s in %d in pieces of %d",
+			ErrBadPieceList, q.Digest, q.Size, q.PieceSize, p.Digest, p.Size, p.PieceSize)
+	}
+	out := p
+	for i, h := range q.Pieces {
+		switch {
+		case h == "" || h == p.Pieces[i]:
+		case p.Pieces[i] != "":
+			return nil, fmt.Errorf("%w: piece %d is %.12s… there, %.12s… here", ErrBadPieceList, i, h, p.Pieces[i])
+		default:
+			if out == p {
+				out = p.clone()
+			}
+			out.Pieces[i] = h
+		}
+	}
+	if out != p {
+		out.Partial = slices.Contains(out.Pieces, "")
+	}
+	return out, nil
 }
 
 // N is the number of pieces.
@@ -177,6 +220,9 @@ func (p *PieceList) Validate() error {
 		return bad("%d piece digests for %d bytes in pieces of %d (want %d)", len(p.Pieces), p.Size, p.PieceSize, want)
 	}
 	for i, h := range p.Pieces {
+		if h == "" && p.Partial {
+			continue // not hashed by the source yet
+		}
 		if !ValidDigest("sha256:" + h) {
 			return bad("piece %d digest %q is not 64 lowercase hex digits", i, h)
 		}
@@ -211,6 +257,10 @@ type Have struct {
 	Pieces  int    `json:"pieces"`
 	Bits    []byte `json:"bits"`              // bit i (byte i/8, mask 1<<(i%8)) set: piece i held
 	Pending []byte `json:"pending,omitempty"` // same layout: piece i being fetched
+	// Live: the node is reading the bundle from its stick and serves each
+	// piece once read and hashed (cut-through). Fetchers treat it as the
+	// source it is: its uplink carries each piece about once.
+	Live bool `json:"live,omitempty"`
 }
 
 // NewHave is an empty bitmap for n pieces.
@@ -233,6 +283,9 @@ func (h Have) Has(i int) bool {
 // Set marks piece i held.
 func (h Have) Set(i int) { h.Bits[i/8] |= 1 << (i % 8) }
 
+// unset marks piece i no longer held.
+func (h Have) unset(i int) { h.Bits[i/8] &^= 1 << (i % 8) }
+
 // IsPending reports whether piece i is being fetched.
 func (h Have) IsPending(i int) bool {
 	return i >= 0 && i < h.Pieces && i/8 < len(h.Pending) && h.Pending[i/8]&(1<<(i%8)) != 0
@@ -251,7 +304,7 @@ func (h Have) Count() int {
 
 // Clone is a copy that does not share bits.
 func (h Have) Clone() Have {
-	c := Have{Pieces: h.Pieces, Bits: append([]byte(nil), h.Bits...)}
+	c := Have{Pieces: h.Pieces, Bits: append([]byte(nil), h.Bits...), Live: h.Live}
 	if len(h.Pending) > 0 {
 		c.Pending = append([]byte(nil), h.Pending...)
 	}

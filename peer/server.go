@@ -259,7 +259,7 @@ func (s *Server) tar(w http.ResponseWriter, r *http.Request, o Offer) {
 			return
 		}
 	}
-	if o.Complete && r.Header.Get(FirstCopyHeader) != "" {
+	if r.Header.Get(FirstCopyHeader) != "" && (o.Complete || s.live(o.Digest)) {
 		if i, ok := s.wholePiece(o.Digest, start, n); ok {
 			if !s.first.begin(o.Digest, i, time.Now()) {
 				http.Error(w, fmt.Sprintf("piece %d is on its way to another fetcher: get it from that peer", i), http.StatusConflict)
@@ -272,6 +272,14 @@ func (s *Server) tar(w http.ResponseWriter, r *http.Request, o Offer) {
 		}
 	}
 	s.copyRange(w, r, o, ra, start, n, status)
+}
+
+// live reports whether digest is offered while its source reads it: a
+// source like a node holding it whole, whose uplink should carry each
+// piece once.
+func (s *Server) live(digest string) bool {
+	h, err := s.store.Have(digest)
+	return err == nil && h.Live
 }
 
 // wholePiece is the index of the piece that [start, start+n) is exactly.

@@ -50,7 +50,10 @@ type entry struct {
 	pieces *PieceList // nil while hashing
 	have   Have       // partial entries only; Pending: pieces in flight
 	err    error      // hashing failed: not served
-	cancel context.CancelFunc
+	// verified: a streamed fetch\'s list, checked against the whole
+	// digest; its bytes were extracted and are gone.
+	verified bool
+	cancel   context.CancelFunc
 }
 
 var _ Store = (*Shelf)(nil)
@@ -127,7 +130,7 @@ func (s *Shelf) add(digest string, meta []byte, r io.ReaderAt, size int64, hashe
 	}
 	var known *PieceList
 	s.mu.Lock()
-	if old := s.entries[digest]; old != nil && old.offer.Complete && old.pieces != nil && old.offer.Size == size {
+	if old := s.entries[digest]; old != nil && (old.offer.Complete || old.verified) && old.pieces != nil && old.offer.Size == size {
 		known = old.pieces // fetched and checked whole: peers already use this list
 	}
 	s.mu.Unlock()

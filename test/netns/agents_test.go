@@ -37,7 +37,7 @@ const (
 
 // fleet is a lab whose nodes run real agents.
 type fleet struct {
-	t     *testing.T
+	t     testing.TB
 	lab   *Lab
 	nodes []*anode
 }
@@ -69,7 +69,7 @@ type fleetOptions struct {
 
 // newFleet builds the lab and starts an agent (and CRI-O) on every node,
 // each with the others as its peers, and waits for them to be idle.
-func newFleet(t *testing.T, o fleetOptions) *fleet {
+func newFleet(t testing.TB, o fleetOptions) *fleet {
 	t.Helper()
 	start := time.Now()
 	lab := New(t, Options{Nodes: o.Nodes, RateBytes: o.Rate})
@@ -136,7 +136,7 @@ func tail(s string, lines int) string {
 }
 
 // load gives n the bundle file, as a plugged stick would.
-func (an *anode) load(t *testing.T, tarPath string) {
+func (an *anode) load(t testing.TB, tarPath string) {
 	t.Helper()
 	if out, err := an.A.Ferry("load", tarPath); err != nil {
 		t.Fatalf("%s: ferry load %s: %v\n%s", an.Name, tarPath, err, out)
@@ -145,7 +145,7 @@ func (an *anode) load(t *testing.T, tarPath string) {
 
 // waitHolds waits for n to hold digest in phase p (a node holds a bundle
 // fetched from peers in "fetching" until it is extracted).
-func (an *anode) waitHolds(t *testing.T, p agent.Phase, digest string) agent.Status {
+func (an *anode) waitHolds(t testing.TB, p agent.Phase, digest string) agent.Status {
 	t.Helper()
 	s := an.A.WaitPhase(agentBound, p)
 	if s.Digest != digest {
@@ -250,7 +250,7 @@ func bigBundle(t *testing.T) (string, string) {
 	return tarPath, sidecarDigest(t, tarPath)
 }
 
-func sidecarDigest(t *testing.T, tarPath string) string {
+func sidecarDigest(t testing.TB, tarPath string) string {
 	t.Helper()
 	b, err := os.ReadFile(strings.TrimSuffix(tarPath, ".tar") + ".sha256")
 	if err != nil {
@@ -260,7 +260,7 @@ func sidecarDigest(t *testing.T, tarPath string) string {
 }
 
 // checkBigTree checks n's extracted copy of the big bundle blob by blob.
-func (an *anode) checkBigTree(t *testing.T) {
+func (an *anode) checkBigTree(t testing.TB) {
 	t.Helper()
 	dir := filepath.Join(an.Cfg.Paths.ExtractDir, "0.1.256-x86_64")
 	if err := bigbundle.CheckTree(dir, bigSize, bigBlob); err != nil {

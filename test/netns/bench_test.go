@@ -35,11 +35,7 @@ func BenchmarkFanOut(b *testing.B) {
 		extra = []string{"-piece-size", strconv.FormatInt(*fanPiece<<10, 10)}
 	}
 	extra = append(extra, strings.Fields(*fanFlags)...)
-	for _, ns := range strings.Split(*fanNodes, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(ns))
-		if err != nil || n < 2 {
-			b.Fatalf("-fanout.nodes: %q is not a node count of 2 or more", ns)
-		}
+	for _, n := range nodeCounts(b, "-fanout.nodes", *fanNodes) {
 		for _, mode := range strings.Split(*fanModes, ",") {
 			b.Run(fmt.Sprintf("%s/N=%d", mode, n), func(b *testing.B) {
 				capped := rate
@@ -95,4 +91,17 @@ func BenchmarkFanOut(b *testing.B) {
 			})
 		}
 	}
+}
+
+// nodeCounts parses a benchmark's list of node counts (flag: its name).
+func nodeCounts(b *testing.B, flag, list string) []int {
+	var out []int
+	for _, ns := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(ns))
+		if err != nil || n < 2 {
+			b.Fatalf("%s: %q is not a node count of 2 or more", flag, ns)
+		}
+		out = append(out, n)
+	}
+	return out
 }

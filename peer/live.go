@@ -1,0 +1,140 @@
+package peer
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+)
+
+// LiveHasher is the Tee of a stick's extraction pass while the shelf
+// offers the bundle cut-through: each piece is served from the stick as
+// soon as this pass has read and hashed it, so the peers need not wait for
+// the whole read. It computes the piece list as PieceHasher does.
+type LiveHasher struct {
+	*PieceHasher
+	s      *Shelf
+	e      *entry
+	end    int64 // the bundle's size on the medium
+	shared int   // pieces [0, shared) told to the shelf
+}
+
+// AddLive offers a bundle the node is still reading (cut-through): r is
+// the source medium (the stick's file) and size its length; the offer is
+// under digest, the one the node expects (its .sha256), and every piece is
+// served only once the returned hasher, written the bundle's bytes in
+// order by the pass that verifies them, has hashed it. The fetchers check
+// each piece against those hashes and the whole digest at the end, as for
+// any bundle. Withdraw it (Remove, or Close on the hasher) when the pass
+// fails; replace it (AddHashed) once the bundle is verified and extracted.
+// The shelf owns r.
+func (s *Shelf) AddLive(digest string, meta, sig []byte, r io.ReaderAt, size int64) (*LiveHasher, error) {
+	if !ValidDigest(digest) {
+		return nil, fmt.Errorf("peer shelf: %q is not a sha256 digest", digest)
+	}
+	if size <= 0 {
+		return nil, fmt.Errorf("peer shelf: bundle %s has size %d", digest, size)
+	}
+	ps := s.opts.PieceSize
+	n := NumPieces(size, ps)
+	e := &entry{
+		offer:  Offer{Digest: digest, Metadata: append(json.RawMessage(nil), meta...), Size: size, PieceSize: ps, Signature: bytes.Clone(sig)},
+		r:      r,
+		pieces: &PieceList{Digest: digest, Size: size, PieceSize: ps, Pieces: make([]string, n), Partial: true},
+		have:   NewHave(n),
+		cancel: func() {},
+	}
+	e.have.Live = true
+	s.put(digest, e)
+	return &LiveHasher{PieceHasher: NewPieceHasher(ps), s: s, e: e, end: size}, nil
+}
+
+// Write hashes b and offers the pieces it completes.
+func (l *LiveHasher) Write(b []byte) (int, error) {
+	n, _ := l.PieceHasher.Write(b)
+	if l.total == l.end && l.filled > 0 {
+		l.next() // the short last piece: complete at the medium's end
+	}
+	for ; l.shared < len(l.sums); l.shared++ {
+		l.s.learn(l.e, l.shared, l.sums[l.shared])
+	}
+	return n, nil
+}
+
+// List is the piece list of everything written (see PieceHasher.List).
+func (l *LiveHasher) List(digest string) *PieceList {
+	if l.filled == 0 {
+		return &PieceList{Digest: digest, Size: l.total, PieceSize: l.PieceHasher.size, Pieces: l.sums}
+	}
+	return l.PieceHasher.List(digest)
+}
+
+// Close withdraws the live offer if it is still the shelf's entry (not
+// replaced by the extracted bundle): the read failed or ended, and the
+// stick must not stay open.
+func (l *LiveHasher) Close() {
+	l.s.removeEntry(l.e)
+}
+
+// learn serves piece i of live entry e, whose digest is sum. The list is
+// replaced, never changed in place: the server encodes it unlocked.
+func (s *Shelf) learn(e *entry, i int, sum string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.entries[e.offer.Digest] != e || i >= e.pieces.N() {
+		return // replaced, withdrawn, or bytes past the medium's end
+	}
+	pl := e.pieces.clone()
+	pl.Pieces[i] = sum
+	pl.Partial = slices.Contains(pl.Pieces, "")
+	e.pieces = pl
+	e.have.Set(i)
+}
+
+// removeEntry removes e if it is still digest's entry.
+func (s *Shelf) removeEntry(e *entry) {
+	s.mu.Lock()
+	cur := s.entries[e.offer.Digest] == e
+	if cur {
+		delete(s.entries, e.offer.Digest)
+	}
+	s.mu.Unlock()
+	if cur {
+		e.cancel()
+		closeReader(e.r)
+	}
+}
+
+// setPieces gives a partial entry the piece list its fetcher has learned
+// so far (a fetch from a live source), so that other fetchers learn it
+// here too.
+func (s *Shelf) setPieces(digest string, pl *PieceList) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.entries[digest]; e != nil && !e.offer.Complete && e.pieces.N() == pl.N() {
+		e.pieces = pl
+	}
+}
+
+// fetched keeps pl, checked against the whole digest by a streaming
+// fetch, for the Add of the extracted bundle that follows (the list peers
+// already use); the entry serves nothing until then: its bytes are gone.
+func (s *Shelf) fetched(digest string, pl *PieceList) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.entries[digest]; e != nil && !e.offer.Complete {
+		e.pieces, e.verified = pl, true
+		e.have = NewHave(pl.N())
+	}
+}
+
+// dropPiece marks piece i of a partial entry no longer held: a streaming
+// fetch extracted it and freed its bytes.
+func (s *Shelf) dropPiece(digest string, i int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.entries[digest]; e != nil && !e.offer.Complete && i < e.have.Pieces {
+		e.have.unset(i)
+	}
+}

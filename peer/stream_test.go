@@ -1,0 +1,251 @@
+package peer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// collect is a consume that keeps every byte it reads, calling each(n)
+// with the bytes read so far after every read.
+const window4 = 4 * testPieceSize
+
+func collect(out *bytes.Buffer, each func(n int64)) StreamConsumer {
+	return func(r io.Reader, _ *StreamResume, _ Checkpoint) error {
+		buf := make([]byte, 16<<10)
+		for {
+			n, err := r.Read(buf)
+			out.Write(buf[:n])
+			if each != nil {
+				each(int64(out.Len()))
+			}
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func TestFetchStream_FromALiveSourceFetchersStartBeforeItsReadEnds(t *testing.T) {
+	data, digest := randomBundle(t, 24*testPieceSize+123)
+	src := newNode(t, ServerOptions{}, nil)
+	live, err := src.shelf.AddLive(digest, []byte(testMeta), nil, bytes.NewReader(data), int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, c := newNode(t, ServerOptions{}, nil), newNode(t, ServerOptions{}, nil)
+	var started atomic.Bool // a fetcher's extraction has bytes
+	firstBytes := make(chan struct{})
+	var once sync.Once
+	mark := func(int64) {
+		if started.CompareAndSwap(false, true) {
+			once.Do(func() { close(firstBytes) })
+		}
+	}
+	// The source reads half, then waits until a fetcher extracts, so a
+	// fetch that waited for the whole read would never start.
+	go func() {
+		live.Write(data[:len(data)/2])
+		select {
+		case <-firstBytes:
+		case <-time.After(10 * time.Second):
+		}
+		for off := len(data) / 2; off < len(data); off += 10000 {
+			live.Write(data[off:min(off+10000, len(data))])
+		}
+	}()
+	var wg sync.WaitGroup
+	got := map[*node]*bytes.Buffer{b: {}, c: {}}
+	lists := map[*node]*PieceList{}
+	var mu sync.Mutex
+	for n, other := range map[*node]*node{b: c, c: b} {
+		wg.Go(func() {
+			f := fastFetcher([]string{src.addr, other.addr}, FetcherOptions{Shelf: n.shelf})
+			pl, err := f.FetchStream(t.Context(), digest, filepath.Join(t.TempDir(), "b.part"), 4*testPieceSize, nil, collect(got[n], mark))
+			if err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			lists[n] = pl
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if !started.Load() {
+		t.Fatal("no fetcher extracted anything")
+	}
+	want := live.List(digest)
+	for n, buf := range got {
+		if !bytes.Equal(buf.Bytes(), data) {
+			t.Fatalf("a fetcher extracted %d bytes, not the bundle's %d", buf.Len(), len(data))
+		}
+		if pl := lists[n]; pl == nil || pl.Partial || pl.Validate() != nil || !equalLists(pl, want) {
+			t.Fatalf("fetched list %+v, want the source's", pl)
+		}
+	}
+}
+
+func equalLists(a, b *PieceList) bool {
+	return a.Digest == b.Digest && a.Size == b.Size && a.PieceSize == b.PieceSize && slices.Equal(a.Pieces, b.Pieces)
+}
+
+func TestFetchStream_HoldsNoMoreThanItsWindowOnDisk(t *testing.T) {
+	data, digest := randomBundle(t, 40*testPieceSize)
+	src := newSource(t, data, digest, ServerOptions{})
+	dest := filepath.Join(t.TempDir(), "b.part")
+	const window = 4 * testPieceSize
+	var peak int64
+	sample := func(int64) {
+		var st syscall.Stat_t
+		if syscall.Stat(dest, &st) == nil {
+			peak = max(peak, st.Blocks*512)
+		}
+		time.Sleep(time.Millisecond) // an extraction slower than the network
+	}
+	var out bytes.Buffer
+	if _, err := fastFetcher([]string{src.addr}, FetcherOptions{}).FetchStream(t.Context(), digest, dest, window, nil, collect(&out, sample)); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(out.Bytes(), data) {
+		t.Fatal("extracted bytes differ from the bundle")
+	}
+	if peak == 0 || peak > window {
+		t.Fatalf("download file peaked at %d bytes on disk, want (0, %d] (the window)", peak, window)
+	}
+	if _, err := os.Stat(dest); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("download file left behind: %v", err)
+	}
+	t.Logf("peak %d bytes on disk for a %d-byte bundle, window %d", peak, len(data), window)
+}
+
+func TestFetchStream_ARefusingExtractionStopsTheFetch(t *testing.T) {
+	data, digest := randomBundle(t, 16*testPieceSize)
+	src := newSource(t, data, digest, ServerOptions{})
+	refused := errors.New("refused: not an upgrade bundle")
+	consume := func(r io.Reader, _ *StreamResume, _ Checkpoint) error {
+		io.ReadFull(r, make([]byte, 100))
+		return refused
+	}
+	_, err := fastFetcher([]string{src.addr}, FetcherOptions{}).FetchStream(t.Context(), digest, filepath.Join(t.TempDir(), "b.part"), window4, nil, consume)
+	if !errors.Is(err, refused) {
+		t.Fatalf("FetchStream = %v, want the extraction's refusal", err)
+	}
+}
+
+func TestFetchStream_AWithdrawnLiveOfferIsGivenUp(t *testing.T) {
+	old := withdrawnAfter
+	withdrawnAfter = 200 * time.Millisecond
+	t.Cleanup(func() { withdrawnAfter = old })
+	data, digest := randomBundle(t, 16*testPieceSize)
+	src := newNode(t, ServerOptions{}, nil)
+	live, err := src.shelf.AddLive(digest, []byte(testMeta), nil, bytes.NewReader(data), int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	live.Write(data[:3*testPieceSize])
+	var out bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		_, err := fastFetcher([]string{src.addr}, FetcherOptions{}).FetchStream(t.Context(), digest, filepath.Join(t.TempDir(), "b.part"), window4, nil, collect(&out, nil))
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	live.Close() // the read ended in a mismatch: the offer goes
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrWithdrawn) {
+			t.Fatalf("FetchStream = %v, want ErrWithdrawn", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fetch still waits for a withdrawn bundle")
+	}
+}
+
+func TestPieceList_GrowingListsMergeOrDisagree(t *testing.T) {
+	a := &PieceList{Digest: "sha256:" + sum(nil), Size: 3 * MinPieceSize, PieceSize: MinPieceSize, Pieces: []string{sum([]byte("0")), "", ""}, Partial: true}
+	b := a.clone()
+	b.Pieces[1] = sum([]byte("1"))
+	m, err := a.merge(b)
+	if err != nil || m.Pieces[1] != b.Pieces[1] || !m.Partial || a.Pieces[1] != "" {
+		t.Fatalf("merge = %+v, %v; want piece 1 learned, still partial, a unchanged", m, err)
+	}
+	if m2, _ := m.merge(a); m2 != m {
+		t.Fatal("merging a list that adds nothing made a new list")
+	}
+	c := a.clone()
+	c.Pieces[0] = sum([]byte("x"))
+	if _, err := m.merge(c); !errors.Is(err, ErrBadPieceList) {
+		t.Fatalf("disagreeing lists merged: %v", err)
+	}
+	if err := a.Validate(); err != nil {
+		t.Fatalf("a partial list does not validate: %v", err)
+	}
+	a.Partial = false
+	if err := a.Validate(); err == nil {
+		t.Fatal("a whole list with unknown pieces validates")
+	}
+}
+
+// A streaming fetch stopped after its extraction's checkpoint resumes
+// from it: the extraction is given the bytes from the checkpoint on, and
+// only the pieces from there are fetched again.
+func TestFetchStream_ResumesFromTheExtractionsCheckpoint(t *testing.T) {
+	data, digest := randomBundle(t, 32*testPieceSize)
+	src := newSource(t, data, digest, ServerOptions{})
+	dest := filepath.Join(t.TempDir(), "b.part")
+	const at = 10*testPieceSize + 100 // the checkpoint: mid-piece
+	ctx, cancel := context.WithCancel(t.Context())
+	first := func(r io.Reader, from *StreamResume, checkpoint Checkpoint) error {
+		if from != nil {
+			t.Errorf("a first fetch resumes from %+v", from)
+		}
+		if _, err := io.ReadFull(r, make([]byte, at+3*testPieceSize)); err != nil {
+			return err
+		}
+		checkpoint(at, func() []byte { return []byte("tree index") })
+		time.Sleep(1200 * time.Millisecond) // the record is saved every second
+		cancel()                            // the agent stops
+		_, err := io.Copy(io.Discard, r)
+		return err
+	}
+	f := fastFetcher([]string{src.addr}, FetcherOptions{})
+	if _, err := f.FetchStream(ctx, digest, dest, window4, nil, first); !errors.Is(err, context.Canceled) {
+		t.Fatalf("first fetch: %v, want it cancelled", err)
+	}
+	if _, err := os.Stat(StatePath(dest)); err != nil {
+		t.Fatalf("no resume record: %v", err)
+	}
+	before := src.reqs.get("/v1/bundles/" + digest + "/tar")
+	var rest bytes.Buffer
+	second := func(r io.Reader, from *StreamResume, _ Checkpoint) error {
+		if from == nil || from.Offset != at || string(from.Data) != "tree index" {
+			t.Errorf("resumed from %+v, want the checkpoint", from)
+		}
+		_, err := io.Copy(&rest, r)
+		return err
+	}
+	if _, err := f.FetchStream(t.Context(), digest, dest, window4, nil, second); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(rest.Bytes(), data[at:]) {
+		t.Fatalf("resumed extraction got %d bytes, want the %d from the checkpoint on", rest.Len(), len(data)-at)
+	}
+	if got, most := src.reqs.get("/v1/bundles/"+digest+"/tar")-before, 32-at/testPieceSize; got > most {
+		t.Fatalf("the resumed fetch asked for %d pieces, want at most the %d from the checkpoint's piece on", got, most)
+	}
+	if _, err := os.Stat(StatePath(dest)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("resume record left after the end: %v", err)
+	}
+}

@@ -1,0 +1,180 @@
+package netns
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/test/bigbundle"
+)
+
+// cutOptions shape one plug of a throttled stick into a fleet.
+type cutOptions struct {
+	Nodes     int
+	Size      int64 // bundle bytes (bigbundle)
+	StickRate int64 // the stick's read cap, bytes/s
+	LinkRate  int64 // every link's cap, bytes/s each way
+	Serial    bool  // peer.serial: no cut-through, for comparison
+}
+
+// cutRun is what one plug measured.
+type cutRun struct {
+	tarSize int64
+	plugged time.Time
+	// sourceDone: the stick's node verified and extracted it (its status).
+	sourceDone time.Time
+	// firstBytes: when each fetching node was first seen with bytes of
+	// the bundle; done: when it had it extracted.
+	firstBytes, done map[string]time.Time
+	// peak: each fetching node's disk use under its state and extract
+	// dirs, sampled every 50 ms.
+	peak map[string]int64
+	all  time.Duration // plug to every node extracted
+}
+
+// plugThrottledStick puts the bundle on a stick whose reads the stick's
+// node (the first) gets at o.StickRate through its cgroup, plugs it (ferry
+// load of the file on the mounted stick) and waits for every node to hold
+// it extracted, sampling the others' progress and disk use meanwhile.
+func plugThrottledStick(t testing.TB, o cutOptions) (cutRun, *fleet, string) {
+	t.Helper()
+	tarPath, err := bigbundle.Make(o.Size, bigBlob, os.TempDir()+"/ferry-test-bundles")
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest := sidecarDigest(t, tarPath)
+	fi, err := os.Stat(tarPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFleet(t, fleetOptions{Nodes: o.Nodes, Rate: o.LinkRate, Setup: func(_ *Node, cfg *agent.Config) {
+		cfg.Peer.Serial = o.Serial
+		cfg.Media.Detect = "manual" // the stick is given with ferry load, never mounted by a node itself
+	}})
+	src, fetchers := f.nodes[0], f.nodes[1:]
+	stick := NewStick(t, tarPath)
+	ThrottleReads(t, src.A.Cmd.Process.Pid, stick.Dev, o.StickRate)
+
+	run := cutRun{tarSize: fi.Size(), firstBytes: map[string]time.Time{}, done: map[string]time.Time{}, peak: map[string]int64{}}
+	var mu sync.Mutex
+	ctx, stop := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	for _, n := range fetchers {
+		wg.Go(func() { watchFetcher(ctx, n, &mu, &run) })
+	}
+	run.plugged = time.Now()
+	src.load(t, stick.Tar)
+	for _, n := range f.nodes {
+		s := n.waitHolds(t, agent.PhaseExtracted, digest)
+		mu.Lock()
+		run.done[n.Name] = s.Times[agent.PhaseExtracted]
+		mu.Unlock()
+	}
+	run.all = time.Since(run.plugged)
+	stop()
+	wg.Wait()
+	run.sourceDone = run.done[src.Name]
+	delete(run.done, src.Name)
+	return run, f, digest
+}
+
+// watchFetcher samples n's status and disk use until ctx ends.
+func watchFetcher(ctx context.Context, n *anode, mu *sync.Mutex, run *cutRun) {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		use := DiskUse(n.Cfg.Paths.StateDir, n.Cfg.Paths.ExtractDir)
+		s, err := n.A.Status(ctx)
+		now := time.Now()
+		mu.Lock()
+		run.peak[n.Name] = max(run.peak[n.Name], use)
+		if _, seen := run.firstBytes[n.Name]; !seen && err == nil && s.Phase == string(agent.PhaseFetching) && s.Progress != nil && s.Progress.Done > 0 {
+			run.firstBytes[n.Name] = now
+		}
+		mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// TestAgents_CutThroughFromAThrottledStick: the stick's node reads the
+// bundle through its device capped at 32 MiB/s (cgroup blkio/io.max on a
+// loop device), so its read takes ~8 s; the other two nodes start
+// fetching before it has finished, every node ends with the same
+// verified tree, and no fetching node ever uses more disk than the
+// bundle plus peer.StreamWindow.
+func TestAgents_CutThroughFromAThrottledStick(t *testing.T) {
+	run, f, _ := plugThrottledStick(t, cutOptions{Nodes: 3, Size: bigSize, StickRate: 32 << 20, LinkRate: bigRate})
+	bound := run.tarSize + peer.StreamWindow(run.tarSize)
+	t.Logf("plugged %s; stick's node extracted after %.1fs; all after %.1fs", run.plugged.Format("15:04:05.000"),
+		run.sourceDone.Sub(run.plugged).Seconds(), run.all.Seconds())
+	for _, n := range f.nodes[1:] {
+		first, ok := run.firstBytes[n.Name]
+		t.Logf("%s: first bytes after %.1fs, extracted after %.1fs, disk peak %d MiB = %.3f × the bundle (bound %.3f ×)", n.Name,
+			first.Sub(run.plugged).Seconds(), run.done[n.Name].Sub(run.plugged).Seconds(), run.peak[n.Name]>>20,
+			float64(run.peak[n.Name])/float64(run.tarSize), float64(bound)/float64(run.tarSize))
+		if !ok || !first.Before(run.sourceDone) {
+			t.Errorf("%s got its first bytes at %s, not before the stick's node finished reading (%s): no cut-through",
+				n.Name, first.Format("15:04:05.000"), run.sourceDone.Format("15:04:05.000"))
+		}
+		if p := run.peak[n.Name]; p == 0 || p > bound {
+			t.Errorf("%s used %d bytes of disk at its peak, want at most the bundle (%d) plus the window (%d)", n.Name, p, run.tarSize, peer.StreamWindow(run.tarSize))
+		}
+	}
+	for _, n := range f.nodes {
+		n.checkBigTree(t)
+	}
+}
+
+var (
+	cutSizeMiB  = flag.Int64("cut.size", 1024, "BenchmarkCutThrough: bundle size in MiB")
+	cutStickMiB = flag.Int64("cut.stick", 100, "BenchmarkCutThrough: the stick's read cap in MiB/s")
+	cutRateMB   = flag.Int64("cut.rate", 50, "BenchmarkCutThrough: each node's link cap in MB/s (10^6 bytes), each direction")
+	cutNodes    = flag.String("cut.nodes", "4,8", "BenchmarkCutThrough: node counts (the stick's node included)")
+	cutModes    = flag.String("cut.modes", "cut,serial", "BenchmarkCutThrough: cut (cut-through), serial (peer.serial: extract, then fetch whole, then extract)")
+)
+
+// BenchmarkCutThrough is issue 15's P2c: plug to every node extracted,
+// the stick read capped and every link capped, as a ratio to the floor
+// max(size/stick cap, size/link cap) ("x-floor"), and each fetching
+// node's peak disk use over the bundle size ("x-disk", the worst node):
+//
+//	go test ./test/netns -run XXX -bench CutThrough -benchtime 1x [-cut.size 1024]
+func BenchmarkCutThrough(b *testing.B) {
+	Require(b)
+	size := *cutSizeMiB << 20
+	stick, link := *cutStickMiB<<20, *cutRateMB*1000*1000
+	floor := time.Duration(float64(size) / float64(min(stick, link)) * float64(time.Second))
+	for _, n := range nodeCounts(b, "-cut.nodes", *cutNodes) {
+		for _, mode := range strings.Split(*cutModes, ",") {
+			b.Run(fmt.Sprintf("%s/N=%d", mode, n), func(b *testing.B) {
+				var all time.Duration
+				var disk float64
+				for range b.N {
+					run, _, _ := plugThrottledStick(b, cutOptions{Nodes: n, Size: size, StickRate: stick, LinkRate: link, Serial: mode == "serial"})
+					all += run.all
+					for _, p := range run.peak {
+						disk = max(disk, float64(p)/float64(run.tarSize))
+					}
+					b.Logf("P2c %s N=%d: stick's node extracted after %.1fs, all after %.1fs", mode, n, run.sourceDone.Sub(run.plugged).Seconds(), run.all.Seconds())
+				}
+				per := all / time.Duration(b.N)
+				b.ReportMetric(per.Seconds(), "s/all")
+				b.ReportMetric(float64(per)/float64(floor), "x-floor")
+				b.ReportMetric(disk, "x-disk")
+				b.Logf("P2c %s N=%d: %d MiB, stick %d MiB/s, links %d MB/s: all extracted after %.1fs = %.2f × the floor (%.1fs); fetchers' disk peak %.3f × the bundle",
+					mode, n, *cutSizeMiB, *cutStickMiB, *cutRateMB, per.Seconds(), float64(per)/float64(floor), floor.Seconds(), disk)
+			})
+		}
+	}
+}
