@@ -38,7 +38,7 @@ type fakePeers struct {
 	pieces   map[string]*peer.PieceList
 	linked   map[string]*fakePeers // peer address → its fake
 	peerList []string
-	peersSet bool // SetPeers was called: only peerList counts
+	peersSet bool          // SetPeers was called: only peerList counts
 	live     []*peer.Shelf // ShareLive's offers, one shelf each
 }
 

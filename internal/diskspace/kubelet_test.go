@@ -66,7 +66,7 @@ func TestHeadroom_TheNearerThresholdBinds(t *testing.T) {
 		why         string
 	}{
 		{"image GC binds", Limits{EvictBelowPercent: 10, GCHighPercent: 80}, 100 * gib, 40 * gib, 20 * gib, "above 80% use (imageGCHighThresholdPercent)"}, // 80 - 60 used
-		{"eviction binds", Limits{EvictBelowPercent: 30, GCHighPercent: 95}, 100 * gib, 40 * gib, 10 * gib, "below 30% free (evictionHard"},         // 40 - 30
+		{"eviction binds", Limits{EvictBelowPercent: 30, GCHighPercent: 95}, 100 * gib, 40 * gib, 10 * gib, "below 30% free (evictionHard"},                // 40 - 30
 		{"absolute eviction", Limits{EvictBelowBytes: 35 * gib, GCHighPercent: 95}, 100 * gib, 40 * gib, 5 * gib, "below 35 GiB free"},
 		{"soft eviction", Limits{EvictBelowPercent: 30, EvictFrom: "evictionSoft", GCHighPercent: 95}, 100 * gib, 40 * gib, 10 * gib, "(evictionSoft imagefs.available)"},
 		{"fractional percent", Limits{EvictBelowPercent: 10, GCHighPercent: 82.5}, 100 * gib, 40 * gib, 22*gib + gib/2, "above 82.5% use"},
