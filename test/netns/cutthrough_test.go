@@ -136,6 +136,45 @@ func TestAgents_CutThroughFromAThrottledStick(t *testing.T) {
 	}
 }
 
+// TestAgents_StickNodeRestartedMidRead: the stick's node is killed (-9)
+// while it still reads the throttled stick and the others already fetch
+// from it; restarted, it asks for the stick again, and once given it
+// (ferry load, as its status says) every node ends with the same verified
+// tree.
+func TestAgents_StickNodeRestartedMidRead(t *testing.T) {
+	tarPath, err := bigbundle.Make(bigSize, bigBlob, os.TempDir()+"/ferry-test-bundles")
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest := sidecarDigest(t, tarPath)
+	f := newFleet(t, fleetOptions{Nodes: 3, Rate: bigRate, Setup: func(_ *Node, cfg *agent.Config) {
+		cfg.Media.Detect = "manual"
+	}})
+	src, b := f.nodes[0], f.nodes[1]
+	stick := NewStick(t, tarPath)
+	ThrottleReads(t, src.A.Cmd.Process.Pid, stick.Dev, 16<<20) // ~16 s for the whole stick
+
+	src.load(t, stick.Tar)
+	bs := b.A.Wait(agentBound, "B fetching while the stick's node reads", func(s agent.Status) bool {
+		return s.Phase == string(agent.PhaseFetching) && s.Progress != nil && s.Progress.Done > 0
+	})
+	s, err := src.A.Status(t.Context())
+	if err != nil || s.Phase != string(agent.PhaseDetected) || s.Progress == nil {
+		t.Fatalf("the stick's node is not reading any more when it is to be killed: %+v (%v)", s, err)
+	}
+	src.A.Kill()
+	t.Logf("killed the stick's node at %d of %d bytes read; B had %d", s.Progress.Done, s.Progress.Total, bs.Progress.Done)
+	src.A.Restart()
+	src.A.Wait(agentBound, "the stick's node to ask for the stick again", func(s agent.Status) bool {
+		return strings.Contains(s.Reason, "run 'ferry load "+stick.Tar+"' again")
+	})
+	src.load(t, stick.Tar)
+	for _, n := range f.nodes {
+		n.waitHolds(t, agent.PhaseExtracted, digest)
+		n.checkBigTree(t)
+	}
+}
+
 var (
 	cutSizeMiB  = flag.Int64("cut.size", 1024, "BenchmarkCutThrough: bundle size in MiB")
 	cutStickMiB = flag.Int64("cut.stick", 100, "BenchmarkCutThrough: the stick's read cap in MiB/s")
