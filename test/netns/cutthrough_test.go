@@ -194,6 +194,16 @@ func BenchmarkCutThrough(b *testing.B) {
 	size := *cutSizeMiB << 20
 	stick, link := *cutStickMiB<<20, *cutRateMB*1000*1000
 	floor := time.Duration(float64(size) / float64(min(stick, link)) * float64(time.Second))
+	// The stick's node by itself, plug to extracted: its own extraction
+	// floor, which the goal adds to 1.2 × the floor.
+	b.Run("alone/N=1", func(b *testing.B) {
+		var all time.Duration
+		for range b.N {
+			run, _, _ := plugThrottledStick(b, cutOptions{Nodes: 1, Size: size, StickRate: stick, LinkRate: link})
+			all += run.all
+		}
+		b.ReportMetric((all / time.Duration(b.N)).Seconds(), "s/all")
+	})
 	for _, n := range nodeCounts(b, "-cut.nodes", *cutNodes) {
 		for _, mode := range strings.Split(*cutModes, ",") {
 			b.Run(fmt.Sprintf("%s/N=%d", mode, n), func(b *testing.B) {
