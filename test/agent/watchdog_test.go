@@ -4,12 +4,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/test/ferryenv"
@@ -30,28 +27,6 @@ func (n *notifySocket) longestGap(from, to time.Time) time.Duration {
 		last = p
 	}
 	return max(gap, to.Sub(last))
-}
-
-// throttledCgroup is a blkio cgroup (v1 here) that caps reads from dev;
-// commands run in it through the prefix it returns.
-func throttledCgroup(t *testing.T, dev string, bytesPerSec int) []string {
-	var st unix.Stat_t
-	if err := unix.Stat(dev, &st); err != nil {
-		t.Fatalf("stat %s: %v", dev, err)
-	}
-	dir := fmt.Sprintf("/sys/fs/cgroup/blkio/ferry-test-%d-%d", os.Getpid(), time.Now().UnixNano())
-	rule := fmt.Sprintf("%d:%d %d", unix.Major(st.Rdev), unix.Minor(st.Rdev), bytesPerSec)
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("no blkio cgroup to throttle the stick: %v", err)
-		}
-		t.Skipf("no blkio cgroup to throttle the stick: %v", err)
-	}
-	t.Cleanup(func() { os.Remove(dir) })
-	if err := os.WriteFile(filepath.Join(dir, "blkio.throttle.read_bps_device"), []byte(rule), 0o644); err != nil {
-		t.Fatalf("throttle %s: %v", dev, err)
-	}
-	return []string{"sh", "-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, dir}
 }
 
 func dropCaches(t *testing.T, dev string) {
@@ -93,7 +68,7 @@ func TestAgent_RawStickOfTheHeldBundleNeverStallsTheWatchdog(t *testing.T) {
 	// device (the stick to come) at a capped rate.
 	next := udevenv.Run(t, "losetup", "-f")
 	a.Stop()
-	a.Prefix = throttledCgroup(t, next, rate)
+	a.Prefix = udevenv.CapReads(t, next, int64(rate)).Prefix()
 	t.Cleanup(a.Stop) // before the cgroup goes: it cannot while the agent is in it
 	a.Restart()
 	a.WaitPhase(bound, agent.PhaseExtracted)

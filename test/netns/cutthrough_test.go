@@ -13,6 +13,7 @@ import (
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/test/bigbundle"
+	"github.com/ferry-edge/ferry/test/udevenv"
 )
 
 // cutOptions shape one plug of a throttled stick into a fleet.
@@ -60,7 +61,7 @@ func plugThrottledStick(t testing.TB, o cutOptions) (cutRun, *fleet, string) {
 	}})
 	src, fetchers := f.nodes[0], f.nodes[1:]
 	stick := NewStick(t, tarPath)
-	ThrottleReads(t, src.A.Cmd.Process.Pid, stick.Dev, o.StickRate)
+	udevenv.CapReads(t, stick.Dev, o.StickRate).Add(src.A.Cmd.Process.Pid)
 
 	run := cutRun{tarSize: fi.Size(), firstBytes: map[string]time.Time{}, done: map[string]time.Time{}, peak: map[string]int64{}}
 	var mu sync.Mutex
@@ -152,7 +153,7 @@ func TestAgents_StickNodeRestartedMidRead(t *testing.T) {
 	}})
 	src, b := f.nodes[0], f.nodes[1]
 	stick := NewStick(t, tarPath)
-	ThrottleReads(t, src.A.Cmd.Process.Pid, stick.Dev, 16<<20) // ~16 s for the whole stick
+	udevenv.CapReads(t, stick.Dev, 16<<20).Add(src.A.Cmd.Process.Pid) // ~16 s for the whole stick
 
 	src.load(t, stick.Tar)
 	bs := b.A.Wait(agentBound, "B fetching while the stick's node reads", func(s agent.Status) bool {
