@@ -209,7 +209,8 @@ func (a *Agent) shareLive(r *Record, src bundle.Source) *peer.LiveHasher {
 // the tar (peer.StreamWindow), never the whole tar. The sidecars are
 // written first, so that the extraction checks the digest in its own
 // pass, and the signature that came with the offer when this node
-// approved the bundle by it. A restart starts it over. In serial mode it
+// approved the bundle by it. After a restart it resumes from the
+// extraction's last checkpoint (peer.FetchStream). In serial mode it
 // keeps the whole tar and the extraction is a job of its own.
 func (a *Agent) fetch(ctx context.Context, r *Record, j effStartJob) (*bundle.Result, *peer.PieceList, error) {
 	if a.cfg.Peer.Serial {
