@@ -211,6 +211,18 @@ func clusterHarness(t *testing.T) (*harness, *fakePeers) {
 	return h, p
 }
 
+// waitShared waits for the extracted tree's offer: the snapshot is
+// published before the step's effects run, so the offer follows the phase.
+func (h *harness) waitShared(p *fakePeers, digest string) {
+	h.t.Helper()
+	h.waitFor("the extracted tree shared", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		_, ok := p.shared[digest]
+		return ok
+	})
+}
+
 func TestCluster_FetchesFromPeerThenWaitsForAgreementBeforeLoading(t *testing.T) {
 	h, p := clusterHarness(t)
 	tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
@@ -247,6 +259,7 @@ func TestCluster_StickBundleIsSharedWithPiecesFromTheExtractionPass(t *testing.T
 	src, digest := stick(t, bundletest.Options{LayerSize: 12 << 20}) // 12 MiB: 3 pieces
 	h.plug("/dev/sda", src)
 	h.waitPhase(PhaseExtracted)
+	h.waitShared(p, digest)
 	tb, err := os.ReadFile(src.Path)
 	if err != nil {
 		t.Fatal(err)
@@ -658,6 +671,7 @@ func TestCluster_StickOfferedWhileReadThenReplacedOrWithdrawn(t *testing.T) {
 				h.waitPhase(PhaseRejected)
 			} else {
 				h.waitPhase(PhaseExtracted)
+				h.waitShared(p, digest)
 			}
 			p.mu.Lock()
 			defer p.mu.Unlock()
