@@ -13,13 +13,17 @@ import (
 
 // distribution logs through logrus' global logger (one "response
 // completed" line per request at info). ferry silences it and forwards
-// warnings and errors to the slog logger of the newest Registry.
+// warnings and errors to the slog logger of the registry whose app is
+// running, until that app shuts down: a logger is never used after its
+// owner is gone (a test's logger then panics).
 var (
 	logrusOnce sync.Once
 	logSink    atomic.Pointer[slog.Logger]
 )
 
-func quietDistributionLogs(log *slog.Logger) {
+// forwardDistributionLogs sends distribution's warnings and errors to log
+// until the returned func is called.
+func forwardDistributionLogs(log *slog.Logger) (stop func()) {
 	logSink.Store(log)
 	logrusOnce.Do(func() {
 		l := logrus.StandardLogger()
@@ -27,6 +31,7 @@ func quietDistributionLogs(log *slog.Logger) {
 		l.SetLevel(logrus.WarnLevel)
 		l.AddHook(slogHook{})
 	})
+	return func() { logSink.CompareAndSwap(log, nil) }
 }
 
 // unknownCodes are distribution's error codes for a name, manifest or

@@ -97,7 +97,6 @@ func New(stateDir string, port int, log *slog.Logger) (*Registry, error) {
 		}
 		log.Info("embedded registry port chosen", "port", port)
 	}
-	quietDistributionLogs(log)
 	return &Registry{log: log, ln: ln, port: port, cert: cert, certPEM: certPEM, stats: newCounter()}, nil
 }
 
@@ -136,12 +135,14 @@ func (r *Registry) Handler(ctx context.Context, root string) (http.Handler, func
 	if err != nil {
 		return nil, nil, err
 	}
+	stopLogs := forwardDistributionLogs(r.log)
 	app, err := newApp(ctx, root)
 	if err != nil {
+		stopLogs()
 		return nil, nil, err
 	}
 	h := &front{next: app, blobs: blobFiles{root: root}, stats: r.stats, tags: tags, log: r.log}
-	return h, func() { app.Shutdown() }, nil
+	return h, func() { app.Shutdown(); stopLogs() }, nil
 }
 
 // Serve serves root over HTTPS until ctx ends, then shuts down gracefully.
