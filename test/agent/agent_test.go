@@ -137,6 +137,9 @@ func TestAgent_Ext4StickIsVerifiedAndExtracted(t *testing.T) {
 	if out, err := a.Ferry("status"); err != nil || !strings.Contains(out, "extracted") {
 		t.Errorf("ferry status: %v\n%s", err, out)
 	}
+	if cs, err := a.StatusCommand(t.Context()); err != nil || cs.Phase != string(agent.PhaseExtracted) || cs.Digest != digest {
+		t.Errorf("ferry status --json: phase %q digest %s, %v; want %s %s", cs.Phase, cs.Digest, err, agent.PhaseExtracted, digest)
+	}
 }
 
 func TestAgent_RawStickNeedsAndUsesAnApprovedDigest(t *testing.T) {
