@@ -30,7 +30,10 @@ type FetcherOptions struct {
 	Shelf *Shelf
 	// Log: nil discards.
 	Log *slog.Logger
-	// PerPeer bounds piece requests in flight to one peer; 0: 2.
+	// PerPeer bounds piece requests in flight to one peer; 0: 1. One at
+	// a time, a peer's uplink finishes each piece at full rate before the
+	// next, so pieces reach the next hop sooner (8 nodes fetching in
+	// step: 34.3 s with 1, 38.7 s with 2, 66.6 s with 4).
 	PerPeer int
 	// Parallel bounds piece requests in flight in all; 0: 16.
 	Parallel int
@@ -53,7 +56,7 @@ type Fetcher struct {
 // NewFetcher makes a fetcher for opts.Peers.
 func NewFetcher(opts FetcherOptions) *Fetcher {
 	if opts.PerPeer <= 0 {
-		opts.PerPeer = 2
+		opts.PerPeer = 1
 	}
 	if opts.Parallel <= 0 {
 		opts.Parallel = 16
