@@ -137,7 +137,9 @@ func (l *Loader) Load(ctx context.Context, req Request) (Result, error) {
 		log.Info("CRI-O drop-ins unchanged but not in effect; reloading")
 		reload = true
 	}
+	var reloadTook time.Duration
 	if reload {
+		t := time.Now()
 		if err := l.reload(ctx, refs[0]); err != nil {
 			return res, err
 		}
@@ -145,6 +147,7 @@ func (l *Loader) Load(ctx context.Context, req Request) (Result, error) {
 		if err := l.waitApplied(ctx, refs); err != nil {
 			return res, err
 		}
+		reloadTook = time.Since(t)
 	}
 	// One List instead of a status call per image: present and pinned
 	// images are skipped.
@@ -159,16 +162,19 @@ func (l *Loader) Load(ctx context.Context, req Request) (Result, error) {
 		}
 	}
 	res.Skipped = len(refs) - len(todo)
+	t := time.Now()
 	pulled, err := l.pullAll(ctx, todo, res.Skipped, len(refs), req.Progress)
 	res.Pulled = pulled
 	if err != nil {
 		return res, err
 	}
+	pullsTook, t := time.Since(t), time.Now()
 	if err := l.verify(ctx, refs); err != nil {
 		return res, err
 	}
 	res.Elapsed = time.Since(start)
-	log.Info("bundle images loaded and pinned", "images", len(refs), "pulled", pulled, "skipped", res.Skipped, "elapsed", res.Elapsed.Round(time.Millisecond))
+	log.Info("bundle images loaded and pinned", "images", len(refs), "pulled", pulled, "skipped", res.Skipped, "elapsed", res.Elapsed.Round(time.Millisecond),
+		"reload", reloadTook.Round(time.Millisecond), "pulls", pullsTook.Round(time.Millisecond), "pin_check", time.Since(t).Round(time.Millisecond))
 	return res, nil
 }
 

@@ -197,6 +197,12 @@ func BenchmarkReleaseLoad(b *testing.B) {
 	extract := extracted.Sub(start)
 	b.StopTimer()
 	peak := procKiB(b, pid, "VmHWM")
+	// The agent's log beside the bundle: its timestamps say where the
+	// load's time went (registry up, drop-ins and reload, pulls, pins).
+	logPath := filepath.Join(filepath.Dir(tarPath), "agent.log")
+	if err := os.WriteFile(logPath, []byte(a.Logs()), 0o644); err == nil {
+		b.Logf("the agent's log: %s", logPath)
+	}
 
 	// The floor, through the agent's registry and mirror (still up).
 	cl := c.Client(b)
