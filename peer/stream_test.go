@@ -106,11 +106,12 @@ func TestFetchStream_HoldsNoMoreThanItsWindowOnDisk(t *testing.T) {
 	src := newSource(t, data, digest, ServerOptions{})
 	dest := filepath.Join(t.TempDir(), "b.part")
 	const window = 4 * testPieceSize
-	var peak int64
-	sample := func(int64) {
+	var peak, peakAll int64
+	sample := func(extracted int64) {
 		var st syscall.Stat_t
 		if syscall.Stat(dest, &st) == nil {
 			peak = max(peak, st.Blocks*512)
+			peakAll = max(peakAll, extracted+st.Blocks*512)
 		}
 		time.Sleep(time.Millisecond) // an extraction slower than the network
 	}
@@ -124,10 +125,15 @@ func TestFetchStream_HoldsNoMoreThanItsWindowOnDisk(t *testing.T) {
 	if peak == 0 || peak > window {
 		t.Fatalf("download file peaked at %d bytes on disk, want (0, %d] (the window)", peak, window)
 	}
+	// The pieces ahead become the tree: beside what was extracted, the
+	// file holds at most the part kept behind and the piece being read.
+	if bound := int64(len(data)) + StreamKeptBehind(window) + testPieceSize; peakAll > bound {
+		t.Fatalf("extracted bytes plus the download file peaked at %d, want at most the bundle (%d) + the part kept behind (%d) + a piece", peakAll, len(data), StreamKeptBehind(window))
+	}
 	if _, err := os.Stat(dest); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("download file left behind: %v", err)
 	}
-	t.Logf("peak %d bytes on disk for a %d-byte bundle, window %d", peak, len(data), window)
+	t.Logf("peak %d bytes on disk for a %d-byte bundle, window %d; with the extracted bytes %d", peak, len(data), window, peakAll)
 }
 
 func TestFetchStream_ARefusingExtractionStopsTheFetch(t *testing.T) {
