@@ -5,6 +5,7 @@
 # Prints one table row per figure and appends JSON lines to $RESULTS.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. test/bench/lib.sh
 SIZE_MIB=${P1_SIZE_MIB:-2048}
 RUNS=${P1_RUNS:-3}
 WORK=${BENCH_DIR:-/var/tmp/ferry-bench}
@@ -42,9 +43,9 @@ ns_off=$(awk '/hashing=false/ {print $3}' <<<"$bench")
 [ -n "$ns_on" ] && [ -n "$ns_off" ] || { echo "$bench" >&2; exit 1; }
 
 ratio() { awk "BEGIN{printf \"%.2f\", $1/$2}"; }
-printf '%-44s %10s %8s  %s\n' "P1 extract ${SIZE_MIB} MiB (page cache)" "${t_ferry}s" "$(ratio "$t_ferry" "$t_ossl")x" "vs openssl dgst -sha256 (${t_ossl}s); goal <= 1.3x"
-printf '%-44s %10s %8s  %s\n' "P1 extract vs by hand" "${t_ferry}s" "$(ratio "$t_ferry" "$t_hand")x" "vs sha256sum -c && tar -xf (${t_hand}s)"
-printf '%-44s %10s %8s  %s\n' "P1 blob hashing on vs off (512 MiB, Go)" "$(awk "BEGIN{printf \"%.2fs\", $ns_on/1e9}")" "$(ratio "$ns_on" "$ns_off")x" "vs the same extraction without it ($(awk "BEGIN{printf \"%.2fs\", $ns_off/1e9}")); the row above has it on"
-printf '%-44s %10s %8s  %s\n' "P1 extract peak RSS" "$((rss_ferry/1024)) MiB" "" "goal <= 64 MiB"
+row "P1 extract ${SIZE_MIB} MiB (page cache)" "${t_ferry}s" "$(ratio "$t_ferry" "$t_ossl")x" "vs openssl dgst -sha256 (${t_ossl}s); goal <= 1.3x"
+row "P1 extract vs by hand" "${t_ferry}s" "$(ratio "$t_ferry" "$t_hand")x" "vs sha256sum -c && tar -xf (${t_hand}s)"
+row "P1 blob hashing on vs off (512 MiB, Go)" "$(awk "BEGIN{printf \"%.2fs\", $ns_on/1e9}")" "$(ratio "$ns_on" "$ns_off")x" "vs the same extraction without it ($(awk "BEGIN{printf \"%.2fs\", $ns_off/1e9}")); the row above has it on"
+row "P1 extract peak RSS" "$((rss_ferry/1024)) MiB" "" "goal <= 64 MiB"
 printf '{"bench":"P1","size_mib":%s,"ferry_s":%s,"openssl_s":%s,"by_hand_s":%s,"ratio_openssl":%s,"ratio_by_hand":%s,"peak_rss_kib":%s,"blob_hash_on_ns":%s,"blob_hash_off_ns":%s}\n' \
   "$SIZE_MIB" "$t_ferry" "$t_ossl" "$t_hand" "$(ratio "$t_ferry" "$t_ossl")" "$(ratio "$t_ferry" "$t_hand")" "$rss_ferry" "$ns_on" "$ns_off" >> "$RESULTS"

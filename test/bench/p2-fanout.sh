@@ -7,6 +7,7 @@
 # P2_RATE_MB (MB/s per link, default 50).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. test/bench/lib.sh
 SIZE_MIB=${P2_SIZE_MIB:-256}
 NODES=${P2_NODES:-4,8}
 RATE=${P2_RATE_MB:-50}
@@ -14,29 +15,26 @@ RESULTS=${RESULTS:-${BENCH_DIR:-/var/tmp/ferry-bench}/results.jsonl}
 out=$(go test ./test/netns -run XXX -bench FanOut -benchtime 1x -timeout 60m \
   -fanout.size "$SIZE_MIB" -fanout.nodes "$NODES" -fanout.rate "$RATE" -fanout.modes p2p,star 2>&1) || {
   echo "$out" >&2
-  printf '%-44s %10s %8s  %s\n' "P2 fan-out" FAILED "" "go test ./test/netns -bench FanOut failed"
+  row "P2 fan-out" FAILED "" "go test ./test/netns -bench FanOut failed"
   exit 1
 }
 echo "$out" >&2
 link=$(awk "BEGIN{printf \"%.1f\", $SIZE_MIB*1048576/($RATE*1000000)}")
 # BenchmarkFanOut/p2p/N=4  1  123 ns/op  1.23 x-link  6.6 s/fanout
-metric() { # mode n unit
-  echo "$out" | awk -v name="BenchmarkFanOut/$1/N=$2" -v unit="$3" '
-    $1 ~ "^"name"(-[0-9]+)?$" { for (i = 2; i < NF; i++) if ($(i+1) == unit) print $i }' | head -1
-}
+metric() { bench_metric "$out" "BenchmarkFanOut/$1/N=$2" "$3"; } # mode n unit
 status=0
 for n in ${NODES//,/ }; do
   p2p=$(metric p2p "$n" s/fanout); star=$(metric star "$n" s/fanout)
   [ -n "$p2p" ] && p2p=$(printf %.1f "$p2p")
   [ -n "$star" ] && star=$(printf %.1f "$star")
   if [ -z "$p2p" ] || [ -z "$star" ]; then
-    printf '%-44s %10s %8s  %s\n' "P2 fan-out N=$n" FAILED "" "no result in the benchmark output"
+    row "P2 fan-out N=$n" FAILED "" "no result in the benchmark output"
     status=1; continue
   fi
   goal=""; [ "$n" -ge 8 ] && goal="; goal <= 1.3x"
-  printf '%-44s %10s %8s  %s\n' "P2 fan-out N=$n, ${SIZE_MIB} MiB, ${RATE} MB/s links" "${p2p}s" \
+  row "P2 fan-out N=$n, ${SIZE_MIB} MiB, ${RATE} MB/s links" "${p2p}s" \
     "$(awk "BEGIN{printf \"%.2fx\", $p2p/$link}")" "vs one link's time (size/cap ${link}s)$goal"
-  printf '%-44s %10s %8s  %s\n' "P2 fan-out N=$n vs star" "${p2p}s" \
+  row "P2 fan-out N=$n vs star" "${p2p}s" \
     "$(awk "BEGIN{printf \"%.2fx\", $p2p/$star}")" "vs star: all fetch from the source (${star}s)"
   printf '{"bench":"P2","nodes":%s,"size_mib":%s,"rate_mb_s":%s,"p2p_s":%s,"star_s":%s,"link_s":%s}\n' \
     "$n" "$SIZE_MIB" "$RATE" "$p2p" "$star" "$link" >> "$RESULTS"

@@ -13,6 +13,7 @@
 # P2C_MODES (default cut,serial).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. test/bench/lib.sh
 SIZE_MIB=${P2C_SIZE_MIB:-1024}
 NODES=${P2C_NODES:-4,8}
 STICK=${P2C_STICK_MIB:-100}
@@ -23,41 +24,38 @@ mkdir -p "$(dirname "$RESULTS")"
 out=$(go test ./test/netns -run XXX -bench CutThrough -benchtime 1x -timeout 90m \
   -cut.size "$SIZE_MIB" -cut.nodes "$NODES" -cut.stick "$STICK" -cut.rate "$RATE" -cut.modes "$MODES" 2>&1) || {
   echo "$out" >&2
-  printf '%-44s %10s %8s  %s\n' "P2c cut-through" FAILED "" "go test ./test/netns -bench CutThrough failed"
+  row "P2c cut-through" FAILED "" "go test ./test/netns -bench CutThrough failed"
   exit 1
 }
 echo "$out" >&2
 floor=$(awk "BEGIN{s=$SIZE_MIB*1048576; a=s/($STICK*1048576); b=s/($RATE*1000000); printf \"%.1f\", (a>b?a:b)}")
 # BenchmarkCutThrough/cut/N=4  1  123 ns/op  11.0 s/all  1.05 x-disk  1.10 x-floor
-metric() { # mode n unit
-  echo "$out" | awk -v name="BenchmarkCutThrough/$1/N=$2" -v unit="$3" '
-    $1 ~ "^"name"(-[0-9]+)?$" { for (i = 2; i < NF; i++) if ($(i+1) == unit) print $i }' | head -1
-}
+metric() { bench_metric "$out" "BenchmarkCutThrough/$1/N=$2" "$3"; } # mode n unit
 alone=$(metric alone 1 s/all)
 if [ -z "$alone" ]; then
-  printf '%-44s %10s %8s  %s\n' "P2c stick's node alone" FAILED "" "no result in the benchmark output"
+  row "P2c stick's node alone" FAILED "" "no result in the benchmark output"
   exit 1
 fi
 alone=$(printf %.1f "$alone")
 goal=$(awk "BEGIN{printf \"%.1f\", 1.2*$floor + $alone}")
-printf '%-44s %10s %8s  %s\n' "P2c stick's node alone, ${SIZE_MIB} MiB" "${alone}s" "" "plug to extracted, no peers: its own extraction floor"
+row "P2c stick's node alone, ${SIZE_MIB} MiB" "${alone}s" "" "plug to extracted, no peers: its own extraction floor"
 status=0
 for n in ${NODES//,/ }; do
   cut=$(metric cut "$n" s/all); serial=$(metric serial "$n" s/all)
   disk=$(metric cut "$n" x-disk); sdisk=$(metric serial "$n" x-disk)
   if [ -z "$cut" ]; then
-    printf '%-44s %10s %8s  %s\n' "P2c cut-through N=$n" FAILED "" "no result in the benchmark output"
+    row "P2c cut-through N=$n" FAILED "" "no result in the benchmark output"
     status=1; continue
   fi
   cut=$(printf %.1f "$cut")
-  printf '%-44s %10s %8s  %s\n' "P2c cut-through N=$n, ${SIZE_MIB} MiB" "${cut}s" \
+  row "P2c cut-through N=$n, ${SIZE_MIB} MiB" "${cut}s" \
     "$(awk "BEGIN{printf \"%.2fx\", $cut/$floor}")" "vs max(S/R_stick ${STICK} MiB/s, S/R_link ${RATE} MB/s) = ${floor}s; goal: 1.2 x ${floor}s + ${alone}s alone = ${goal}s, here $(awk "BEGIN{printf \"%.2f\", $cut/$goal}")x of it"
   if [ -n "$serial" ]; then
     serial=$(printf %.1f "$serial")
-    printf '%-44s %10s %8s  %s\n' "P2c serial (peer.serial) N=$n" "${serial}s" \
+    row "P2c serial (peer.serial) N=$n" "${serial}s" \
       "$(awk "BEGIN{printf \"%.2fx\", $serial/$floor}")" "today's serial figure, same run; cut-through is $(awk "BEGIN{printf \"%.2f\", $cut/$serial}")x of it"
   fi
-  printf '%-44s %10s %8s  %s\n' "P2c fetchers' peak disk N=$n" "" "$(printf %.3fx "$disk")" \
+  row "P2c fetchers' peak disk N=$n" "" "$(printf %.3fx "$disk")" \
     "worst fetching node's peak over the bundle size; goal <= 1.1x${sdisk:+ (serial: $(printf %.3fx "$sdisk"))}"
   printf '{"bench":"P2c","nodes":%s,"size_mib":%s,"stick_mib_s":%s,"rate_mb_s":%s,"cut_s":%s,"serial_s":%s,"floor_s":%s,"alone_s":%s,"goal_s":%s,"disk_x":%s,"serial_disk_x":%s}\n' \
     "$n" "$SIZE_MIB" "$STICK" "$RATE" "$cut" "${serial:-null}" "$floor" "$alone" "$goal" "$disk" "${sdisk:-null}" >> "$RESULTS"

@@ -4,6 +4,7 @@
 # to first byte read delay (test/udev benchmark).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. test/bench/lib.sh
 SIZE_MIB=${P4_SIZE_MIB:-4096}
 WORK=${BENCH_DIR:-/var/tmp/ferry-bench}
 RESULTS=${RESULTS:-$WORK/results.jsonl}
@@ -36,30 +37,30 @@ until bin/ferry status --json --config "$root/config.toml" | grep -q '"phase": "
   sleep 0.2
 done
 peak=$(awk '/VmHWM/{print $2}' /proc/$pid/status)
-printf '%-44s %10s %8s  %s\n' "P4 agent RSS idle" "$((idle/1024)) MiB" "" "goal <= 32 MiB"
-printf '%-44s %10s %8s  %s\n' "P4 agent peak RSS, ${SIZE_MIB} MiB extract" "$((peak/1024)) MiB" "" "goal <= 64 MiB"
+row "P4 agent RSS idle" "$((idle/1024)) MiB" "" "goal <= 32 MiB"
+row "P4 agent peak RSS, ${SIZE_MIB} MiB extract" "$((peak/1024)) MiB" "" "goal <= 64 MiB"
 printf '{"bench":"P4","size_mib":%s,"idle_rss_kib":%s,"peak_rss_kib":%s}\n' "$SIZE_MIB" "$idle" "$peak" >> "$RESULTS"
 
 # The same idle agent with a kubeconfig, against a real kube-apiserver.
 if out=$(go test ./test/kube -run '^$' -bench AgentIdleRSSWithKubeconfig -benchtime 1x 2>&1); then
   kidle=$(echo "$out" | awk '/AgentIdleRSS/{for(i=1;i<=NF;i++) if($(i+1)=="idle-rss-MiB") printf "%.0f", $i}')
-  printf '%-44s %10s %8s  %s\n' "P4 agent RSS idle, with a kubeconfig" "${kidle} MiB" "" "goal <= 32 MiB"
+  row "P4 agent RSS idle, with a kubeconfig" "${kidle} MiB" "" "goal <= 32 MiB"
   printf '{"bench":"P4-kube","idle_rss_mib":%s}\n' "$kidle" >> "$RESULTS"
 else
   echo "$out" >&2
-  printf '%-44s %10s %8s  %s\n' "P4 agent RSS idle, with a kubeconfig" FAILED "" "go test ./test/kube -bench AgentIdleRSS failed"
+  row "P4 agent RSS idle, with a kubeconfig" FAILED "" "go test ./test/kube -bench AgentIdleRSS failed"
 fi
 
 if ! out=$(go test ./test/udev -run '^$' -bench PlugToFirstByte -benchtime 10x 2>&1); then
   echo "$out" >&2
-  printf '%-44s %10s %8s  %s\n' "P4 udev event to first byte read" FAILED "" "go test ./test/udev -bench PlugToFirstByte failed"
+  row "P4 udev event to first byte read" FAILED "" "go test ./test/udev -bench PlugToFirstByte failed"
   exit 1
 fi
 ms=$(echo "$out" | awk '/PlugToFirstByte/{for(i=1;i<=NF;i++) if($(i+1)=="event-ms") e=$i; else if($(i+1)=="open-ms") o=$i} END{if(e!="") printf "%.0f", e+o}')
 if [ -n "$ms" ]; then
-  printf '%-44s %10s %8s  %s\n' "P4 udev event to first byte read" "${ms} ms" "" "goal <= 1000 ms"
+  row "P4 udev event to first byte read" "${ms} ms" "" "goal <= 1000 ms"
   printf '{"bench":"P4-plug","plug_to_first_byte_ms":%s}\n' "$ms" >> "$RESULTS"
 else
   echo "$out" >&2
-  printf '%-44s %10s %8s  %s\n' "P4 udev event to first byte read" skipped "" "no PlugToFirstByte result (needs root and udev)"
+  row "P4 udev event to first byte read" skipped "" "no PlugToFirstByte result (needs root and udev)"
 fi

@@ -7,6 +7,7 @@
 # P5_SECONDS (default 20), P5_CLIENTS (default 64).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. test/bench/lib.sh
 RESULTS=${RESULTS:-${BENCH_DIR:-/var/tmp/ferry-bench}/results.jsonl}
 export FERRY_LOAD_SECONDS=${P5_SECONDS:-20} FERRY_LOAD_CLIENTS=${P5_CLIENTS:-64}
 status=0
@@ -22,12 +23,12 @@ for what in peer registry; do
   echo "$out" >&2
   line=$(echo "$out" | grep -E "^LOAD $what:" | tail -1 || true)
   if [ -z "$line" ]; then
-    printf '%-44s %10s %8s  %s\n' "$label" FAILED "" "no LOAD line: see the log"
+    row "$label" FAILED "" "no LOAD line: see the log"
     status=1; continue
   fi
   kv() { echo "$line" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
   verdict=""; [ $rc -eq 0 ] || verdict=" FAILED"
-  printf '%-44s %10s %8s  %s\n' "$label" "$(kv rps) rps" "" \
+  row "$label" "$(kv rps) rps" "" \
     "$(kv clients) clients, $(kv seconds)s, $(kv mib_s) MiB/s; errors $(kv errors) (goal 0); server peak RSS $(kv peak_rss_mib) MiB (goal < 256)$verdict"
   printf '{"bench":"P5-%s","clients":%s,"seconds":%s,"requests":%s,"rps":%s,"mib_s":%s,"errors":%s,"peak_rss_mib":%s}\n' \
     "$what" "$(kv clients)" "$(kv seconds)" "$(kv requests)" "$(kv rps)" "$(kv mib_s)" "$(kv errors)" "$(kv peak_rss_mib)" >> "$RESULTS"

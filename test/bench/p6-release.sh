@@ -11,11 +11,12 @@
 # ~10 min on 2 cores, ~15 the first time (the bundle is made).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. test/bench/lib.sh
 RESULTS=${RESULTS:-${BENCH_DIR:-/var/tmp/ferry-bench}/results.jsonl}
 export FERRY_P6_MIB=${P6_MIB:-3960} FERRY_P6_WORKERS=${P6_WORKERS:-2 4 8}
 out=$(go test ./test/release -run XXX -bench ReleaseLoad -benchtime 1x -timeout 120m 2>&1) || {
   echo "$out" >&2
-  printf '%-44s %10s %8s  %s\n' "P6 release-sized load" FAILED "" "go test ./test/release -bench ReleaseLoad failed"
+  row "P6 release-sized load" FAILED "" "go test ./test/release -bench ReleaseLoad failed"
   exit 1
 }
 echo "$out" >&2
@@ -23,7 +24,7 @@ echo "$out" >&2
 #   ferry/floor 1.057 (goal ≤ 1.1); agent peak RSS 41 MiB (goal ≤ 64), idle 18 MiB (goal ≤ 32)
 line=$(echo "$out" | grep -E '^P6 ' | tail -1 || true)
 if [ -z "$line" ]; then
-  printf '%-44s %10s %8s  %s\n' "P6 release-sized load" FAILED "" "no P6 line (CRI-O missing? run test/setup/build-crio.sh)"
+  row "P6 release-sized load" FAILED "" "no P6 line (CRI-O missing? run test/setup/build-crio.sh)"
   exit 1
 fi
 field() { echo "$line" | sed -nE "s#.*$1.*#\\1#p"; }
@@ -31,8 +32,8 @@ images=$(field 'load of ([0-9]+) images'); refs=$(field '\(([0-9]+) refs\)'); gi
 ferry=$(field 'ferry ([0-9.]+)s '); extract=$(field 'extract ([0-9.]+)s,'); load=$(field ', load ([0-9.]+)s\)'); floor=$(field 'floor ([0-9.]+)s \('); hash=$(field 'sha256 ([0-9.]+)s')
 pulls=$(field 'raw pulls ([0-9.]+)s'); fw=$(field ', ([0-9]+) workers;'); ratio=$(field 'ferry/floor ([0-9.]+)')
 peak=$(field 'peak RSS ([0-9]+) MiB'); idle=$(field 'idle ([0-9]+) MiB')
-printf '%-44s %10s %8s  %s\n' "P6 release-sized load, $images images, ${gib} GiB" "${ferry}s" "$(printf %.2fx "$ratio")" \
+row "P6 release-sized load, $images images, ${gib} GiB" "${ferry}s" "$(printf %.2fx "$ratio")" \
   "vs sha256 ${hash}s + fastest raw CRI pulls ${pulls}s ($fw workers) = ${floor}s; goal <= 1.1x; ferry: extract ${extract}s, load ${load}s"
-printf '%-44s %10s %8s  %s\n' "P6 agent peak RSS, release-sized load" "$peak MiB" "" "goal <= 64 MiB; idle $idle MiB (goal <= 32 MiB)"
+row "P6 agent peak RSS, release-sized load" "$peak MiB" "" "goal <= 64 MiB; idle $idle MiB (goal <= 32 MiB)"
 printf '{"bench":"P6","images":%s,"refs":%s,"gib":%s,"ferry_s":%s,"extract_s":%s,"load_s":%s,"floor_s":%s,"sha256_s":%s,"raw_pulls_s":%s,"fastest_workers":%s,"ratio":%s,"peak_rss_mib":%s,"idle_rss_mib":%s}\n' \
   "$images" "$refs" "$gib" "$ferry" "$extract" "$load" "$floor" "$hash" "$pulls" "$fw" "$ratio" "$peak" "$idle" >> "$RESULTS"

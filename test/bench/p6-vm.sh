@@ -7,14 +7,15 @@
 # BENCH_VM=1 the row says how to run it (it takes ~10 min under TCG).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. test/bench/lib.sh
 RESULTS=${RESULTS:-${BENCH_DIR:-/var/tmp/ferry-bench}/results.jsonl}
 if [ "${BENCH_VM:-}" != 1 ]; then
-  printf '%-44s %10s %8s  %s\n' "VM plug-to-loaded" skipped "" "run with BENCH_VM=1 (boots a VM, ~10 min)"
+  row "VM plug-to-loaded" skipped "" "run with BENCH_VM=1 (boots a VM, ~10 min)"
   exit 0
 fi
 out=$(go test ./test/vm -run '^TestSingleNode_VFATStickLoadsAndPinsEveryImage$' -count=1 -v -timeout 45m 2>&1) || {
   echo "$out" >&2
-  printf '%-44s %10s %8s  %s\n' "VM plug-to-loaded" FAILED "" "go test ./test/vm failed"
+  row "VM plug-to-loaded" FAILED "" "go test ./test/vm failed"
   exit 1
 }
 echo "$out" >&2
@@ -23,14 +24,14 @@ line=$(echo "$out" | grep -E '^TIMING single node' | tail -1 || true)
 field() { echo "$line" | sed -nE "s#.*$1.*#\\1#p"; }
 took=$(field 'plug-to-loaded ([0-9.]+)s'); floor=$(field 'floor ([0-9.]+)s'); what=$(field ': ([0-9]+ images, [0-9.]+ MiB)')
 if [ -z "$took" ]; then
-  printf '%-44s %10s %8s  %s\n' "VM plug-to-loaded" FAILED "" "no TIMING line in the output"
+  row "VM plug-to-loaded" FAILED "" "no TIMING line in the output"
   exit 1
 fi
 if [ -n "$floor" ]; then
-  printf '%-44s %10s %8s  %s\n' "VM plug-to-loaded ($what)" "${took}s" "$(awk "BEGIN{printf \"%.2fx\", $took/$floor}")" \
+  row "VM plug-to-loaded ($what)" "${took}s" "$(awk "BEGIN{printf \"%.2fx\", $took/$floor}")" \
     "vs floor: read the stick + crictl pull x4 (${floor}s); goal <= 1.3x"
 else
   floor=null
-  printf '%-44s %10s %8s  %s\n' "VM plug-to-loaded ($what)" "${took}s" "" "floor not measured (see the log)"
+  row "VM plug-to-loaded ($what)" "${took}s" "" "floor not measured (see the log)"
 fi
 printf '{"bench":"VM","plug_to_loaded_s":%s,"floor_s":%s}\n' "$took" "$floor" >> "$RESULTS"

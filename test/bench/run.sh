@@ -8,11 +8,12 @@
 # then exits non-zero. BENCH_ONLY="p1 p3" runs only those rows.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+. test/bench/lib.sh
 export BENCH_DIR=${BENCH_DIR:-/var/tmp/ferry-bench}
 export RESULTS=${RESULTS:-$BENCH_DIR/results-$(date +%Y%m%dT%H%M%S).jsonl}
 mkdir -p "$BENCH_DIR"
 failed=()
-printf '%-44s %10s %8s  %s\n' benchmark value ratio baseline
+row benchmark value ratio baseline
 for s in test/bench/p1.sh test/bench/p[2-9]*.sh; do
   [ -f "$s" ] || continue
   name=$(basename "$s" .sh)
@@ -26,7 +27,7 @@ for s in test/bench/p1.sh test/bench/p[2-9]*.sh; do
   [ -n "$rows" ] && echo "$rows"
   if [ $rc -ne 0 ]; then
     if ! grep -q FAILED <<<"$rows"; then
-      printf '%-44s %10s %8s  %s\n' "$name" FAILED "" "after $(( $(date +%s) - start ))s; see $log"
+      row "$name" FAILED "" "after $(( $(date +%s) - start ))s; see $log"
     fi
     printf '{"bench":"%s","failed":true,"log":"%s"}\n' "$name" "$log" >> "$RESULTS"
     failed+=("$name")
