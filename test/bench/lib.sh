@@ -10,3 +10,17 @@ bench_metric() {
   echo "$1" | awk -v name="$2" -v unit="$3" '
     $1 ~ "^"name"(-[0-9]+)?$" { for (i = 2; i < NF; i++) if ($(i+1) == unit) print $i }' | head -1
 }
+
+# go_bench LABEL PKG NAME ARGS... runs Go benchmark NAME of PKG once and
+# keeps its output in $out (also on stderr, the row's log); when it fails,
+# it prints a FAILED row named LABEL and exits.
+go_bench() {
+  local label=$1 pkg=$2 name=$3
+  shift 3
+  out=$(go test "$pkg" -run XXX -bench "$name" -benchtime 1x "$@" 2>&1) || {
+    echo "$out" >&2
+    row "$label" FAILED "" "go test $pkg -bench $name failed"
+    exit 1
+  }
+  echo "$out" >&2
+}

@@ -12,13 +12,8 @@ SIZE_MIB=${P2_SIZE_MIB:-256}
 NODES=${P2_NODES:-4,8}
 RATE=${P2_RATE_MB:-50}
 RESULTS=${RESULTS:-${BENCH_DIR:-/var/tmp/ferry-bench}/results.jsonl}
-out=$(go test ./test/netns -run XXX -bench FanOut -benchtime 1x -timeout 60m \
-  -fanout.size "$SIZE_MIB" -fanout.nodes "$NODES" -fanout.rate "$RATE" -fanout.modes p2p,star 2>&1) || {
-  echo "$out" >&2
-  row "P2 fan-out" FAILED "" "go test ./test/netns -bench FanOut failed"
-  exit 1
-}
-echo "$out" >&2
+go_bench "P2 fan-out" ./test/netns FanOut -timeout 60m \
+  -fanout.size "$SIZE_MIB" -fanout.nodes "$NODES" -fanout.rate "$RATE" -fanout.modes p2p,star
 link=$(awk "BEGIN{printf \"%.1f\", $SIZE_MIB*1048576/($RATE*1000000)}")
 # BenchmarkFanOut/p2p/N=4  1  123 ns/op  1.23 x-link  6.6 s/fanout
 metric() { bench_metric "$out" "BenchmarkFanOut/$1/N=$2" "$3"; } # mode n unit

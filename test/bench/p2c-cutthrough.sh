@@ -21,13 +21,8 @@ RATE=${P2C_RATE_MB:-50}
 MODES=${P2C_MODES:-cut,serial}
 RESULTS=${RESULTS:-${BENCH_DIR:-/var/tmp/ferry-bench}/results.jsonl}
 mkdir -p "$(dirname "$RESULTS")"
-out=$(go test ./test/netns -run XXX -bench CutThrough -benchtime 1x -timeout 90m \
-  -cut.size "$SIZE_MIB" -cut.nodes "$NODES" -cut.stick "$STICK" -cut.rate "$RATE" -cut.modes "$MODES" 2>&1) || {
-  echo "$out" >&2
-  row "P2c cut-through" FAILED "" "go test ./test/netns -bench CutThrough failed"
-  exit 1
-}
-echo "$out" >&2
+go_bench "P2c cut-through" ./test/netns CutThrough -timeout 90m \
+  -cut.size "$SIZE_MIB" -cut.nodes "$NODES" -cut.stick "$STICK" -cut.rate "$RATE" -cut.modes "$MODES"
 floor=$(awk "BEGIN{s=$SIZE_MIB*1048576; a=s/($STICK*1048576); b=s/($RATE*1000000); printf \"%.1f\", (a>b?a:b)}")
 # BenchmarkCutThrough/cut/N=4  1  123 ns/op  11.0 s/all  1.05 x-disk  1.10 x-floor
 metric() { bench_metric "$out" "BenchmarkCutThrough/$1/N=$2" "$3"; } # mode n unit

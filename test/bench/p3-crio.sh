@@ -10,12 +10,7 @@ cd "$(dirname "$0")/../.."
 . test/bench/lib.sh
 RESULTS=${RESULTS:-${BENCH_DIR:-/var/tmp/ferry-bench}/results.jsonl}
 export FERRY_BENCH_IMAGES=${P3_IMAGES:-180} FERRY_BENCH_ROUNDS=${P3_ROUNDS:-2}
-out=$(go test ./test/crio -run XXX -bench Load -benchtime 1x -timeout 60m 2>&1) || {
-  echo "$out" >&2
-  row "P3 CRI-O load" FAILED "" "go test ./test/crio -bench Load failed"
-  exit 1
-}
-echo "$out" >&2
+go_bench "P3 CRI-O load" ./test/crio Load -timeout 60m
 # P3 (best of 2 rounds) load of 180 images (181 refs), 2 workers by default: ferry 12.34s; raw pulls
 # 1:20.00s 2:13.00s 4:12.50s 8:12.60s (fastest 4 workers); ferry/fastest 0.987 (target ≤ 1.1); ferry/one-by-one 0.617
 line=$(echo "$out" | grep -E '^P3 ' | tail -1 || true)

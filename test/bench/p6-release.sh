@@ -14,12 +14,7 @@ cd "$(dirname "$0")/../.."
 . test/bench/lib.sh
 RESULTS=${RESULTS:-${BENCH_DIR:-/var/tmp/ferry-bench}/results.jsonl}
 export FERRY_P6_MIB=${P6_MIB:-3960} FERRY_P6_WORKERS=${P6_WORKERS:-2 4 8}
-out=$(go test ./test/release -run XXX -bench ReleaseLoad -benchtime 1x -timeout 120m 2>&1) || {
-  echo "$out" >&2
-  row "P6 release-sized load" FAILED "" "go test ./test/release -bench ReleaseLoad failed"
-  exit 1
-}
-echo "$out" >&2
+go_bench "P6 release-sized load" ./test/release ReleaseLoad -timeout 120m
 # P6 release-sized load of 180 images (180 refs), 3.87 GiB: ferry 95.12s (extract 20.1s, load 75.0s); floor 90.01s (sha256 9.80s + raw pulls 80.21s, 4 workers; 2:85.00s 4:80.21s 8:81.00s);
 #   ferry/floor 1.057 (goal ≤ 1.1); agent peak RSS 41 MiB (goal ≤ 64), idle 18 MiB (goal ≤ 32)
 line=$(echo "$out" | grep -E '^P6 ' | tail -1 || true)
