@@ -139,7 +139,7 @@ func (l *Loader) Load(ctx context.Context, req Request) (Result, error) {
 	}
 	var reloadTook time.Duration
 	if reload {
-		t := time.Now()
+		reloadStart := time.Now()
 		if err := l.reload(ctx, refs[0]); err != nil {
 			return res, err
 		}
@@ -147,7 +147,7 @@ func (l *Loader) Load(ctx context.Context, req Request) (Result, error) {
 		if err := l.waitApplied(ctx, refs); err != nil {
 			return res, err
 		}
-		reloadTook = time.Since(t)
+		reloadTook = time.Since(reloadStart)
 	}
 	// One List instead of a status call per image: present and pinned
 	// images are skipped.
@@ -162,19 +162,19 @@ func (l *Loader) Load(ctx context.Context, req Request) (Result, error) {
 		}
 	}
 	res.Skipped = len(refs) - len(todo)
-	t := time.Now()
+	pullStart := time.Now()
 	pulled, err := l.pullAll(ctx, todo, res.Skipped, len(refs), req.Progress)
 	res.Pulled = pulled
 	if err != nil {
 		return res, err
 	}
-	pullsTook, t := time.Since(t), time.Now()
+	pullsTook, checkStart := time.Since(pullStart), time.Now()
 	if err := l.verify(ctx, refs); err != nil {
 		return res, err
 	}
 	res.Elapsed = time.Since(start)
 	log.Info("bundle images loaded and pinned", "images", len(refs), "pulled", pulled, "skipped", res.Skipped, "elapsed", res.Elapsed.Round(time.Millisecond),
-		"reload", reloadTook.Round(time.Millisecond), "pulls", pullsTook.Round(time.Millisecond), "pin_check", time.Since(t).Round(time.Millisecond))
+		"reload", reloadTook.Round(time.Millisecond), "pulls", pullsTook.Round(time.Millisecond), "pin_check", time.Since(checkStart).Round(time.Millisecond))
 	return res, nil
 }
 
