@@ -246,27 +246,29 @@ func (l *Loader) waitUnpinned(ctx context.Context, refs, keep []string) error {
 
 func (l *Loader) poll() time.Duration { return orDefault(l.Poll, 50*time.Millisecond) }
 
-// reload reloads CRI-O. When it fails while CRI-O does not answer (stopped
-// or starting), it waits for CRI-O and reloads again, since a CRI-O that
-// was starting may have read the old files.
+// reload reloads CRI-O once it answers on its socket. A CRI-O that is
+// stopped or still starting is waited for first: a SIGHUP before CRI-O
+// has set up its handler kills it, and one that was starting may have
+// read the old files. A reload that fails while CRI-O answers is an error.
 func (l *Loader) reload(ctx context.Context, probe string) error {
 	for {
-		err := l.Reloader.Reload(ctx)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
 		_, _, serr := l.CRI.Status(ctx, probe)
-		if serr == nil && !errors.Is(err, ErrNotRunning) {
-			return fmt.Errorf("reload CRI-O after writing its drop-ins: %w", err)
-		}
-		if serr == nil {
+		if serr == nil || !errors.Is(serr, ErrUnavailable) {
+			err := l.Reloader.Reload(ctx)
+			if err == nil {
+				l.cameBack()
+				return nil
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if !errors.Is(err, ErrNotRunning) {
+				return fmt.Errorf("reload CRI-O after writing its drop-ins: %w", err)
+			}
 			serr = fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
 		if werr := l.waitCRIO(ctx, serr); werr != nil {
-			return fmt.Errorf("reload CRI-O: %v; %w", err, werr)
+			return fmt.Errorf("reload CRI-O: %w", werr)
 		}
 	}
 }

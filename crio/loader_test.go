@@ -43,6 +43,7 @@ type fakeCRIO struct {
 	inFlight    int
 	maxInFlight int
 	reloads     int
+	reloadsDown int // reloads while not answering: a SIGHUP would kill a starting CRI-O
 	livePins    bool // implement PinLister
 }
 
@@ -107,6 +108,9 @@ func (f *fakeCRIO) List(context.Context) ([]crio.Image, error) {
 func (f *fakeCRIO) Reload(context.Context) error {
 	f.mu.Lock()
 	f.reloads++
+	if f.down > 0 {
+		f.reloadsDown++
+	}
 	f.mu.Unlock()
 	pins := effectivePins(f.t, f.confDir)
 	go func() {
@@ -298,6 +302,19 @@ func TestLoad_WaitsForCRIOToComeBack(t *testing.T) {
 	}
 	if f.down != 0 {
 		t.Errorf("%d unavailable answers unused", f.down)
+	}
+}
+
+// A CRI-O that is starting (its pid known, its socket not yet answering)
+// dies of a SIGHUP: the loader reloads only a CRI-O that answers.
+func TestLoad_ReloadsOnlyACRIOThatAnswers(t *testing.T) {
+	l, f, _ := newLoader(t)
+	f.down = 6
+	if _, err := l.Load(t.Context(), request(t, manyImages(3))); err != nil {
+		t.Fatal(err)
+	}
+	if f.reloads != 1 || f.reloadsDown != 0 {
+		t.Errorf("%d reloads, %d of them while CRI-O was not answering; want 1, 0", f.reloads, f.reloadsDown)
 	}
 }
 

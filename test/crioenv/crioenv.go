@@ -202,6 +202,8 @@ func (c *CRIO) Start(t testing.TB) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), "HOME="+filepath.Join(c.Root, "home"))
 	cmd.Stdout, cmd.Stderr = logf, logf
+	// One log holds every start: mark where this one begins.
+	fmt.Fprintf(logf, "--- crioenv: start at %s ---\n", time.Now().Format(time.RFC3339Nano))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
@@ -210,7 +212,8 @@ func (c *CRIO) Start(t testing.TB) {
 	logf.Close()
 	Write(t, c.PidFile, fmt.Sprintln(cmd.Process.Pid))
 	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
 	c.mu.Lock()
 	c.cmd = cmd
 	c.mu.Unlock()
@@ -226,7 +229,7 @@ func (c *CRIO) Start(t testing.TB) {
 		}
 		select {
 		case <-exited:
-			t.Fatalf("crio exited at start:\n%s", c.LogTail(40))
+			t.Fatalf("crio exited at start (%v):\n%s", waitErr, c.LogTail(40))
 		default:
 		}
 		if time.Now().After(deadline) {
