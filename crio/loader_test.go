@@ -43,7 +43,7 @@ type fakeCRIO struct {
 	inFlight    int
 	maxInFlight int
 	reloads     int
-	reloadsDown int // reloads while not answering: a SIGHUP would kill a starting CRI-O
+	reloadsDown int  // reloads while not answering: a SIGHUP would kill a starting CRI-O
 	livePins    bool // implement PinLister
 }
 
