@@ -11,6 +11,10 @@ UNIT_PKGS = $(shell $(GO) list ./... | grep -v '/test/')
 FUZZTIME ?= 5000x
 # Tests make bundles with no route to the public signature store.
 export FERRY_SIGNATURE_STORE ?=
+# containers/image's policy code (imagepolicy/) verifies GPG signatures
+# with Go's openpgp under this tag instead of cgo's gpgme, as CRI-O's
+# builds do; every go command here, and the tests' own builds, inherit it.
+export GOFLAGS ?= -tags=containers_image_openpgp
 
 .PHONY: help build setup unit integration e2e test fuzz fuzz-short bench demo rpm faults clean
 

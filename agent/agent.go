@@ -80,8 +80,11 @@ type Deps struct {
 	Peers   Peers
 	API     ClusterAPI // nil: no Kubernetes API; the on_ready hook is the only way out
 	Notify  Notifier
-	Log     *slog.Logger
-	Now     func() time.Time
+	// Admit, when set, checks each verified bundle before it leaves its
+	// staging dir (the node's signature policy): its error refuses it.
+	Admit func(*bundle.Metadata, bundle.Tree) error
+	Log   *slog.Logger
+	Now   func() time.Time
 	// APIPoll is how often the cluster's upgrade is read; 0 is 5 s.
 	APIPoll time.Duration
 }

@@ -61,6 +61,12 @@ type Paths struct {
 	CRIOConfDir       string `toml:"crio_conf_dir"`
 	RegistriesConfDir string `toml:"registries_conf_dir"`
 	CertsDir          string `toml:"certs_dir"`
+	// SignaturePolicy is the containers policy.json CRI-O applies to
+	// pulls; every bundle is checked against it before it is shared or
+	// loaded. RegistriesD is the containers registries.d directory, where
+	// ferry says that its mirror serves sigstore attachments.
+	SignaturePolicy string `toml:"signature_policy"`
+	RegistriesD     string `toml:"registries_d"`
 }
 
 // CRIO says how to reach and reload CRI-O.
@@ -142,6 +148,8 @@ func DefaultConfig() Config {
 			CRIOConfDir:       "/etc/crio/crio.conf.d",
 			RegistriesConfDir: "/etc/containers/registries.conf.d",
 			CertsDir:          "/etc/containers/certs.d",
+			SignaturePolicy:   "/etc/containers/policy.json",
+			RegistriesD:       "/etc/containers/registries.d",
 		},
 		CRIO: CRIO{
 			Socket:            "/var/run/crio/crio.sock",
@@ -207,6 +215,7 @@ func (c *Config) Validate() error {
 		{"paths.mount_dir", c.Paths.MountDir}, {"paths.socket", c.Paths.Socket},
 		{"paths.crio_conf_dir", c.Paths.CRIOConfDir}, {"paths.registries_conf_dir", c.Paths.RegistriesConfDir},
 		{"paths.certs_dir", c.Paths.CertsDir}, {"crio.socket", c.CRIO.Socket},
+		{"paths.signature_policy", c.Paths.SignaturePolicy}, {"paths.registries_d", c.Paths.RegistriesD},
 	} {
 		if p.key == "crio.socket" && p.val == "" {
 			continue

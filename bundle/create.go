@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -46,6 +47,7 @@ type CreateOptions struct {
 	Arch        string   // uname -m (or GOARCH) name; overrides or fills the image config's
 	ExtraImages []string // custom images; tags are resolved and kept
 	Platforms   string   // PlatformsArch (default) or PlatformsAll
+	Signatures  string   // SignaturesAll (default) or SignaturesRelease
 	Mirrors     []Mirror
 
 	Keychain  authn.Keychain    // nil: anonymous
@@ -129,6 +131,13 @@ func newCreator(ctx context.Context, o CreateOptions) (*creator, error) {
 	case PlatformsArch, PlatformsAll:
 	default:
 		return nil, fmt.Errorf("platforms %q: want %q or %q", o.Platforms, PlatformsArch, PlatformsAll)
+	}
+	switch o.Signatures {
+	case "":
+		o.Signatures = SignaturesAll
+	case SignaturesAll, SignaturesRelease:
+	default:
+		return nil, fmt.Errorf("signatures %q: want %q or %q", o.Signatures, SignaturesAll, SignaturesRelease)
 	}
 	if o.Arch != "" {
 		a := UnameArch(o.Arch)
@@ -341,6 +350,21 @@ func (c *creator) run(ctx context.Context) (*CreateResult, error) {
 			meta.Images = append(meta.Images, s)
 		}
 	}
+	sigs, err := c.planSignatures(ctx, plans)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range sigs {
+		meta.Signatures = append(meta.Signatures, p.ref.String())
+	}
+	c.prog.imagesTotal.Add(int64(len(sigs)))
+	relTag := SignatureTag(rel.digest)
+	if !slices.ContainsFunc(sigs, func(p *imagePlan) bool { return p.ref.name == rel.name && p.ref.tag == relTag }) {
+		c.log.Warn("the release image carries no sigstore signature: OpenShift 4.21+ nodes refuse it unless their policy allows unsigned images", "release", rel.String())
+	} else {
+		c.log.Info("sigstore signatures copied", "signatures", len(sigs))
+	}
+	plans = append(plans, sigs...)
 	if err := c.checkSpace(plans, workDir); err != nil {
 		return nil, err
 	}

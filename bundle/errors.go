@@ -15,12 +15,15 @@ var (
 	ErrWrongArch   = errors.New("wrong architecture")
 	ErrNotApproved = errors.New("not approved")
 	ErrNoSpace     = diskspace.ErrNoSpace
+	// ErrPolicy: the node's container signature policy (policy.json, the
+	// one CRI-O applies) refuses an image of the bundle.
+	ErrPolicy = errors.New("refused by the node's signature policy")
 )
 
 // IsRefusal reports whether err refuses the bundle itself (as opposed to an
 // I/O error such as a stick pulled mid-read, after which a retry may work).
 func IsRefusal(err error) bool {
-	for _, r := range []error{ErrInvalid, ErrMismatch, ErrWrongArch, ErrNotApproved, ErrNoSpace} {
+	for _, r := range []error{ErrInvalid, ErrMismatch, ErrWrongArch, ErrNotApproved, ErrNoSpace, ErrPolicy} {
 		if errors.Is(err, r) {
 			return true
 		}
@@ -39,6 +42,8 @@ func Reason(err error) string {
 		return "not approved"
 	case errors.Is(err, ErrNoSpace):
 		return "not enough space"
+	case errors.Is(err, ErrPolicy):
+		return "signature policy"
 	case errors.Is(err, ErrInvalid):
 		return "invalid bundle"
 	}

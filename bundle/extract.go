@@ -61,7 +61,11 @@ type Options struct {
 	// Resume needs. A run that stops without refusing the bundle keeps
 	// its staging dir for that resume.
 	Checkpoint func(offset int64)
-	Log        *slog.Logger
+	// Admit, when set, is asked once the digest and the tree have
+	// checked, before anything leaves the staging dir: an error (wrap
+	// ErrPolicy) refuses the bundle. The node's signature policy runs here.
+	Admit func(meta *Metadata, tree Tree) error
+	Log   *slog.Logger
 }
 
 // Resume is where an interrupted extraction got to (Options.Resume).
@@ -370,6 +374,11 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	}
 	if err := w.ix.check(meta); err != nil {
 		return nil, refuse(err)
+	}
+	if opts.Admit != nil {
+		if err := opts.Admit(meta, Tree{ix: w.ix, repos: RepoPaths(meta.AllImages())}); err != nil {
+			return nil, refuse(err)
+		}
 	}
 	res = &Result{Metadata: meta, Digest: digest, TarSize: hr.consumed, Approval: ap.mode, Signature: ap.travels}
 	if ap.mode == "digest-at-end" {

@@ -53,6 +53,12 @@ type Metadata struct {
 	// It lets a node size a load before the bundle is extracted (see
 	// EstimateMissingBytes); bundles without it still load.
 	ImageBytes map[string]int64 `json:"imageBytes,omitempty"`
+	// Signatures are the sigstore signature attachments carried with the
+	// images, each name:sha256-<hex>.sig@sha256:… (cosign's tag for the
+	// manifest sha256:<hex> of an image or a list child, under the image's
+	// name). A node's policy.json may require them (OpenShift 4.21+ does
+	// for the release); the embedded registry serves them as the source did.
+	Signatures []string `json:"signatures,omitempty"`
 
 	// Shape is how the metadata was written: ShapeFerry, or ShapeSeed (no
 	// formatVersion: the seed's example and upgrade-tool), read leniently.
@@ -82,6 +88,20 @@ func (m *Metadata) DirName() string { return m.Version + "-" + m.Arch }
 // AllImages is the release followed by every other image.
 func (m *Metadata) AllImages() []string {
 	return append([]string{m.Release}, m.Images...)
+}
+
+// SignatureTag is cosign's tag for the signatures of manifest d
+// (sha256:<hex>): sha256-<hex>.sig.
+func SignatureTag(d string) string { return strings.Replace(d, ":", "-", 1) + ".sig" }
+
+// SignedDigest is the manifest digest a signature tag is for, and whether
+// tag is one.
+func SignedDigest(tag string) (string, bool) {
+	hexd, ok := strings.CutPrefix(tag, "sha256-")
+	if hexd, ok = strings.CutSuffix(hexd, ".sig"); !ok || !isHex64(hexd) {
+		return "", false
+	}
+	return "sha256:" + hexd, true
 }
 
 // ParseMetadata decodes and validates metadata.json. Unknown fields are
@@ -174,6 +194,27 @@ func (m *Metadata) Validate() error {
 		}
 		if seen[ref] {
 			return bad("images[%d]: %s listed twice", i, ref)
+		}
+		seen[ref] = true
+	}
+	names := map[string]bool{}
+	for ref := range seen {
+		n, _, _ := SplitRef(ref)
+		names[n] = true
+	}
+	for i, ref := range m.Signatures {
+		if err := checkDigestRef(ref); err != nil {
+			return bad("signatures[%d]: %v", i, err)
+		}
+		n, tag, _ := SplitRef(ref)
+		if _, ok := SignedDigest(tag); !ok {
+			return bad("signatures[%d]: %s is not tagged sha256-<hex>.sig", i, ref)
+		}
+		if !names[n] {
+			return bad("signatures[%d]: %s is not in a repository of the release or the images", i, ref)
+		}
+		if seen[ref] {
+			return bad("signatures[%d]: %s listed twice", i, ref)
 		}
 		seen[ref] = true
 	}

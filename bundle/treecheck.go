@@ -58,10 +58,13 @@ func isLink(rel string) bool {
 	return strings.HasPrefix(rel, "repositories/") && strings.HasSuffix(rel, "/link")
 }
 
-// mayBeManifest tells whether a blob's bytes are worth keeping to walk.
+// mayBeManifest tells whether a blob's bytes are worth keeping: a
+// manifest to walk, or a sigstore signature's payload (a few hundred
+// bytes of JSON naming the manifest it signs) for the policy check.
 func mayBeManifest(b []byte) bool {
 	b = bytes.TrimLeft(b, " \t\r\n")
-	return len(b) > 0 && b[0] == '{' && bytes.Contains(b, []byte(`"schemaVersion"`))
+	return len(b) > 0 && b[0] == '{' &&
+		(bytes.Contains(b, []byte(`"schemaVersion"`)) || bytes.Contains(b, []byte(`"docker-manifest-digest"`)))
 }
 
 // keep records a blob that may be a manifest.
@@ -110,13 +113,16 @@ func (ix *treeIndex) check(meta *Metadata) error {
 	}
 	all := meta.AllImages()
 	repos := RepoPaths(all)
-	for _, ref := range all {
+	for i, ref := range append(all, meta.Signatures...) {
 		name, tag, digest := SplitRef(ref)
 		w := treeWalk{ix: ix, ref: ref, repo: "repositories/" + repos[name] + "/"}
 		if err := w.image(tag, digest); err != nil {
 			what := "image"
-			if ref == meta.Release {
+			switch {
+			case ref == meta.Release:
 				what = "release image"
+			case i >= len(all):
+				what = "signature"
 			}
 			return fmt.Errorf("%w: the %s %s: %v: the bundle is incomplete or altered although its sha256 matches; ask the engineer to make it again", ErrInvalid, what, ref, err)
 		}

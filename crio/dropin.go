@@ -32,6 +32,9 @@ type Dropins struct {
 	CRIOConfDir       string // /etc/crio/crio.conf.d
 	RegistriesConfDir string // /etc/containers/registries.conf.d
 	CertsDir          string // /etc/containers/certs.d
+	// RegistriesD is /etc/containers/registries.d, where ferry turns
+	// sigstore attachments on for its mirror; "" writes nothing there.
+	RegistriesD string
 	// RegistriesConf is the node's registries.conf, whose mirrors ferry's
 	// drop-in keeps; default registries.conf beside RegistriesConfDir.
 	RegistriesConf string
@@ -58,6 +61,8 @@ type Setup struct {
 // for Pins and Mirrors; certs.d is read on every pull.
 type Change struct {
 	Pins, Mirrors, CA bool
+	// Attachments: ferry's registries.d file (read on every pull).
+	Attachments bool
 }
 
 // NeedsReload is true when CRI-O must reload to see the change.
@@ -73,6 +78,9 @@ func (c Change) String() string {
 	}
 	if c.CA {
 		s = append(s, "CA")
+	}
+	if c.Attachments {
+		s = append(s, "registries.d")
 	}
 	if len(s) == 0 {
 		return "unchanged"
@@ -113,12 +121,18 @@ func (d *Dropins) Apply(s Setup) (Change, error) {
 	if err != nil {
 		return ch, err
 	}
+	if err := d.checkAttachmentsFree(s.Addr); err != nil {
+		return ch, err
+	}
 	// The CA first: with it in place before the mirror appears, no pull
 	// through the mirror fails on an unknown certificate.
 	if ch.CA, err = writeIfChanged(filepath.Join(d.CertsDir, s.Addr, "ca.crt"), ca, 0o644); err != nil {
 		return ch, fmt.Errorf("%w: certs.d: %v", ErrDropin, err)
 	}
 	d.removeStaleCAs(s.Addr, ca)
+	if ch.Attachments, err = d.writeAttachments(s.Addr, s.Label); err != nil {
+		return ch, err
+	}
 	if ch.Mirrors, err = writeIfChanged(filepath.Join(d.RegistriesConfDir, DropinName), mirrorsConf, 0o644); err != nil {
 		return ch, fmt.Errorf("%w: registries.conf.d: %v", ErrDropin, err)
 	}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"gopkg.in/yaml.v3"
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
@@ -336,5 +337,62 @@ func TestApply_PortChangeRemovesOurOldCAOnly(t *testing.T) {
 	}
 	if _, err := os.Stat(other); err != nil {
 		t.Errorf("someone else's CA removed: %v", err)
+	}
+}
+
+func TestApply_RegistriesDTurnsAttachmentsOnForTheMirrorOnly(t *testing.T) {
+	ds := newDirs(t)
+	ds.d.RegistriesD = filepath.Join(ds.root, "containers", "registries.d")
+	ds.write(t, "containers/registries.d/sigstore-registries.yaml", "docker:\n  quay.io/openshift-release-dev/ocp-release:\n    use-sigstore-attachments: true\n")
+	s := crio.Setup{Images: bundleImages, Addr: "127.0.0.1:5443", CACert: testCA(t, true), Label: "4.13.7-x86_64"}
+	ch, err := ds.d.Apply(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ch.Attachments {
+		t.Errorf("change %v: want registries.d written", ch)
+	}
+	ours := filepath.Join(ds.d.RegistriesD, crio.AttachmentsName)
+	b, err := os.ReadFile(ours)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Docker map[string]map[string]bool `yaml:"docker"`
+	}
+	if err := yaml.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Docker) != 1 || !got.Docker[s.Addr]["use-sigstore-attachments"] {
+		t.Errorf("ferry's registries.d file:\n%s\nwant only %s, with use-sigstore-attachments", b, s.Addr)
+	}
+	if ch, err := ds.d.Apply(s); err != nil || ch.Attachments {
+		t.Errorf("second apply: %v %v, want the file unchanged", ch, err)
+	}
+	if _, err := ds.d.Remove(s.Addr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(ours); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("ferry's registries.d file after Remove: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(ds.d.RegistriesD, "sigstore-registries.yaml")); err != nil {
+		t.Errorf("the MCO's registries.d file: %v", err)
+	}
+}
+
+func TestApply_RefusesAMirrorAddressAnotherRegistriesDFileDefines(t *testing.T) {
+	ds := newDirs(t)
+	ds.d.RegistriesD = filepath.Join(ds.root, "containers", "registries.d")
+	s := crio.Setup{Images: bundleImages, Addr: "127.0.0.1:5443", CACert: testCA(t, true)}
+	ds.write(t, "containers/registries.d/other.yaml", "docker:\n  "+s.Addr+":\n    use-sigstore-attachments: false\n")
+	_, err := ds.d.Apply(s)
+	if !errors.Is(err, crio.ErrDropin) || !strings.Contains(err.Error(), "two registries.d files") {
+		t.Fatalf("err = %v, want a refusal naming the clash", err)
+	}
+	for _, p := range []string{filepath.Join(ds.d.RegistriesD, crio.AttachmentsName), filepath.Join(ds.d.CertsDir, s.Addr, "ca.crt"),
+		filepath.Join(ds.d.RegistriesConfDir, crio.DropinName)} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s written although the drop-ins were refused", p)
+		}
 	}
 }

@@ -23,6 +23,9 @@ func (d *Dropins) RemoveMirror(addr string) (Change, error) {
 	if ch.Mirrors, err = removeIfExists(filepath.Join(d.RegistriesConfDir, DropinName)); err != nil {
 		return ch, err
 	}
+	if ch.Attachments, err = d.removeAttachments(); err != nil {
+		return ch, err
+	}
 	if addr != "" {
 		if ch.CA, err = removeIfExists(filepath.Join(d.CertsDir, addr, "ca.crt")); err != nil {
 			return ch, err

@@ -15,6 +15,7 @@
 #
 # Needs: go, git, rpmbuild (Debian: apt-get install rpm).
 set -euo pipefail
+export GOFLAGS=${GOFLAGS:--tags=containers_image_openpgp}
 
 # rpm_version DESCRIBE COUNT prints "VERSION RELEASE". RPM forbids '-' in
 # both; the git version stays whole in `ferry version`.

@@ -4,6 +4,7 @@ package bundletest
 
 import (
 	"archive/tar"
+	"crypto/ecdsa"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -27,6 +28,11 @@ type Options struct {
 	// makes a bundle big enough to need several pieces.
 	LayerSize int
 	NoSHA     bool // do not write the .sha256 sidecar
+	// SignKey, when set, signs the release sigstore-style (cosign's
+	// sha256-<hex>.sig attachment, listed in metadata's signatures);
+	// SignAll signs every image with it too.
+	SignKey *ecdsa.PrivateKey
+	SignAll bool
 }
 
 // DefaultImage is the image a bundle holds when Options.Images is empty.
@@ -58,12 +64,22 @@ func Write(t testing.TB, dir string, o Options) (string, string) {
 	for _, n := range o.Images {
 		refs = append(refs, tree.Add(n, imagetree.Layer(n, o.LayerSize)))
 	}
+	var sigs []string
+	if o.SignKey != nil {
+		sigs = append(sigs, tree.Sign(release, "", o.SignKey))
+		for _, r := range refs {
+			if o.SignAll {
+				sigs = append(sigs, tree.Sign(r, "", o.SignKey))
+			}
+		}
+	}
 	size := tree.Size()
 	meta := bundle.Metadata{
 		FormatVersion: 1, Version: o.Version, Arch: o.Arch, SizeBytes: size + 4096, Size: bundle.HumanSize(size + 4096),
-		Release: release,
-		Images:  refs,
-		Created: time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC),
+		Release:    release,
+		Images:     refs,
+		Signatures: sigs,
+		Created:    time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC),
 	}
 	mb, err := json.Marshal(meta)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/ferry-edge/ferry/imagepolicy"
 	"os"
 	"strings"
 
@@ -75,7 +76,7 @@ func runAgent(ctx context.Context, args []string) error {
 	if err := media.Sweep(); err != nil { // mounts a crashed agent left behind
 		log.Warn("cleaning the mount dir", "err", err)
 	}
-	deps := agent.Deps{Notify: notifier{}, Log: log}
+	deps := agent.Deps{Notify: notifier{}, Log: log, Admit: imagepolicy.Checker{Path: cfg.Paths.SignaturePolicy}.Admit}
 	if cfg.Media.Automatic() {
 		deps.Devices, deps.Media = udevSource{udev.NewMonitor(log)}, udevMedia{media}
 	} else {

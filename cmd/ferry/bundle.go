@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -83,6 +84,7 @@ func runBundleInspect(_ context.Context, args []string) error {
 	} else {
 		fmt.Printf("release signatures: none (a disconnected cluster will refuse this release unless it can verify it otherwise)\n")
 	}
+	printSigstore(m)
 	return nil
 }
 
@@ -205,5 +207,25 @@ func progressPrinter(verb string) func(done, total int64) {
 func endProgress(p func(int64, int64)) {
 	if p != nil {
 		fmt.Fprintln(os.Stderr)
+	}
+}
+
+// printSigstore lists the sigstore attachments the bundle carries and says
+// whether the release's is among them.
+func printSigstore(m *bundle.Metadata) {
+	name, _, dgst := bundle.SplitRef(m.Release)
+	relSig := name + ":" + bundle.SignatureTag(dgst)
+	signed := slices.ContainsFunc(m.Signatures, func(s string) bool { return strings.HasPrefix(s, relSig+"@") })
+	switch {
+	case len(m.Signatures) == 0:
+		fmt.Printf("sigstore signatures: none (OpenShift 4.21+ nodes require one for the release: make the bundle again with a ferry that copies them)\n")
+		return
+	case signed:
+		fmt.Printf("sigstore signatures: %d (the release's included)\n", len(m.Signatures))
+	default:
+		fmt.Printf("sigstore signatures: %d (none for the release: OpenShift 4.21+ nodes will refuse it)\n", len(m.Signatures))
+	}
+	for _, s := range m.Signatures {
+		fmt.Printf("  %s\n", s)
 	}
 }

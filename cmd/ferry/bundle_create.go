@@ -27,6 +27,7 @@ var (
 	createOutput     = createFlags.String("output", ".", "directory for upgrade-<version>-<arch>.tar, .sha256 and .tar.minisig")
 	createSignKey    = createFlags.String("sign-key", "", "minisign secret key to sign the bundle with (password from $FERRY_SIGN_PASSWORD if it has one)")
 	createPlatforms  = createFlags.String("platforms", bundle.PlatformsArch, "manifest lists: 'arch' keeps the list but copies only its linux/<arch> images; 'all' copies every platform")
+	createSignatures = createFlags.String("signatures", bundle.SignaturesAll, "sigstore signatures (cosign's sha256-<hex>.sig tags) to copy: 'all' images that have any, or only the 'release' image's")
 	createWorkDir    = createFlags.String("work-dir", "", "where the registry tree is built (default <output>/.ferry-work-<version>-<arch>); a rerun after an interruption reuses it")
 	createKeepWork   = createFlags.Bool("keep-work-dir", false, "keep the work directory after success")
 	createJobs       = createFlags.Int("jobs", 4, "images copied at once")
@@ -72,6 +73,7 @@ func runBundleCreate(ctx context.Context, args []string) error {
 		Arch:        *createArch,
 		ExtraImages: createExtras,
 		Platforms:   *createPlatforms,
+		Signatures:  *createSignatures,
 		Insecure:    !*createTLSVerify,
 		OutputDir:   *createOutput,
 		WorkDir:     *createWorkDir,
@@ -84,6 +86,9 @@ func runBundleCreate(ctx context.Context, args []string) error {
 	}
 	if o.Platforms != bundle.PlatformsArch && o.Platforms != bundle.PlatformsAll {
 		return usageError("--platforms %q: want arch or all", o.Platforms)
+	}
+	if o.Signatures != bundle.SignaturesAll && o.Signatures != bundle.SignaturesRelease {
+		return usageError("--signatures %q: want all or release", o.Signatures)
 	}
 	if *createExtraFile != "" {
 		more, err := bundle.ReadImageList(*createExtraFile)

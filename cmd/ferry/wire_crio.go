@@ -52,7 +52,8 @@ func newLoading(cfg agent.Config, log *slog.Logger) (*agent.Loading, error) {
 		OpenRegistry: func() (agent.BundleServer, error) { return registry.New(regDir, cfg.Registry.Port, log) },
 		Runtime: crioRuntime{&crio.Loader{CRI: cl, Reloader: rl, Log: log, Workers: cfg.CRIO.PullWorkers, StorageDir: cfg.CRIO.StorageDir,
 			KubeletConfig: cfg.CRIO.KubeletConfig,
-			Dropins:       &crio.Dropins{CRIOConfDir: cfg.Paths.CRIOConfDir, RegistriesConfDir: cfg.Paths.RegistriesConfDir, CertsDir: cfg.Paths.CertsDir}}},
+			Dropins: &crio.Dropins{CRIOConfDir: cfg.Paths.CRIOConfDir, RegistriesConfDir: cfg.Paths.RegistriesConfDir, CertsDir: cfg.Paths.CertsDir,
+				RegistriesD: cfg.Paths.RegistriesD}}},
 		RoomFloor: cfg.CRIO.StorageFloorBytes,
 		Log:       log,
 	}, nil

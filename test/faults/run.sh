@@ -11,7 +11,7 @@ export FAULTS_DIR=${FAULTS_DIR:-/var/tmp/ferry-faults}
 mkdir -p "$FAULTS_DIR"
 log=${FAULTS_LOG:-$FAULTS_DIR/faults-$(date +%Y%m%dT%H%M%S).log}
 start=$(date +%s)
-go test -tags faults -count=1 -v -timeout "${FAULTS_TIMEOUT:-40m}" -run "${FAULTS_RUN:-.}" ./test/faults >"$log" 2>&1
+go test -tags faults,containers_image_openpgp -count=1 -v -timeout "${FAULTS_TIMEOUT:-40m}" -run "${FAULTS_RUN:-.}" ./test/faults >"$log" 2>&1
 rc=$?
 echo "fault campaign ($(( $(date +%s) - start ))s; log: $log)"
 grep -E '^[a-z0-9-]+: [0-9]+/[0-9]+ passed' "$log" || echo "no case reported: see the log"

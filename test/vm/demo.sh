@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH=$PATH:/usr/local/go/bin
+export GOFLAGS=${GOFLAGS:--tags=containers_image_openpgp}
 step() { printf '\n==> %s\n' "$*"; }
 
 step "Host packages (test/setup/install-deps.sh, test/setup/setup-vm-host.sh)"
