@@ -8,12 +8,14 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/imagetree"
 	"github.com/ferry-edge/ferry/test/fixture"
 )
 
@@ -388,4 +390,85 @@ func TestCreate_ReleaseByTagKeepsTagAndFlagsOverride(t *testing.T) {
 	if err != nil || string(link) != d {
 		t.Fatalf("tag link %q %v, want %s", link, err, d)
 	}
+}
+
+func TestCreate_CopiesSigstoreSignaturesAndTheTreeCheckWalksThem(t *testing.T) {
+	reg := fixture.NewRegistry(t)
+	release, payload := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 3})
+	key, _ := imagetree.NewSigningKey()
+	relSig := reg.Sign(t, release, key, "")
+	imgSig := reg.Sign(t, payload[1], key, "")
+
+	t.Run("All", func(t *testing.T) {
+		res, err := bundle.Create(t.Context(), createFrom(t, reg, release))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := res.Metadata.Signatures; !slices.Equal(got, []string{relSig, imgSig}) {
+			t.Fatalf("signatures %v, want %v", got, []string{relSig, imgSig})
+		}
+		// The tree check walks each signature like an image: present,
+		// complete, hashing to its name.
+		if _, err := bundle.Verify(t.Context(), bundle.Source{Path: res.TarPath, SHA256Path: res.SHA256Path}, bundle.Options{}); err != nil {
+			t.Fatalf("verify: %v", err)
+		}
+		_, tag, _ := bundle.SplitRef(relSig)
+		want := "docker/registry/v2/repositories/" + bundle.RepoPath(release) + "/_manifests/tags/" + tag + "/current/link"
+		if !slices.Contains(tarNames(t, res.TarPath), want) {
+			t.Errorf("the tar has no %s", want)
+		}
+	})
+	t.Run("ReleaseOnly", func(t *testing.T) {
+		o := createFrom(t, reg, release)
+		o.Signatures = bundle.SignaturesRelease
+		res, err := bundle.Create(t.Context(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := res.Metadata.Signatures; !slices.Equal(got, []string{relSig}) {
+			t.Fatalf("signatures %v, want only the release's %s", got, relSig)
+		}
+	})
+}
+
+func TestVerify_AListedSignatureMissingFromTheTreeIsRefused(t *testing.T) {
+	reg := fixture.NewRegistry(t)
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 2})
+	key, _ := imagetree.NewSigningKey()
+	relSig := reg.Sign(t, release, key, "")
+	o := createFrom(t, reg, release)
+	o.KeepWork = true
+	res, err := bundle.Create(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same tree, its metadata listing a signature it does not hold.
+	m := *res.Metadata
+	name, _, _ := bundle.SplitRef(relSig)
+	m.Signatures = append(m.Signatures, name+":"+bundle.SignatureTag("sha256:"+strings.Repeat("ab", 32))+"@sha256:"+strings.Repeat("cd", 32))
+	tarPath := writeTree(t, &m, res.WorkDir)
+	_, err = bundle.Verify(t.Context(), bundle.Source{Path: tarPath, SHA256Path: strings.TrimSuffix(tarPath, ".tar") + ".sha256"}, bundle.Options{Policy: bundle.Policy{SpaceFactor: -1}})
+	if !errors.Is(err, bundle.ErrInvalid) || !strings.Contains(err.Error(), "the signature "+m.Signatures[1]) {
+		t.Fatalf("err = %v, want the missing signature named", err)
+	}
+}
+
+// writeTree writes a bundle tar of meta over the registry tree under root.
+func writeTree(t *testing.T, meta *bundle.Metadata, root string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), meta.Name()+".tar")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	d, _, err := bundle.WriteTar(f, meta, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sidecar := strings.TrimSuffix(p, ".tar") + ".sha256"
+	if err := os.WriteFile(sidecar, []byte(bundle.FormatSHA256File(strings.TrimPrefix(d, "sha256:"), filepath.Base(p))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

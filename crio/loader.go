@@ -398,8 +398,12 @@ feed:
 		slices.Sort(names)
 		slices.Sort(broken)
 		if len(broken) > 0 {
-			return pulled, PermanentError{fmt.Errorf("%w: %d of %d images cannot be pulled from the bundle, and retrying cannot fix it: %s (first error: %v): the bundle is incomplete or damaged; make it again",
-				ErrNotLoaded, len(broken), total, strings.Join(broken, ", "), failed[broken[0]])}
+			fix := "the bundle is incomplete or damaged; make it again"
+			if first := failed[broken[0]]; strings.Contains(strings.ToLower(first.Error()), "source image rejected") {
+				fix = "the node's signature policy (policy.json) refuses it; make the bundle again with the signatures the policy requires"
+			}
+			return pulled, PermanentError{fmt.Errorf("%w: %d of %d images cannot be pulled from the bundle, and retrying cannot fix it: %s (first error: %v): %s",
+				ErrNotLoaded, len(broken), total, strings.Join(broken, ", "), failed[broken[0]], fix)}
 		}
 		return pulled, fmt.Errorf("%w: %d of %d images could not be pulled through the embedded registry: %s (first error: %v)",
 			ErrNotLoaded, len(failed), total, strings.Join(names, ", "), failed[names[0]])
@@ -505,9 +509,10 @@ func retryable(err error) bool {
 }
 
 // healless are what CRI-O says when the registry lacks what the bundle
-// names, or serves bytes that are not it: retrying pulls the same.
+// names, or serves bytes that are not it, or the node's signature policy
+// refuses the image ("Source image rejected"): retrying pulls the same.
 var healless = []string{"manifest unknown", "blob unknown", "name unknown", "unauthorized", "denied",
-	"digest did not match", "does not match", "digest mismatch", "invalid checksum"}
+	"digest did not match", "does not match", "digest mismatch", "invalid checksum", "source image rejected"}
 
 // cannotHeal says whether a pull error is one retrying cannot fix.
 func cannotHeal(err error) bool {

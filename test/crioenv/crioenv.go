@@ -59,9 +59,10 @@ func crioBinDir(t testing.TB) string {
 }
 
 // CRIO is a CRI-O process with everything under one temporary directory:
-// its storage, socket, crio.conf.d, registries.conf(.d), and certs.d (as
-// $HOME/.config/containers/certs.d, which containers/image looks at before
-// /etc/containers/certs.d).
+// its storage, socket, crio.conf.d, registries.conf(.d), its signature
+// policy (Policy, a copy of the host's until a test writes another), and
+// certs.d and registries.d (as $HOME/.config/containers/certs.d and
+// registries.d, which containers/image uses instead of /etc/containers').
 type CRIO struct {
 	t       testing.TB
 	bin     string
@@ -71,6 +72,7 @@ type CRIO struct {
 	PidFile string
 	Dropins *crio.Dropins
 	LogFile string
+	Policy  string // policy.json, read by CRI-O on every pull
 	prefix  []string
 
 	mu  sync.Mutex
@@ -111,13 +113,15 @@ func start(t testing.TB, prefix []string, storage string) *CRIO {
 		Socket:  filepath.Join(root, "run", "crio.sock"),
 		PidFile: filepath.Join(root, "run", "crio.pid"),
 		LogFile: filepath.Join(root, "crio.log"),
+		Policy:  filepath.Join(root, "etc", "containers", "policy.json"),
 		Dropins: &crio.Dropins{
 			CRIOConfDir:       filepath.Join(root, "etc", "crio", "crio.conf.d"),
 			RegistriesConfDir: filepath.Join(root, "etc", "containers", "registries.conf.d"),
 			CertsDir:          filepath.Join(root, "home", ".config", "containers", "certs.d"),
+			RegistriesD:       filepath.Join(root, "home", ".config", "containers", "registries.d"),
 		},
 	}
-	for _, d := range []string{c.Dropins.CRIOConfDir, c.Dropins.RegistriesConfDir, c.Dropins.CertsDir,
+	for _, d := range []string{c.Dropins.CRIOConfDir, c.Dropins.RegistriesConfDir, c.Dropins.CertsDir, c.Dropins.RegistriesD,
 		filepath.Join(root, "run"), filepath.Join(root, "lib"), filepath.Join(root, "tmp"), filepath.Join(root, "cni")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -125,6 +129,11 @@ func start(t testing.TB, prefix []string, storage string) *CRIO {
 	}
 	Write(t, filepath.Join(root, "etc", "crio", "crio.conf"), c.config())
 	Write(t, filepath.Join(root, "etc", "containers", "registries.conf"), "unqualified-search-registries = []\n")
+	hostPolicy, err := os.ReadFile("/etc/containers/policy.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	Write(t, c.Policy, string(hostPolicy))
 	t.Cleanup(c.cleanup)
 	c.Start(t)
 	return c
@@ -170,7 +179,7 @@ runtime_root = "%[1]s/run/runc"
 monitor_path = "/usr/bin/conmon"
 
 [crio.image]
-signature_policy = "/etc/containers/policy.json"
+signature_policy = "%[1]s/etc/containers/policy.json"
 pause_image = "quay.io/ferry-test/pause:none"
 big_files_temporary_dir = "%[1]s/tmp"
 
@@ -331,6 +340,24 @@ func (c *CRIO) Configure(cfg *agent.Config) {
 	cfg.Paths.CRIOConfDir = c.Dropins.CRIOConfDir
 	cfg.Paths.RegistriesConfDir = c.Dropins.RegistriesConfDir
 	cfg.Paths.CertsDir = c.Dropins.CertsDir
+	cfg.Paths.SignaturePolicy = c.Policy
+	cfg.Paths.RegistriesD = c.Dropins.RegistriesD
+}
+
+// RequireSigstore makes this CRI-O's policy what an OpenShift 4.21+ node's
+// is (the MCO's rendering of the default openshift ClusterImagePolicy): a
+// sigstore signature by the key pub (PEM) for repo, matchRepository,
+// anything else accepted; and a registries.d file turning sigstore
+// attachments on for repo, as the MCO writes it.
+func (c *CRIO) RequireSigstore(t testing.TB, repo string, pub []byte) {
+	t.Helper()
+	key := filepath.Join(c.Root, "etc", "containers", "release.pub")
+	Write(t, key, string(pub))
+	Write(t, c.Policy, fmt.Sprintf(`{"default":[{"type":"insecureAcceptAnything"}],"transports":{"docker":{
+  %q:[{"type":"sigstoreSigned","keyPath":%q,"signedIdentity":{"type":"matchRepository"}}]}}}
+`, repo, key))
+	Write(t, filepath.Join(c.Dropins.RegistriesD, "sigstore-registries.yaml"),
+		fmt.Sprintf("docker:\n  %s:\n    use-sigstore-attachments: true\n", repo))
 }
 
 // PullAll pulls refs through cl with that many concurrent CRI pulls, as

@@ -47,6 +47,13 @@ func createBundle(t *testing.T, opts fixture.ReleaseOptions, extra ...string) (t
 func createBundleFrom(t *testing.T, reg *fixture.Registry, opts fixture.ReleaseOptions, extra ...string) (tarPath string, meta *bundle.Metadata) {
 	t.Helper()
 	release, _ := reg.PushRelease(t, opts)
+	return createBundleOf(t, reg, release, extra...)
+}
+
+// createBundleOf runs ferry bundle create for a release reg already holds,
+// with the workload image and the extra arguments.
+func createBundleOf(t *testing.T, reg *fixture.Registry, release string, extra ...string) (tarPath string, meta *bundle.Metadata) {
+	t.Helper()
 	out := t.TempDir()
 	args := append([]string{"bundle", "create", "--release", release,
 		"--mirror", reg.Mirror(), "--cert-dir", reg.CertsDir,
@@ -54,7 +61,11 @@ func createBundleFrom(t *testing.T, reg *fixture.Registry, opts fixture.ReleaseO
 	if b, err := exec.Command(ferryenv.Binary(t), args...).CombinedOutput(); err != nil {
 		t.Fatalf("ferry bundle create: %v\n%s", err, b)
 	}
-	tarPath = filepath.Join(out, "upgrade-"+opts.Version+"-x86_64.tar")
+	tars, _ := filepath.Glob(filepath.Join(out, "upgrade-*.tar"))
+	if len(tars) != 1 {
+		t.Fatalf("ferry bundle create wrote %v", tars)
+	}
+	tarPath = tars[0]
 	meta, err := bundle.InspectFile(tarPath)
 	if err != nil {
 		t.Fatal(err)
