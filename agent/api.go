@@ -19,6 +19,28 @@ type ClusterAPI interface {
 	UpgradeStatus(ctx context.Context, release string) (UpgradeStatus, error)
 	// NodeAddresses maps every Node's name to its InternalIP.
 	NodeAddresses(ctx context.Context) (map[string]string, error)
+	// NodeUpdate is how the machine config operator stands with the Node
+	// named node.
+	NodeUpdate(ctx context.Context, node string) (NodeUpdate, error)
+}
+
+// NodeUpdate is the machine config operator's state of one node, from
+// its Node's machineconfiguration.openshift.io annotations (written by
+// the machine config daemon) and the MachineConfigPool it belongs to.
+type NodeUpdate struct {
+	// Managed: the Node carries the MCO's annotations; false on a cluster
+	// without a machine config operator.
+	Managed bool
+	State   string // Done, Working, Degraded, …
+	Current string // rendered MachineConfig the node runs
+	Desired string // rendered MachineConfig the MCO sent it to
+	Reason  string // the daemon's reason (when Degraded)
+	// Pool is the MachineConfigPool whose nodeSelector matches the Node
+	// ("" when none does); Paused is its spec.paused; Target its
+	// spec.configuration.name, the rendered config its nodes go to.
+	Pool   string
+	Paused bool
+	Target string
 }
 
 // Upgrade is what the cluster is asked to do.

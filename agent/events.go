@@ -82,6 +82,9 @@ type evUpgradeSeen struct {
 	st      UpgradeStatus
 }
 
+// evNodeSeen: how the machine config operator stands with this node.
+type evNodeSeen struct{ st NodeUpdate }
+
 // evPeerList: the other nodes, as the cluster's API lists them.
 type evPeerList struct{ peers []string }
 
@@ -100,6 +103,7 @@ func (evRetry) isEvent()        {}
 func (evUpgradeAsked) isEvent() {}
 func (evUpgradeSeen) isEvent()  {}
 func (evPeerList) isEvent()     {}
+func (evNodeSeen) isEvent()     {}
 
 type jobKind string
 

@@ -45,6 +45,14 @@ type Record struct {
 	Upgrade *UpgradeRun `json:"upgrade,omitempty"`
 	// Message is the cluster version operator's progress line.
 	Message string `json:"message,omitempty"`
+	// MachineConfig is the rendered MachineConfig this node was headed
+	// for before the upgrade (read at cluster-ready): the upgrade's own
+	// is another one.
+	MachineConfig string `json:"machineConfig,omitempty"`
+	// Retiring: this node no longer needs the bundle (the upgrade is done
+	// and the MCO is done with the node, or ferry cleanup said so): its
+	// files, registry and mirror go, after a restart too.
+	Retiring bool `json:"retiring,omitempty"`
 	// Retired: upgraded, and its files, registry and mirror are gone.
 	Retired bool `json:"retired,omitempty"`
 	// Unpinned: the next bundle's upgrade is done and this one's pins went.

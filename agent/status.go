@@ -43,13 +43,15 @@ type snapshot struct {
 	status  Status
 	peer    peer.Status
 	cluster ClusterStatus
+	// readNode: the follower reads the MCO's state of this node.
+	readNode bool
 }
 
 // publish makes the machine's state visible to readers.
 func (a *Agent) publish() {
 	s := a.m.status()
 	ps := a.m.peerStatus()
-	a.snap.Store(&snapshot{status: s, peer: ps, cluster: a.m.cluster(ps)})
+	a.snap.Store(&snapshot{status: s, peer: ps, cluster: a.m.cluster(ps), readNode: a.m.readsNode()})
 	a.wantAnnotations(s)
 }
 

@@ -35,10 +35,14 @@ type machine struct {
 	previous *Record
 	done     *Record
 	asking   bool // an ask for the cluster upgrade is under way
-	job      *job // the running job, nil when idle
-	probing  map[string]bool
-	view     view // the peers, as last polled
-	backoff  time.Duration
+	// node is the machine config operator's state of this node, as last
+	// read (nil: none, or none since the upgrade was done on a node the
+	// MCO manages).
+	node    *NodeUpdate
+	job     *job // the running job, nil when idle
+	probing map[string]bool
+	view    view // the peers, as last polled
+	backoff time.Duration
 	// cleanupReply: a cleanup waits for the running job to stop.
 	cleanupReply chan error
 	cleanupAsked bool
@@ -90,6 +94,8 @@ func (m *machine) step(ev event) []effect {
 		return m.upgradeAsked(ev)
 	case evUpgradeSeen:
 		return m.upgradeSeen(ev)
+	case evNodeSeen:
+		return m.nodeSeen(ev)
 	case evPeerList:
 		m.peers = ev.peers
 		return nil
@@ -171,7 +177,10 @@ func (m *machine) next() []effect {
 		m.log.Info("loading into CRI-O", "phase", string(PhaseLoading), "bundle", r.Name, "digest", r.Digest)
 		return append(effs, m.startJob(effStartJob{kind: jobLoad, rec: r, keep: m.keep(r)}, "")...)
 	case PhaseUpgraded:
-		return m.retire(r)
+		if r.Retiring || !m.hasAPI {
+			return m.retire(r)
+		}
+		return m.retireWhenDone(r) // waits for the node's next reading
 	}
 	return nil
 }
@@ -485,6 +494,13 @@ func (m *machine) request(q evRequest) []effect {
 	case reqCleanup:
 		if m.active == nil {
 			return []effect{effReply{q.reply, errors.New("no bundle to clean up")}}
+		}
+		if r := m.active; r.Phase == PhaseUpgraded && !r.Retiring && !m.cleanupAsked && m.job == nil {
+			// Upgraded, waiting for the machine config operator: the
+			// technician says the node no longer needs the bundle.
+			m.cleanupAsked, m.cleanupReply = true, q.reply
+			m.log.Info("ferry cleanup: the bundle is no longer needed here", "bundle", r.Name, "waited", r.Reason)
+			return m.retireNow(r)
 		}
 		if m.cleanupAsked || m.active.Phase == PhaseUpgraded {
 			return []effect{effReply{q.reply, errors.New("a cleanup is already under way")}}

@@ -117,12 +117,125 @@ func (m *machine) upgradeSeen(ev evUpgradeSeen) []effect {
 	return nil
 }
 
-// upgraded marks r done and starts its cleanup: files, registry and
-// mirror go, its pins stay; the previous bundle's pins go.
+// upgraded marks r done in the cluster. Its files, registry and mirror
+// go once this node no longer needs them: at once on ferry cleanup (or
+// without an API, where ferry cleanup is the only word that the upgrade
+// is done), otherwise once the machine config operator is done with this
+// node (retireWhenDone). Its pins stay; the previous bundle's pins go
+// with the cleanup.
 func (m *machine) upgraded(r *Record) []effect {
-	effs := m.move(r, PhaseUpgraded, retiring, r.Progress)
 	m.lastBad = nil
+	if !m.hasAPI || m.cleanupAsked {
+		return m.retireNow(r)
+	}
+	if m.node != nil && m.node.Managed {
+		m.node = nil // the MCO's work on it from before the upgrade's end says nothing
+	}
+	return m.retireWhenDone(r)
+}
+
+// retireNow starts r's cleanup, persisting the decision first: a restart
+// finishes it without asking again.
+func (m *machine) retireNow(r *Record) []effect {
+	r.Retiring = true
+	effs := m.move(r, PhaseUpgraded, retiring, r.Progress)
 	return append(effs, m.retire(r)...)
+}
+
+// retireWhenDone starts r's cleanup if the machine config operator is
+// done with this node, or says what the node waits for.
+func (m *machine) retireWhenDone(r *Record) []effect {
+	why := m.nodeWaits(r)
+	if why == "" {
+		m.log.Info("the machine config operator is done with this node: cleaning up", "phase", string(PhaseUpgraded), "bundle", r.Name)
+		return m.retireNow(r)
+	}
+	if r.Phase == PhaseUpgraded && r.Reason == why {
+		return nil
+	}
+	m.log.Info("the cluster upgrade is done; this node still needs the bundle", "phase", string(PhaseUpgraded), "bundle", r.Name, "reason", why)
+	return m.move(r, PhaseUpgraded, why, r.Progress)
+}
+
+// nodeWaits says what this node waits for before it no longer needs r's
+// images (the OS image first of all, pulled through ferry's mirror when
+// the MCO updates it), or "" when it waits for nothing.
+//
+// ClusterVersion says Completed once the control plane is done; worker
+// pools keep rolling (one node at a time, paused pools, canaries). The
+// MCO is done with the node when its daemon reports Done with the
+// currentConfig it was sent to (desiredConfig), and that config is the
+// pool's target (spec.configuration, which the MCO's render controller
+// points at the new release's rendered config once the MCO itself is
+// upgraded, before ClusterVersion can say Completed): a node the MCO has
+// not picked yet shows Done on the old config, which is not the target.
+// As a second guard it must also differ from the config recorded at
+// cluster-ready, before the upgrade: the upgrade's rendered config is a
+// new one. Names are compared rather than creation times: no clock skew,
+// no read of MachineConfigs, and a baseline is only recorded before the
+// upgrade, so a late first reading can never make the node wait forever.
+func (m *machine) nodeWaits(r *Record) string {
+	n := m.node
+	switch {
+	case n == nil:
+		return "waiting to read this node's machine config state from the cluster's API"
+	case !n.Managed:
+		return "" // no machine config operator: done at Completed
+	case n.State == "Done" && n.Current == n.Desired && (n.Target == "" || n.Current == n.Target) && n.Current != r.MachineConfig:
+		return ""
+	case n.Paused:
+		return fmt.Sprintf("waiting: pool %s is paused; the machine config operator updates this node once it is unpaused (the bundle's registry and mirror stay until then)", n.Pool)
+	case n.State != "Done" || n.Current != n.Desired:
+		why := fmt.Sprintf("waiting for the machine config operator to update this node (state %s, %s → %s)", or(n.State, "unknown"), or(n.Current, "none"), or(n.Desired, "none"))
+		if n.Reason != "" {
+			why += ": " + n.Reason
+		}
+		return why
+	case n.Target != "" && n.Current != n.Target:
+		return fmt.Sprintf("waiting for the machine config operator to update this node (pool %s goes to %s, the node is on %s)", n.Pool, n.Target, n.Current)
+	}
+	return fmt.Sprintf("waiting for the machine config operator to update this node (still on %s, its config from before the upgrade)", n.Current)
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// nodeSeen takes a reading of the machine config operator's state of
+// this node: at cluster-ready it records the config the node was headed
+// for before the upgrade; once upgraded, it cleans up when the MCO is
+// done with the node.
+func (m *machine) nodeSeen(ev evNodeSeen) []effect {
+	n := ev.st
+	m.node = &n
+	r := m.active
+	switch {
+	case r == nil:
+	case r.Phase == PhaseClusterReady && r.MachineConfig == "" && n.Managed:
+		r.MachineConfig = or(n.Desired, n.Current)
+		if r.MachineConfig != "" {
+			m.log.Info("this node's machine config before the upgrade", "bundle", r.Name, "config", r.MachineConfig)
+			return []effect{effSave{r}}
+		}
+	case r.Phase == PhaseUpgraded && !r.Retired && !r.Retiring && m.job == nil:
+		return m.retireWhenDone(r)
+	}
+	return nil
+}
+
+// readsNode reports whether the follower should read the machine config
+// operator's state of this node: at cluster-ready until the config from
+// before the upgrade is recorded, and once upgraded until it cleans up.
+func (m *machine) readsNode() bool {
+	r := m.active
+	if r == nil || !m.hasAPI {
+		return false
+	}
+	return r.Phase == PhaseClusterReady && r.MachineConfig == "" ||
+		r.Phase == PhaseUpgraded && !r.Retired && !r.Retiring
 }
 
 func (m *machine) retire(r *Record) []effect {

@@ -56,7 +56,9 @@ func (a *Agent) askUpgrade(ctx context.Context, r *Record) {
 }
 
 // followUpgrade reads the cluster's upgrade of the active bundle's
-// release while it is ready, upgrading or being asked for.
+// release while it is ready, upgrading or being asked for, and the
+// machine config operator's state of this node while the agent needs it
+// (machine.readsNode).
 func (a *Agent) followUpgrade(ctx context.Context) {
 	every := a.deps.APIPoll
 	if every <= 0 {
@@ -64,14 +66,18 @@ func (a *Agent) followUpgrade(ctx context.Context) {
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
-	var lastErr string
+	var lastErr, lastNodeErr string
 	for {
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			return
 		}
-		s := a.snap.Load().status
+		snap := a.snap.Load()
+		if snap.readNode {
+			a.readNode(ctx, &lastNodeErr)
+		}
+		s := snap.status
 		if s.Release == "" || (s.Phase != string(PhaseClusterReady) && s.Phase != string(PhaseUpgrading)) {
 			continue
 		}
@@ -88,6 +94,23 @@ func (a *Agent) followUpgrade(ctx context.Context) {
 		lastErr = ""
 		a.post(evUpgradeSeen{release: s.Release, st: st})
 	}
+}
+
+// readNode reads the machine config operator's state of this node and
+// posts it; a failure is logged once until it changes.
+func (a *Agent) readNode(ctx context.Context, lastErr *string) {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	st, err := a.deps.API.NodeUpdate(cctx, a.cfg.NodeName)
+	cancel()
+	if err != nil {
+		if err.Error() != *lastErr && ctx.Err() == nil {
+			a.log.Warn("cannot read this node's machine config state; trying again", "node", a.cfg.NodeName, "err", err)
+		}
+		*lastErr = err.Error()
+		return
+	}
+	*lastErr = ""
+	a.post(evNodeSeen{st: st})
 }
 
 // Annotation keys on the node's Node object (DESIGN §5).

@@ -26,6 +26,8 @@ type fakeAPI struct {
 	history  []map[string]string // every annotation write, in order
 	annoFail int
 	addrs    map[string]string
+	mco      map[string]NodeUpdate // node → the MCO's state (zero: no MCO)
+	mcoReads int
 }
 
 func newFakeAPI() *fakeAPI {
@@ -80,6 +82,23 @@ func (f *fakeAPI) NodeAddresses(context.Context) (map[string]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return maps.Clone(f.addrs), nil
+}
+
+func (f *fakeAPI) NodeUpdate(_ context.Context, node string) (NodeUpdate, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.mcoReads++
+	return f.mco[node], nil
+}
+
+// setNode plays the machine config operator on node.
+func (f *fakeAPI) setNode(node string, st NodeUpdate) {
+	f.mu.Lock()
+	if f.mco == nil {
+		f.mco = map[string]NodeUpdate{}
+	}
+	f.mco[node] = st
+	f.mu.Unlock()
 }
 
 func (f *fakeAPI) set(release string, st UpgradeStatus) {

@@ -1,9 +1,9 @@
 // Package kube is ferry's Kubernetes client: exactly what the agent needs
 // of the cluster's API (its Node's annotations, the release signature
-// ConfigMap, ClusterVersion) on net/http, with a kubeconfig, timeouts and
-// retries.
+// ConfigMap, ClusterVersion, the machine config operator's state of its
+// Node) on net/http, with a kubeconfig, timeouts and retries.
 //
-// Why not client-go: ferry needs five REST calls on three resources.
+// Why not client-go: ferry needs seven REST calls on four resources.
 // Measured on ferry's own binary (go1.26, -trimpath): 38.6 MB as it is,
 // of which this package is ~22 KB of code; 46.3 MB with client-go's
 // dynamic client and kubeconfig loader linked in, 78.1 MB with the typed

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"slices"
@@ -73,19 +74,46 @@ func runBundleInspect(_ context.Context, args []string) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(m)
 	}
-	fmt.Printf("bundle:   %s\nversion:  %s\narch:     %s\nsize:     %s (%d bytes)\nrelease:  %s\nimages:   %d (+ release)\ncreated:  %s\n",
-		m.Name(), m.Version, m.Arch, m.Size, m.SizeBytes, m.Release, len(m.Images), m.Created.Format(time.RFC3339))
-	fmt.Printf("shape:    %s\n", m.Shape)
+	tarSize := int64(-1)
+	if fi, err := os.Stat(pos[0]); err == nil && fi.Mode().IsRegular() {
+		tarSize = fi.Size()
+	}
+	fmt.Print(inspectText(m, tarSize))
+	return nil
+}
+
+// inspectText is what ferry bundle inspect prints of m; tarSize is the
+// tar's length, -1 when unknown (a raw block device). A bundle made by
+// other tools (seed-shaped) may give no size and no creation time: those
+// read "unknown", not 0 bytes and year 1.
+func inspectText(m *bundle.Metadata, tarSize int64) string {
+	var b strings.Builder
+	size := fmt.Sprintf("%d bytes", m.SizeBytes)
+	switch {
+	case m.SizeBytes <= 0 && tarSize >= 0:
+		size = fmt.Sprintf("unknown (metadata.json gives none; the tar is %d bytes)", tarSize)
+	case m.SizeBytes <= 0:
+		size = "unknown (metadata.json gives none)"
+	case m.Size != "":
+		size = fmt.Sprintf("%s (%d bytes)", m.Size, m.SizeBytes)
+	}
+	created := "unknown (metadata.json gives none)"
+	if !m.Created.IsZero() {
+		created = m.Created.Format(time.RFC3339)
+	}
+	fmt.Fprintf(&b, "bundle:   %s\nversion:  %s\narch:     %s\nsize:     %s\nrelease:  %s\nimages:   %d (+ release)\ncreated:  %s\n",
+		m.Name(), m.Version, m.Arch, size, m.Release, len(m.Images), created)
+	fmt.Fprintf(&b, "shape:    %s\n", m.Shape)
 	if len(m.Duplicates) > 0 {
-		fmt.Printf("warning:  images listed more than once (counted once): %s\n", strings.Join(m.Duplicates, ", "))
+		fmt.Fprintf(&b, "warning:  images listed more than once (counted once): %s\n", strings.Join(m.Duplicates, ", "))
 	}
 	if n := len(m.ReleaseSignatures); n > 0 {
-		fmt.Printf("release signatures: %d\n", n)
+		fmt.Fprintf(&b, "release signatures: %d\n", n)
 	} else {
-		fmt.Printf("release signatures: none (a disconnected cluster will refuse this release unless it can verify it otherwise)\n")
+		fmt.Fprintf(&b, "release signatures: none (a disconnected cluster will refuse this release unless it can verify it otherwise)\n")
 	}
-	printSigstore(m)
-	return nil
+	writeSigstore(&b, m)
+	return b.String()
 }
 
 // trustFlags are the flags verify and extract share.
@@ -210,22 +238,22 @@ func endProgress(p func(int64, int64)) {
 	}
 }
 
-// printSigstore lists the sigstore attachments the bundle carries and says
+// writeSigstore lists the sigstore attachments the bundle carries and says
 // whether the release's is among them.
-func printSigstore(m *bundle.Metadata) {
+func writeSigstore(w io.Writer, m *bundle.Metadata) {
 	name, _, dgst := bundle.SplitRef(m.Release)
 	relSig := name + ":" + bundle.SignatureTag(dgst)
 	signed := slices.ContainsFunc(m.Signatures, func(s string) bool { return strings.HasPrefix(s, relSig+"@") })
 	switch {
 	case len(m.Signatures) == 0:
-		fmt.Printf("sigstore signatures: none (OpenShift 4.21+ nodes require one for the release: make the bundle again with a ferry that copies them)\n")
+		fmt.Fprintf(w, "sigstore signatures: none (OpenShift 4.21+ nodes require one for the release: make the bundle again with a ferry that copies them)\n")
 		return
 	case signed:
-		fmt.Printf("sigstore signatures: %d (the release's included)\n", len(m.Signatures))
+		fmt.Fprintf(w, "sigstore signatures: %d (the release's included)\n", len(m.Signatures))
 	default:
-		fmt.Printf("sigstore signatures: %d (none for the release: OpenShift 4.21+ nodes will refuse it)\n", len(m.Signatures))
+		fmt.Fprintf(w, "sigstore signatures: %d (none for the release: OpenShift 4.21+ nodes will refuse it)\n", len(m.Signatures))
 	}
 	for _, s := range m.Signatures {
-		fmt.Printf("  %s\n", s)
+		fmt.Fprintf(w, "  %s\n", s)
 	}
 }

@@ -24,6 +24,11 @@ func (k clusterAPI) UpgradeStatus(ctx context.Context, release string) (agent.Up
 	return agent.UpgradeStatus{State: agent.UpgradeState(u.State), Message: u.Message, Reason: u.Reason}, err
 }
 
+func (k clusterAPI) NodeUpdate(ctx context.Context, node string) (agent.NodeUpdate, error) {
+	st, err := k.Client.MachineConfigState(ctx, node)
+	return agent.NodeUpdate(st), err
+}
+
 // newClusterAPI is the Kubernetes API when a kubeconfig is configured.
 func newClusterAPI(cfg agent.Config, log *slog.Logger) (agent.ClusterAPI, error) {
 	if cfg.Cluster.Kubeconfig == "" {

@@ -1,9 +1,10 @@
 // Package kubeenv runs a real Kubernetes API for tests: Debian's etcd and a
 // kube-apiserver built from the Go module proxy (test/setup/
-// build-apiserver.sh caches it with OpenShift's real ClusterVersion CRD),
-// with token auth, RBAC on, and ServiceAccount tokens. Nothing acts on
-// ClusterVersion: the test plays the cluster version operator by writing
-// its status. With CI=true a missing piece fails the test, elsewhere it
+// build-apiserver.sh caches it with OpenShift's real ClusterVersion and
+// MachineConfigPool CRDs), with token auth, RBAC on, and ServiceAccount
+// tokens. Nothing acts on ClusterVersion or the pools: the test plays the
+// cluster version operator by writing ClusterVersion's status, and the
+// machine config operator by writing pools and Node annotations. With CI=true a missing piece fails the test, elsewhere it
 // skips it.
 package kubeenv
 
@@ -401,4 +402,87 @@ func must(t testing.TB, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// MachineConfigPool is one pool as the test plays the machine config
+// operator: the admin's spec (nodeSelector, paused), the render
+// controller's spec.configuration (Target), and the operator's status.
+type MachineConfigPool struct {
+	Name         string
+	NodeSelector map[string]string // matchLabels
+	Paused       bool
+	Target       string // spec.configuration.name: the rendered config its nodes go to
+	Current      string // status.configuration.name: the one they all run
+	Machines     int    // status.machineCount
+	Updated      int    // status.updatedMachineCount
+}
+
+const poolsPath = "/apis/machineconfiguration.openshift.io/v1/machineconfigpools"
+
+// InstallMachineConfigPools applies OpenShift's MachineConfigPool CRD (the
+// Default featureset's, cached by test/setup/build-apiserver.sh).
+func (e *Env) InstallMachineConfigPools() {
+	e.t.Helper()
+	crd := filepath.Join(e.bin, "machineconfigpools.crd.yaml")
+	_, err := os.Stat(crd)
+	crioenv.Need(e.t, err == nil, "no MachineConfigPool CRD in %s (a cache from before it was added): run bash test/setup/build-apiserver.sh", e.bin)
+	e.ApplyFile(crd)
+	deadline := time.Now().Add(30 * time.Second)
+	for e.Admin.Raw(context.Background(), "GET", poolsPath, "", nil, nil) != nil {
+		if time.Now().After(deadline) {
+			e.t.Fatal("the MachineConfigPool CRD never became established")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// SetPool creates or updates a pool, spec then status (through the
+// status subresource, as the operator writes it).
+func (e *Env) SetPool(p MachineConfigPool) {
+	e.t.Helper()
+	ctx := context.Background()
+	path := poolsPath + "/" + p.Name
+	spec := map[string]any{
+		"nodeSelector":          map[string]any{"matchLabels": p.NodeSelector},
+		"machineConfigSelector": map[string]any{"matchLabels": map[string]any{"machineconfiguration.openshift.io/role": p.Name}},
+		"paused":                p.Paused,
+		"configuration":         map[string]any{"name": p.Target},
+	}
+	err := e.Admin.Raw(ctx, "PATCH", path, "application/merge-patch+json", map[string]any{"spec": spec}, nil)
+	if kube.IsNotFound(err) {
+		err = e.Admin.Raw(ctx, "POST", poolsPath, "application/json", map[string]any{
+			"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigPool",
+			"metadata": map[string]any{"name": p.Name}, "spec": spec}, nil)
+	}
+	if err != nil {
+		e.t.Fatalf("writing machineconfigpool %s: %v", p.Name, err)
+	}
+	status := map[string]any{
+		"observedGeneration": 1, "configuration": map[string]any{"name": p.Current},
+		"machineCount": p.Machines, "updatedMachineCount": p.Updated, "readyMachineCount": p.Updated,
+		"unavailableMachineCount": 0, "degradedMachineCount": 0,
+	}
+	if err := e.Admin.Raw(ctx, "PATCH", path+"/status", "application/merge-patch+json", map[string]any{"status": status}, nil); err != nil {
+		e.t.Fatalf("writing machineconfigpool %s status: %v", p.Name, err)
+	}
+}
+
+// LabelNode sets labels on a Node (e.g. node-role.kubernetes.io/worker).
+func (e *Env) LabelNode(node string, labels map[string]string) {
+	e.t.Helper()
+	patch := map[string]any{"metadata": map[string]any{"labels": labels}}
+	must(e.t, e.Admin.Raw(context.Background(), "PATCH", "/api/v1/nodes/"+node, "application/merge-patch+json", patch, nil))
+}
+
+// SetMachineConfig writes a Node's machine config annotations as the
+// machine config daemon (state, currentConfig) and the node controller
+// (desiredConfig) do.
+func (e *Env) SetMachineConfig(node, state, current, desired string) {
+	e.t.Helper()
+	patch := map[string]any{"metadata": map[string]any{"annotations": map[string]any{
+		"machineconfiguration.openshift.io/state":         state,
+		"machineconfiguration.openshift.io/currentConfig": current,
+		"machineconfiguration.openshift.io/desiredConfig": desired,
+	}}}
+	must(e.t, e.Admin.Raw(context.Background(), "PATCH", "/api/v1/nodes/"+node, "application/merge-patch+json", patch, nil))
 }

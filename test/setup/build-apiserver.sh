@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build a real kube-apiserver from the Go module proxy, and fetch
-# OpenShift's ClusterVersion CRD from the github.com/openshift/api module,
-# for the tests that play the cluster version operator against a real API.
+# OpenShift's ClusterVersion and MachineConfigPool CRDs from the
+# github.com/openshift/api module, for the tests that play the cluster
+# version operator and the machine config operator against a real API.
 # Cached outside the repo, keyed on the versions; prints the cache dir.
 #
 # The k8s.io/kubernetes module zip holds no staging/ (nested modules are
@@ -13,25 +14,43 @@ STAGING_VERSION=v0${KUBE_VERSION#v1}
 OPENSHIFT_API=${OPENSHIFT_API:-github.com/openshift/api@v0.0.0-20260213204242-d34f11c515b3}
 CACHE=${FERRY_CACHE:-/var/cache/ferry-test}
 OUT="$CACHE/kube-$KUBE_VERSION"
-CRD=config/v1/zz_generated.crd-manifests/0000_00_cluster-version-operator_01_clusterversions-Default.crd.yaml
-
-if [ -x "$OUT/kube-apiserver" ] && [ -s "$OUT/clusterversions.crd.yaml" ]; then
+# OpenShift's CRDs, by the name they are cached under (the Default
+# featureset's variant where there are several).
+declare -A CRDS=(
+  [clusterversions.crd.yaml]=config/v1/zz_generated.crd-manifests/0000_00_cluster-version-operator_01_clusterversions-Default.crd.yaml
+  [machineconfigpools.crd.yaml]=machineconfiguration/v1/zz_generated.crd-manifests/0000_80_machine-config_01_machineconfigpools-Default.crd.yaml
+)
+missing=()
+for name in "${!CRDS[@]}"; do
+  [ -s "$OUT/$name" ] || missing+=("$name")
+done
+if [ -x "$OUT/kube-apiserver" ] && [ ${#missing[@]} -eq 0 ]; then
   echo "$OUT"; exit 0
 fi
-mkdir -p "$OUT.tmp"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 moddir() { (cd "$work" && go mod download -json "$1" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p'); }
 
-cp "$(moddir "$OPENSHIFT_API")/$CRD" "$OUT.tmp/clusterversions.crd.yaml"
 if [ -x "$OUT/kube-apiserver" ]; then
-  cp "$OUT/kube-apiserver" "$OUT.tmp/"
-else
-  cp -r "$(moddir "k8s.io/kubernetes@$KUBE_VERSION")" "$work/k8s"
-  chmod -R u+w "$work/k8s"
-  cd "$work/k8s"
-  rm -rf vendor go.work go.work.sum
-  python3 - "$STAGING_VERSION" <<'PY'
+  # A cache made before a CRD was added to the list: add it in place
+  # (renamed in, so that a test starting meanwhile never reads half).
+  api=$(moddir "$OPENSHIFT_API")
+  for name in "${missing[@]}"; do
+    cp "$api/${CRDS[$name]}" "$OUT/.$name.tmp"
+    mv "$OUT/.$name.tmp" "$OUT/$name"
+  done
+  echo "$OUT"; exit 0
+fi
+mkdir -p "$OUT.tmp"
+api=$(moddir "$OPENSHIFT_API")
+for name in "${!CRDS[@]}"; do
+  cp "$api/${CRDS[$name]}" "$OUT.tmp/$name"
+done
+cp -r "$(moddir "k8s.io/kubernetes@$KUBE_VERSION")" "$work/k8s"
+chmod -R u+w "$work/k8s"
+cd "$work/k8s"
+rm -rf vendor go.work go.work.sum
+python3 - "$STAGING_VERSION" <<'PY'
 import re, sys
 v = sys.argv[1]
 s = open('go.mod').read()
@@ -41,7 +60,6 @@ for m in staged:
     s = re.sub(r'(^\s*' + re.escape(m) + r') v0\.0\.0\b', r'\1 ' + v, s, flags=re.M)
 open('go.mod', 'w').write(s)
 PY
-  GOFLAGS=-mod=mod go build -trimpath -o "$OUT.tmp/kube-apiserver" ./cmd/kube-apiserver >&2
-fi
+GOFLAGS=-mod=mod go build -trimpath -o "$OUT.tmp/kube-apiserver" ./cmd/kube-apiserver >&2
 rm -rf "$OUT"; mv "$OUT.tmp" "$OUT"
 echo "$OUT"

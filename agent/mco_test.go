@@ -1,0 +1,174 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferry-edge/ferry/bundle/bundletest"
+)
+
+// The test plays the machine config operator (api.setNode) as well as
+// the cluster version operator: ClusterVersion says Completed once the
+// control plane is done, and a node keeps its bundle's registry and
+// mirror until the MCO is done with it (DESIGN §4).
+
+const (
+	oldConfig = "rendered-worker-0ld"
+	newConfig = "rendered-worker-4ew"
+)
+
+// upgradedWhileTheMCOIsAtWork takes a bundle to ClusterVersion Completed
+// on a node the MCO manages, which was Done on oldConfig before the
+// upgrade; before stays the node's state until the test changes it.
+func upgradedWhileTheMCOIsAtWork(t *testing.T, before NodeUpdate) (*harness, *fakeAPI) {
+	t.Helper()
+	h, api := apiHarness(t)
+	api.setNode("node-a", NodeUpdate{Managed: true, State: "Done", Current: oldConfig, Desired: oldConfig, Pool: "worker", Target: oldConfig})
+	h.start()
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseClusterReady)
+	h.waitFor("the config from before the upgrade recorded", func() bool { return h.record().MachineConfig == oldConfig })
+	api.setNode("node-a", before)
+	release := h.agent.Status().Release
+	api.set(release, UpgradeStatus{State: UpgradeRunning, Message: "Working towards 4.13.7"})
+	h.waitPhase(PhaseUpgrading)
+	api.set(release, UpgradeStatus{State: UpgradeCompleted, Message: "Cluster version is 4.13.7"})
+	h.waitPhase(PhaseUpgraded)
+	return h, api
+}
+
+// record is the active bundle's record, as the status shows it.
+func (h *harness) record() Record {
+	for _, r := range h.agent.Status().Bundles {
+		if r.Name == "upgrade-4.13.7-x86_64.tar" {
+			return r
+		}
+	}
+	return Record{}
+}
+
+func (h *harness) retires() int {
+	h.loader.mu.Lock()
+	defer h.loader.mu.Unlock()
+	return len(h.loader.retires)
+}
+
+// keepsTheBundle checks, for a while, that nothing was cleaned up and that
+// the status and the Node say what the node waits for.
+func (h *harness) keepsTheBundle(api *fakeAPI, why string) {
+	h.t.Helper()
+	s := h.waitReason(why)
+	h.waitFor("the waiting reason on the Node", func() bool { return strings.Contains(api.annotation("node-a", AnnotationReason), why) })
+	time.Sleep(150 * time.Millisecond) // several polls of the node
+	s = h.agent.Status()
+	if s.Phase != string(PhaseUpgraded) || !strings.Contains(s.Reason, why) || !strings.Contains(s.Line, why) {
+		h.t.Fatalf("status %+v", s)
+	}
+	if n := h.retires(); n != 0 {
+		h.t.Fatalf("retired %d times while the node still needs the bundle", n)
+	}
+	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); err != nil {
+		h.t.Fatalf("the extracted tree went while the node still needs it: %v", err)
+	}
+	if got := api.annotation("node-a", AnnotationPhase); got != "upgraded" {
+		h.t.Fatalf("phase annotation %q", got)
+	}
+}
+
+func (h *harness) retiresOnce() {
+	h.t.Helper()
+	h.waitFor("the bundle retired", func() bool {
+		s := h.agent.Status()
+		return s.Phase == "upgraded" && s.Reason == "" && h.record().Retired
+	})
+	if n := h.retires(); n != 1 {
+		h.t.Fatalf("retired %d times", n)
+	}
+	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); !os.IsNotExist(err) {
+		h.t.Fatal("the extracted tree outlived the cleanup")
+	}
+}
+
+func TestUpgrade_CompletedWhileTheMCOUpdatesTheNodeKeepsTheBundleUntilDone(t *testing.T) {
+	// Completed: the control plane is done; the worker pool goes to the
+	// new config, this node not picked yet (Done on the old one).
+	h, api := upgradedWhileTheMCOIsAtWork(t, NodeUpdate{Managed: true, State: "Done", Current: oldConfig, Desired: oldConfig, Pool: "worker", Target: newConfig})
+	h.keepsTheBundle(api, "waiting for the machine config operator to update this node (pool worker goes to "+newConfig+", the node is on "+oldConfig+")")
+
+	// Picked: the daemon works on it.
+	api.setNode("node-a", NodeUpdate{Managed: true, State: "Working", Current: oldConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
+	h.keepsTheBundle(api, "waiting for the machine config operator to update this node (state Working, "+oldConfig+" → "+newConfig+")")
+
+	// Done on the new rendered config: the bundle goes, its pins stay.
+	api.setNode("node-a", NodeUpdate{Managed: true, State: "Done", Current: newConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
+	h.retiresOnce()
+	h.waitFor("the reason cleared on the Node", func() bool { return api.annotation("node-a", AnnotationReason) == "" })
+	api.mu.Lock()
+	reads := api.mcoReads
+	api.mu.Unlock()
+	time.Sleep(100 * time.Millisecond)
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	if api.mcoReads != reads {
+		t.Errorf("the node's machine config state was read %d more times after the cleanup", api.mcoReads-reads)
+	}
+}
+
+func TestUpgrade_DoneOnTheConfigFromBeforeTheUpgradeIsNotDone(t *testing.T) {
+	// No pool target known (no pool matches): the config recorded at
+	// cluster-ready alone says the MCO has not reached the node.
+	h, api := upgradedWhileTheMCOIsAtWork(t, NodeUpdate{Managed: true, State: "Done", Current: oldConfig, Desired: oldConfig})
+	h.keepsTheBundle(api, "still on "+oldConfig+", its config from before the upgrade")
+	api.setNode("node-a", NodeUpdate{Managed: true, State: "Done", Current: newConfig, Desired: newConfig})
+	h.retiresOnce()
+}
+
+func TestUpgrade_APausedPoolKeepsTheBundleAndFerryCleanupStillCleansUp(t *testing.T) {
+	h, api := upgradedWhileTheMCOIsAtWork(t, NodeUpdate{Managed: true, State: "Done", Current: oldConfig, Desired: oldConfig, Pool: "worker", Paused: true, Target: newConfig})
+	h.keepsTheBundle(api, "waiting: pool worker is paused")
+
+	// The technician says the node no longer needs it: at once.
+	must(t, h.agent.Request(t.Context(), "cleanup", nil))
+	if n := h.retires(); n != 1 {
+		t.Fatalf("ferry cleanup retired %d times", n)
+	}
+	h.retiresOnce()
+	if err := h.agent.Request(t.Context(), "cleanup", nil); err == nil {
+		t.Error("a second ferry cleanup found something to do")
+	}
+}
+
+func TestUpgrade_ANodeWithoutTheMCOIsDoneAtCompleted(t *testing.T) {
+	h, api := apiHarness(t) // the fake Node carries no machine config annotations
+	h.start()
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseClusterReady)
+	release := h.agent.Status().Release
+	api.set(release, UpgradeStatus{State: UpgradeCompleted, Message: "Cluster version is 4.13.7"})
+	h.retiresOnce()
+	if r := h.record(); r.MachineConfig != "" {
+		t.Errorf("a config recorded for a node without the MCO: %q", r.MachineConfig)
+	}
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	for _, a := range api.history {
+		if strings.Contains(a[AnnotationReason], "machine config") {
+			t.Errorf("the Node was told to wait for the MCO: %v", a)
+		}
+	}
+}
+
+func TestUpgrade_ARestartWhileWaitingForTheMCOWaitsAgain(t *testing.T) {
+	h, api := upgradedWhileTheMCOIsAtWork(t, NodeUpdate{Managed: true, State: "Working", Current: oldConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
+	h.keepsTheBundle(api, "state Working")
+	h.stop()
+	h.start()
+	h.keepsTheBundle(api, "state Working")
+	api.setNode("node-a", NodeUpdate{Managed: true, State: "Done", Current: newConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
+	h.retiresOnce()
+}

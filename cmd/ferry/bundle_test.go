@@ -1,0 +1,107 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/ferry-edge/ferry/bundle"
+)
+
+// A bundle made by other tools (seed-shaped): no sizeBytes, no size, no
+// created in its metadata.json.
+const seedShaped = `{
+  "version": "4.13.7",
+  "arch": "x86_64",
+  "release": "quay.io/openshift-release-dev/ocp-release@sha256:abababababababababababababababababababababababababababababababab",
+  "images": ["quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd"]
+}`
+
+func TestBundleInspect_ASeedShapedBundleSaysUnknownAndGivesTheTarsLength(t *testing.T) {
+	var tb bytes.Buffer
+	tw := tar.NewWriter(&tb)
+	if err := tw.WriteHeader(&tar.Header{Name: bundle.MetadataName, Mode: 0o644, Size: int64(len(seedShaped))}); err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(tw, seedShaped)
+	tw.Close()
+	path := filepath.Join(t.TempDir(), "upgrade-4.13.7-x86_64.tar")
+	if err := os.WriteFile(path, tb.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	out := captureStdout(t, func() error { return runBundleInspect(t.Context(), []string{path}) })
+	for _, want := range []string{
+		"size:     unknown (metadata.json gives none; the tar is " + strconv.Itoa(tb.Len()) + " bytes)",
+		"created:  unknown (metadata.json gives none)",
+		"shape:    " + bundle.ShapeSeed,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	for _, bad := range []string{"0 bytes", "0001-01-01"} {
+		if strings.Contains(out, bad) {
+			t.Errorf("output says %q:\n%s", bad, out)
+		}
+	}
+}
+
+func TestBundleInspect_SizesAndTimesThatAreGivenAreShown(t *testing.T) {
+	m, err := bundle.ParseMetadata([]byte(strings.Replace(seedShaped, "{", `{"formatVersion": 1, "size": "1 KiB", "sizeBytes": 1024, "created": "2026-11-22T08:00:00Z",`, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := inspectText(m, 4096)
+	if !strings.Contains(out, "size:     1 KiB (1024 bytes)\n") || !strings.Contains(out, "created:  2026-11-22T08:00:00Z\n") {
+		t.Errorf("output:\n%s", out)
+	}
+	// A raw device: the tar's length is not known without reading it.
+	m.SizeBytes = 0
+	if out := inspectText(m, -1); !strings.Contains(out, "size:     unknown (metadata.json gives none)\n") {
+		t.Errorf("on a device:\n%s", out)
+	}
+}
+
+// captureStdout runs fn and returns what it printed.
+func captureStdout(t *testing.T, fn func() error) string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stdout
+	os.Stdout = w
+	done := make(chan []byte)
+	go func() { b, _ := io.ReadAll(r); done <- b }()
+	ferr := fn()
+	os.Stdout = old
+	w.Close()
+	out := string(<-done)
+	if ferr != nil {
+		t.Fatalf("%v\n%s", ferr, out)
+	}
+	return out
+}
+
+func TestBundleInspect_SaysWhichSigstoreSignaturesItCarries(t *testing.T) {
+	m, err := bundle.ParseMetadata([]byte(seedShaped))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := inspectText(m, 4096); !strings.Contains(out, "sigstore signatures: none (OpenShift 4.21+ nodes require one for the release") {
+		t.Errorf("no signatures:\n%s", out)
+	}
+	name, _, d := bundle.SplitRef(m.Release)
+	sig := name + ":" + bundle.SignatureTag(d) + "@sha256:" + strings.Repeat("ef", 32)
+	m.Signatures = []string{sig}
+	out := inspectText(m, 4096)
+	if !strings.Contains(out, "sigstore signatures: 1 (the release's included)") || !strings.Contains(out, "  "+sig+"\n") {
+		t.Errorf("the release's signature:\n%s", out)
+	}
+}

@@ -1,0 +1,156 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+)
+
+// The machine config operator's annotations on a Node, written by its
+// daemon (MCD) on the node.
+const (
+	MCOCurrentConfig = "machineconfiguration.openshift.io/currentConfig"
+	MCODesiredConfig = "machineconfiguration.openshift.io/desiredConfig"
+	MCOState         = "machineconfiguration.openshift.io/state"
+	MCOReason        = "machineconfiguration.openshift.io/reason"
+	poolsPath        = "/apis/machineconfiguration.openshift.io/v1/machineconfigpools"
+)
+
+// MachineConfigState is how the machine config operator stands with one
+// node: its Node's annotations and the MachineConfigPool it is in.
+type MachineConfigState struct {
+	Managed bool   // the Node carries the MCO's annotations
+	State   string // Done, Working, Degraded, …
+	Current string // currentConfig
+	Desired string // desiredConfig
+	Reason  string
+	Pool    string // the pool whose nodeSelector matches the Node, "" for none
+	Paused  bool   // the pool's spec.paused
+	Target  string // the pool's spec.configuration.name
+}
+
+// MachineConfigState reads the Node named node and, when the machine
+// config operator manages it, the MachineConfigPools (a cluster without
+// their CRD has no pool).
+func (c *Client) MachineConfigState(ctx context.Context, node string) (MachineConfigState, error) {
+	var n struct {
+		Metadata struct {
+			Labels      map[string]string `json:"labels"`
+			Annotations map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	if err := c.do(ctx, "GET", "/api/v1/nodes/"+url.PathEscape(node), "", nil, &n); err != nil {
+		return MachineConfigState{}, fmt.Errorf("reading node %s: %w", node, err)
+	}
+	a := n.Metadata.Annotations
+	var st MachineConfigState
+	for _, k := range []string{MCOCurrentConfig, MCODesiredConfig, MCOState} {
+		if _, ok := a[k]; ok {
+			st.Managed = true
+		}
+	}
+	if !st.Managed {
+		return st, nil
+	}
+	st.State, st.Current, st.Desired, st.Reason = a[MCOState], a[MCOCurrentConfig], a[MCODesiredConfig], a[MCOReason]
+	var list struct {
+		Items []pool `json:"items"`
+	}
+	err := c.do(ctx, "GET", poolsPath, "", nil, &list)
+	if IsNotFound(err) {
+		return st, nil
+	}
+	if err != nil {
+		return st, fmt.Errorf("listing the machine config pools: %w", err)
+	}
+	if p := poolOf(list.Items, n.Metadata.Labels); p != nil {
+		st.Pool, st.Paused, st.Target = p.Metadata.Name, p.Spec.Paused, p.Spec.Configuration.Name
+	}
+	return st, nil
+}
+
+type pool struct {
+	Metadata struct {
+		Name string `json:"name"`
+	} `json:"metadata"`
+	Spec struct {
+		NodeSelector  *labelSelector `json:"nodeSelector"`
+		Paused        bool           `json:"paused"`
+		Configuration struct {
+			Name string `json:"name"`
+		} `json:"configuration"`
+	} `json:"spec"`
+}
+
+type labelSelector struct {
+	MatchLabels      map[string]string `json:"matchLabels"`
+	MatchExpressions []struct {
+		Key      string   `json:"key"`
+		Operator string   `json:"operator"`
+		Values   []string `json:"values"`
+	} `json:"matchExpressions"`
+}
+
+// poolOf is the pool a node with these labels is in, as the MCO picks
+// it: a custom pool's nodes also match worker's selector, and the custom
+// pool wins; master wins over any other.
+func poolOf(pools []pool, labels map[string]string) *pool {
+	var in []*pool
+	for i := range pools {
+		if pools[i].Spec.NodeSelector.matches(labels) {
+			in = append(in, &pools[i])
+		}
+	}
+	if len(in) > 1 {
+		in = slices.DeleteFunc(in, func(p *pool) bool { return p.Metadata.Name == "worker" })
+	}
+	for _, p := range in {
+		if p.Metadata.Name == "master" {
+			return p
+		}
+	}
+	slices.SortFunc(in, func(a, b *pool) int { return strings.Compare(a.Metadata.Name, b.Metadata.Name) })
+	if len(in) == 0 {
+		return nil
+	}
+	return in[0]
+}
+
+// matches is a Kubernetes label selector's meaning: nil selects nothing,
+// an empty one everything.
+func (s *labelSelector) matches(labels map[string]string) bool {
+	if s == nil {
+		return false
+	}
+	for k, v := range s.MatchLabels {
+		if have, ok := labels[k]; !ok || have != v {
+			return false
+		}
+	}
+	for _, e := range s.MatchExpressions {
+		v, ok := labels[e.Key]
+		switch e.Operator {
+		case "In":
+			if !ok || !slices.Contains(e.Values, v) {
+				return false
+			}
+		case "NotIn":
+			if ok && slices.Contains(e.Values, v) {
+				return false
+			}
+		case "Exists":
+			if !ok {
+				return false
+			}
+		case "DoesNotExist":
+			if ok {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	return true
+}
