@@ -358,8 +358,7 @@ func (c *creator) run(ctx context.Context) (*CreateResult, error) {
 		meta.Signatures = append(meta.Signatures, p.ref.String())
 	}
 	c.prog.imagesTotal.Add(int64(len(sigs)))
-	relTag := SignatureTag(rel.digest)
-	if !slices.ContainsFunc(sigs, func(p *imagePlan) bool { return p.ref.name == rel.name && p.ref.tag == relTag }) {
+	if !slices.ContainsFunc(meta.Signatures, func(s string) bool { return meta.SignatureOf(s) == rel.name+"@"+rel.digest }) {
 		c.log.Warn("the release image carries no sigstore signature: OpenShift 4.21+ nodes refuse it unless their policy allows unsigned images", "release", rel.String())
 	} else {
 		c.log.Info("sigstore signatures copied", "signatures", len(sigs))

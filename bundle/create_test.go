@@ -472,3 +472,26 @@ func writeTree(t *testing.T, meta *bundle.Metadata, root string) string {
 	}
 	return p
 }
+
+func TestCreate_CopiesSigstoreReferrersByTheTagSchema(t *testing.T) {
+	reg := fixture.NewRegistry(t)
+	release, payload := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 2})
+	art := reg.AttachReferrer(t, release, fixture.SigstoreBundleType, []byte(`{"mediaType":"application/vnd.dev.sigstore.bundle.v0.3+json"}`))
+	reg.AttachReferrer(t, payload[0], "application/spdx+json", []byte(`{"spdxVersion":"SPDX-2.3"}`)) // an SBOM stays behind
+	res, err := bundle.Create(t.Context(), createFrom(t, reg, release))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sigs := res.Metadata.Signatures
+	name, _, d := bundle.SplitRef(release)
+	if len(sigs) != 1 || !strings.HasPrefix(sigs[0], name+":"+bundle.ReferrersTag(d)+"@sha256:") || res.Metadata.SignatureOf(sigs[0]) != release {
+		t.Fatalf("signatures %v, want the release's referrers index", sigs)
+	}
+	if _, err := bundle.Verify(t.Context(), bundle.Source{Path: res.TarPath, SHA256Path: res.SHA256Path}, bundle.Options{}); err != nil {
+		t.Fatalf("verify: %v", err)
+	}
+	want := "docker/registry/v2/repositories/" + bundle.RepoPath(release) + "/_manifests/revisions/sha256/" + strings.TrimPrefix(art, "sha256:") + "/link"
+	if !slices.Contains(tarNames(t, res.TarPath), want) {
+		t.Errorf("the tar lacks the referrer %s", want)
+	}
+}

@@ -56,7 +56,8 @@ type Metadata struct {
 	// Signatures are the sigstore signature attachments carried with the
 	// images, each name:sha256-<hex>.sig@sha256:… (cosign's tag for the
 	// manifest sha256:<hex> of an image or a list child, under the image's
-	// name). A node's policy.json may require them (OpenShift 4.21+ does
+	// name) or name:sha256-<hex>@sha256:… (an index of the sigstore
+	// artifacts among its OCI referrers, by the referrers tag schema). A node's policy.json may require them (OpenShift 4.21+ does
 	// for the release); the embedded registry serves them as the source did.
 	Signatures []string `json:"signatures,omitempty"`
 
@@ -94,14 +95,28 @@ func (m *Metadata) AllImages() []string {
 // (sha256:<hex>): sha256-<hex>.sig.
 func SignatureTag(d string) string { return strings.Replace(d, ":", "-", 1) + ".sig" }
 
-// SignedDigest is the manifest digest a signature tag is for, and whether
-// tag is one.
+// ReferrersTag is the OCI referrers tag schema's tag for the referrers of
+// manifest d (sha256:<hex>): sha256-<hex>, an index of them.
+func ReferrersTag(d string) string { return strings.Replace(d, ":", "-", 1) }
+
+// SignedDigest is the manifest digest a signature tag (cosign's
+// sha256-<hex>.sig, or the referrers index sha256-<hex>) is for, and
+// whether tag is one.
 func SignedDigest(tag string) (string, bool) {
 	hexd, ok := strings.CutPrefix(tag, "sha256-")
-	if hexd, ok = strings.CutSuffix(hexd, ".sig"); !ok || !isHex64(hexd) {
+	hexd = strings.TrimSuffix(hexd, ".sig")
+	if !ok || !isHex64(hexd) {
 		return "", false
 	}
 	return "sha256:" + hexd, true
+}
+
+// SignatureOf is the reference (name@sha256:…) of the manifest the
+// signature sig (an entry of Signatures) is for.
+func (m *Metadata) SignatureOf(sig string) string {
+	name, tag, _ := SplitRef(sig)
+	d, _ := SignedDigest(tag)
+	return name + "@" + d
 }
 
 // ParseMetadata decodes and validates metadata.json. Unknown fields are
@@ -208,7 +223,7 @@ func (m *Metadata) Validate() error {
 		}
 		n, tag, _ := SplitRef(ref)
 		if _, ok := SignedDigest(tag); !ok {
-			return bad("signatures[%d]: %s is not tagged sha256-<hex>.sig", i, ref)
+			return bad("signatures[%d]: %s is not tagged sha256-<hex>.sig or sha256-<hex>", i, ref)
 		}
 		if !names[n] {
 			return bad("signatures[%d]: %s is not in a repository of the release or the images", i, ref)

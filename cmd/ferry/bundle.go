@@ -241,9 +241,8 @@ func endProgress(p func(int64, int64)) {
 // writeSigstore lists the sigstore attachments the bundle carries and says
 // whether the release's is among them.
 func writeSigstore(w io.Writer, m *bundle.Metadata) {
-	name, _, dgst := bundle.SplitRef(m.Release)
-	relSig := name + ":" + bundle.SignatureTag(dgst)
-	signed := slices.ContainsFunc(m.Signatures, func(s string) bool { return strings.HasPrefix(s, relSig+"@") })
+	name, _, d := bundle.SplitRef(m.Release)
+	signed := slices.ContainsFunc(m.Signatures, func(s string) bool { return m.SignatureOf(s) == name+"@"+d })
 	switch {
 	case len(m.Signatures) == 0:
 		fmt.Fprintf(w, "sigstore signatures: none (OpenShift 4.21+ nodes require one for the release: make the bundle again with a ferry that copies them)\n")
