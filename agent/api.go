@@ -22,6 +22,18 @@ type ClusterAPI interface {
 	// NodeUpdate is how the machine config operator stands with the Node
 	// named node.
 	NodeUpdate(ctx context.Context, node string) (NodeUpdate, error)
+	// Preflight is what the cluster says of an upgrade to version with
+	// these images, before the bundle is spread over the nodes.
+	Preflight(ctx context.Context, version string, images []string) (Preflight, error)
+}
+
+// Preflight is the cluster's word on a bundle before it is shared:
+// Refusals stop it (the version operator would refuse it too), Warnings
+// are shown.
+type Preflight struct {
+	Current  string // the cluster's version now
+	Refusals []string
+	Warnings []string
 }
 
 // NodeUpdate is the machine config operator's state of one node, from

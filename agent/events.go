@@ -85,6 +85,12 @@ type evUpgradeSeen struct {
 // evNodeSeen: how the machine config operator stands with this node.
 type evNodeSeen struct{ st NodeUpdate }
 
+// evPreflight: the cluster's preflight warnings on the bundle being read.
+type evPreflight struct {
+	id       string
+	warnings []string
+}
+
 // evPeerList: the other nodes, as the cluster's API lists them.
 type evPeerList struct{ peers []string }
 
@@ -104,6 +110,7 @@ func (evUpgradeAsked) isEvent() {}
 func (evUpgradeSeen) isEvent()  {}
 func (evPeerList) isEvent()     {}
 func (evNodeSeen) isEvent()     {}
+func (evPreflight) isEvent()    {}
 
 type jobKind string
 

@@ -111,6 +111,11 @@ func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.
 	case OriginPeer:
 		again = "then it is fetched again by itself"
 	}
+	if r.Origin != OriginPeer {
+		if err := a.preflight(ctx, r); err != nil {
+			return nil, nil, err
+		}
+	}
 	if err := a.roomBefore(ctx, r, map[string]int64{a.cfg.Paths.ExtractDir: r.Metadata.SizeBytes}, again); err != nil {
 		return nil, nil, err
 	}

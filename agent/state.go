@@ -63,6 +63,9 @@ type Record struct {
 	// Approval is how this node approved the bundle ("digest",
 	// "signature", "peer", "off").
 	Approval string `json:"approval,omitempty"`
+	// Warnings are the cluster's preflight warnings on the bundle (paused
+	// pools, unhealthy operators, workloads it does not serve).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Store keeps records as one JSON file each, written atomically.

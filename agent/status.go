@@ -31,6 +31,7 @@ type Status struct {
 	Times    map[Phase]time.Time `json:"times,omitempty"`
 	Healthy  bool                `json:"healthy"`
 	Notice   string              `json:"notice,omitempty"` // a passing remark, e.g. a stick that holds the bundle already here
+	Warnings []string            `json:"warnings,omitempty"` // the cluster's preflight warnings on the bundle
 	Line     string              `json:"line"`             // the systemd STATUS= line
 	Bundles  []Record            `json:"bundles,omitempty"`
 }
@@ -65,6 +66,7 @@ func (m *machine) status() Status {
 	if shown != nil {
 		r := shown.clone()
 		s.Phase, s.Bundle, s.Digest, s.Reason, s.Times, s.Message = string(r.Phase), r.Name, r.Digest, r.Reason, r.Times, r.Message
+		s.Warnings = r.Warnings
 		if r.Metadata != nil {
 			s.Version, s.Release = r.Metadata.Version, r.Metadata.Release
 		}

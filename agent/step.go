@@ -96,6 +96,12 @@ func (m *machine) step(ev event) []effect {
 		return m.upgradeSeen(ev)
 	case evNodeSeen:
 		return m.nodeSeen(ev)
+	case evPreflight:
+		if r := m.records[ev.id]; r != nil {
+			r.Warnings = ev.warnings
+			return []effect{effSave{r}}
+		}
+		return nil
 	case evPeerList:
 		m.peers = ev.peers
 		return nil
@@ -431,7 +437,7 @@ func (m *machine) extractDone(r *Record, j evJobDone) []effect {
 			m.log.Warn("no room to extract a fetched bundle", "phase", string(PhaseFetching), "bundle", r.Name, "err", j.err)
 			return append(append(effs, m.move(r, PhaseFetching, reason, Progress{Unit: "bytes"})...), effRetryIn{10 * time.Second})
 		}
-		if bundle.IsRefusal(j.err) {
+		if bundle.IsRefusal(j.err) || errors.Is(j.err, ErrPreflight) {
 			m.active = nil
 			return append(effs, m.reject(r, j.err)...)
 		}

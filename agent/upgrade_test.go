@@ -28,10 +28,20 @@ type fakeAPI struct {
 	addrs    map[string]string
 	mco      map[string]NodeUpdate // node → the MCO's state (zero: no MCO)
 	mcoReads int
+	pre      Preflight // what Preflight answers
+	preErr   error
+	preAsked []string // the versions asked about
 }
 
 func newFakeAPI() *fakeAPI {
 	return &fakeAPI{nodes: map[string]map[string]string{}, status: map[string]UpgradeStatus{}}
+}
+
+func (f *fakeAPI) Preflight(_ context.Context, version string, _ []string) (Preflight, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.preAsked = append(f.preAsked, version)
+	return f.pre, f.preErr
 }
 
 func (f *fakeAPI) Annotate(_ context.Context, node string, ann map[string]string) error {

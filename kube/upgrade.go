@@ -126,6 +126,9 @@ type clusterVersion struct {
 		} `json:"desiredUpdate"`
 	} `json:"spec"`
 	Status struct {
+		Desired struct {
+			Version string `json:"version"`
+		} `json:"desired"`
 		History []struct {
 			State   string `json:"state"`
 			Image   string `json:"image"`

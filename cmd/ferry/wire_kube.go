@@ -29,6 +29,11 @@ func (k clusterAPI) NodeUpdate(ctx context.Context, node string) (agent.NodeUpda
 	return agent.NodeUpdate(st), err
 }
 
+func (k clusterAPI) Preflight(ctx context.Context, version string, images []string) (agent.Preflight, error) {
+	p, err := k.Client.Preflight(ctx, kube.PreflightRequest{Version: version, Images: images})
+	return agent.Preflight(p), err
+}
+
 // newClusterAPI is the Kubernetes API when a kubeconfig is configured.
 func newClusterAPI(cfg agent.Config, log *slog.Logger) (agent.ClusterAPI, error) {
 	if cfg.Cluster.Kubeconfig == "" {

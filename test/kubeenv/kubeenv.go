@@ -81,7 +81,9 @@ func Start(t testing.TB, current string) *Env {
 	e.waitReady()
 	e.ApplyFile(filepath.Join(bin, "clusterversions.crd.yaml"))
 	e.waitCRD()
-	e.Create("/api/v1/namespaces", map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": "openshift-config-managed"}})
+	for _, ns := range []string{"openshift-config-managed", "openshift-config"} {
+		e.Create("/api/v1/namespaces", map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": ns}})
+	}
 	e.Create("/apis/config.openshift.io/v1/clusterversions", map[string]any{
 		"apiVersion": "config.openshift.io/v1", "kind": "ClusterVersion", "metadata": map[string]any{"name": "version"},
 		"spec": map[string]any{"clusterID": "0b4f5b1e-5d7a-4c62-8a5e-2f2f1a7f4c11", "channel": "stable-4.13"},

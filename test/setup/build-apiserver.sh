@@ -19,6 +19,7 @@ OUT="$CACHE/kube-$KUBE_VERSION"
 declare -A CRDS=(
   [clusterversions.crd.yaml]=config/v1/zz_generated.crd-manifests/0000_00_cluster-version-operator_01_clusterversions-Default.crd.yaml
   [machineconfigpools.crd.yaml]=machineconfiguration/v1/zz_generated.crd-manifests/0000_80_machine-config_01_machineconfigpools-Default.crd.yaml
+  [clusteroperators.crd.yaml]=config/v1/zz_generated.crd-manifests/0000_00_cluster-version-operator_01_clusteroperators.crd.yaml
 )
 missing=()
 for name in "${!CRDS[@]}"; do

@@ -1,0 +1,50 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// ErrPreflight marks a bundle the cluster would refuse to upgrade to,
+// found before it was read and shared.
+var ErrPreflight = errors.New("the cluster cannot take this upgrade")
+
+// preflightTimeout bounds the preflight's API calls: a cluster API that
+// does not answer does not hold up the stick.
+const preflightTimeout = 30 * time.Second
+
+// preflight asks the cluster, before a plugged bundle is read and
+// shared, whether it can take the upgrade: a refusal ends the job
+// (ErrPreflight, the bundle is rejected); warnings go to the record. An
+// API that cannot be asked is a warning too: ferry works without one.
+func (a *Agent) preflight(ctx context.Context, r *Record) error {
+	if a.deps.API == nil || r.Metadata == nil {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, preflightTimeout)
+	p, err := a.deps.API.Preflight(cctx, r.Metadata.Version, r.Metadata.AllImages())
+	cancel()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	var warnings []string
+	switch {
+	case err != nil:
+		a.log.Warn("the cluster's preflight could not run; going on without it", "bundle", r.Name, "err", err)
+		warnings = []string{fmt.Sprintf("the cluster's preflight could not run: %v", err)}
+	case len(p.Refusals) > 0:
+		a.log.Error("the cluster cannot take this upgrade", "bundle", r.Name, "current", p.Current, "refusals", p.Refusals)
+		return fmt.Errorf("%w: %s", ErrPreflight, strings.Join(p.Refusals, "; "))
+	default:
+		warnings = p.Warnings
+		for _, w := range warnings {
+			a.log.Warn("preflight", "bundle", r.Name, "warning", w)
+		}
+		a.log.Info("the cluster's preflight passed", "bundle", r.Name, "current", p.Current, "target", r.Metadata.Version, "warnings", len(warnings))
+	}
+	a.post(evPreflight{id: r.ID, warnings: warnings})
+	return nil
+}

@@ -1,0 +1,60 @@
+package agent
+
+import (
+	"errors"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ferry-edge/ferry/bundle/bundletest"
+)
+
+func TestPreflight_ARefusalRejectsTheStickBeforeItIsRead(t *testing.T) {
+	h, api := apiHarness(t)
+	api.pre = Preflight{Current: "4.13.7", Refusals: []string{"the cluster is at 4.13.7 already: this bundle would change nothing"}}
+	h.start()
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	s := h.waitPhase(PhaseRejected)
+	if !strings.Contains(s.Reason, "at 4.13.7 already") || !strings.Contains(s.Reason, ErrPreflight.Error()) {
+		t.Fatalf("reason %q", s.Reason)
+	}
+	api.mu.Lock()
+	if !slices.Equal(api.preAsked, []string{"4.13.7"}) {
+		t.Errorf("preflight asked about %v", api.preAsked)
+	}
+	api.mu.Unlock()
+	if _, err := os.Stat(h.cfg.Paths.ExtractDir + "/4.13.7-x86_64"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("extracted although refused: %v", err)
+	}
+	h.loader.mu.Lock()
+	defer h.loader.mu.Unlock()
+	if len(h.loader.loads) != 0 {
+		t.Errorf("loads of a refused bundle: %v", h.loader.loads)
+	}
+}
+
+func TestPreflight_WarningsAreShownAndDoNotBlock(t *testing.T) {
+	h, api := apiHarness(t)
+	api.pre = Preflight{Current: "4.13.6", Warnings: []string{"machine config pool worker is paused: …"}}
+	h.start()
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	s := h.waitPhase(PhaseClusterReady)
+	if !slices.Equal(s.Warnings, api.pre.Warnings) {
+		t.Fatalf("warnings %q, want %q", s.Warnings, api.pre.Warnings)
+	}
+}
+
+func TestPreflight_AnAPIThatCannotBeAskedIsAWarning(t *testing.T) {
+	h, api := apiHarness(t)
+	api.preErr = errors.New("the cluster's API at https://api:6443 cannot be reached")
+	h.start()
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	s := h.waitPhase(PhaseClusterReady)
+	if len(s.Warnings) != 1 || !strings.Contains(s.Warnings[0], "preflight could not run") {
+		t.Fatalf("warnings %q", s.Warnings)
+	}
+}

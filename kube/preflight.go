@@ -1,0 +1,300 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Preflight is what the cluster says of an upgrade to one bundle before
+// anything is spread over the nodes: Refusals stop it (the version
+// operator would refuse it too, hours later), Warnings are shown and do
+// not block.
+type Preflight struct {
+	Current  string // the cluster's version now ("" when unknown)
+	Refusals []string
+	Warnings []string
+}
+
+// PreflightRequest is the bundle the cluster is asked about.
+type PreflightRequest struct {
+	Version string
+	// Images are every reference the bundle holds (name[:tag]@sha256:…),
+	// the release included.
+	Images []string
+}
+
+const (
+	clusterOperatorsPath = "/apis/config.openshift.io/v1/clusteroperators"
+	adminGatesPath       = "/api/v1/namespaces/openshift-config-managed/configmaps/admin-gates"
+	adminAcksPath        = "/api/v1/namespaces/openshift-config/configmaps/admin-acks"
+	// maxListed bounds each list a preflight line names.
+	maxListed = 10
+)
+
+// Preflight checks the bundle's version against ClusterVersion (a
+// downgrade, the same version and a skipped minor are refused; a minor
+// update is refused while Upgradeable=False or an admin-ack the cluster
+// requires is not given) and warns of paused pools, degraded or
+// unavailable cluster operators, and workloads that pull, with
+// imagePullPolicy Always, images the bundle does not carry. A resource a
+// cluster lacks (no MCO, no ClusterOperator CRD) is skipped.
+func (c *Client) Preflight(ctx context.Context, req PreflightRequest) (Preflight, error) {
+	var p Preflight
+	cv, err := c.clusterVersion(ctx)
+	if err != nil {
+		return p, fmt.Errorf("reading clusterversion/version: %w", err)
+	}
+	p.Current = cv.current()
+	if err := c.checkVersion(ctx, &p, cv, req.Version); err != nil {
+		return p, err
+	}
+	if err := c.checkPools(ctx, &p); err != nil {
+		return p, err
+	}
+	if err := c.checkOperators(ctx, &p); err != nil {
+		return p, err
+	}
+	if err := c.checkAlwaysPull(ctx, &p, req.Images); err != nil {
+		return p, err
+	}
+	return p, nil
+}
+
+// current is the cluster's version: the newest Completed history entry's,
+// else what it is moving to.
+func (cv *clusterVersion) current() string {
+	for _, h := range cv.Status.History {
+		if h.State == "Completed" {
+			return h.Version
+		}
+	}
+	return cv.Status.Desired.Version
+}
+
+func (c *Client) checkVersion(ctx context.Context, p *Preflight, cv *clusterVersion, target string) error {
+	cur, okCur := parseVersion(p.Current)
+	to, okTo := parseVersion(target)
+	if !okCur || !okTo {
+		p.Warnings = append(p.Warnings, fmt.Sprintf("cannot compare the bundle's version %q with the cluster's %q", target, p.Current))
+		return nil
+	}
+	switch cmp := to.compare(cur); {
+	case cmp == 0:
+		p.Refusals = append(p.Refusals, fmt.Sprintf("the cluster is at %s already: this bundle would change nothing", p.Current))
+		return nil
+	case cmp < 0:
+		p.Refusals = append(p.Refusals, fmt.Sprintf("%s is older than the cluster's %s: OpenShift does not downgrade; bring a newer bundle", target, p.Current))
+		return nil
+	}
+	if to.major != cur.major || to.minor > cur.minor+1 {
+		p.Refusals = append(p.Refusals, fmt.Sprintf("%s skips a minor version from the cluster's %s: update to %d.%d first (or make an EUS-to-EUS bundle path)", target, p.Current, cur.major, cur.minor+1))
+		return nil
+	}
+	if to.minor == cur.minor {
+		return nil // a z-stream update: Upgradeable and admin-acks do not apply
+	}
+	if u := cv.condition("Upgradeable"); u != nil && u.Status == "False" {
+		p.Refusals = append(p.Refusals, fmt.Sprintf("the cluster is not upgradeable to a new minor version (Upgradeable=False, %s): %s", u.Reason, u.Message))
+	}
+	return c.checkAdminAcks(ctx, p, cur)
+}
+
+// adminGateRE is the version operator's admin gate name: ack-<major.minor
+// the cluster is at>-<name>.
+var adminGateRE = regexp.MustCompile(`^ack-([4-5][.][0-9]{1,})-[^-]`)
+
+// checkAdminAcks refuses a minor update while an admin gate of the
+// cluster's current minor is not acknowledged ("true" in admin-acks).
+func (c *Client) checkAdminAcks(ctx context.Context, p *Preflight, cur version) error {
+	var gates, acks configMapData
+	if err := c.do(ctx, "GET", adminGatesPath, "", nil, &gates); err != nil && !IsNotFound(err) {
+		return fmt.Errorf("reading openshift-config-managed/admin-gates: %w", err)
+	}
+	if err := c.do(ctx, "GET", adminAcksPath, "", nil, &acks); err != nil && !IsNotFound(err) {
+		return fmt.Errorf("reading openshift-config/admin-acks: %w", err)
+	}
+	var missing []string
+	for gate, what := range gates.Data {
+		m := adminGateRE.FindStringSubmatch(gate)
+		if m == nil || m[1] != fmt.Sprintf("%d.%d", cur.major, cur.minor) || acks.Data[gate] == "true" {
+			continue
+		}
+		missing = append(missing, fmt.Sprintf("%s (%s)", gate, what))
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		p.Refusals = append(p.Refusals, "the cluster requires an administrator's acknowledgement first: "+strings.Join(missing, "; ")+
+			`: give it with oc -n openshift-config patch cm admin-acks --patch '{"data":{"<gate>":"true"}}' --type=merge`)
+	}
+	return nil
+}
+
+type configMapData struct {
+	Data map[string]string `json:"data"`
+}
+
+func (c *Client) checkPools(ctx context.Context, p *Preflight) error {
+	var list struct {
+		Items []pool `json:"items"`
+	}
+	err := c.do(ctx, "GET", poolsPath, "", nil, &list)
+	if IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("listing the machine config pools: %w", err)
+	}
+	var paused []string
+	for _, pl := range list.Items {
+		if pl.Spec.Paused {
+			paused = append(paused, pl.Metadata.Name)
+		}
+	}
+	if len(paused) > 0 {
+		p.Warnings = append(p.Warnings, fmt.Sprintf("machine config pool %s is paused: its nodes keep the old version (and ferry's mirror) until it is unpaused", strings.Join(paused, ", ")))
+	}
+	return nil
+}
+
+func (c *Client) checkOperators(ctx context.Context, p *Preflight) error {
+	var list struct {
+		Items []struct {
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+			Status struct {
+				Conditions []condition `json:"conditions"`
+			} `json:"status"`
+		} `json:"items"`
+	}
+	err := c.do(ctx, "GET", clusterOperatorsPath, "", nil, &list)
+	if IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("listing the cluster operators: %w", err)
+	}
+	var bad []string
+	for _, co := range list.Items {
+		for _, cond := range co.Status.Conditions {
+			if cond.Type == "Degraded" && cond.Status == "True" || cond.Type == "Available" && cond.Status == "False" {
+				state := "degraded"
+				if cond.Type == "Available" {
+					state = "unavailable"
+				}
+				bad = append(bad, fmt.Sprintf("%s is %s: %s", co.Metadata.Name, state, cond.Message))
+			}
+		}
+	}
+	if len(bad) > 0 {
+		slices.Sort(bad)
+		p.Warnings = append(p.Warnings, "cluster operators are not healthy (the upgrade may stall on them): "+listed(bad))
+	}
+	return nil
+}
+
+// checkAlwaysPull warns of the containers that pull with
+// imagePullPolicy Always an image the bundle does not carry: with no
+// registry reachable, they fail to start wherever they are restarted
+// during the upgrade.
+func (c *Client) checkAlwaysPull(ctx context.Context, p *Preflight, images []string) error {
+	carried := map[string]bool{}
+	for _, ref := range images {
+		name, rest, _ := strings.Cut(ref, "@")
+		carried[ref], carried[name] = true, true
+		if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
+			carried[name[:i]+"@"+rest] = true
+		}
+	}
+	var list struct {
+		Items []struct {
+			Metadata struct {
+				Namespace string `json:"namespace"`
+				Name      string `json:"name"`
+			} `json:"metadata"`
+			Spec struct {
+				Containers     []podContainer `json:"containers"`
+				InitContainers []podContainer `json:"initContainers"`
+			} `json:"spec"`
+		} `json:"items"`
+	}
+	if err := c.do(ctx, "GET", "/api/v1/pods", "", nil, &list); err != nil {
+		return fmt.Errorf("listing the pods: %w", err)
+	}
+	var always []string
+	for _, pod := range list.Items {
+		for _, ct := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+			if ct.ImagePullPolicy == "Always" && !carried[ct.Image] {
+				always = append(always, fmt.Sprintf("%s/%s/%s (%s)", pod.Metadata.Namespace, pod.Metadata.Name, ct.Name, ct.Image))
+			}
+		}
+	}
+	if len(always) > 0 {
+		slices.Sort(always)
+		p.Warnings = append(p.Warnings, "workloads pull with imagePullPolicy Always an image the bundle does not carry, and fail to start if restarted without a registry: "+listed(always))
+	}
+	return nil
+}
+
+type podContainer struct {
+	Name            string `json:"name"`
+	Image           string `json:"image"`
+	ImagePullPolicy string `json:"imagePullPolicy"`
+}
+
+// listed joins items, naming at most maxListed of them.
+func listed(items []string) string {
+	if len(items) <= maxListed {
+		return strings.Join(items, ", ")
+	}
+	return strings.Join(items[:maxListed], ", ") + fmt.Sprintf(" and %d more", len(items)-maxListed)
+}
+
+// version is a release version, major.minor.patch[-pre].
+type version struct {
+	major, minor, patch int
+	pre                 string
+}
+
+func parseVersion(s string) (version, bool) {
+	core, pre, _ := strings.Cut(strings.SplitN(s, "+", 2)[0], "-")
+	parts := strings.Split(core, ".")
+	if len(parts) != 3 {
+		return version{}, false
+	}
+	var n [3]int
+	for i, p := range parts {
+		v, err := strconv.Atoi(p)
+		if err != nil || v < 0 {
+			return version{}, false
+		}
+		n[i] = v
+	}
+	return version{n[0], n[1], n[2], pre}, true
+}
+
+// compare orders versions as semver does (a pre-release sorts before its
+// release; pre-releases compare as strings, enough for rc.N and ec.N).
+func (v version) compare(w version) int {
+	for _, d := range [][2]int{{v.major, w.major}, {v.minor, w.minor}, {v.patch, w.patch}} {
+		if d[0] != d[1] {
+			if d[0] < d[1] {
+				return -1
+			}
+			return 1
+		}
+	}
+	switch {
+	case v.pre == w.pre:
+		return 0
+	case v.pre == "":
+		return 1
+	case w.pre == "":
+		return -1
+	}
+	return strings.Compare(v.pre, w.pre)
+}

@@ -1,0 +1,104 @@
+package kube
+
+import (
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func TestVersion_ComparesAsReleasesDo(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		want int
+	}{
+		{"4.13.7", "4.13.7", 0}, {"4.13.8", "4.13.7", 1}, {"4.14.0", "4.13.20", 1},
+		{"4.14.0-rc.1", "4.14.0", -1}, {"4.14.0-rc.2", "4.14.0-rc.1", 1}, {"5.0.0", "4.99.9", 1},
+	} {
+		a, okA := parseVersion(c.a)
+		b, okB := parseVersion(c.b)
+		if !okA || !okB || a.compare(b) != c.want {
+			t.Errorf("compare(%s, %s) = %d (%v %v), want %d", c.a, c.b, a.compare(b), okA, okB, c.want)
+		}
+	}
+	for _, bad := range []string{"", "4.13", "4.x.1", "latest"} {
+		if _, ok := parseVersion(bad); ok {
+			t.Errorf("parseVersion(%q) accepted", bad)
+		}
+	}
+}
+
+// fakeAPI answers GETs from a path → JSON map; anything else is a 404.
+func fakeAPI(t *testing.T, objs map[string]any) *Client {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		o, ok := objs[r.URL.Path]
+		if !ok {
+			w.WriteHeader(http.StatusNotFound)
+			json.NewEncoder(w).Encode(map[string]string{"reason": "NotFound", "message": r.URL.Path + " not found"})
+			return
+		}
+		json.NewEncoder(w).Encode(o)
+	}))
+	t.Cleanup(srv.Close)
+	return &Client{ep: endpoint{server: srv.URL}, hc: srv.Client(), log: slog.New(slog.DiscardHandler), Attempts: 1}
+}
+
+func cvAt(version string, conds ...map[string]string) map[string]any {
+	return map[string]any{"status": map[string]any{
+		"history":    []any{map[string]string{"state": "Completed", "version": version}},
+		"conditions": conds,
+	}}
+}
+
+func TestPreflight_VersionRules(t *testing.T) {
+	notUpgradeable := map[string]string{"type": "Upgradeable", "status": "False", "reason": "AdminAckRequired", "message": "Kubernetes 1.32 removes APIs"}
+	for _, c := range []struct {
+		name, at, to string
+		conds        []map[string]string
+		refusal      string
+	}{
+		{"z-stream", "4.20.3", "4.20.5", []map[string]string{notUpgradeable}, ""},
+		{"minor", "4.20.3", "4.21.0", nil, ""},
+		{"same", "4.20.3", "4.20.3", nil, "at 4.20.3 already"},
+		{"downgrade", "4.20.3", "4.20.1", nil, "does not downgrade"},
+		{"skipped minor", "4.19.3", "4.21.0", nil, "update to 4.20 first"},
+		{"minor while not upgradeable", "4.20.3", "4.21.0", []map[string]string{notUpgradeable}, "Kubernetes 1.32 removes APIs"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cl := fakeAPI(t, map[string]any{clusterVersionPath: cvAt(c.at, c.conds...), "/api/v1/pods": map[string]any{"items": []any{}}})
+			p, err := cl.Preflight(t.Context(), PreflightRequest{Version: c.to})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := strings.Join(p.Refusals, "; ")
+			if c.refusal == "" && got != "" || c.refusal != "" && !strings.Contains(got, c.refusal) {
+				t.Errorf("refusals %q, want %q", got, c.refusal)
+			}
+		})
+	}
+}
+
+func TestPreflight_AdminAcksOfTheCurrentMinorAreRequired(t *testing.T) {
+	objs := map[string]any{
+		clusterVersionPath: cvAt("4.20.3"),
+		adminGatesPath: map[string]any{"data": map[string]string{
+			"ack-4.20-kube-1.34-api-removals-in-4.21": "Kubernetes 1.34 removes v1beta1 APIs",
+			"ack-4.19-old-gate":                       "a gate of another minor",
+		}},
+		adminAcksPath:  map[string]any{"data": map[string]string{}},
+		"/api/v1/pods": map[string]any{"items": []any{}},
+	}
+	p, err := fakeAPI(t, objs).Preflight(t.Context(), PreflightRequest{Version: "4.21.0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Refusals) != 1 || !strings.Contains(p.Refusals[0], "ack-4.20-kube-1.34-api-removals-in-4.21") || strings.Contains(p.Refusals[0], "4.19") {
+		t.Fatalf("refusals %q", p.Refusals)
+	}
+	objs[adminAcksPath] = map[string]any{"data": map[string]string{"ack-4.20-kube-1.34-api-removals-in-4.21": "true"}}
+	if p, err = fakeAPI(t, objs).Preflight(t.Context(), PreflightRequest{Version: "4.21.0"}); err != nil || len(p.Refusals) != 0 {
+		t.Fatalf("acknowledged: %q %v", p.Refusals, err)
+	}
+}

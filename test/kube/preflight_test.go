@@ -1,0 +1,111 @@
+package kube
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/kube"
+	"github.com/ferry-edge/ferry/test/ferryenv"
+	"github.com/ferry-edge/ferry/test/kubeenv"
+)
+
+// The test plays the version operator (ClusterVersion's history and
+// Upgradeable), the MCO (a paused pool), an operator (a degraded
+// ClusterOperator) and a workload (a pod pulling with Always), against
+// OpenShift's real CRDs and with only ferry's RBAC.
+
+func TestClient_PreflightWithOnlyFerrysRBAC(t *testing.T) {
+	e := kubeenv.Start(t, current)
+	c := ferryClient(t, e)
+	ctx := t.Context()
+	e.InstallMachineConfigPools()
+	e.InstallClusterOperators()
+	e.SetPool(kubeenv.MachineConfigPool{Name: "worker", NodeSelector: map[string]string{workerRole: ""}, Paused: true, Target: oldConfig, Current: oldConfig})
+	e.SetClusterOperator("etcd", kubeenv.Condition{Type: "Available", Status: "True", Reason: "AsExpected"})
+	e.SetClusterOperator("ingress", kubeenv.Condition{Type: "Degraded", Status: "True", Reason: "IngressDegraded", Message: "2 of 3 router replicas are unavailable"})
+	const carried = "quay.io/my-company/app:v1@sha256:3333333333333333333333333333333333333333333333333333333333333333"
+	e.CreatePod("shop", "front", "quay.io/my-company/front:latest", "Always")
+	e.CreatePod("shop", "app", "quay.io/my-company/app:v1", "Always")
+	e.CreatePod("shop", "cache", "quay.io/my-company/cache:v2", "IfNotPresent")
+
+	// A z-stream update (4.13.6 → 4.13.7): no refusal, three warnings.
+	p, err := c.Preflight(ctx, kube.PreflightRequest{Version: "4.13.7", Images: []string{next, carried}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Current != "4.13.6" || len(p.Refusals) != 0 {
+		t.Fatalf("preflight %+v", p)
+	}
+	warnings := strings.Join(p.Warnings, "\n")
+	for _, want := range []string{"machine config pool worker is paused", "ingress is degraded: 2 of 3 router replicas are unavailable",
+		"shop/front/main (quay.io/my-company/front:latest)"} {
+		if !strings.Contains(warnings, want) {
+			t.Errorf("warnings lack %q:\n%s", want, warnings)
+		}
+	}
+	for _, not := range []string{"etcd", "shop/app/", "shop/cache/"} {
+		if strings.Contains(warnings, not) {
+			t.Errorf("warnings name %q:\n%s", not, warnings)
+		}
+	}
+
+	// A minor update while the operator says Upgradeable=False, and an
+	// admin gate of the current minor not acknowledged.
+	e.SetConditions(kubeenv.Condition{Type: "Upgradeable", Status: "False", Reason: "AdminAckRequired", Message: "Kubernetes 1.27 removes APIs in use"})
+	e.SetConfigMap("openshift-config-managed", "admin-gates", map[string]string{"ack-4.13-kube-1.27-api-removals-in-4.14": "Kubernetes 1.27 removes v1beta1 APIs"})
+	e.SetConfigMap("openshift-config", "admin-acks", map[string]string{})
+	p, err = c.Preflight(ctx, kube.PreflightRequest{Version: "4.14.1", Images: []string{next}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusals := strings.Join(p.Refusals, "\n")
+	if !strings.Contains(refusals, "Kubernetes 1.27 removes APIs in use") || !strings.Contains(refusals, "ack-4.13-kube-1.27-api-removals-in-4.14") {
+		t.Fatalf("refusals:\n%s", refusals)
+	}
+	// A downgrade and a skipped minor.
+	for v, want := range map[string]string{"4.13.2": "does not downgrade", "4.15.0": "update to 4.14 first"} {
+		if p, err := c.Preflight(ctx, kube.PreflightRequest{Version: v}); err != nil || !strings.Contains(strings.Join(p.Refusals, " "), want) {
+			t.Errorf("%s: %+v %v, want %q", v, p, err, want)
+		}
+	}
+}
+
+// TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake: a real
+// agent with only ferry's RBAC is given a 4.13.7 bundle while the cluster
+// is at 4.12.9 and its version operator says Upgradeable=False: the
+// bundle is rejected before it is extracted, in the operator's words.
+func TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake(t *testing.T) {
+	e := kubeenv.Start(t, current)
+	e.ApplyFile(repoFile("packaging/rbac.yaml"))
+	e.AddNode("node-a", "127.0.0.1")
+	e.SetHistory(kubeenv.History{State: "Completed", Image: current, Version: "4.12.9"})
+	e.SetConditions(kubeenv.Condition{Type: "Upgradeable", Status: "False", Reason: "ClusterOperatorsNotUpgradeable",
+		Message: "Cluster operator storage should not be upgraded between minor versions: the vSphere CSI driver needs a newer vCenter"})
+	tarPath, meta := releaseBundle(t)
+
+	cfg := ferryenv.Config(t.TempDir())
+	cfg.NodeName = "node-a"
+	cfg.Cluster.Kubeconfig = e.ServiceAccountKubeconfig("openshift-ferry", "ferry")
+	a := ferryenv.Start(t, cfg)
+	a.WaitPhase(bound, "idle")
+	a.Ferry("load", tarPath)
+	s := a.WaitPhase(bound, agent.PhaseRejected)
+	if !strings.Contains(s.Reason, "the vSphere CSI driver needs a newer vCenter") || !strings.Contains(s.Reason, "not upgradeable to a new minor version") {
+		t.Fatalf("reason %q", s.Reason)
+	}
+	waitUntil(t, "the refusal on the Node", func() bool {
+		return strings.Contains(e.Annotations("node-a")["ferry.io/reason"], "not upgradeable")
+	})
+	if _, err := statDir(cfg.Paths.ExtractDir, meta.DirName()); err == nil {
+		t.Error("the refused bundle was extracted")
+	}
+}
+
+func statDir(parts ...string) (string, error) {
+	p := filepath.Join(parts...)
+	_, err := os.Stat(p)
+	return p, err
+}
