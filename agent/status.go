@@ -30,9 +30,9 @@ type Status struct {
 	Error    string              `json:"error,omitempty"`   // the newest refusal or conflict
 	Times    map[Phase]time.Time `json:"times,omitempty"`
 	Healthy  bool                `json:"healthy"`
-	Notice   string              `json:"notice,omitempty"` // a passing remark, e.g. a stick that holds the bundle already here
+	Notice   string              `json:"notice,omitempty"`   // a passing remark, e.g. a stick that holds the bundle already here
 	Warnings []string            `json:"warnings,omitempty"` // the cluster's preflight warnings on the bundle
-	Line     string              `json:"line"`             // the systemd STATUS= line
+	Line     string              `json:"line"`               // the systemd STATUS= line
 	Bundles  []Record            `json:"bundles,omitempty"`
 }
 
