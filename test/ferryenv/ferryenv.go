@@ -50,7 +50,7 @@ func Binary(t testing.TB) string {
 }
 
 // Config is a scratch config under root: every path inside it, loading
-// off (no CRI-O socket), no peer server.
+// off (no CRI-O socket), no peer server, loop devices read as sticks.
 func Config(root string) agent.Config {
 	c := agent.DefaultConfig()
 	c.NodeName = "test-node"
@@ -63,6 +63,9 @@ func Config(root string) agent.Config {
 		RegistriesConfDir: filepath.Join(root, "etc/containers/registries.conf.d"),
 		CertsDir:          filepath.Join(root, "etc/containers/certs.d"),
 	}
+	// Tests plug loop devices, which ferry does not take for sticks
+	// unless told (VM tests plug USB sticks, read by default).
+	c.Media.AllowDevices = []string{"loop"}
 	c.CRIO.Socket = ""
 	c.CRIO.Reload = "none"
 	c.Peer.Listen = ""
