@@ -8,8 +8,10 @@ import (
 
 // MaxReason bounds a reason (and every other piece of text from a stick,
 // a bundle or the cluster) that leaves the node: the STATUS= line, the
-// Node's annotations, what the peers are told.
-const MaxReason = 256
+// Node's annotations, what the peers are told. ferry's own longest
+// reasons (no room: the sizes, the thresholds and what to free) fit,
+// with their fix at the end.
+const MaxReason = 512
 
 // maxLine bounds the whole STATUS= line, which joins a bundle's name and a
 // reason.
