@@ -624,3 +624,59 @@ func TestAgent_NoRoomRefusesBeforeWriting(t *testing.T) {
 		}
 	})
 }
+
+// A stick whose bundle its files make unreadable (Refused: a link, a
+// FIFO) is rejected with that reason and nothing opened; what a stick
+// controls (its file names, in the reason) leaves the node as one
+// bounded line, and the device is probed again when plugged again.
+func TestAgent_RefusedStickFileIsRejectedWithASanitisedReason(t *testing.T) {
+	h := newHarness(t, t.TempDir())
+	h.api = newFakeAPI()
+	h.start()
+	evil := "upgrade-1.0-x86_64.sha256\nSTATUS=all good\x1b[2J" + strings.Repeat("x", 600)
+	why := fmt.Errorf("unsafe file on the stick: %s: it is a symbolic link: copy the file itself onto the stick", evil)
+	h.plug("/dev/sda", bundle.Source{Path: "", Label: "/run/ferry/media/sda-1/upgrade-1.0-x86_64.tar", Refused: why})
+	s := h.waitPhase(PhaseRejected)
+	if !strings.Contains(s.Line, "rejected upgrade-1.0-x86_64.tar: unsafe file on the stick") {
+		t.Fatalf("status line %q", s.Line)
+	}
+	for what, v := range map[string]string{"reason": s.Reason, "line": s.Line, "peer error": h.agent.PeerStatus().Error} {
+		if strings.ContainsAny(v, "\n\x1b") || len(v) > 2*MaxReason {
+			t.Errorf("%s not sanitised: %q", what, v)
+		}
+	}
+	if len(s.Reason) > MaxReason || !strings.HasSuffix(s.Reason, "…") {
+		t.Errorf("reason not bounded: %d bytes", len(s.Reason))
+	}
+	if !h.lines.seen("unsafe file on the stick") {
+		t.Fatal("no STATUS= line says why")
+	}
+	h.lines.mu.Lock()
+	for _, l := range h.lines.all {
+		if strings.ContainsAny(l, "\n\x1b") {
+			t.Errorf("STATUS= line %q holds a newline or a control character", l)
+		}
+	}
+	h.lines.mu.Unlock()
+	var ann string
+	for range 2000 {
+		if ann = h.api.annotation("node-a", AnnotationReason); strings.Contains(ann, "unsafe file") {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !strings.Contains(ann, "unsafe file") || strings.ContainsAny(ann, "\n\x1b") || len(ann) > MaxReason {
+		t.Errorf("annotation %q: want the reason, sanitised", ann)
+	}
+
+	// The slot is not stuck: a good stick in it is read.
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	for range 2000 {
+		if s := h.agent.Status(); s.Bundle == "upgrade-4.13.7-x86_64.tar" && s.Digest != "" {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("the good stick plugged next was not read: %+v", h.agent.Status())
+}

@@ -69,7 +69,7 @@ func (a *Agent) PeerStatus() peer.Status { return a.snap.Load().peer }
 // not pin one that this node will never hold.
 func (m *machine) peerStatus() peer.Status {
 	s := m.status()
-	ps := peer.Status{Node: s.Node, Phase: s.Phase, Digest: s.Digest, Version: s.Version, Release: s.Release, Error: s.Error,
+	ps := peer.Status{Node: s.Node, Phase: s.Phase, Digest: s.Digest, Version: s.Version, Release: s.Release, Error: SanitizeReason(s.Error),
 		Progress: progressText(s)}
 	switch {
 	case m.active != nil && m.active.Digest == s.Digest:

@@ -46,7 +46,17 @@ type Media struct {
 	// read raw) or "manual" (no mounts, no reads of plugged devices: only
 	// `ferry load`).
 	Detect string `toml:"detect"`
+	// AllowDevices are the kinds of block device read for bundles besides
+	// removable, USB and MMC ones (always read): "loop", "virtio", "nvme",
+	// "scsi", "ata", or "any" (every block device this node does not use
+	// itself). Empty by default: a network LUN, a hot-plugged virtio or
+	// NVMe disk or a tenant's raw block volume is not a stick.
+	AllowDevices []string `toml:"allow_devices"`
 }
+
+// DeviceKinds are the kinds media.allow_devices may name (udev.DeviceKinds
+// and udev.StickKinds).
+var DeviceKinds = []string{"loop", "virtio", "nvme", "scsi", "ata", "any", "removable", "usb", "mmc"}
 
 // Automatic reports whether plugged devices are watched.
 func (m Media) Automatic() bool { return m.Detect != "manual" }
@@ -247,6 +257,11 @@ func (c *Config) Validate() error {
 	case "automatic", "manual":
 	default:
 		return bad("media.detect", "%q is not automatic or manual", c.Media.Detect)
+	}
+	for _, k := range c.Media.AllowDevices {
+		if !slices.Contains(DeviceKinds, k) {
+			return bad("media.allow_devices", "%q is not one of %s", k, strings.Join(DeviceKinds, ", "))
+		}
 	}
 	return nil
 }

@@ -29,11 +29,25 @@ func TestLoadConfig_ErrorsNameTheKey(t *testing.T) {
 		{"[cluster]\nschedule = \"Soon\"\n", "cluster.schedule"},
 		{"[registry]\nport = 70000\n", "registry.port"},
 		{"node_name = 3\n", "node_name"},
+		{"[media]\nallow_devices = [\"floppy\"]\n", "media.allow_devices"},
 	} {
 		_, err := LoadConfig(writeConfig(t, c.body), true)
 		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.key) {
 			t.Errorf("%q: error %v does not name %s", c.body, err, c.key)
 		}
+	}
+}
+
+func TestLoadConfig_MediaAllowDevices(t *testing.T) {
+	c, err := LoadConfig(writeConfig(t, "[media]\nallow_devices = [\"loop\", \"virtio\"]\n"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(c.Media.AllowDevices, ",") != "loop,virtio" {
+		t.Fatalf("allow_devices = %v", c.Media.AllowDevices)
+	}
+	if d := DefaultConfig(); len(d.Media.AllowDevices) != 0 {
+		t.Fatalf("by default only removable, USB and MMC devices are read, not %v", d.Media.AllowDevices)
 	}
 }
 

@@ -45,6 +45,12 @@ func (a *Agent) probe(ctx context.Context, p effProbe) event {
 		a.log.Info("upgrade stick found", "device", p.ev.Device, "bundles", len(srcs))
 		o.src, o.medium = srcs[0], m
 	}
+	if o.src.Refused != nil {
+		// A file on the stick ferry does not read (a link, a FIFO…):
+		// refused with its reason, nothing opened.
+		o.err = fmt.Errorf("bundle %s: %w", o.src.Name(), o.src.Refused)
+		return o
+	}
 	o.meta, o.err = bundle.InspectFile(o.src.Path)
 	if o.err != nil {
 		return o
@@ -71,7 +77,7 @@ func sidecarDigest(src bundle.Source) string {
 	if src.SHA256Path == "" {
 		return ""
 	}
-	b, err := os.ReadFile(src.SHA256Path)
+	b, err := bundle.ReadSidecar(src.SHA256Path, "the .sha256 file of "+src.Name())
 	if err != nil {
 		return ""
 	}
@@ -196,7 +202,7 @@ func (a *Agent) shareLive(r *Record, src bundle.Source) *peer.LiveHasher {
 	}
 	var sig []byte
 	if src.SigPath != "" {
-		sig, _ = os.ReadFile(src.SigPath)
+		sig, _ = bundle.ReadSidecar(src.SigPath, "the .minisig file of "+src.Name())
 	}
 	meta, _ := json.Marshal(r.Metadata)
 	live, err := a.deps.Peers.ShareLive(digest, meta, sig, f, fi.Size())

@@ -213,6 +213,7 @@ func (a *Agent) removeStaging(recs []*Record) {
 func (a *Agent) announce() { a.say(a.snap.Load().status.Line) }
 
 func (a *Agent) say(line string) {
+	line = sanitizeText(line, maxLine) // one line: a newline would add a field
 	if line != a.lastLine {
 		a.lastLine = line
 		a.deps.Notify.Status(line)

@@ -84,7 +84,9 @@ func (m *machine) status() Status {
 		}
 	}
 	for _, r := range m.records {
-		s.Bundles = append(s.Bundles, *r.clone())
+		c := *r.clone()
+		c.Name, c.Reason, c.Message = SanitizeReason(c.Name), SanitizeReason(c.Reason), SanitizeReason(c.Message)
+		s.Bundles = append(s.Bundles, c)
 	}
 	if strings.HasPrefix(s.Reason, "conflict") || strings.HasPrefix(s.Reason, "the cluster refuses") || s.Phase == string(PhaseFailed) {
 		s.Healthy = false
@@ -104,10 +106,16 @@ func (m *machine) status() Status {
 			}
 		}
 	}
+	// What a stick, a bundle or the cluster wrote leaves the node (the
+	// STATUS= line, annotations, peers) only sanitised and bounded.
+	for _, p := range []*string{&s.Bundle, &s.Reason, &s.Error, &s.Message, &s.Version, &s.Release} {
+		*p = SanitizeReason(*p)
+	}
 	s.Line = statusLine(s)
 	if s.Phase == string(PhaseIdle) && s.Error != "" {
 		s.Line += " — " + s.Error
 	}
+	s.Line = sanitizeText(s.Line, maxLine)
 	return s
 }
 

@@ -127,14 +127,14 @@ const (
 func annotations(s Status) map[string]string {
 	out := map[string]string{
 		AnnotationPhase: s.Phase, AnnotationBundle: "", AnnotationDigest: s.Digest,
-		AnnotationProgress: "", AnnotationReason: s.Reason,
+		AnnotationProgress: "", AnnotationReason: SanitizeReason(s.Reason),
 	}
 	if s.Bundle != "" {
-		out[AnnotationBundle] = strings.TrimSuffix(strings.TrimPrefix(s.Bundle, "upgrade-"), ".tar")
+		out[AnnotationBundle] = SanitizeReason(strings.TrimSuffix(strings.TrimPrefix(s.Bundle, "upgrade-"), ".tar"))
 	}
 	out[AnnotationProgress] = progressText(s)
 	if out[AnnotationReason] == "" && !s.Healthy {
-		out[AnnotationReason] = s.Error
+		out[AnnotationReason] = SanitizeReason(s.Error)
 	}
 	return out
 }

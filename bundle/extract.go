@@ -198,6 +198,9 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	}
 	name := src.Name()
 	refuse := func(e error) error { return fmt.Errorf("bundle %s: %w", name, e) }
+	if src.Refused != nil {
+		return nil, refuse(src.Refused)
+	}
 
 	ap, err := decideApproval(src, opts.Policy)
 	if err != nil {
@@ -434,16 +437,16 @@ func decideApproval(src Source, p Policy) (approval, error) {
 		}
 	}
 	if src.SHA256Path != "" {
-		b, err := os.ReadFile(src.SHA256Path)
+		b, err := ReadSidecar(src.SHA256Path, src.sha256What())
 		if err != nil {
-			return ap, fmt.Errorf("reading %s: %w", src.SHA256Path, err)
+			return ap, err
 		}
 		if ap.expected, err = ParseSHA256Line(b, src.Name()); err != nil {
 			return ap, err
 		}
 	}
 	if src.SigPath != "" {
-		b, err := readSignature(src.SigPath)
+		b, err := ReadSidecar(src.SigPath, src.sigWhat())
 		if err != nil {
 			return ap, err
 		}

@@ -3,6 +3,7 @@ package bundle
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,6 +11,8 @@ import (
 	"strings"
 
 	"aead.dev/minisign"
+
+	"github.com/ferry-edge/ferry/internal/safefile"
 )
 
 // ParseSHA256Line parses a sha256sum line for tarName: 64 lowercase hex
@@ -23,17 +26,17 @@ func ParseSHA256Line(b []byte, tarName string) (string, error) {
 			continue
 		}
 		if len(line) < 67 || (line[64:66] != "  " && line[64:66] != " *") {
-			return "", fmt.Errorf("%w: .sha256 line %q is not in sha256sum format (<64 hex>  <name>)", ErrInvalid, truncate(line, 80))
+			return "", fmt.Errorf("%w: the .sha256 file for %s is not in sha256sum format (64 lowercase hex digits, two spaces, the tar's name): copy the .sha256 that came with the bundle", ErrInvalid, tarName)
 		}
 		hex, name := line[:64], line[66:]
 		if !isHex64(hex) {
-			return "", fmt.Errorf("%w: .sha256 holds %q, not 64 lowercase hex digits", ErrInvalid, truncate(hex, 80))
+			return "", fmt.Errorf("%w: the .sha256 file for %s holds no digest of 64 lowercase hex digits: copy the .sha256 that came with the bundle", ErrInvalid, tarName)
 		}
 		if name == tarName {
 			return "sha256:" + hex, nil
 		}
 	}
-	return "", fmt.Errorf("%w: .sha256 has no line for %s", ErrInvalid, tarName)
+	return "", fmt.Errorf("%w: the .sha256 file has no line for %s: copy the .sha256 that came with this bundle", ErrInvalid, tarName)
 }
 
 // NormalizeDigest accepts "sha256:<hex>" or "<hex>" and returns
@@ -94,6 +97,10 @@ type Source struct {
 	// descriptor passed by ferry load is read at /proc/self/fd/N, and
 	// Label is the path the caller gave.
 	Label string
+	// Refused, when set, is why this bundle cannot be read at all (a
+	// file on a stick that is a symbolic link or a FIFO…): every reader
+	// refuses it with this reason, and nothing is opened.
+	Refused error
 	// Reader, when set, gives the tar's bytes instead of opening Path
 	// (a fetch streaming into the extraction: cut-through); Size is
 	// their length. Path still names the bundle and its sidecars.
@@ -140,22 +147,33 @@ func FindSource(path, sha256Path string) (Source, error) {
 	return src, nil
 }
 
-// maxSigFile bounds a .minisig (a few hundred bytes with its comments).
-const maxSigFile = 4 << 10
+// MaxSidecar bounds a .sha256 or .minisig (a line, or a few hundred
+// bytes with its comments): a bigger one, or one that is no regular file
+// (a FIFO, /dev/zero), is refused rather than read; a .minisig is passed
+// on to peers.
+const MaxSidecar = 4 << 10
 
-// readSignature reads a .minisig, bounded: it is passed on to peers.
-func readSignature(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", path, err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxSigFile+1))
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", path, err)
-	}
-	if len(b) > maxSigFile {
-		return nil, fmt.Errorf("%w: %s is over %d bytes: not a minisign signature", ErrInvalid, path, maxSigFile)
+// ReadSidecar reads the .sha256 or .minisig at path, bounded (see
+// MaxSidecar). what names it in errors ("the .sha256 of upgrade-…tar"),
+// which never hold its bytes.
+func ReadSidecar(path, what string) ([]byte, error) {
+	b, err := safefile.ReadFile(path, MaxSidecar)
+	switch {
+	case errors.Is(err, safefile.ErrTooBig):
+		return nil, fmt.Errorf("%w: %s is over %d bytes: it is not what ferry writes there; copy the one that came with the bundle", ErrInvalid, what, MaxSidecar)
+	case errors.Is(err, safefile.ErrNotRegular):
+		return nil, fmt.Errorf("%w: %s is not a regular file: copy the file itself, not a link to it", ErrInvalid, what)
+	case err != nil:
+		return nil, fmt.Errorf("reading %s: %w", what, errors.Unwrap(err))
 	}
 	return b, nil
+}
+
+// sha256What and sigWhat name a source's sidecars in messages.
+func (s Source) sha256What() string {
+	return "the .sha256 file of " + s.Name()
+}
+
+func (s Source) sigWhat() string {
+	return "the .minisig file of " + s.Name()
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -15,6 +16,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ferry-edge/ferry/internal/safefile"
 )
 
 var (
@@ -31,13 +34,23 @@ var (
 	ErrUnsupportedFS = errors.New("unsupported filesystem")
 	// ErrMount: mounting failed for another reason.
 	ErrMount = errors.New("cannot mount device")
+	// ErrUnsafeFile: a file on the stick that ferry does not read: a
+	// symbolic link, a FIFO, a device, a directory where a bundle file
+	// is named, or a sidecar over MaxSidecar.
+	ErrUnsafeFile = errors.New("unsafe file on the stick")
 )
+
+// MaxSidecar bounds a .sha256 or .tar.minisig on a stick: each is a line
+// or a few, and a minisig travels to every peer.
+const MaxSidecar = 4 << 10
 
 // metadataName is the first entry of a bundle tar (bundle.MetadataName).
 const metadataName = "metadata.json"
 
-// mountFlags keep a stick from doing anything but being read.
-const mountFlags = unix.MS_RDONLY | unix.MS_NODEV | unix.MS_NOSUID | unix.MS_NOEXEC
+// mountFlags keep a stick from doing anything but being read; with
+// nosymfollow (Linux 5.10) no symbolic link on it is followed by anyone,
+// on kernels that know the flag.
+const mountFlags = unix.MS_RDONLY | unix.MS_NODEV | unix.MS_NOSUID | unix.MS_NOEXEC | unix.MS_NOSYMFOLLOW
 
 // fsMountData lists the filesystems ferry mounts, with the options that keep
 // the kernel from writing to the stick (no journal replay).
@@ -52,16 +65,30 @@ var fsMountData = map[string]string{
 }
 
 // Candidate is one bundle found on a medium.
+//
+// The files of a mounted stick are opened when the stick is, relative to
+// the mount, refusing symbolic links and anything but regular files
+// (Err); read them through Tar, SHA256 and Sig (or /proc/self/fd/N of
+// them), never by opening the paths again.
 type Candidate struct {
 	// Name is the tar's base name ("upgrade-4.13.7-x86_64.tar"), or the
 	// device's ("sdb") for a raw bundle.
 	Name    string
-	TarPath string // the tar file, or the device node itself when Raw
+	TarPath string // where the tar is (for messages), or the device node itself when Raw
 	// SHA256Path and SigPath are "" when the stick has no such file (always
-	// for a raw bundle).
+	// for a raw bundle); for messages, like TarPath.
 	SHA256Path string // <base>.sha256
 	SigPath    string // <base>.tar.minisig
 	Raw        bool
+
+	// Tar, SHA256 and Sig are the files, open until the Medium is closed;
+	// nil for a raw bundle, for a sidecar the stick lacks, and when Err is
+	// set.
+	Tar, SHA256, Sig *os.File
+	// Err, wrapping ErrUnsafeFile, says why this bundle cannot be read (a
+	// symlink, a FIFO, an oversized sidecar…): refuse it with this
+	// reason. It names the file and the fix, never the file's bytes.
+	Err error
 }
 
 // Medium is an opened device: mounted (Dir set) or raw. Close it when done
@@ -80,6 +107,13 @@ type Medium struct {
 // and removes its mount point. It is safe to call more than once.
 func (m *Medium) Close() error {
 	m.once.Do(func() {
+		for _, c := range m.Candidates {
+			for _, f := range []*os.File{c.Tar, c.SHA256, c.Sig} {
+				if f != nil {
+					f.Close()
+				}
+			}
+		}
 		if m.Dir == "" {
 			return
 		}
@@ -109,6 +143,15 @@ type Media struct {
 	Sys       string // "/sys"
 	MountInfo string // "/proc/self/mountinfo"
 	Swaps     string // "/proc/swaps"
+	UdevData  string // "/run/udev/data"
+	// AllowDevices are the kinds of device read besides removable, USB
+	// and MMC ones (see DeviceKinds): "loop", "virtio", "nvme", "scsi",
+	// "ata", or "any".
+	AllowDevices []string
+	// Log is told what the kernel refuses (nosymfollow); nil discards.
+	Log *slog.Logger
+
+	noSymfollow sync.Once // logs once that the kernel lacks nosymfollow
 }
 
 // Open opens the device of ev with the host's defaults; see Media.Open.
@@ -119,6 +162,14 @@ func Open(ctx context.Context, ev Event, mountDir string) (*Medium, error) {
 func (m *Media) sys() string       { return or(m.Sys, "/sys") }
 func (m *Media) mountInfo() string { return or(m.MountInfo, "/proc/self/mountinfo") }
 func (m *Media) swaps() string     { return or(m.Swaps, "/proc/swaps") }
+func (m *Media) udevData() string  { return or(m.UdevData, "/run/udev/data") }
+
+func (m *Media) log() *slog.Logger {
+	if m.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return m.Log
+}
 
 func or(s, def string) string {
 	if s == "" {
@@ -130,11 +181,14 @@ func or(s, def string) string {
 // Open looks for bundles on ev's device. A device that starts with a tar
 // whose first entry is metadata.json is a raw bundle (candidate = the device
 // node). Otherwise a device with a filesystem ferry reads is mounted
-// read-only, nodev, nosuid, noexec in a new directory under MountDir, and
-// every regular file upgrade-*.tar at its root is a candidate. The device
-// is refused (ErrSystemDevice) when it is part of a disk this node uses.
-// Errors wrap ErrNoMedium, ErrSystemDevice, ErrNotBundle, ErrUnsupportedFS
-// or ErrMount.
+// read-only, nodev, nosuid, noexec, nosymfollow in a new directory under
+// MountDir, and every upgrade-*.tar at its root is a candidate, opened
+// with its sidecars (see Candidate). The device is refused
+// (ErrSystemDevice) when it is part of a disk this node uses, and
+// (ErrNotRemovable) when it is not a removable, USB or MMC device nor of
+// a kind in AllowDevices, before anything on it is read. Errors wrap
+// ErrNoMedium, ErrSystemDevice, ErrNotRemovable, ErrNotBundle,
+// ErrUnsupportedFS or ErrMount.
 func (m *Media) Open(ctx context.Context, ev Event) (*Medium, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -143,6 +197,9 @@ func (m *Media) Open(ctx context.Context, ev Event) (*Medium, error) {
 		return nil, fmt.Errorf("%s: %w", ev.DevPath, ErrNoMedium)
 	}
 	if err := m.Check(ev.DevPath); err != nil {
+		return nil, err
+	}
+	if err := m.CheckKind(ev.DevPath); err != nil {
 		return nil, err
 	}
 	raw, err := startsWithBundle(ev.DevPath)
@@ -389,7 +446,7 @@ func (m *Media) mount(ev Event) (*Medium, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w: %w", ev.DevPath, ErrMount, err)
 	}
-	if err := unix.Mount(ev.DevPath, dir, ev.FSType, mountFlags, data); err != nil {
+	if err := m.mountRO(ev, dir, data); err != nil {
 		os.Remove(dir)
 		switch {
 		case errors.Is(err, unix.ENODEV):
@@ -402,6 +459,7 @@ func (m *Media) mount(ev Event) (*Medium, error) {
 	}
 	med := &Medium{Device: ev.DevPath, FSType: ev.FSType, Dir: dir}
 	cands, err := findCandidates(dir)
+	med.Candidates = cands
 	if err == nil && len(cands) == 0 {
 		err = fmt.Errorf("%w: no upgrade-*.tar at the root of the %s filesystem", ErrNotBundle, ev.FSType)
 	}
@@ -411,45 +469,120 @@ func (m *Media) mount(ev Event) (*Medium, error) {
 		}
 		return nil, fmt.Errorf("%s: %w", ev.DevPath, err)
 	}
-	med.Candidates = cands
 	return med, nil
 }
 
-// findCandidates lists the regular files upgrade-*.tar at the root of dir
-// (names matched without regard to case, for FAT sticks), each with its
-// <base>.sha256 and <base>.tar.minisig when present. Symlinks are ignored.
+// mountRO mounts ev's device read-only at dir with mountFlags; a kernel
+// that refuses nosymfollow (EINVAL before Linux 5.10) gets the mount
+// without it, said once in the log: the files are still opened without
+// following symbolic links (findCandidates).
+func (m *Media) mountRO(ev Event, dir, data string) error {
+	err := unix.Mount(ev.DevPath, dir, ev.FSType, mountFlags, data)
+	if errors.Is(err, unix.EINVAL) {
+		if err2 := unix.Mount(ev.DevPath, dir, ev.FSType, mountFlags&^unix.MS_NOSYMFOLLOW, data); err2 == nil {
+			m.noSymfollow.Do(func() {
+				m.log().Warn("this kernel refuses the nosymfollow mount option (Linux 5.10 has it): sticks are mounted without it; ferry still opens no symbolic link on them", "device", ev.DevPath)
+			})
+			return nil
+		}
+	}
+	return err
+}
+
+// findCandidates lists upgrade-*.tar at the root of dir (names matched
+// without regard to case, for FAT sticks), each with its <base>.sha256
+// and <base>.tar.minisig when present, and opens them (safefile.OpenBeneath):
+// relative to dir, no symbolic links, regular files only, never blocking.
+// The directory entry's type is not trusted (on ext4 or xfs it is a byte
+// the stick's maker chose): a name that opens as anything but a regular
+// file makes its candidate's Err. On error, the files already opened are
+// in the returned candidates, for Medium.Close.
 func findCandidates(dir string) ([]Candidate, error) {
-	entries, err := os.ReadDir(dir)
+	d, err := os.Open(dir)
 	if err != nil {
 		return nil, fmt.Errorf("listing the stick: %w", err)
 	}
-	regular := map[string]string{} // lower-case name → name
-	for _, e := range entries {
-		if e.Type().IsRegular() {
-			regular[strings.ToLower(e.Name())] = e.Name()
-		}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, fmt.Errorf("listing the stick: %w", err)
 	}
-	find := func(name string) string {
-		if n, ok := regular[strings.ToLower(name)]; ok {
-			return filepath.Join(dir, n)
-		}
-		return ""
+	byLower := map[string]string{} // lower-case name → name
+	for _, n := range names {
+		byLower[strings.ToLower(n)] = n
 	}
 	var out []Candidate
-	for lower, name := range regular {
+	for lower, name := range byLower {
 		if !strings.HasPrefix(lower, "upgrade-") || !strings.HasSuffix(lower, ".tar") {
 			continue
 		}
 		base := name[:len(name)-len(".tar")]
-		out = append(out, Candidate{
-			Name:       name,
-			TarPath:    filepath.Join(dir, name),
-			SHA256Path: find(base + ".sha256"),
-			SigPath:    find(name + ".minisig"),
-		})
+		c := Candidate{Name: name, TarPath: filepath.Join(dir, name)}
+		if n, ok := byLower[strings.ToLower(base+".sha256")]; ok {
+			c.SHA256Path = filepath.Join(dir, n)
+		}
+		if n, ok := byLower[strings.ToLower(name+".minisig")]; ok {
+			c.SigPath = filepath.Join(dir, n)
+		}
+		c.open(d)
+		out = append(out, c)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	// Those that can be read first: a stick's stray link does not hide
+	// its bundle.
+	sort.Slice(out, func(i, j int) bool {
+		if (out[i].Err == nil) != (out[j].Err == nil) {
+			return out[i].Err == nil
+		}
+		return out[i].Name < out[j].Name
+	})
 	return out, nil
+}
+
+// open opens c's files in the stick's root d; on the first refusal it
+// closes them and sets Err.
+func (c *Candidate) open(d *os.File) {
+	var err error
+	if c.Tar, err = openOnStick(d, c.TarPath, 0); err == nil && c.SHA256Path != "" {
+		c.SHA256, err = openOnStick(d, c.SHA256Path, MaxSidecar)
+	}
+	if err == nil && c.SigPath != "" {
+		c.Sig, err = openOnStick(d, c.SigPath, MaxSidecar)
+	}
+	if err != nil {
+		for _, f := range []*os.File{c.Tar, c.SHA256, c.Sig} {
+			if f != nil {
+				f.Close()
+			}
+		}
+		c.Tar, c.SHA256, c.Sig, c.Err = nil, nil, nil, err
+	}
+}
+
+// openOnStick opens the file at path (in d) as safefile.OpenBeneath does,
+// refusing it (ErrUnsafeFile) when it is not a regular file or, with
+// max > 0, when it is over max bytes. The error names the file and the
+// fix.
+func openOnStick(d *os.File, path string, max int64) (*os.File, error) {
+	name := filepath.Base(path)
+	f, err := safefile.OpenBeneath(d, name)
+	if err != nil {
+		if errors.Is(err, safefile.ErrNotRegular) {
+			return nil, fmt.Errorf("%w: %v: ferry reads only regular files on a stick; copy the file itself (not a link to it) onto the stick", ErrUnsafeFile, err)
+		}
+		return nil, fmt.Errorf("%w: %q cannot be opened: %v: copy it onto the stick again", ErrUnsafeFile, name, errors.Unwrap(err))
+	}
+	if max > 0 {
+		fi, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("%w: %q cannot be read: %v: copy it onto the stick again", ErrUnsafeFile, name, err)
+		}
+		if fi.Size() > max {
+			f.Close()
+			return nil, fmt.Errorf("%w: %q is over %d bytes: it is not a .sha256 or .minisig file; copy the right one onto the stick", ErrUnsafeFile, name, max)
+		}
+	}
+	return f, nil
 }
 
 // Sweep unmounts (lazily) whatever is mounted under MountDir and removes

@@ -4,12 +4,16 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func writeFiles(t *testing.T, dir string, files map[string]string) {
@@ -31,23 +35,18 @@ func TestFindCandidates(t *testing.T) {
 		"upgrade-4.13.7-x86_64.tar":         "t",
 		"upgrade-4.13.7-x86_64.sha256":      "s",
 		"upgrade-4.13.7-x86_64.tar.minisig": "m",
-		"UPGRADE-4.14.0-X86_64.TAR":         "t", // a FAT stick written elsewhere
+		"UPGRADE-4.14.0-X86_64.TAR":         "T", // a FAT stick written elsewhere
 		"upgrade-4.14.0-x86_64.sha256":      "s",
 		"upgrade-notes.txt":                 "n",
 		"other.tar":                         "o",
 		"sub/upgrade-9.9.9-x86_64.tar":      "only the root counts",
 	})
-	if err := os.Mkdir(filepath.Join(dir, "upgrade-dir.tar"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink("/etc/shadow", filepath.Join(dir, "upgrade-evil-x86_64.tar")); err != nil {
-		t.Fatal(err)
-	}
 
 	got, err := findCandidates(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { (&Medium{Candidates: got}).Close() })
 	want := []Candidate{
 		{Name: "UPGRADE-4.14.0-X86_64.TAR", TarPath: filepath.Join(dir, "UPGRADE-4.14.0-X86_64.TAR"),
 			SHA256Path: filepath.Join(dir, "upgrade-4.14.0-x86_64.sha256")},
@@ -56,12 +55,120 @@ func TestFindCandidates(t *testing.T) {
 			SigPath:    filepath.Join(dir, "upgrade-4.13.7-x86_64.tar.minisig")},
 	}
 	if len(got) != len(want) {
-		t.Fatalf("got %d candidates %+v, want %d (symlinks, directories, sub-directories and other names excluded)", len(got), got, len(want))
+		t.Fatalf("got %d candidates %+v, want %d (sub-directories and other names excluded)", len(got), got, len(want))
 	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("candidate %d:\n got  %+v\n want %+v", i, got[i], want[i])
+	for i, w := range want {
+		g := got[i]
+		if g.Name != w.Name || g.TarPath != w.TarPath || g.SHA256Path != w.SHA256Path || g.SigPath != w.SigPath || g.Raw || g.Err != nil {
+			t.Errorf("candidate %d:\n got  %+v\n want %+v", i, g, w)
 		}
+		if (g.SHA256 != nil) != (w.SHA256Path != "") || (g.Sig != nil) != (w.SigPath != "") || g.Tar == nil {
+			t.Errorf("candidate %d: files open: tar %v sha256 %v sig %v", i, g.Tar, g.SHA256, g.Sig)
+		}
+	}
+	// Read through the descriptor opened, also as /proc/self/fd/N.
+	b, err := io.ReadAll(got[0].Tar)
+	if err != nil || string(b) != "T" {
+		t.Errorf("tar read through its descriptor: %q, %v", b, err)
+	}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/self/fd/%d", got[1].Sig.Fd())); err != nil || string(b) != "m" {
+		t.Errorf("minisig reopened through /proc/self/fd: %q, %v", b, err)
+	}
+}
+
+// secretMarker is in a host file that a crafted stick points at.
+const secretMarker = "SECRET-MARKER-4f1d"
+
+// A crafted stick: its files are symlinks to host files, a FIFO, a
+// directory, a sidecar the size of /dev/zero's patience. Each bundle
+// named by such a file is refused with a reason that names the file
+// and never holds the host file's bytes; nothing blocks.
+func TestFindCandidates_RefusesWhatIsNotARegularFile(t *testing.T) {
+	host := filepath.Join(t.TempDir(), "shadow")
+	writeFiles(t, filepath.Dir(host), map[string]string{"shadow": "root:" + secretMarker + ":19000::::::\n"})
+	tests := []struct {
+		name  string
+		make  func(t *testing.T, dir string)
+		says  string // in the reason
+		wants string // the file named
+	}{
+		{"sha256 is a symlink to a host file", func(t *testing.T, dir string) {
+			writeFiles(t, dir, map[string]string{"upgrade-1.0-x86_64.tar": "t"})
+			link(t, host, filepath.Join(dir, "upgrade-1.0-x86_64.sha256"))
+		}, "symbolic link", "upgrade-1.0-x86_64.sha256"},
+		{"minisig is a symlink to a host file", func(t *testing.T, dir string) {
+			writeFiles(t, dir, map[string]string{"upgrade-1.0-x86_64.tar": "t", "upgrade-1.0-x86_64.sha256": "s"})
+			link(t, host, filepath.Join(dir, "upgrade-1.0-x86_64.tar.minisig"))
+		}, "symbolic link", "upgrade-1.0-x86_64.tar.minisig"},
+		{"tar is a symlink", func(t *testing.T, dir string) {
+			link(t, host, filepath.Join(dir, "upgrade-1.0-x86_64.tar"))
+		}, "symbolic link", "upgrade-1.0-x86_64.tar"},
+		{"tar is a FIFO", func(t *testing.T, dir string) {
+			if err := unix.Mkfifo(filepath.Join(dir, "upgrade-1.0-x86_64.tar"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, "FIFO", "upgrade-1.0-x86_64.tar"},
+		{"sha256 is a FIFO", func(t *testing.T, dir string) {
+			writeFiles(t, dir, map[string]string{"upgrade-1.0-x86_64.tar": "t"})
+			if err := unix.Mkfifo(filepath.Join(dir, "upgrade-1.0-x86_64.sha256"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, "FIFO", "upgrade-1.0-x86_64.sha256"},
+		{"tar is a directory", func(t *testing.T, dir string) {
+			os.Mkdir(filepath.Join(dir, "upgrade-1.0-x86_64.tar"), 0o755)
+		}, "directory", "upgrade-1.0-x86_64.tar"},
+		{"minisig over the cap", func(t *testing.T, dir string) {
+			writeFiles(t, dir, map[string]string{"upgrade-1.0-x86_64.tar": "t",
+				"upgrade-1.0-x86_64.tar.minisig": strings.Repeat(secretMarker, MaxSidecar/len(secretMarker)+1)})
+		}, "over 4096 bytes", "upgrade-1.0-x86_64.tar.minisig"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			tt.make(t, dir)
+			done := make(chan struct{})
+			var got []Candidate
+			var err error
+			go func() { defer close(done); got, err = findCandidates(dir) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("findCandidates blocked")
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 1 {
+				t.Fatalf("candidates %+v, want one, refused", got)
+			}
+			c := got[0]
+			if !errors.Is(c.Err, ErrUnsafeFile) || c.Tar != nil || c.SHA256 != nil || c.Sig != nil {
+				t.Fatalf("candidate %+v: want Err ErrUnsafeFile and no file open", c)
+			}
+			msg := c.Err.Error()
+			if !strings.Contains(msg, tt.says) || !strings.Contains(msg, strconv.Quote(tt.wants)) {
+				t.Errorf("reason %q does not say %q naming %q", msg, tt.says, tt.wants)
+			}
+			if strings.Contains(msg, secretMarker) {
+				t.Errorf("reason %q echoes a file's bytes", msg)
+			}
+		})
+	}
+}
+
+// A stray link does not hide a good bundle on the same stick: the one
+// that can be read comes first.
+func TestFindCandidates_ReadableFirst(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"upgrade-2.0-x86_64.tar": "t"})
+	link(t, "/etc/passwd", filepath.Join(dir, "upgrade-1.0-x86_64.tar"))
+	got, err := findCandidates(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { (&Medium{Candidates: got}).Close() })
+	if len(got) != 2 || got[0].Name != "upgrade-2.0-x86_64.tar" || got[0].Err != nil || got[1].Err == nil {
+		t.Fatalf("candidates %+v", got)
 	}
 }
 
@@ -246,5 +353,77 @@ func TestMediumClose_RawIsANoOp(t *testing.T) {
 	}
 	if err := m.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// fakeKindDisk lays out sysfs (and udev's database) for a whole disk
+// numbered num at devPath under sys, with removable set and props in
+// its udev record.
+func fakeKindDisk(t *testing.T, sys, data, devPath, num, removable string, props ...string) {
+	t.Helper()
+	dir := filepath.Join(sys, devPath)
+	writeFiles(t, dir, map[string]string{"size": "2048\n", "dev": num + "\n", "removable": removable + "\n"})
+	link(t, dir, filepath.Join(sys, "dev/block", num))
+	var rec strings.Builder
+	for _, p := range props {
+		rec.WriteString("E:" + p + "\n")
+	}
+	writeFiles(t, data, map[string]string{"b" + num: rec.String()})
+}
+
+func TestCheckKind(t *testing.T) {
+	sys, data := t.TempDir(), t.TempDir()
+	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1:1.0/host6/target6:0:0/6:0:0:0/block/sdb", "8:16", "1",
+		"ID_BUS=usb", "ID_USB_DRIVER=usb-storage", "ID_PATH=pci-0000:00:14.0-usb-0:1:1.0-scsi-0:0:0:0")
+	// The same USB stick as a partition whose udev record lacks the bus.
+	writeFiles(t, filepath.Join(sys, "devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1:1.0/host6/target6:0:0/6:0:0:0/block/sdb/sdb1"),
+		map[string]string{"partition": "1\n", "dev": "8:17\n", "size": "1024\n"})
+	link(t, filepath.Join(sys, "devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1:1.0/host6/target6:0:0/6:0:0:0/block/sdb/sdb1"), filepath.Join(sys, "dev/block/8:17"))
+	// A USB disk that says it is not removable (many do): still USB.
+	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:14.0/usb2/2-2/2-2:1.0/host7/target7:0:0/7:0:0:0/block/sdc", "8:32", "0", "ID_BUS=usb")
+	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:1c.0/mmc_host/mmc0/mmc0:0001/block/mmcblk0", "179:0", "0", "ID_DRIVE_FLASH_SD=1")
+	fakeKindDisk(t, sys, data, "devices/virtual/block/loop3", "7:3", "0")
+	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:05.0/virtio2/block/vdb", "253:16", "0", "ID_PATH=pci-0000:00:05.0")
+	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:06.0/nvme/nvme1/nvme1n1", "259:0", "0")
+	fakeKindDisk(t, sys, data, "devices/platform/host3/session1/target3:0:0/3:0:0:1/block/sdd", "8:48", "0", "ID_BUS=scsi", "ID_PATH=ip-10.0.0.5:3260-iscsi-iqn.2024-01.lun-1")
+	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:1f.2/ata1/host0/target0:0:0/0:0:0:0/block/sde", "8:64", "0", "ID_BUS=ata")
+	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:1f.2/ata2/host1/target1:0:0/1:0:0:0/block/sr0", "11:0", "1", "ID_BUS=ata")
+
+	tests := []struct {
+		name  string
+		num   string
+		allow []string
+		ok    bool
+		says  string
+	}{
+		{"usb stick", "8:16", nil, true, ""},
+		{"usb stick partition", "8:17", nil, true, ""},
+		{"usb disk not flagged removable", "8:32", nil, true, ""},
+		{"sd card", "179:0", nil, true, ""},
+		{"removable optical drive", "11:0", nil, true, ""},
+		{"loop device by default", "7:3", nil, false, `add "loop" to media.allow_devices`},
+		{"loop device allowed", "7:3", []string{"loop"}, true, ""},
+		{"virtio disk hot-plugged", "253:16", []string{"loop"}, false, `add "virtio"`},
+		{"virtio allowed", "253:16", []string{"loop", "virtio"}, true, ""},
+		{"nvme disk", "259:0", nil, false, "nvme"},
+		{"iscsi LUN", "8:48", nil, false, "scsi"},
+		{"sata disk", "8:64", nil, false, "ata"},
+		{"anything with any", "8:48", []string{"any"}, true, ""},
+		{"unknown device", "1:99", nil, false, "no kind"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := &Media{Sys: sys, UdevData: data, AllowDevices: tt.allow}
+			err := m.checkKind("/dev/x", tt.num)
+			if tt.ok {
+				if err != nil {
+					t.Fatalf("refused (kinds %v): %v", m.kinds(tt.num), err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrNotRemovable) || !strings.Contains(err.Error(), tt.says) {
+				t.Fatalf("err = %v (kinds %v), want ErrNotRemovable saying %q", err, m.kinds(tt.num), tt.says)
+			}
+		})
 	}
 }

@@ -72,7 +72,7 @@ func runAgent(ctx context.Context, args []string) error {
 		return err
 	}
 	log := systemd.NewLogger(nil)
-	media := &udev.Media{MountDir: cfg.Paths.MountDir}
+	media := &udev.Media{MountDir: cfg.Paths.MountDir, AllowDevices: cfg.Media.AllowDevices, Log: log}
 	if err := media.Sweep(); err != nil { // mounts a crashed agent left behind
 		log.Warn("cleaning the mount dir", "err", err)
 	}
@@ -158,12 +158,29 @@ type medium struct{ m *udev.Medium }
 
 func (m medium) Close() error { return m.m.Close() }
 
+// Bundles are read through the files udev opened on the stick (their
+// /proc/self/fd paths, valid until Close), never by their paths on it;
+// a bundle the stick's files make unreadable comes Refused.
 func (m medium) Bundles() []bundle.Source {
 	var out []bundle.Source
 	for _, c := range m.m.Candidates {
-		out = append(out, bundle.Source{Path: c.TarPath, Raw: c.Raw, SHA256Path: c.SHA256Path, SigPath: c.SigPath})
+		src := bundle.Source{Path: c.TarPath, Raw: c.Raw, Refused: c.Err}
+		if !c.Raw {
+			src.Label, src.Path = c.TarPath, fdPath(c.Tar)
+			src.SHA256Path, src.SigPath = fdPath(c.SHA256), fdPath(c.Sig)
+		}
+		out = append(out, src)
 	}
 	return out
+}
+
+// fdPath names an open file for this process ("" for none): opening it
+// opens that file again, whatever is on the stick at its path by then.
+func fdPath(f *os.File) string {
+	if f == nil {
+		return ""
+	}
+	return fmt.Sprintf("/proc/self/fd/%d", f.Fd())
 }
 
 type notifier struct{}

@@ -50,7 +50,7 @@ func Binary(t testing.TB) string {
 }
 
 // Config is a scratch config under root: every path inside it, loading
-// off (no CRI-O socket), no peer server.
+// off (no CRI-O socket), no peer server, loop devices read as sticks.
 func Config(root string) agent.Config {
 	c := agent.DefaultConfig()
 	c.NodeName = "test-node"
@@ -66,6 +66,9 @@ func Config(root string) agent.Config {
 		SignaturePolicy: filepath.Join(root, "etc/containers/policy.json"),
 		RegistriesD:     filepath.Join(root, "etc/containers/registries.d"),
 	}
+	// Tests plug loop devices, which ferry does not take for sticks
+	// unless told (VM tests plug USB sticks, read by default).
+	c.Media.AllowDevices = []string{"loop"}
 	c.CRIO.Socket = ""
 	c.CRIO.Reload = "none"
 	c.Peer.Listen = ""

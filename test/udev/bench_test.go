@@ -28,7 +28,7 @@ func BenchmarkPlugToFirstByte(b *testing.B) {
 		l := udevenv.Attach(b, img)
 		ev := waitFor(b, events, l, func(e udev.Event) bool { return e.FSType == "ext4" })
 		got := time.Now()
-		med, err := udev.Open(b.Context(), ev, mountDir)
+		med, err := openStick(b.Context(), ev, mountDir)
 		if err != nil {
 			b.Fatal(err)
 		}

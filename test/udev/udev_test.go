@@ -78,6 +78,13 @@ func waitFor(t testing.TB, ch <-chan udev.Event, l *udevenv.Loop, ok func(udev.E
 	}
 }
 
+// openStick is udev.Open for the loop devices that stand in for sticks
+// here: ferry reads only removable, USB and MMC devices unless
+// media.allow_devices names other kinds.
+func openStick(ctx context.Context, ev udev.Event, mountDir string) (*udev.Medium, error) {
+	return (&udev.Media{MountDir: mountDir, AllowDevices: []string{"loop"}}).Open(ctx, ev)
+}
+
 func stickFiles(t testing.TB, tarData []byte) []udevenv.File {
 	return []udevenv.File{
 		{Name: "upgrade-1.0.0-x86_64.tar", Data: tarData},
@@ -110,7 +117,7 @@ func TestStickWithFilesystem_EventMountFindClose(t *testing.T) {
 
 			mountDir := t.TempDir()
 			opened := time.Now()
-			med, err := udev.Open(t.Context(), ev, mountDir)
+			med, err := openStick(t.Context(), ev, mountDir)
 			if !udevenv.CanMount(tt.fstype) {
 				// Some VM kernels lack the driver; Open must say so.
 				if !errors.Is(err, udev.ErrUnsupportedFS) {
@@ -132,7 +139,11 @@ func TestStickWithFilesystem_EventMountFindClose(t *testing.T) {
 				c.SigPath != filepath.Join(med.Dir, "upgrade-1.0.0-x86_64.tar.minisig") {
 				t.Fatalf("candidate %+v", c)
 			}
-			f, err := os.Open(c.TarPath)
+			if c.Tar == nil || c.SHA256 == nil || c.Sig == nil || c.Err != nil {
+				t.Fatalf("candidate %+v: want its three files open", c)
+			}
+			// Read through the descriptor Open made, as the agent does.
+			f, err := os.Open(fmt.Sprintf("/proc/self/fd/%d", c.Tar.Fd()))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -147,12 +158,12 @@ func TestStickWithFilesystem_EventMountFindClose(t *testing.T) {
 				t.Fatalf("tar read back differs (err %v)", err)
 			}
 
-			// Read-only, nodev, nosuid, noexec.
+			// Read-only, nodev, nosuid, noexec, nosymfollow.
 			if err := os.WriteFile(filepath.Join(med.Dir, "x"), []byte("x"), 0o644); !errors.Is(err, unix.EROFS) {
 				t.Errorf("writing to the stick: err = %v, want EROFS", err)
 			}
 			opts := mountOptions(t, med.Dir)
-			for _, o := range []string{"ro", "nodev", "nosuid", "noexec"} {
+			for _, o := range []string{"ro", "nodev", "nosuid", "noexec", "nosymfollow"} {
 				if !opts[o] {
 					t.Errorf("mount options %v lack %s", opts, o)
 				}
@@ -203,7 +214,7 @@ func TestRawTarDevice_GivesRawCandidate(t *testing.T) {
 	if ev.FSType != "" {
 		t.Fatalf("udev found a filesystem %q on a raw tar", ev.FSType)
 	}
-	med, err := udev.Open(t.Context(), ev, t.TempDir())
+	med, err := openStick(t.Context(), ev, t.TempDir())
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -228,7 +239,7 @@ func TestBlankDevice_IsNotABundle(t *testing.T) {
 	events := watch(t, false)
 	l := udevenv.Attach(t, udevenv.BlankImage(t, 4<<20))
 	ev := waitFor(t, events, l, func(e udev.Event) bool { return e.Size > 0 })
-	if _, err := udev.Open(t.Context(), ev, t.TempDir()); !errors.Is(err, udev.ErrNotBundle) {
+	if _, err := openStick(t.Context(), ev, t.TempDir()); !errors.Is(err, udev.ErrNotBundle) {
 		t.Fatalf("Open on a blank stick: err = %v, want ErrNotBundle", err)
 	}
 }
@@ -241,7 +252,7 @@ func TestDetach_EmitsGoneEvent(t *testing.T) {
 	l.Detach()
 	ev := waitFor(t, events, l, udev.Event.Gone)
 	t.Logf("detach event: %s", ev)
-	if _, err := udev.Open(t.Context(), ev, t.TempDir()); !errors.Is(err, udev.ErrNoMedium) {
+	if _, err := openStick(t.Context(), ev, t.TempDir()); !errors.Is(err, udev.ErrNoMedium) {
 		t.Errorf("Open after detach: err = %v, want ErrNoMedium", err)
 	}
 }
@@ -287,7 +298,7 @@ func TestPulledMidRead_RawDevice(t *testing.T) {
 	events := watch(t, false)
 	l := udevenv.Attach(t, udevenv.RawImage(t, udevenv.File{Data: data}))
 	ev := waitFor(t, events, l, func(e udev.Event) bool { return e.Size > 0 })
-	med, err := udev.Open(t.Context(), ev, t.TempDir())
+	med, err := openStick(t.Context(), ev, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,7 +344,7 @@ func TestPulledMidRead_MountedFilesystem(t *testing.T) {
 	// Drop what mkfs left in the page cache for this device.
 	unix.Sync()
 	os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0o200)
-	med, err := udev.Open(t.Context(), ev, t.TempDir())
+	med, err := openStick(t.Context(), ev, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,7 +393,7 @@ func TestOwnDevices_AreRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	if root := blockDevOf(t, st.Dev); root != "" {
-		if _, err := udev.Open(t.Context(), udev.Event{Action: udev.Add, DevPath: root, FSType: "ext4"}, t.TempDir()); !errors.Is(err, udev.ErrSystemDevice) {
+		if _, err := openStick(t.Context(), udev.Event{Action: udev.Add, DevPath: root, FSType: "ext4"}, t.TempDir()); !errors.Is(err, udev.ErrSystemDevice) {
 			t.Errorf("Open(%s, the root device): err = %v, want ErrSystemDevice", root, err)
 		}
 	} else {
@@ -398,7 +409,7 @@ func TestOwnDevices_AreRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Unmount(elsewhere, unix.MNT_DETACH) })
-	_, err := udev.Open(t.Context(), ev, t.TempDir())
+	_, err := openStick(t.Context(), ev, t.TempDir())
 	if !errors.Is(err, udev.ErrSystemDevice) || !strings.Contains(err.Error(), elsewhere) {
 		t.Fatalf("Open of a device mounted at %s: err = %v, want ErrSystemDevice naming the mount", elsewhere, err)
 	}
@@ -418,7 +429,7 @@ func TestSweep_UnmountsWhatACrashLeft(t *testing.T) {
 	events := watch(t, false)
 	l := udevenv.Attach(t, udevenv.Ext4Image(t, "STICK", stickFiles(t, []byte("x"))...))
 	ev := waitFor(t, events, l, func(e udev.Event) bool { return e.FSType == "ext4" })
-	media := &udev.Media{MountDir: t.TempDir()}
+	media := &udev.Media{MountDir: t.TempDir(), AllowDevices: []string{"loop"}}
 	med, err := media.Open(t.Context(), ev)
 	if err != nil {
 		t.Fatal(err)

@@ -37,6 +37,20 @@ func Attach(t testing.TB, image string) *Loop {
 	return l
 }
 
+// AttachAt attaches image to the loop device dev (`losetup DEV IMAGE`),
+// as Attach does: the same stick slot, plugged again with another stick.
+// dev must be free (detached).
+func AttachAt(t testing.TB, dev, image string) *Loop {
+	t.Helper()
+	Run(t, "losetup", dev, image)
+	l := &Loop{Dev: dev, Image: image, t: t}
+	if b, err := os.ReadFile("/sys/class/block/" + strings.TrimPrefix(dev, "/dev/") + "/diskseq"); err == nil {
+		l.DiskSeq, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	}
+	t.Cleanup(l.cleanup)
+	return l
+}
+
 // Detach detaches the device (`losetup -d`): udev reports a `change` with
 // no ID_FS_TYPE and size 0. Note the kernel defers the detach while the
 // device is open or mounted (it sets autoclear): use Pull to take a stick
