@@ -98,7 +98,7 @@ func (c Checker) refusal(raw []byte, ref bundleRef, nsigs int, err error) error 
 	fix := "make the bundle from images signed as the node's policy requires, or change the policy"
 	if nsigs == 0 {
 		why = "the bundle carries none"
-		fix = "make it again with a ferry that copies signatures (ferry bundle create copies cosign's sha256-<hex>.sig attachments), from a source that holds them"
+		fix = "make it again with a ferry that copies signatures, from a source that holds them"
 	}
 	return fmt.Errorf("%w: %s: this node requires %s (%s); %s: %s",
 		bundle.ErrPolicy, ref.named, what, c.path(), why, fix)
