@@ -9,9 +9,9 @@ import (
 // kube package implements it, an in-memory twin stands in for it in unit
 // tests. No Kubernetes type crosses this seam.
 type ClusterAPI interface {
-	// Annotate sets annotations on the Node named node; an empty value
-	// removes the key.
-	Annotate(ctx context.Context, node string, annotations map[string]string) error
+	// Annotate sets annotations and labels on the Node named node; an
+	// empty value removes the key.
+	Annotate(ctx context.Context, node string, annotations, labels map[string]string) error
 	// StartUpgrade publishes the release's signatures and asks the cluster
 	// version operator for the update. Doing it again is harmless.
 	StartUpgrade(ctx context.Context, u Upgrade) error
@@ -25,6 +25,8 @@ type ClusterAPI interface {
 	// Preflight is what the cluster says of an upgrade to version with
 	// these images, before the bundle is spread over the nodes.
 	Preflight(ctx context.Context, version string, images []string) (Preflight, error)
+	// BundleAPI is the UpgradeBundle resource (resource.go).
+	BundleAPI
 }
 
 // Preflight is the cluster's word on a bundle before it is shared:

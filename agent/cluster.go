@@ -97,7 +97,7 @@ type ClusterNode struct {
 func (a *Agent) Cluster() ClusterStatus { return a.snap.Load().cluster }
 
 func (m *machine) cluster(self peer.Status) ClusterStatus {
-	cs := ClusterStatus{Self: self, Peers: map[string]ClusterNode{}, Decision: Decide(self, m.view.statuses)}
+	cs := ClusterStatus{Self: self, Peers: map[string]ClusterNode{}, Decision: Decide(self, m.gatedStatuses())}
 	for addr, st := range m.view.statuses {
 		n := ClusterNode{Status: st.Status}
 		if st.Err != nil {

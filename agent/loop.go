@@ -87,6 +87,7 @@ func (a *Agent) watchers(ctx context.Context) <-chan view {
 	if a.deps.API != nil {
 		goBG(func() { a.annotate(ctx, 5*time.Second) })
 		goBG(func() { a.followUpgrade(ctx) })
+		goBG(func() { a.followBundle(ctx, a.deps.API) })
 		if a.deps.Peers != nil && len(a.cfg.Peer.Peers) == 0 {
 			goBG(func() { a.findPeers(ctx, 30*time.Second) })
 		}

@@ -46,13 +46,15 @@ type snapshot struct {
 	cluster ClusterStatus
 	// readNode: the follower reads the MCO's state of this node.
 	readNode bool
+	// bundle is this node's report on the active bundle's UpgradeBundle.
+	bundle *bundleReport
 }
 
 // publish makes the machine's state visible to readers.
 func (a *Agent) publish() {
 	s := a.m.status()
 	ps := a.m.peerStatus()
-	a.snap.Store(&snapshot{status: s, peer: ps, cluster: a.m.cluster(ps), readNode: a.m.readsNode()})
+	a.snap.Store(&snapshot{status: s, peer: ps, cluster: a.m.cluster(ps), readNode: a.m.readsNode(), bundle: a.m.resourceReport(s)})
 	a.wantAnnotations(s)
 }
 

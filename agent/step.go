@@ -49,6 +49,13 @@ type machine struct {
 	// notice is a passing remark for the status (e.g. a stick that holds
 	// the bundle already here).
 	notice string
+	// bundlePolicy is the administrator's UpgradeBundle spec for the
+	// bundle named bundleName (nil: none read); excluded are the nodes
+	// the gate leaves out (name → why), excludedHosts their addresses.
+	bundlePolicy  *BundlePolicy
+	bundleName    string
+	excluded      map[string]string
+	excludedHosts map[string]bool
 }
 
 // job is the one long task a node runs at a time.
@@ -96,6 +103,8 @@ func (m *machine) step(ev event) []effect {
 		return m.upgradeSeen(ev)
 	case evNodeSeen:
 		return m.nodeSeen(ev)
+	case evBundlePolicy:
+		return m.bundlePolicySeen(ev)
 	case evPreflight:
 		if r := m.records[ev.id]; r != nil {
 			r.Warnings = ev.warnings
@@ -693,11 +702,11 @@ func (m *machine) gate(r *Record) []effect {
 	d := Decision{Verdict: Ready, Digest: r.Digest}
 	if m.hasPeers() {
 		for _, p := range m.peers {
-			if _, heard := m.view.statuses[p]; !heard {
+			if _, heard := m.view.statuses[p]; !heard && !m.gateExcluded(p, "") {
 				return nil
 			}
 		}
-		d = Decide(m.peerStatus(), m.view.statuses)
+		d = Decide(m.peerStatus(), m.gatedStatuses())
 	}
 	var effs []effect
 	switch d.Verdict {
@@ -706,7 +715,7 @@ func (m *machine) gate(r *Record) []effect {
 			effs = m.move(r, PhaseClusterReady, "", r.Progress)
 			m.log.Info("every node holds the bundle, loaded and pinned: the upgrade may proceed", "phase", string(PhaseClusterReady), "bundle", r.Name, "digest", r.Digest)
 		}
-		if r.Plugged && m.cfg.Cluster.Schedule == "Automatic" {
+		if r.Plugged && m.schedule() == "Automatic" {
 			effs = append(effs, m.proceed(r, false)...)
 		}
 	case Conflict:
@@ -767,6 +776,8 @@ func (m *machine) peersAgree(r *Record) (bool, string) {
 	for _, p := range m.peers {
 		st, heard := m.view.statuses[p]
 		switch {
+		case m.gateExcluded(p, st.Node):
+			continue
 		case !heard:
 			waiting = append(waiting, p+" (not heard from yet)")
 		case st.Err != nil:

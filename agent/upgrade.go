@@ -167,7 +167,7 @@ func (a *Agent) annotate(ctx context.Context, progressEvery time.Duration) {
 			}
 		}
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := a.deps.API.Annotate(cctx, a.cfg.NodeName, want)
+		err := a.deps.API.Annotate(cctx, a.cfg.NodeName, want, map[string]string{LabelPhase: want[AnnotationPhase]})
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {

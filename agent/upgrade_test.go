@@ -28,9 +28,14 @@ type fakeAPI struct {
 	addrs    map[string]string
 	mco      map[string]NodeUpdate // node → the MCO's state (zero: no MCO)
 	mcoReads int
-	pre      Preflight // what Preflight answers
-	preErr   error
-	preAsked []string // the versions asked about
+	labels   map[string]map[string]string // node → labels
+	// the UpgradeBundle resources, by name; readiness of the Nodes
+	bundles   map[string]*fakeBundle
+	readiness map[string]NodeReady
+	events    []string  // type/reason/message of each Event
+	pre       Preflight // what Preflight answers
+	preErr    error
+	preAsked  []string // the versions asked about
 }
 
 func newFakeAPI() *fakeAPI {
@@ -44,9 +49,16 @@ func (f *fakeAPI) Preflight(_ context.Context, version string, _ []string) (Pref
 	return f.pre, f.preErr
 }
 
-func (f *fakeAPI) Annotate(_ context.Context, node string, ann map[string]string) error {
+func (f *fakeAPI) Annotate(_ context.Context, node string, ann, labels map[string]string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.labels == nil {
+		f.labels = map[string]map[string]string{}
+	}
+	if f.labels[node] == nil {
+		f.labels[node] = map[string]string{}
+	}
+	maps.Copy(f.labels[node], labels)
 	if f.annoFail > 0 {
 		f.annoFail--
 		return errors.New("the API server is down")
@@ -333,4 +345,85 @@ func TestUpgrade_PeersComeFromTheAPIWhenTheConfigNamesNone(t *testing.T) {
 	if !strings.Contains(s.Reason, "10.0.0.2:9000") || s.Phase != string(PhaseExtracted) {
 		t.Fatalf("status %+v", s)
 	}
+}
+
+// fakeBundle is an UpgradeBundle as the fake API holds it.
+type fakeBundle struct {
+	policy BundlePolicy
+	sum    BundleSummary
+	nodes  map[string]BundleNodeEntry
+}
+
+func (f *fakeAPI) UpgradeBundle(_ context.Context, name string) (BundleView, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b := f.bundles[name]
+	if b == nil {
+		return BundleView{}, false, nil
+	}
+	return BundleView{UID: "uid-" + name, Policy: b.policy, Nodes: maps.Clone(b.nodes)}, true, nil
+}
+
+func (f *fakeAPI) CreateUpgradeBundle(_ context.Context, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.bundles == nil {
+		f.bundles = map[string]*fakeBundle{}
+	}
+	if f.bundles[name] == nil {
+		f.bundles[name] = &fakeBundle{nodes: map[string]BundleNodeEntry{}}
+	}
+	return nil
+}
+
+func (f *fakeAPI) PublishBundle(_ context.Context, name string, sum BundleSummary, node string, e BundleNodeEntry) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b := f.bundles[name]
+	if b == nil {
+		return errors.New("upgradebundle " + name + " not found")
+	}
+	b.sum, b.nodes[node] = sum, e
+	return nil
+}
+
+func (f *fakeAPI) BundleEvent(_ context.Context, name, uid, node, typ, reason, msg string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.events = append(f.events, typ+"/"+reason+"/"+msg)
+	return nil
+}
+
+func (f *fakeAPI) NodeReadiness(context.Context) (map[string]NodeReady, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.readiness == nil {
+		return map[string]NodeReady{"node-a": {Ready: true}}, nil
+	}
+	return maps.Clone(f.readiness), nil
+}
+
+// setPolicy plays the administrator writing an UpgradeBundle's spec.
+func (f *fakeAPI) setPolicy(name string, p BundlePolicy) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.bundles == nil {
+		f.bundles = map[string]*fakeBundle{}
+	}
+	if f.bundles[name] == nil {
+		f.bundles[name] = &fakeBundle{nodes: map[string]BundleNodeEntry{}}
+	}
+	f.bundles[name].policy = p
+}
+
+func (f *fakeAPI) bundle(name string) (fakeBundle, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b := f.bundles[name]
+	if b == nil {
+		return fakeBundle{}, false
+	}
+	c := *b
+	c.nodes = maps.Clone(b.nodes)
+	return c, true
 }

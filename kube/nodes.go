@@ -5,18 +5,25 @@ import (
 	"net/url"
 )
 
-// Annotate sets annotations on the Node named node with one merge patch;
-// an empty value removes its key.
-func (c *Client) Annotate(ctx context.Context, node string, annotations map[string]string) error {
-	ann := map[string]any{}
-	for k, v := range annotations {
-		if v == "" {
-			ann[k] = nil // null removes the key in a merge patch
-		} else {
-			ann[k] = v
+// Annotate sets annotations and labels on the Node named node with one
+// merge patch; an empty value removes its key.
+func (c *Client) Annotate(ctx context.Context, node string, annotations, labels map[string]string) error {
+	nullable := func(m map[string]string) map[string]any {
+		out := map[string]any{}
+		for k, v := range m {
+			if v == "" {
+				out[k] = nil // null removes the key in a merge patch
+			} else {
+				out[k] = v
+			}
 		}
+		return out
 	}
-	patch := map[string]any{"metadata": map[string]any{"annotations": ann}}
+	md := map[string]any{"annotations": nullable(annotations)}
+	if len(labels) > 0 {
+		md["labels"] = nullable(labels)
+	}
+	patch := map[string]any{"metadata": md}
 	return c.do(ctx, "PATCH", "/api/v1/nodes/"+url.PathEscape(node), mergePatch, patch, nil)
 }
 

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/kube"
@@ -32,6 +33,44 @@ func (k clusterAPI) NodeUpdate(ctx context.Context, node string) (agent.NodeUpda
 func (k clusterAPI) Preflight(ctx context.Context, version string, images []string) (agent.Preflight, error) {
 	p, err := k.Client.Preflight(ctx, kube.PreflightRequest{Version: version, Images: images})
 	return agent.Preflight(p), err
+}
+
+func (k clusterAPI) UpgradeBundle(ctx context.Context, name string) (agent.BundleView, bool, error) {
+	ub, ok, err := k.Client.UpgradeBundle(ctx, name)
+	if err != nil || !ok {
+		return agent.BundleView{}, ok, err
+	}
+	v := agent.BundleView{UID: ub.UID, Nodes: map[string]agent.BundleNodeEntry{}, Policy: agent.BundlePolicy{
+		ApprovedDigest: ub.Spec.ApprovedDigest, Schedule: ub.Spec.Schedule, Proceed: ub.Spec.Proceed, ExcludedNodes: ub.Spec.ExcludedNodes}}
+	if ub.Spec.NotReadyTimeout != "" {
+		// The CRD's pattern admits only Go durations.
+		v.Policy.NotReadyTimeout, _ = time.ParseDuration(ub.Spec.NotReadyTimeout)
+	}
+	for n, e := range ub.Nodes {
+		v.Nodes[n] = agent.BundleNodeEntry{Phase: e.Phase, Digest: e.Digest, Reason: e.Reason, Excluded: e.Excluded}
+	}
+	return v, true, nil
+}
+
+func (k clusterAPI) PublishBundle(ctx context.Context, name string, s agent.BundleSummary, node string, e agent.BundleNodeEntry) error {
+	entry := kube.BundleNode{Phase: e.Phase, Digest: e.Digest, Reason: e.Reason, Excluded: e.Excluded}
+	for _, c := range e.Conditions {
+		bc := kube.BundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
+		if !c.Since.IsZero() {
+			bc.LastTransitionTime = c.Since.UTC().Format(time.RFC3339)
+		}
+		entry.Conditions = append(entry.Conditions, bc)
+	}
+	return k.Client.PublishBundleStatus(ctx, name, kube.BundleSummary(s), node, entry)
+}
+
+func (k clusterAPI) NodeReadiness(ctx context.Context) (map[string]agent.NodeReady, error) {
+	rs, err := k.Client.NodeReadiness(ctx)
+	out := map[string]agent.NodeReady{}
+	for n, r := range rs {
+		out[n] = agent.NodeReady(r)
+	}
+	return out, err
 }
 
 // newClusterAPI is the Kubernetes API when a kubeconfig is configured.

@@ -44,10 +44,10 @@ func TestClient_TheUpgradeLoopWithOnlyFerrysRBAC(t *testing.T) {
 	ctx := t.Context()
 
 	// Node annotations: set, then one removed with an empty value.
-	if err := c.Annotate(ctx, "node-a", map[string]string{"ferry.io/phase": "loaded", "ferry.io/reason": "waiting"}); err != nil {
+	if err := c.Annotate(ctx, "node-a", map[string]string{"ferry.io/phase": "loaded", "ferry.io/reason": "waiting"}, map[string]string{"ferry.io/phase": "loaded"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Annotate(ctx, "node-a", map[string]string{"ferry.io/phase": "cluster-ready", "ferry.io/reason": ""}); err != nil {
+	if err := c.Annotate(ctx, "node-a", map[string]string{"ferry.io/phase": "cluster-ready", "ferry.io/reason": ""}, nil); err != nil {
 		t.Fatal(err)
 	}
 	ann := e.Annotations("node-a")
@@ -130,7 +130,7 @@ func TestClient_WithoutRightsFailsNamingWhatIsMissing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = c.Annotate(t.Context(), "node-a", map[string]string{"ferry.io/phase": "loaded"})
+	err = c.Annotate(t.Context(), "node-a", map[string]string{"ferry.io/phase": "loaded"}, nil)
 	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), `cannot patch resource "nodes"`) || !strings.Contains(err.Error(), "rbac.yaml") {
 		t.Fatalf("annotate without rights: %v", err)
 	}

@@ -1,0 +1,381 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ferry-edge/ferry/peer"
+)
+
+// The UpgradeBundle resource (DESIGN §5): the administrator's policy for a
+// bundle (spec) is read here, and this node's view of it written into its
+// status, with an Event for each phase it reaches and a ferry.io/phase
+// label on its Node. Without an API none of this runs.
+
+// LabelPhase is the Node label that says this node's phase (oc get nodes
+// -L ferry.io/phase).
+const LabelPhase = "ferry.io/phase"
+
+// BundlePolicy is an UpgradeBundle's spec: the administrator's word.
+type BundlePolicy struct {
+	ApprovedDigest  string
+	Schedule        string // Automatic | Manual | "" (the node's config)
+	Proceed         bool
+	ExcludedNodes   []string
+	NotReadyTimeout time.Duration // 0: never
+}
+
+// BundleNodeEntry is one node's entry in the resource's status.
+type BundleNodeEntry struct {
+	Phase, Digest, Reason, Excluded string
+	Conditions                      []BundleCondition
+}
+
+// BundleCondition is one of Extracted, Loaded, Updated.
+type BundleCondition struct {
+	Type, Status, Reason, Message string
+	Since                         time.Time
+}
+
+// BundleView is the resource as read: its spec and every node's entry.
+type BundleView struct {
+	UID    string
+	Policy BundlePolicy
+	Nodes  map[string]BundleNodeEntry
+}
+
+// BundleSummary is what every node writes alike into the status.
+type BundleSummary struct {
+	Version, Arch, Release, Digest, Size string
+	Images                               int
+	Phase, NodesReady, Approved          string
+	Warnings                             []string
+}
+
+// NodeReady is a Node's Ready condition and since when it holds.
+type NodeReady struct {
+	Ready bool
+	Since time.Time
+}
+
+// BundleAPI is the part of the cluster's API the resource needs.
+type BundleAPI interface {
+	UpgradeBundle(ctx context.Context, name string) (BundleView, bool, error)
+	CreateUpgradeBundle(ctx context.Context, name string) error
+	PublishBundle(ctx context.Context, name string, sum BundleSummary, node string, entry BundleNodeEntry) error
+	BundleEvent(ctx context.Context, name, uid, node, eventType, reason, message string) error
+	NodeReadiness(ctx context.Context) (map[string]NodeReady, error)
+}
+
+// bundleReport is this node's part of the active bundle's resource, as
+// the loop last published it.
+type bundleReport struct {
+	name    string // <version>-<arch>: the resource's name
+	sum     BundleSummary
+	entry   BundleNodeEntry
+	line    string // the status line, for Events
+	healthy bool
+}
+
+// evBundlePolicy: the administrator's policy for bundle name, and the
+// nodes the gate leaves out (node name → why; their peer addresses too).
+type evBundlePolicy struct {
+	name     string
+	policy   BundlePolicy
+	excluded map[string]string
+	hosts    map[string]string // node name → InternalIP
+}
+
+func (evBundlePolicy) isEvent() {}
+
+// resourceReport is this node's report on the active bundle, nil when
+// there is none to report.
+func (m *machine) resourceReport(s Status) *bundleReport {
+	r := m.active
+	if r == nil || r.Metadata == nil {
+		return nil
+	}
+	md := r.Metadata
+	rep := &bundleReport{name: md.DirName(), line: s.Line, healthy: s.Healthy}
+	rep.sum = BundleSummary{Version: md.Version, Arch: md.Arch, Release: md.Release, Digest: r.Digest, Size: md.Size,
+		Images: len(md.AllImages()), Approved: r.Approval, Warnings: r.Warnings}
+	rep.entry = BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Reason), Conditions: conditions(r)}
+	return rep
+}
+
+// conditions are the Extracted, Loaded and Updated conditions of r.
+func conditions(r *Record) []BundleCondition {
+	p := r.Phase
+	at := func(ps ...Phase) time.Time {
+		for _, q := range ps {
+			if t, ok := r.Times[q]; ok {
+				return t
+			}
+		}
+		return time.Time{}
+	}
+	cond := func(t string, ok bool, okSince time.Time) BundleCondition {
+		c := BundleCondition{Type: t, Status: "False", Reason: phaseReason(p), Message: SanitizeReason(r.Reason), Since: at(p)}
+		if ok {
+			c = BundleCondition{Type: t, Status: "True", Reason: phaseReason(p), Since: okSince}
+		}
+		return c
+	}
+	past := func(ps ...Phase) bool { return slices.Contains(ps, p) }
+	return []BundleCondition{
+		cond("Extracted", past(PhaseExtracted, PhaseLoading, PhaseLoaded, PhaseClusterReady, PhaseUpgrading, PhaseUpgraded), at(PhaseExtracted)),
+		cond("Loaded", past(PhaseLoaded, PhaseClusterReady, PhaseUpgrading, PhaseUpgraded), at(PhaseLoaded)),
+		cond("Updated", p == PhaseUpgraded, at(PhaseUpgraded)),
+	}
+}
+
+// phaseReason is a phase as a condition or Event reason (CamelCase).
+func phaseReason(p Phase) string {
+	var b strings.Builder
+	for _, w := range strings.Split(string(p), "-") {
+		if w != "" {
+			b.WriteString(strings.ToUpper(w[:1]) + w[1:])
+		}
+	}
+	return b.String()
+}
+
+// phaseRank orders the phases a bundle moves through, for the cluster's
+// phase (the least advanced node's); refusals rank first.
+func phaseRank(p string) int {
+	order := []Phase{PhaseRejected, PhaseFailed, PhaseConflict, PhaseIdle, PhaseDetected, PhaseFetching, PhaseExtracted, PhaseLoading,
+		PhaseLoaded, PhaseClusterReady, PhaseUpgrading, PhaseUpgraded}
+	if i := slices.Index(order, Phase(p)); i >= 0 {
+		return i
+	}
+	return len(order)
+}
+
+// summarize fills the cluster's phase and nodes-ready count from every
+// node's entry (this one's as it is now), leaving out the excluded nodes;
+// nodes lists the cluster's Nodes (nil when unknown).
+func summarize(rep *bundleReport, view BundleView, self string, nodes []string, excluded map[string]string) BundleSummary {
+	sum := rep.sum
+	entries := map[string]BundleNodeEntry{}
+	for n, e := range view.Nodes {
+		entries[n] = e
+	}
+	entries[self] = rep.entry
+	for _, n := range nodes {
+		if _, ok := entries[n]; !ok {
+			entries[n] = BundleNodeEntry{Phase: string(PhaseIdle)}
+		}
+	}
+	waited, ready, phase := 0, 0, ""
+	for n, e := range entries {
+		if _, out := excluded[n]; out {
+			continue
+		}
+		waited++
+		if Phase(e.Phase).Loaded() && e.Digest == rep.entry.Digest {
+			ready++
+		}
+		if phase == "" || phaseRank(e.Phase) < phaseRank(phase) {
+			phase = e.Phase
+		}
+	}
+	sum.Phase, sum.NodesReady = phase, fmt.Sprintf("%d/%d", ready, waited)
+	if sum.Approved == "" {
+		sum.Approved = "waiting for approval"
+	}
+	return sum
+}
+
+// followBundle reads the active bundle's resource and writes this node's
+// part of it, every poll: the policy goes to the loop (evBundlePolicy),
+// the report to the status, an Event for each new phase.
+func (a *Agent) followBundle(ctx context.Context, api BundleAPI) {
+	every := a.deps.APIPoll
+	if every <= 0 {
+		every = 5 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var written struct {
+		name  string
+		sum   BundleSummary
+		entry BundleNodeEntry
+	}
+	lastPhase, lastErr := map[string]string{}, ""
+	for {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+		rep := a.snap.Load().bundle
+		if rep == nil {
+			continue
+		}
+		err := a.syncBundle(ctx, api, rep, &written, lastPhase)
+		if err != nil && err.Error() != lastErr && ctx.Err() == nil {
+			a.log.Warn("cannot sync the UpgradeBundle resource; trying again", "bundle", rep.name, "err", err)
+		}
+		if err != nil {
+			lastErr = err.Error()
+		} else {
+			lastErr = ""
+		}
+	}
+}
+
+func (a *Agent) syncBundle(ctx context.Context, api BundleAPI, rep *bundleReport, written *struct {
+	name  string
+	sum   BundleSummary
+	entry BundleNodeEntry
+}, lastPhase map[string]string) error {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	view, ok, err := api.UpgradeBundle(cctx, rep.name)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		if err := api.CreateUpgradeBundle(cctx, rep.name); err != nil {
+			return err
+		}
+		a.log.Info("created the UpgradeBundle resource: waiting for the administrator's policy (spec)", "bundle", rep.name)
+		if view, _, err = api.UpgradeBundle(cctx, rep.name); err != nil {
+			return err
+		}
+	}
+	ready, err := api.NodeReadiness(cctx)
+	if err != nil {
+		return err
+	}
+	excluded := excludedNodes(view.Policy, ready, a.deps.Now(), a.cfg.NodeName)
+	var hosts map[string]string
+	if len(excluded) > 0 {
+		if hosts, err = a.deps.API.NodeAddresses(cctx); err != nil {
+			return err
+		}
+	}
+	a.post(evBundlePolicy{name: rep.name, policy: view.Policy, excluded: excluded, hosts: hosts})
+
+	entry := rep.entry
+	entry.Excluded = excluded[a.cfg.NodeName]
+	rep2 := *rep
+	rep2.entry = entry
+	var nodes []string
+	for n := range ready {
+		nodes = append(nodes, n)
+	}
+	sum := summarize(&rep2, view, a.cfg.NodeName, nodes, excluded)
+	if written.name != rep.name || !reflect.DeepEqual(written.sum, sum) || !reflect.DeepEqual(written.entry, entry) {
+		if err := api.PublishBundle(cctx, rep.name, sum, a.cfg.NodeName, entry); err != nil {
+			return err
+		}
+		written.name, written.sum, written.entry = rep.name, sum, entry
+	}
+	if lastPhase[rep.name] != entry.Phase {
+		typ, msg := "Normal", fmt.Sprintf("%s: %s", a.cfg.NodeName, rep.line)
+		if !rep.healthy {
+			typ = "Warning"
+		}
+		if err := api.BundleEvent(cctx, rep.name, view.UID, a.cfg.NodeName, typ, phaseReason(Phase(entry.Phase)), SanitizeReason(msg)); err != nil {
+			return err
+		}
+		lastPhase[rep.name] = entry.Phase
+	}
+	return nil
+}
+
+// excludedNodes are the nodes the gate leaves out, with why: those the
+// policy names, and those NotReady for longer than its timeout.
+func excludedNodes(p BundlePolicy, ready map[string]NodeReady, now time.Time, self string) map[string]string {
+	out := map[string]string{}
+	for _, n := range p.ExcludedNodes {
+		out[n] = "listed in spec.excludedNodes"
+	}
+	if p.NotReadyTimeout > 0 {
+		for n, r := range ready {
+			if _, listed := out[n]; !listed && n != self && !r.Ready && now.Sub(r.Since) > p.NotReadyTimeout {
+				out[n] = fmt.Sprintf("NotReady since %s (longer than spec.notReadyTimeout %s)", r.Since.UTC().Format(time.RFC3339), p.NotReadyTimeout)
+			}
+		}
+	}
+	return out
+}
+
+// gateExcluded tells whether the peer at addr (status s, when heard) is
+// left out of the gate by the administrator's policy.
+func (m *machine) gateExcluded(addr, node string) bool {
+	if len(m.excluded) == 0 {
+		return false
+	}
+	if _, ok := m.excluded[node]; ok && node != "" {
+		return true
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	return m.excludedHosts[host]
+}
+
+// gatedStatuses are the peers' statuses the gate weighs: the excluded
+// nodes' left out.
+func (m *machine) gatedStatuses() map[string]peer.PeerStatus {
+	if len(m.excluded) == 0 {
+		return m.view.statuses
+	}
+	out := map[string]peer.PeerStatus{}
+	for addr, st := range m.view.statuses {
+		if !m.gateExcluded(addr, st.Node) {
+			out[addr] = st
+		}
+	}
+	return out
+}
+
+// schedule is the administrator's schedule for the active bundle, else
+// the node's config's.
+func (m *machine) schedule() string {
+	if p := m.bundlePolicy; p != nil && p.Schedule != "" && m.active != nil && m.active.Metadata != nil && m.active.Metadata.DirName() == m.bundleName {
+		return p.Schedule
+	}
+	return m.cfg.Cluster.Schedule
+}
+
+// bundlePolicySeen takes the administrator's newest word on a bundle: who
+// the gate leaves out, the schedule, and proceed (Manual).
+func (m *machine) bundlePolicySeen(ev evBundlePolicy) []effect {
+	changed := m.bundleName != ev.name || m.bundlePolicy == nil || !reflect.DeepEqual(*m.bundlePolicy, ev.policy) ||
+		!reflect.DeepEqual(m.excluded, ev.excluded)
+	if !changed {
+		return nil
+	}
+	p := ev.policy
+	m.bundleName, m.bundlePolicy, m.excluded = ev.name, &p, ev.excluded
+	m.excludedHosts = map[string]bool{}
+	for n := range ev.excluded {
+		if ip := ev.hosts[n]; ip != "" {
+			m.excludedHosts[ip] = true
+		}
+	}
+	if len(ev.excluded) > 0 {
+		m.log.Info("the gate leaves nodes out", "bundle", ev.name, "excluded", fmt.Sprint(ev.excluded))
+	}
+	r := m.active
+	if r == nil || r.Metadata == nil || r.Metadata.DirName() != ev.name {
+		return nil
+	}
+	var effs []effect
+	if p.Proceed && m.schedule() == "Manual" && r.Phase == PhaseClusterReady && r.Plugged {
+		effs = append(effs, m.proceed(r, false)...)
+	}
+	if r.Phase == PhaseLoaded || r.Phase == PhaseClusterReady {
+		effs = append(effs, m.gate(r)...)
+	}
+	return effs
+}

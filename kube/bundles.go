@@ -1,0 +1,178 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"time"
+)
+
+// The UpgradeBundle resource (group ferry.io, packaging/
+// upgradebundle-crd.yaml): its spec is the administrator's, its status
+// ferry's, each node writing its own entry.
+
+const bundlesPath = "/apis/ferry.io/v1alpha1/upgradebundles"
+
+// BundleSpec is an UpgradeBundle's spec.
+type BundleSpec struct {
+	ApprovedDigest  string   `json:"approvedDigest,omitempty"`
+	Schedule        string   `json:"schedule,omitempty"`
+	Proceed         bool     `json:"proceed,omitempty"`
+	ExcludedNodes   []string `json:"excludedNodes,omitempty"`
+	NotReadyTimeout string   `json:"notReadyTimeout,omitempty"`
+}
+
+// BundleCondition is one of a node's conditions (Extracted, Loaded,
+// Updated).
+type BundleCondition struct {
+	Type               string `json:"type"`
+	Status             string `json:"status"`
+	Reason             string `json:"reason,omitempty"`
+	Message            string `json:"message,omitempty"`
+	LastTransitionTime string `json:"lastTransitionTime,omitempty"`
+}
+
+// BundleNode is one node's entry in an UpgradeBundle's status.
+type BundleNode struct {
+	Phase      string            `json:"phase,omitempty"`
+	Digest     string            `json:"digest,omitempty"`
+	Reason     string            `json:"reason,omitempty"`
+	Excluded   string            `json:"excluded,omitempty"`
+	Conditions []BundleCondition `json:"conditions,omitempty"`
+}
+
+// BundleSummary is the part of an UpgradeBundle's status every node
+// writes alike: the bundle and the cluster's view of it.
+type BundleSummary struct {
+	Version    string   `json:"version,omitempty"`
+	Arch       string   `json:"arch,omitempty"`
+	Release    string   `json:"release,omitempty"`
+	Digest     string   `json:"digest,omitempty"`
+	Size       string   `json:"size,omitempty"`
+	Images     int      `json:"images,omitempty"`
+	Phase      string   `json:"phase,omitempty"`
+	NodesReady string   `json:"nodesReady,omitempty"`
+	Approved   string   `json:"approved,omitempty"`
+	Warnings   []string `json:"warnings,omitempty"`
+}
+
+// UpgradeBundle is the resource as ferry reads it.
+type UpgradeBundle struct {
+	Name  string
+	UID   string
+	Spec  BundleSpec
+	Nodes map[string]BundleNode
+}
+
+type upgradeBundle struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name string `json:"name"`
+		UID  string `json:"uid,omitempty"`
+	} `json:"metadata"`
+	Spec   BundleSpec `json:"spec"`
+	Status struct {
+		Nodes map[string]BundleNode `json:"nodes"`
+	} `json:"status"`
+}
+
+// UpgradeBundle reads the UpgradeBundle name; ok is false when there is
+// none (or no CRD).
+func (c *Client) UpgradeBundle(ctx context.Context, name string) (ub UpgradeBundle, ok bool, err error) {
+	var o upgradeBundle
+	err = c.do(ctx, "GET", bundlesPath+"/"+url.PathEscape(name), "", nil, &o)
+	if IsNotFound(err) {
+		return UpgradeBundle{Name: name}, false, nil
+	}
+	if err != nil {
+		return UpgradeBundle{Name: name}, false, fmt.Errorf("reading upgradebundle %s: %w", name, err)
+	}
+	return UpgradeBundle{Name: name, UID: o.Metadata.UID, Spec: o.Spec, Nodes: o.Status.Nodes}, true, nil
+}
+
+// CreateUpgradeBundle creates the UpgradeBundle name with an empty spec
+// (the administrator's to fill); one that exists already is fine.
+func (c *Client) CreateUpgradeBundle(ctx context.Context, name string) error {
+	var o upgradeBundle
+	o.APIVersion, o.Kind, o.Metadata.Name = "ferry.io/v1alpha1", "UpgradeBundle", name
+	err := c.do(ctx, "POST", bundlesPath, jsonType, o, nil)
+	if err != nil && !IsConflict(err) {
+		return fmt.Errorf("creating upgradebundle %s: %w", name, err)
+	}
+	return nil
+}
+
+// PublishBundleStatus writes the summary and node's own entry into the
+// UpgradeBundle's status with one merge patch: other nodes' entries stay.
+func (c *Client) PublishBundleStatus(ctx context.Context, name string, sum BundleSummary, node string, entry BundleNode) error {
+	status := map[string]any{"nodes": map[string]any{node: entry}}
+	for k, v := range map[string]any{"version": sum.Version, "arch": sum.Arch, "release": sum.Release, "digest": sum.Digest,
+		"size": sum.Size, "images": sum.Images, "phase": sum.Phase, "nodesReady": sum.NodesReady, "approved": sum.Approved, "warnings": sum.Warnings} {
+		status[k] = v
+	}
+	err := c.do(ctx, "PATCH", bundlesPath+"/"+url.PathEscape(name)+"/status", mergePatch, map[string]any{"status": status}, nil)
+	if err != nil {
+		return fmt.Errorf("writing upgradebundle %s status: %w", name, err)
+	}
+	return nil
+}
+
+// BundleEvent records an Event on the UpgradeBundle (uid may be empty),
+// as oc describe shows it: eventType "Normal" or "Warning".
+func (c *Client) BundleEvent(ctx context.Context, name, uid, node, eventType, reason, message string) error {
+	now := time.Now().UTC().Format(time.RFC3339)
+	ev := map[string]any{
+		"apiVersion": "v1", "kind": "Event",
+		"metadata":       map[string]any{"generateName": name + "."},
+		"involvedObject": map[string]any{"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundle", "name": name, "uid": uid},
+		"type":           eventType, "reason": reason, "message": message,
+		"source":         map[string]any{"component": "ferry", "host": node},
+		"firstTimestamp": now, "lastTimestamp": now, "count": 1,
+		"reportingComponent": "ferry.io/agent", "reportingInstance": node,
+	}
+	if err := c.do(ctx, "POST", "/api/v1/namespaces/default/events", jsonType, ev, nil); err != nil {
+		return fmt.Errorf("recording an event on upgradebundle %s: %w", name, err)
+	}
+	return nil
+}
+
+// NodeReady is one Node's Ready condition.
+type NodeReady struct {
+	Ready bool
+	Since time.Time // when the condition last changed
+}
+
+// NodeReadiness returns every Node's Ready condition, by node name (a
+// Node without one is not ready, since its creation).
+func (c *Client) NodeReadiness(ctx context.Context) (map[string]NodeReady, error) {
+	var list struct {
+		Items []struct {
+			Metadata struct {
+				Name              string    `json:"name"`
+				CreationTimestamp time.Time `json:"creationTimestamp"`
+			} `json:"metadata"`
+			Status struct {
+				Conditions []struct {
+					Type               string    `json:"type"`
+					Status             string    `json:"status"`
+					LastTransitionTime time.Time `json:"lastTransitionTime"`
+				} `json:"conditions"`
+			} `json:"status"`
+		} `json:"items"`
+	}
+	if err := c.do(ctx, "GET", "/api/v1/nodes", "", nil, &list); err != nil {
+		return nil, err
+	}
+	out := map[string]NodeReady{}
+	for _, n := range list.Items {
+		r := NodeReady{Since: n.Metadata.CreationTimestamp}
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == "Ready" {
+				r = NodeReady{Ready: cond.Status == "True", Since: cond.LastTransitionTime}
+			}
+		}
+		out[n.Metadata.Name] = r
+	}
+	return out, nil
+}
