@@ -145,11 +145,11 @@ func TestClient_TheAPIServerDownForAWhileIsRetried(t *testing.T) {
 	e.AddNode("node-a", "10.0.0.1")
 	c := ferryClient(t, e)
 	e.StopAPIServer()
-	if err := c.Annotate(t.Context(), "node-a", map[string]string{"ferry.io/phase": "loaded"}); err == nil || !strings.Contains(err.Error(), "cannot be reached") {
+	if err := c.Annotate(t.Context(), "node-a", map[string]string{"ferry.io/phase": "loaded"}, nil); err == nil || !strings.Contains(err.Error(), "cannot be reached") {
 		t.Fatalf("with the API down: %v", err)
 	}
 	e.StartAPIServer()
-	if err := c.Annotate(t.Context(), "node-a", map[string]string{"ferry.io/phase": "loaded"}); err != nil {
+	if err := c.Annotate(t.Context(), "node-a", map[string]string{"ferry.io/phase": "loaded"}, nil); err != nil {
 		t.Fatalf("once it is back: %v", err)
 	}
 }
