@@ -1,0 +1,104 @@
+package kubeenv
+
+import (
+	"context"
+	"time"
+
+	"github.com/ferry-edge/ferry/kube"
+)
+
+// What the administrator does with ferry's UpgradeBundle resource, with
+// oc, in the tests.
+
+const bundlesPath = "/apis/ferry.io/v1alpha1/upgradebundles"
+
+// InstallUpgradeBundles applies ferry's CRD and its admission policy from
+// the repository (root is the repository's root).
+func (e *Env) InstallUpgradeBundles(crd, policy string) {
+	e.t.Helper()
+	e.ApplyFile(crd)
+	deadline := time.Now().Add(30 * time.Second)
+	for e.Admin.Raw(context.Background(), "GET", bundlesPath, "", nil, nil) != nil {
+		if time.Now().After(deadline) {
+			e.t.Fatal("the UpgradeBundle CRD never became established")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	e.ApplyFile(policy)
+}
+
+// PatchBundleSpec merge-patches an UpgradeBundle's spec as the
+// administrator (oc patch upgradebundle NAME --type=merge -p '{"spec":…}'),
+// creating the resource first if there is none.
+func (e *Env) PatchBundleSpec(name string, spec map[string]any) {
+	e.t.Helper()
+	ctx := context.Background()
+	err := e.Admin.Raw(ctx, "PATCH", bundlesPath+"/"+name, "application/merge-patch+json", map[string]any{"spec": spec}, nil)
+	if kube.IsNotFound(err) {
+		err = e.Admin.Raw(ctx, "POST", bundlesPath, "application/json", map[string]any{"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundle",
+			"metadata": map[string]any{"name": name}, "spec": spec}, nil)
+	}
+	must(e.t, err)
+}
+
+// Bundle returns an UpgradeBundle as stored (nil when there is none).
+func (e *Env) Bundle(name string) map[string]any {
+	e.t.Helper()
+	var o map[string]any
+	err := e.Admin.Raw(context.Background(), "GET", bundlesPath+"/"+name, "", nil, &o)
+	if kube.IsNotFound(err) {
+		return nil
+	}
+	must(e.t, err)
+	return o
+}
+
+// Events returns the reasons and messages of the Events on the
+// UpgradeBundle name.
+func (e *Env) Events(name string) []string {
+	e.t.Helper()
+	var list struct {
+		Items []struct {
+			InvolvedObject struct {
+				Kind string `json:"kind"`
+				Name string `json:"name"`
+			} `json:"involvedObject"`
+			Type    string `json:"type"`
+			Reason  string `json:"reason"`
+			Message string `json:"message"`
+		} `json:"items"`
+	}
+	must(e.t, e.Admin.Raw(context.Background(), "GET", "/api/v1/namespaces/default/events", "", nil, &list))
+	var out []string
+	for _, ev := range list.Items {
+		if ev.InvolvedObject.Kind == "UpgradeBundle" && ev.InvolvedObject.Name == name {
+			out = append(out, ev.Type+" "+ev.Reason+": "+ev.Message)
+		}
+	}
+	return out
+}
+
+// NodeLabels returns a Node's labels.
+func (e *Env) NodeLabels(node string) map[string]string {
+	e.t.Helper()
+	var n struct {
+		Metadata struct {
+			Labels map[string]string `json:"labels"`
+		} `json:"metadata"`
+	}
+	must(e.t, e.Admin.Raw(context.Background(), "GET", "/api/v1/nodes/"+node, "", nil, &n))
+	return n.Metadata.Labels
+}
+
+// SetNodeReady writes a Node's Ready condition, as its kubelet (or the
+// node lifecycle controller, for a node gone silent) does.
+func (e *Env) SetNodeReady(node string, ready bool, since time.Time) {
+	e.t.Helper()
+	status := "True"
+	if !ready {
+		status = "Unknown"
+	}
+	patch := map[string]any{"status": map[string]any{"conditions": []any{map[string]any{"type": "Ready", "status": status,
+		"reason": "KubeletReady", "lastTransitionTime": since.UTC().Format(time.RFC3339), "lastHeartbeatTime": since.UTC().Format(time.RFC3339)}}}}
+	must(e.t, e.Admin.Raw(context.Background(), "PATCH", "/api/v1/nodes/"+node+"/status", "application/strategic-merge-patch+json", patch, nil))
+}
