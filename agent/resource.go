@@ -21,6 +21,19 @@ import (
 // -L ferry.io/phase).
 const LabelPhase = "ferry.io/phase"
 
+// ResourceName is the UpgradeBundle's name for a bundle: <version>-<arch>
+// as a Kubernetes name allows it (lower case, "_" and "+" as "-"), e.g.
+// 4.13.7-x86-64.
+func ResourceName(version, arch string) string {
+	b := []byte(strings.ToLower(version + "-" + arch))
+	for i, c := range b {
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '.' || c == '-') {
+			b[i] = '-'
+		}
+	}
+	return strings.Trim(string(b), "-.")
+}
+
 // BundlePolicy is an UpgradeBundle's spec: the administrator's word.
 type BundlePolicy struct {
 	ApprovedDigest  string
@@ -101,7 +114,7 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 		return nil
 	}
 	md := r.Metadata
-	rep := &bundleReport{name: md.DirName(), line: s.Line, healthy: s.Healthy}
+	rep := &bundleReport{name: ResourceName(md.Version, md.Arch), line: s.Line, healthy: s.Healthy}
 	rep.sum = BundleSummary{Version: md.Version, Arch: md.Arch, Release: md.Release, Digest: r.Digest, Size: md.Size,
 		Images: len(md.AllImages()), Approved: r.Approval, Warnings: r.Warnings}
 	rep.entry = BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Reason), Conditions: conditions(r)}
@@ -341,7 +354,7 @@ func (m *machine) gatedStatuses() map[string]peer.PeerStatus {
 // schedule is the administrator's schedule for the active bundle, else
 // the node's config's.
 func (m *machine) schedule() string {
-	if p := m.bundlePolicy; p != nil && p.Schedule != "" && m.active != nil && m.active.Metadata != nil && m.active.Metadata.DirName() == m.bundleName {
+	if p := m.bundlePolicy; p != nil && p.Schedule != "" && m.activeResource() == m.bundleName {
 		return p.Schedule
 	}
 	return m.cfg.Cluster.Schedule
@@ -367,7 +380,7 @@ func (m *machine) bundlePolicySeen(ev evBundlePolicy) []effect {
 		m.log.Info("the gate leaves nodes out", "bundle", ev.name, "excluded", fmt.Sprint(ev.excluded))
 	}
 	r := m.active
-	if r == nil || r.Metadata == nil || r.Metadata.DirName() != ev.name {
+	if m.activeResource() != ev.name {
 		return nil
 	}
 	var effs []effect
@@ -378,4 +391,13 @@ func (m *machine) bundlePolicySeen(ev evBundlePolicy) []effect {
 		effs = append(effs, m.gate(r)...)
 	}
 	return effs
+}
+
+// activeResource is the UpgradeBundle name of the active bundle ("" when
+// none).
+func (m *machine) activeResource() string {
+	if r := m.active; r != nil && r.Metadata != nil {
+		return ResourceName(r.Metadata.Version, r.Metadata.Arch)
+	}
+	return ""
 }

@@ -247,8 +247,10 @@ func collection(t testing.TB, obj map[string]any) string {
 		return "/apis/rbac.authorization.k8s.io/v1/namespaces/" + ns + "/" + strings.ToLower(kind) + "s"
 	case "CustomResourceDefinition":
 		return "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-	case "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
-		return "/apis/admissionregistration.k8s.io/v1/" + strings.ToLower(kind) + "s"
+	case "ValidatingAdmissionPolicy":
+		return "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+	case "ValidatingAdmissionPolicyBinding":
+		return "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
 	case "UpgradeBundle":
 		return "/apis/ferry.io/v1alpha1/upgradebundles"
 	}

@@ -1,0 +1,84 @@
+package kube
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/ferry-edge/ferry/kube"
+	"github.com/ferry-edge/ferry/test/kubeenv"
+)
+
+const bundleName = "4.13.7-x86-64"
+
+func installBundles(e *kubeenv.Env) {
+	e.InstallUpgradeBundles(repoFile("packaging/upgradebundle-crd.yaml"), repoFile("packaging/upgradebundle-policy.yaml"))
+}
+
+// TestClient_UpgradeBundleStatusIsFerrysAndSpecTheAdministrators: with
+// only ferry's RBAC and the shipped admission policy, ferry creates a
+// missing UpgradeBundle with an empty spec, writes each node's entry
+// without touching the others', records Events, and cannot write the
+// spec: neither creating one with it nor patching it.
+func TestClient_UpgradeBundleStatusIsFerrysAndSpecTheAdministrators(t *testing.T) {
+	e := kubeenv.Start(t, current)
+	c := ferryClient(t, e)
+	installBundles(e)
+	ctx := t.Context()
+
+	if _, ok, err := c.UpgradeBundle(ctx, bundleName); err != nil || ok {
+		t.Fatalf("before: ok %v, %v", ok, err)
+	}
+	if err := c.CreateUpgradeBundle(ctx, bundleName); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CreateUpgradeBundle(ctx, bundleName); err != nil {
+		t.Fatalf("created twice: %v", err)
+	}
+	sum := kube.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: "sha256:" + strings.Repeat("a", 64), Phase: "loading", NodesReady: "0/2"}
+	for _, n := range []string{"node-a", "node-b"} {
+		entry := kube.BundleNode{Phase: "loading", Conditions: []kube.BundleCondition{{Type: "Extracted", Status: "True", Reason: "Extracted"}}}
+		if err := c.PublishBundleStatus(ctx, bundleName, sum, n, entry); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ub, ok, err := c.UpgradeBundle(ctx, bundleName)
+	if err != nil || !ok || len(ub.Nodes) != 2 || ub.Nodes["node-a"].Phase != "loading" || ub.Spec.ApprovedDigest != "" {
+		t.Fatalf("read back: %+v %v %v", ub, ok, err)
+	}
+	if err := c.BundleEvent(ctx, bundleName, ub.UID, "node-a", "Normal", "Loading", "node-a: loading 3/7 images"); err != nil {
+		t.Fatal(err)
+	}
+	if evs := e.Events(bundleName); len(evs) != 1 || evs[0] != "Normal Loading: node-a: loading 3/7 images" {
+		t.Errorf("events %q", evs)
+	}
+
+	// The administrator approves; ferry reads it.
+	digest := "sha256:" + strings.Repeat("b", 64)
+	e.PatchBundleSpec(bundleName, map[string]any{"approvedDigest": digest, "schedule": "Manual", "excludedNodes": []string{"node-c"}})
+	ub, _, err = c.UpgradeBundle(ctx, bundleName)
+	if err != nil || ub.Spec.ApprovedDigest != digest || ub.Spec.Schedule != "Manual" || len(ub.Spec.ExcludedNodes) != 1 {
+		t.Fatalf("spec as ferry reads it: %+v %v", ub.Spec, err)
+	}
+
+	// ferry's identity cannot approve: patching the spec is not in its
+	// RBAC, and a resource it creates with a spec is refused by the
+	// admission policy.
+	err = c.Raw(ctx, "PATCH", "/apis/ferry.io/v1alpha1/upgradebundles/"+bundleName, "application/merge-patch+json",
+		map[string]any{"spec": map[string]any{"approvedDigest": "sha256:" + strings.Repeat("c", 64)}}, nil)
+	if !errors.Is(err, kube.ErrForbidden) {
+		t.Errorf("ferry patching the spec: %v, want forbidden", err)
+	}
+	err = c.Raw(ctx, "POST", "/apis/ferry.io/v1alpha1/upgradebundles", "application/json", map[string]any{
+		"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundle", "metadata": map[string]any{"name": "4.13.8-x86-64"},
+		"spec": map[string]any{"approvedDigest": "sha256:" + strings.Repeat("c", 64)}}, nil)
+	if err == nil || !strings.Contains(err.Error(), "cannot write an UpgradeBundle's spec") {
+		t.Errorf("ferry creating an approved bundle: %v, want the admission policy's refusal", err)
+	}
+	// Nor through the status subresource (the spec stays as it was).
+	c.Raw(ctx, "PATCH", "/apis/ferry.io/v1alpha1/upgradebundles/"+bundleName+"/status", "application/merge-patch+json",
+		map[string]any{"spec": map[string]any{"approvedDigest": "sha256:" + strings.Repeat("d", 64)}}, nil)
+	if ub, _, _ = c.UpgradeBundle(ctx, bundleName); ub.Spec.ApprovedDigest != digest {
+		t.Errorf("the spec after ferry wrote it through /status: %+v", ub.Spec)
+	}
+}
