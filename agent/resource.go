@@ -110,6 +110,9 @@ func (evBundlePolicy) isEvent() {}
 // there is none to report.
 func (m *machine) resourceReport(s Status) *bundleReport {
 	r := m.active
+	if r == nil {
+		r = m.lastBad // a refusal is reported too
+	}
 	if r == nil || r.Metadata == nil {
 		return nil
 	}
@@ -254,6 +257,9 @@ func (a *Agent) syncBundle(ctx context.Context, api BundleAPI, rep *bundleReport
 		return err
 	}
 	if !ok {
+		// None yet (or no CRD): the node's config is the policy until
+		// the administrator writes one.
+		a.post(evBundlePolicy{name: rep.name})
 		if err := api.CreateUpgradeBundle(cctx, rep.name); err != nil {
 			return err
 		}
@@ -387,8 +393,11 @@ func (m *machine) bundlePolicySeen(ev evBundlePolicy) []effect {
 	if p.Proceed && m.schedule() == "Manual" && r.Phase == PhaseClusterReady && r.Plugged {
 		effs = append(effs, m.proceed(r, false)...)
 	}
-	if r.Phase == PhaseLoaded || r.Phase == PhaseClusterReady {
+	switch r.Phase {
+	case PhaseLoaded, PhaseClusterReady:
 		effs = append(effs, m.gate(r)...)
+	case PhaseExtracted:
+		effs = append(effs, m.next()...) // an excluded peer no longer holds the load back
 	}
 	return effs
 }
@@ -400,4 +409,11 @@ func (m *machine) activeResource() string {
 		return ResourceName(r.Metadata.Version, r.Metadata.Arch)
 	}
 	return ""
+}
+
+// policyRead tells whether the active bundle's UpgradeBundle has been read
+// (always, without an API): the upgrade starts by itself only once the
+// administrator's word on it is known.
+func (m *machine) policyRead() bool {
+	return !m.hasAPI || m.bundlePolicy != nil && m.bundleName == m.activeResource()
 }

@@ -715,7 +715,7 @@ func (m *machine) gate(r *Record) []effect {
 			effs = m.move(r, PhaseClusterReady, "", r.Progress)
 			m.log.Info("every node holds the bundle, loaded and pinned: the upgrade may proceed", "phase", string(PhaseClusterReady), "bundle", r.Name, "digest", r.Digest)
 		}
-		if r.Plugged && m.schedule() == "Automatic" {
+		if r.Plugged && m.schedule() == "Automatic" && m.policyRead() {
 			effs = append(effs, m.proceed(r, false)...)
 		}
 	case Conflict:

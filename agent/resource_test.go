@@ -1,0 +1,125 @@
+package agent
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferry-edge/ferry/bundle/bundletest"
+	"github.com/ferry-edge/ferry/peer"
+)
+
+const resourceName = "4.13.7-x86-64"
+
+func TestResourceName_IsAKubernetesName(t *testing.T) {
+	for in, want := range map[[2]string]string{{"4.13.7", "x86_64"}: "4.13.7-x86-64", {"4.14.0-rc.1", "aarch64"}: "4.14.0-rc.1-aarch64", {"4.13.7+Build", "s390x"}: "4.13.7-build-s390x"} {
+		if got := ResourceName(in[0], in[1]); got != want {
+			t.Errorf("ResourceName%v = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestResource_ANodeCreatesItAndReportsEachPhaseWithConditionsEventsAndLabel(t *testing.T) {
+	h, api := apiHarness(t)
+	h.start()
+	src, digest := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseClusterReady)
+	var b fakeBundle
+	h.waitFor("the resource to say loaded", func() bool {
+		var ok bool
+		b, ok = api.bundle(resourceName)
+		return ok && b.nodes["node-a"].Phase == string(PhaseClusterReady)
+	})
+	e := b.nodes["node-a"]
+	if e.Digest != digest || b.sum.Version != "4.13.7" || b.sum.Digest != digest || b.sum.NodesReady != "1/1" || b.sum.Phase != string(PhaseClusterReady) {
+		t.Fatalf("resource %+v", b)
+	}
+	for _, c := range e.Conditions {
+		if want := map[string]string{"Extracted": "True", "Loaded": "True", "Updated": "False"}[c.Type]; c.Status != want {
+			t.Errorf("condition %+v, want %s", c, want)
+		}
+	}
+	if b.policy.ApprovedDigest != "" {
+		t.Errorf("ferry wrote a spec: %+v", b.policy)
+	}
+	api.mu.Lock()
+	label, events := api.labels["node-a"][LabelPhase], strings.Join(api.events, "\n")
+	api.mu.Unlock()
+	if label != string(PhaseClusterReady) {
+		t.Errorf("label %s=%q", LabelPhase, label)
+	}
+	if !strings.Contains(events, "Normal/ClusterReady/node-a:") {
+		t.Errorf("events:\n%s", events)
+	}
+}
+
+func TestResource_ARefusalIsAWarningEvent(t *testing.T) {
+	h, api := apiHarness(t)
+	api.pre = Preflight{Refusals: []string{"the cluster is at 4.13.7 already"}}
+	h.start()
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseRejected)
+	h.waitFor("a Warning event", func() bool {
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		return strings.Contains(strings.Join(api.events, "\n"), "Warning/Rejected/node-a: rejected")
+	})
+}
+
+func TestResource_TheGateLeavesOutExcludedAndLongNotReadyNodes(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		policy BundlePolicy
+		ready  map[string]NodeReady
+	}{
+		{"excludedNodes", BundlePolicy{ExcludedNodes: []string{"b"}}, nil},
+		{"notReadyTimeout", BundlePolicy{NotReadyTimeout: time.Minute},
+			map[string]NodeReady{"node-a": {Ready: true}, "b": {Ready: false, Since: time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h, p := clusterHarness(t)
+			api := newFakeAPI()
+			api.addrs = map[string]string{"node-a": "10.0.0.1", "b": "10.0.0.2"}
+			api.readiness = c.ready
+			h.api = api
+			h.start()
+			src, digest := stick(t, bundletest.Options{})
+			p.mu.Lock()
+			p.statuses["10.0.0.2:8090"] = peer.PeerStatus{Err: errors.New("connection refused")} // b is gone
+			p.mu.Unlock()
+			h.plug("/dev/sda", src)
+			h.waitReason("waiting for 10.0.0.2:8090 (unreachable)")
+			time.Sleep(200 * time.Millisecond)
+			if s := h.agent.Status(); s.Phase != string(PhaseExtracted) {
+				t.Fatalf("went on without b before the administrator said so: %+v", s)
+			}
+			api.setPolicy(resourceName, c.policy)
+			h.waitPhase(PhaseClusterReady)
+			h.waitFor("the summary leaving b out", func() bool {
+				b, _ := api.bundle(resourceName)
+				return b.sum.NodesReady == "1/1" && b.nodes["node-a"].Digest == digest
+			})
+		})
+	}
+}
+
+func TestResource_ManualScheduleAndProceedFromTheSpec(t *testing.T) {
+	h, api := apiHarness(t)
+	h.start()
+	api.setPolicy(resourceName, BundlePolicy{Schedule: "Manual"})
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseClusterReady)
+	time.Sleep(300 * time.Millisecond)
+	api.mu.Lock()
+	asked := len(api.starts)
+	api.mu.Unlock()
+	if asked != 0 {
+		t.Fatal("a Manual schedule in the spec asked for the upgrade by itself")
+	}
+	api.setPolicy(resourceName, BundlePolicy{Schedule: "Manual", Proceed: true})
+	h.waitFor("the upgrade asked for after spec.proceed", func() bool { api.mu.Lock(); defer api.mu.Unlock(); return len(api.starts) == 1 })
+}
