@@ -60,10 +60,13 @@ unit_cgroup_cleanup() {
 }
 
 # as_unit CMD... runs CMD in the unit's cgroup with its nice and ionice.
-as_unit() {
+# In the background, start it as `(exec_as_unit CMD...) &`: then $! is
+# CMD's own pid (each step execs), to kill it by.
+as_unit() { (exec_as_unit "$@"); }
+exec_as_unit() {
   local n p
   n=$(unit_setting Nice) p=$(unit_setting IOSchedulingPriority)
-  bash -c 'echo $$ > "$1/cgroup.procs"; [ -n "$2" ] && echo $$ > "$2/cgroup.procs"; shift 2; exec "$@"' _ \
+  exec bash -c 'echo $$ > "$1/cgroup.procs"; [ -n "$2" ] && echo $$ > "$2/cgroup.procs"; shift 2; exec "$@"' _ \
     "$unit_cg" "${unit_blkio:-}" nice -n "$n" ionice -c2 -n"$p" "$@"
 }
 

@@ -20,7 +20,7 @@ dest=$WORK/n1-extract
 fiodir=$WORK/n1-fio
 mkdir -p "$fiodir"
 unit_cgroup_setup
-trap 'stop_loop; rm -rf "$dest" "$WORK/.staging-n1-extract" "$fiodir"; unit_cgroup_cleanup' EXIT
+trap 'stop_loop; rm -rf "$dest" "$WORK/.staging-n1-extract" "$fiodir" || true; unit_cgroup_cleanup' EXIT
 loop=""
 # stop_loop ends the extraction loop and the ferry it runs (by their pids).
 stop_loop() {
@@ -47,7 +47,7 @@ PY
 extract_loop() {
   while true; do
     rm -rf "$dest" "$WORK/.staging-n1-extract"
-    as_unit bin/ferry bundle extract "$tarfile" --dest "$dest" --quiet --sync --pacing "$1" >/dev/null 2>>"$WORK/n1-extract.err" &
+    (exec_as_unit bin/ferry bundle extract "$tarfile" --dest "$dest" --quiet --sync --pacing "$1" >/dev/null 2>>"$WORK/n1-extract.err") &
     echo $! > "$WORK/n1-ferry.pid"
     echo x >> "$WORK/n1-count"
     wait $! || true

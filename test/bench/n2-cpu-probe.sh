@@ -24,7 +24,7 @@ stop_loop() {
   [ -n "$fpid" ] && { kill "$fpid" 2>/dev/null || true; while kill -0 "$fpid" 2>/dev/null; do sleep 0.1; done; }
   loop=""
 }
-trap 'stop_loop; rm -rf "$dest" "$WORK/.staging-n2-extract"; unit_cgroup_cleanup' EXIT
+trap 'stop_loop; rm -rf "$dest" "$WORK/.staging-n2-extract" || true; unit_cgroup_cleanup' EXIT
 cores=$(nproc)
 
 # probe prints the probe's bytes/s.
@@ -35,7 +35,7 @@ alone=$(probe)
 rm -f "$WORK/n2-count"
 ( while true; do
     rm -rf "$dest" "$WORK/.staging-n2-extract"
-    as_unit bin/ferry bundle extract "$tarfile" --dest "$dest" --quiet --sync >/dev/null 2>>"$WORK/n2-extract.err" &
+    (exec_as_unit bin/ferry bundle extract "$tarfile" --dest "$dest" --quiet --sync >/dev/null 2>>"$WORK/n2-extract.err") &
     echo $! > "$WORK/n2-ferry.pid"
     echo x >> "$WORK/n2-count"
     wait $! || true

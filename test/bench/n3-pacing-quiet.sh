@@ -16,7 +16,7 @@ mkdir -p "$WORK"
 tarfile=$(go run ./test/bench/mkbig -size-mib "$SIZE_MIB" -out "$WORK")
 dest=$WORK/n3-extract
 unit_cgroup_setup
-trap 'rm -rf "$dest" "$WORK/.staging-n3-extract"; unit_cgroup_cleanup' EXIT
+trap 'rm -rf "$dest" "$WORK/.staging-n3-extract" || true; unit_cgroup_cleanup' EXIT
 cat "$tarfile" > /dev/null
 
 declare -A best iop
