@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/pacing"
 )
 
 // DeviceEvent is a block device appearing, changing or going away.
@@ -87,6 +88,29 @@ type Deps struct {
 	Now   func() time.Time
 	// APIPoll is how often the cluster's upgrade is read; 0 is 5 s.
 	APIPoll time.Duration
+	// Pacer, when set, paces extraction by the node's pressure, and its
+	// reason shows in the status line (NewPacer; nil: full speed).
+	Pacer Pacer
+}
+
+// Pacer holds the bulk work back while the node is under pressure
+// (internal/pacing.Governor).
+type Pacer interface {
+	bundle.Pacer
+	// HoldingBack says why the bulk work is slowed ("io pressure 23%"),
+	// or "" when it runs at full speed.
+	HoldingBack() string
+}
+
+// NewPacer is the governor cfg asks for, and the sampler to run beside the
+// agent; nil, nil with pacing off.
+func NewPacer(cfg Pacing, log *slog.Logger) (*pacing.Governor, func(ctx context.Context) error) {
+	lim, ok := pacing.LimitsFor(cfg.Politeness)
+	if !cfg.Enabled || !ok {
+		return nil, nil
+	}
+	g := pacing.New(pacing.NewPSI(""), lim, 0, log)
+	return g, func(ctx context.Context) error { g.Run(ctx); return nil }
 }
 
 // Agent drives one node.

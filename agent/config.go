@@ -13,6 +13,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/pacing"
 )
 
 // DefaultConfigPath is where the agent reads its config when no --config
@@ -38,6 +39,20 @@ type Config struct {
 	Peer     Peer     `toml:"peer"`
 	Cluster  Cluster  `toml:"cluster"`
 	Media    Media    `toml:"media"`
+	Pacing   Pacing   `toml:"pacing"`
+}
+
+// Pacing is how ferry's bulk work (extraction's writes, peer fetches and
+// serving, the load's pulls) yields to the node's own work by the
+// kernel's pressure stall information (DESIGN.md §6).
+type Pacing struct {
+	// Enabled holds the bulk work back while the node stalls; false runs
+	// it at full speed always (the unit's CPU and IO weights still apply).
+	Enabled bool `toml:"enabled"`
+	// Politeness is how soon it holds back: "etcd-safe" (the default: IO
+	// stalls over 10% of the time, CPU over 80%), "balanced" (25%, 90%)
+	// or "eager" (50%, CPU never).
+	Politeness string `toml:"politeness"`
 }
 
 // Media is how bundles arrive on removable media.
@@ -173,6 +188,7 @@ func DefaultConfig() Config {
 		Peer:    Peer{Listen: ":8090"},
 		Cluster: Cluster{Schedule: "Automatic"},
 		Media:   Media{Detect: "automatic"},
+		Pacing:  Pacing{Enabled: true, Politeness: pacing.DefaultPoliteness},
 	}
 }
 
@@ -252,6 +268,9 @@ func (c *Config) Validate() error {
 	case "Automatic", "Manual":
 	default:
 		return bad("cluster.schedule", "%q is not Automatic or Manual", c.Cluster.Schedule)
+	}
+	if _, ok := pacing.LimitsFor(c.Pacing.Politeness); !ok {
+		return bad("pacing.politeness", "%q is not one of %s", c.Pacing.Politeness, strings.Join(pacing.Politeness(), ", "))
 	}
 	switch c.Media.Detect {
 	case "automatic", "manual":

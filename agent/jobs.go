@@ -163,6 +163,9 @@ func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.
 // file, or streamed from the peers).
 func (a *Agent) extractOptions(r *Record, pol bundle.Policy, ix *bundle.Index) bundle.Options {
 	opts := bundle.Options{Policy: pol, Sync: true, Index: ix, Admit: a.deps.Admit, Log: a.log}
+	if a.deps.Pacer != nil {
+		opts.Pacer = a.deps.Pacer
+	}
 	if a.deps.Loader != nil && opts.SpaceFactor == 0 {
 		// The tree itself where it extracts: its load, and the tree when
 		// it shares the image store's filesystem, were checked before

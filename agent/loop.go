@@ -40,7 +40,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	views := a.watchers(jctx)
 	a.deps.Notify.Ready()
 	a.announce()
-	tick := time.NewTicker(5 * time.Second)
+	tick := time.NewTicker(tickEvery)
 	defer tick.Stop()
 	for {
 		a.beat.Store(time.Now().UnixNano())
@@ -66,11 +66,19 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.retry = nil
 			ev = evRetry{}
 		case <-tick.C:
+			if a.pacingChanged() {
+				a.publish()
+				a.announce()
+			}
 			continue
 		}
 		a.turn(jctx, ev)
 	}
 }
+
+// tickEvery is how often the loop turns with nothing to do: the watchdog's
+// heartbeat, and the status line's "holding back" kept current.
+const tickEvery = 2 * time.Second
 
 // watchers starts what watches the outside for the loop: the peers' view
 // (sent on the returned channel), and with an API the Node's annotations,

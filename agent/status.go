@@ -32,8 +32,11 @@ type Status struct {
 	Healthy  bool                `json:"healthy"`
 	Notice   string              `json:"notice,omitempty"`   // a passing remark, e.g. a stick that holds the bundle already here
 	Warnings []string            `json:"warnings,omitempty"` // the cluster's preflight warnings on the bundle
-	Line     string              `json:"line"`               // the systemd STATUS= line
-	Bundles  []Record            `json:"bundles,omitempty"`
+	// HoldingBack says why the bulk work is slowed while the node is
+	// under pressure ("io pressure 23%"); "" at full speed.
+	HoldingBack string   `json:"holding_back,omitempty"`
+	Line        string   `json:"line"` // the systemd STATUS= line
+	Bundles     []Record `json:"bundles,omitempty"`
 }
 
 // Status reports the node's state, as of the loop's last step.
@@ -53,9 +56,41 @@ type snapshot struct {
 // publish makes the machine's state visible to readers.
 func (a *Agent) publish() {
 	s := a.m.status()
+	a.holdingBack(&s)
 	ps := a.m.peerStatus()
 	a.snap.Store(&snapshot{status: s, peer: ps, cluster: a.m.cluster(ps), readNode: a.m.readsNode(), bundle: a.m.resourceReport(s)})
 	a.wantAnnotations(s)
+}
+
+// holdingBack adds to s why the bulk work is slowed, in the phases that
+// have bulk work.
+func (a *Agent) holdingBack(s *Status) {
+	if a.deps.Pacer == nil {
+		return
+	}
+	switch Phase(s.Phase) {
+	case PhaseDetected, PhaseFetching, PhaseLoading:
+	default:
+		return
+	}
+	if hb := a.deps.Pacer.HoldingBack(); hb != "" {
+		s.HoldingBack = hb
+		s.Line += " — holding back: " + hb
+	}
+}
+
+// pacingChanged reports whether the pacer's reason differs from the
+// published status's (the loop then publishes again).
+func (a *Agent) pacingChanged() bool {
+	if a.deps.Pacer == nil {
+		return false
+	}
+	s := a.snap.Load().status
+	switch Phase(s.Phase) {
+	case PhaseDetected, PhaseFetching, PhaseLoading:
+		return a.deps.Pacer.HoldingBack() != s.HoldingBack
+	}
+	return false
 }
 
 // status builds the node's status from the machine's state.

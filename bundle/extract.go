@@ -65,7 +65,17 @@ type Options struct {
 	// checked, before anything leaves the staging dir: an error (wrap
 	// ErrPolicy) refuses the bundle. The node's signature policy runs here.
 	Admit func(meta *Metadata, tree Tree) error
+	// Pacer, when set, is asked after each chunk written to the tree:
+	// it pauses the extraction while the node's other work stalls
+	// (internal/pacing). It costs one atomic load when the node is quiet.
+	Pacer Pacer
 	Log   *slog.Logger
+}
+
+// Pacer slows bulk work while the node is under pressure.
+type Pacer interface {
+	// Pace pauses for n bytes of bulk work, or until ctx ends.
+	Pace(ctx context.Context, n int) error
 }
 
 // Resume is where an interrupted extraction got to (Options.Resume).
@@ -263,6 +273,9 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	}
 
 	w := &treeWriter{meta: meta, resuming: resumeAt >= 0}
+	if opts.Pacer != nil {
+		w.pace = func(n int) error { return opts.Pacer.Pace(ctx, n) }
+	}
 	defer w.close()
 	if dest != "" {
 		if err := checkSpace(filepath.Dir(dest), meta.SizeBytes, opts.SpaceFactor); err != nil {

@@ -36,6 +36,8 @@ type treeWriter struct {
 	// resuming: files after the replayed ones may be left, part written,
 	// by the interrupted run: they are written over.
 	resuming bool
+	// pace, when set, is called after each chunk written (Options.Pacer).
+	pace func(n int) error
 
 	ix      *treeIndex   // what the tree holds, checked after the pass
 	bh      *blobHasher  // hashes blobs on another core
@@ -155,7 +157,9 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 		k, err = io.ReadFull(tr, buf[:min(int64(len(buf)), hdr.Size-n)])
 		n += int64(k)
 		if f != nil && k > 0 && err == nil {
-			_, err = f.Write(buf[:k])
+			if _, err = f.Write(buf[:k]); err == nil && w.pace != nil {
+				err = w.pace(k)
+			}
 		}
 		if keep {
 			w.keep.Write(buf[:k])

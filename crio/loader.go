@@ -35,6 +35,15 @@ var (
 // queueing behind its own locks.
 func DefaultWorkers() int { return max(2, 2*runtime.NumCPU()) }
 
+// Pacer scales the pull concurrency by the node's pressure.
+type Pacer interface {
+	// Workers is how many of n workers may run now (at least 1).
+	Workers(n int) int
+}
+
+// pacerPoll is how often a worker held back by the Pacer looks again.
+const pacerPoll = 250 * time.Millisecond
+
 // Loader puts a bundle's images into CRI-O, pinned, and takes them out.
 type Loader struct {
 	CRI      ImageService
@@ -44,6 +53,10 @@ type Loader struct {
 
 	// Workers bounds concurrent pulls; 0 is DefaultWorkers().
 	Workers int
+	// Pacer, when set, lowers the pulls in flight while the node's other
+	// work stalls (internal/pacing): worker i waits while i >=
+	// Pacer.Workers(Workers).
+	Pacer Pacer
 	// Attempts is how many times one image is pulled before the load
 	// fails on it; 0 is 4. Waiting for an unreachable CRI-O is not an
 	// attempt.
@@ -351,11 +364,23 @@ func (l *Loader) pullAll(ctx context.Context, refs []string, offset, total int, 
 	if progress != nil {
 		progress(done, total)
 	}
-	for range min(l.workers(), len(refs)) {
+	n := min(l.workers(), len(refs))
+	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for ref := range jobs {
+			for {
+				// Held back: worker 0 always runs, the others while
+				// the node is quiet enough for them.
+				for l.Pacer != nil && i >= l.Pacer.Workers(n) {
+					if sleep(ctx, pacerPoll) != nil {
+						break
+					}
+				}
+				ref, ok := <-jobs
+				if !ok {
+					return
+				}
 				err := l.pullOne(ctx, ref)
 				mu.Lock()
 				switch {

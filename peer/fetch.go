@@ -41,6 +41,18 @@ type FetcherOptions struct {
 	Refresh time.Duration
 	// Client overrides the HTTP client (tests); nil: NewClient(Token, nil).
 	Client *Client
+	// Pacer, when set, pauses the writes of fetched pieces and lowers the
+	// requests in flight while the node's other work stalls
+	// (internal/pacing).
+	Pacer Pacer
+}
+
+// Pacer slows bulk work while the node is under pressure.
+type Pacer interface {
+	// Pace pauses for n bytes of bulk work, or until ctx ends.
+	Pace(ctx context.Context, n int) error
+	// Workers is how many of n workers may run now (at least 1).
+	Workers(n int) int
 }
 
 // Fetcher gets bundles from peers.
@@ -693,6 +705,10 @@ type assignment struct {
 // the peers' counts.
 func (j *job) assign(now time.Time, inflight []bool, total int, sentElsewhere map[int]time.Time, rnd *rand.Rand) []assignment {
 	opts := j.f.opts
+	parallel := opts.Parallel
+	if opts.Pacer != nil {
+		parallel = opts.Pacer.Workers(parallel) // fewer in flight while the node stalls
+	}
 	rarity, nearby := j.supply()
 	for i, until := range sentElsewhere {
 		if now.Before(until) {
@@ -721,11 +737,11 @@ func (j *job) assign(now time.Time, inflight []bool, total int, sentElsewhere ma
 		if idle && total+len(out) > 0 {
 			break
 		}
-		for progressMade := true; progressMade && total+len(out) < opts.Parallel; {
+		for progressMade := true; progressMade && total+len(out) < parallel; {
 			progressMade = false
 			sort.SliceStable(order, func(a, b int) bool { return order[a].inflight < order[b].inflight })
 			for _, ps := range order {
-				if total+len(out) >= opts.Parallel {
+				if total+len(out) >= parallel {
 					break
 				}
 				if ps.dropped || !ps.known || ps.inflight >= opts.PerPeer || now.Before(ps.retryAt) {
@@ -858,7 +874,7 @@ func pickPiece(mine Have, inflight []bool, theirs Have, rarity []int, avoid []bo
 func (j *job) fetchPiece(ctx context.Context, a assignment, off, n int64, want string) pieceResult {
 	peer, i := a.peer, a.piece
 	h := sha256.New()
-	w := &hashWriter{w: io.NewOffsetWriter(j.file, off), h: h}
+	w := &hashWriter{w: io.NewOffsetWriter(j.file, off), h: h, ctx: ctx, pacer: j.f.opts.Pacer}
 	err := j.f.c.copyRange(ctx, peer, j.digest, off, n, w, a.firstCopy)
 	if w.err != nil {
 		return pieceResult{peer: peer, piece: i, local: true, err: fmt.Errorf("peer fetch %s: write %s: %w (is the disk full?)", j.digest, j.dest, w.err)}
@@ -873,9 +889,11 @@ func (j *job) fetchPiece(ctx context.Context, a assignment, off, n int64, want s
 }
 
 type hashWriter struct {
-	w   io.Writer
-	h   io.Writer
-	err error
+	w     io.Writer
+	h     io.Writer
+	err   error
+	ctx   context.Context
+	pacer Pacer
 }
 
 func (hw *hashWriter) Write(b []byte) (int, error) {
@@ -883,6 +901,10 @@ func (hw *hashWriter) Write(b []byte) (int, error) {
 	n, err := hw.w.Write(b)
 	if err != nil {
 		hw.err = err
+		return n, err
+	}
+	if hw.pacer != nil {
+		err = hw.pacer.Pace(hw.ctx, n) // not hw.err: a pause ended by ctx is no disk error
 	}
 	return n, err
 }

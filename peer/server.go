@@ -51,6 +51,9 @@ type ServerOptions struct {
 	// IdleWrite is how long one write of the tar may block before the
 	// connection is dropped; 0: 60s.
 	IdleWrite time.Duration
+	// Pacer, when set, pauses between the tar's chunks sent while the
+	// node's other work stalls (internal/pacing).
+	Pacer Pacer
 }
 
 // Server is the read-only peer HTTP handler. See the package comment for
@@ -316,6 +319,9 @@ func (s *Server) copyRange(w http.ResponseWriter, r *http.Request, o Offer, ra i
 			_ = rc.SetWriteDeadline(time.Now().Add(s.opts.IdleWrite))
 			if _, werr := w.Write(buf[:m]); werr != nil {
 				s.opts.Log.Debug("peer tar write stopped", "remote", r.RemoteAddr, "digest", o.Digest, "err", werr)
+				return false
+			}
+			if s.opts.Pacer != nil && s.opts.Pacer.Pace(r.Context(), m) != nil {
 				return false
 			}
 		}

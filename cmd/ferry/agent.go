@@ -77,12 +77,17 @@ func runAgent(ctx context.Context, args []string) error {
 		log.Warn("cleaning the mount dir", "err", err)
 	}
 	deps := agent.Deps{Notify: notifier{}, Log: log, Admit: imagepolicy.Checker{Path: cfg.Paths.SignaturePolicy}.Admit}
+	// One governor paces all bulk work: extraction, peers, pulls.
+	gov, runPacer := agent.NewPacer(cfg.Pacing, log)
+	if gov != nil {
+		deps.Pacer = gov
+	}
 	if cfg.Media.Automatic() {
 		deps.Devices, deps.Media = udevSource{udev.NewMonitor(log)}, udevMedia{media}
 	} else {
 		log.Info("media.detect is manual: plugged devices are not read; give bundles with ferry load")
 	}
-	loading, err := newLoading(cfg, log)
+	loading, err := newLoading(cfg, gov, log)
 	if err != nil {
 		return err
 	}
@@ -92,7 +97,7 @@ func runAgent(ctx context.Context, args []string) error {
 	if deps.API, err = newClusterAPI(cfg, log); err != nil {
 		return err
 	}
-	p, servePeers, err := newPeers(cfg, log)
+	p, servePeers, err := newPeers(cfg, gov, log)
 	if err != nil {
 		return err
 	}
@@ -109,6 +114,9 @@ func runAgent(ctx context.Context, args []string) error {
 	}
 	if loading != nil {
 		g.Go(func() error { return loading.Run(ctx) })
+	}
+	if runPacer != nil {
+		g.Go(func() error { return runPacer(ctx) })
 	}
 	g.Go(func() error { return a.ServeStatus(ctx, cfg.Paths.Socket) })
 	g.Go(func() error { return systemd.Watchdog(ctx, a.Alive, log) })

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/pacing"
 )
 
 func init() {
@@ -55,6 +56,7 @@ var (
 	extractTrust = addTrustFlags(extractFlags)
 	extractDest  = extractFlags.String("dest", "", "directory to create with the extracted bundle (must not exist)")
 	extractSync  = extractFlags.Bool("sync", false, "flush the extracted files to disk before the directory appears")
+	extractPace  = extractFlags.String("pacing", pacing.DefaultPoliteness, "hold back while the node's other work stalls (pressure stall information): etcd-safe, balanced, eager or off")
 )
 
 func runBundleInspect(_ context.Context, args []string) error {
@@ -194,6 +196,17 @@ func runBundleExtract(ctx context.Context, args []string) error {
 		return err
 	}
 	opts.Sync = *sync
+	if *extractPace != "off" {
+		lim, ok := pacing.LimitsFor(*extractPace)
+		if !ok {
+			return usageError("--pacing %q is not one of %s or off", *extractPace, strings.Join(pacing.Politeness(), ", "))
+		}
+		gov := pacing.New(pacing.NewPSI(""), lim, 0, cliLogger())
+		pctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go gov.Run(pctx)
+		opts.Pacer = gov
+	}
 	src, err := bundle.FindSource(pos[0], *tf.sha256)
 	if err != nil {
 		return err

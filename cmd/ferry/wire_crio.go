@@ -7,6 +7,7 @@ import (
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/crio"
+	"github.com/ferry-edge/ferry/internal/pacing"
 	"github.com/ferry-edge/ferry/registry"
 	"github.com/ferry-edge/ferry/systemd"
 )
@@ -30,7 +31,7 @@ func (c crioRuntime) Unpin(ctx context.Context, r agent.RuntimeRequest) error {
 
 // newLoading wires the embedded registry and CRI-O, or nothing when no CRI
 // socket is configured.
-func newLoading(cfg agent.Config, log *slog.Logger) (*agent.Loading, error) {
+func newLoading(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (*agent.Loading, error) {
 	if cfg.CRIO.Socket == "" {
 		return nil, nil
 	}
@@ -48,9 +49,13 @@ func newLoading(cfg agent.Config, log *slog.Logger) (*agent.Loading, error) {
 		return nil, err
 	}
 	regDir := filepath.Join(cfg.Paths.StateDir, "registry")
+	var pacer crio.Pacer
+	if gov != nil {
+		pacer = gov
+	}
 	return &agent.Loading{
 		OpenRegistry: func() (agent.BundleServer, error) { return registry.New(regDir, cfg.Registry.Port, log) },
-		Runtime: crioRuntime{&crio.Loader{CRI: cl, Reloader: rl, Log: log, Workers: cfg.CRIO.PullWorkers, StorageDir: cfg.CRIO.StorageDir,
+		Runtime: crioRuntime{&crio.Loader{CRI: cl, Reloader: rl, Log: log, Workers: cfg.CRIO.PullWorkers, Pacer: pacer, StorageDir: cfg.CRIO.StorageDir,
 			KubeletConfig: cfg.CRIO.KubeletConfig,
 			Dropins: &crio.Dropins{CRIOConfDir: cfg.Paths.CRIOConfDir, RegistriesConfDir: cfg.Paths.RegistriesConfDir, CertsDir: cfg.Paths.CertsDir,
 				RegistriesD: cfg.Paths.RegistriesD}}},

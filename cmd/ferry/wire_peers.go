@@ -9,12 +9,13 @@ import (
 	"strings"
 
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/internal/pacing"
 	"github.com/ferry-edge/ferry/peer"
 )
 
 // newPeers builds the peer side; serve runs its HTTP server until ctx ends
 // (nil when no listen address is configured).
-func newPeers(cfg agent.Config, log *slog.Logger) (agent.Peers, func(ctx context.Context, a *agent.Agent) error, error) {
+func newPeers(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (agent.Peers, func(ctx context.Context, a *agent.Agent) error, error) {
 	if cfg.Peer.Listen == "" && len(cfg.Peer.Peers) == 0 {
 		return nil, nil, nil
 	}
@@ -30,12 +31,16 @@ func newPeers(cfg agent.Config, log *slog.Logger) (agent.Peers, func(ctx context
 		}
 	}
 	shelf := peer.NewShelf(peer.ShelfOptions{CacheDir: filepath.Join(cfg.Paths.StateDir, "pieces"), Log: log})
-	f := peer.NewFetcher(peer.FetcherOptions{Peers: cfg.Peer.Peers, Token: token, Shelf: shelf, Log: log})
+	var pacer peer.Pacer
+	if gov != nil {
+		pacer = gov
+	}
+	f := peer.NewFetcher(peer.FetcherOptions{Peers: cfg.Peer.Peers, Token: token, Shelf: shelf, Log: log, Pacer: pacer})
 	var serve func(ctx context.Context, a *agent.Agent) error
 	if cfg.Peer.Listen != "" {
 		serve = func(ctx context.Context, a *agent.Agent) error {
 			defer shelf.Close()
-			srv := peer.NewServer(shelf, peer.ServerOptions{Token: token, Closed: cfg.Peer.Closed(), Status: a.PeerStatus, Log: log})
+			srv := peer.NewServer(shelf, peer.ServerOptions{Token: token, Closed: cfg.Peer.Closed(), Status: a.PeerStatus, Log: log, Pacer: pacer})
 			if err := srv.ListenAndServe(ctx, cfg.Peer.Listen); err != nil {
 				return fmt.Errorf("peer server on %s: %w", cfg.Peer.Listen, err)
 			}

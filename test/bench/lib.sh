@@ -24,3 +24,59 @@ go_bench() {
   }
   echo "$out" >&2
 }
+
+# unit_setting KEY prints KEY's last value in packaging/ferry.service.
+unit_setting() { awk -F= -v k="$1" '$1 == k { v = $2 } END { print v }' packaging/ferry.service; }
+
+# unit_cgroup_setup makes a cgroup v1 cpu group as ferry.service's
+# settings would give it (this host has no systemd and cgroup v1; see
+# TESTING.md "Pressure and priority"): cpu.shares from CPUWeight by
+# systemd's mapping (weight × 1024 / 100), and blkio's BFQ weight from
+# IOWeight (× 500 / 100, systemd's IOWeight to BlockIOWeight) only where
+# the disk's scheduler is BFQ. Sets $unit_cg and $unit_io_note; call
+# unit_cgroup_cleanup at the end.
+unit_cgroup_setup() {
+  local w iow
+  w=$(unit_setting CPUWeight) iow=$(unit_setting IOWeight)
+  unit_cg=/sys/fs/cgroup/cpu/ferry-bench-$$
+  mkdir -p "$unit_cg"
+  echo $(( w * 1024 / 100 )) > "$unit_cg/cpu.shares"
+  unit_blkio=""
+  if [ -f /sys/fs/cgroup/blkio/blkio.bfq.weight ]; then
+    unit_blkio=/sys/fs/cgroup/blkio/ferry-bench-$$
+    mkdir -p "$unit_blkio"
+    echo $(( iow * 500 / 100 )) > "$unit_blkio/blkio.bfq.weight"
+    unit_io_note="blkio.bfq.weight $(( iow * 500 / 100 ))"
+  else
+    unit_io_note="IOWeight inert: scheduler $(cat /sys/block/"$(disk_of "${BENCH_DIR:-/var/tmp}")"/queue/scheduler 2>/dev/null | tr -d '\n')"
+  fi
+  echo "as the unit: cpu.shares $(cat "$unit_cg/cpu.shares"), nice $(unit_setting Nice), ionice -c2 -n$(unit_setting IOSchedulingPriority), $unit_io_note" >&2
+}
+
+unit_cgroup_cleanup() {
+  [ -n "${unit_cg:-}" ] && rmdir "$unit_cg" 2>/dev/null
+  [ -n "${unit_blkio:-}" ] && rmdir "$unit_blkio" 2>/dev/null
+  true
+}
+
+# as_unit CMD... runs CMD in the unit's cgroup with its nice and ionice.
+# In the background, start it as `(exec_as_unit CMD...) &`: then $! is
+# CMD's own pid (each step execs), to kill it by.
+as_unit() { (exec_as_unit "$@"); }
+exec_as_unit() {
+  local n p
+  n=$(unit_setting Nice) p=$(unit_setting IOSchedulingPriority)
+  exec bash -c 'echo $$ > "$1/cgroup.procs"; [ -n "$2" ] && echo $$ > "$2/cgroup.procs"; shift 2; exec "$@"' _ \
+    "$unit_cg" "${unit_blkio:-}" nice -n "$n" ionice -c2 -n"$p" "$@"
+}
+
+# disk_of DIR prints the block device name (vda) that holds DIR.
+disk_of() {
+  local src
+  src=$(df --output=source "$1" | tail -1)
+  src=${src#/dev/}
+  echo "${src%%[0-9]*}" | sed 's/p$//'
+}
+
+# io_pressure_total prints /proc/pressure/io's "some" total (µs stalled).
+io_pressure_total() { awk '/^some/ { sub("total=", "", $5); print $5 }' /proc/pressure/io; }

@@ -2,7 +2,8 @@
 # make bench: one table of ratios, each against a baseline measured in the
 # same run; raw numbers in $RESULTS (JSON lines).
 #
-# Rows come from test/bench/p1.sh and every test/bench/p[2-9]*.sh, run in
+# Rows come from test/bench/p1.sh, every test/bench/p[2-9]*.sh, then the
+# good-neighbour rows test/bench/n[0-9]*.sh, run in
 # order; each prints its own rows (stdout) and logs to $BENCH_DIR/<row>.log.
 # A row script that fails prints a FAILED row and the run goes on; the run
 # then exits non-zero. BENCH_ONLY="p1 p3" runs only those rows.
@@ -14,7 +15,7 @@ export RESULTS=${RESULTS:-$BENCH_DIR/results-$(date +%Y%m%dT%H%M%S).jsonl}
 mkdir -p "$BENCH_DIR"
 failed=()
 row benchmark value ratio baseline
-for s in test/bench/p1.sh test/bench/p[2-9]*.sh; do
+for s in test/bench/p1.sh test/bench/p[2-9]*.sh test/bench/n[0-9]*.sh; do
   [ -f "$s" ] || continue
   name=$(basename "$s" .sh)
   if [ -n "${BENCH_ONLY:-}" ] && ! [[ " $BENCH_ONLY " == *" ${name%%-*} "* ]]; then

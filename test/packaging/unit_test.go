@@ -187,3 +187,39 @@ func TestUnit_SecurityExposureMatchesDocs(t *testing.T) {
 		t.Errorf("docs/admin.md shows exposure %v, the unit scores %s: paste the output of\n  systemd-analyze security --offline=true packaging/ferry.service\ninto docs/admin.md", doc, m[1])
 	}
 }
+
+// TestUnit_YieldsToTheNodesWorkloads checks the unit runs ferry's bulk work
+// below the node's workloads (DESIGN.md §6): a CPU and IO weight under
+// the default 100, a positive nice, and best-effort IO at a low priority
+// (never the idle class, which starves on a disk etcd keeps busy, nor
+// realtime), and that docs/admin.md names the same settings.
+func TestUnit_YieldsToTheNodesWorkloads(t *testing.T) {
+	u := parseUnit(t, repoFile(t, "packaging/ferry.service"))
+	s := "Service"
+	for _, key := range []string{"CPUWeight", "IOWeight"} {
+		w, err := strconv.Atoi(u.last(s, key))
+		if err != nil || w < 1 || w >= 100 {
+			t.Errorf("%s=%q: want a weight in [1, 100), below the default units' 100", key, u.last(s, key))
+		}
+	}
+	if n, err := strconv.Atoi(u.last(s, "Nice")); err != nil || n <= 0 || n > 19 {
+		t.Errorf("Nice=%q: want 1..19", u.last(s, "Nice"))
+	}
+	if c := u.last(s, "IOSchedulingClass"); c != "best-effort" && c != "2" {
+		t.Errorf("IOSchedulingClass=%q: want best-effort (idle starves under etcd's constant fsyncs)", c)
+	}
+	if p, err := strconv.Atoi(u.last(s, "IOSchedulingPriority")); err != nil || p < 4 || p > 7 {
+		t.Errorf("IOSchedulingPriority=%q: want 4..7 (below the default 4)", u.last(s, "IOSchedulingPriority"))
+	}
+	for _, key := range []string{"CPUQuota", "IOReadBandwidthMax", "IOWriteBandwidthMax", "CPUSchedulingPolicy"} {
+		if v := u.last(s, key); v != "" {
+			t.Errorf("%s=%s: a fixed cap slows ferry on a quiet node too; weights and pacing only", key, v)
+		}
+	}
+	doc := repoFile(t, "docs/admin.md")
+	for _, key := range []string{"CPUWeight", "IOWeight", "Nice", "IOSchedulingClass", "IOSchedulingPriority"} {
+		if want := key + "=" + u.last(s, key); !strings.Contains(doc, want) {
+			t.Errorf("docs/admin.md does not show %s", want)
+		}
+	}
+}

@@ -1,0 +1,195 @@
+package pacing
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+)
+
+// Limits are the stall shares (0–1) of the node above which ferry holds
+// its bulk work back.
+type Limits struct {
+	CPU, IO float64
+}
+
+// Politeness levels (pacing.politeness). IO is what etcd feels: its WAL
+// fsyncs wait behind every other writer, so "etcd-safe" holds back as soon
+// as a tenth of the time some task waits for IO. CPU is shared by the
+// unit's CPUWeight already (the scheduler gives ferry's threads a fifth of
+// a busy node), and ferry's own three busy threads on two cores stall each
+// other, so CPU pressure only counts when it is high.
+var politeness = map[string]Limits{
+	"etcd-safe": {CPU: 0.80, IO: 0.10},
+	"balanced":  {CPU: 0.90, IO: 0.25},
+	"eager":     {CPU: 1.00, IO: 0.50},
+}
+
+// DefaultPoliteness is what a node gets with no pacing.politeness.
+const DefaultPoliteness = "etcd-safe"
+
+// Politeness names the levels, most polite first.
+func Politeness() []string { return []string{"etcd-safe", "balanced", "eager"} }
+
+// LimitsFor returns the limits of a politeness level.
+func LimitsFor(name string) (Limits, bool) {
+	l, ok := politeness[name]
+	return l, ok
+}
+
+const (
+	// DefaultInterval is how often the governor samples the pressure.
+	DefaultInterval = 500 * time.Millisecond
+	// minPause and maxPause bound the pause per MiB of bulk work while
+	// holding back: 2 ms halves a page-cache extraction's pace; 250 ms
+	// holds it to 4 MiB/s.
+	minPause = 2 * time.Millisecond
+	maxPause = 250 * time.Millisecond
+	mib      = 1 << 20
+)
+
+// Governor paces bulk work. A sampler (Run) raises a pause per MiB while
+// the node stalls over the limits, doubling it each interval, and halves
+// it each interval the node is under half of them, down to none. Workers
+// call Pace per chunk: when the pause is zero that is one atomic load.
+// A nil *Governor never holds back.
+type Governor struct {
+	p        Pressure
+	lim      Limits
+	interval time.Duration
+	log      *slog.Logger
+
+	pause atomic.Int64           // ns per MiB; 0: full speed
+	why   atomic.Pointer[string] // what it holds back for, while pause > 0
+	err   bool                   // the last sample failed (logged once)
+}
+
+// New returns a governor reading p against lim; interval 0 is
+// DefaultInterval.
+func New(p Pressure, lim Limits, interval time.Duration, log *slog.Logger) *Governor {
+	if interval <= 0 {
+		interval = DefaultInterval
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Governor{p: p, lim: lim, interval: interval, log: log}
+}
+
+// Run samples the pressure every interval until ctx ends.
+func (g *Governor) Run(ctx context.Context) {
+	if g == nil {
+		return
+	}
+	t := time.NewTicker(g.interval)
+	defer t.Stop()
+	g.Step() // the first sample only sets the baseline
+	for {
+		select {
+		case <-ctx.Done():
+			g.pause.Store(0)
+			g.why.Store(nil)
+			return
+		case <-t.C:
+			g.Step()
+		}
+	}
+}
+
+// Step takes one sample and adjusts the pause (Run calls it; tests too).
+func (g *Governor) Step() {
+	cpu, io, err := g.p.Sample()
+	if err != nil {
+		if !g.err {
+			g.log.Warn("pacing: cannot read the node's pressure; running at full speed", "err", err)
+			g.err = true
+		}
+		g.pause.Store(0)
+		g.why.Store(nil)
+		return
+	}
+	g.err = false
+	over, why := 0.0, ""
+	if g.lim.IO > 0 && io/g.lim.IO > over {
+		over, why = io/g.lim.IO, fmt.Sprintf("io pressure %.0f%%", 100*io)
+	}
+	if g.lim.CPU > 0 && cpu/g.lim.CPU > over {
+		over, why = cpu/g.lim.CPU, fmt.Sprintf("cpu pressure %.0f%%", 100*cpu)
+	}
+	p := time.Duration(g.pause.Load())
+	switch {
+	case over >= 1:
+		p = min(maxPause, max(minPause, 2*p))
+	case over < 0.5:
+		if p /= 2; p < minPause {
+			p = 0
+		}
+	}
+	if p > 0 {
+		if why == "" {
+			why = "the node's pressure"
+		}
+		g.why.Store(&why)
+	} else {
+		g.why.Store(nil)
+	}
+	g.pause.Store(int64(p))
+}
+
+// Pace pauses the caller for n bytes of bulk work while the governor holds
+// back, or until ctx ends.
+func (g *Governor) Pace(ctx context.Context, n int) error {
+	if g == nil {
+		return nil
+	}
+	p := g.pause.Load()
+	if p == 0 {
+		return nil
+	}
+	d := time.Duration(p * int64(n) / mib)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Workers scales a pool of n workers: n at full speed, fewer as the pause
+// grows, 1 at the longest.
+func (g *Governor) Workers(n int) int {
+	if g == nil || n <= 1 {
+		return max(n, 1)
+	}
+	p := g.pause.Load()
+	if p == 0 {
+		return n
+	}
+	return max(1, n-int(int64(n)*p/int64(maxPause)))
+}
+
+// Pause is the current pause per MiB (0: full speed).
+func (g *Governor) Pause() time.Duration {
+	if g == nil {
+		return 0
+	}
+	return time.Duration(g.pause.Load())
+}
+
+// HoldingBack says why the bulk work is slowed ("io pressure 23%"), or ""
+// when it runs at full speed.
+func (g *Governor) HoldingBack() string {
+	if g == nil {
+		return ""
+	}
+	if w := g.why.Load(); w != nil {
+		return *w
+	}
+	return ""
+}

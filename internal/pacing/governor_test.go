@@ -1,0 +1,242 @@
+package pacing
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakePressure is a node whose stalls a test sets.
+type fakePressure struct {
+	mu      sync.Mutex
+	cpu, io float64
+	err     error
+}
+
+func (f *fakePressure) Sample() (float64, float64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cpu, f.io, f.err
+}
+
+func (f *fakePressure) set(cpu, io float64) {
+	f.mu.Lock()
+	f.cpu, f.io = cpu, io
+	f.mu.Unlock()
+}
+
+var _ Pressure = (*fakePressure)(nil)
+
+func etcdSafe(t *testing.T) Limits {
+	l, ok := LimitsFor(DefaultPoliteness)
+	if !ok {
+		t.Fatalf("no limits for %s", DefaultPoliteness)
+	}
+	return l
+}
+
+func TestGovernor_SlowsUnderIOStallAndRecovers(t *testing.T) {
+	f := &fakePressure{}
+	g := New(f, etcdSafe(t), time.Millisecond, nil)
+
+	g.Step()
+	if g.Pause() != 0 || g.HoldingBack() != "" || g.Workers(8) != 8 {
+		t.Fatalf("quiet node: pause %v, holding back %q, workers %d; want full speed", g.Pause(), g.HoldingBack(), g.Workers(8))
+	}
+
+	f.set(0, 0.23) // etcd's fsyncs wait: some task stalls on IO 23% of the time
+	var last time.Duration
+	for range 12 {
+		g.Step()
+		if g.Pause() < last {
+			t.Fatalf("pause fell from %v to %v while the node still stalls", last, g.Pause())
+		}
+		last = g.Pause()
+	}
+	if last != maxPause {
+		t.Errorf("after a sustained stall the pause is %v, want the longest, %v", last, maxPause)
+	}
+	if got := g.HoldingBack(); got != "io pressure 23%" {
+		t.Errorf("HoldingBack() = %q, want %q", got, "io pressure 23%")
+	}
+	if w := g.Workers(8); w != 1 {
+		t.Errorf("Workers(8) = %d at the longest pause, want 1", w)
+	}
+	start := time.Now()
+	if err := g.Pace(t.Context(), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el < maxPause/2 {
+		t.Errorf("Pace of 1 MiB took %v while holding back, want about %v", el, maxPause)
+	}
+
+	f.set(0.02, 0.07) // between half the limit and the limit: hold
+	g.Step()
+	if g.Pause() != maxPause {
+		t.Errorf("pause %v at 70%% of the limit, want it kept at %v", g.Pause(), maxPause)
+	}
+
+	f.set(0.01, 0.01) // quiet again
+	steps := 0
+	for g.Pause() > 0 && steps < 20 {
+		g.Step()
+		steps++
+	}
+	if g.Pause() != 0 || g.HoldingBack() != "" || g.Workers(8) != 8 {
+		t.Fatalf("after %d quiet samples: pause %v, holding back %q, workers %d; want full speed", steps, g.Pause(), g.HoldingBack(), g.Workers(8))
+	}
+	if steps > 8 {
+		t.Errorf("took %d quiet samples to recover, want at most 8", steps)
+	}
+}
+
+func TestGovernor_CPUPressureNamesItself(t *testing.T) {
+	f := &fakePressure{}
+	f.set(0.95, 0.01)
+	g := New(f, etcdSafe(t), 0, nil)
+	g.Step()
+	if got := g.HoldingBack(); got != "cpu pressure 95%" {
+		t.Errorf("HoldingBack() = %q, want cpu pressure 95%%", got)
+	}
+}
+
+func TestGovernor_UnreadablePressureRunsAtFullSpeed(t *testing.T) {
+	f := &fakePressure{}
+	f.set(0, 0.9)
+	g := New(f, etcdSafe(t), 0, nil)
+	g.Step()
+	if g.Pause() == 0 {
+		t.Fatal("no pause under stall")
+	}
+	f.mu.Lock()
+	f.err = errors.New("no PSI")
+	f.mu.Unlock()
+	g.Step()
+	if g.Pause() != 0 || g.HoldingBack() != "" {
+		t.Errorf("pressure unreadable: pause %v, holding back %q; want full speed", g.Pause(), g.HoldingBack())
+	}
+}
+
+func TestGovernor_PaceEndsWithContext(t *testing.T) {
+	f := &fakePressure{}
+	f.set(0, 1)
+	g := New(f, etcdSafe(t), 0, nil)
+	for range 10 {
+		g.Step()
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := g.Pace(ctx, 64<<20); !errors.Is(err, context.Canceled) {
+		t.Errorf("Pace with a cancelled context: %v, want context.Canceled", err)
+	}
+}
+
+func TestGovernor_RunAdjustsAndStops(t *testing.T) {
+	f := &fakePressure{}
+	f.set(0, 0.5)
+	g := New(f, etcdSafe(t), time.Millisecond, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { g.Run(ctx); close(done) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for g.Pause() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if g.Pause() == 0 {
+		t.Fatal("Run never held back under stall")
+	}
+	cancel()
+	<-done
+	if g.Pause() != 0 {
+		t.Errorf("pause %v after Run ended, want 0", g.Pause())
+	}
+}
+
+func TestGovernor_NilNeverHoldsBack(t *testing.T) {
+	var g *Governor
+	if err := g.Pace(t.Context(), 1<<30); err != nil || g.Workers(4) != 4 || g.HoldingBack() != "" {
+		t.Error("a nil governor held back")
+	}
+}
+
+func TestPSI_ReadsFilesAsDeltas(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, total int) {
+		s := "some avg10=0.00 avg60=0.00 avg300=0.00 total=" + strconv.Itoa(total) + "\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+		if err := os.WriteFile(dir+"/"+name, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("cpu", 1000)
+	write("io", 5000)
+	now := time.Unix(100, 0)
+	p := NewPSI(dir)
+	p.now = func() time.Time { return now }
+	if c, i, err := p.Sample(); err != nil || c != 0 || i != 0 {
+		t.Fatalf("first sample: %v %v %v, want 0 0 nil", c, i, err)
+	}
+	now = now.Add(time.Second)
+	write("cpu", 1000+100_000) // 0.1 s stalled of 1 s
+	write("io", 5000+230_000)
+	c, i, err := p.Sample()
+	if err != nil || !near(c, 0.10) || !near(i, 0.23) {
+		t.Errorf("sample: cpu %v io %v err %v, want 0.10 0.23", c, i, err)
+	}
+}
+
+func TestPSI_CgroupV2Names(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []string{"cpu.pressure", "io.pressure"} {
+		if err := os.WriteFile(dir+"/"+n, []byte("some avg10=0.00 avg60=0.00 avg300=0.00 total=7\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := NewPSI(dir).Sample(); err != nil {
+		t.Errorf("cgroup v2 directory: %v", err)
+	}
+}
+
+func TestPSI_MissingFileSaysWhat(t *testing.T) {
+	_, _, err := NewPSI(t.TempDir()).Sample()
+	if err == nil || !strings.Contains(err.Error(), "pacing.enabled = false") {
+		t.Errorf("error %v does not say how to turn pacing off", err)
+	}
+}
+
+// TestPSI_RealKernel reads the node's own /proc/pressure: two samples a
+// moment apart give shares between 0 and 1, and a governor built on it
+// steps without error.
+func TestPSI_RealKernel(t *testing.T) {
+	if _, err := os.Stat("/proc/pressure/io"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("this kernel has no PSI: %v", err)
+		}
+		t.Skipf("no PSI here: %v", err)
+	}
+	p := NewPSI("")
+	if _, _, err := p.Sample(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	c, i, err := p.Sample()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c < 0 || c > 1 || i < 0 || i > 1 {
+		t.Errorf("shares out of range: cpu %v io %v", c, i)
+	}
+	t.Logf("this node: cpu pressure %.1f%%, io pressure %.1f%%", 100*c, 100*i)
+	g := New(p, etcdSafe(t), 0, nil)
+	g.Step()
+	g.Step()
+	if !g.err && g.Pause() > 0 && g.HoldingBack() == "" {
+		t.Error("holding back without saying why")
+	}
+}
+
+func near(a, b float64) bool { return a-b < 0.005 && b-a < 0.005 }

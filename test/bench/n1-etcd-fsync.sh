@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# N1: etcd's WAL fsync latency under ferry. fio's etcd-style job (2300-byte
+# writes, each followed by fdatasync) on the filesystem that holds the
+# extraction dir: idle, then while `ferry bundle extract --sync` (as the
+# agent extracts) runs again and again under the unit's CPU and IO
+# settings, with pacing (the default) and without. p50/p99/p99.9 of each;
+# goal: p99 during <= 1.5x idle p99, p99.9 <= 2x. The load (CRI-O pulls)
+# is not measured here.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. test/bench/lib.sh
+SIZE_MIB=${N1_SIZE_MIB:-2048}
+WORK=${BENCH_DIR:-/var/tmp/ferry-bench}
+RESULTS=${RESULTS:-$WORK/results.jsonl}
+command -v fio >/dev/null || { row "N1 etcd fsync under ferry" FAILED "" "no fio: test/setup/install-deps.sh"; exit 1; }
+mkdir -p "$WORK"
+[ -x bin/ferry ] || make build >&2
+tarfile=$(go run ./test/bench/mkbig -size-mib "$SIZE_MIB" -out "$WORK")
+dest=$WORK/n1-extract
+fiodir=$WORK/n1-fio
+mkdir -p "$fiodir"
+unit_cgroup_setup
+trap 'stop_loop; rm -rf "$dest" "$WORK/.staging-n1-extract" "$fiodir" || true; unit_cgroup_cleanup' EXIT
+loop=""
+# stop_loop ends the extraction loop and the ferry it runs (by their pids).
+stop_loop() {
+  [ -n "$loop" ] || return 0
+  kill "$loop" 2>/dev/null || true
+  wait "$loop" 2>/dev/null || true
+  kill "$(cat "$WORK/n1-ferry.pid" 2>/dev/null)" 2>/dev/null || true
+  while kill -0 "$(cat "$WORK/n1-ferry.pid" 2>/dev/null)" 2>/dev/null; do sleep 0.1; done
+  loop=""
+}
+
+# etcd_fio LABEL: one fio run; prints "p50 p99 p99.9" in ms.
+etcd_fio() {
+  rm -f "$fiodir"/etcd*
+  fio --name=etcd --directory="$fiodir" --rw=write --ioengine=sync --fdatasync=1 --size=22m --bs=2300 --output-format=json > "$WORK/n1-$1.json"
+  python3 - "$WORK/n1-$1.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))["jobs"][0]["sync"]["lat_ns"]["percentile"]
+print(" ".join("%.2f" % (p[k] / 1e6) for k in ("50.000000", "99.000000", "99.900000")))
+PY
+}
+
+# extract_loop PACING: extracts again and again until killed.
+extract_loop() {
+  while true; do
+    rm -rf "$dest" "$WORK/.staging-n1-extract"
+    (exec_as_unit bin/ferry bundle extract "$tarfile" --dest "$dest" --quiet --sync --pacing "$1" >/dev/null 2>>"$WORK/n1-extract.err") &
+    echo $! > "$WORK/n1-ferry.pid"
+    echo x >> "$WORK/n1-count"
+    wait $! || true
+  done
+}
+
+cat "$tarfile" > /dev/null
+sync
+read -r i50 i99 i999 < <(etcd_fio idle)
+declare -A r
+for pacing in etcd-safe off; do
+  rm -f "$WORK/n1-count"
+  extract_loop "$pacing" & loop=$!
+  sleep 2 # into its stride
+  io0=$(io_pressure_total) t0=$(date +%s%N)
+  read -r d50 d99 d999 < <(etcd_fio "$pacing")
+  io1=$(io_pressure_total) t1=$(date +%s%N)
+  stop_loop
+  n=$(wc -l < "$WORK/n1-count" 2>/dev/null || echo 0)
+  iop=$(awk "BEGIN{printf \"%.0f\", 100*($io1-$io0)/(($t1-$t0)/1000)}")
+  r[$pacing]="$d50 $d99 $d999 $n $iop"
+  sync
+done
+ratio() { awk "BEGIN{printf \"%.2f\", $1/$2}"; }
+row "N1 etcd fsync idle p50/p99/p99.9" "${i99}ms" "" "p50 ${i50} ms, p99.9 ${i999} ms (fio etcd job on $(disk_of "$WORK"))"
+for pacing in etcd-safe off; do
+  read -r d50 d99 d999 n iop <<<"${r[$pacing]}"
+  row "N1 p99 during 2 GiB extract, pacing $pacing" "${d99}ms" "$(ratio "$d99" "$i99")x" "vs idle p99 ${i99} ms; goal <= 1.5x; $n extractions begun; io pressure ${iop}%"
+  row "N1 p99.9 during extract, pacing $pacing" "${d999}ms" "$(ratio "$d999" "$i999")x" "vs idle p99.9 ${i999} ms; goal <= 2x; p50 ${d50} ms"
+  printf '{"bench":"N1","pacing":"%s","size_mib":%s,"idle_ms":[%s,%s,%s],"during_ms":[%s,%s,%s],"extractions":%s,"io_pressure_pct":%s,"unit":"%s"}\n' \
+    "$pacing" "$SIZE_MIB" "$i50" "$i99" "$i999" "$d50" "$d99" "$d999" "$n" "$iop" "$unit_io_note" >> "$RESULTS"
+done
