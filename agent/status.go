@@ -30,8 +30,9 @@ type Status struct {
 	Error    string              `json:"error,omitempty"`   // the newest refusal or conflict
 	Times    map[Phase]time.Time `json:"times,omitempty"`
 	Healthy  bool                `json:"healthy"`
-	Notice   string              `json:"notice,omitempty"` // a passing remark, e.g. a stick that holds the bundle already here
-	Line     string              `json:"line"`             // the systemd STATUS= line
+	Notice   string              `json:"notice,omitempty"`   // a passing remark, e.g. a stick that holds the bundle already here
+	Warnings []string            `json:"warnings,omitempty"` // lasting setup faults that do not stop the node (Deps.Warnings)
+	Line     string              `json:"line"`               // the systemd STATUS= line
 	Bundles  []Record            `json:"bundles,omitempty"`
 }
 
@@ -105,6 +106,10 @@ func (m *machine) status() Status {
 	s.Line = statusLine(s)
 	if s.Phase == string(PhaseIdle) && s.Error != "" {
 		s.Line += " — " + s.Error
+	}
+	if len(m.warnings) > 0 {
+		s.Warnings = m.warnings
+		s.Line += " — WARNING: " + strings.Join(m.warnings, "; ")
 	}
 	return s
 }

@@ -89,7 +89,8 @@ func runAgent(ctx context.Context, args []string) error {
 	if loading != nil {
 		deps.Loader = loading
 	}
-	if deps.API, err = newClusterAPI(cfg, log); err != nil {
+	var keepTokenFresh func(context.Context) error
+	if deps.API, deps.Warnings, keepTokenFresh, err = newClusterAPI(cfg, log); err != nil {
 		return err
 	}
 	p, servePeers, err := newPeers(cfg, log)
@@ -109,6 +110,9 @@ func runAgent(ctx context.Context, args []string) error {
 	}
 	if loading != nil {
 		g.Go(func() error { return loading.Run(ctx) })
+	}
+	if keepTokenFresh != nil {
+		g.Go(func() error { return keepTokenFresh(ctx) })
 	}
 	g.Go(func() error { return a.ServeStatus(ctx, cfg.Paths.Socket) })
 	g.Go(func() error { return systemd.Watchdog(ctx, a.Alive, log) })
@@ -213,6 +217,9 @@ func printStatus(s agent.Status) {
 	}
 	if s.Notice != "" {
 		fmt.Printf("note:    %s\n", s.Notice)
+	}
+	for _, w := range s.Warnings {
+		fmt.Printf("WARNING: %s\n", w)
 	}
 	for _, p := range []agent.Phase{agent.PhaseDetected, agent.PhaseFetching, agent.PhaseExtracted, agent.PhaseLoading, agent.PhaseLoaded, agent.PhaseClusterReady, agent.PhaseUpgrading, agent.PhaseUpgraded} {
 		if t, ok := s.Times[p]; ok {
