@@ -88,6 +88,10 @@ type Deps struct {
 	Now   func() time.Time
 	// APIPoll is how often the cluster's upgrade is read; 0 is 5 s.
 	APIPoll time.Duration
+	// Warnings are lasting faults of the node's setup that do not stop it
+	// (e.g. a kubeconfig that does not check the API server's
+	// certificate): logged at start and shown in every status.
+	Warnings []string
 	// Pacer, when set, paces extraction by the node's pressure, and its
 	// reason shows in the status line (NewPacer; nil: full speed).
 	Pacer Pacer

@@ -42,8 +42,8 @@ func TestPreflight_WarningsAreShownAndDoNotBlock(t *testing.T) {
 	src, _ := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
 	s := h.waitPhase(PhaseClusterReady)
-	if !slices.Equal(s.Warnings, api.pre.Warnings) {
-		t.Fatalf("warnings %q, want %q", s.Warnings, api.pre.Warnings)
+	if !slices.Equal(s.Preflight, api.pre.Warnings) {
+		t.Fatalf("warnings %q, want %q", s.Preflight, api.pre.Warnings)
 	}
 }
 
@@ -54,7 +54,7 @@ func TestPreflight_AnAPIThatCannotBeAskedIsAWarning(t *testing.T) {
 	src, _ := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
 	s := h.waitPhase(PhaseClusterReady)
-	if len(s.Warnings) != 1 || !strings.Contains(s.Warnings[0], "preflight could not run") {
-		t.Fatalf("warnings %q", s.Warnings)
+	if len(s.Preflight) != 1 || !strings.Contains(s.Preflight[0], "preflight could not run") {
+		t.Fatalf("warnings %q", s.Preflight)
 	}
 }

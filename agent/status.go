@@ -18,20 +18,21 @@ import (
 
 // Status is what `ferry status` shows.
 type Status struct {
-	Node     string              `json:"node"`
-	Phase    string              `json:"phase"` // the active bundle's phase, or "idle"
-	Bundle   string              `json:"bundle,omitempty"`
-	Version  string              `json:"version,omitempty"`
-	Digest   string              `json:"digest,omitempty"`
-	Release  string              `json:"release,omitempty"`
-	Progress *Progress           `json:"progress,omitempty"`
-	Reason   string              `json:"reason,omitempty"`
-	Message  string              `json:"message,omitempty"` // the cluster version operator's progress line
-	Error    string              `json:"error,omitempty"`   // the newest refusal or conflict
-	Times    map[Phase]time.Time `json:"times,omitempty"`
-	Healthy  bool                `json:"healthy"`
-	Notice   string              `json:"notice,omitempty"`   // a passing remark, e.g. a stick that holds the bundle already here
-	Warnings []string            `json:"warnings,omitempty"` // the cluster's preflight warnings on the bundle
+	Node      string              `json:"node"`
+	Phase     string              `json:"phase"` // the active bundle's phase, or "idle"
+	Bundle    string              `json:"bundle,omitempty"`
+	Version   string              `json:"version,omitempty"`
+	Digest    string              `json:"digest,omitempty"`
+	Release   string              `json:"release,omitempty"`
+	Progress  *Progress           `json:"progress,omitempty"`
+	Reason    string              `json:"reason,omitempty"`
+	Message   string              `json:"message,omitempty"` // the cluster version operator's progress line
+	Error     string              `json:"error,omitempty"`   // the newest refusal or conflict
+	Times     map[Phase]time.Time `json:"times,omitempty"`
+	Healthy   bool                `json:"healthy"`
+	Notice    string              `json:"notice,omitempty"`    // a passing remark, e.g. a stick that holds the bundle already here
+	Warnings  []string            `json:"warnings,omitempty"`  // lasting setup faults that do not stop the node (Deps.Warnings)
+	Preflight []string            `json:"preflight,omitempty"` // the cluster's preflight warnings on the bundle
 	// HoldingBack says why the bulk work is slowed while the node is
 	// under pressure ("io pressure 23%"); "" at full speed.
 	HoldingBack string   `json:"holding_back,omitempty"`
@@ -103,7 +104,7 @@ func (m *machine) status() Status {
 	if shown != nil {
 		r := shown.clone()
 		s.Phase, s.Bundle, s.Digest, s.Reason, s.Times, s.Message = string(r.Phase), r.Name, r.Digest, r.Reason, r.Times, r.Message
-		s.Warnings = r.Warnings
+		s.Preflight = r.Warnings
 		if r.Metadata != nil {
 			s.Version, s.Release = r.Metadata.Version, r.Metadata.Release
 		}
@@ -151,6 +152,10 @@ func (m *machine) status() Status {
 	s.Line = statusLine(s)
 	if s.Phase == string(PhaseIdle) && s.Error != "" {
 		s.Line += " — " + s.Error
+	}
+	if len(m.warnings) > 0 {
+		s.Warnings = m.warnings
+		s.Line += " — WARNING: " + strings.Join(m.warnings, "; ")
 	}
 	s.Line = sanitizeText(s.Line, maxLine)
 	return s

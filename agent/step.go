@@ -26,6 +26,7 @@ type machine struct {
 	peersOn   bool     // a peer transport is wired
 	peers     []string // the other nodes: from the config, or the API
 	hasAPI    bool
+	warnings  []string // Deps.Warnings: shown in every status
 
 	records map[string]*Record
 	active  *Record // the bundle that holds the node, nil when none
@@ -70,7 +71,7 @@ func newMachine(cfg Config, policy bundle.Policy, d Deps) *machine {
 	return &machine{
 		cfg: cfg, policy: policy, now: d.Now, log: d.Log,
 		hasMedia: d.Media != nil, hasLoader: d.Loader != nil, peersOn: d.Peers != nil, peers: cfg.Peer.Peers,
-		hasAPI:  d.API != nil,
+		hasAPI: d.API != nil, warnings: d.Warnings,
 		records: map[string]*Record{}, probing: map[string]bool{},
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -244,5 +245,19 @@ func TestPeerStatus_CarriesProgressInWords(t *testing.T) {
 	m = machineIn(t, PhaseClusterReady)
 	if got := m.peerStatus().Progress; got != "" {
 		t.Fatalf("cluster-ready: %q", got)
+	}
+}
+
+// TestStatus_ASetupWarningIsInEveryStatus: a lasting setup fault (a
+// kubeconfig that does not check the API server) is in the status and on
+// the systemd line, whatever the phase.
+func TestStatus_ASetupWarningIsInEveryStatus(t *testing.T) {
+	for _, p := range []Phase{PhaseIdle, PhaseLoaded} {
+		m := machineIn(t, p)
+		m.warnings = []string{"the kubeconfig turns TLS verification off"}
+		s := m.status()
+		if len(s.Warnings) != 1 || !strings.Contains(s.Line, "WARNING: the kubeconfig turns TLS verification off") {
+			t.Errorf("%s: warnings %v, line %q", p, s.Warnings, s.Line)
+		}
 	}
 }

@@ -36,7 +36,7 @@ type APIError struct {
 
 func (e *APIError) Error() string {
 	if e.Code == http.StatusForbidden {
-		return fmt.Sprintf("%v (403): %s: apply ferry's RBAC (packaging/rbac.yaml) and check that its kubeconfig uses ferry's ServiceAccount", ErrForbidden, e.Message)
+		return fmt.Sprintf("%v (403): %s: apply ferry's RBAC and admission policies (packaging/rbac.yaml, admission.yaml) and check that its kubeconfig holds a token of ferry's ServiceAccount bound to this node's Node", ErrForbidden, e.Message)
 	}
 	return fmt.Sprintf("the cluster's API answered %d %s: %s", e.Code, e.Reason, e.Message)
 }
@@ -59,9 +59,10 @@ func IsNotFound(err error) bool {
 
 // Client talks to one API server.
 type Client struct {
-	ep  endpoint
-	hc  *http.Client
-	log *slog.Logger
+	ep     endpoint
+	tokens *tokens
+	hc     *http.Client
+	log    *slog.Logger
 	// Attempts bounds the tries of one call on network errors, 429 and
 	// 5xx; Backoff is the first wait, doubled each time.
 	Attempts int
@@ -77,6 +78,9 @@ func New(kubeconfig string, log *slog.Logger) (*Client, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if ep.insecure {
+		log.Warn("kube: "+InsecureWarning(ep.server), "kubeconfig", kubeconfig)
+	}
 	tr := &http.Transport{
 		TLSClientConfig:     ep.tls,
 		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -84,11 +88,22 @@ func New(kubeconfig string, log *slog.Logger) (*Client, error) {
 		MaxIdleConns:        2,
 		IdleConnTimeout:     90 * time.Second,
 	}
-	return &Client{ep: ep, hc: &http.Client{Transport: tr, Timeout: time.Minute}, log: log, Attempts: 4, Backoff: 250 * time.Millisecond}, nil
+	return &Client{ep: ep, tokens: newTokens(ep), hc: &http.Client{Transport: tr, Timeout: time.Minute}, log: log, Attempts: 4, Backoff: 250 * time.Millisecond}, nil
 }
 
 // Server is the API server's URL.
 func (c *Client) Server() string { return c.ep.server }
+
+// Insecure reports a kubeconfig with insecure-skip-tls-verify: anyone on
+// the path to the API server can pose as it and take ferry's token.
+func (c *Client) Insecure() bool { return c.ep.insecure }
+
+// InsecureWarning is what ferry says, in its log and its status, of a
+// kubeconfig that does not check the API server's certificate.
+func InsecureWarning(server string) string {
+	return "the kubeconfig turns TLS verification off (insecure-skip-tls-verify) for " + server +
+		": anyone on the network path can pose as the API server and take ferry's token; set certificate-authority (on OpenShift /etc/kubernetes/kubelet-ca.crt) instead"
+}
 
 // do sends one request, retrying what a retry can fix; out, when not nil,
 // receives the JSON answer.
@@ -131,8 +146,8 @@ func (c *Client) once(ctx context.Context, method, path, contentType string, pay
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
-	if c.ep.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.ep.token)
+	if tok := c.tokens.get(); tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {

@@ -4,7 +4,9 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,10 +48,15 @@ type kubeconfig struct {
 
 // endpoint is where and how to reach the API server.
 type endpoint struct {
-	server string
-	token  string
-	tls    *tls.Config
+	server    string
+	token     string // the token, or tokenFile's content when it was read
+	tokenFile string // absolute; re-read when it changes (short-lived tokens)
+	insecure  bool   // insecure-skip-tls-verify: the server is not checked
+	tls       *tls.Config
 }
+
+// ErrPlainHTTP is a kubeconfig whose server is not https://.
+var ErrPlainHTTP = errors.New("the API server's address is not https://")
 
 // loadKubeconfig reads path: its current context's server, CA, and token
 // or client certificate. Relative file names are relative to path's dir.
@@ -95,6 +102,9 @@ func loadKubeconfig(path string) (endpoint, error) {
 		}
 		found = true
 		ep.server = strings.TrimSuffix(c.Cluster.Server, "/")
+		if u, err := url.Parse(ep.server); err != nil || u.Scheme != "https" || u.Host == "" {
+			return bad("%w (%q): ferry sends its token only over TLS; use the API's https:// address (e.g. https://api-int.CLUSTER.DOMAIN:6443)", ErrPlainHTTP, ep.server)
+		}
 		var ca []byte
 		switch {
 		case c.Cluster.CertificateAuthorityData != "":
@@ -114,6 +124,7 @@ func loadKubeconfig(path string) (endpoint, error) {
 			ep.tls.RootCAs = pool
 		}
 		ep.tls.InsecureSkipVerify = c.Cluster.InsecureSkipTLSVerify
+		ep.insecure = c.Cluster.InsecureSkipTLSVerify
 	}
 	if !found || ep.server == "" {
 		return bad("no server for cluster %q", clusterName)
@@ -124,7 +135,11 @@ func loadKubeconfig(path string) (endpoint, error) {
 		}
 		ep.token = u.User.Token
 		if u.User.TokenFile != "" {
-			t, err := file(u.User.TokenFile)
+			ep.tokenFile = u.User.TokenFile
+			if !filepath.IsAbs(ep.tokenFile) {
+				ep.tokenFile = filepath.Join(dir, ep.tokenFile)
+			}
+			t, err := os.ReadFile(ep.tokenFile)
 			if err != nil {
 				return bad("tokenFile: %v", err)
 			}

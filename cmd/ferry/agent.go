@@ -94,7 +94,8 @@ func runAgent(ctx context.Context, args []string) error {
 	if loading != nil {
 		deps.Loader = loading
 	}
-	if deps.API, err = newClusterAPI(cfg, log); err != nil {
+	var keepTokenFresh func(context.Context) error
+	if deps.API, deps.Warnings, keepTokenFresh, err = newClusterAPI(cfg, log); err != nil {
 		return err
 	}
 	p, servePeers, err := newPeers(cfg, gov, log)
@@ -117,6 +118,9 @@ func runAgent(ctx context.Context, args []string) error {
 	}
 	if runPacer != nil {
 		g.Go(func() error { return runPacer(ctx) })
+	}
+	if keepTokenFresh != nil {
+		g.Go(func() error { return keepTokenFresh(ctx) })
 	}
 	g.Go(func() error { return a.ServeStatus(ctx, cfg.Paths.Socket) })
 	g.Go(func() error { return systemd.Watchdog(ctx, a.Alive, log) })
@@ -238,6 +242,9 @@ func printStatus(s agent.Status) {
 	}
 	if s.Notice != "" {
 		fmt.Printf("note:    %s\n", s.Notice)
+	}
+	for _, w := range s.Warnings {
+		fmt.Printf("WARNING: %s\n", w)
 	}
 	for _, p := range []agent.Phase{agent.PhaseDetected, agent.PhaseFetching, agent.PhaseExtracted, agent.PhaseLoading, agent.PhaseLoaded, agent.PhaseClusterReady, agent.PhaseUpgrading, agent.PhaseUpgraded} {
 		if t, ok := s.Times[p]; ok {

@@ -73,16 +73,22 @@ func (k clusterAPI) NodeReadiness(ctx context.Context) (map[string]agent.NodeRea
 	return out, err
 }
 
-// newClusterAPI is the Kubernetes API when a kubeconfig is configured.
-func newClusterAPI(cfg agent.Config, log *slog.Logger) (agent.ClusterAPI, error) {
+// newClusterAPI is the Kubernetes API when a kubeconfig is configured: the
+// agent's ClusterAPI, what it must warn of, and the job that keeps ferry's
+// token fresh (nil, nil, nil without a kubeconfig).
+func newClusterAPI(cfg agent.Config, log *slog.Logger) (agent.ClusterAPI, []string, func(context.Context) error, error) {
 	if cfg.Cluster.Kubeconfig == "" {
-		return nil, nil
+		return nil, nil, nil, nil
 	}
 	c, err := kube.New(cfg.Cluster.Kubeconfig, log)
 	if err != nil {
-		return nil, usageError("cluster.kubeconfig: %v", err)
+		return nil, nil, nil, usageError("cluster.kubeconfig: %v", err)
 	}
-	return clusterAPI{c}, nil
+	var warnings []string
+	if c.Insecure() {
+		warnings = append(warnings, kube.InsecureWarning(c.Server()))
+	}
+	return clusterAPI{c}, warnings, c.KeepTokenFresh, nil
 }
 
 // printNodeAnnotations prints every Node's ferry.io annotations, as an

@@ -89,8 +89,8 @@ func waitAnnotated(t *testing.T, e *kubeenv.Env, phase string) {
 func TestHost_TheUpgradeLoopThroughARealAPI(t *testing.T) {
 	c := crioenv.Start(t)
 	e := kubeenv.Start(t, runningRelease)
-	e.ApplyFile(repoFile("packaging/rbac.yaml"))
 	e.AddNode("node-a", "127.0.0.1")
+	e.InstallFerry()
 	reg := fixture.NewRegistry(t)
 	reg.PushImage(t, "my-company/my-workload", "v1")
 	firstTar, first := releaseBundle(t, reg, "4.13.7", 1)
@@ -98,7 +98,7 @@ func TestHost_TheUpgradeLoopThroughARealAPI(t *testing.T) {
 
 	cfg := nodeConfig(t, c)
 	cfg.NodeName = "node-a"
-	cfg.Cluster.Kubeconfig = e.ServiceAccountKubeconfig("openshift-ferry", "ferry")
+	cfg.Cluster.Kubeconfig = e.NodeKubeconfig("node-a")
 	a := ferryenv.Start(t, cfg)
 	a.WaitPhase(bound, "idle")
 	cl := c.Client(t)
@@ -171,8 +171,8 @@ func nodeVersion(t *testing.T, e *kubeenv.Env) string {
 func TestHost_ManualProceedAFailedHookAnOutageAndARefusal(t *testing.T) {
 	c := crioenv.Start(t)
 	e := kubeenv.Start(t, runningRelease)
-	e.ApplyFile(repoFile("packaging/rbac.yaml"))
 	e.AddNode("node-a", "127.0.0.1")
+	e.InstallFerry()
 	reg := fixture.NewRegistry(t)
 	reg.PushImage(t, "my-company/my-workload", "v1")
 	tarPath, meta := releaseBundle(t, reg, "4.13.7", 3)
@@ -182,7 +182,7 @@ func TestHost_ManualProceedAFailedHookAnOutageAndARefusal(t *testing.T) {
 	cfg.NodeName = "node-a"
 	cfg.Cluster.Schedule = "Manual"
 	cfg.Cluster.OnReady = []string{"/bin/sh", "-c", "test -e " + flag}
-	cfg.Cluster.Kubeconfig = e.ServiceAccountKubeconfig("openshift-ferry", "ferry")
+	cfg.Cluster.Kubeconfig = e.NodeKubeconfig("node-a")
 	gen := e.Generation()
 	e.StopAPIServer()
 	a := ferryenv.Start(t, cfg)

@@ -17,11 +17,11 @@ import (
 // real API server; reports its RSS (test/bench/p4-agent.sh prints it).
 func BenchmarkAgentIdleRSSWithKubeconfig(b *testing.B) {
 	e := kubeenv.Start(b, current)
-	e.ApplyFile(repoFile("packaging/rbac.yaml"))
 	e.AddNode("bench", "127.0.0.1")
+	e.InstallFerry()
 	cfg := ferryenv.Config(b.TempDir())
 	cfg.NodeName = "bench"
-	cfg.Cluster.Kubeconfig = e.ServiceAccountKubeconfig("openshift-ferry", "ferry")
+	cfg.Cluster.Kubeconfig = e.NodeKubeconfig("bench")
 	for range b.N {
 		a := ferryenv.Start(b, cfg)
 		a.WaitPhase(time.Minute, "idle")

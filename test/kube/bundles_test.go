@@ -12,7 +12,7 @@ import (
 const bundleName = "4.13.7-x86-64"
 
 func installBundles(e *kubeenv.Env) {
-	e.InstallUpgradeBundles(repoFile("packaging/upgradebundle-crd.yaml"), repoFile("packaging/upgradebundle-policy.yaml"))
+	e.InstallUpgradeBundles(repoFile("packaging/upgradebundle-crd.yaml"))
 }
 
 // TestClient_UpgradeBundleStatusIsFerrysAndSpecTheAdministrators: with
@@ -23,6 +23,8 @@ func installBundles(e *kubeenv.Env) {
 func TestClient_UpgradeBundleStatusIsFerrysAndSpecTheAdministrators(t *testing.T) {
 	e := kubeenv.Start(t, current)
 	c := ferryClient(t, e)
+	e.AddNode("node-b", "10.0.0.2")
+	cb := nodeClient(t, e, "node-b")
 	installBundles(e)
 	ctx := t.Context()
 
@@ -36,11 +38,15 @@ func TestClient_UpgradeBundleStatusIsFerrysAndSpecTheAdministrators(t *testing.T
 		t.Fatalf("created twice: %v", err)
 	}
 	sum := kube.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: "sha256:" + strings.Repeat("a", 64), Phase: "loading", NodesReady: "0/2"}
-	for _, n := range []string{"node-a", "node-b"} {
-		entry := kube.BundleNode{Phase: "loading", Conditions: []kube.BundleCondition{{Type: "Extracted", Status: "True", Reason: "Extracted"}}}
-		if err := c.PublishBundleStatus(ctx, bundleName, sum, n, entry); err != nil {
+	entry := kube.BundleNode{Phase: "loading", Conditions: []kube.BundleCondition{{Type: "Extracted", Status: "True", Reason: "Extracted"}}}
+	for n, cl := range map[string]*kube.Client{"node-a": c, "node-b": cb} {
+		if err := cl.PublishBundleStatus(ctx, bundleName, sum, n, entry); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// A node's credential writes its own entry only.
+	if err := c.PublishBundleStatus(ctx, bundleName, sum, "node-b", kube.BundleNode{Phase: "failed"}); err == nil || !strings.Contains(err.Error(), "its own entry of status.nodes only") {
+		t.Errorf("node-a writing node-b's entry: %v, want the admission policy's refusal", err)
 	}
 	ub, ok, err := c.UpgradeBundle(ctx, bundleName)
 	if err != nil || !ok || len(ub.Nodes) != 2 || ub.Nodes["node-a"].Phase != "loading" || ub.Spec.ApprovedDigest != "" {

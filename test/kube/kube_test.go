@@ -1,7 +1,8 @@
 // Package kube tests ferry's Kubernetes client against a real
 // kube-apiserver with OpenShift's ClusterVersion CRD (test/kubeenv), with
-// only the rights packaging/rbac.yaml grants; the test plays the cluster
-// version operator.
+// only the rights packaging/rbac.yaml grants and the admission policies of
+// packaging/admission.yaml, as one node's credential; the test plays the
+// cluster version operator.
 package kube
 
 import (
@@ -26,10 +27,13 @@ func repoFile(name string) string {
 	return filepath.Join(filepath.Dir(file), "..", "..", name)
 }
 
-// ferryClient is a client with ferry's ServiceAccount and only its RBAC.
+// ferryClient is ferry's client on node-a: a token of ferry's
+// ServiceAccount bound to Node node-a, with only the rights and the
+// admission policies ferry ships.
 func ferryClient(t *testing.T, e *kubeenv.Env) *kube.Client {
-	e.ApplyFile(repoFile("packaging/rbac.yaml"))
-	c, err := kube.New(e.ServiceAccountKubeconfig("openshift-ferry", "ferry"), nil)
+	e.Create("/api/v1/nodes", map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "node-a"}})
+	e.InstallFerry()
+	c, err := kube.New(e.NodeKubeconfig("node-a"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

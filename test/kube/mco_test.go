@@ -85,8 +85,8 @@ func TestClient_TheMachineConfigStateWithOnlyFerrysRBAC(t *testing.T) {
 func TestAgent_KeepsItsMirrorUntilTheMCOIsDoneWithTheNode(t *testing.T) {
 	c := crioenv.Start(t)
 	e := kubeenv.Start(t, current)
-	e.ApplyFile(repoFile("packaging/rbac.yaml"))
 	e.AddNode("node-a", "127.0.0.1")
+	e.InstallFerry()
 	e.InstallMachineConfigPools()
 	e.LabelNode("node-a", map[string]string{workerRole: ""})
 	worker := kubeenv.MachineConfigPool{Name: "worker", NodeSelector: map[string]string{workerRole: ""}, Target: oldConfig, Current: oldConfig, Machines: 1, Updated: 1}
@@ -97,7 +97,7 @@ func TestAgent_KeepsItsMirrorUntilTheMCOIsDoneWithTheNode(t *testing.T) {
 	cfg := ferryenv.Config(t.TempDir())
 	c.Configure(&cfg)
 	cfg.NodeName = "node-a"
-	cfg.Cluster.Kubeconfig = e.ServiceAccountKubeconfig("openshift-ferry", "ferry")
+	cfg.Cluster.Kubeconfig = e.NodeKubeconfig("node-a")
 	a := ferryenv.Start(t, cfg)
 	a.WaitPhase(bound, "idle")
 	if out, err := a.Ferry("load", tarPath); err != nil {

@@ -79,8 +79,8 @@ func TestClient_PreflightWithOnlyFerrysRBAC(t *testing.T) {
 // bundle is rejected before it is extracted, in the operator's words.
 func TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake(t *testing.T) {
 	e := kubeenv.Start(t, current)
-	e.ApplyFile(repoFile("packaging/rbac.yaml"))
 	e.AddNode("node-a", "127.0.0.1")
+	e.InstallFerry()
 	e.SetHistory(kubeenv.History{State: "Completed", Image: current, Version: "4.12.9"})
 	e.SetConditions(kubeenv.Condition{Type: "Upgradeable", Status: "False", Reason: "ClusterOperatorsNotUpgradeable",
 		Message: "Cluster operator storage should not be upgraded between minor versions: the vSphere CSI driver needs a newer vCenter"})
@@ -88,7 +88,7 @@ func TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake(t *testing.T) {
 
 	cfg := ferryenv.Config(t.TempDir())
 	cfg.NodeName = "node-a"
-	cfg.Cluster.Kubeconfig = e.ServiceAccountKubeconfig("openshift-ferry", "ferry")
+	cfg.Cluster.Kubeconfig = e.NodeKubeconfig("node-a")
 	a := ferryenv.Start(t, cfg)
 	a.WaitPhase(bound, "idle")
 	a.Ferry("load", tarPath)

@@ -2,6 +2,7 @@ package kubeenv
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/ferry-edge/ferry/kube"
@@ -12,9 +13,9 @@ import (
 
 const bundlesPath = "/apis/ferry.io/v1alpha1/upgradebundles"
 
-// InstallUpgradeBundles applies ferry's CRD and its admission policy from
-// the repository (root is the repository's root).
-func (e *Env) InstallUpgradeBundles(crd, policy string) {
+// InstallUpgradeBundles applies ferry's CRD (its admission policy is in
+// admission.yaml, InstallFerry).
+func (e *Env) InstallUpgradeBundles(crd string) {
 	e.t.Helper()
 	e.ApplyFile(crd)
 	deadline := time.Now().Add(30 * time.Second)
@@ -24,7 +25,24 @@ func (e *Env) InstallUpgradeBundles(crd, policy string) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	e.ApplyFile(policy)
+	// The admission policy (InstallFerry's) holds for the new type once a
+	// credential bound to no Node is refused a create.
+	c, err := kube.New(e.ServiceAccountKubeconfig("openshift-ferry", "ferry"), nil)
+	must(e.t, err)
+	c.Attempts = 1
+	for {
+		err := c.CreateUpgradeBundle(context.Background(), "ferry-probe")
+		if err != nil && strings.Contains(err.Error(), "bound to no Node") {
+			return
+		}
+		if err == nil {
+			e.Admin.Raw(context.Background(), "DELETE", bundlesPath+"/ferry-probe", "", nil, nil)
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("the ferry-upgradebundle admission policy never held (apply InstallFerry first): %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // PatchBundleSpec merge-patches an UpgradeBundle's spec as the

@@ -11,12 +11,14 @@ package kubeenv
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -200,6 +202,101 @@ func (e *Env) ServiceAccountKubeconfig(ns, name string) string {
 	return e.kubeconfig(ns+"-"+name, tr.Status.Token, false)
 }
 
+// NodeToken is a token of ferry's ServiceAccount (openshift-ferry/ferry)
+// bound to the Node named node, as an administrator makes it with
+//
+//	oc create token ferry -n openshift-ferry --bound-object-kind Node --bound-object-name NODE --duration 24h
+//
+// valid for seconds.
+func (e *Env) NodeToken(node string, seconds int) string {
+	e.t.Helper()
+	var tr struct {
+		Status struct {
+			Token string `json:"token"`
+		} `json:"status"`
+	}
+	body := map[string]any{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": map[string]any{
+		"expirationSeconds": seconds,
+		"boundObjectRef":    map[string]any{"apiVersion": "v1", "kind": "Node", "name": node},
+	}}
+	must(e.t, e.Admin.Raw(context.Background(), "POST", "/api/v1/namespaces/openshift-ferry/serviceaccounts/ferry/token", "application/json", body, &tr))
+	return tr.Status.Token
+}
+
+// NodeKubeconfig is the kubeconfig of ferry on node: its token (NodeToken,
+// an hour long) in a file of its own that the kubeconfig names as
+// tokenFile, as docs/admin.md sets a node up; the server's certificate is
+// checked. Call InstallFerry first.
+func (e *Env) NodeKubeconfig(node string) string {
+	e.t.Helper()
+	dir := filepath.Join(e.Dir, "node-"+node)
+	must(e.t, os.MkdirAll(dir, 0o700))
+	tok := filepath.Join(dir, "token")
+	must(e.t, os.WriteFile(tok, []byte(e.NodeToken(node, 3600)+"\n"), 0o600))
+	kc := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters: [{name: t, cluster: {server: %q, certificate-authority: %q}}]\nusers: [{name: ferry, user: {tokenFile: token}}]\ncontexts: [{name: t, context: {cluster: t, user: ferry}}]\ncurrent-context: t\n",
+		e.Server, filepath.Join(e.Dir, "certs", "apiserver.crt"))
+	p := filepath.Join(dir, "kubeconfig")
+	must(e.t, os.WriteFile(p, []byte(kc), 0o600))
+	return p
+}
+
+// InstallFerry applies what ferry ships for the cluster, exactly:
+// packaging/rbac.yaml and packaging/admission.yaml, and waits until the
+// API server enforces every admission policy (they take effect a moment
+// after they are created).
+func (e *Env) InstallFerry() {
+	e.t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	e.ApplyFile(filepath.Join(root, "packaging", "rbac.yaml"))
+	e.ApplyFile(filepath.Join(root, "packaging", "admission.yaml"))
+	// A token of ferry bound to no Node may write nothing once the
+	// policies hold: probe each until it is refused.
+	kc := e.ServiceAccountKubeconfig("openshift-ferry", "ferry")
+	c, err := kube.New(kc, nil)
+	must(e.t, err)
+	c.Attempts = 1
+	ctx := context.Background()
+	e.Create("/api/v1/nodes", map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "ferry-probe"}})
+	defer e.Admin.Raw(ctx, "DELETE", "/api/v1/nodes/ferry-probe", "", nil, nil)
+	probes := []struct {
+		policy string
+		try    func() error
+		undo   func()
+	}{
+		{"ferry-node", func() error {
+			return c.Raw(ctx, "PATCH", "/api/v1/nodes/ferry-probe", "application/merge-patch+json", map[string]any{"metadata": map[string]any{"annotations": map[string]any{"ferry.io/probe": "x"}}}, nil)
+		}, func() {}},
+		{"ferry-clusterversion", func() error {
+			return c.Raw(ctx, "PATCH", "/apis/config.openshift.io/v1/clusterversions/version", "application/merge-patch+json", map[string]any{"metadata": map[string]any{"labels": map[string]any{"ferry-probe": "x"}}}, nil)
+		}, func() {
+			e.Admin.Raw(ctx, "PATCH", "/apis/config.openshift.io/v1/clusterversions/version", "application/merge-patch+json", map[string]any{"metadata": map[string]any{"labels": map[string]any{"ferry-probe": nil}}}, nil)
+		}},
+		{"ferry-release-signatures", func() error {
+			return c.Raw(ctx, "POST", "/api/v1/namespaces/openshift-config-managed/configmaps", "application/json", map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": "ferry-probe"}}, nil)
+		}, func() {
+			e.Admin.Raw(ctx, "DELETE", "/api/v1/namespaces/openshift-config-managed/configmaps/ferry-probe", "", nil, nil)
+		}},
+		{"ferry-token", func() error {
+			return c.Raw(ctx, "POST", "/api/v1/namespaces/openshift-ferry/serviceaccounts/ferry/token", "application/json", map[string]any{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": map[string]any{}}, nil)
+		}, func() {}},
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, p := range probes {
+		for {
+			err := p.try()
+			if errors.Is(err, kube.ErrForbidden) && strings.Contains(err.Error(), p.policy) {
+				break
+			}
+			p.undo()
+			if time.Now().After(deadline) {
+				e.t.Fatalf("admission policy %s not enforced after 30 s (last answer: %v)\n%s", p.policy, err, e.Log())
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+}
+
 // NobodyKubeconfig is a user with no rights at all.
 func (e *Env) NobodyKubeconfig() string { return e.kubeconfig("nobody", "nobodytoken", false) }
 
@@ -247,6 +344,8 @@ func collection(t testing.TB, obj map[string]any) string {
 		return "/apis/rbac.authorization.k8s.io/v1/namespaces/" + ns + "/" + strings.ToLower(kind) + "s"
 	case "CustomResourceDefinition":
 		return "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+	case "ConfigMap":
+		return "/api/v1/namespaces/" + ns + "/configmaps"
 	case "ValidatingAdmissionPolicy":
 		return "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 	case "ValidatingAdmissionPolicyBinding":

@@ -20,8 +20,9 @@ const runningRelease = "quay.io/openshift-release-dev/ocp-release@sha256:1111111
 // forwardAPI makes the API server (on the host's loopback) reachable from
 // inside the lab's namespaces at 127.0.0.1:<its port>: a unix socket on
 // the shared file system joins the two sides (the host's own network is
-// not touched). It returns the Setup to pass to newFleet.
-func forwardAPI(t *testing.T, e *kubeenv.Env, kubeconfig string) func(n *Node, cfg *agent.Config) {
+// not touched). It returns the Setup to pass to newFleet: each node gets
+// its Node and its own credential (a token bound to its Node).
+func forwardAPI(t *testing.T, e *kubeenv.Env) func(n *Node, cfg *agent.Config) {
 	sock := filepath.Join(t.TempDir(), "api.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
@@ -49,7 +50,7 @@ func forwardAPI(t *testing.T, e *kubeenv.Env, kubeconfig string) func(n *Node, c
 	return func(n *Node, cfg *agent.Config) {
 		n.Start("api-forward", "socat", "TCP-LISTEN:"+strconv.Itoa(e.Port)+",bind=127.0.0.1,fork,reuseaddr", "UNIX-CONNECT:"+sock)
 		e.AddNode(n.Name, n.IP)
-		cfg.Cluster.Kubeconfig = kubeconfig
+		cfg.Cluster.Kubeconfig = e.NodeKubeconfig(n.Name)
 	}
 }
 
@@ -64,9 +65,8 @@ func repoFile(name string) string {
 // follows to upgraded, annotated on its Node, its files gone, its pins kept.
 func TestAgents_ThreeNodesOneAPIServerOneUpgrade(t *testing.T) {
 	e := kubeenv.Start(t, runningRelease)
-	e.ApplyFile(repoFile("packaging/rbac.yaml"))
-	kc := e.ServiceAccountKubeconfig("openshift-ferry", "ferry")
-	f := newFleet(t, fleetOptions{Nodes: 3, CRIO: true, Setup: forwardAPI(t, e, kc)})
+	e.InstallFerry()
+	f := newFleet(t, fleetOptions{Nodes: 3, CRIO: true, Setup: forwardAPI(t, e)})
 	reg := fixture.NewRegistry(t)
 	sig := filepath.Join(t.TempDir(), "signature-1")
 	if err := os.WriteFile(sig, []byte("a release signature"), 0o644); err != nil {
@@ -143,9 +143,8 @@ func TestAgents_ThreeNodesOneAPIServerOneUpgrade(t *testing.T) {
 // status and on its Node, and none goes on.
 func TestAgents_ARefusedReleaseIsShownOnEveryNode(t *testing.T) {
 	e := kubeenv.Start(t, runningRelease)
-	e.ApplyFile(repoFile("packaging/rbac.yaml"))
-	kc := e.ServiceAccountKubeconfig("openshift-ferry", "ferry")
-	f := newFleet(t, fleetOptions{Nodes: 3, CRIO: true, Setup: forwardAPI(t, e, kc)})
+	e.InstallFerry()
+	f := newFleet(t, fleetOptions{Nodes: 3, CRIO: true, Setup: forwardAPI(t, e)})
 	reg := fixture.NewRegistry(t)
 	tarPath, meta, digest := realBundle(t, reg, "4.13.7", 5, "--signature-store", "")
 	f.nodes[0].load(t, tarPath)

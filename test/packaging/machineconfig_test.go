@@ -276,6 +276,13 @@ func TestMachineConfig_WellFormed(t *testing.T) {
 				if c.Cluster.Kubeconfig != kubeconfigPath {
 					t.Errorf("the config names kubeconfig %q, the MachineConfig delivers %s", c.Cluster.Kubeconfig, kubeconfigPath)
 				}
+				// No credential travels in a MachineConfig (the machine config
+				// server hands it to anyone who asks for Ignition): the
+				// kubeconfig names the node's own token file.
+				if kcBody := string(body(files[1])); !strings.Contains(kcBody, "tokenFile: /var/lib/ferry/token") ||
+					strings.Contains(kcBody, "token:") || strings.Contains(kcBody, "client-key") {
+					t.Errorf("the delivered kubeconfig carries a credential or no tokenFile /var/lib/ferry/token:\n%s", kcBody)
+				}
 				kc := filepath.Join(dir, "kubeconfig")
 				if err := os.WriteFile(kc, body(files[1]), 0o600); err != nil {
 					t.Fatal(err)

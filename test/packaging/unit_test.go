@@ -101,6 +101,11 @@ func TestUnit_GrantsWhatTheAgentUses(t *testing.T) {
 	if w, err := strconv.Atoi(strings.TrimSuffix(u.last(s, "WatchdogSec"), "s")); err != nil || w < 10 {
 		t.Errorf("WatchdogSec=%q: want seconds >= 10 (the agent pings at half)", u.last(s, "WatchdogSec"))
 	}
+	for _, key := range []string{"MemoryMax", "TasksMax"} {
+		if v := u.last(s, key); v == "" || v == "infinity" {
+			t.Errorf("%s=%q: a runaway ferry must not take the node's memory or tasks (etcd runs there)", key, v)
+		}
+	}
 	if v := u.last(s, "PrivateDevices"); v == "yes" || v == "true" {
 		t.Errorf("PrivateDevices=%s hides the sticks from ferry", v)
 	}
