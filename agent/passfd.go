@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/safefile"
 )
 
 // ferry load hands the agent open files, not a path (SCM_RIGHTS over the
@@ -35,7 +36,17 @@ type PassedBundle struct {
 	SHA256, Sig *os.File // nil when absent
 }
 
-// Bundles reads the files through this process's own descriptors.
+// Bundles reads the files through this process's own descriptors, only
+// ever ones passedBundle checked (checkPassed): /proc/self/fd/N is a
+// magic link to the open file itself, so opening it resolves no path the
+// caller made (no symbolic link of theirs is followed) and opens that very
+// file, read-only (the bundle readers open with O_RDONLY, the sidecars'
+// with O_NONBLOCK too and refuse anything but a regular file). The
+// check makes that reopen grant nothing the caller did not have: each
+// descriptor was open for reading, not O_PATH. Reopening rather than
+// reading the passed descriptor gives the agent an open file of its own:
+// the passed one shares its offset and flags with the caller, who could
+// seek it or set O_NONBLOCK under the agent's reads.
 func (p *PassedBundle) Bundles() []bundle.Source {
 	src := bundle.Source{Path: fdPath(p.Tar), Label: p.Label}
 	if fi, err := p.Tar.Stat(); err == nil && fi.Mode()&os.ModeDevice != 0 {
@@ -108,38 +119,101 @@ func (p *PassedBundle) files() ([]*os.File, []string) {
 	return fs, kinds
 }
 
-// passedBundle takes the files a load request's connection carried.
+var (
+	// ErrNotRoot: the process that connected is not root, and only root
+	// may pass bundles to the agent.
+	ErrNotRoot = errors.New("only root may pass bundles to the agent")
+	// ErrPassedFile: a descriptor passed with a load request is not one
+	// the agent reads (O_PATH, write-only, a FIFO, a socket…).
+	ErrPassedFile = errors.New("refused a passed file")
+)
+
+// passedBundle takes the files a load request's connection carried, from
+// root only (SO_PEERCRED), each checked by checkPassed. Any refusal
+// closes every file.
 func passedBundle(r *http.Request) (*PassedBundle, error) {
 	c, _ := r.Context().Value(fdConnKey{}).(*fdConn)
 	if c == nil {
 		return nil, errors.New("no files came with the request: use 'ferry load PATH'")
 	}
 	files := c.take()
-	kinds := strings.Split(r.URL.Query().Get("files"), ",")
-	if len(files) != len(kinds) || len(files) == 0 {
+	closeAll := func() {
 		for _, f := range files {
 			f.Close()
 		}
+	}
+	if err := c.fromRoot(); err != nil {
+		closeAll()
+		return nil, err
+	}
+	kinds := strings.Split(r.URL.Query().Get("files"), ",")
+	if len(files) != len(kinds) || len(files) == 0 {
+		closeAll()
 		return nil, fmt.Errorf("the request names %d files and carries %d: use 'ferry load PATH'", len(kinds), len(files))
 	}
 	p := &PassedBundle{Label: r.URL.Query().Get("label")}
 	for i, k := range kinds {
+		var slot **os.File
 		switch k {
 		case "tar":
-			p.Tar = files[i]
+			slot = &p.Tar
 		case "sha256":
-			p.SHA256 = files[i]
+			slot = &p.SHA256
 		case "minisig":
-			p.Sig = files[i]
+			slot = &p.Sig
 		default:
-			files[i].Close()
+			closeAll()
+			return nil, fmt.Errorf("%w: the request names a file %q, not a tar, sha256 or minisig: use 'ferry load PATH'", ErrPassedFile, k)
 		}
+		if *slot != nil {
+			closeAll()
+			return nil, fmt.Errorf("%w: the request passes two %s files: use 'ferry load PATH'", ErrPassedFile, k)
+		}
+		if err := checkPassed(files[i], k); err != nil {
+			closeAll()
+			return nil, err
+		}
+		*slot = files[i]
 	}
 	if p.Tar == nil {
-		p.Close()
+		closeAll()
 		return nil, errors.New("no tar among the files passed")
 	}
 	return p, nil
+}
+
+// checkPassed refuses (ErrPassedFile) a descriptor the agent must not
+// read or reopen for the caller: one opened with O_PATH, which grants no
+// read (reopening it through /proc/self/fd would give root's read to a
+// caller that had none); one open for writing only, for the same reason;
+// and anything that fstat says is not a regular file, or, for the tar, a
+// block device holding a raw bundle (a FIFO, a socket, a directory, a
+// character device such as /dev/zero).
+func checkPassed(f *os.File, kind string) error {
+	flags, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+	if err != nil {
+		return fmt.Errorf("%w: the %s: F_GETFL: %v", ErrPassedFile, kind, err)
+	}
+	if flags&unix.O_PATH != 0 {
+		return fmt.Errorf("%w: the %s was passed as an O_PATH descriptor, which grants no read: pass a file opened for reading (ferry load PATH does)", ErrPassedFile, kind)
+	}
+	if flags&unix.O_ACCMODE == unix.O_WRONLY {
+		return fmt.Errorf("%w: the %s was passed open for writing only: pass a file opened for reading (ferry load PATH does)", ErrPassedFile, kind)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("%w: the %s: fstat: %v", ErrPassedFile, kind, err)
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return nil
+	case unix.S_IFBLK:
+		if kind == "tar" {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: the %s passed is %s: ferry reads a bundle from a regular file (or, the tar only, a block device), its .sha256 and .minisig from regular files",
+		ErrPassedFile, kind, safefile.Kind(st.Mode))
 }
 
 type fdConnKey struct{}
@@ -153,16 +227,51 @@ func (l fdListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &fdConn{UnixConn: c}, nil
+	fc := &fdConn{UnixConn: c}
+	fc.cred, fc.credErr = peerCred(c)
+	return fc, nil
+}
+
+// peerCred is who connected (SO_PEERCRED): the process's credentials
+// when it called connect, which the kernel records and the caller cannot
+// forge.
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, credErr
+}
+
+// fromRoot refuses (ErrNotRoot) a connection whose peer is not root. The
+// socket's mode (0600, root's) already keeps others out; this holds even
+// if the mode is changed, or the socket is reached another way.
+func (c *fdConn) fromRoot() error {
+	if c.credErr != nil || c.cred == nil {
+		return fmt.Errorf("%w: cannot tell who connected (SO_PEERCRED: %v)", ErrNotRoot, c.credErr)
+	}
+	if c.cred.Uid != 0 {
+		return fmt.Errorf("%w: refused uid %d (gid %d, pid %d): run ferry load as root", ErrNotRoot, c.cred.Uid, c.cred.Gid, c.cred.Pid)
+	}
+	return nil
 }
 
 // fdConn reads with recvmsg so that descriptors sent with the request's
 // bytes are kept (a plain read would close them), at most maxPassed.
 type fdConn struct {
 	*net.UnixConn
-	oob   []byte // room for maxPassed descriptors
-	mu    sync.Mutex
-	files []*os.File
+	cred    *unix.Ucred // the peer, from SO_PEERCRED at accept
+	credErr error
+	oob     []byte // room for maxPassed descriptors
+	mu      sync.Mutex
+	files   []*os.File
 }
 
 func (c *fdConn) Read(b []byte) (int, error) {

@@ -2,20 +2,30 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ferry-edge/ferry/bundle/bundletest"
 )
 
 // statusHarness runs an agent with its status socket.
 func statusHarness(t *testing.T) (*harness, *Client) {
+	return statusHarnessAt(t, filepath.Join(t.TempDir(), "ferry.sock"))
+}
+
+// statusHarnessAt is statusHarness with the socket at sock.
+func statusHarnessAt(t *testing.T, sock string) (*harness, *Client) {
 	h := newHarness(t, t.TempDir())
-	h.cfg.Paths.Socket = filepath.Join(t.TempDir(), "ferry.sock")
+	h.cfg.Paths.Socket = sock
 	h.start()
 	go h.agent.ServeStatus(t.Context(), h.cfg.Paths.Socket)
 	c := NewClient(h.cfg.Paths.Socket)
@@ -75,4 +85,150 @@ func TestLoad_ARequestWithoutFilesIsRefused(t *testing.T) {
 	if _, err := c.Load(t.Context(), filepath.Join(t.TempDir(), "none.tar")); err == nil || !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a missing file: %v", err)
 	}
+}
+
+// Every descriptor a load passes is checked before the agent reads or
+// reopens it: an O_PATH descriptor grants no read, and reopening it
+// through /proc/self/fd would give the caller root's read; a write-only
+// one likewise; a FIFO would block, a socket, a directory or a character
+// device is no bundle. A regular file, and a block device for the tar
+// only, are read.
+func TestCheckPassed_RefusesWhatGrantsNoReadOrIsNoFile(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "upgrade.tar")
+	must(t, os.WriteFile(file, []byte("tar bytes"), 0o600))
+	fifo := filepath.Join(dir, "fifo")
+	must(t, unix.Mkfifo(fifo, 0o600))
+	open := func(path string, flags int) func(t *testing.T) *os.File {
+		return func(t *testing.T) *os.File {
+			fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)
+			must(t, err)
+			return os.NewFile(uintptr(fd), path)
+		}
+	}
+	socket := func(t *testing.T) *os.File {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		must(t, err)
+		unix.Close(fds[1])
+		return os.NewFile(uintptr(fds[0]), "socket")
+	}
+	for _, tc := range []struct {
+		name string
+		open func(t *testing.T) *os.File
+		kind string
+		want string // "" accepted, else in the error
+	}{
+		{"a regular file opened for reading is read", open(file, unix.O_RDONLY), "tar", ""},
+		{"a regular sidecar is read", open(file, unix.O_RDONLY), "sha256", ""},
+		{"a file open for reading and writing is read", open(file, unix.O_RDWR), "tar", ""},
+		{"an O_PATH descriptor is refused", open(file, unix.O_PATH), "tar", "O_PATH descriptor, which grants no read"},
+		{"an O_PATH sidecar is refused", open(file, unix.O_PATH), "minisig", "O_PATH descriptor"},
+		{"a write-only descriptor is refused", open(file, unix.O_WRONLY), "tar", "open for writing only"},
+		{"a FIFO is refused", open(fifo, unix.O_RDONLY|unix.O_NONBLOCK), "tar", "is a FIFO"},
+		{"a socket is refused", socket, "tar", "is a socket"},
+		{"a directory is refused", open(dir, unix.O_RDONLY|unix.O_DIRECTORY), "tar", "is a directory"},
+		{"a character device is refused", open("/dev/zero", unix.O_RDONLY), "sha256", "is a character device"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := tc.open(t)
+			defer f.Close()
+			err := checkPassed(f, tc.kind)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (!errors.Is(err, ErrPassedFile) || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("got %v, want ErrPassedFile saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// An O_PATH descriptor passed over the real socket (SCM_RIGHTS carries
+// them) is refused with its reason, and nothing is read.
+func TestLoad_AnOPathDescriptorIsRefused(t *testing.T) {
+	h, c := statusHarness(t)
+	tarPath, _ := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+	fd, err := unix.Open(tarPath, unix.O_PATH|unix.O_CLOEXEC, 0)
+	must(t, err)
+	p := &PassedBundle{Label: tarPath, Tar: os.NewFile(uintptr(fd), tarPath)}
+	defer p.Close()
+	_, err = c.pass(t.Context(), p)
+	if err == nil || !strings.Contains(err.Error(), "O_PATH") {
+		t.Fatalf("an O_PATH tar: %v", err)
+	}
+	if s := h.agent.Status(); s.Phase != string(PhaseIdle) {
+		t.Fatalf("the agent took an O_PATH descriptor: %+v", s)
+	}
+}
+
+// senderEnv names, for the child process of
+// TestLoad_ANonRootSenderIsRefusedBySOPeerCred, the socket and the
+// bundle it passes.
+const senderEnv = "FERRY_TEST_PASSFD_SENDER"
+
+// Only root may pass bundles: the agent checks the peer's credentials
+// (SO_PEERCRED), whatever the socket's mode lets connect. Here the socket
+// is opened to all and a process running as nobody (uid 65534), able to
+// read the bundle, passes it: refused, naming the uid, nothing read.
+func TestLoad_ANonRootSenderIsRefusedBySOPeerCred(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to start a sender as another user")
+	}
+	// A tree nobody can reach: the socket, the bundle, this test binary.
+	dir, err := os.MkdirTemp("", "ferry-passfd-")
+	must(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	must(t, os.Chmod(dir, 0o755))
+	sock := filepath.Join(dir, "ferry.sock")
+	h, _ := statusHarnessAt(t, sock)
+	must(t, os.Chmod(sock, 0o666))
+	bdir := filepath.Join(dir, "bundle")
+	must(t, os.Mkdir(bdir, 0o755))
+	tarPath, _ := bundletest.Write(t, bdir, bundletest.Options{})
+	for _, p := range []string{tarPath, strings.TrimSuffix(tarPath, ".tar") + ".sha256"} {
+		must(t, os.Chmod(p, 0o644))
+	}
+	self, err := os.Executable()
+	must(t, err)
+	bin := filepath.Join(dir, "agent.test")
+	b, err := os.ReadFile(self)
+	must(t, err)
+	must(t, os.WriteFile(bin, b, 0o755))
+
+	cmd := exec.CommandContext(t.Context(), bin, "-test.run=^TestLoad_SenderChild$", "-test.v")
+	cmd.Env = []string{senderEnv + "=" + sock + "," + tarPath, "PATH=/usr/bin:/bin"}
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the sender: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "REFUSED: ") || !strings.Contains(string(out), "refused uid 65534") ||
+		!strings.Contains(string(out), "only root may pass bundles") {
+		t.Fatalf("the non-root sender was not refused by its uid:\n%s", out)
+	}
+	if s := h.agent.Status(); s.Phase != string(PhaseIdle) {
+		t.Fatalf("the agent took a bundle from uid 65534: %+v", s)
+	}
+}
+
+// TestLoad_SenderChild is the sending side of
+// TestLoad_ANonRootSenderIsRefusedBySOPeerCred, run as nobody; it does
+// nothing in a plain test run.
+func TestLoad_SenderChild(t *testing.T) {
+	sock, tarPath, ok := strings.Cut(os.Getenv(senderEnv), ",")
+	if !ok {
+		t.Skip("the sending side of TestLoad_ANonRootSenderIsRefusedBySOPeerCred")
+	}
+	if os.Geteuid() == 0 {
+		t.Fatal("the sender runs as root")
+	}
+	p, err := OpenBundle(tarPath)
+	must(t, err)
+	defer p.Close()
+	if _, err := NewClient(sock).pass(t.Context(), p); err != nil {
+		fmt.Printf("REFUSED: %v\n", err)
+		return
+	}
+	t.Fatal("the agent accepted the bundle")
 }

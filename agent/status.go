@@ -270,6 +270,7 @@ func (a *Agent) ServeStatus(ctx context.Context, path string) error {
 			if kind == "load" {
 				p, err := passedBundle(r)
 				if err != nil {
+					a.log.Warn("ferry load refused", "err", err)
 					writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 					return
 				}
