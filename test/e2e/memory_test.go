@@ -31,7 +31,9 @@ const (
 // and pinned. The peak RSS (VmHWM) and peak threads stay far under the
 // unit's limits, and the extraction streams: eight times the bytes do not
 // cost eight times the memory. FERRY_MEMORY_IMAGE_MIB sets the larger
-// bundle's image size (default 16 MiB each, 30 images: ~480 MiB).
+// bundle's image size (default 16 MiB each, 30 images: ~480 MiB);
+// FERRY_MEMORY_PULL_WORKERS the load's workers (default: from the cores),
+// and GOMAXPROCS, passed on to the agent, stands in for a bigger node.
 func TestHost_AgentMemoryBoundedWhateverTheBundleSize(t *testing.T) {
 	big := int64(16)
 	if n, err := strconv.Atoi(os.Getenv("FERRY_MEMORY_IMAGE_MIB")); err == nil && n > 0 {
@@ -68,7 +70,11 @@ func loadAndMeasure(t *testing.T, n int, size int64) peak {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := ferryenv.Start(t, nodeConfig(t, c))
+	cfg := nodeConfig(t, c)
+	if n, err := strconv.Atoi(os.Getenv("FERRY_MEMORY_PULL_WORKERS")); err == nil && n > 0 {
+		cfg.CRIO.PullWorkers = n
+	}
+	a := ferryenv.Start(t, cfg)
 	a.WaitPhase(bound, "idle")
 	pid := a.Cmd.Process.Pid
 
