@@ -236,7 +236,7 @@ func (a *Agent) fetch(ctx context.Context, r *Record, j effStartJob) (*bundle.Re
 			if err != nil {
 				return err
 			}
-			src.Reader = rd
+			src.Reader, src.Size = rd, r.TarSize // the offer's length bounds the writes too
 			res, err = bundle.Extract(ctx, src, r.Dir, opts)
 			return err
 		})

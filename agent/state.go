@@ -2,6 +2,7 @@ package agent
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -63,6 +64,9 @@ type Record struct {
 	// Approval is how this node approved the bundle ("digest",
 	// "signature", "peer", "off").
 	Approval string `json:"approval,omitempty"`
+	// TarSize is the tar's length a peer's offer gave (fetched bundles):
+	// with the metadata's size, it bounds what the fetch writes.
+	TarSize int64 `json:"tarSize,omitempty"`
 }
 
 // Store keeps records as one JSON file each, written atomically.
@@ -90,6 +94,14 @@ func (s *Store) Save(r *Record) error {
 		return err
 	}
 	return atomicfile.WriteFile(s.path(r.ID), b, 0o600)
+}
+
+// Delete removes r's record; one already gone is no error.
+func (s *Store) Delete(id string) error {
+	if err := os.Remove(s.path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // Load returns every record, oldest first.

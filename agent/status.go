@@ -31,8 +31,11 @@ type Status struct {
 	Times    map[Phase]time.Time `json:"times,omitempty"`
 	Healthy  bool                `json:"healthy"`
 	Notice   string              `json:"notice,omitempty"` // a passing remark, e.g. a stick that holds the bundle already here
-	Line     string              `json:"line"`             // the systemd STATUS= line
-	Bundles  []Record            `json:"bundles,omitempty"`
+	// ApprovalOff: the config says approval = "off" (any bundle whose
+	// sha256 checks is loaded).
+	ApprovalOff bool     `json:"approvalOff,omitempty"`
+	Line        string   `json:"line"` // the systemd STATUS= line
+	Bundles     []Record `json:"bundles,omitempty"`
 }
 
 // Status reports the node's state, as of the loop's last step.
@@ -105,6 +108,9 @@ func (m *machine) status() Status {
 	s.Line = statusLine(s)
 	if s.Phase == string(PhaseIdle) && s.Error != "" {
 		s.Line += " — " + s.Error
+	}
+	if s.ApprovalOff = m.cfg.ApprovalOff(); s.ApprovalOff {
+		s.Line += " — " + approvalOffWarning
 	}
 	return s
 }
