@@ -263,9 +263,9 @@ func (a *Agent) streamOptions(r *Record, pol bundle.Policy, ix *bundle.Index, fr
 	}
 	opts.Checkpoint = func(off int64) {
 		// The segments so far never change: the index only grows.
-		segs := ix.Segments[:len(ix.Segments):len(ix.Segments)]
+		snap := ix.Snapshot()
 		checkpoint(off, func() []byte {
-			b, _ := (&bundle.Index{Segments: segs}).Encode()
+			b, _ := snap.Encode()
 			return b
 		})
 	}
