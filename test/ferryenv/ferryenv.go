@@ -64,6 +64,8 @@ func Config(root string) agent.Config {
 		CRIOConfDir:       filepath.Join(root, "etc/crio/crio.conf.d"),
 		RegistriesConfDir: filepath.Join(root, "etc/containers/registries.conf.d"),
 		CertsDir:          filepath.Join(root, "etc/containers/certs.d"),
+		SignaturePolicy:   filepath.Join(root, "etc/containers/policy.json"), // none: admits everything
+		RegistriesD:       filepath.Join(root, "etc/containers/registries.d"),
 	}
 	c.CRIO.Socket = ""
 	c.CRIO.Reload = "none"
