@@ -122,7 +122,7 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 	// the claimed size, the source's length), checked before the entry
 	// is written, without overflow.
 	if w.limit > 0 && hdr.Size > w.limit-w.total {
-		return fmt.Errorf("%w: its files add up to more than the %d bytes its metadata's size and the source's length allow: the bundle was altered; do not use it", ErrInvalid, w.limit)
+		return fmt.Errorf("%w: its files add up to more than the %d bytes that metadata's sizeBytes (or size) and the source's length allow: the bundle was altered; do not use it", ErrInvalid, w.limit)
 	}
 	w.total += hdr.Size
 	if w.meta.Shape != ShapeSeed && w.total > w.meta.SizeBytes {
