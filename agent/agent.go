@@ -161,7 +161,11 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	policy := bundle.Policy{Arch: cfg.Arch, ApprovedDigests: cfg.ApprovedDigests, TrustedKeys: keys}
+	// An unapproved bundle from a stick or a file is verified, extracted
+	// and shared, and waits for approval; one from the peers is not
+	// fetched (PreApproved clears Unapproved).
+	policy := bundle.Policy{Arch: cfg.Arch, ApprovedDigests: cfg.ApprovedDigests, TrustedKeys: keys,
+		Required: !cfg.ApprovalOff(), Off: cfg.ApprovalOff(), Unapproved: true}
 	a := &Agent{
 		cfg: cfg, deps: deps, log: deps.Log, store: store,
 		m:        newMachine(cfg, policy, deps),

@@ -183,6 +183,7 @@ func newHarness(t *testing.T, root string) *harness {
 	cfg := DefaultConfig()
 	cfg.NodeName = "node-a"
 	cfg.Arch = "x86_64"
+	cfg.Approval = "off" // most tests are about something else; approval's own tests set it back
 	cfg.Paths.StateDir = filepath.Join(root, "state")
 	cfg.Paths.ExtractDir = filepath.Join(root, "upgrade")
 	h := &harness{t: t, cfg: cfg, dev: &fakeDevices{ch: make(chan DeviceEvent)},
@@ -326,18 +327,65 @@ func TestAgent_DifferentSecondBundleIsAConflict(t *testing.T) {
 	}
 }
 
-func TestAgent_RefusalIsAStateWithAReason(t *testing.T) {
-	h := newHarness(t, t.TempDir())
-	h.cfg.ApprovedDigests = []string{"sha256:" + strings.Repeat("0", 64)}
-	h.start()
-	src, _ := stick(t, bundletest.Options{})
-	h.plug("/dev/sda", src)
-	s := h.waitPhase(PhaseRejected)
-	if s.Healthy || !strings.Contains(s.Line, "rejected upgrade-4.13.7-x86_64.tar: not approved") {
-		t.Fatalf("status %+v", s)
+// The default (approval = "required", nothing approved): a stick's
+// bundle is verified, extracted and shared, never loaded; it waits,
+// saying how to approve it. Once the config approves its digest (and
+// ferry restarts), it loads with no new plug.
+func TestAgent_AnUnapprovedBundleIsExtractedButWaitsForApproval(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		approved []string
+	}{
+		{"nothing configured", nil},
+		{"another digest approved", []string{"sha256:" + strings.Repeat("0", 64)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, t.TempDir())
+			h.cfg.Approval = "required"
+			h.cfg.ApprovedDigests = tc.approved
+			h.start()
+			src, digest := stick(t, bundletest.Options{})
+			h.plug("/dev/sda", src)
+			s := h.waitReason("waiting for approval")
+			if s.Phase != string(PhaseExtracted) || !strings.Contains(s.Line, digest) || !strings.Contains(s.Line, "approved_digests") || s.ApprovalOff {
+				t.Fatalf("status %+v", s)
+			}
+			time.Sleep(300 * time.Millisecond) // a few turns of the loop: still not loaded
+			h.loader.mu.Lock()
+			loads := len(h.loader.loads)
+			h.loader.mu.Unlock()
+			if loads != 0 {
+				t.Fatal("an unapproved bundle was loaded")
+			}
+			if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64", bundle.MetadataName)); err != nil {
+				t.Fatalf("not extracted: %v", err)
+			}
+			h.stop()
+
+			h2 := newHarness(t, filepath.Dir(h.cfg.Paths.StateDir))
+			h2.cfg = h.cfg
+			h2.cfg.ApprovedDigests = append(slices.Clone(tc.approved), digest)
+			h2.loader = h.loader
+			h2.start()
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				s := h2.agent.Status()
+				if Phase(s.Phase).Loaded() && s.Digest == digest {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("not loaded once approved: %+v", s)
+				}
+			}
+		})
 	}
-	if ents, _ := os.ReadDir(h.cfg.Paths.ExtractDir); len(ents) != 0 {
-		t.Fatalf("extract dir holds %s", ents[0].Name())
+}
+
+// approval = "off" is loud: the status line says it.
+func TestAgent_ApprovalOffIsShownInTheStatus(t *testing.T) {
+	h := newHarness(t, t.TempDir())
+	h.start()
+	if s := h.agent.Status(); !s.ApprovalOff || !strings.Contains(s.Line, "approval is off") {
+		t.Fatalf("status %+v", s)
 	}
 }
 

@@ -196,8 +196,12 @@ func (f *fakePeers) offer(t *testing.T, addr, tarPath, digest string) {
 		t.Fatal(err)
 	}
 	mb, _ := json.Marshal(m)
+	fi, err := os.Stat(tarPath)
+	if err != nil {
+		t.Fatal(err)
+	}
 	f.mu.Lock()
-	f.offers = append(f.offers, peer.PeerOffer{Peer: addr, Offer: peer.Offer{Digest: digest, Metadata: mb, Size: 1, Complete: true}})
+	f.offers = append(f.offers, peer.PeerOffer{Peer: addr, Offer: peer.Offer{Digest: digest, Metadata: mb, Size: fi.Size(), Complete: true}})
 	f.tars[digest] = tarPath
 	f.mu.Unlock()
 }
@@ -385,6 +389,7 @@ func TestCluster_ManualScheduleWaitsForProceed(t *testing.T) {
 func TestCluster_UnapprovedPeerBundleIsNotFetched(t *testing.T) {
 	h, p := clusterHarness(t)
 	h.cfg.ApprovedDigests = []string{"sha256:" + strings.Repeat("1", 64)}
+	h.cfg.Approval = "required"
 	tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
 	p.offer(t, "10.0.0.2:8090", tarPath, digest)
 	h.start()
@@ -541,6 +546,7 @@ func TestCluster_ABundleApprovedOnlyBySignatureReachesANodeWithTheKey(t *testing
 	t.Run("signed by a trusted key", func(t *testing.T) {
 		h, p := clusterHarness(t)
 		h.cfg.TrustedKeys = []string{keyFile(t, pub)}
+		h.cfg.Approval = "required"
 		p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "extracted", Digest: digest})
 		signedOffer(t, p, "10.0.0.2:8090", tarPath, digest, priv)
 		h.start()
@@ -563,6 +569,7 @@ func TestCluster_ABundleApprovedOnlyBySignatureReachesANodeWithTheKey(t *testing
 	t.Run("signed by another key", func(t *testing.T) {
 		h, p := clusterHarness(t)
 		h.cfg.TrustedKeys = []string{keyFile(t, pub)}
+		h.cfg.Approval = "required"
 		signedOffer(t, p, "10.0.0.2:8090", tarPath, digest, otherPriv)
 		h.start()
 		s := h.waitPhase(PhaseRejected)
@@ -578,6 +585,7 @@ func TestCluster_ABundleApprovedOnlyBySignatureReachesANodeWithTheKey(t *testing
 	t.Run("a trusted key's signature of other bytes", func(t *testing.T) {
 		h, p := clusterHarness(t)
 		h.cfg.TrustedKeys = []string{keyFile(t, pub)}
+		h.cfg.Approval = "required"
 		other, _ := bundletest.Write(t, t.TempDir(), bundletest.Options{Version: "4.13.9"})
 		signedOffer(t, p, "10.0.0.2:8090", other, digest, priv) // the signature of another tar
 		p.mu.Lock()
@@ -623,6 +631,7 @@ func TestCluster_APeerThatRefusesTheBundleBlocksLoadingAndIsShown(t *testing.T) 
 func TestCluster_ARefusedPeerBundleIsTakenOnceThePolicyApprovesIt(t *testing.T) {
 	h, p := clusterHarness(t)
 	h.cfg.ApprovedDigests = []string{"sha256:" + strings.Repeat("1", 64)}
+	h.cfg.Approval = "required"
 	tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
 	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "extracted", Digest: digest})
 	p.offer(t, "10.0.0.2:8090", tarPath, digest)

@@ -32,6 +32,11 @@ type Config struct {
 	// TrustedKeys are paths of minisign public keys; a bundle with a valid
 	// signature by one of them is approved.
 	TrustedKeys []string `toml:"trusted_keys"`
+	// Approval is "required" (the default: a bundle that neither
+	// approved_digests nor trusted_keys approve is verified, extracted and
+	// shared, never loaded) or "off" (any bundle whose sha256 checks is
+	// loaded: labs only, warned about at start and in the status).
+	Approval string `toml:"approval"`
 
 	Paths    Paths    `toml:"paths"`
 	CRIO     CRIO     `toml:"crio"`
@@ -140,6 +145,9 @@ type Peer struct {
 	Serial bool `toml:"serial"`
 }
 
+// ApprovalOff reports whether the config turned approval off.
+func (c *Config) ApprovalOff() bool { return c.Approval == "off" }
+
 // Closed reports whether the peer server refuses everyone (no token, not
 // open).
 func (p Peer) Closed() bool { return p.TokenFile == "" && !p.Open }
@@ -165,6 +173,7 @@ func DefaultConfig() Config {
 	return Config{
 		NodeName: host,
 		Arch:     bundle.UnameArch(runtime.GOARCH),
+		Approval: "required",
 		Paths: Paths{
 			StateDir:          "/var/lib/ferry",
 			ExtractDir:        "/var/lib/upgrade",
@@ -235,6 +244,11 @@ func (c *Config) Validate() error {
 		if bundle.NormalizeDigest(d) == "" {
 			return bad("approved_digests", "entry %d %q is not a sha256 digest (64 hex digits, optional sha256: prefix)", i, d)
 		}
+	}
+	switch c.Approval {
+	case "required", "off":
+	default:
+		return bad("approval", "%q is not required or off", c.Approval)
 	}
 	for _, p := range []struct{ key, val string }{
 		{"paths.state_dir", c.Paths.StateDir}, {"paths.extract_dir", c.Paths.ExtractDir},

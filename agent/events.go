@@ -139,6 +139,9 @@ type effect interface{ isEffect() }
 // effSave persists a record (the loop is the only writer).
 type effSave struct{ rec *Record }
 
+// effForget deletes a record from the store (a refused offer expired).
+type effForget struct{ id string }
+
 // effProbe opens a device (or a file, for ferry load) and reads its
 // metadata; a raw device is read whole only when the node holds a bundle
 // whose digest it must be compared with.
@@ -205,6 +208,7 @@ type effReply struct {
 }
 
 func (effSave) isEffect()         {}
+func (effForget) isEffect()       {}
 func (effProbe) isEffect()        {}
 func (effStartJob) isEffect()     {}
 func (effStopJob) isEffect()      {}

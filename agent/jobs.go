@@ -250,7 +250,7 @@ func (a *Agent) fetch(ctx context.Context, r *Record, j effStartJob) (*bundle.Re
 			if err != nil {
 				return err
 			}
-			src.Reader = rd
+			src.Reader, src.Size = rd, r.TarSize // the offer's length bounds the writes too
 			res, err = bundle.Extract(ctx, src, r.Dir, opts)
 			return err
 		})
@@ -277,9 +277,9 @@ func (a *Agent) streamOptions(r *Record, pol bundle.Policy, ix *bundle.Index, fr
 	}
 	opts.Checkpoint = func(off int64) {
 		// The segments so far never change: the index only grows.
-		segs := ix.Segments[:len(ix.Segments):len(ix.Segments)]
+		snap := ix.Snapshot()
 		checkpoint(off, func() []byte {
-			b, _ := (&bundle.Index{Segments: segs}).Encode()
+			b, _ := snap.Encode()
 			return b
 		})
 	}

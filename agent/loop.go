@@ -13,8 +13,8 @@ import (
 // Run watches for bundles until ctx ends. It is the only goroutine that
 // changes the agent's state.
 func (a *Agent) Run(ctx context.Context) error {
-	if !a.m.policy.On() {
-		a.log.Warn("approval is off: any bundle whose sha256 checks will be loaded; set approved_digests or trusted_keys in the config")
+	if a.cfg.ApprovalOff() {
+		a.log.Warn(approvalOffWarning + ": remove approval = \"off\" from the config and set approved_digests or trusted_keys")
 	}
 	recs, err := a.store.Load()
 	if err != nil {
@@ -121,6 +121,10 @@ func (a *Agent) perform(ctx context.Context, e effect) {
 	case effSave:
 		if err := a.store.Save(e.rec.clone()); err != nil {
 			a.log.Error("cannot save state", "bundle", e.rec.Name, "err", err)
+		}
+	case effForget:
+		if err := a.store.Delete(e.id); err != nil {
+			a.log.Warn("cannot remove an expired record", "record", e.id, "err", err)
 		}
 	case effProbe:
 		a.background(ctx, func(ctx context.Context) event { return a.probe(ctx, e) })

@@ -43,3 +43,13 @@ const (
 	OriginFile  Origin = "file" // ferry load
 	OriginPeer  Origin = "peer"
 )
+
+// approvalOffWarning is said at start and in every status line while the
+// config says approval = "off".
+const approvalOffWarning = "approval is off: any bundle whose sha256 checks is loaded"
+
+// WaitingForApproval is the reason an extracted bundle that no approved
+// digest or trusted key approves waits with: it is not loaded.
+func WaitingForApproval(digest string) string {
+	return "waiting for approval: add its digest " + digest + " to approved_digests and restart ferry, or sign it with a trusted key (then 'ferry cleanup' and plug the stick again)"
+}

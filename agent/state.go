@@ -2,6 +2,7 @@ package agent
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -66,6 +67,9 @@ type Record struct {
 	// Warnings are the cluster's preflight warnings on the bundle (paused
 	// pools, unhealthy operators, workloads it does not serve).
 	Warnings []string `json:"warnings,omitempty"`
+	// TarSize is the tar's length a peer's offer gave (fetched bundles):
+	// with the metadata's size, it bounds what the fetch writes.
+	TarSize int64 `json:"tarSize,omitempty"`
 }
 
 // Store keeps records as one JSON file each, written atomically.
@@ -93,6 +97,14 @@ func (s *Store) Save(r *Record) error {
 		return err
 	}
 	return atomicfile.WriteFile(s.path(r.ID), b, 0o600)
+}
+
+// Delete removes r's record; one already gone is no error.
+func (s *Store) Delete(id string) error {
+	if err := os.Remove(s.path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // Load returns every record, oldest first.

@@ -35,7 +35,10 @@ type Status struct {
 	Preflight []string            `json:"preflight,omitempty"` // the cluster's preflight warnings on the bundle
 	// HoldingBack says why the bulk work is slowed while the node is
 	// under pressure ("io pressure 23%"); "" at full speed.
-	HoldingBack string   `json:"holding_back,omitempty"`
+	HoldingBack string `json:"holding_back,omitempty"`
+	// ApprovalOff: the config says approval = "off" (any bundle whose
+	// sha256 checks is loaded).
+	ApprovalOff bool     `json:"approvalOff,omitempty"`
 	Line        string   `json:"line"` // the systemd STATUS= line
 	Bundles     []Record `json:"bundles,omitempty"`
 }
@@ -152,6 +155,9 @@ func (m *machine) status() Status {
 	s.Line = statusLine(s)
 	if s.Phase == string(PhaseIdle) && s.Error != "" {
 		s.Line += " — " + s.Error
+	}
+	if s.ApprovalOff = m.cfg.ApprovalOff(); s.ApprovalOff {
+		s.Line += " — " + approvalOffWarning
 	}
 	if len(m.warnings) > 0 {
 		s.Warnings = m.warnings

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -140,12 +141,13 @@ func (m *machine) start(recs []*Record) []effect {
 			}
 		}
 	}
+	forget := m.pruneRefused()
 	r := m.active
 	if r == nil {
-		return nil
+		return forget
 	}
 	m.log.Info("resuming", "phase", string(r.Phase), "bundle", r.Name, "digest", r.Digest)
-	var effs []effect
+	effs := forget
 	switch r.Phase {
 	case PhaseDetected:
 		// Interrupted mid-extraction: a published dir without the
@@ -179,6 +181,21 @@ func (m *machine) next() []effect {
 	case PhaseFetching:
 		return m.fetch(r)
 	case PhaseExtracted, PhaseLoading:
+		if r.Approval == "none" {
+			if !m.policy.Approves(r.Digest) {
+				why := WaitingForApproval(r.Digest)
+				if r.Reason == why {
+					return nil
+				}
+				m.log.Warn("not loading: the bundle is not approved", "phase", string(r.Phase), "bundle", r.Name, "digest", r.Digest)
+				return m.move(r, r.Phase, why, r.Progress)
+			}
+			r.Approval = "digest"
+			if !m.policy.On() {
+				r.Approval = "off"
+			}
+			m.log.Info("the config now approves the bundle", "bundle", r.Name, "digest", r.Digest, "approval", r.Approval)
+		}
 		if ok, why := m.peersAgree(r); !ok {
 			if r.Reason == why {
 				return nil
@@ -410,6 +427,8 @@ func (m *machine) fetchDone(r *Record, j evJobDone) []effect {
 	case j.res != nil || streamRefused(j.err):
 		// Fetched and extracted in one pass (cut-through).
 		return m.extractDone(r, j)
+	case j.err != nil && bundle.DiskFilled(j.err):
+		return m.abandon(r, j.err)
 	case j.err != nil:
 		reason := fmt.Sprintf("fetching from the peers failed, retrying: %v", j.err)
 		m.log.Warn("fetch failed", "phase", string(PhaseFetching), "bundle", r.Name, "err", j.err)
@@ -439,6 +458,9 @@ func (m *machine) extractDone(r *Record, j evJobDone) []effect {
 		effs = append(effs, effRemove{filepath.Dir(m.incomingPath(r))})
 	}
 	if j.err != nil {
+		if r.Origin == OriginPeer && bundle.DiskFilled(j.err) {
+			return append(effs, m.abandon(r, j.err)...)
+		}
 		if r.Origin == OriginPeer && errors.Is(j.err, bundle.ErrNoSpace) {
 			// Not the bundle's fault: the disk filled up since the fetch
 			// checked for room. Its tar is gone (above); it is fetched
@@ -457,8 +479,24 @@ func (m *machine) extractDone(r *Record, j evJobDone) []effect {
 		m.log.Warn("extraction interrupted", "phase", string(PhaseDetected), "bundle", r.Name, "err", j.err)
 		return append(effs, m.move(r, PhaseDetected, reason+" ("+j.err.Error()+")", Progress{})...)
 	}
+	if meta := j.res.Metadata; meta != nil {
+		// From here on the node acts on the metadata.json that was inside
+		// the checked tar, never on the probe's earlier read of it nor on
+		// a peer's description (DESIGN.md §3).
+		if r.Metadata != nil && meta.DirName() != r.Metadata.DirName() {
+			m.active = nil
+			err := fmt.Errorf("%w: the metadata.json inside the checked tar (%s) is not the one read before (%s): the source changed while it was read, or a peer described it falsely; do not use it",
+				bundle.ErrInvalid, meta.DirName(), r.Metadata.DirName())
+			return append(append(effs, effRemove{r.Dir}), m.reject(r, err)...)
+		}
+		r.Metadata = meta
+	}
 	r.Digest, r.Approval, r.Signature = j.res.Digest, j.res.Approval, j.res.Signature
-	effs = append(effs, m.move(r, PhaseExtracted, "", Progress{Done: j.res.TarSize, Total: j.res.TarSize, Unit: "bytes"})...)
+	reason := ""
+	if r.Approval == "none" {
+		reason = WaitingForApproval(r.Digest)
+	}
+	effs = append(effs, m.move(r, PhaseExtracted, reason, Progress{Done: j.res.TarSize, Total: j.res.TarSize, Unit: "bytes"})...)
 	effs = append(effs, effShare{rec: r, pieces: j.pieces})
 	m.lastBad = nil
 	m.log.Info("verified and extracted: the stick can be unplugged", "phase", string(PhaseExtracted),
@@ -484,6 +522,17 @@ func (m *machine) loadDone(r *Record, j evJobDone) []effect {
 	effs := m.move(r, PhaseLoaded, "", r.Progress)
 	m.log.Info("loaded: every image is present and pinned", "phase", string(PhaseLoaded), "bundle", r.Name, "digest", r.Digest)
 	return append(effs, m.gate(r)...)
+}
+
+// abandon gives up a fetch whose bytes filled the disk (or hit their
+// bound): it is not retried into the same disk, which on a node is /var,
+// shared with CRI-O and etcd. What it wrote goes; a restart, once there
+// is room, fetches it again.
+func (m *machine) abandon(r *Record, err error) []effect {
+	reason := fmt.Sprintf("abandoned: %v; free some space in %s, then restart ferry to fetch it again", err, m.cfg.Paths.ExtractDir)
+	m.log.Error("fetch abandoned: the disk filled up", "phase", string(PhaseFailed), "bundle", r.Name, "err", err)
+	effs := []effect{effRemove{filepath.Dir(m.incomingPath(r))}, effRemove{bundle.StagingDir(r.Dir)}, effRemove{r.Dir}}
+	return append(effs, m.move(r, PhaseFailed, reason, Progress{})...)
 }
 
 func (m *machine) reject(r *Record, err error) []effect {
@@ -649,7 +698,7 @@ func (m *machine) maybeFetch(v view) []effect {
 	if meta != nil {
 		name = meta.Name() + ".tar"
 	}
-	r := &Record{Digest: o.Digest, Name: name, Metadata: meta, Origin: OriginPeer, Source: o.Peer}
+	r := &Record{Digest: o.Digest, Name: name, Metadata: meta, Origin: OriginPeer, Source: o.Peer, TarSize: o.Size}
 	if meta != nil {
 		r.ID = m.newID(meta.DirName())
 	} else {
@@ -660,13 +709,66 @@ func (m *machine) maybeFetch(v view) []effect {
 		r.Signature = o.Signature
 	}
 	if err != nil {
-		return m.reject(r, err)
+		return m.refuseOffer(r, err)
 	}
 	r.Dir = filepath.Join(m.cfg.Paths.ExtractDir, meta.DirName())
 	m.active = r
 	effs := m.move(r, PhaseFetching, "", Progress{Unit: "bytes"})
 	m.log.Info("fetching the bundle from the peers", "phase", string(PhaseFetching), "bundle", r.Name, "digest", r.Digest)
 	return append(effs, m.fetch(r)...)
+}
+
+// Refused peer offers are kept, short, for a while: enough to say why
+// and not to refuse the same offer at every poll, never enough that
+// peers offering bundle after bundle grow the state or the status.
+const (
+	maxRefusedOffers = 8
+	refusedOfferTTL  = 24 * time.Hour
+	maxRefusedReason = 300 // bytes
+)
+
+// refuseOffer records an offer this node's policy refuses: no metadata,
+// no signature, a bounded reason; the oldest beyond maxRefusedOffers and
+// any older than refusedOfferTTL are forgotten.
+func (m *machine) refuseOffer(r *Record, err error) []effect {
+	r.Metadata, r.Signature = nil, nil
+	reason := err.Error()
+	if len(reason) > maxRefusedReason {
+		reason = strings.ToValidUTF8(reason[:maxRefusedReason], "") + "…"
+	}
+	effs := m.reject(r, errors.New(reason))
+	return append(effs, m.pruneRefused()...)
+}
+
+// isRefusedOffer reports whether r is an offer refused before any byte
+// of it was fetched.
+func isRefusedOffer(r *Record) bool {
+	return r.Origin == OriginPeer && r.Phase == PhaseRejected && r.Dir == ""
+}
+
+// pruneRefused forgets refused offers past their time or their number.
+func (m *machine) pruneRefused() []effect {
+	var refused []*Record
+	for _, r := range m.records {
+		if isRefusedOffer(r) {
+			refused = append(refused, r)
+		}
+	}
+	sort.Slice(refused, func(i, j int) bool {
+		return refused[i].Times[PhaseRejected].After(refused[j].Times[PhaseRejected])
+	})
+	var effs []effect
+	for i, r := range refused {
+		if i < maxRefusedOffers && m.now().Sub(r.Times[PhaseRejected]) < refusedOfferTTL {
+			continue
+		}
+		delete(m.records, r.ID)
+		if m.lastBad == r {
+			m.lastBad = nil
+		}
+		effs = append(effs, effForget{r.ID})
+	}
+	return effs
 }
 
 // fetch starts fetching r from the peers, extracting it as it arrives

@@ -3,6 +3,8 @@ package bundle
 import (
 	"errors"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ferry-edge/ferry/internal/diskspace"
 )
 
@@ -18,7 +20,18 @@ var (
 	// ErrPolicy: the node's container signature policy (policy.json, the
 	// one CRI-O applies) refuses an image of the bundle.
 	ErrPolicy = errors.New("refused by the node's signature policy")
+	// ErrDiskFilled: a write failed for lack of space (ENOSPC, EDQUOT)
+	// while a bundle's bytes were written; it wraps ErrNoSpace too. Unlike
+	// a room check that fails before any byte is written, it is not
+	// retried into the same disk.
+	ErrDiskFilled = errors.New("the disk filled up")
 )
+
+// DiskFilled reports whether err is a write that ran out of space:
+// ErrDiskFilled, or ENOSPC/EDQUOT from anywhere (a peer fetch's write).
+func DiskFilled(err error) bool {
+	return errors.Is(err, ErrDiskFilled) || errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT)
+}
 
 // IsRefusal reports whether err refuses the bundle itself (as opposed to an
 // I/O error such as a stick pulled mid-read, after which a retry may work).

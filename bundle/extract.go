@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -21,10 +22,22 @@ import (
 type Policy struct {
 	// Arch is the node's architecture; "" skips the check.
 	Arch string
-	// ApprovedDigests and TrustedKeys approve bundles; with neither, any
-	// bundle whose sha256 checks is accepted (and a warning logged).
+	// ApprovedDigests and TrustedKeys approve bundles; with neither (and
+	// not Required), any bundle whose sha256 checks is accepted (and a
+	// warning logged): what `ferry bundle verify` does without flags.
 	ApprovedDigests []string
 	TrustedKeys     []minisign.PublicKey
+	// Required makes approval required even when neither approved
+	// digests nor trusted keys are given: nothing is approved then (the
+	// agent's default, DESIGN.md §3.3).
+	Required bool
+	// Off approves every bundle whose sha256 checks, whatever else is
+	// set (the agent's explicit `approval = "off"`, for labs).
+	Off bool
+	// Unapproved lets an unapproved bundle whose .sha256 checks be
+	// verified and extracted instead of refused: its Result says
+	// Approval "none", and the caller must not load it (it may share it).
+	Unapproved bool
 	// SpaceFactor × sizeBytes must be free where the bundle is extracted;
 	// 0 means 2. Negative skips the check (verify only).
 	SpaceFactor int64
@@ -89,7 +102,9 @@ type Result struct {
 	Metadata *Metadata
 	Digest   string // sha256:<hex> of the tar bytes up to the end marker
 	TarSize  int64
-	Approval string // how it was approved: "digest", "signature" or "off"
+	// Approval is how it was approved: "digest", "signature", "peer",
+	// "off", or "none" (not approved: Policy.Unapproved).
+	Approval string
 	// Signature is the bundle's .minisig, if it had one: it travels to
 	// the peers, whose own trusted_keys may approve the bundle by it.
 	Signature []byte
@@ -174,21 +189,68 @@ func prepareStaging(w *treeWriter, metaBytes []byte, resume bool) error {
 }
 
 // openSource opens the bundle's bytes and says their length (0 for a
-// raw device: it is learned from the metadata).
-func openSource(src Source) (io.ReadCloser, int64, error) {
+// raw device: it is learned from the metadata) and how many bytes the
+// source can give at most (the file's or the device's length, a
+// reader's Size; 0 when unknown): a bound on what is written from it.
+func openSource(src Source) (rc io.ReadCloser, total, length int64, err error) {
 	if src.Reader != nil {
-		return io.NopCloser(src.Reader), src.Size, nil
+		return io.NopCloser(src.Reader), src.Size, src.Size, nil
 	}
 	f, err := os.Open(src.Path)
-	if err != nil || src.Raw {
-		return f, 0, err
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	if src.Raw {
+		// A block device's length is where a seek to its end lands.
+		if n, serr := f.Seek(0, io.SeekEnd); serr == nil && n > 0 {
+			length = n
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			f.Close()
+			return nil, 0, 0, err
+		}
+		return f, 0, length, nil
 	}
 	fi, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
-	return f, fi.Size(), nil
+	return f, fi.Size(), fi.Size(), nil
+}
+
+// writeBound is the most bytes of files an extraction may write before
+// the digest has matched (DESIGN.md §3.4): the smaller of the size the
+// metadata claims and the source's length, each when known. A
+// seed-shaped size ("16 GiB") is approximate: it bounds with an eighth
+// more. 0: no bound known (verify only, or nothing to bound by).
+func writeBound(claimed int64, approx bool, length int64) int64 {
+	if approx {
+		claimed = satAdd(claimed, claimed/8)
+	}
+	switch {
+	case claimed <= 0:
+		return max(length, 0)
+	case length <= 0:
+		return claimed
+	}
+	return min(claimed, length)
+}
+
+// satAdd is a + b for non-negative a and b, saturating at MaxInt64.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// satMul is a × b for non-negative a and b, saturating at MaxInt64.
+func satMul(a, b int64) int64 {
+	if a != 0 && b > math.MaxInt64/a {
+		return math.MaxInt64
+	}
+	return a * b
 }
 
 // approval is what was decided about approval before the pass.
@@ -217,7 +279,7 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 		return nil, refuse(err)
 	}
 
-	f, total, err := openSource(src)
+	f, total, length, err := openSource(src)
 	if err != nil {
 		return nil, refuse(err)
 	}
@@ -256,6 +318,7 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	if src.Raw {
 		total = meta.SizeBytes
 	}
+	approxSize := meta.Shape == ShapeSeed && meta.SizeBytes > 0
 	if meta.Shape == ShapeSeed {
 		if meta.SizeBytes == 0 {
 			meta.SizeBytes = total // the tar's own length serves the space checks
@@ -272,13 +335,17 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 		log.Warn("approval is off: accepting any bundle whose sha256 checks; set approved_digests or trusted_keys", "bundle", name)
 	}
 
-	w := &treeWriter{meta: meta, resuming: resumeAt >= 0}
+	w := &treeWriter{meta: meta, resuming: resumeAt >= 0, limit: writeBound(meta.SizeBytes, approxSize, length)}
 	if opts.Pacer != nil {
 		w.pace = func(n int) error { return opts.Pacer.Pace(ctx, n) }
 	}
 	defer w.close()
 	if dest != "" {
-		if err := checkSpace(filepath.Dir(dest), meta.SizeBytes, opts.SpaceFactor); err != nil {
+		room := meta.SizeBytes
+		if meta.Shape == ShapeSeed && w.limit > 0 {
+			room = w.limit // what may be written is what needs room
+		}
+		if err := checkSpace(filepath.Dir(dest), room, opts.SpaceFactor); err != nil {
 			return nil, refuse(err)
 		}
 		w.root = StagingDir(dest)
@@ -468,7 +535,7 @@ func decideApproval(src Source, p Policy) (approval, error) {
 			ap.sig, ap.keys = b, p.TrustedKeys
 		}
 	}
-	approvalOn := len(ap.approved) > 0 || len(p.TrustedKeys) > 0
+	approvalOn := !p.Off && (p.Required || len(ap.approved) > 0 || len(p.TrustedKeys) > 0)
 	switch {
 	case p.ApprovedByPeer != "" && ap.expected == p.ApprovedByPeer:
 		ap.mode = "peer"
@@ -481,12 +548,16 @@ func decideApproval(src Source, p Policy) (approval, error) {
 		ap.mode = "digest-at-end"
 	case ap.expected == "":
 		return ap, fmt.Errorf("%w: there is no .sha256 file to check it against, and no approved_digests to compare with: put the .sha256 next to the tar, or approve the bundle's digest", ErrNotApproved)
-	case approvalOn && len(p.TrustedKeys) > 0 && src.SigPath == "":
-		return ap, fmt.Errorf("%w: digest %s is not in approved_digests and there is no .tar.minisig signature: ask the engineer to approve this bundle", ErrNotApproved, ap.expected)
-	case approvalOn:
-		return ap, fmt.Errorf("%w: digest %s is not in approved_digests: ask the engineer to approve this bundle, or bring the approved one", ErrNotApproved, ap.expected)
-	default:
+	case !approvalOn:
 		ap.mode = "off"
+	case p.Unapproved:
+		// Verified against its .sha256 and extracted, never loaded: it
+		// waits for approval.
+		ap.mode = "none"
+	case len(p.TrustedKeys) > 0 && src.SigPath == "":
+		return ap, fmt.Errorf("%w: digest %s is not in approved_digests and there is no .tar.minisig signature: ask the engineer to approve this bundle", ErrNotApproved, ap.expected)
+	default:
+		return ap, fmt.Errorf("%w: digest %s is not in approved_digests: ask the engineer to approve this bundle, or bring the approved one", ErrNotApproved, ap.expected)
 	}
 	return ap, nil
 }
@@ -530,6 +601,6 @@ func checkSpace(dir string, sizeBytes, factor int64) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	need := factor * sizeBytes
+	need := satMul(factor, max(sizeBytes, 0))
 	return diskspace.Check(dir, need, fmt.Sprintf("%d × the bundle's %s; free some space and plug the stick again", factor, HumanSize(sizeBytes)))
 }

@@ -485,7 +485,7 @@ func TestExtract_ResumesFromACheckpointInItsStagingTree(t *testing.T) {
 	opts := Options{Policy: Policy{Arch: "x86_64"}, Index: &ix}
 	opts.Checkpoint = func(off int64) {
 		c := cp{off: off}
-		c.ix.Segments = slices.Clone(ix.Segments)
+		c.ix = *ix.Snapshot()
 		cps = append(cps, c)
 	}
 	src.Reader, src.Size = &failAfter{r: bytes.NewReader(tb), n: int64(len(tb)) - 1500}, int64(len(tb))

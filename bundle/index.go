@@ -14,27 +14,112 @@ import (
 )
 
 // Index records how a bundle's tar maps onto its extracted tree: the raw
-// header and padding blocks, verbatim, and which file holds each entry's
-// content. With it a node serves the exact tar bytes (same digest) to its
-// peers from the extracted tree, without keeping a second copy on disk.
+// header and padding blocks, byte for byte, and which file holds each
+// entry's content. With it a node serves the exact tar bytes (same
+// digest) to its peers from the extracted tree, without keeping a second
+// copy on disk.
+//
+// It is compact: the raw blocks of every segment are kept in one buffer
+// (Packed) with their runs of zeros squeezed (a header block is mostly
+// zeros, padding all zeros), so that a bundle of many small entries
+// costs a fraction of its tar in memory, not a multiple.
 type Index struct {
 	Digest   string
 	Size     int64
 	Segments []Segment
+	// Packed holds the raw bytes of the segments that have no Raw of
+	// their own, packed (packZeros).
+	Packed []byte
 }
 
 // Segment is raw tar bytes followed by the content of one file.
 type Segment struct {
-	Raw  []byte
-	Path string // relative to the extracted dir; "" when no content follows
-	Size int64
+	// Raw is the raw bytes themselves in an index written before they
+	// were packed; nil in a packed one.
+	Raw []byte
+	// Off and N locate the raw bytes, packed, in Index.Packed; RawLen is
+	// their length unpacked.
+	Off    int64
+	N      int32
+	RawLen int32
+	Path   string // relative to the extracted dir; "" when no content follows
+	Size   int64
+}
+
+// rawLen is the length of s's raw bytes.
+func (s *Segment) rawLen() int64 {
+	if s.Raw != nil {
+		return int64(len(s.Raw))
+	}
+	return int64(s.RawLen)
+}
+
+// raw is s's raw bytes, unpacked when packed.
+func (ix *Index) raw(s *Segment) []byte {
+	if s.Raw != nil || s.RawLen == 0 {
+		return s.Raw
+	}
+	return unpackZeros(ix.Packed[s.Off:s.Off+int64(s.N)], int(s.RawLen))
 }
 
 func (ix *Index) add(raw []byte, path string, size int64) {
 	if path == "" {
 		size = 0
 	}
-	ix.Segments = append(ix.Segments, Segment{Raw: raw, Path: path, Size: size})
+	off := int64(len(ix.Packed))
+	ix.Packed = packZeros(ix.Packed, raw)
+	ix.Segments = append(ix.Segments, Segment{Off: off, N: int32(int64(len(ix.Packed)) - off), RawLen: int32(len(raw)), Path: path, Size: size})
+}
+
+// Snapshot is the index as it is now, safe to read (encode) while the
+// extraction goes on adding to ix: both only ever grow.
+func (ix *Index) Snapshot() *Index {
+	return &Index{Digest: ix.Digest, Size: ix.Size,
+		Segments: ix.Segments[:len(ix.Segments):len(ix.Segments)], Packed: ix.Packed[:len(ix.Packed):len(ix.Packed)]}
+}
+
+// packZeros appends b to dst as tokens: a byte c < 128 is followed by
+// c+1 literal bytes; a byte c >= 128 stands for c-127 zeros.
+func packZeros(dst, b []byte) []byte {
+	for i := 0; i < len(b); {
+		if b[i] == 0 {
+			j := i
+			for j < len(b) && b[j] == 0 && j-i < 128 {
+				j++
+			}
+			dst = append(dst, byte(127+j-i))
+			i = j
+			continue
+		}
+		j := i
+		for j < len(b) && j-i < 128 && (b[j] != 0 || j+1 < len(b) && b[j+1] != 0) {
+			j++ // a lone zero stays in the literal
+		}
+		if j == i {
+			j = i + 1
+		}
+		dst = append(dst, byte(j-i-1))
+		dst = append(dst, b[i:j]...)
+		i = j
+	}
+	return dst
+}
+
+// unpackZeros reverses packZeros into n bytes.
+func unpackZeros(p []byte, n int) []byte {
+	out := make([]byte, 0, n)
+	for i := 0; i < len(p); {
+		c := int(p[i])
+		i++
+		if c >= 128 {
+			out = append(out, make([]byte, c-127)...)
+			continue
+		}
+		end := min(i+c+1, len(p))
+		out = append(out, p[i:end]...)
+		i = end
+	}
+	return out
 }
 
 // WriteFile stores the index at path atomically.
@@ -99,9 +184,9 @@ type TarReader struct {
 func (ix *Index) ReaderAt(root string) *TarReader {
 	offs := make([]int64, len(ix.Segments))
 	var off int64
-	for i, s := range ix.Segments {
+	for i := range ix.Segments {
 		offs[i] = off
-		off += int64(len(s.Raw)) + s.Size
+		off += ix.Segments[i].rawLen() + ix.Segments[i].Size
 	}
 	return &TarReader{ix: ix, root: root, offs: offs}
 }
@@ -117,16 +202,17 @@ func (t *TarReader) ReadAt(p []byte, off int64) (int, error) {
 	n := 0
 	i := sort.Search(len(t.offs), func(i int) bool { return t.offs[i] > off }) - 1
 	for ; n < len(p) && i >= 0 && i < len(t.ix.Segments); i++ {
-		s := t.ix.Segments[i]
+		s := &t.ix.Segments[i]
 		pos := off + int64(n) - t.offs[i]
-		if pos < int64(len(s.Raw)) {
-			n += copy(p[n:], s.Raw[pos:])
-			pos = int64(len(s.Raw))
+		rawLen := s.rawLen()
+		if pos < rawLen {
+			n += copy(p[n:], t.ix.raw(s)[pos:])
+			pos = rawLen
 		}
 		if n == len(p) || s.Size == 0 {
 			continue
 		}
-		fpos := pos - int64(len(s.Raw))
+		fpos := pos - rawLen
 		want := min(int64(len(p)-n), s.Size-fpos)
 		if want <= 0 {
 			continue

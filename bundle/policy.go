@@ -6,8 +6,26 @@ import (
 	"aead.dev/minisign"
 )
 
-// On reports whether approval is configured at all.
-func (p Policy) On() bool { return len(p.ApprovedDigests) > 0 || len(p.TrustedKeys) > 0 }
+// On reports whether approval is required: not Off, and Required or
+// some approved digest or trusted key configured.
+func (p Policy) On() bool {
+	return !p.Off && (p.Required || len(p.ApprovedDigests) > 0 || len(p.TrustedKeys) > 0)
+}
+
+// Approves reports whether digest is one of the approved digests (or
+// approval is off): what lets a bundle extracted unapproved be loaded
+// once the config approves it.
+func (p Policy) Approves(digest string) bool {
+	if !p.On() {
+		return true
+	}
+	for _, d := range p.ApprovedDigests {
+		if NormalizeDigest(d) == digest {
+			return true
+		}
+	}
+	return false
+}
 
 // ApproveOffer applies arch and approval to a bundle a peer offers, before
 // any byte of it is fetched: the peer shows its metadata, digest and
@@ -28,7 +46,7 @@ func (p Policy) ApproveOffer(meta *Metadata, digest string, sig []byte) (string,
 		}
 	}
 	if len(p.TrustedKeys) == 0 {
-		return "", fmt.Errorf("%w: the peers' bundle %s is not in approved_digests: approve it on every node", ErrNotApproved, digest)
+		return "", fmt.Errorf("%w: the peers' bundle %s is not in approved_digests: approve it on every node (add it to approved_digests, or sign it with a trusted key)", ErrNotApproved, digest)
 	}
 	if sig == nil {
 		return "", fmt.Errorf("%w: the peers' bundle %s is not in approved_digests and carries no signature: approve it on every node", ErrNotApproved, digest)
@@ -52,6 +70,7 @@ func (p Policy) ApproveOffer(meta *Metadata, digest string, sig []byte) (string,
 func (p Policy) PreApproved(digest string) Policy {
 	if p.On() {
 		p.ApprovedDigests, p.TrustedKeys, p.ApprovedByPeer = nil, nil, digest
+		p.Unapproved = false
 	}
 	return p
 }

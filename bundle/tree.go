@@ -27,6 +27,7 @@ type treeWriter struct {
 	meta  *Metadata
 	root  string // staging dir; "" to verify only
 	total int64  // bytes of regular files so far
+	limit int64  // the most total may reach (writeBound); 0: none
 	seen  map[string]bool
 	dirs  map[string]bool // created directories
 	buf   []byte
@@ -119,9 +120,13 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 	if hdr.Size < 0 {
 		return fmt.Errorf("%w: entry %q has a negative size", ErrInvalid, clean)
 	}
+	// Every byte written before the digest matches is bounded (limit:
+	// the claimed size, the source's length), checked before the entry
+	// is written, without overflow.
+	if w.limit > 0 && hdr.Size > w.limit-w.total {
+		return fmt.Errorf("%w: its files add up to more than the %d bytes that metadata's sizeBytes (or size) and the source's length allow: the bundle was altered; do not use it", ErrInvalid, w.limit)
+	}
 	w.total += hdr.Size
-	// A seed-shaped size is approximate ("16 GiB"): only ferry's own
-	// sizeBytes is a bound.
 	if w.meta.Shape != ShapeSeed && w.total > w.meta.SizeBytes {
 		return fmt.Errorf("%w: its files add up to more than metadata's sizeBytes (%d): the bundle was altered; do not use it", ErrInvalid, w.meta.SizeBytes)
 	}
@@ -178,7 +183,7 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 	}
 	if err != nil {
 		if isNoSpace(err) {
-			return fmt.Errorf("%w: the disk filled up while extracting %s: free some space and plug the stick again", ErrNoSpace, clean)
+			return fmt.Errorf("%w: %w while extracting %s: free some space and plug the stick again", ErrNoSpace, ErrDiskFilled, clean)
 		}
 		return readErr(err)
 	}

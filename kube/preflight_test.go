@@ -42,7 +42,7 @@ func fakeAPI(t *testing.T, objs map[string]any) *Client {
 		json.NewEncoder(w).Encode(o)
 	}))
 	t.Cleanup(srv.Close)
-	return &Client{ep: endpoint{server: srv.URL}, hc: srv.Client(), log: slog.New(slog.DiscardHandler), Attempts: 1}
+	return &Client{ep: endpoint{server: srv.URL}, tokens: &tokens{}, hc: srv.Client(), log: slog.New(slog.DiscardHandler), Attempts: 1}
 }
 
 func cvAt(version string, conds ...map[string]string) map[string]any {

@@ -3,11 +3,13 @@ package peer
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 )
 
@@ -17,6 +19,27 @@ type Client struct {
 	token string
 	// IdleRead is how long a body may stall before the request is dropped.
 	idleRead time.Duration
+	// A range that gets fewer than minRate bytes a second over any
+	// rateWindow is dropped (ErrTooSlow), and the piece asked elsewhere:
+	// a peer that drips a byte now and then never holds one for long.
+	minRate    int64
+	rateWindow time.Duration
+}
+
+// Default minimum rate of a range from a peer: what a node's LAN gives
+// many times over even when busy.
+const (
+	DefaultMinRate    = 64 << 10 // bytes a second
+	DefaultRateWindow = 10 * time.Second
+)
+
+// ErrTooSlow: a peer sent a range slower than the client's minimum rate.
+var ErrTooSlow = errors.New("peer too slow")
+
+// SetMinRate sets the minimum rate (bytes a second, over window) below
+// which a range is dropped; rate 0 turns the check off.
+func (c *Client) SetMinRate(rate int64, window time.Duration) {
+	c.minRate, c.rateWindow = rate, window
 }
 
 // NewClient makes a client sending token (if set). hc nil: a client with
@@ -31,7 +54,7 @@ func NewClient(token string, hc *http.Client) *Client {
 			DisableCompression:    true,
 		}}
 	}
-	return &Client{hc: hc, token: token, idleRead: 30 * time.Second}
+	return &Client{hc: hc, token: token, idleRead: 30 * time.Second, minRate: DefaultMinRate, rateWindow: DefaultRateWindow}
 }
 
 // StatusError is a peer's answer other than the one asked for.
@@ -160,6 +183,18 @@ func (c *Client) copyRange(ctx context.Context, peer, digest string, off, n int6
 	defer cancel()
 	idle := time.AfterFunc(c.idleRead, cancel)
 	defer idle.Stop()
+	var got atomic.Int64
+	var slow atomic.Bool
+	if c.minRate > 0 && c.rateWindow > 0 {
+		stop := c.watchRate(&got, &slow, cancel)
+		defer stop()
+	}
+	tooSlow := func(err error) error {
+		if slow.Load() {
+			return fmt.Errorf("%w: peer %s sent a range of %.19s… at under %d bytes/s over %s: the piece is asked from another peer", ErrTooSlow, peer, digest, c.minRate, c.rateWindow)
+		}
+		return err
+	}
 	rng := "bytes=" + strconv.FormatInt(off, 10) + "-" + strconv.FormatInt(off+n-1, 10)
 	hdr := http.Header{"Range": {rng}}
 	if firstCopy {
@@ -167,31 +202,57 @@ func (c *Client) copyRange(ctx context.Context, peer, digest string, off, n int6
 	}
 	resp, err := c.do(ctx, peer, "/v1/bundles/"+digest+"/tar", hdr, http.StatusPartialContent)
 	if err != nil {
-		return err
+		return tooSlow(err)
 	}
 	defer resp.Body.Close()
 	if resp.ContentLength != n {
 		return fmt.Errorf("peer %s: range %s answered with %d bytes", peer, rng, resp.ContentLength)
 	}
 	buf := make([]byte, 256<<10)
-	var got int64
-	for got < n {
-		k, rerr := resp.Body.Read(buf[:min(int64(len(buf)), n-got)])
+	for got.Load() < n {
+		k, rerr := resp.Body.Read(buf[:min(int64(len(buf)), n-got.Load())])
 		if k > 0 {
 			idle.Reset(c.idleRead)
 			if _, werr := w.Write(buf[:k]); werr != nil {
 				return werr
 			}
-			got += int64(k)
+			got.Add(int64(k))
 		}
-		if rerr != nil && got < n {
+		if rerr != nil && got.Load() < n {
 			if rerr == io.EOF {
 				rerr = io.ErrUnexpectedEOF
 			}
-			return fmt.Errorf("peer %s: range %s: after %d bytes: %w", peer, rng, got, rerr)
+			return tooSlow(fmt.Errorf("peer %s: range %s: after %d bytes: %w", peer, rng, got.Load(), rerr))
 		}
 	}
 	return nil
+}
+
+// watchRate cancels a range whose bytes (got) fall under the minimum
+// rate over a window, and says so (slow); stop ends the watch.
+func (c *Client) watchRate(got *atomic.Int64, slow *atomic.Bool, cancel context.CancelFunc) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(c.rateWindow)
+		defer t.Stop()
+		var last int64
+		need := c.minRate * int64(c.rateWindow/time.Millisecond) / 1000
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				now := got.Load()
+				if now-last < need {
+					slow.Store(true)
+					cancel()
+					return
+				}
+				last = now
+			}
+		}
+	}()
+	return func() { close(done) }
 }
 
 func afterPoll() <-chan time.Time { return time.After(50 * time.Millisecond) }

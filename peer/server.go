@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/net/netutil"
@@ -48,12 +49,19 @@ type ServerOptions struct {
 	// MaxConns bounds concurrent connections (Serve); 0: 128. A fetcher
 	// keeps up to 4 connections to each peer.
 	MaxConns int
+	// MaxConnsPerClient bounds concurrent connections from one address,
+	// so that no one client (authenticated or not) can hold them all:
+	// one over it is closed at once. 0: 16.
+	MaxConnsPerClient int
 	// IdleWrite is how long one write of the tar may block before the
 	// connection is dropped; 0: 60s.
 	IdleWrite time.Duration
 	// Pacer, when set, pauses between the tar's chunks sent while the
 	// node's other work stalls (internal/pacing).
 	Pacer Pacer
+	// HeaderTimeout is how long a client may take to send a request's
+	// headers (and, between requests, to start the next); 0: 10s.
+	HeaderTimeout time.Duration
 }
 
 // Server is the read-only peer HTTP handler. See the package comment for
@@ -73,6 +81,12 @@ func NewServer(store Store, opts ServerOptions) *Server {
 	}
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = 128
+	}
+	if opts.MaxConnsPerClient <= 0 {
+		opts.MaxConnsPerClient = 16
+	}
+	if opts.HeaderTimeout <= 0 {
+		opts.HeaderTimeout = 10 * time.Second
 	}
 	if opts.IdleWrite <= 0 {
 		opts.IdleWrite = 60 * time.Second
@@ -114,9 +128,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	hs := &http.Server{
 		Handler:           s,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: s.opts.HeaderTimeout,
 		ReadTimeout:       30 * time.Second,
-		IdleTimeout:       60 * time.Second,
+		IdleTimeout:       max(s.opts.HeaderTimeout, 30*time.Second),
 		ErrorLog:          slog.NewLogLogger(s.opts.Log.Handler(), slog.LevelDebug),
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}
@@ -132,7 +146,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		case <-done:
 		}
 	}()
-	err := hs.Serve(netutil.LimitListener(ln, s.opts.MaxConns))
+	err := hs.Serve(netutil.LimitListener(&perClientListener{Listener: ln, max: s.opts.MaxConnsPerClient, n: map[string]int{}, log: s.opts.Log}, s.opts.MaxConns))
 	close(done)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
@@ -349,4 +363,58 @@ func (s *Server) verified(digest string, start, n int64) error {
 		}
 	}
 	return nil
+}
+
+// perClientListener closes, as soon as it is accepted, a connection from
+// an address that already holds max: a client that opens connections and
+// sends nothing (or drips) keeps only its own share, never the server's
+// whole MaxConns. Header and idle deadlines (Serve) end the ones it holds.
+type perClientListener struct {
+	net.Listener
+	max int
+	log *slog.Logger
+
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (l *perClientListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		host := c.RemoteAddr().String()
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		l.mu.Lock()
+		if l.n[host] >= l.max {
+			l.mu.Unlock()
+			l.log.Debug("peer server: too many connections from one client; closed", "client", host, "max", l.max)
+			c.Close()
+			continue
+		}
+		l.n[host]++
+		l.mu.Unlock()
+		return &countedConn{Conn: c, done: sync.OnceFunc(func() {
+			l.mu.Lock()
+			if l.n[host]--; l.n[host] <= 0 {
+				delete(l.n, host)
+			}
+			l.mu.Unlock()
+		})}, nil
+	}
+}
+
+// countedConn gives its client's slot back when closed.
+type countedConn struct {
+	net.Conn
+	done func()
+}
+
+func (c *countedConn) Close() error {
+	err := c.Conn.Close()
+	c.done()
+	return err
 }

@@ -6,6 +6,7 @@ package diskspace
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -19,6 +20,12 @@ func Free(path string) (int64, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(path, &st); err != nil {
 		return 0, fmt.Errorf("checking free space in %s: %w", path, err)
+	}
+	if st.Bsize <= 0 {
+		return 0, nil
+	}
+	if st.Bavail > uint64(math.MaxInt64/st.Bsize) {
+		return math.MaxInt64, nil
 	}
 	return int64(st.Bavail) * int64(st.Bsize), nil
 }

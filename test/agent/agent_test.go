@@ -152,6 +152,7 @@ func TestAgent_RawStickNeedsAndUsesAnApprovedDigest(t *testing.T) {
 	img := udevenv.RawImage(t, udevenv.File{Name: "raw", Data: tb})
 	cfg := ferryenv.Config(t.TempDir())
 	cfg.ApprovedDigests = []string{digest}
+	cfg.Approval = "required"
 	a := ferryenv.Start(t, cfg)
 	a.WaitPhase(bound, "idle")
 	udevenv.Attach(t, img)

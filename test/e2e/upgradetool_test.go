@@ -123,7 +123,8 @@ func TestHost_AnUpgradeToolBundleIsVerifiedExtractedAndLoaded(t *testing.T) {
 		c := crioenv.Start(t)
 		cfg := nodeConfig(t, c)
 		cfg.ApprovedDigests = []string{digest} // a raw device has no .sha256: sha256sum's digest is approved
-		cfg.Media.Detect = "manual"            // ferry load reads it, not the startup scan
+		cfg.Approval = "required"
+		cfg.Media.Detect = "manual" // ferry load reads it, not the startup scan
 		a := ferryenv.Start(t, cfg)
 		a.WaitPhase(bound, agent.PhaseIdle)
 		if out, err := a.Ferry("load", dev); err != nil {

@@ -50,10 +50,12 @@ func Binary(t testing.TB) string {
 }
 
 // Config is a scratch config under root: every path inside it, loading
-// off (no CRI-O socket), no peer server, loop devices read as sticks.
+// off (no CRI-O socket), no peer server, loop devices read as sticks,
+// approval off (a test of the approval default sets Approval = "required").
 func Config(root string) agent.Config {
 	c := agent.DefaultConfig()
 	c.NodeName = "test-node"
+	c.Approval = "off"
 	c.Paths = agent.Paths{
 		StateDir:          filepath.Join(root, "state"),
 		ExtractDir:        filepath.Join(root, "upgrade"),

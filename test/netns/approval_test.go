@@ -44,6 +44,7 @@ func TestAgents_ApprovalTravelsBySignature(t *testing.T) {
 	t.Run("every node trusts the engineer", func(t *testing.T) {
 		f := newFleet(t, fleetOptions{Nodes: 3, CRIO: true, Setup: func(_ *Node, cfg *agent.Config) {
 			cfg.TrustedKeys = []string{engineerPub}
+			cfg.Approval = "required"
 		}})
 		f.nodes[0].load(t, tarPath)
 		for _, n := range f.nodes {
@@ -64,6 +65,7 @@ func TestAgents_ApprovalTravelsBySignature(t *testing.T) {
 	t.Run("one node trusts another key", func(t *testing.T) {
 		f := newFleet(t, fleetOptions{Nodes: 3, CRIO: true, Setup: func(n *Node, cfg *agent.Config) {
 			cfg.TrustedKeys = []string{engineerPub}
+			cfg.Approval = "required"
 			if n.Name == "node2" {
 				cfg.TrustedKeys = []string{otherPub}
 			}

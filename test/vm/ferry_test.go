@@ -203,6 +203,8 @@ func nodeConfig(name string, approved []string, listen string, peers []string) s
 	fmt.Fprintf(&b, "node_name = %q\n", name)
 	if len(approved) > 0 {
 		fmt.Fprintf(&b, "approved_digests = [%s]\n", quoteList(approved))
+	} else {
+		b.WriteString("approval = \"off\"\n")
 	}
 	fmt.Fprintf(&b, "\n[peer]\nlisten = %q\n", listen)
 	if len(peers) > 0 {

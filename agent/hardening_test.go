@@ -1,0 +1,113 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/peer"
+)
+
+// Refused peer offers are kept short and few: a peer offering bundle
+// after bundle (500 polls once made one status 98 MB) leaves at most
+// maxRefusedOffers records, none with metadata, each reason bounded, and
+// they expire after a day.
+func TestMaybeFetch_RefusedOffersAreBoundedAndExpire(t *testing.T) {
+	m := machineIn(t, PhaseIdle)
+	clock := time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)
+	m.now = func() time.Time { return clock }
+	big := &bundle.Metadata{Version: "4.13.7", Arch: "aarch64", Release: "quay.io/r@" + heldDigest}
+	for i := range 2000 {
+		big.Images = append(big.Images, fmt.Sprintf("quay.io/x/image-%d@%s", i, heldDigest))
+	}
+	mb, _ := json.Marshal(big)
+	var forgotten int
+	for i := range 500 {
+		clock = clock.Add(time.Second)
+		d := fmt.Sprintf("sha256:%064x", i)
+		effs := m.maybeFetch(view{offers: []peer.PeerOffer{{Peer: "10.0.0.2:8090", Offer: peer.Offer{Digest: d, Metadata: mb, Signature: make([]byte, 4096)}}}})
+		for _, e := range effs {
+			if _, ok := e.(effForget); ok {
+				forgotten++
+			}
+		}
+	}
+	if len(m.records) != maxRefusedOffers || forgotten != 500-maxRefusedOffers {
+		t.Fatalf("%d records kept, %d forgotten; want %d kept", len(m.records), forgotten, maxRefusedOffers)
+	}
+	for _, r := range m.records {
+		if r.Metadata != nil || r.Signature != nil || len(r.Reason) > maxRefusedReason+len("…") {
+			t.Fatalf("a refused offer keeps metadata %v, signature %d bytes, reason %d bytes", r.Metadata != nil, len(r.Signature), len(r.Reason))
+		}
+	}
+	if s, _ := json.Marshal(m.status()); len(s) > 16<<10 {
+		t.Fatalf("status is %d bytes", len(s))
+	}
+	clock = clock.Add(refusedOfferTTL + time.Minute)
+	m.pruneRefused()
+	if len(m.records) != 0 || m.lastBad != nil {
+		t.Fatalf("%d refused offers kept after a day", len(m.records))
+	}
+}
+
+// After extraction the node acts on the metadata.json inside the checked
+// tar, not on the probe's (or a peer's) earlier description; a tar whose
+// own metadata names another bundle is refused.
+func TestExtractDone_TheMetadataInsideTheCheckedTarIsWhatTheNodeActsOn(t *testing.T) {
+	inTar := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: "quay.io/r@" + heldDigest, Images: []string{"quay.io/only/the-tar@" + heldDigest}}
+	m := machineIn(t, PhaseDetected)
+	m.job = &job{kind: jobExtract, id: "held"}
+	m.step(evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, TarSize: 10, Metadata: inTar, Approval: "digest"}})
+	if r := m.records["held"]; r.Metadata != inTar || r.Phase.Active() == false {
+		t.Fatalf("record acts on %+v (%s), want the tar's metadata", r.Metadata, r.Phase)
+	}
+
+	other := &bundle.Metadata{Version: "4.14.0", Arch: "x86_64", Release: "quay.io/r@" + heldDigest}
+	m = machineIn(t, PhaseDetected)
+	m.job = &job{kind: jobExtract, id: "held"}
+	m.step(evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, TarSize: 10, Metadata: other, Approval: "digest"}})
+	if r := m.records["held"]; r.Phase != PhaseRejected || !strings.Contains(r.Reason, "inside the checked tar") {
+		t.Fatalf("a tar whose metadata differs from what was read before: %s %q", r.Phase, r.Reason)
+	}
+}
+
+// A fetch whose write hit ENOSPC is abandoned with a reason, its bytes
+// removed, and not retried into the same disk.
+func TestFetchDone_ADiskThatFilledUpAbandonsTheFetch(t *testing.T) {
+	for name, err := range map[string]error{
+		"ENOSPC from the fetch's own write": fmt.Errorf("peer fetch: write x: %w", unix.ENOSPC),
+		"the extraction's full disk":        fmt.Errorf("bundle x: %w: %w while extracting y", bundle.ErrNoSpace, bundle.ErrDiskFilled),
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := machineIn(t, PhaseFetching)
+			m.records["held"].Origin = OriginPeer
+			m.job = &job{kind: jobFetch, id: "held"}
+			effs := m.step(evJobDone{kind: jobFetch, id: "held", err: err})
+			removed := 0
+			for _, e := range effs {
+				switch e := e.(type) {
+				case effRetryIn:
+					t.Fatalf("retried in %s", e.after)
+				case effRemove:
+					removed++
+				}
+			}
+			r := m.records["held"]
+			if r.Phase != PhaseFailed || !strings.Contains(r.Reason, "abandoned") || removed == 0 {
+				t.Fatalf("%s %q, %d removals", r.Phase, r.Reason, removed)
+			}
+			if effs := m.step(evRetry{}); len(effs) != 0 {
+				t.Fatalf("a retry tick starts again: %v", effs)
+			}
+		})
+	}
+	if !errors.Is(fmt.Errorf("x: %w", unix.EDQUOT), unix.EDQUOT) || !bundle.DiskFilled(fmt.Errorf("x: %w", unix.EDQUOT)) {
+		t.Fatal("EDQUOT is a full disk too")
+	}
+}

@@ -1,0 +1,99 @@
+package bundle
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"path/filepath"
+	"runtime"
+	"testing"
+)
+
+func TestPackZeros_RoundTrips(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	cases := [][]byte{nil, {0}, {1}, {0, 1, 0}, make([]byte, 1000), bytes.Repeat([]byte{7}, 300)}
+	for range 200 {
+		b := make([]byte, r.IntN(1200))
+		for i := range b {
+			if r.IntN(3) == 0 {
+				b[i] = byte(r.Uint32())
+			}
+		}
+		cases = append(cases, b)
+	}
+	for _, b := range cases {
+		p := packZeros(nil, b)
+		if got := unpackZeros(p, len(b)); !bytes.Equal(got, b) {
+			t.Fatalf("%d bytes: round trip differs", len(b))
+		}
+	}
+}
+
+// manySmallEntries is a valid bundle plus n one-byte files: the shape that
+// made the index cost ~2.8× the tar.
+func manySmallEntries(t testing.TB, n int) []byte {
+	es := validEntries()
+	for i := range n {
+		es = append(es, file(fmt.Sprintf("%srepositories/quay.io/many/_uploads/some-longer-name-%06d", RegistryRoot, i), "x"))
+	}
+	return writeBundle(t, testMetadata(1<<30), es)
+}
+
+// The tar index of a bundle of many small entries is held in a fraction
+// of the tar's size, and still serves the tar byte for byte.
+func TestIndex_ManySmallEntriesCostAFractionOfTheTar(t *testing.T) {
+	tb := manySmallEntries(t, 20000)
+	src := stage(t, tb, "")
+	dest := filepath.Join(t.TempDir(), "out")
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	ix := new(Index)
+	if _, err := Extract(t.Context(), src, dest, Options{Policy: Policy{SpaceFactor: -1}, Index: ix}); err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	held := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	ratio := float64(held) / float64(len(tb))
+	t.Logf("tar %d bytes, %d segments; index holds %d bytes on the heap (%.2f× the tar; packed raw blocks %d bytes)",
+		len(tb), len(ix.Segments), held, ratio, len(ix.Packed))
+	if ratio > 0.5 {
+		t.Errorf("the index holds %.2f× the tar, want at most 0.5×", ratio)
+	}
+	got, err := io.ReadAll(io.NewSectionReader(ix.ReaderAt(dest), 0, ix.Size))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, tb) {
+		t.Fatal("the index does not serve the tar byte for byte")
+	}
+	var back Index
+	b, err := ix.Encode()
+	must(t, err)
+	must(t, back.Decode(b))
+	if got, _ := io.ReadAll(io.NewSectionReader(back.ReaderAt(dest), 0, back.Size)); !bytes.Equal(got, tb) {
+		t.Fatal("the encoded index does not serve the tar byte for byte")
+	}
+	runtime.KeepAlive(ix)
+}
+
+// An index written before the packed form (every segment's Raw its own)
+// still serves.
+func TestIndex_AnUnpackedIndexStillServes(t *testing.T) {
+	tb := manySmallEntries(t, 10)
+	dest := filepath.Join(t.TempDir(), "out")
+	ix := new(Index)
+	if _, err := Extract(t.Context(), stage(t, tb, ""), dest, Options{Policy: Policy{SpaceFactor: -1}, Index: ix}); err != nil {
+		t.Fatal(err)
+	}
+	old := &Index{Digest: ix.Digest, Size: ix.Size}
+	for i := range ix.Segments {
+		s := ix.Segments[i]
+		old.Segments = append(old.Segments, Segment{Raw: ix.raw(&s), Path: s.Path, Size: s.Size})
+	}
+	if got, _ := io.ReadAll(io.NewSectionReader(old.ReaderAt(dest), 0, old.Size)); !bytes.Equal(got, tb) {
+		t.Fatal("an unpacked index does not serve the tar byte for byte")
+	}
+}
