@@ -681,7 +681,7 @@ func TestAgent_RefusedStickFileIsRejectedWithASanitisedReason(t *testing.T) {
 	h := newHarness(t, t.TempDir())
 	h.api = newFakeAPI()
 	h.start()
-	evil := "upgrade-1.0-x86_64.sha256\nSTATUS=all good\x1b[2J" + strings.Repeat("x", 600)
+	evil := "upgrade-1.0-x86_64.sha256\nSTATUS=all good\x1b[2J" + strings.Repeat("x", 2*MaxReason)
 	why := fmt.Errorf("unsafe file on the stick: %s: it is a symbolic link: copy the file itself onto the stick", evil)
 	h.plug("/dev/sda", bundle.Source{Path: "", Label: "/run/ferry/media/sda-1/upgrade-1.0-x86_64.tar", Refused: why})
 	s := h.waitPhase(PhaseRejected)
@@ -693,7 +693,7 @@ func TestAgent_RefusedStickFileIsRejectedWithASanitisedReason(t *testing.T) {
 			t.Errorf("%s not sanitised: %q", what, v)
 		}
 	}
-	if len(s.Reason) > MaxReason || !strings.HasSuffix(s.Reason, "…") {
+	if len(s.Reason) > MaxReason || !strings.Contains(s.Reason, "…") || !strings.HasSuffix(s.Reason, "copy the file itself onto the stick") {
 		t.Errorf("reason not bounded: %d bytes", len(s.Reason))
 	}
 	if !h.lines.seen("unsafe file on the stick") {

@@ -9,23 +9,30 @@ import (
 // MaxReason bounds a reason (and every other piece of text from a stick,
 // a bundle or the cluster) that leaves the node: the STATUS= line, the
 // Node's annotations, what the peers are told. ferry's own longest
-// reasons (no room: the sizes, the thresholds and what to free) fit,
-// with their fix at the end.
-const MaxReason = 512
+// reasons (no room: the sizes, the thresholds and what to free) fit; a
+// longer one (a CRI-O error quoted whole) loses its middle, so that what
+// failed (its start) and the fix (its end) both stay.
+const MaxReason = 1024
+
+// maxScanned bounds the text looked at: anything longer is cut there
+// first (a reason is never that long unless something is wrong).
+const maxScanned = 64 << 10
 
 // maxLine bounds the whole STATUS= line, which joins a bundle's name and a
 // reason.
 const maxLine = 2 * MaxReason
 
 // SanitizeReason makes s fit to publish (see MaxReason): one line of
-// printable text, at most MaxReason bytes, cut with an ellipsis.
+// printable text, at most MaxReason bytes, its middle cut out with an
+// ellipsis when longer.
 func SanitizeReason(s string) string { return sanitizeText(s, MaxReason) }
 
 // sanitizeText makes s one line of printable text of at most max bytes:
 // newlines, tabs and other whitespace runs become one space, control
 // and other unprintable characters (bidi overrides, invalid UTF-8) are
-// dropped, and a longer text is cut at a character boundary and ends
-// with "…". It is idempotent.
+// dropped, and from a longer text the middle is cut out at character
+// boundaries and replaced by "…" (two fifths of it kept before, the rest
+// after). It is idempotent.
 func sanitizeText(s string, max int) string {
 	var b strings.Builder
 	b.Grow(min(len(s), max))
@@ -47,8 +54,8 @@ func sanitizeText(s string, max int) string {
 			space = false
 		}
 		b.WriteRune(r)
-		if b.Len() > max+utf8.UTFMax {
-			break // enough to know it is cut
+		if b.Len() > maxScanned {
+			break
 		}
 	}
 	out := b.String()
@@ -56,9 +63,13 @@ func sanitizeText(s string, max int) string {
 		return out
 	}
 	const ellipsis = "…"
-	cut := max - len(ellipsis)
-	for cut > 0 && !utf8.RuneStart(out[cut]) {
-		cut--
+	head := (max - len(ellipsis)) * 2 / 5
+	for head > 0 && !utf8.RuneStart(out[head]) {
+		head--
 	}
-	return strings.TrimRight(out[:cut], " ") + ellipsis
+	tail := len(out) - (max - len(ellipsis) - head)
+	for tail < len(out) && !utf8.RuneStart(out[tail]) {
+		tail++
+	}
+	return strings.TrimRight(out[:head], " ") + ellipsis + strings.TrimLeft(out[tail:], " ")
 }

@@ -29,6 +29,14 @@ func TestSanitizeReason(t *testing.T) {
 	}
 }
 
+func TestSanitizeReason_KeepsWhatFailedAndTheFix(t *testing.T) {
+	in := "images not loaded: quay.io/x@sha256:1 (first error: " + strings.Repeat("CRI-O says something long. ", 100) + "): the bundle is damaged; make it again"
+	got := SanitizeReason(in)
+	if len(got) > MaxReason || !strings.HasPrefix(got, "images not loaded: quay.io/x@sha256:1") || !strings.HasSuffix(got, "; make it again") || !strings.Contains(got, "…") {
+		t.Errorf("SanitizeReason = %q", got)
+	}
+}
+
 func TestSanitizeReason_BoundsWithAnEllipsis(t *testing.T) {
 	for _, in := range []string{
 		strings.Repeat("x", 10000),
@@ -36,7 +44,7 @@ func TestSanitizeReason_BoundsWithAnEllipsis(t *testing.T) {
 		strings.Repeat("ab\n", 5000),
 	} {
 		got := SanitizeReason(in)
-		if len(got) > MaxReason || !strings.HasSuffix(got, "…") || !utf8.ValidString(got) {
+		if len(got) > MaxReason || !strings.Contains(got, "…") || !utf8.ValidString(got) {
 			t.Errorf("SanitizeReason(%d bytes) = %d bytes %q", len(in), len(got), got)
 		}
 		if again := SanitizeReason(got); again != got {
