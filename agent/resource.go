@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/peer"
 )
 
@@ -83,6 +84,8 @@ type BundleAPI interface {
 	PublishBundle(ctx context.Context, name string, sum BundleSummary, node string, entry BundleNodeEntry) error
 	BundleEvent(ctx context.Context, name, uid, node, eventType, reason, message string) error
 	NodeReadiness(ctx context.Context) (map[string]NodeReady, error)
+	// ApprovedDigests is every UpgradeBundle's spec.approvedDigest.
+	ApprovedDigests(ctx context.Context) ([]string, error)
 }
 
 // bundleReport is this node's part of the active bundle's resource, as
@@ -201,7 +204,7 @@ func summarize(rep *bundleReport, view BundleView, self string, nodes []string, 
 		}
 	}
 	sum.Phase, sum.NodesReady = phase, fmt.Sprintf("%d/%d", ready, waited)
-	if sum.Approved == "" {
+	if sum.Approved == "" || sum.Approved == "none" {
 		sum.Approved = "waiting for approval"
 	}
 	return sum
@@ -223,12 +226,15 @@ func (a *Agent) followBundle(ctx context.Context, api BundleAPI) {
 		entry BundleNodeEntry
 	}
 	lastPhase, lastErr := map[string]string{}, ""
+	var approved []string
+	var approvalsErr string
 	for {
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			return
 		}
+		a.readApprovals(ctx, api, &approved, &approvalsErr)
 		rep := a.snap.Load().bundle
 		if rep == nil {
 			continue
@@ -416,4 +422,73 @@ func (m *machine) activeResource() string {
 // administrator's word on it is known.
 func (m *machine) policyRead() bool {
 	return !m.hasAPI || m.bundlePolicy != nil && m.bundleName == m.activeResource()
+}
+
+// evClusterApprovals: the digests the cluster's UpgradeBundles approve.
+type evClusterApprovals struct{ digests []string }
+
+func (evClusterApprovals) isEvent() {}
+
+// pol is the node's approval policy: its config's, and the digests the
+// administrator approved in the cluster's UpgradeBundles. The cluster
+// adds approvals; it never overrides a refusal (arch, digest, the
+// node's signature policy are checked all the same).
+func (m *machine) pol() bundle.Policy {
+	if len(m.clusterApproved) == 0 {
+		return m.policy
+	}
+	p := m.policy
+	p.ApprovedDigests = append(slices.Clone(p.ApprovedDigests), m.clusterApproved...)
+	return p
+}
+
+// clusterApprovalsSeen takes the cluster's approvals: a bundle waiting
+// for approval that is now approved goes on (next), with no restart.
+func (m *machine) clusterApprovalsSeen(ev evClusterApprovals) []effect {
+	if slices.Equal(m.clusterApproved, ev.digests) {
+		return nil
+	}
+	m.clusterApproved = ev.digests
+	m.log.Info("approved digests from the cluster's UpgradeBundles", "digests", strings.Join(ev.digests, " "))
+	if r := m.active; r != nil && r.Approval == "none" && r.Phase == PhaseExtracted {
+		return m.next()
+	}
+	return nil
+}
+
+// readApprovals keeps the loop's view of the cluster's approvals: every
+// UpgradeBundle's spec.approvedDigest, read every poll.
+func (a *Agent) readApprovals(ctx context.Context, api BundleAPI, last *[]string, lastErr *string) {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ds, err := api.ApprovedDigests(cctx)
+	cancel()
+	if err != nil {
+		if err.Error() != *lastErr && ctx.Err() == nil {
+			a.log.Warn("cannot read the cluster's UpgradeBundles for approvals; trying again", "err", err)
+		}
+		*lastErr = err.Error()
+		return
+	}
+	*lastErr = ""
+	var norm []string
+	for _, d := range ds {
+		if n := bundle.NormalizeDigest(d); n != "" {
+			norm = append(norm, n)
+		}
+	}
+	slices.Sort(norm)
+	if !slices.Equal(norm, *last) {
+		*last = norm
+		a.post(evClusterApprovals{digests: norm})
+	}
+}
+
+// waitingForApproval is why r waits unloaded: with the cluster's API, how
+// the administrator approves it there, with no node shell and no restart.
+func (m *machine) waitingForApproval(r *Record) string {
+	if !m.hasAPI || r.Metadata == nil {
+		return WaitingForApproval(r.Digest)
+	}
+	return fmt.Sprintf(`waiting for approval: oc patch upgradebundle %s --type=merge -p '{"spec":{"approvedDigest":"%s"}}' (or add it to approved_digests and restart ferry)`,
+		ResourceName(r.Metadata.Version, r.Metadata.Arch), r.Digest)
 }

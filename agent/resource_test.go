@@ -123,3 +123,31 @@ func TestResource_ManualScheduleAndProceedFromTheSpec(t *testing.T) {
 	api.setPolicy(resourceName, BundlePolicy{Schedule: "Manual", Proceed: true})
 	h.waitFor("the upgrade asked for after spec.proceed", func() bool { api.mu.Lock(); defer api.mu.Unlock(); return len(api.starts) == 1 })
 }
+
+func TestResource_ApprovedInTheSpecLoadsWithNoRestart(t *testing.T) {
+	h, api := apiHarness(t)
+	h.cfg.Approval = "required"
+	h.start()
+	src, digest := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	s := h.waitReason("waiting for approval: oc patch upgradebundle " + resourceName)
+	if s.Phase != string(PhaseExtracted) || !strings.Contains(s.Reason, digest) {
+		t.Fatalf("status %+v", s)
+	}
+	h.waitFor("the resource to say waiting", func() bool {
+		b, ok := api.bundle(resourceName)
+		return ok && b.sum.Approved == "waiting for approval"
+	})
+	h.loader.mu.Lock()
+	loads := len(h.loader.loads)
+	h.loader.mu.Unlock()
+	if loads != 0 {
+		t.Fatal("an unapproved bundle was loaded")
+	}
+	api.setPolicy(resourceName, BundlePolicy{ApprovedDigest: digest})
+	h.waitPhase(PhaseClusterReady)
+	h.waitFor("the resource to say approved", func() bool {
+		b, _ := api.bundle(resourceName)
+		return b.sum.Approved == "digest"
+	})
+}

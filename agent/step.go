@@ -54,10 +54,13 @@ type machine struct {
 	// bundlePolicy is the administrator's UpgradeBundle spec for the
 	// bundle named bundleName (nil: none read); excluded are the nodes
 	// the gate leaves out (name → why), excludedHosts their addresses.
-	bundlePolicy  *BundlePolicy
-	bundleName    string
-	excluded      map[string]string
-	excludedHosts map[string]bool
+	bundlePolicy *BundlePolicy
+	bundleName   string
+	// clusterApproved are the digests the cluster's UpgradeBundles
+	// approve (spec.approvedDigest): they add to the config's.
+	clusterApproved []string
+	excluded        map[string]string
+	excludedHosts   map[string]bool
 }
 
 // job is the one long task a node runs at a time.
@@ -107,6 +110,8 @@ func (m *machine) step(ev event) []effect {
 		return m.nodeSeen(ev)
 	case evBundlePolicy:
 		return m.bundlePolicySeen(ev)
+	case evClusterApprovals:
+		return m.clusterApprovalsSeen(ev)
 	case evPreflight:
 		if r := m.records[ev.id]; r != nil {
 			r.Warnings = ev.warnings
@@ -182,8 +187,8 @@ func (m *machine) next() []effect {
 		return m.fetch(r)
 	case PhaseExtracted, PhaseLoading:
 		if r.Approval == "none" {
-			if !m.policy.Approves(r.Digest) {
-				why := WaitingForApproval(r.Digest)
+			if !m.pol().Approves(r.Digest) {
+				why := m.waitingForApproval(r)
 				if r.Reason == why {
 					return nil
 				}
@@ -191,7 +196,7 @@ func (m *machine) next() []effect {
 				return m.move(r, r.Phase, why, r.Progress)
 			}
 			r.Approval = "digest"
-			if !m.policy.On() {
+			if !m.pol().On() {
 				r.Approval = "off"
 			}
 			m.log.Info("the config now approves the bundle", "bundle", r.Name, "digest", r.Digest, "approval", r.Approval)
@@ -307,7 +312,7 @@ func (m *machine) offer(o evOffer) []effect {
 	m.active = r
 	m.notice = ""
 	effs = append(effs, m.move(r, PhaseDetected, "", Progress{Total: o.meta.SizeBytes, Unit: "bytes"})...)
-	effs = append(effs, m.extract(r, o.src, o.device, o.medium, m.policy)...)
+	effs = append(effs, m.extract(r, o.src, o.device, o.medium, m.pol())...)
 	keep = o.medium != nil
 	reply(nil)
 	return effs
@@ -439,9 +444,9 @@ func (m *machine) fetchDone(r *Record, j evJobDone) []effect {
 	if r.Approval == "signature" {
 		// Approved by this node's own keys: verified over the bytes now.
 		src.SigPath = src.Path + ".minisig"
-		return m.extract(r, src, "", nil, m.policy)
+		return m.extract(r, src, "", nil, m.pol())
 	}
-	return m.extract(r, src, "", nil, m.policy.PreApproved(r.Digest))
+	return m.extract(r, src, "", nil, m.pol().PreApproved(r.Digest))
 }
 
 // streamRefused reports whether a fetch that extracted as it went ended
@@ -494,7 +499,7 @@ func (m *machine) extractDone(r *Record, j evJobDone) []effect {
 	r.Digest, r.Approval, r.Signature = j.res.Digest, j.res.Approval, j.res.Signature
 	reason := ""
 	if r.Approval == "none" {
-		reason = WaitingForApproval(r.Digest)
+		reason = m.waitingForApproval(r)
 	}
 	effs = append(effs, m.move(r, PhaseExtracted, reason, Progress{Done: j.res.TarSize, Total: j.res.TarSize, Unit: "bytes"})...)
 	effs = append(effs, effShare{rec: r, pieces: j.pieces})
@@ -689,7 +694,7 @@ func (m *machine) maybeFetch(v view) []effect {
 			if old.Dir != "" || err != nil {
 				return nil
 			}
-			if _, perr := m.policy.ApproveOffer(meta, o.Digest, o.Signature); perr != nil {
+			if _, perr := m.pol().ApproveOffer(meta, o.Digest, o.Signature); perr != nil {
 				return nil
 			}
 		}
@@ -705,7 +710,7 @@ func (m *machine) maybeFetch(v view) []effect {
 		r.ID = m.newID("peer")
 	}
 	if err == nil {
-		r.Approval, err = m.policy.ApproveOffer(meta, o.Digest, o.Signature)
+		r.Approval, err = m.pol().ApproveOffer(meta, o.Digest, o.Signature)
 		r.Signature = o.Signature
 	}
 	if err != nil {
@@ -776,9 +781,9 @@ func (m *machine) pruneRefused() []effect {
 // node's own keys, the signature is verified over the bytes; approved by
 // digest, that digest. A tree left by an interrupted run is not trusted.
 func (m *machine) fetch(r *Record) []effect {
-	pol := m.policy.PreApproved(r.Digest)
+	pol := m.pol().PreApproved(r.Digest)
 	if r.Approval == "signature" {
-		pol = m.policy
+		pol = m.pol()
 	}
 	return append([]effect{effRemove{r.Dir}}, m.startJob(effStartJob{kind: jobFetch, rec: r, policy: pol}, "")...)
 }

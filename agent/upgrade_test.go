@@ -427,3 +427,15 @@ func (f *fakeAPI) bundle(name string) (fakeBundle, bool) {
 	c.nodes = maps.Clone(b.nodes)
 	return c, true
 }
+
+func (f *fakeAPI) ApprovedDigests(context.Context) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, b := range f.bundles {
+		if b.policy.ApprovedDigest != "" {
+			out = append(out, b.policy.ApprovedDigest)
+		}
+	}
+	return out, nil
+}

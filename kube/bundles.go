@@ -176,3 +176,25 @@ func (c *Client) NodeReadiness(ctx context.Context) (map[string]NodeReady, error
 	}
 	return out, nil
 }
+
+// ApprovedDigests is every UpgradeBundle's spec.approvedDigest (none
+// without the CRD).
+func (c *Client) ApprovedDigests(ctx context.Context) ([]string, error) {
+	var list struct {
+		Items []upgradeBundle `json:"items"`
+	}
+	err := c.do(ctx, "GET", bundlesPath, "", nil, &list)
+	if IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing the upgradebundles: %w", err)
+	}
+	var out []string
+	for _, b := range list.Items {
+		if b.Spec.ApprovedDigest != "" {
+			out = append(out, b.Spec.ApprovedDigest)
+		}
+	}
+	return out, nil
+}
