@@ -116,6 +116,9 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 	if r == nil {
 		r = m.lastBad // a refusal is reported too
 	}
+	if r == nil {
+		r = m.done // and the end: upgraded, cleaned up
+	}
 	if r == nil || r.Metadata == nil {
 		return nil
 	}

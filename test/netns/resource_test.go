@@ -1,0 +1,150 @@
+package netns
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/test/fixture"
+	"github.com/ferry-edge/ferry/test/kubeenv"
+)
+
+// bundleStatus reads an UpgradeBundle's status as the administrator sees
+// it (oc get upgradebundle NAME -o yaml).
+func bundleStatus(e *kubeenv.Env, name string) (status map[string]any, nodes map[string]any) {
+	o := e.Bundle(name)
+	if o == nil {
+		return nil, nil
+	}
+	status, _ = o["status"].(map[string]any)
+	nodes, _ = status["nodes"].(map[string]any)
+	return status, nodes
+}
+
+// condition is one node's condition status (True, False, Unknown, "").
+func condition(nodes map[string]any, node, typ string) string {
+	n, _ := nodes[node].(map[string]any)
+	cs, _ := n["conditions"].([]any)
+	for _, c := range cs {
+		if c, _ := c.(map[string]any); c["type"] == typ {
+			s, _ := c["status"].(string)
+			return s
+		}
+	}
+	return ""
+}
+
+// TestAgents_TheUpgradeBundleRunsTheClusterFromTheAPI: three agents,
+// approval required, the real API server with ferry's CRD, RBAC and
+// admission policies; the test plays the administrator (with what oc
+// patch sends) and the version operator. Node C's agent is stopped for
+// good. A stick on A: A creates the UpgradeBundle, extracts the bundle and
+// waits for approval, loading nothing; the administrator's approvedDigest
+// lets A and B load with no restart; the gate waits for C until the
+// administrator excludes it; the upgrade starts; C, restarted, catches
+// up; the version operator finishes and every node's Updated condition is
+// True.
+func TestAgents_TheUpgradeBundleRunsTheClusterFromTheAPI(t *testing.T) {
+	e := kubeenv.Start(t, runningRelease)
+	e.InstallFerry()
+	e.InstallUpgradeBundles(repoFile("packaging/upgradebundle-crd.yaml"))
+	api := forwardAPI(t, e)
+	f := newFleet(t, fleetOptions{Nodes: 3, CRIO: true, Setup: func(n *Node, cfg *agent.Config) {
+		api(n, cfg)
+		cfg.Approval = "required"
+	}})
+	reg := fixture.NewRegistry(t)
+	tarPath, meta, digest := realBundle(t, reg, "4.13.7", 11, "--signature-store", "")
+	name := agent.ResourceName(meta.Version, meta.Arch)
+	a, b, c := f.nodes[0], f.nodes[1], f.nodes[2]
+	c.A.Stop()
+
+	// Unapproved: extracted, shared, loaded nowhere.
+	a.load(t, tarPath)
+	a.A.Wait(agentBound, "waiting for approval", func(s agent.Status) bool {
+		return s.Phase == string(agent.PhaseExtracted) && strings.Contains(s.Reason, "oc patch upgradebundle "+name) && strings.Contains(s.Reason, digest)
+	})
+	waitFor(t, "the UpgradeBundle created by A, waiting for approval", func() bool {
+		st, nodes := bundleStatus(e, name)
+		return st != nil && st["approved"] == "waiting for approval" && condition(nodes, a.Name, "Extracted") == "True" && condition(nodes, a.Name, "Loaded") == "False"
+	})
+	if spec, _ := e.Bundle(name)["spec"].(map[string]any); len(spec) != 0 {
+		t.Fatalf("ferry wrote the spec: %v", spec)
+	}
+	time.Sleep(3 * time.Second)
+	a.checkPinned(t, meta, false)
+	b.checkPinned(t, meta, false)
+	if s, _ := b.A.Status(t.Context()); s.Phase != string(agent.PhaseIdle) && s.Phase != string(agent.PhaseRejected) {
+		t.Fatalf("B took an unapproved bundle: %+v", s)
+	}
+
+	// Approved in the API, with no restart: B fetches it; neither loads
+	// while C, down, cannot say it holds the same bundle.
+	e.PatchBundleSpec(name, map[string]any{"approvedDigest": digest})
+	for _, n := range []*anode{a, b} {
+		n.A.Wait(agentBound, "extracted, waiting for C", func(s agent.Status) bool {
+			return s.Phase == string(agent.PhaseExtracted) && s.Digest == digest && strings.Contains(s.Reason, c.IP+":8090 (unreachable)")
+		})
+	}
+	a.checkPinned(t, meta, false)
+	if du := e.DesiredUpdate(); du != nil && du["image"] == meta.Release {
+		t.Fatal("the upgrade was asked for while C was neither loaded nor excluded")
+	}
+
+	// The administrator leaves C out: A and B load, the gate opens, the
+	// upgrade starts.
+	e.PatchBundleSpec(name, map[string]any{"excludedNodes": []string{c.Name}})
+	for _, n := range []*anode{a, b} {
+		n.waitHolds(t, agent.PhaseClusterReady, digest)
+	}
+	waitFor(t, "desiredUpdate to name the release", func() bool { du := e.DesiredUpdate(); return du != nil && du["image"] == meta.Release })
+	waitFor(t, "NODES READY 2/2 (C left out)", func() bool { st, _ := bundleStatus(e, name); return st["nodesReady"] == "2/2" })
+
+	// A NotReady timeout leaves C out as well (read from its Node).
+	e.PatchBundleSpec(name, map[string]any{"excludedNodes": nil, "notReadyTimeout": "10m"})
+	e.SetNodeReady(c.Name, false, time.Now().Add(-time.Hour))
+	for _, n := range []*anode{a, b} {
+		e.SetNodeReady(n.Name, true, time.Now())
+	}
+	time.Sleep(2 * time.Second)
+	waitFor(t, "NODES READY 2/2 (C NotReady past the timeout)", func() bool { st, _ := bundleStatus(e, name); return st["nodesReady"] == "2/2" })
+
+	// C comes back and catches up: approved by the resource, fetched from
+	// its peers, loaded.
+	e.SetNodeReady(c.Name, true, time.Now())
+	c.A.Restart()
+	c.waitHolds(t, agent.PhaseClusterReady, digest)
+	c.checkPinned(t, meta, true)
+	waitFor(t, "NODES READY 3/3", func() bool { st, _ := bundleStatus(e, name); return st["nodesReady"] == "3/3" })
+
+	// The version operator upgrades the cluster.
+	e.SetHistory(kubeenv.History{State: "Partial", Image: meta.Release, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: runningRelease, Version: "4.13.6"})
+	e.SetHistory(kubeenv.History{State: "Completed", Image: meta.Release, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: runningRelease, Version: "4.13.6"})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the UpgradeBundle at the end: %v", e.Bundle(name))
+		}
+	})
+	waitFor(t, "every node Updated in the UpgradeBundle", func() bool {
+		st, nodes := bundleStatus(e, name)
+		for _, n := range f.nodes {
+			if condition(nodes, n.Name, "Updated") != "True" {
+				return false
+			}
+		}
+		return st["phase"] == string(agent.PhaseUpgraded)
+	})
+	for _, n := range f.nodes {
+		if l := e.NodeLabels(n.Name)[agent.LabelPhase]; l != string(agent.PhaseUpgraded) {
+			t.Errorf("%s: label %s=%q", n.Name, agent.LabelPhase, l)
+		}
+	}
+	events := strings.Join(e.Events(name), "\n")
+	for _, want := range []string{"Normal Extracted: " + a.Name, "Normal ClusterReady: " + b.Name, "Normal Upgraded: " + c.Name} {
+		if !strings.Contains(events, want) {
+			t.Errorf("no event %q among:\n%s", want, events)
+		}
+	}
+	t.Logf("events:\n%s", events)
+}
