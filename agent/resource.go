@@ -96,6 +96,7 @@ type bundleReport struct {
 	entry   BundleNodeEntry
 	line    string // the status line, for Events
 	healthy bool
+	phases  []phaseAt // every phase reached, for Events
 }
 
 // evBundlePolicy: the administrator's policy for bundle name, and the
@@ -123,7 +124,7 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 		return nil
 	}
 	md := r.Metadata
-	rep := &bundleReport{name: ResourceName(md.Version, md.Arch), line: s.Line, healthy: s.Healthy}
+	rep := &bundleReport{name: ResourceName(md.Version, md.Arch), line: s.Line, healthy: s.Healthy, phases: reached(r)}
 	rep.sum = BundleSummary{Version: md.Version, Arch: md.Arch, Release: md.Release, Digest: r.Digest, Size: md.Size,
 		Images: len(md.AllImages()), Approved: r.Approval, Warnings: r.Warnings}
 	rep.entry = BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Reason), Conditions: conditions(r)}
@@ -305,17 +306,47 @@ func (a *Agent) syncBundle(ctx context.Context, api BundleAPI, rep *bundleReport
 		}
 		written.name, written.sum, written.entry = rep.name, sum, entry
 	}
-	if lastPhase[rep.name] != entry.Phase {
-		typ, msg := "Normal", fmt.Sprintf("%s: %s", a.cfg.NodeName, rep.line)
-		if !rep.healthy {
-			typ = "Warning"
+	// One Event per phase the record reached, in order, those passed
+	// between two polls too; the newest says the status line.
+	for _, p := range rep.phases {
+		key := rep.name + "/" + string(p.phase) + "/" + p.at.String()
+		if lastPhase[key] != "" {
+			continue
 		}
-		if err := api.BundleEvent(cctx, rep.name, view.UID, a.cfg.NodeName, typ, phaseReason(Phase(entry.Phase)), SanitizeReason(msg)); err != nil {
+		typ, msg := "Normal", fmt.Sprintf("%s: %s at %s", a.cfg.NodeName, p.phase, p.at.UTC().Format(time.RFC3339))
+		if string(p.phase) == entry.Phase {
+			msg = fmt.Sprintf("%s: %s", a.cfg.NodeName, rep.line)
+			if !rep.healthy {
+				typ = "Warning"
+			}
+		}
+		if err := api.BundleEvent(cctx, rep.name, view.UID, a.cfg.NodeName, typ, phaseReason(p.phase), SanitizeReason(msg)); err != nil {
 			return err
 		}
-		lastPhase[rep.name] = entry.Phase
+		lastPhase[key] = "sent"
 	}
 	return nil
+}
+
+// phaseAt is a phase a record reached, and when.
+type phaseAt struct {
+	phase Phase
+	at    time.Time
+}
+
+// reached lists the phases r reached, oldest first.
+func reached(r *Record) []phaseAt {
+	var out []phaseAt
+	for p, at := range r.Times {
+		out = append(out, phaseAt{p, at})
+	}
+	slices.SortFunc(out, func(a, b phaseAt) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return phaseRank(string(a.phase)) - phaseRank(string(b.phase))
+	})
+	return out
 }
 
 // excludedNodes are the nodes the gate leaves out, with why: those the

@@ -50,7 +50,8 @@ func TestResource_ANodeCreatesItAndReportsEachPhaseWithConditionsEventsAndLabel(
 	if label != string(PhaseClusterReady) {
 		t.Errorf("label %s=%q", LabelPhase, label)
 	}
-	if !strings.Contains(events, "Normal/ClusterReady/node-a:") {
+	if !strings.Contains(events, "Normal/ClusterReady/node-a:") || !strings.Contains(events, "Normal/Extracted/node-a: extracted at") ||
+		!strings.Contains(events, "Normal/Loaded/node-a: loaded at") {
 		t.Errorf("events:\n%s", events)
 	}
 }
