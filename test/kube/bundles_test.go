@@ -1,11 +1,16 @@
 package kube
 
 import (
+	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 
+	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/kube"
+	"github.com/ferry-edge/ferry/test/crioenv"
+	"github.com/ferry-edge/ferry/test/ferryenv"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
 
@@ -86,5 +91,63 @@ func TestClient_UpgradeBundleStatusIsFerrysAndSpecTheAdministrators(t *testing.T
 		map[string]any{"spec": map[string]any{"approvedDigest": "sha256:" + strings.Repeat("d", 64)}}, nil)
 	if ub, _, _ = c.UpgradeBundle(ctx, bundleName); ub.Spec.ApprovedDigest != digest {
 		t.Errorf("the spec after ferry wrote it through /status: %+v", ub.Spec)
+	}
+}
+
+// TestAgent_ABundleApprovedAheadInItsUpgradeBundleGoesThroughAlone: the
+// administrator writes the UpgradeBundle (approvedDigest from the
+// engineer) before the technician arrives; the agent, approval required
+// and nothing approved in its config, loads the bundle when it is given,
+// starts the upgrade, and reports it Updated, with the real API server,
+// CRI-O and ferry's shipped rights.
+func TestAgent_ABundleApprovedAheadInItsUpgradeBundleGoesThroughAlone(t *testing.T) {
+	c := crioenv.Start(t)
+	e := kubeenv.Start(t, current)
+	e.AddNode("node-a", "127.0.0.1")
+	e.InstallFerry()
+	installBundles(e)
+	tarPath, meta := releaseBundle(t)
+	sidecar, err := os.ReadFile(strings.TrimSuffix(tarPath, ".tar") + ".sha256")
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest := "sha256:" + strings.Fields(string(sidecar))[0]
+	name := agent.ResourceName(meta.Version, meta.Arch)
+	e.PatchBundleSpec(name, map[string]any{"approvedDigest": digest, "schedule": "Automatic"})
+
+	cfg := ferryenv.Config(t.TempDir())
+	c.Configure(&cfg)
+	cfg.NodeName = "node-a"
+	cfg.Approval = "required"
+	cfg.Cluster.Kubeconfig = e.NodeKubeconfig("node-a")
+	a := ferryenv.Start(t, cfg)
+	a.WaitPhase(bound, "idle")
+	if out, err := a.Ferry("load", tarPath); err != nil {
+		t.Fatalf("ferry load: %v\n%s", err, out)
+	}
+	a.WaitPhase(bound, agent.PhaseClusterReady)
+	waitUntil(t, "the upgrade asked for", func() bool { du := e.DesiredUpdate(); return du != nil && du["image"] == meta.Release })
+	e.SetHistory(kubeenv.History{State: "Completed", Image: meta.Release, Version: meta.Version}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
+	t.Cleanup(func() {
+		if t.Failed() {
+			s, _ := a.Status(context.Background())
+			t.Logf("the UpgradeBundle: %v\nthe agent: %+v\nits log:\n%s", e.Bundle(name), s, a.Logs())
+		}
+	})
+	waitUntil(t, "Updated in the UpgradeBundle", func() bool {
+		o := e.Bundle(name)
+		st, _ := o["status"].(map[string]any)
+		nodes, _ := st["nodes"].(map[string]any)
+		n, _ := nodes["node-a"].(map[string]any)
+		cs, _ := n["conditions"].([]any)
+		for _, cd := range cs {
+			if cd, _ := cd.(map[string]any); cd["type"] == "Updated" && cd["status"] == "True" {
+				return st["approved"] == "digest" && st["nodesReady"] == "1/1"
+			}
+		}
+		return false
+	})
+	if l := e.NodeLabels("node-a")[agent.LabelPhase]; l != string(agent.PhaseUpgraded) {
+		t.Errorf("label %s=%q", agent.LabelPhase, l)
 	}
 }
