@@ -42,6 +42,7 @@ type BundlePolicy struct {
 	Proceed         bool
 	ExcludedNodes   []string
 	NotReadyTimeout time.Duration // 0: never
+	Cleanup         bool          // take the bundle out, as ferry cleanup does
 }
 
 // BundleNodeEntry is one node's entry in the resource's status.
@@ -69,6 +70,7 @@ type BundleSummary struct {
 	Images                               int
 	Phase, NodesReady, Approved          string
 	Warnings                             []string
+	Excluded                             []string // "node: why", sorted
 }
 
 // NodeReady is a Node's Ready condition and since when it holds.
@@ -208,6 +210,10 @@ func summarize(rep *bundleReport, view BundleView, self string, nodes []string, 
 		}
 	}
 	sum.Phase, sum.NodesReady = phase, fmt.Sprintf("%d/%d", ready, waited)
+	for n, why := range excluded {
+		sum.Excluded = append(sum.Excluded, n+": "+why)
+	}
+	slices.Sort(sum.Excluded)
 	if sum.Approved == "" || sum.Approved == "none" {
 		sum.Approved = "waiting for approval"
 	}
@@ -429,6 +435,9 @@ func (m *machine) bundlePolicySeen(ev evBundlePolicy) []effect {
 	if m.activeResource() != ev.name {
 		return nil
 	}
+	if p.Cleanup {
+		return m.cleanupAskedByCluster(r)
+	}
 	var effs []effect
 	if p.Proceed && m.schedule() == "Manual" && r.Phase == PhaseClusterReady && r.Plugged {
 		effs = append(effs, m.proceed(r, false)...)
@@ -440,6 +449,32 @@ func (m *machine) bundlePolicySeen(ev evBundlePolicy) []effect {
 		effs = append(effs, m.next()...) // an excluded peer no longer holds the load back
 	}
 	return effs
+}
+
+// cleanupAskedByCluster takes r out because the administrator set the
+// UpgradeBundle's spec.cleanup: what 'ferry cleanup' does on the node,
+// asked once.
+func (m *machine) cleanupAskedByCluster(r *Record) []effect {
+	if m.cleanupAsked || r.Retiring || r.Phase == PhaseCleaned || r.Phase == PhaseRejected {
+		return nil
+	}
+	m.log.Info("the UpgradeBundle asks for cleanup (spec.cleanup)", "bundle", r.Name, "phase", string(r.Phase))
+	return m.request(evRequest{kind: reqCleanup})
+}
+
+// specRefuses is why r must not load: its UpgradeBundle approves another
+// digest. A node's own approvals add to the administrator's, never
+// override the spec's choice of a bundle ("" when it does not refuse).
+func (m *machine) specRefuses(r *Record) string {
+	p := m.bundlePolicy
+	if p == nil || p.ApprovedDigest == "" || m.bundleName != m.activeResource() {
+		return ""
+	}
+	if approved := bundle.NormalizeDigest(p.ApprovedDigest); approved != "" && approved != r.Digest {
+		return fmt.Sprintf("not loading: UpgradeBundle %s approves %s, not this bundle (%s): bring the approved bundle, or the administrator changes spec.approvedDigest",
+			m.bundleName, approved, r.Digest)
+	}
+	return ""
 }
 
 // activeResource is the UpgradeBundle name of the active bundle ("" when

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -150,5 +152,83 @@ func TestResource_ApprovedInTheSpecLoadsWithNoRestart(t *testing.T) {
 	h.waitFor("the resource to say approved", func() bool {
 		b, _ := api.bundle(resourceName)
 		return b.sum.Approved == "digest"
+	})
+}
+
+// TestResource_ASpecApprovingAnotherDigestIsNotOverriddenLocally: the
+// node's config approves the bundle, but its UpgradeBundle approves
+// another digest: the spec's choice holds (nothing loads) until the
+// administrator names this bundle, then it loads with no restart.
+func TestResource_ASpecApprovingAnotherDigestIsNotOverriddenLocally(t *testing.T) {
+	h, p := clusterHarness(t)
+	api := newFakeAPI()
+	api.addrs = map[string]string{"node-a": "10.0.0.1", "b": "10.0.0.2"}
+	h.api = api
+	src, digest := stick(t, bundletest.Options{})
+	h.cfg.Approval = "required"
+	h.cfg.ApprovedDigests = []string{digest}
+	h.start()
+	p.mu.Lock()
+	p.statuses["10.0.0.2:8090"] = peer.PeerStatus{Err: errors.New("connection refused")} // b holds the gate
+	p.mu.Unlock()
+	other := "sha256:" + strings.Repeat("ab", 32)
+	api.setPolicy(resourceName, BundlePolicy{ApprovedDigest: other})
+	h.plug("/dev/sda", src)
+	s := h.waitReason("approves " + other + ", not this bundle (" + digest + ")")
+	if s.Phase != string(PhaseExtracted) {
+		t.Fatalf("status %+v", s)
+	}
+	api.setPolicy(resourceName, BundlePolicy{ApprovedDigest: other, ExcludedNodes: []string{"b"}})
+	h.waitFor("the summary to leave b out, and say why", func() bool {
+		b, _ := api.bundle(resourceName)
+		return len(b.sum.Excluded) == 1 && b.sum.Excluded[0] == "b: listed in spec.excludedNodes"
+	})
+	time.Sleep(200 * time.Millisecond)
+	h.loader.mu.Lock()
+	loads := len(h.loader.loads)
+	h.loader.mu.Unlock()
+	if s := h.agent.Status(); loads != 0 || s.Phase != string(PhaseExtracted) {
+		t.Fatalf("the node's approval overrode the spec's: %d loads, status %+v", loads, s)
+	}
+	api.setPolicy(resourceName, BundlePolicy{ApprovedDigest: digest, ExcludedNodes: []string{"b"}})
+	h.waitPhase(PhaseClusterReady)
+}
+
+// TestResource_SpecCleanupTakesTheBundleOut: the administrator's
+// spec.cleanup does what 'ferry cleanup' does on the node: a loaded
+// bundle's mirror and tree go (its pins stay until the next upgrade), a
+// bundle still waiting is removed; once.
+func TestResource_SpecCleanupTakesTheBundleOut(t *testing.T) {
+	t.Run("loaded", func(t *testing.T) {
+		h, api := apiHarness(t)
+		h.start()
+		src, _ := stick(t, bundletest.Options{})
+		h.plug("/dev/sda", src)
+		h.waitPhase(PhaseClusterReady)
+		api.setPolicy(resourceName, BundlePolicy{Cleanup: true})
+		h.waitFor("the bundle retired", func() bool { return h.retires() == 1 })
+		time.Sleep(200 * time.Millisecond)
+		if n := h.retires(); n != 1 {
+			t.Fatalf("retired %d times", n)
+		}
+	})
+	t.Run("waiting for approval", func(t *testing.T) {
+		h, api := apiHarness(t)
+		h.cfg.Approval = "required"
+		h.start()
+		src, _ := stick(t, bundletest.Options{})
+		h.plug("/dev/sda", src)
+		h.waitReason("waiting for approval")
+		api.setPolicy(resourceName, BundlePolicy{Cleanup: true})
+		h.waitFor("the bundle cleaned up", func() bool { return h.record().Phase == PhaseCleaned })
+		h.loader.mu.Lock()
+		loads := len(h.loader.loads)
+		h.loader.mu.Unlock()
+		if loads != 0 {
+			t.Fatal("loaded")
+		}
+		if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); !os.IsNotExist(err) {
+			t.Fatalf("extracted dir kept: %v", err)
+		}
 	})
 }

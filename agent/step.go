@@ -186,6 +186,13 @@ func (m *machine) next() []effect {
 	case PhaseFetching:
 		return m.fetch(r)
 	case PhaseExtracted, PhaseLoading:
+		if why := m.specRefuses(r); why != "" {
+			if r.Reason == why {
+				return nil
+			}
+			m.log.Warn("not loading: the UpgradeBundle approves another bundle", "bundle", r.Name, "digest", r.Digest)
+			return m.move(r, r.Phase, why, r.Progress)
+		}
 		if r.Approval == "none" {
 			if !m.pol().Approves(r.Digest) {
 				why := m.waitingForApproval(r)

@@ -20,6 +20,7 @@ type BundleSpec struct {
 	Proceed         bool     `json:"proceed,omitempty"`
 	ExcludedNodes   []string `json:"excludedNodes,omitempty"`
 	NotReadyTimeout string   `json:"notReadyTimeout,omitempty"`
+	Cleanup         bool     `json:"cleanup,omitempty"`
 }
 
 // BundleCondition is one of a node's conditions (Extracted, Loaded,
@@ -54,6 +55,7 @@ type BundleSummary struct {
 	NodesReady string   `json:"nodesReady,omitempty"`
 	Approved   string   `json:"approved,omitempty"`
 	Warnings   []string `json:"warnings,omitempty"`
+	Excluded   []string `json:"excluded,omitempty"`
 }
 
 // UpgradeBundle is the resource as ferry reads it.
@@ -108,7 +110,7 @@ func (c *Client) CreateUpgradeBundle(ctx context.Context, name string) error {
 func (c *Client) PublishBundleStatus(ctx context.Context, name string, sum BundleSummary, node string, entry BundleNode) error {
 	status := map[string]any{"nodes": map[string]any{node: entry}}
 	for k, v := range map[string]any{"version": sum.Version, "arch": sum.Arch, "release": sum.Release, "digest": sum.Digest,
-		"size": sum.Size, "images": sum.Images, "phase": sum.Phase, "nodesReady": sum.NodesReady, "approved": sum.Approved, "warnings": sum.Warnings} {
+		"size": sum.Size, "images": sum.Images, "phase": sum.Phase, "nodesReady": sum.NodesReady, "approved": sum.Approved, "warnings": sum.Warnings, "excluded": sum.Excluded} {
 		status[k] = v
 	}
 	err := c.do(ctx, "PATCH", bundlesPath+"/"+url.PathEscape(name)+"/status", mergePatch, map[string]any{"status": status}, nil)

@@ -41,7 +41,7 @@ func (k clusterAPI) UpgradeBundle(ctx context.Context, name string) (agent.Bundl
 		return agent.BundleView{}, ok, err
 	}
 	v := agent.BundleView{UID: ub.UID, Nodes: map[string]agent.BundleNodeEntry{}, Policy: agent.BundlePolicy{
-		ApprovedDigest: ub.Spec.ApprovedDigest, Schedule: ub.Spec.Schedule, Proceed: ub.Spec.Proceed, ExcludedNodes: ub.Spec.ExcludedNodes}}
+		ApprovedDigest: ub.Spec.ApprovedDigest, Schedule: ub.Spec.Schedule, Proceed: ub.Spec.Proceed, ExcludedNodes: ub.Spec.ExcludedNodes, Cleanup: ub.Spec.Cleanup}}
 	if ub.Spec.NotReadyTimeout != "" {
 		// The CRD's pattern admits only Go durations.
 		v.Policy.NotReadyTimeout, _ = time.ParseDuration(ub.Spec.NotReadyTimeout)
