@@ -93,6 +93,7 @@ func (m *Media) kinds(num string) []string {
 	name := filepath.Base(disk)
 	dev := filepath.ToSlash(sysDir)
 	has := func(s string) bool { return strings.Contains(dev, s) }
+	idPath := props["ID_PATH"]
 	var out []string
 	add := func(k string, cond bool) {
 		if cond && !slices.Contains(out, k) {
@@ -101,13 +102,43 @@ func (m *Media) kinds(num string) []string {
 	}
 	add("removable", readUint(filepath.Join(disk, "removable")) == 1)
 	add("usb", props["ID_BUS"] == "usb" || props["ID_USB_DRIVER"] != "" ||
-		strings.Contains(props["ID_PATH"], "usb") || has("/usb"))
+		pathThrough(idPath, "usb") || underUSBBus(dev))
 	add("mmc", strings.HasPrefix(name, "mmcblk") || props["ID_DRIVE_FLASH_SD"] == "1" ||
 		props["ID_DRIVE_MEDIA_FLASH_SD"] == "1" || has("/mmc_host/"))
 	add("loop", strings.HasPrefix(name, "loop"))
-	add("virtio", strings.HasPrefix(name, "vd") || has("/virtio") || strings.Contains(props["ID_PATH"], "virtio"))
+	add("virtio", strings.HasPrefix(name, "vd") || has("/virtio") || pathThrough(idPath, "virtio"))
 	add("nvme", strings.HasPrefix(name, "nvme") || has("/nvme"))
 	add("ata", props["ID_BUS"] == "ata" || has("/ata"))
 	add("scsi", props["ID_BUS"] == "scsi" || strings.HasPrefix(name, "sd") || strings.HasPrefix(name, "sr"))
 	return out
+}
+
+// pathThrough reports whether udev's ID_PATH goes through bus: a segment
+// of its own, as path_id writes them ("pci-0000:00:14.0-usb-0:1:1.0-scsi-0:0:0:0"),
+// before any network transport. An iSCSI LUN's path carries its target's
+// name, which its remote owner chooses
+// ("ip-10.0.0.1:3260-iscsi-iqn.2001-04.com.example:usb-lun-1"): nothing
+// from there on tells what the device is.
+func pathThrough(idPath, bus string) bool {
+	for _, seg := range strings.Split(idPath, "-") {
+		switch seg {
+		case bus:
+			return true
+		case "ip", "iscsi":
+			return false
+		}
+	}
+	return false
+}
+
+// underUSBBus reports whether the sysfs device path dev goes through a
+// USB bus: a component usbN, the kernel's name for a USB root hub
+// (".../0000:00:14.0/usb2/2-1/2-1:1.0/host6/...").
+func underUSBBus(dev string) bool {
+	for _, c := range strings.Split(dev, "/") {
+		if n, ok := strings.CutPrefix(c, "usb"); ok && n != "" && strings.Trim(n, "0123456789") == "" {
+			return true
+		}
+	}
+	return false
 }

@@ -371,6 +371,39 @@ func fakeKindDisk(t *testing.T, sys, data, devPath, num, removable string, props
 	writeFiles(t, data, map[string]string{"b" + num: rec.String()})
 }
 
+// udev's ID_PATH counts for a bus only as a segment of its own, before
+// any network transport; the sysfs path only by a USB root hub (usbN).
+func TestPathThrough(t *testing.T) {
+	for _, tt := range []struct {
+		path, bus string
+		want      bool
+	}{
+		{"pci-0000:00:14.0-usb-0:1:1.0-scsi-0:0:0:0", "usb", true},
+		{"platform-xhci-hcd.0.auto-usb-0:1:1.0-scsi-0:0:0:0", "usb", true},
+		{"pci-0000:00:14.0-usbv2-0:1:1.0-scsi-0:0:0:0", "usb", false},
+		{"ip-10.0.0.1:3260-iscsi-iqn.2001-04.com.example:usb-lun-1", "usb", false},
+		{"ip-10.0.0.1:3260-iscsi-iqn.2001-04.com.example:disk-usb-2-lun-2", "usb", false},
+		{"pci-0000:00:1f.2-ata-1", "usb", false},
+		{"virtio-pci-0000:00:05.0", "virtio", true},
+		{"ip-10.0.0.1:3260-iscsi-iqn.2001-04.com.example:a-virtio-lun-1", "virtio", false},
+		{"", "usb", false},
+	} {
+		if got := pathThrough(tt.path, tt.bus); got != tt.want {
+			t.Errorf("pathThrough(%q, %q) = %v, want %v", tt.path, tt.bus, got, tt.want)
+		}
+	}
+	for dev, want := range map[string]bool{
+		"/sys/devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1:1.0/host6/target6:0:0/6:0:0:0/block/sdb":   true,
+		"/sys/devices/platform/soc/3f980000.usb/usb1/1-1/1-1:1.0/host0/target0:0:0/0:0:0:0/block/sda": true,
+		"/sys/devices/platform/host3/session1/target3:0:0/3:0:0:1/block/sdd":                          false,
+		"/sys/devices/platform/usbfake/host3/block/sdd":                                               false,
+	} {
+		if got := underUSBBus(dev); got != want {
+			t.Errorf("underUSBBus(%q) = %v, want %v", dev, got, want)
+		}
+	}
+}
+
 func TestCheckKind(t *testing.T) {
 	sys, data := t.TempDir(), t.TempDir()
 	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1:1.0/host6/target6:0:0/6:0:0:0/block/sdb", "8:16", "1",
@@ -386,6 +419,14 @@ func TestCheckKind(t *testing.T) {
 	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:05.0/virtio2/block/vdb", "253:16", "0", "ID_PATH=pci-0000:00:05.0")
 	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:06.0/nvme/nvme1/nvme1n1", "259:0", "0")
 	fakeKindDisk(t, sys, data, "devices/platform/host3/session1/target3:0:0/3:0:0:1/block/sdd", "8:48", "0", "ID_BUS=scsi", "ID_PATH=ip-10.0.0.5:3260-iscsi-iqn.2024-01.lun-1")
+	// iSCSI LUNs whose target's name (the remote owner's choice) says usb.
+	fakeKindDisk(t, sys, data, "devices/platform/host4/session2/target4:0:0/4:0:0:1/block/sdf", "8:80", "0", "ID_BUS=scsi",
+		"ID_PATH=ip-10.0.0.1:3260-iscsi-iqn.2001-04.com.example:usb-lun-1")
+	fakeKindDisk(t, sys, data, "devices/platform/host5/session3/target5:0:0/5:0:0:2/block/sdg", "8:96", "0", "ID_BUS=scsi",
+		"ID_PATH=ip-10.0.0.1:3260-iscsi-iqn.2001-04.com.example:disk-usb-2-lun-2")
+	// A real USB disk whose udev record has its path but no bus.
+	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:14.0/usb3/3-1/3-1:1.0/host8/target8:0:0/8:0:0:0/block/sdh", "8:112", "0",
+		"ID_PATH=pci-0000:00:14.0-usb-0:1:1.0-scsi-0:0:0:0")
 	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:1f.2/ata1/host0/target0:0:0/0:0:0:0/block/sde", "8:64", "0", "ID_BUS=ata")
 	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:1f.2/ata2/host1/target1:0:0/1:0:0:0/block/sr0", "11:0", "1", "ID_BUS=ata")
 
@@ -407,6 +448,9 @@ func TestCheckKind(t *testing.T) {
 		{"virtio allowed", "253:16", []string{"loop", "virtio"}, true, ""},
 		{"nvme disk", "259:0", nil, false, "nvme"},
 		{"iscsi LUN", "8:48", nil, false, "scsi"},
+		{"iscsi LUN whose target's name says usb", "8:80", nil, false, "a scsi device"},
+		{"iscsi LUN whose target's name has a usb segment", "8:96", nil, false, "a scsi device"},
+		{"usb disk known by its ID_PATH", "8:112", nil, true, ""},
 		{"sata disk", "8:64", nil, false, "ata"},
 		{"anything with any", "8:48", []string{"any"}, true, ""},
 		{"unknown device", "1:99", nil, false, "no kind"},
