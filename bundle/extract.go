@@ -359,10 +359,13 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 		}()
 	}
 	if opts.Index != nil {
-		opts.Index.add(slices.Clone(rec), MetadataName, hdr.Size)
+		if err := opts.Index.add(slices.Clone(rec), MetadataName, hdr.Size); err != nil {
+			return nil, refuse(err)
+		}
 	}
 	w.total = hdr.Size
 	lastEnd := hr.consumed
+	bound := entryBound{entries: 1} // metadata.json
 
 	for {
 		if opts.Index != nil {
@@ -377,6 +380,9 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 		if err != nil {
 			return nil, refuse(readErr(err))
 		}
+		if err := bound.count(hdr.Name); err != nil {
+			return nil, refuse(err)
+		}
 		w.replayed = hr.consumed <= resumeAt
 		if err := w.entry(tr, hdr); err != nil {
 			return nil, refuse(err)
@@ -386,7 +392,9 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 			if hdr.Typeflag == tar.TypeReg {
 				p = path.Clean(hdr.Name)
 			}
-			opts.Index.add(slices.Clone(rec), p, hdr.Size)
+			if err := opts.Index.add(slices.Clone(rec), p, hdr.Size); err != nil {
+				return nil, refuse(err)
+			}
 		}
 		lastEnd = hr.consumed
 		if opts.Checkpoint != nil && !w.replayed {
@@ -444,7 +452,9 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 		}
 	}
 	if opts.Index != nil {
-		opts.Index.add(slices.Clone(rec), "", 0)
+		if err := opts.Index.add(slices.Clone(rec), "", 0); err != nil {
+			return nil, refuse(err)
+		}
 	}
 	if digest == "" {
 		digest = hr.finish()

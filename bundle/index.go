@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"unsafe"
 
 	"github.com/ferry-edge/ferry/internal/atomicfile"
 )
@@ -30,6 +31,53 @@ type Index struct {
 	// Packed holds the raw bytes of the segments that have no Raw of
 	// their own, packed (packZeros).
 	Packed []byte
+
+	held int64 // what add has put in: segments, paths, packed bytes
+}
+
+// Reading a bundle's tar holds, for every entry, its name (the tree's
+// checks) and, in the Index that serves the tar again, a segment, its
+// path and its header blocks packed. A release bundle holds tens of
+// thousands of entries and an index of a few MiB; a crafted tar of
+// millions of tiny entries, or of huge headers, is refused before it
+// outgrows the unit's MemoryMax (1 GiB). Variables so that a test can
+// lower them.
+var (
+	maxEntries          = 1 << 18 // 262144
+	maxIndexBytes int64 = 64 << 20
+)
+
+// segmentCost is what a Segment costs besides its path and packed bytes.
+const segmentCost = int64(unsafe.Sizeof(Segment{}))
+
+func errTooManyEntries() error {
+	return fmt.Errorf("%w: the bundle holds more than %d files: not a bundle ferry makes (a release holds tens of thousands); do not use it, and ask the engineer for one made with ferry bundle create",
+		ErrInvalid, maxEntries)
+}
+
+func errIndexTooLarge() error {
+	return fmt.Errorf("%w: the bundle's file names and tar headers take more than %s: not a bundle ferry makes (a release's take a few MiB); do not use it, and ask the engineer for one made with ferry bundle create",
+		ErrInvalid, HumanSize(maxIndexBytes))
+}
+
+// entryBound counts a tar's entries and the bytes of their names as
+// they are read, for every run, with an Index or not.
+type entryBound struct {
+	entries int
+	names   int64
+}
+
+// count admits one more entry named name, or refuses the bundle.
+func (b *entryBound) count(name string) error {
+	b.entries++
+	b.names += int64(len(name))
+	if b.entries > maxEntries {
+		return errTooManyEntries()
+	}
+	if b.names > maxIndexBytes {
+		return errIndexTooLarge()
+	}
+	return nil
 }
 
 // Segment is raw tar bytes followed by the content of one file.
@@ -62,13 +110,26 @@ func (ix *Index) raw(s *Segment) []byte {
 	return unpackZeros(ix.Packed[s.Off:s.Off+int64(s.N)], int(s.RawLen))
 }
 
-func (ix *Index) add(raw []byte, path string, size int64) {
+// add appends a segment, or refuses the bundle (ErrInvalid) when the
+// index would outgrow maxEntries segments (and the metadata's and the
+// end's) or maxIndexBytes: checked before anything is appended.
+func (ix *Index) add(raw []byte, path string, size int64) error {
 	if path == "" {
 		size = 0
 	}
+	if len(ix.Segments) >= maxEntries+2 {
+		return errTooManyEntries()
+	}
+	// packZeros writes at most one token byte per 128 bytes beyond them.
+	n := int64(len(raw))
+	if ix.held+segmentCost+int64(len(path))+n+n/128+1 > maxIndexBytes {
+		return errIndexTooLarge()
+	}
 	off := int64(len(ix.Packed))
 	ix.Packed = packZeros(ix.Packed, raw)
+	ix.held += segmentCost + int64(len(path)) + int64(len(ix.Packed)) - off
 	ix.Segments = append(ix.Segments, Segment{Off: off, N: int32(int64(len(ix.Packed)) - off), RawLen: int32(len(raw)), Path: path, Size: size})
+	return nil
 }
 
 // Snapshot is the index as it is now, safe to read (encode) while the

@@ -2,11 +2,14 @@ package bundle
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 )
 
@@ -96,4 +99,72 @@ func TestIndex_AnUnpackedIndexStillServes(t *testing.T) {
 	if got, _ := io.ReadAll(io.NewSectionReader(old.ReaderAt(dest), 0, old.Size)); !bytes.Equal(got, tb) {
 		t.Fatal("an unpacked index does not serve the tar byte for byte")
 	}
+}
+
+// A tar of more entries than a bundle may hold, or whose names and
+// headers outgrow what its index may hold, is refused as it is read
+// (Verify and Extract alike), saying what it is and what to do, with the
+// index still within its bound.
+func TestIndex_BoundedWhateverTheTarHolds(t *testing.T) {
+	lower := func(entries int, bytes int64) {
+		oldE, oldB := maxEntries, maxIndexBytes
+		maxEntries, maxIndexBytes = entries, bytes
+		t.Cleanup(func() { maxEntries, maxIndexBytes = oldE, oldB })
+	}
+	within := func(t *testing.T, ix *Index) {
+		t.Helper()
+		held := int64(len(ix.Packed)) + int64(len(ix.Segments))*segmentCost
+		for _, s := range ix.Segments {
+			held += int64(len(s.Path))
+		}
+		if len(ix.Segments) > maxEntries+2 || held > maxIndexBytes || held != ix.held {
+			t.Fatalf("index holds %d segments and %d bytes (counted %d), bound %d entries and %d bytes",
+				len(ix.Segments), held, ix.held, maxEntries, maxIndexBytes)
+		}
+	}
+	refused := func(t *testing.T, tb []byte, says string) {
+		t.Helper()
+		if _, err := Verify(t.Context(), stage(t, tb, ""), Options{Policy: Policy{SpaceFactor: -1}}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), says) {
+			t.Fatalf("Verify: err = %v, want ErrInvalid saying %q", err, says)
+		}
+		dest := filepath.Join(t.TempDir(), "out")
+		ix := new(Index)
+		_, err := Extract(t.Context(), stage(t, tb, ""), dest, Options{Policy: Policy{SpaceFactor: -1}, Index: ix})
+		if !errors.Is(err, ErrInvalid) || !IsRefusal(err) || !strings.Contains(err.Error(), says) {
+			t.Fatalf("Extract: err = %v, want a refusal (ErrInvalid) saying %q", err, says)
+		}
+		if !strings.Contains(err.Error(), "not a bundle ferry makes") || !strings.Contains(err.Error(), "ferry bundle create") {
+			t.Fatalf("Extract: %v: does not say what to do", err)
+		}
+		within(t, ix)
+		if _, err := os.Lstat(dest); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s exists after the refusal", dest)
+		}
+		if _, err := os.Lstat(StagingDir(dest)); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("staging dir %s left behind", StagingDir(dest))
+		}
+	}
+
+	t.Run("more entries than the cap", func(t *testing.T) {
+		lower(100, 64<<20)
+		refused(t, manySmallEntries(t, 200), "the bundle holds more than 100 files")
+	})
+	t.Run("names and headers over the bytes cap", func(t *testing.T) {
+		lower(1<<18, 16<<10)
+		es := validEntries()
+		for i := range 10 {
+			long := fmt.Sprintf("%srepositories/quay.io/long/%sfile-%d", RegistryRoot, strings.Repeat(strings.Repeat("n", 200)+"/", 14), i)
+			es = append(es, file(long, "x"))
+		}
+		refused(t, writeBundle(t, testMetadata(1<<30), es), "file names and tar headers take more than 16 KiB")
+	})
+	t.Run("a bundle within the caps", func(t *testing.T) {
+		lower(300, 1<<20)
+		ix := new(Index)
+		if _, err := Extract(t.Context(), stage(t, manySmallEntries(t, 200), ""), filepath.Join(t.TempDir(), "out"),
+			Options{Policy: Policy{SpaceFactor: -1}, Index: ix}); err != nil {
+			t.Fatal(err)
+		}
+		within(t, ix)
+	})
 }
