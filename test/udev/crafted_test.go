@@ -100,9 +100,7 @@ func craftedImage(t *testing.T, tarData []byte) string {
 // files; and the same device, plugged again with a good stick, is read.
 func TestCraftedStick_RefusedWithoutLeakOrHang(t *testing.T) {
 	udevenv.Require(t)
-	if !udevenv.CanMount("ext4") {
-		t.Skip("this kernel has no ext4 driver")
-	}
+	udevenv.RequireFS(t, "ext4")
 	t.Run("FIFO tar, linked sidecars", func(t *testing.T) { craftedStick(t, nil, "upgrade-1.0-x86_64.tar", "a FIFO") })
 	t.Run("good tar, .sha256 linked to a host file", func(t *testing.T) {
 		craftedStick(t, udevenv.SmallBundleTar(t, "1.0"), "upgrade-1.0-x86_64.sha256", "symbolic link")

@@ -109,6 +109,25 @@ func CanMount(fstype string) bool {
 	return false
 }
 
+// RequireFS stops the test (fails it under CI=true, skips it elsewhere)
+// unless the running kernel can mount fstype: when /proc/filesystems
+// lacks it, it loads the module first (modprobe fstype), as mount would.
+func RequireFS(t testing.TB, fstype string) {
+	t.Helper()
+	if CanMount(fstype) {
+		return
+	}
+	out, err := exec.Command("modprobe", fstype).CombinedOutput()
+	if CanMount(fstype) {
+		return
+	}
+	why := "not in /proc/filesystems"
+	if err != nil {
+		why = fmt.Sprintf("modprobe %s: %v: %s", fstype, err, strings.TrimSpace(string(out)))
+	}
+	need(t, fmt.Sprintf("this kernel cannot mount %s (%s)", fstype, why))
+}
+
 func need(t testing.TB, msg string) {
 	t.Helper()
 	if os.Getenv("CI") == "true" {
