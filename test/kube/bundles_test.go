@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/test/crioenv"
 	"github.com/ferry-edge/ferry/test/ferryenv"
@@ -101,30 +103,10 @@ func TestClient_UpgradeBundleStatusIsFerrysAndSpecTheAdministrators(t *testing.T
 // starts the upgrade, and reports it Updated, with the real API server,
 // CRI-O and ferry's shipped rights.
 func TestAgent_ABundleApprovedAheadInItsUpgradeBundleGoesThroughAlone(t *testing.T) {
-	c := crioenv.Start(t)
-	e := kubeenv.Start(t, current)
-	e.AddNode("node-a", "127.0.0.1")
-	e.InstallFerry()
-	installBundles(e)
-	tarPath, meta := releaseBundle(t)
-	sidecar, err := os.ReadFile(strings.TrimSuffix(tarPath, ".tar") + ".sha256")
-	if err != nil {
-		t.Fatal(err)
-	}
-	digest := "sha256:" + strings.Fields(string(sidecar))[0]
-	name := agent.ResourceName(meta.Version, meta.Arch)
-	e.PatchBundleSpec(name, map[string]any{"approvedDigest": digest, "schedule": "Automatic"})
-
-	cfg := ferryenv.Config(t.TempDir())
-	c.Configure(&cfg)
-	cfg.NodeName = "node-a"
-	cfg.Approval = "required"
-	cfg.Cluster.Kubeconfig = e.NodeKubeconfig("node-a")
-	a := ferryenv.Start(t, cfg)
-	a.WaitPhase(bound, "idle")
-	if out, err := a.Ferry("load", tarPath); err != nil {
-		t.Fatalf("ferry load: %v\n%s", err, out)
-	}
+	n := startBundleNode(t, func(e *kubeenv.Env, name, digest string) {
+		e.PatchBundleSpec(name, map[string]any{"approvedDigest": digest, "schedule": "Automatic"})
+	})
+	e, a, meta, name := n.e, n.a, n.meta, n.name
 	a.WaitPhase(bound, agent.PhaseClusterReady)
 	waitUntil(t, "the upgrade asked for", func() bool { du := e.DesiredUpdate(); return du != nil && du["image"] == meta.Release })
 	e.SetHistory(kubeenv.History{State: "Completed", Image: meta.Release, Version: meta.Version}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
@@ -149,5 +131,72 @@ func TestAgent_ABundleApprovedAheadInItsUpgradeBundleGoesThroughAlone(t *testing
 	})
 	if l := e.NodeLabels("node-a")[agent.LabelPhase]; l != string(agent.PhaseUpgraded) {
 		t.Errorf("label %s=%q", agent.LabelPhase, l)
+	}
+}
+
+// bundleNode is one real agent (approval required, nothing approved in
+// its config) with a real CRI-O, against the real API server with ferry's
+// CRD, RBAC and admission policies, given a release bundle with ferry
+// load.
+type bundleNode struct {
+	e            *kubeenv.Env
+	a            *ferryenv.Agent
+	meta         *bundle.Metadata
+	name, digest string
+	tree         string // where the bundle is extracted
+}
+
+// startBundleNode starts it; admin runs as the administrator before the
+// bundle is given.
+func startBundleNode(t *testing.T, admin func(e *kubeenv.Env, name, digest string)) bundleNode {
+	c := crioenv.Start(t)
+	e := kubeenv.Start(t, current)
+	e.AddNode("node-a", "127.0.0.1")
+	e.InstallFerry()
+	installBundles(e)
+	tarPath, meta := releaseBundle(t)
+	sidecar, err := os.ReadFile(strings.TrimSuffix(tarPath, ".tar") + ".sha256")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := bundleNode{e: e, meta: meta, name: agent.ResourceName(meta.Version, meta.Arch), digest: "sha256:" + strings.Fields(string(sidecar))[0]}
+	if admin != nil {
+		admin(e, n.name, n.digest)
+	}
+	cfg := ferryenv.Config(t.TempDir())
+	c.Configure(&cfg)
+	cfg.NodeName = "node-a"
+	cfg.Approval = "required"
+	cfg.Cluster.Kubeconfig = e.NodeKubeconfig("node-a")
+	n.tree = filepath.Join(cfg.Paths.ExtractDir, meta.DirName())
+	n.a = ferryenv.Start(t, cfg)
+	n.a.WaitPhase(bound, "idle")
+	if out, err := n.a.Ferry("load", tarPath); err != nil {
+		t.Fatalf("ferry load: %v\n%s", err, out)
+	}
+	return n
+}
+
+// TestAgent_SpecCleanupTakesOutABundleWaitingForApproval: a bundle the
+// administrator does not want is taken off the node with oc patch
+// (spec.cleanup), no node shell: its extracted tree goes, nothing was
+// loaded, and the node says cleaned in the resource.
+func TestAgent_SpecCleanupTakesOutABundleWaitingForApproval(t *testing.T) {
+	n := startBundleNode(t, nil)
+	n.a.Wait(bound, "waiting for approval", func(s agent.Status) bool {
+		return strings.Contains(s.Reason, "waiting for approval: oc patch upgradebundle "+n.name)
+	})
+	if _, err := os.Stat(n.tree); err != nil {
+		t.Fatalf("the bundle is not extracted: %v", err)
+	}
+	n.e.PatchBundleSpec(n.name, map[string]any{"cleanup": true})
+	waitUntil(t, "node-a cleaned in the UpgradeBundle", func() bool {
+		st, _ := n.e.Bundle(n.name)["status"].(map[string]any)
+		nodes, _ := st["nodes"].(map[string]any)
+		e, _ := nodes["node-a"].(map[string]any)
+		return e["phase"] == string(agent.PhaseCleaned)
+	})
+	if _, err := os.Stat(n.tree); !os.IsNotExist(err) {
+		t.Fatalf("the extracted tree is still there: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -81,6 +82,7 @@ func TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake(t *testing.T) {
 	e := kubeenv.Start(t, current)
 	e.AddNode("node-a", "127.0.0.1")
 	e.InstallFerry()
+	installBundles(e)
 	e.SetHistory(kubeenv.History{State: "Completed", Image: current, Version: "4.12.9"})
 	e.SetConditions(kubeenv.Condition{Type: "Upgradeable", Status: "False", Reason: "ClusterOperatorsNotUpgradeable",
 		Message: "Cluster operator storage should not be upgraded between minor versions: the vSphere CSI driver needs a newer vCenter"})
@@ -102,6 +104,64 @@ func TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake(t *testing.T) {
 	if _, err := statDir(cfg.Paths.ExtractDir, meta.DirName()); err == nil {
 		t.Error("the refused bundle was extracted")
 	}
+	name := agent.ResourceName(meta.Version, meta.Arch)
+	waitUntil(t, "the refusal in the UpgradeBundle, and a Warning Event", func() bool {
+		st, _ := e.Bundle(name)["status"].(map[string]any)
+		nodes, _ := st["nodes"].(map[string]any)
+		n, _ := nodes["node-a"].(map[string]any)
+		reason, _ := n["reason"].(string)
+		return n["phase"] == string(agent.PhaseRejected) && strings.Contains(reason, "the vSphere CSI driver needs a newer vCenter") &&
+			strings.Contains(strings.Join(e.Events(name), "\n"), "Warning")
+	})
+}
+
+// TestAgent_PreflightWarningsShowInTheStatusAndTheUpgradeBundle: a z-stream
+// bundle while a pool is paused, an operator degraded and a workload pulls
+// with Always an image the bundle does not carry: the bundle goes on, and
+// each warning is in the node's status and the resource's
+// status.warnings.
+func TestAgent_PreflightWarningsShowInTheStatusAndTheUpgradeBundle(t *testing.T) {
+	e := kubeenv.Start(t, current)
+	e.AddNode("node-a", "127.0.0.1")
+	e.InstallFerry()
+	installBundles(e)
+	e.InstallMachineConfigPools()
+	e.InstallClusterOperators()
+	e.SetPool(kubeenv.MachineConfigPool{Name: "worker", NodeSelector: map[string]string{workerRole: ""}, Paused: true, Target: oldConfig, Current: oldConfig})
+	e.SetClusterOperator("ingress", kubeenv.Condition{Type: "Degraded", Status: "True", Reason: "IngressDegraded", Message: "2 of 3 router replicas are unavailable"})
+	e.CreatePod("shop", "front", "quay.io/my-company/front:latest", "Always")
+	tarPath, meta := releaseBundle(t)
+
+	cfg := ferryenv.Config(t.TempDir())
+	cfg.NodeName = "node-a"
+	cfg.Cluster.Kubeconfig = e.NodeKubeconfig("node-a")
+	a := ferryenv.Start(t, cfg)
+	a.WaitPhase(bound, "idle")
+	if out, err := a.Ferry("load", tarPath); err != nil {
+		t.Fatalf("ferry load: %v\n%s", err, out)
+	}
+	s := a.WaitPhase(bound, agent.PhaseExtracted)
+	want := []string{"machine config pool worker is paused", "ingress is degraded: 2 of 3 router replicas are unavailable", "shop/front/main (quay.io/my-company/front:latest)"}
+	for _, w := range want {
+		if !strings.Contains(strings.Join(s.Preflight, "\n"), w) {
+			t.Errorf("the node's status lacks %q: %q", w, s.Preflight)
+		}
+	}
+	name := agent.ResourceName(meta.Version, meta.Arch)
+	waitUntil(t, "every warning in the UpgradeBundle", func() bool {
+		st, _ := e.Bundle(name)["status"].(map[string]any)
+		ws, _ := st["warnings"].([]any)
+		var got []string
+		for _, w := range ws {
+			got = append(got, fmt.Sprint(w))
+		}
+		for _, w := range want {
+			if !strings.Contains(strings.Join(got, "\n"), w) {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 func statDir(parts ...string) (string, error) {

@@ -1,6 +1,7 @@
 package netns
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -41,10 +42,10 @@ func condition(nodes map[string]any, node, typ string) string {
 // patch sends) and the version operator. Node C's agent is stopped for
 // good. A stick on A: A creates the UpgradeBundle, extracts the bundle and
 // waits for approval, loading nothing; the administrator's approvedDigest
-// lets A and B load with no restart; the gate waits for C until the
-// administrator excludes it; the upgrade starts; C, restarted, catches
-// up; the version operator finishes and every node's Updated condition is
-// True.
+// lets A and B load with no restart; the gate waits for C until its Node
+// has been NotReady longer than the administrator's notReadyTimeout; the
+// upgrade starts; C, restarted, catches up; the version operator finishes
+// and every node's Updated condition is True.
 func TestAgents_TheUpgradeBundleRunsTheClusterFromTheAPI(t *testing.T) {
 	e := kubeenv.Start(t, runningRelease)
 	e.InstallFerry()
@@ -92,23 +93,23 @@ func TestAgents_TheUpgradeBundleRunsTheClusterFromTheAPI(t *testing.T) {
 		t.Fatal("the upgrade was asked for while C was neither loaded nor excluded")
 	}
 
-	// The administrator leaves C out: A and B load, the gate opens, the
-	// upgrade starts.
-	e.PatchBundleSpec(name, map[string]any{"excludedNodes": []string{c.Name}})
-	for _, n := range []*anode{a, b} {
-		n.waitHolds(t, agent.PhaseClusterReady, digest)
-	}
-	waitFor(t, "desiredUpdate to name the release", func() bool { du := e.DesiredUpdate(); return du != nil && du["image"] == meta.Release })
-	waitFor(t, "NODES READY 2/2 (C left out)", func() bool { st, _ := bundleStatus(e, name); return st["nodesReady"] == "2/2" })
-
-	// A NotReady timeout leaves C out as well (read from its Node).
-	e.PatchBundleSpec(name, map[string]any{"excludedNodes": nil, "notReadyTimeout": "10m"})
+	// C's Node has been NotReady for an hour; the administrator's
+	// notReadyTimeout leaves it out: A and B load, the gate opens, the
+	// upgrade starts, and the resource says why C is left out.
 	e.SetNodeReady(c.Name, false, time.Now().Add(-time.Hour))
 	for _, n := range []*anode{a, b} {
 		e.SetNodeReady(n.Name, true, time.Now())
 	}
-	time.Sleep(2 * time.Second)
-	waitFor(t, "NODES READY 2/2 (C NotReady past the timeout)", func() bool { st, _ := bundleStatus(e, name); return st["nodesReady"] == "2/2" })
+	e.PatchBundleSpec(name, map[string]any{"notReadyTimeout": "10m"})
+	for _, n := range []*anode{a, b} {
+		n.waitHolds(t, agent.PhaseClusterReady, digest)
+	}
+	waitFor(t, "desiredUpdate to name the release", func() bool { du := e.DesiredUpdate(); return du != nil && du["image"] == meta.Release })
+	waitFor(t, "NODES READY 2/2, C left out as NotReady", func() bool {
+		st, _ := bundleStatus(e, name)
+		ex, _ := st["excluded"].([]any)
+		return st["nodesReady"] == "2/2" && len(ex) == 1 && strings.HasPrefix(fmt.Sprint(ex[0]), c.Name+": NotReady since")
+	})
 
 	// C comes back and catches up: approved by the resource, fetched from
 	// its peers, loaded.
@@ -118,9 +119,23 @@ func TestAgents_TheUpgradeBundleRunsTheClusterFromTheAPI(t *testing.T) {
 	c.checkPinned(t, meta, true)
 	waitFor(t, "NODES READY 3/3", func() bool { st, _ := bundleStatus(e, name); return st["nodesReady"] == "3/3" })
 
-	// The version operator upgrades the cluster.
-	e.SetHistory(kubeenv.History{State: "Partial", Image: meta.Release, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: runningRelease, Version: "4.13.6"})
-	e.SetHistory(kubeenv.History{State: "Completed", Image: meta.Release, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: runningRelease, Version: "4.13.6"})
+	versionOperatorFinishes(t, e, f, name, meta.Release)
+	events := strings.Join(e.Events(name), "\n")
+	for _, want := range []string{"Normal Extracted: " + a.Name, "Normal ClusterReady: " + b.Name, "Normal Upgraded: " + c.Name} {
+		if !strings.Contains(events, want) {
+			t.Errorf("no event %q among:\n%s", want, events)
+		}
+	}
+	t.Logf("events:\n%s", events)
+}
+
+// versionOperatorFinishes plays the version operator upgrading the
+// cluster to release, and waits for every node's Updated condition and
+// label.
+func versionOperatorFinishes(t *testing.T, e *kubeenv.Env, f *fleet, name, release string) {
+	t.Helper()
+	e.SetHistory(kubeenv.History{State: "Partial", Image: release, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: runningRelease, Version: "4.13.6"})
+	e.SetHistory(kubeenv.History{State: "Completed", Image: release, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: runningRelease, Version: "4.13.6"})
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("the UpgradeBundle at the end: %v", e.Bundle(name))
@@ -140,11 +155,66 @@ func TestAgents_TheUpgradeBundleRunsTheClusterFromTheAPI(t *testing.T) {
 			t.Errorf("%s: label %s=%q", n.Name, agent.LabelPhase, l)
 		}
 	}
-	events := strings.Join(e.Events(name), "\n")
-	for _, want := range []string{"Normal Extracted: " + a.Name, "Normal ClusterReady: " + b.Name, "Normal Upgraded: " + c.Name} {
-		if !strings.Contains(events, want) {
-			t.Errorf("no event %q among:\n%s", want, events)
-		}
+}
+
+// TestAgents_ABundleApprovedAheadInItsUpgradeBundle: the administrator
+// creates the UpgradeBundle with the engineer's approvedDigest before the
+// technician arrives; three agents, approval required, nothing approved
+// in their configs; C's agent is stopped. A stick on A: A and B extract
+// it with no wait for approval and hold for C until the administrator
+// lists C in excludedNodes; their Loaded conditions turn True, the
+// upgrade is asked for; C, restarted, catches up though still excluded,
+// and counts again once the administrator takes it off the list; the
+// version operator finishes and every node is Updated.
+func TestAgents_ABundleApprovedAheadInItsUpgradeBundle(t *testing.T) {
+	e := kubeenv.Start(t, runningRelease)
+	e.InstallFerry()
+	e.InstallUpgradeBundles(repoFile("packaging/upgradebundle-crd.yaml"))
+	api := forwardAPI(t, e)
+	f := newFleet(t, fleetOptions{Nodes: 3, CRIO: true, Setup: func(n *Node, cfg *agent.Config) {
+		api(n, cfg)
+		cfg.Approval = "required"
+	}})
+	reg := fixture.NewRegistry(t)
+	tarPath, meta, digest := realBundle(t, reg, "4.13.7", 11, "--signature-store", "")
+	name := agent.ResourceName(meta.Version, meta.Arch)
+	e.PatchBundleSpec(name, map[string]any{"approvedDigest": digest, "schedule": "Automatic"})
+	a, b, c := f.nodes[0], f.nodes[1], f.nodes[2]
+	c.A.Stop()
+
+	a.load(t, tarPath)
+	for _, n := range []*anode{a, b} {
+		n.A.Wait(agentBound, "extracted, approved, waiting for C", func(s agent.Status) bool {
+			return s.Phase == string(agent.PhaseExtracted) && s.Digest == digest && strings.Contains(s.Reason, c.IP+":8090 (unreachable)")
+		})
 	}
-	t.Logf("events:\n%s", events)
+	if st, _ := bundleStatus(e, name); st["approved"] != "digest" {
+		t.Errorf("status.approved = %v, want digest", st["approved"])
+	}
+	if du := e.DesiredUpdate(); du != nil && du["image"] == meta.Release {
+		t.Fatal("the upgrade was asked for while C was neither loaded nor excluded")
+	}
+
+	e.PatchBundleSpec(name, map[string]any{"excludedNodes": []string{c.Name}})
+	for _, n := range []*anode{a, b} {
+		n.waitHolds(t, agent.PhaseClusterReady, digest)
+		n.checkPinned(t, meta, true)
+	}
+	waitFor(t, "A and B Loaded, C left out by the spec", func() bool {
+		st, nodes := bundleStatus(e, name)
+		ex, _ := st["excluded"].([]any)
+		return condition(nodes, a.Name, "Loaded") == "True" && condition(nodes, b.Name, "Loaded") == "True" &&
+			st["nodesReady"] == "2/2" && len(ex) == 1 && ex[0] == c.Name+": listed in spec.excludedNodes"
+	})
+	waitFor(t, "desiredUpdate to name the release", func() bool { du := e.DesiredUpdate(); return du != nil && du["image"] == meta.Release })
+
+	c.A.Restart()
+	c.waitHolds(t, agent.PhaseClusterReady, digest)
+	c.checkPinned(t, meta, true)
+	e.PatchBundleSpec(name, map[string]any{"excludedNodes": nil})
+	waitFor(t, "NODES READY 3/3, C Loaded", func() bool {
+		st, nodes := bundleStatus(e, name)
+		return st["nodesReady"] == "3/3" && condition(nodes, c.Name, "Loaded") == "True"
+	})
+	versionOperatorFinishes(t, e, f, name, meta.Release)
 }
