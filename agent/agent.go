@@ -83,7 +83,7 @@ type Deps struct {
 	Notify  Notifier
 	// Admit, when set, checks each verified bundle before it leaves its
 	// staging dir (the node's signature policy): its error refuses it.
-	Admit func(*bundle.Metadata, bundle.Tree) error
+	Admit func(*bundle.Metadata, bundle.Tree) (bundle.Admission, error)
 	Log   *slog.Logger
 	Now   func() time.Time
 	// APIPoll is how often the cluster's upgrade is read; 0 is 5 s.

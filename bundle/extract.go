@@ -76,8 +76,10 @@ type Options struct {
 	Checkpoint func(offset int64)
 	// Admit, when set, is asked once the digest and the tree have
 	// checked, before anything leaves the staging dir: an error (wrap
-	// ErrPolicy) refuses the bundle. The node's signature policy runs here.
-	Admit func(meta *Metadata, tree Tree) error
+	// ErrPolicy) refuses the bundle; an Admission narrows what the node
+	// pulls of it (Result.Admission). The node's signature policy runs
+	// here.
+	Admit func(meta *Metadata, tree Tree) (Admission, error)
 	// Pacer, when set, is asked after each chunk written to the tree:
 	// it pauses the extraction while the node's other work stalls
 	// (internal/pacing). It costs one atomic load when the node is quiet.
@@ -97,6 +99,16 @@ type Resume struct {
 	Offset int64
 }
 
+// Admission is what Options.Admit found short of a refusal.
+type Admission struct {
+	// DigestOnly are images (references as in metadata.json) to pull and
+	// pin by digest only: the node's policy admits the digest but not the
+	// tag they keep (DropTags).
+	DigestOnly []string
+	// Warnings say so, one line per image, for the status.
+	Warnings []string
+}
+
 // Result describes a verified bundle.
 type Result struct {
 	Metadata *Metadata
@@ -108,6 +120,8 @@ type Result struct {
 	// Signature is the bundle's .minisig, if it had one: it travels to
 	// the peers, whose own trusted_keys may approve the bundle by it.
 	Signature []byte
+	// Admission is what Options.Admit narrowed, if anything.
+	Admission Admission
 }
 
 // Verify checks src without writing anything.
@@ -468,12 +482,13 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	if err := w.ix.check(meta); err != nil {
 		return nil, refuse(err)
 	}
+	var adm Admission
 	if opts.Admit != nil {
-		if err := opts.Admit(meta, Tree{ix: w.ix, repos: RepoPaths(meta.AllImages())}); err != nil {
+		if adm, err = opts.Admit(meta, Tree{ix: w.ix, repos: RepoPaths(meta.AllImages())}); err != nil {
 			return nil, refuse(err)
 		}
 	}
-	res = &Result{Metadata: meta, Digest: digest, TarSize: hr.consumed, Approval: ap.mode, Signature: ap.travels}
+	res = &Result{Metadata: meta, Digest: digest, TarSize: hr.consumed, Approval: ap.mode, Signature: ap.travels, Admission: adm}
 	if ap.mode == "digest-at-end" {
 		res.Approval = "digest"
 	}

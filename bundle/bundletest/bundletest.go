@@ -33,6 +33,11 @@ type Options struct {
 	// SignAll signs every image with it too.
 	SignKey *ecdsa.PrivateKey
 	SignAll bool
+	// SignIdentity, when set, is the identity (critical.identity.
+	// docker-reference) each signature names, given the signed image's
+	// reference (name[:tag]@sha256:…); "" or nil names its repository
+	// only, as cosign does.
+	SignIdentity func(ref string) string
 }
 
 // DefaultImage is the image a bundle holds when Options.Images is empty.
@@ -65,11 +70,17 @@ func Write(t testing.TB, dir string, o Options) (string, string) {
 		refs = append(refs, tree.Add(n, imagetree.Layer(n, o.LayerSize)))
 	}
 	var sigs []string
+	identity := func(ref string) string {
+		if o.SignIdentity == nil {
+			return ""
+		}
+		return o.SignIdentity(ref)
+	}
 	if o.SignKey != nil {
-		sigs = append(sigs, tree.Sign(release, "", o.SignKey))
+		sigs = append(sigs, tree.Sign(release, identity(release), o.SignKey))
 		for _, r := range refs {
 			if o.SignAll {
-				sigs = append(sigs, tree.Sign(r, "", o.SignKey))
+				sigs = append(sigs, tree.Sign(r, identity(r), o.SignKey))
 			}
 		}
 	}
