@@ -47,11 +47,13 @@ type Medium interface {
 // Loader puts an extracted bundle into the container runtime and takes it
 // out again.
 type Loader interface {
-	// Load pulls and pins meta's images; keep are pins of the previous
-	// bundle, whose release runs until this one's upgrade is done.
-	Load(ctx context.Context, meta *bundle.Metadata, dir string, keep []string, progress func(done, total int)) error
+	// Load pulls and pins images, meta's as this node loads them
+	// (Record.Images: some perhaps by digest only); keep are pins of the
+	// previous bundle, whose release runs until this one's upgrade is
+	// done.
+	Load(ctx context.Context, meta *bundle.Metadata, images []string, dir string, keep []string, progress func(done, total int)) error
 	// Resume serves a loaded bundle again after a restart (its registry).
-	Resume(ctx context.Context, meta *bundle.Metadata, dir string, keep []string) error
+	Resume(ctx context.Context, meta *bundle.Metadata, images []string, dir string, keep []string) error
 	// Retire is the end of a bundle whose upgrade is done: its registry,
 	// mirror and CA go, its pins stay.
 	Retire(ctx context.Context, meta *bundle.Metadata, dir string) error

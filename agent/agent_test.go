@@ -14,6 +14,8 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
+	"github.com/ferry-edge/ferry/imagepolicy"
+	"github.com/ferry-edge/ferry/internal/imagetree"
 	"github.com/ferry-edge/ferry/peer"
 )
 
@@ -67,13 +69,14 @@ type fakeLoader struct {
 	retires  []string
 	unpinned []string
 	keeps    [][]string
+	images   [][]string // what each load pulled and pinned
 	fail     int
 	pinned   map[string]bool                     // what the fake CRI-O pins
 	room     error                               // CheckRoomBefore's answer
 	roomFor  func(writes map[string]int64) error // or this one's
 }
 
-func (l *fakeLoader) Load(_ context.Context, m *bundle.Metadata, dir string, keep []string, progress func(int, int)) error {
+func (l *fakeLoader) Load(_ context.Context, m *bundle.Metadata, images []string, dir string, keep []string, progress func(int, int)) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, err := os.Stat(filepath.Join(dir, bundle.MetadataName)); err != nil {
@@ -83,20 +86,23 @@ func (l *fakeLoader) Load(_ context.Context, m *bundle.Metadata, dir string, kee
 		l.fail--
 		return errors.New("crio is down")
 	}
-	n := len(m.AllImages())
+	n := len(images)
 	progress(n, n)
 	l.loads = append(l.loads, m.Version)
 	l.keeps = append(l.keeps, keep)
+	l.images = append(l.images, images)
 	if l.pinned == nil {
 		l.pinned = map[string]bool{}
 	}
-	for _, ref := range m.AllImages() {
+	for _, ref := range images {
 		l.pinned[ref] = true
 	}
 	return nil
 }
 
-func (l *fakeLoader) Resume(context.Context, *bundle.Metadata, string, []string) error { return nil }
+func (l *fakeLoader) Resume(context.Context, *bundle.Metadata, []string, string, []string) error {
+	return nil
+}
 func (l *fakeLoader) CheckRoomBefore(_ context.Context, _ *bundle.Metadata, writes map[string]int64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -174,6 +180,7 @@ type harness struct {
 	lines  *lines
 	peers  Peers
 	api    *fakeAPI
+	admit  func(*bundle.Metadata, bundle.Tree) (bundle.Admission, error) // Deps.Admit
 	agent  *Agent
 	cancel context.CancelFunc
 	done   chan error
@@ -199,7 +206,7 @@ func (h *harness) start() {
 		api = h.api
 	}
 	a, err := New(h.cfg, Deps{Devices: h.dev, Media: h.media, Loader: h.loader, Notify: h.lines, Peers: h.peers,
-		API: api, APIPoll: 20 * time.Millisecond, Now: func() time.Time { return clock }})
+		API: api, APIPoll: 20 * time.Millisecond, Now: func() time.Time { return clock }, Admit: h.admit})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -287,6 +294,46 @@ func TestAgent_StickToLoaded(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(h.cfg.Paths.StateDir, "bundles", strings.TrimPrefix(digest, "sha256:")+".index")); err != nil {
 		t.Errorf("tar index not kept: %v", err)
+	}
+}
+
+func TestAgent_ImageTheNodesPolicyAdmitsByDigestOnlyIsLoadedWithoutItsTag(t *testing.T) {
+	// The node's policy.json wants a sigstore signature under
+	// matchRepoDigestOrExact; the app's names another tag of the same
+	// manifest: by digest it passes, by its tag 1.0 it does not.
+	key, pub := imagetree.NewSigningKey()
+	dir := t.TempDir()
+	keyPath, policyPath := filepath.Join(dir, "app.pub"), filepath.Join(dir, "policy.json")
+	must(t, os.WriteFile(keyPath, pub, 0o644))
+	must(t, os.WriteFile(policyPath, []byte(`{"default":[{"type":"insecureAcceptAnything"}],"transports":{"docker":{
+  "quay.io/team/app":[{"type":"sigstoreSigned","keyPath":"`+keyPath+`","signedIdentity":{"type":"matchRepoDigestOrExact"}}]}}}`), 0o644))
+	app := bundletest.Ref("quay.io/team/app:1.0", 0)
+	h := newHarness(t, t.TempDir())
+	h.admit = imagepolicy.Checker{Path: policyPath}.Admit
+	h.start()
+	src, _ := stick(t, bundletest.Options{Images: []string{"quay.io/team/app:1.0"}, SignKey: key, SignAll: true,
+		SignIdentity: func(ref string) string {
+			if ref == app {
+				return "quay.io/team/app:2.0"
+			}
+			return ""
+		}})
+	h.plug("/dev/sda", src)
+	s := h.waitPhase(PhaseClusterReady)
+	h.stop()
+	name, _, digest := bundle.SplitRef(app)
+	if len(h.loader.images) != 1 || !slices.Contains(h.loader.images[0], name+"@"+digest) || slices.Contains(h.loader.images[0], app) {
+		t.Fatalf("loaded %q, want %s by digest only", h.loader.images, app)
+	}
+	if refs := bundle.PullRefs(h.loader.images[0]); slices.Contains(refs, "quay.io/team/app:1.0") || !slices.Contains(refs, name+"@"+digest) {
+		t.Errorf("pulls %q: want the digest and not the tag", refs)
+	}
+	if len(s.SignaturePolicy) != 1 || !strings.Contains(s.SignaturePolicy[0], "quay.io/team/app:1.0 is loaded by digest only") ||
+		!strings.Contains(s.SignaturePolicy[0], "so the tag 1.0 is not loaded") {
+		t.Errorf("status warnings %q, want the tag dropped said", s.SignaturePolicy)
+	}
+	if len(s.Bundles) != 1 || !slices.Equal(s.Bundles[0].DigestOnly, []string{app}) {
+		t.Errorf("record %+v, want %s by digest only kept", s.Bundles, app)
 	}
 }
 

@@ -99,7 +99,7 @@ func (a *Agent) runJob(ctx context.Context, j effStartJob) event {
 		done.res, done.pieces, done.err = a.fetch(ctx, r, j)
 	case jobLoad:
 		p := a.throttle(r.ID, "images")
-		done.err = a.deps.Loader.Load(ctx, r.Metadata, r.Dir, j.keep, func(d, t int) { p(int64(d), int64(t)) })
+		done.err = a.deps.Loader.Load(ctx, r.Metadata, r.Images(), r.Dir, j.keep, func(d, t int) { p(int64(d), int64(t)) })
 	case jobCleanup:
 		done.err = a.cleanup(ctx, r, j.unload)
 	case jobRetire:
@@ -382,11 +382,11 @@ func (a *Agent) retire(ctx context.Context, r *Record, j effStartJob) error {
 	}
 	if p := j.previous; j.unload && p != nil && p.Metadata != nil {
 		mine := map[string]bool{}
-		for _, ref := range r.Metadata.AllImages() {
+		for _, ref := range r.Images() {
 			mine[ref] = true
 		}
 		var gone []string
-		for _, ref := range p.Metadata.AllImages() {
+		for _, ref := range p.Images() {
 			if !mine[ref] {
 				gone = append(gone, ref)
 			}

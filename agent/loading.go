@@ -90,17 +90,18 @@ func (l *Loading) Run(ctx context.Context) error {
 	return nil
 }
 
-// Load serves dir and loads meta's images, pinned; keep are the previous
-// bundle's pins. Calling it again for the same bundle is cheap.
-func (l *Loading) Load(ctx context.Context, meta *bundle.Metadata, dir string, keep []string, progress func(done, total int)) error {
-	blobs, err := bundle.ImageBlobs(dir, meta.AllImages(), bundle.GoArch(meta.Arch))
+// Load serves dir and loads images (meta's, a tag perhaps dropped:
+// Record.Images), pinned; keep are the previous bundle's pins. Calling it
+// again for the same bundle is cheap.
+func (l *Loading) Load(ctx context.Context, meta *bundle.Metadata, images []string, dir string, keep []string, progress func(done, total int)) error {
+	blobs, err := bundle.ImageBlobs(dir, images, bundle.GoArch(meta.Arch))
 	if err != nil {
 		return fmt.Errorf("%w: the extracted bundle in %s is damaged (%v): run 'ferry cleanup' and give the bundle again", bundle.ErrInvalid, dir, err)
 	}
 	if err := l.checkLoadRoom(ctx, blobs); err != nil {
 		return err
 	}
-	return l.load(ctx, meta, dir, keep, progress, biggestFirst(meta.AllImages(), blobs))
+	return l.load(ctx, meta, dir, keep, progress, biggestFirst(images, blobs))
 }
 
 // biggestFirst orders images by their bytes, largest first: pulled in that
@@ -203,11 +204,12 @@ func (l *Loading) present(ctx context.Context, images []string) func(ref string)
 
 // Resume serves a loaded bundle again after a restart (drop-ins unchanged,
 // present and pinned images skipped).
-func (l *Loading) Resume(ctx context.Context, meta *bundle.Metadata, dir string, keep []string) error {
-	return l.load(ctx, meta, dir, keep, nil, meta.AllImages())
+func (l *Loading) Resume(ctx context.Context, meta *bundle.Metadata, images []string, dir string, keep []string) error {
+	return l.load(ctx, meta, dir, keep, nil, images)
 }
 
-// load serves dir and loads images (meta's, in the order to pull them).
+// load serves dir and loads images (meta's as Load takes them, in the
+// order to pull them).
 func (l *Loading) load(ctx context.Context, meta *bundle.Metadata, dir string, keep []string, progress func(done, total int), images []string) error {
 	reg, err := l.serve(dir)
 	if err != nil {

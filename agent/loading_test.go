@@ -93,7 +93,7 @@ func TestLoading_ServesTheBundleUntilItIsTakenOut(t *testing.T) {
 			d := tree.Push(t, "openshift-release-dev/ocp-release", "", 256, 1)
 			meta := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: "quay.io/openshift-release-dev/ocp-release@" + d}
 			var last int
-			if err := l.Load(t.Context(), meta, tree.Root, []string{"quay.io/old@sha256:" + fmt.Sprintf("%064x", 1)}, func(done, _ int) { last = done }); err != nil {
+			if err := l.Load(t.Context(), meta, meta.AllImages(), tree.Root, []string{"quay.io/old@sha256:" + fmt.Sprintf("%064x", 1)}, func(done, _ int) { last = done }); err != nil {
 				t.Fatal(err)
 			}
 			req := rt.last
@@ -113,7 +113,7 @@ func TestLoading_ServesTheBundleUntilItIsTakenOut(t *testing.T) {
 				t.Fatalf("manifest: %s", resp.Status)
 			}
 			// Loading again (a restart) keeps the same registry.
-			if err := l.Resume(t.Context(), meta, tree.Root, nil); err != nil || rt.last.Addr != req.Addr {
+			if err := l.Resume(t.Context(), meta, meta.AllImages(), tree.Root, nil); err != nil || rt.last.Addr != req.Addr {
 				t.Fatalf("resume: %v, addr %s → %s", err, req.Addr, rt.last.Addr)
 			}
 			take := l.Retire
@@ -137,13 +137,13 @@ func TestLoading_ServesTheBundleUntilItIsTakenOut(t *testing.T) {
 func TestLoading_RefusesADirectoryWithoutATreeAndAFullStore(t *testing.T) {
 	l, rt := newLoading(t)
 	meta := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: fmt.Sprintf("quay.io/a/b@sha256:%064x", 1)}
-	if err := l.Load(t.Context(), meta, t.TempDir(), nil, nil); !errors.Is(err, bundle.ErrInvalid) {
+	if err := l.Load(t.Context(), meta, meta.AllImages(), t.TempDir(), nil, nil); !errors.Is(err, bundle.ErrInvalid) {
 		t.Fatalf("got %v, want ErrInvalid", err)
 	}
 	tree := imagetree.Tree{}
 	meta.Release = tree.Add("quay.io/a/b", imagetree.Layer("b", 0))
 	rt.room = bundle.ErrNoSpace
-	if err := l.Load(t.Context(), meta, writeTree(t, tree), nil, nil); !errors.Is(err, bundle.ErrNoSpace) {
+	if err := l.Load(t.Context(), meta, meta.AllImages(), writeTree(t, tree), nil, nil); !errors.Is(err, bundle.ErrNoSpace) {
 		t.Fatalf("got %v, want ErrNoSpace", err)
 	}
 	if len(rt.calls) != 0 {
@@ -176,7 +176,7 @@ func TestLoading_AsksRoomForTwiceWhatCRIODoesNotHold(t *testing.T) {
 	meta := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: a, Images: []string{b, held}}
 	dir := writeTree(t, tree)
 	rt.present = map[string]bool{held: true}
-	must(t, l.Load(t.Context(), meta, dir, nil, nil))
+	must(t, l.Load(t.Context(), meta, meta.AllImages(), dir, nil, nil))
 	_, d, _ := strings.Cut(a, "@")
 	var m struct{ Config struct{ Size int64 } } // a's manifest names its config's size
 	must(t, json.Unmarshal(tree[imagetree.BlobPath(d)], &m))
@@ -188,7 +188,7 @@ func TestLoading_AsksRoomForTwiceWhatCRIODoesNotHold(t *testing.T) {
 	}
 	rt.present = map[string]bool{held: true, a: true, b: true}
 	rt.need, rt.what = -1, ""
-	must(t, l.Load(t.Context(), meta, dir, nil, nil))
+	must(t, l.Load(t.Context(), meta, meta.AllImages(), dir, nil, nil))
 	if rt.need != -1 {
 		t.Fatalf("asked for %d bytes although CRI-O holds every image", rt.need)
 	}

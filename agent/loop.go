@@ -157,11 +157,11 @@ func (a *Agent) perform(ctx context.Context, e effect) {
 		}
 	case effResumeLoader:
 		// In the background: CRI-O may still be starting.
-		meta, name, dir, keep := e.rec.Metadata, e.rec.Name, e.rec.Dir, e.keep
+		meta, images, name, dir, keep := e.rec.Metadata, e.rec.Images(), e.rec.Name, e.rec.Dir, e.keep
 		a.bg.Add(1)
 		go func() {
 			defer a.bg.Done()
-			if err := a.deps.Loader.Resume(ctx, meta, dir, keep); err != nil && ctx.Err() == nil {
+			if err := a.deps.Loader.Resume(ctx, meta, images, dir, keep); err != nil && ctx.Err() == nil {
 				a.log.Error("cannot serve the loaded bundle again", "bundle", name, "err", err)
 			}
 		}()

@@ -67,6 +67,12 @@ type Record struct {
 	// Warnings are the cluster's preflight warnings on the bundle (paused
 	// pools, unhealthy operators, workloads it does not serve).
 	Warnings []string `json:"warnings,omitempty"`
+	// DigestOnly are the bundle's images (references as in its metadata)
+	// this node pulls and pins by digest only: its signature policy
+	// admits them by digest but not by the tag they keep (imagepolicy).
+	DigestOnly []string `json:"digestOnly,omitempty"`
+	// SignaturePolicy says so, one warning per image.
+	SignaturePolicy []string `json:"signaturePolicy,omitempty"`
 	// TarSize is the tar's length a peer's offer gave (fetched bundles):
 	// with the metadata's size, it bounds what the fetch writes.
 	TarSize int64 `json:"tarSize,omitempty"`
@@ -143,6 +149,15 @@ func (r *Record) firstSeen() time.Time {
 }
 
 // clone copies r deeply enough to be read without the agent's lock.
+// Images are the references r's load pulls and pins: its metadata's,
+// those in DigestOnly without their tag.
+func (r *Record) Images() []string {
+	if r.Metadata == nil {
+		return nil
+	}
+	return bundle.DropTags(r.Metadata.AllImages(), r.DigestOnly)
+}
+
 func (r *Record) clone() *Record {
 	c := *r
 	if r.Hook != nil {

@@ -33,6 +33,9 @@ type Status struct {
 	Notice    string              `json:"notice,omitempty"`    // a passing remark, e.g. a stick that holds the bundle already here
 	Warnings  []string            `json:"warnings,omitempty"`  // lasting setup faults that do not stop the node (Deps.Warnings)
 	Preflight []string            `json:"preflight,omitempty"` // the cluster's preflight warnings on the bundle
+	// SignaturePolicy are this node's signature policy's warnings on the
+	// bundle: images it loads by digest only (Record.SignaturePolicy).
+	SignaturePolicy []string `json:"signaturePolicy,omitempty"`
 	// HoldingBack says why the bulk work is slowed while the node is
 	// under pressure ("io pressure 23%"); "" at full speed.
 	HoldingBack string `json:"holding_back,omitempty"`
@@ -108,6 +111,9 @@ func (m *machine) status() Status {
 		r := shown.clone()
 		s.Phase, s.Bundle, s.Digest, s.Reason, s.Times, s.Message = string(r.Phase), r.Name, r.Digest, r.Reason, r.Times, r.Message
 		s.Preflight = r.Warnings
+		for _, w := range r.SignaturePolicy {
+			s.SignaturePolicy = append(s.SignaturePolicy, SanitizeReason(w))
+		}
 		if r.Metadata != nil {
 			s.Version, s.Release = r.Metadata.Version, r.Metadata.Release
 		}

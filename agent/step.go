@@ -218,7 +218,7 @@ func (m *machine) next() []effect {
 		if !m.hasLoader {
 			return nil // this node only verifies, extracts and shares
 		}
-		effs := m.move(r, PhaseLoading, "", Progress{Total: int64(len(r.Metadata.AllImages())), Unit: "images"})
+		effs := m.move(r, PhaseLoading, "", Progress{Total: int64(len(r.Images())), Unit: "images"})
 		m.log.Info("loading into CRI-O", "phase", string(PhaseLoading), "bundle", r.Name, "digest", r.Digest)
 		return append(effs, m.startJob(effStartJob{kind: jobLoad, rec: r, keep: m.keep(r)}, "")...)
 	case PhaseUpgraded:
@@ -234,7 +234,7 @@ func (m *machine) next() []effect {
 // the release the cluster runs until r's upgrade is done.
 func (m *machine) keep(r *Record) []string {
 	if p := m.previous; p != nil && p != r && p.Metadata != nil && !p.Unpinned {
-		return p.Metadata.AllImages()
+		return p.Images()
 	}
 	return nil
 }
@@ -504,6 +504,10 @@ func (m *machine) extractDone(r *Record, j evJobDone) []effect {
 		r.Metadata = meta
 	}
 	r.Digest, r.Approval, r.Signature = j.res.Digest, j.res.Approval, j.res.Signature
+	r.DigestOnly, r.SignaturePolicy = j.res.Admission.DigestOnly, j.res.Admission.Warnings
+	for _, w := range r.SignaturePolicy {
+		m.log.Warn("signature policy", "bundle", r.Name, "warning", w)
+	}
 	reason := ""
 	if r.Approval == "none" {
 		reason = m.waitingForApproval(r)

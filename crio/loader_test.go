@@ -229,6 +229,34 @@ func TestLoad_PullsEveryImageAndEndsPinned(t *testing.T) {
 	}
 }
 
+func TestLoad_ImageAdmittedByDigestOnlyIsPulledAndPinnedWithoutItsTag(t *testing.T) {
+	// The node's signature policy admits the tagged image by digest only
+	// (imagepolicy): the agent hands its images with that tag dropped.
+	l, f, ds := newLoader(t)
+	images := manyImages(3)
+	tagged := images[len(images)-1] // quay.io/my-company/app:v1@sha256:…
+	name, tag, digest := bundle.SplitRef(tagged)
+	if _, err := l.Load(t.Context(), request(t, bundle.DropTags(images, []string{tagged}))); err != nil {
+		t.Fatal(err)
+	}
+	if f.pulls[name+":"+tag] != 0 || f.present[name+":"+tag] {
+		t.Errorf("the tag %s:%s was pulled", name, tag)
+	}
+	if f.pulls[name+"@"+digest] != 1 || !pinMatch(f.pins, name+"@"+digest) {
+		t.Errorf("%s@%s pulled %d times, pinned %v; want once, pinned", name, digest, f.pulls[name+"@"+digest], pinMatch(f.pins, name+"@"+digest))
+	}
+	if pins := decodePins(t, filepath.Join(ds.d.CRIOConfDir, crio.DropinName)); slices.Contains(pins, name+":"+tag) {
+		t.Errorf("pins %q hold the dropped tag", pins)
+	}
+	b, err := os.ReadFile(filepath.Join(ds.d.RegistriesConfDir, crio.DropinName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := readEntries(t, b)[name]; len(e.Mirror) == 0 || e.Mirror[0].PullFromMirror != "digest-only" {
+		t.Errorf("mirror of %s: %+v, want digest-only: its one image lost its tag", name, e)
+	}
+}
+
 func TestLoad_AgainSkipsPresentPinnedAndDoesNotReload(t *testing.T) {
 	l, f, _ := newLoader(t)
 	req := request(t, manyImages(10))
