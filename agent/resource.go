@@ -120,6 +120,9 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 		r = m.lastBad // a refusal is reported too
 	}
 	if r == nil {
+		r = m.cleaned // a cleanup (ferry cleanup, spec.cleanup)
+	}
+	if r == nil {
 		r = m.done // and the end: upgraded, cleaned up
 	}
 	if r == nil || r.Metadata == nil {
@@ -128,7 +131,7 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 	md := r.Metadata
 	rep := &bundleReport{name: ResourceName(md.Version, md.Arch), line: s.Line, healthy: s.Healthy, phases: reached(r)}
 	rep.sum = BundleSummary{Version: md.Version, Arch: md.Arch, Release: md.Release, Digest: r.Digest, Size: md.Size,
-		Images: len(md.AllImages()), Approved: r.Approval, Warnings: r.Warnings}
+		Images: len(md.AllImages()), Approved: r.Approval, Warnings: slices.Concat(r.Warnings, r.SignaturePolicy)}
 	rep.entry = BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Reason), Conditions: conditions(r)}
 	return rep
 }

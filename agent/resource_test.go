@@ -220,7 +220,10 @@ func TestResource_SpecCleanupTakesTheBundleOut(t *testing.T) {
 		h.plug("/dev/sda", src)
 		h.waitReason("waiting for approval")
 		api.setPolicy(resourceName, BundlePolicy{Cleanup: true})
-		h.waitFor("the bundle cleaned up", func() bool { return h.record().Phase == PhaseCleaned })
+		h.waitFor("the bundle cleaned up, and said so in the resource", func() bool {
+			b, _ := api.bundle(resourceName)
+			return h.record().Phase == PhaseCleaned && b.nodes["node-a"].Phase == string(PhaseCleaned)
+		})
 		h.loader.mu.Lock()
 		loads := len(h.loader.loads)
 		h.loader.mu.Unlock()

@@ -36,6 +36,7 @@ type machine struct {
 	// upgrade is done; done is the last upgraded one, shown when idle.
 	previous *Record
 	done     *Record
+	cleaned  *Record // the last bundle taken out by cleanup, for its UpgradeBundle
 	asking   bool // an ask for the cluster upgrade is under way
 	// node is the machine config operator's state of this node, as last
 	// read (nil: none, or none since the upgrade was done on a node the
@@ -629,7 +630,7 @@ func (m *machine) cleanupDone(r *Record, j evJobDone) []effect {
 		return []effect{effReply{reply, fmt.Errorf("cleanup of %s: %w", r.Name, j.err)}}
 	}
 	effs := m.move(r, PhaseCleaned, "", Progress{})
-	m.active = nil
+	m.active, m.cleaned = nil, r
 	m.log.Info("cleaned up", "phase", string(PhaseCleaned), "bundle", r.Name, "digest", r.Digest)
 	return append(effs, effReply{reply, nil})
 }

@@ -268,7 +268,7 @@ func (m *machine) retireDone(r *Record, j evJobDone) []effect {
 	}
 	r.Retired = true
 	effs = append(effs, m.move(r, PhaseUpgraded, "", r.Progress)...)
-	m.previous, m.done, m.active = r, r, nil
+	m.previous, m.done, m.active, m.cleaned = r, r, nil, nil
 	m.log.Info("upgrade done: the bundle's files, registry and mirror are gone; its images stay pinned until the next upgrade",
 		"phase", string(PhaseUpgraded), "bundle", r.Name, "digest", r.Digest)
 	if reply != nil {
