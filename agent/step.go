@@ -37,7 +37,7 @@ type machine struct {
 	previous *Record
 	done     *Record
 	cleaned  *Record // the last bundle taken out by cleanup, for its UpgradeBundle
-	asking   bool // an ask for the cluster upgrade is under way
+	asking   bool    // an ask for the cluster upgrade is under way
 	// node is the machine config operator's state of this node, as last
 	// read (nil: none, or none since the upgrade was done on a node the
 	// MCO manages).
