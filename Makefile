@@ -58,9 +58,12 @@ fuzz: FUZZTIME = 2m
 
 # Integration tests against the real parts (root): udev, CRI-O, registries,
 # network namespaces, packaging tools. One package at a time: they share
-# udevd, loop devices and CPU.
+# udevd, loop devices and CPU. Of the fault campaign (make faults), the
+# disk-full fetch runs here too: it is issue 22's regression test on a
+# real filesystem.
 integration: build
 	$(GO) test -count=1 -p 1 -timeout 60m $$($(GO) list ./test/... | grep -v '/test/vm')
+	$(GO) test -tags faults,containers_image_openpgp -count=1 -timeout 10m -run 'TestFaults_AFetchThatFillsTheDiskIsAbandoned' ./test/faults
 
 e2e: build
 	$(GO) test -count=1 -timeout 45m -v ./test/vm
