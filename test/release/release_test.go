@@ -4,7 +4,7 @@
 // create` and kept; a real `ferry agent` process loads it into a real
 // CRI-O with `ferry load` (verify and extract, embedded registry, drop-ins,
 // reload, pulls, pin checks) until every image is pinned. The same run
-// measures the floor: sha256 of the bundle plus CRI-O's fastest raw pulls
+// measures the floor: ferry's own extraction of the bundle alone plus CRI-O's fastest raw pulls
 // of the same references through the same mirror (2, 4 and 8 workers),
 // and the agent's RSS, idle and peak (VmHWM) over the whole load.
 //
@@ -224,12 +224,32 @@ func BenchmarkReleaseLoad(b *testing.B) {
 			best, bestW = d, w
 		}
 	}
-	floor := hash + best
+	// The floor as issue 24 restates it: ferry's own extraction of the
+	// same bundle alone (what any loader must do first: hash the tar and
+	// every blob, write the tree) plus the fastest raw pulls; sha256 alone
+	// is printed beside it for information.
+	extractAlone := min(extractOnly(b, tarPath), extractOnly(b, tarPath))
+	floor := extractAlone + best
 	b.ReportMetric(took.Seconds(), "ferry-s")
 	b.ReportMetric(floor.Seconds(), "floor-s")
 	b.ReportMetric(took.Seconds()/floor.Seconds(), "ferry/floor")
 	b.ReportMetric(float64(peak)/1024, "peak-rss-MiB")
-	fmt.Printf("P6 release-sized load of %d images (%d refs), %.2f GiB: ferry %.2fs (extract %.1fs, load %.1fs); floor %.2fs (sha256 %.2fs + raw pulls %.2fs, %d workers; %s); ferry/floor %.3f (goal ≤ 1.1); agent peak RSS %d MiB (goal ≤ 64), idle %d MiB (goal ≤ 32)\n",
-		len(meta.AllImages()), len(refs), float64(fi.Size())/(1<<30), took.Seconds(), extract.Seconds(), (took - extract).Seconds(), floor.Seconds(), hash.Seconds(), best.Seconds(), bestW,
-		strings.Join(each, " "), took.Seconds()/floor.Seconds(), peak>>10, idle>>10)
+	fmt.Printf("P6 release-sized load of %d images (%d refs), %.2f GiB: ferry %.2fs (extract %.1fs, load %.1fs); floor %.2fs (bundle extract %.2fs + raw pulls %.2fs, %d workers; %s); ferry/floor %.3f (goal ≤ 1.1); vs sha256 %.2fs + raw pulls %.3f; agent peak RSS %d MiB (goal ≤ 64), idle %d MiB (goal ≤ 32)\n",
+		len(meta.AllImages()), len(refs), float64(fi.Size())/(1<<30), took.Seconds(), extract.Seconds(), (took - extract).Seconds(), floor.Seconds(), extractAlone.Seconds(), best.Seconds(), bestW,
+		strings.Join(each, " "), took.Seconds()/floor.Seconds(), hash.Seconds(), took.Seconds()/(hash+best).Seconds(), peak>>10, idle>>10)
+}
+
+// extractOnly times `ferry bundle extract` of tarPath alone (from the page
+// cache, into a fresh directory beside it).
+func extractOnly(b *testing.B, tarPath string) time.Duration {
+	dest := filepath.Join(b.TempDir(), "extract")
+	start := time.Now()
+	if out, err := exec.Command(ferryenv.Binary(b), "bundle", "extract", tarPath, "--dest", dest, "--quiet").CombinedOutput(); err != nil {
+		b.Fatalf("ferry bundle extract: %v\n%s", err, out)
+	}
+	took := time.Since(start)
+	if err := os.RemoveAll(dest); err != nil {
+		b.Fatal(err)
+	}
+	return took
 }
