@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/test/fixture"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
@@ -47,16 +48,7 @@ func condition(nodes map[string]any, node, typ string) string {
 // upgrade starts; C, restarted, catches up; the version operator finishes
 // and every node's Updated condition is True.
 func TestAgents_TheUpgradeBundleRunsTheClusterFromTheAPI(t *testing.T) {
-	e := kubeenv.Start(t, runningRelease)
-	e.InstallFerry()
-	e.InstallUpgradeBundles(repoFile("packaging/upgradebundle-crd.yaml"))
-	api := forwardAPI(t, e)
-	f := newFleet(t, fleetOptions{Nodes: 3, CRIO: true, Setup: func(n *Node, cfg *agent.Config) {
-		api(n, cfg)
-		cfg.Approval = "required"
-	}})
-	reg := fixture.NewRegistry(t)
-	tarPath, meta, digest := realBundle(t, reg, "4.13.7", 11, "--signature-store", "")
+	e, f, tarPath, meta, digest := bundleFleet(t)
 	name := agent.ResourceName(meta.Version, meta.Arch)
 	a, b, c := f.nodes[0], f.nodes[1], f.nodes[2]
 	c.A.Stop()
@@ -167,16 +159,7 @@ func versionOperatorFinishes(t *testing.T, e *kubeenv.Env, f *fleet, name, relea
 // and counts again once the administrator takes it off the list; the
 // version operator finishes and every node is Updated.
 func TestAgents_ABundleApprovedAheadInItsUpgradeBundle(t *testing.T) {
-	e := kubeenv.Start(t, runningRelease)
-	e.InstallFerry()
-	e.InstallUpgradeBundles(repoFile("packaging/upgradebundle-crd.yaml"))
-	api := forwardAPI(t, e)
-	f := newFleet(t, fleetOptions{Nodes: 3, CRIO: true, Setup: func(n *Node, cfg *agent.Config) {
-		api(n, cfg)
-		cfg.Approval = "required"
-	}})
-	reg := fixture.NewRegistry(t)
-	tarPath, meta, digest := realBundle(t, reg, "4.13.7", 11, "--signature-store", "")
+	e, f, tarPath, meta, digest := bundleFleet(t)
 	name := agent.ResourceName(meta.Version, meta.Arch)
 	e.PatchBundleSpec(name, map[string]any{"approvedDigest": digest, "schedule": "Automatic"})
 	a, b, c := f.nodes[0], f.nodes[1], f.nodes[2]
@@ -217,4 +200,20 @@ func TestAgents_ABundleApprovedAheadInItsUpgradeBundle(t *testing.T) {
 		return st["nodesReady"] == "3/3" && condition(nodes, c.Name, "Loaded") == "True"
 	})
 	versionOperatorFinishes(t, e, f, name, meta.Release)
+}
+
+// bundleFleet is three agents with real CRI-O, approval required and
+// nothing approved in their configs, against the real API server with
+// ferry's CRD, RBAC and admission policies; and a release bundle for them.
+func bundleFleet(t *testing.T) (e *kubeenv.Env, f *fleet, tarPath string, meta *bundle.Metadata, digest string) {
+	e = kubeenv.Start(t, runningRelease)
+	e.InstallFerry()
+	e.InstallUpgradeBundles(repoFile("packaging/upgradebundle-crd.yaml"))
+	api := forwardAPI(t, e)
+	f = newFleet(t, fleetOptions{Nodes: 3, CRIO: true, Setup: func(n *Node, cfg *agent.Config) {
+		api(n, cfg)
+		cfg.Approval = "required"
+	}})
+	tarPath, meta, digest = realBundle(t, fixture.NewRegistry(t), "4.13.7", 11, "--signature-store", "")
+	return e, f, tarPath, meta, digest
 }
