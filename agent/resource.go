@@ -205,7 +205,7 @@ func summarize(rep *bundleReport, view BundleView, self string, nodes []string, 
 			continue
 		}
 		waited++
-		if Phase(e.Phase).Loaded() && e.Digest == rep.entry.Digest {
+		if p := Phase(e.Phase); (p.Loaded() || p == PhaseUpgraded) && e.Digest == rep.entry.Digest {
 			ready++
 		}
 		if phase == "" || phaseRank(e.Phase) < phaseRank(phase) {

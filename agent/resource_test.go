@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -234,4 +235,18 @@ func TestResource_SpecCleanupTakesTheBundleOut(t *testing.T) {
 			t.Fatalf("extracted dir kept: %v", err)
 		}
 	})
+}
+
+func TestSummarize_UpgradedNodesCountAsReady(t *testing.T) {
+	const d = "sha256:aa"
+	rep := &bundleReport{entry: BundleNodeEntry{Phase: string(PhaseUpgraded), Digest: d}}
+	view := BundleView{Nodes: map[string]BundleNodeEntry{
+		"b": {Phase: string(PhaseUpgrading), Digest: d},
+		"c": {Phase: string(PhaseExtracted), Digest: d},
+		"d": {Phase: string(PhaseCleaned), Digest: d},
+	}}
+	sum := summarize(rep, view, "a", []string{"a", "b", "c", "d", "e"}, map[string]string{"e": "listed in spec.excludedNodes"})
+	if sum.NodesReady != "2/4" || sum.Phase != string(PhaseExtracted) || !slices.Equal(sum.Excluded, []string{"e: listed in spec.excludedNodes"}) {
+		t.Fatalf("summary %+v", sum)
+	}
 }

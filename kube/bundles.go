@@ -108,7 +108,15 @@ func (c *Client) CreateUpgradeBundle(ctx context.Context, name string) error {
 // PublishBundleStatus writes the summary and node's own entry into the
 // UpgradeBundle's status with one merge patch: other nodes' entries stay.
 func (c *Client) PublishBundleStatus(ctx context.Context, name string, sum BundleSummary, node string, entry BundleNode) error {
-	status := map[string]any{"nodes": map[string]any{node: entry}}
+	// A merge patch keeps what it does not name: a field now empty is
+	// sent as null, or a reason from an earlier phase would stay.
+	own := map[string]any{"phase": entry.Phase, "digest": entry.Digest, "reason": entry.Reason, "excluded": entry.Excluded, "conditions": entry.Conditions}
+	for k, v := range own {
+		if v == "" {
+			own[k] = nil
+		}
+	}
+	status := map[string]any{"nodes": map[string]any{node: own}}
 	for k, v := range map[string]any{"version": sum.Version, "arch": sum.Arch, "release": sum.Release, "digest": sum.Digest,
 		"size": sum.Size, "images": sum.Images, "phase": sum.Phase, "nodesReady": sum.NodesReady, "approved": sum.Approved, "warnings": sum.Warnings, "excluded": sum.Excluded} {
 		status[k] = v

@@ -124,7 +124,8 @@ func TestAgent_ABundleApprovedAheadInItsUpgradeBundleGoesThroughAlone(t *testing
 		cs, _ := n["conditions"].([]any)
 		for _, cd := range cs {
 			if cd, _ := cd.(map[string]any); cd["type"] == "Updated" && cd["status"] == "True" {
-				return st["approved"] == "digest" && st["nodesReady"] == "1/1"
+				_, stale := n["reason"] // "waiting for approval", from before the spec was read
+				return st["approved"] == "digest" && st["nodesReady"] == "1/1" && !stale
 			}
 		}
 		return false

@@ -471,7 +471,10 @@ func serve(mode string) error {
 			return err
 		}
 		addr = ln.Addr().String()
-		srv := peer.NewServer(shelf, peer.ServerOptions{Log: log})
+		// Every load client dials from loopback, standing for one peer
+		// each: the per-client limit (a hostile client's bound, tested in
+		// peer) would turn most of them away.
+		srv := peer.NewServer(shelf, peer.ServerOptions{Log: log, MaxConnsPerClient: clients(), MaxConns: max(128, clients())})
 		run = func() error { return srv.Serve(ctx, ln) }
 	case "registry":
 		reg, err := registry.New(filepath.Join(os.TempDir(), fmt.Sprintf("ferry-load-registry-%d", os.Getpid())), 0, log)
