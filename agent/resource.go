@@ -241,11 +241,13 @@ func (a *Agent) followBundle(ctx context.Context, api BundleAPI) {
 	lastPhase, lastErr := map[string]string{}, ""
 	var approved []string
 	var approvalsErr string
-	for {
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return
+	for first := true; ; first = false {
+		if !first { // the first round at once: approvals written ahead count from the start
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return
+			}
 		}
 		a.readApprovals(ctx, api, &approved, &approvalsErr)
 		rep := a.snap.Load().bundle
