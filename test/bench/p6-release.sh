@@ -9,7 +9,8 @@
 # information. Prints the
 # ratio (goal <= 1.1x) and the agent's peak RSS over the load (goal <= 64
 # MiB) and idle RSS (goal <= 32 MiB). P6_MIB (default 3960) scales the
-# bundle, P6_WORKERS (default "2 4 8") the raw pull configurations. Takes
+# bundle, P6_WORKERS (default "2 4 8") the raw pull configurations,
+# FERRY_P6_PACING=off runs the agent without pacing. Takes
 # ~10 min on 2 cores, ~15 the first time (the bundle is made).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -182,6 +182,7 @@ func BenchmarkReleaseLoad(b *testing.B) {
 	root := b.TempDir()
 	cfg := ferryenv.Config(root)
 	c.Configure(&cfg)
+	cfg.Pacing.Enabled = envOr("FERRY_P6_PACING", "on") != "off" // off: what pacing costs the load
 	a := ferryenv.Start(b, cfg)
 	a.WaitPhase(time.Minute, agent.PhaseIdle)
 	pid := a.Cmd.Process.Pid
