@@ -164,18 +164,34 @@ func startBundleNode(t *testing.T, admin func(e *kubeenv.Env, name, digest strin
 	if admin != nil {
 		admin(e, n.name, n.digest)
 	}
+	n.a = nodeAgent(t, e, tarPath, func(cfg *agent.Config) {
+		c.Configure(cfg)
+		cfg.Approval = "required"
+		n.tree = filepath.Join(cfg.Paths.ExtractDir, meta.DirName())
+	})
+	return n
+}
+
+// nodeAgent starts the agent of node-a with its own credential, set up
+// further by configure (nil: as ferryenv makes it), and gives it tarPath
+// with ferry load ("" gives nothing).
+func nodeAgent(t *testing.T, e *kubeenv.Env, tarPath string, configure func(*agent.Config)) *ferryenv.Agent {
+	t.Helper()
 	cfg := ferryenv.Config(t.TempDir())
-	c.Configure(&cfg)
 	cfg.NodeName = "node-a"
-	cfg.Approval = "required"
 	cfg.Cluster.Kubeconfig = e.NodeKubeconfig("node-a")
-	n.tree = filepath.Join(cfg.Paths.ExtractDir, meta.DirName())
-	n.a = ferryenv.Start(t, cfg)
-	n.a.WaitPhase(bound, "idle")
-	if out, err := n.a.Ferry("load", tarPath); err != nil {
+	if configure != nil {
+		configure(&cfg)
+	}
+	a := ferryenv.Start(t, cfg)
+	a.WaitPhase(bound, "idle")
+	if tarPath == "" {
+		return a
+	}
+	if out, err := a.Ferry("load", tarPath); err != nil {
 		t.Fatalf("ferry load: %v\n%s", err, out)
 	}
-	return n
+	return a
 }
 
 // TestAgent_SpecCleanupTakesOutABundleWaitingForApproval: a bundle the

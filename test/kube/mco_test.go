@@ -94,15 +94,7 @@ func TestAgent_KeepsItsMirrorUntilTheMCOIsDoneWithTheNode(t *testing.T) {
 	e.SetMachineConfig("node-a", "Done", oldConfig, oldConfig)
 	tarPath, meta := releaseBundle(t)
 
-	cfg := ferryenv.Config(t.TempDir())
-	c.Configure(&cfg)
-	cfg.NodeName = "node-a"
-	cfg.Cluster.Kubeconfig = e.NodeKubeconfig("node-a")
-	a := ferryenv.Start(t, cfg)
-	a.WaitPhase(bound, "idle")
-	if out, err := a.Ferry("load", tarPath); err != nil {
-		t.Fatalf("ferry load: %v\n%s", err, out)
-	}
+	a := nodeAgent(t, e, tarPath, func(cfg *agent.Config) { c.Configure(cfg) })
 	a.WaitPhase(bound, agent.PhaseClusterReady)
 	a.Wait(bound, "the config from before the upgrade recorded", func(s agent.Status) bool {
 		for _, r := range s.Bundles {
@@ -142,10 +134,10 @@ func TestAgent_KeepsItsMirrorUntilTheMCOIsDoneWithTheNode(t *testing.T) {
 	if ents, _ := os.ReadDir(c.Dropins.CertsDir); len(ents) != 0 {
 		t.Errorf("certs.d entries left: %v", ents)
 	}
-	if _, err := os.Stat(filepath.Join(cfg.Paths.ExtractDir, meta.DirName())); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(a.Cfg.Paths.ExtractDir, meta.DirName())); !os.IsNotExist(err) {
 		t.Error("the extracted tree outlived the MCO's update")
 	}
-	if registryAnswers(t, cfg) {
+	if registryAnswers(t, a.Cfg) {
 		t.Error("the embedded registry still answers")
 	}
 	cl := c.Client(t)

@@ -9,7 +9,6 @@ import (
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/kube"
-	"github.com/ferry-edge/ferry/test/ferryenv"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
 
@@ -88,12 +87,8 @@ func TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake(t *testing.T) {
 		Message: "Cluster operator storage should not be upgraded between minor versions: the vSphere CSI driver needs a newer vCenter"})
 	tarPath, meta := releaseBundle(t)
 
-	cfg := ferryenv.Config(t.TempDir())
-	cfg.NodeName = "node-a"
-	cfg.Cluster.Kubeconfig = e.NodeKubeconfig("node-a")
-	a := ferryenv.Start(t, cfg)
-	a.WaitPhase(bound, "idle")
-	a.Ferry("load", tarPath)
+	a := nodeAgent(t, e, "", nil)
+	a.Ferry("load", tarPath) // refused: the status says why
 	s := a.WaitPhase(bound, agent.PhaseRejected)
 	if !strings.Contains(s.Reason, "the vSphere CSI driver needs a newer vCenter") || !strings.Contains(s.Reason, "not upgradeable to a new minor version") {
 		t.Fatalf("reason %q", s.Reason)
@@ -101,7 +96,7 @@ func TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake(t *testing.T) {
 	waitUntil(t, "the refusal on the Node", func() bool {
 		return strings.Contains(e.Annotations("node-a")["ferry.io/reason"], "not upgradeable")
 	})
-	if _, err := statDir(cfg.Paths.ExtractDir, meta.DirName()); err == nil {
+	if _, err := statDir(a.Cfg.Paths.ExtractDir, meta.DirName()); err == nil {
 		t.Error("the refused bundle was extracted")
 	}
 	name := agent.ResourceName(meta.Version, meta.Arch)
@@ -132,14 +127,7 @@ func TestAgent_PreflightWarningsShowInTheStatusAndTheUpgradeBundle(t *testing.T)
 	e.CreatePod("shop", "front", "quay.io/my-company/front:latest", "Always")
 	tarPath, meta := releaseBundle(t)
 
-	cfg := ferryenv.Config(t.TempDir())
-	cfg.NodeName = "node-a"
-	cfg.Cluster.Kubeconfig = e.NodeKubeconfig("node-a")
-	a := ferryenv.Start(t, cfg)
-	a.WaitPhase(bound, "idle")
-	if out, err := a.Ferry("load", tarPath); err != nil {
-		t.Fatalf("ferry load: %v\n%s", err, out)
-	}
+	a := nodeAgent(t, e, tarPath, nil)
 	s := a.WaitPhase(bound, agent.PhaseExtracted)
 	want := []string{"machine config pool worker is paused", "ingress is degraded: 2 of 3 router replicas are unavailable", "shop/front/main (quay.io/my-company/front:latest)"}
 	for _, w := range want {
