@@ -51,6 +51,13 @@ func (h *harness) record() Record {
 	return Record{}
 }
 
+// loads is how many loads the fake loader was asked for.
+func (h *harness) loads() int {
+	h.loader.mu.Lock()
+	defer h.loader.mu.Unlock()
+	return len(h.loader.loads)
+}
+
 func (h *harness) retires() int {
 	h.loader.mu.Lock()
 	defer h.loader.mu.Unlock()

@@ -142,9 +142,7 @@ func TestResource_ApprovedInTheSpecLoadsWithNoRestart(t *testing.T) {
 		b, ok := api.bundle(resourceName)
 		return ok && b.sum.Approved == "waiting for approval"
 	})
-	h.loader.mu.Lock()
-	loads := len(h.loader.loads)
-	h.loader.mu.Unlock()
+	loads := h.loads()
 	if loads != 0 {
 		t.Fatal("an unapproved bundle was loaded")
 	}
@@ -185,9 +183,7 @@ func TestResource_ASpecApprovingAnotherDigestIsNotOverriddenLocally(t *testing.T
 		return len(b.sum.Excluded) == 1 && b.sum.Excluded[0] == "b: listed in spec.excludedNodes"
 	})
 	time.Sleep(200 * time.Millisecond)
-	h.loader.mu.Lock()
-	loads := len(h.loader.loads)
-	h.loader.mu.Unlock()
+	loads := h.loads()
 	if s := h.agent.Status(); loads != 0 || s.Phase != string(PhaseExtracted) {
 		t.Fatalf("the node's approval overrode the spec's: %d loads, status %+v", loads, s)
 	}
@@ -225,9 +221,7 @@ func TestResource_SpecCleanupTakesTheBundleOut(t *testing.T) {
 			b, _ := api.bundle(resourceName)
 			return h.record().Phase == PhaseCleaned && b.nodes["node-a"].Phase == string(PhaseCleaned)
 		})
-		h.loader.mu.Lock()
-		loads := len(h.loader.loads)
-		h.loader.mu.Unlock()
+		loads := h.loads()
 		if loads != 0 {
 			t.Fatal("loaded")
 		}
