@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -243,5 +244,52 @@ func BenchmarkCutThrough(b *testing.B) {
 					mode, n, *cutSizeMiB, *cutStickMiB, *cutRateMB, per.Seconds(), float64(per)/float64(floor), floor.Seconds(), disk)
 			})
 		}
+	}
+}
+
+// TestAgents_AFetchFromACompletePeerKeepsOneCopyOnDisk: B is down while
+// A reads and extracts a 512 MiB bundle; started after A is done, B
+// fetches it from a peer holding all of it, and extracts the bytes as
+// they arrive: its state and extract dirs never hold more than 1.1 × the
+// bundle (the tree plus the kept part of the window, not tar and tree).
+func TestAgents_AFetchFromACompletePeerKeepsOneCopyOnDisk(t *testing.T) {
+	const size = 512 << 20
+	tarPath, err := bigbundle.Make(size, bigBlob, os.TempDir()+"/ferry-test-bundles")
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest := sidecarDigest(t, tarPath)
+	fi, err := os.Stat(tarPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFleet(t, fleetOptions{Nodes: 2, Rate: bigRate, Setup: func(_ *Node, cfg *agent.Config) {
+		cfg.Media.Detect = "manual"
+	}})
+	a, b := f.nodes[0], f.nodes[1]
+	b.A.Stop()
+	a.load(t, tarPath)
+	a.waitHolds(t, agent.PhaseExtracted, digest)
+
+	run := cutRun{firstBytes: map[string]time.Time{}, peak: map[string]int64{}}
+	var mu sync.Mutex
+	ctx, stop := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { watchFetcher(ctx, b, &mu, &run) })
+	b.A.Restart()
+	b.waitHolds(t, agent.PhaseExtracted, digest)
+	stop()
+	wg.Wait()
+
+	if _, ok := run.firstBytes[b.Name]; !ok {
+		t.Fatalf("%s was never seen fetching: the disk was not sampled during its fetch", b.Name)
+	}
+	ratio := float64(run.peak[b.Name]) / float64(fi.Size())
+	t.Logf("%s fetched from a complete peer: disk peak %d MiB = %.3f × the bundle", b.Name, run.peak[b.Name]>>20, ratio)
+	if ratio > 1.1 {
+		t.Errorf("%s's state and extract dirs peaked at %.3f × the bundle, want at most 1.1 ×: the fetch kept more than one copy", b.Name, ratio)
+	}
+	if err := bigbundle.CheckTree(filepath.Join(b.Cfg.Paths.ExtractDir, fmt.Sprintf("0.1.%d-x86_64", size>>20)), size, bigBlob); err != nil {
+		t.Fatal(err)
 	}
 }
