@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer"
 )
 
@@ -186,7 +187,7 @@ func statusLine(s Status) string {
 		}
 		return "fetching " + name + " from peers"
 	case PhaseExtracted:
-		line := fmt.Sprintf("extracted %s (%s): the stick can be unplugged", name, ShortDigest(s.Digest))
+		line := fmt.Sprintf("extracted %s (%s): the stick can be unplugged", name, sha256digest.Short(s.Digest))
 		if s.Reason != "" {
 			line += " — " + s.Reason
 		}
@@ -205,13 +206,13 @@ func statusLine(s Status) string {
 		if s.Progress != nil {
 			n = s.Progress.Total
 		}
-		return fmt.Sprintf("loaded %s: %d images pinned (%s)", s.Version, n, ShortDigest(s.Digest))
+		return fmt.Sprintf("loaded %s: %d images pinned (%s)", s.Version, n, sha256digest.Short(s.Digest))
 	case PhaseClusterReady:
 		n := int64(0)
 		if s.Progress != nil {
 			n = s.Progress.Total
 		}
-		line := fmt.Sprintf("cluster-ready %s: every node is loaded, %d images pinned (%s)", s.Version, n, ShortDigest(s.Digest))
+		line := fmt.Sprintf("cluster-ready %s: every node is loaded, %d images pinned (%s)", s.Version, n, sha256digest.Short(s.Digest))
 		if s.Reason != "" {
 			line += " — " + s.Reason
 		}
@@ -229,7 +230,7 @@ func statusLine(s Status) string {
 		if s.Reason != "" {
 			return "upgraded to " + s.Version + " — " + s.Reason
 		}
-		return fmt.Sprintf("upgraded to %s (%s): its images stay pinned until the next upgrade; waiting for the next upgrade stick", s.Version, ShortDigest(s.Digest))
+		return fmt.Sprintf("upgraded to %s (%s): its images stay pinned until the next upgrade; waiting for the next upgrade stick", s.Version, sha256digest.Short(s.Digest))
 	case PhaseRejected:
 		return "rejected " + name + ": " + s.Reason
 	case PhaseConflict:

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/ferry-edge/ferry/imagepolicy"
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/localapi"
 
 	"golang.org/x/sync/errgroup"
@@ -337,7 +338,7 @@ func clusterStatus(ctx context.Context, cfg agent.Config, asJSON bool) error {
 		row := func(name string, s peer.Status, note string) {
 			digest := "-"
 			if s.Digest != "" {
-				digest = agent.ShortDigest(s.Digest)
+				digest = sha256digest.Short(s.Digest)
 			}
 			fmt.Printf("%-24s %-14s %-20s %-22s %s\n", name, s.Phase, digest, or(s.Progress, "-"), note)
 		}
