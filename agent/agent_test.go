@@ -587,38 +587,6 @@ func TestAgent_CleanupBeforeLoadingTakesTheBundleOut(t *testing.T) {
 	}
 }
 
-func TestStatusAPI_OverUnixSocket(t *testing.T) {
-	h := newHarness(t, t.TempDir())
-	h.cfg.Paths.Socket = filepath.Join(t.TempDir(), "ferry.sock")
-	h.start()
-	go h.agent.ServeStatus(t.Context(), h.cfg.Paths.Socket)
-	c := NewClient(h.cfg.Paths.Socket)
-	var s Status
-	var err error
-	for range 200 {
-		if s, err = c.Status(t.Context()); err == nil {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	must(t, err)
-	if s.Node != "node-a" || s.Phase != "idle" {
-		t.Fatalf("%+v", s)
-	}
-	fi, err := os.Stat(h.cfg.Paths.Socket)
-	must(t, err)
-	if fi.Mode().Perm() != 0o600 {
-		t.Fatalf("socket mode %v", fi.Mode().Perm())
-	}
-	p, _ := bundletest.Write(t, t.TempDir(), bundletest.Options{})
-	_, err = c.Load(t.Context(), p)
-	must(t, err)
-	h.waitPhase(PhaseClusterReady)
-	if _, err := NewClient(filepath.Join(t.TempDir(), "none.sock")).Status(t.Context()); !errors.Is(err, ErrNotRunning) {
-		t.Fatalf("no agent: %v", err)
-	}
-}
-
 func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"aead.dev/minisign"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -16,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"aead.dev/minisign"
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer"
 )
 
@@ -58,20 +59,10 @@ func refuses(s peer.Status, digest string) bool {
 // and not the same one.
 func conflicting(a, b peer.Status) bool { return holds(a) && holds(b) && a.Digest != b.Digest }
 
-// ShortDigest is the one short form of a digest shown to people:
-// "sha256:" and the first 12 hex digits.
-func ShortDigest(d string) string {
-	h := strings.TrimPrefix(d, "sha256:")
-	if len(h) > 12 {
-		h = h[:12]
-	}
-	return "sha256:" + h
-}
-
 func shortDigests(set map[string]bool) string {
 	var ds []string
 	for d := range set {
-		ds = append(ds, ShortDigest(d))
+		ds = append(ds, sha256digest.Short(d))
 	}
 	sort.Strings(ds)
 	return strings.Join(ds, ", ")
@@ -131,7 +122,7 @@ func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 		d.Verdict = Conflict
 		var parts []string
 		for dg, ns := range d.Digests {
-			parts = append(parts, fmt.Sprintf("%s on %s", ShortDigest(dg), strings.Join(ns, ", ")))
+			parts = append(parts, fmt.Sprintf("%s on %s", sha256digest.Short(dg), strings.Join(ns, ", ")))
 		}
 		sort.Strings(parts)
 		d.Reason = "different bundles in one cluster: " + strings.Join(parts, "; ") + "; remove the wrong stick's bundle (ferry status on each node) and plug one bundle only"
@@ -168,6 +159,6 @@ func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 		return d
 	}
 	d.Verdict = Ready
-	d.Reason = fmt.Sprintf("all %d nodes loaded %s", len(names), ShortDigest(d.Digest))
+	d.Reason = fmt.Sprintf("all %d nodes loaded %s", len(names), sha256digest.Short(d.Digest))
 	return d
 }

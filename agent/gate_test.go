@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer"
 )
 
@@ -61,7 +62,7 @@ func TestDecide(t *testing.T) {
 			if d.Reason == "" {
 				t.Fatal("no reason given")
 			}
-			if tc.want == Conflict && (!strings.Contains(d.Reason, ShortDigest(d1)) || !strings.Contains(d.Reason, ShortDigest(d2)) || len(d.Digests) != 2) {
+			if tc.want == Conflict && (!strings.Contains(d.Reason, sha256digest.Short(d1)) || !strings.Contains(d.Reason, sha256digest.Short(d2)) || len(d.Digests) != 2) {
 				t.Fatalf("conflict reason %q / digests %v does not name both bundles", d.Reason, d.Digests)
 			}
 		})

@@ -432,14 +432,6 @@ func (a *Agent) share(r *Record, pieces *peer.PieceList) {
 	}
 }
 
-// HookRun records the on_ready hook's one run.
-type HookRun struct {
-	Started  time.Time `json:"started"`
-	Finished time.Time `json:"finished,omitzero"`
-	Exit     int       `json:"exit"`
-	Error    string    `json:"error,omitempty"`
-}
-
 // runHook runs on_ready, which the machine marked started.
 func (a *Agent) runHook(ctx context.Context, r *Record) event {
 	argv := a.cfg.Cluster.OnReady

@@ -3,11 +3,12 @@ package agent
 import (
 	"context"
 	"errors"
-	"github.com/ferry-edge/ferry/bundle"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/ferry-edge/ferry/bundle"
 )
 
 // Run watches for bundles until ctx ends. It is the only goroutine that

@@ -78,6 +78,21 @@ type Record struct {
 	TarSize int64 `json:"tarSize,omitempty"`
 }
 
+// HookRun records the on_ready hook's one run.
+type HookRun struct {
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished,omitzero"`
+	Exit     int       `json:"exit"`
+	Error    string    `json:"error,omitempty"`
+}
+
+// UpgradeRun records the cluster upgrade this node asked for.
+type UpgradeRun struct {
+	Requested time.Time `json:"requested"`
+	Accepted  time.Time `json:"accepted,omitzero"`
+	Error     string    `json:"error,omitempty"`
+}
+
 // Store keeps records as one JSON file each, written atomically.
 type Store struct{ dir string }
 

@@ -1,18 +1,12 @@
 package agent
 
 import (
-	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer"
 )
 
@@ -193,7 +187,7 @@ func statusLine(s Status) string {
 		}
 		return "fetching " + name + " from peers"
 	case PhaseExtracted:
-		line := fmt.Sprintf("extracted %s (%s): the stick can be unplugged", name, ShortDigest(s.Digest))
+		line := fmt.Sprintf("extracted %s (%s): the stick can be unplugged", name, sha256digest.Short(s.Digest))
 		if s.Reason != "" {
 			line += " — " + s.Reason
 		}
@@ -212,13 +206,13 @@ func statusLine(s Status) string {
 		if s.Progress != nil {
 			n = s.Progress.Total
 		}
-		return fmt.Sprintf("loaded %s: %d images pinned (%s)", s.Version, n, ShortDigest(s.Digest))
+		return fmt.Sprintf("loaded %s: %d images pinned (%s)", s.Version, n, sha256digest.Short(s.Digest))
 	case PhaseClusterReady:
 		n := int64(0)
 		if s.Progress != nil {
 			n = s.Progress.Total
 		}
-		line := fmt.Sprintf("cluster-ready %s: every node is loaded, %d images pinned (%s)", s.Version, n, ShortDigest(s.Digest))
+		line := fmt.Sprintf("cluster-ready %s: every node is loaded, %d images pinned (%s)", s.Version, n, sha256digest.Short(s.Digest))
 		if s.Reason != "" {
 			line += " — " + s.Reason
 		}
@@ -236,7 +230,7 @@ func statusLine(s Status) string {
 		if s.Reason != "" {
 			return "upgraded to " + s.Version + " — " + s.Reason
 		}
-		return fmt.Sprintf("upgraded to %s (%s): its images stay pinned until the next upgrade; waiting for the next upgrade stick", s.Version, ShortDigest(s.Digest))
+		return fmt.Sprintf("upgraded to %s (%s): its images stay pinned until the next upgrade; waiting for the next upgrade stick", s.Version, sha256digest.Short(s.Digest))
 	case PhaseRejected:
 		return "rejected " + name + ": " + s.Reason
 	case PhaseConflict:
@@ -254,153 +248,4 @@ func ofTotal(done, total int64) string {
 		unit, div = "MiB", 1<<20
 	}
 	return fmt.Sprintf("%.1f/%.1f %s", float64(done)/div, float64(total)/div, unit)
-}
-
-// ServeStatus serves the local status API on a unix socket (mode 0600)
-// until ctx ends.
-func (a *Agent) ServeStatus(ctx context.Context, path string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return err
-	}
-	os.Remove(path)
-	ul, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		return fmt.Errorf("status socket: %w", err)
-	}
-	l := fdListener{ul}
-	if err := os.Chmod(path, 0o600); err != nil {
-		l.Close()
-		return err
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, a.Status())
-	})
-	act := func(kind string) http.HandlerFunc {
-		return func(w http.ResponseWriter, r *http.Request) {
-			var m Medium
-			if kind == "load" {
-				p, err := passedBundle(r)
-				if err != nil {
-					a.log.Warn("ferry load refused", "err", err)
-					writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
-					return
-				}
-				m = p
-			}
-			err := a.Request(r.Context(), kind, m)
-			if err != nil {
-				writeJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
-				return
-			}
-			writeJSON(w, http.StatusOK, a.Status())
-		}
-	}
-	mux.HandleFunc("GET /v1/cluster", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, a.Cluster())
-	})
-	mux.HandleFunc("POST /v1/proceed", act("proceed"))
-	mux.HandleFunc("POST /v1/load", act("load"))
-	mux.HandleFunc("POST /v1/cleanup", act("cleanup"))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			return context.WithValue(ctx, fdConnKey{}, c)
-		}}
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		srv.Shutdown(sctx)
-	}()
-	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	os.Remove(path)
-	return nil
-}
-
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(v)
-}
-
-// ErrNotRunning means nothing answers on the status socket.
-var ErrNotRunning = errors.New("the ferry agent is not running")
-
-// Client talks to a running agent over its socket.
-type Client struct {
-	path string
-	hc   *http.Client
-}
-
-// NewClient returns a client for the socket at path.
-func NewClient(path string) *Client {
-	c := &Client{path: path}
-	c.hc = &http.Client{
-		Timeout:   30 * time.Minute,
-		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return c.dial(ctx) }},
-	}
-	return c
-}
-
-func (c *Client) dial(ctx context.Context) (net.Conn, error) {
-	var d net.Dialer
-	return d.DialContext(ctx, "unix", c.path)
-}
-
-// Status asks the agent for its status.
-func (c *Client) Status(ctx context.Context) (Status, error) {
-	return c.call(ctx, http.MethodGet, "/v1/status")
-}
-
-// Cluster asks the agent for every node's phase.
-func (c *Client) Cluster(ctx context.Context) (ClusterStatus, error) {
-	var cs ClusterStatus
-	b, err := c.raw(ctx, http.MethodGet, "/v1/cluster")
-	if err != nil {
-		return cs, err
-	}
-	return cs, json.Unmarshal(b, &cs)
-}
-
-// Do asks the agent to clean up ("cleanup") or proceed ("proceed"); Load
-// gives it a bundle.
-func (c *Client) Do(ctx context.Context, kind string) (Status, error) {
-	return c.call(ctx, http.MethodPost, "/v1/"+kind)
-}
-
-func (c *Client) call(ctx context.Context, method, path string) (Status, error) {
-	var s Status
-	b, err := c.raw(ctx, method, path)
-	if err != nil {
-		return s, err
-	}
-	return s, json.Unmarshal(b, &s)
-}
-
-func (c *Client) raw(ctx context.Context, method, path string) ([]byte, error) {
-	return raw(ctx, c.hc, method, path)
-}
-
-func raw(ctx context.Context, hc *http.Client, method, path string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, method, "http://ferry"+path, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("%w (%v): start it with 'systemctl start ferry'", ErrNotRunning, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		var e struct{ Error string }
-		json.Unmarshal(b, &e)
-		return nil, errors.New(e.Error)
-	}
-	return b, nil
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer"
 )
 
@@ -338,7 +339,7 @@ func (m *machine) sameBundle(o evOffer, act *Record) bool {
 func (m *machine) offerWhileHeld(o evOffer, act *Record, log *slog.Logger) []effect {
 	if m.sameBundle(o, act) {
 		log.Info("this bundle is already here; nothing to do", "phase", string(act.Phase))
-		m.notice = fmt.Sprintf("%s on %s is the bundle already held (%s)", o.src.Name(), orFile(o.device), ShortDigest(act.Digest))
+		m.notice = fmt.Sprintf("%s on %s is the bundle already held (%s)", o.src.Name(), orFile(o.device), sha256digest.Short(act.Digest))
 		return nil
 	}
 	reason := fmt.Sprintf("%s differs from the bundle this node already holds (%s, %s): remove this stick; run 'ferry cleanup' first to replace the bundle",
@@ -903,7 +904,7 @@ func (m *machine) peersAgree(r *Record) (bool, string) {
 		case st.Err != nil:
 			waiting = append(waiting, p+" (unreachable)")
 		case conflicting(self, st.Status):
-			return false, fmt.Sprintf("conflict: node %s holds another bundle (%s, %s): remove the second stick and run 'ferry cleanup' there", nodeName(p, st.Status), st.Version, ShortDigest(st.Digest))
+			return false, fmt.Sprintf("conflict: node %s holds another bundle (%s, %s): remove the second stick and run 'ferry cleanup' there", nodeName(p, st.Status), st.Version, sha256digest.Short(st.Digest))
 		case refuses(st.Status, r.Digest):
 			return false, fmt.Sprintf("node %s refuses this bundle (%s): every node must hold it before anything is pinned; approve it there (approved_digests or trusted_keys) or bring a bundle every node approves", nodeName(p, st.Status), st.Status.Error)
 		case st.Digest != r.Digest:

@@ -16,6 +16,7 @@ import (
 
 	"aead.dev/minisign"
 	"github.com/ferry-edge/ferry/internal/diskspace"
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
 // Policy is what a bundle must satisfy to be accepted (DESIGN.md §3).
@@ -593,7 +594,7 @@ func (ap approval) approves(digest string) bool { return slices.Contains(ap.appr
 // check runs the checks that need the digest.
 func (ap approval) check(digest string, hr *hashingReader) error {
 	if ap.expected != "" && digest != ap.expected {
-		return fmt.Errorf("%w (got %s, want %s from the .sha256 file): the stick or the file is damaged; copy it again", ErrMismatch, short(digest), short(ap.expected))
+		return fmt.Errorf("%w (got %s, want %s from the .sha256 file): the stick or the file is damaged; copy it again", ErrMismatch, sha256digest.Short(digest), sha256digest.Short(ap.expected))
 	}
 	switch ap.mode {
 	case "digest-at-end":
@@ -606,14 +607,6 @@ func (ap approval) check(digest string, hr *hashingReader) error {
 		}
 	}
 	return nil
-}
-
-func short(d string) string {
-	d = strings.TrimPrefix(d, "sha256:")
-	if len(d) > 12 {
-		return d[:12] + "…"
-	}
-	return d
 }
 
 func checkSpace(dir string, sizeBytes, factor int64) error {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/internal/diskspace"
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
 // FormatVersion is the newest metadata.json format this ferry understands.
@@ -105,10 +106,10 @@ func ReferrersTag(d string) string { return strings.Replace(d, ":", "-", 1) }
 func SignedDigest(tag string) (string, bool) {
 	hexd, ok := strings.CutPrefix(tag, "sha256-")
 	hexd = strings.TrimSuffix(hexd, ".sig")
-	if !ok || !isHex64(hexd) {
+	if !ok {
 		return "", false
 	}
-	return "sha256:" + hexd, true
+	return sha256digest.FromHex(hexd)
 }
 
 // SignatureOf is the reference (name@sha256:…) of the manifest the

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
 // DefaultSignatureStore is the public store of OpenShift release
@@ -22,7 +24,7 @@ const maxSignatures = 16
 // the first 404.
 func FetchSignatures(ctx context.Context, hc *http.Client, store, digest string) ([][]byte, error) {
 	hex, ok := strings.CutPrefix(digest, "sha256:")
-	if !ok || !isHex64(hex) {
+	if !ok || !sha256digest.Valid(digest) {
 		return nil, fmt.Errorf("release digest %q is not sha256:<64 hex>", digest)
 	}
 	if hc == nil {

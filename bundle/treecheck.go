@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
 // The tree holds what the metadata says (DESIGN.md §3.5): during the pass
@@ -147,7 +149,7 @@ func (w treeWalk) image(tag, digest string) error {
 		case digest == "":
 			digest = got
 		case got != digest:
-			return fmt.Errorf("its tag %s names %s, not the listed %s", tag, short(got), digest)
+			return fmt.Errorf("its tag %s names %s, not the listed %s", tag, sha256digest.Short(got), digest)
 		}
 	}
 	if digest == "" {

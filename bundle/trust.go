@@ -13,6 +13,7 @@ import (
 	"aead.dev/minisign"
 
 	"github.com/ferry-edge/ferry/internal/safefile"
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
 // ParseSHA256Line parses a sha256sum line for tarName: 64 lowercase hex
@@ -28,12 +29,13 @@ func ParseSHA256Line(b []byte, tarName string) (string, error) {
 		if len(line) < 67 || (line[64:66] != "  " && line[64:66] != " *") {
 			return "", fmt.Errorf("%w: the .sha256 file for %s is not in sha256sum format (64 lowercase hex digits, two spaces, the tar's name): copy the .sha256 that came with the bundle", ErrInvalid, tarName)
 		}
-		hex, name := line[:64], line[66:]
-		if !isHex64(hex) {
+		d, ok := sha256digest.FromHex(line[:64])
+		name := line[66:]
+		if !ok {
 			return "", fmt.Errorf("%w: the .sha256 file for %s holds no digest of 64 lowercase hex digits: copy the .sha256 that came with the bundle", ErrInvalid, tarName)
 		}
 		if name == tarName {
-			return "sha256:" + hex, nil
+			return d, nil
 		}
 	}
 	return "", fmt.Errorf("%w: the .sha256 file has no line for %s: copy the .sha256 that came with this bundle", ErrInvalid, tarName)
@@ -43,24 +45,11 @@ func ParseSHA256Line(b []byte, tarName string) (string, error) {
 // "sha256:<hex>", or "" when s is neither.
 func NormalizeDigest(s string) string {
 	s = strings.ToLower(strings.TrimSpace(s))
-	s = strings.TrimPrefix(s, "sha256:")
-	if !isHex64(s) {
+	d, ok := sha256digest.FromHex(strings.TrimPrefix(s, "sha256:"))
+	if !ok {
 		return ""
 	}
-	return "sha256:" + s
-}
-
-func isHex64(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
+	return d
 }
 
 func truncate(s string, n int) string {

@@ -25,6 +25,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
 // DefaultPieceSize is the piece size a source publishes unless told
@@ -103,19 +105,7 @@ type PeerStatus struct {
 }
 
 // ValidDigest reports whether d is "sha256:" and 64 lowercase hex digits.
-func ValidDigest(d string) bool {
-	h, ok := strings.CutPrefix(d, "sha256:")
-	if !ok || len(h) != 64 {
-		return false
-	}
-	for i := 0; i < len(h); i++ {
-		c := h[i]
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
-}
+func ValidDigest(d string) bool { return sha256digest.Valid(d) }
 
 func hexOf(d string) string { return strings.TrimPrefix(d, "sha256:") }
 

@@ -6,9 +6,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/ferry-edge/ferry/imagepolicy"
 	"os"
 	"strings"
+
+	"github.com/ferry-edge/ferry/imagepolicy"
+	"github.com/ferry-edge/ferry/internal/sha256digest"
+	"github.com/ferry-edge/ferry/localapi"
 
 	"golang.org/x/sync/errgroup"
 
@@ -122,7 +125,7 @@ func runAgent(ctx context.Context, args []string) error {
 	if keepTokenFresh != nil {
 		g.Go(func() error { return keepTokenFresh(ctx) })
 	}
-	g.Go(func() error { return a.ServeStatus(ctx, cfg.Paths.Socket) })
+	g.Go(func() error { return localapi.Serve(ctx, cfg.Paths.Socket, a, log) })
 	g.Go(func() error { return systemd.Watchdog(ctx, a.Alive, log) })
 	g.Go(func() error { return a.Run(ctx) })
 	err = g.Wait()
@@ -212,7 +215,7 @@ func runStatus(ctx context.Context, args []string) error {
 	if *statusAll {
 		return clusterStatus(ctx, cfg, *asJSON)
 	}
-	s, err := agent.NewClient(cfg.Paths.Socket).Status(ctx)
+	s, err := localapi.NewClient(cfg.Paths.Socket).Status(ctx)
 	if err != nil {
 		return err
 	}
@@ -285,7 +288,7 @@ func runLoad(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	s, err := agent.NewClient(cfg.Paths.Socket).Load(ctx, path)
+	s, err := localapi.NewClient(cfg.Paths.Socket).Load(ctx, path)
 	if err != nil {
 		return err
 	}
@@ -302,7 +305,7 @@ func runCleanup(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	s, err := agent.NewClient(cfg.Paths.Socket).Do(ctx, "cleanup")
+	s, err := localapi.NewClient(cfg.Paths.Socket).Do(ctx, "cleanup")
 	if err != nil {
 		return err
 	}
@@ -322,7 +325,7 @@ func absPath(p string) (string, error) {
 }
 
 func clusterStatus(ctx context.Context, cfg agent.Config, asJSON bool) error {
-	cs, err := agent.NewClient(cfg.Paths.Socket).Cluster(ctx)
+	cs, err := localapi.NewClient(cfg.Paths.Socket).Cluster(ctx)
 	if err != nil {
 		return err
 	}
@@ -335,7 +338,7 @@ func clusterStatus(ctx context.Context, cfg agent.Config, asJSON bool) error {
 		row := func(name string, s peer.Status, note string) {
 			digest := "-"
 			if s.Digest != "" {
-				digest = agent.ShortDigest(s.Digest)
+				digest = sha256digest.Short(s.Digest)
 			}
 			fmt.Printf("%-24s %-14s %-20s %-22s %s\n", name, s.Phase, digest, or(s.Progress, "-"), note)
 		}
@@ -370,7 +373,7 @@ func runProceed(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := agent.NewClient(cfg.Paths.Socket).Do(ctx, "proceed"); err != nil {
+	if _, err := localapi.NewClient(cfg.Paths.Socket).Do(ctx, "proceed"); err != nil {
 		return err
 	}
 	fmt.Println("proceeding: the upgrade is asked for through the API when a kubeconfig is set, then the on_ready hook runs (its output: journalctl -u ferry HOOK=on_ready); follow it with 'ferry status'")

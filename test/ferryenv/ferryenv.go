@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/localapi"
 )
 
 var (
@@ -175,7 +176,7 @@ func (a *Agent) Exited() <-chan struct{} { return a.exited }
 // starting `ip netns exec … ferry status` took a fifth of the CPU of a
 // two-core bench, which the nodes it measures were short of.
 func (a *Agent) Status(ctx context.Context) (agent.Status, error) {
-	return agent.NewClient(a.Cfg.Paths.Socket).Status(ctx)
+	return localapi.NewClient(a.Cfg.Paths.Socket).Status(ctx)
 }
 
 // StatusCommand asks the agent through `ferry status --json`, the

@@ -1,6 +1,9 @@
-package agent
+package localapi
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -8,43 +11,163 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
 )
 
-// statusHarness runs an agent with its status socket.
-func statusHarness(t *testing.T) (*harness, *Client) {
-	return statusHarnessAt(t, filepath.Join(t.TempDir(), "ferry.sock"))
+// fakeAgent is the agent behind the socket: it takes a bundle by reading
+// it through the files passed, as the agent's extraction does, and keeps
+// every request it was asked.
+type fakeAgent struct {
+	mu       sync.Mutex
+	requests []string
+	read     []readBundle
+	refuse   error // what Request answers, when set
 }
 
-// statusHarnessAt is statusHarness with the socket at sock.
-func statusHarnessAt(t *testing.T, sock string) (*harness, *Client) {
-	h := newHarness(t, t.TempDir())
-	h.cfg.Paths.Socket = sock
-	h.start()
-	go h.agent.ServeStatus(t.Context(), h.cfg.Paths.Socket)
-	c := NewClient(h.cfg.Paths.Socket)
+// readBundle is what the fake read through one passed bundle's files.
+type readBundle struct {
+	label, tarDigest, sha256File string
+	sig                          bool
+}
+
+func (f *fakeAgent) Status() agent.Status {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s := agent.Status{Node: "node-a", Phase: "idle"}
+	if n := len(f.read); n > 0 {
+		s.Line = "extracting " + filepath.Base(f.read[n-1].label)
+	}
+	return s
+}
+
+func (f *fakeAgent) Cluster() agent.ClusterStatus {
+	return agent.ClusterStatus{Peers: map[string]agent.ClusterNode{"node-b": {Unreachable: "no route"}}}
+}
+
+func (f *fakeAgent) Request(_ context.Context, kind string, m agent.Medium) error {
+	var got []readBundle
+	if m != nil {
+		defer m.Close()
+		for _, src := range m.Bundles() {
+			rb := readBundle{label: src.Label, sig: src.SigPath != ""}
+			b, err := os.ReadFile(src.Path)
+			if err != nil {
+				return err
+			}
+			sum := sha256.Sum256(b)
+			rb.tarDigest = "sha256:" + hex.EncodeToString(sum[:])
+			if src.SHA256Path != "" {
+				s, err := os.ReadFile(src.SHA256Path)
+				if err != nil {
+					return err
+				}
+				rb.sha256File = string(s)
+			}
+			got = append(got, rb)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.refuse != nil {
+		return f.refuse
+	}
+	f.requests = append(f.requests, kind)
+	f.read = append(f.read, got...)
+	return nil
+}
+
+func (f *fakeAgent) bundlesRead() []readBundle {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]readBundle(nil), f.read...)
+}
+
+func (f *fakeAgent) refuseWith(err error) {
+	f.mu.Lock()
+	f.refuse = err
+	f.mu.Unlock()
+}
+
+func (f *fakeAgent) asked() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.requests...)
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// serve runs the local API of a fake agent on a socket in a new dir.
+func serve(t *testing.T) (*fakeAgent, *Client, string) {
+	return serveAt(t, filepath.Join(t.TempDir(), "ferry.sock"))
+}
+
+// serveAt is serve with the socket at sock.
+func serveAt(t *testing.T, sock string) (*fakeAgent, *Client, string) {
+	a := &fakeAgent{}
+	go Serve(t.Context(), sock, a, nil)
+	c := NewClient(sock)
 	for range 200 {
 		if _, err := c.Status(t.Context()); err == nil {
-			return h, c
+			return a, c, sock
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatal("the status socket does not answer")
-	return nil, nil
+	return nil, nil, ""
+}
+
+func TestStatusAPI_OverUnixSocket(t *testing.T) {
+	a, c, sock := serve(t)
+	s, err := c.Status(t.Context())
+	must(t, err)
+	if s.Node != "node-a" || s.Phase != "idle" {
+		t.Fatalf("%+v", s)
+	}
+	fi, err := os.Stat(sock)
+	must(t, err)
+	if fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket mode %v", fi.Mode().Perm())
+	}
+	cs, err := c.Cluster(t.Context())
+	if err != nil || cs.Peers["node-b"].Unreachable != "no route" {
+		t.Fatalf("cluster %+v, %v", cs, err)
+	}
+	p, _ := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+	_, err = c.Load(t.Context(), p)
+	must(t, err)
+	_, err = c.Do(t.Context(), "cleanup")
+	must(t, err)
+	if got := strings.Join(a.asked(), ","); got != "load,cleanup" {
+		t.Fatalf("the agent was asked %q, want load,cleanup", got)
+	}
+	a.refuseWith(errors.New("nothing to proceed with"))
+	if _, err := c.Do(t.Context(), "proceed"); err == nil || err.Error() != "nothing to proceed with" {
+		t.Fatalf("a refused request: %v", err)
+	}
+	if _, err := NewClient(filepath.Join(t.TempDir(), "none.sock")).Status(t.Context()); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("no agent: %v", err)
+	}
 }
 
 // ferry load passes open files: the agent reads the bundle through them,
 // so a file it could not open by its path (here: gone from every
 // directory once the caller opened it, as /root is to a ProtectHome unit)
-// loads, with its .sha256 checked.
+// is read whole, with its .sha256, and named as the caller named it.
 func TestLoad_TheAgentReadsThePassedFilesNotThePath(t *testing.T) {
-	h, c := statusHarness(t)
+	a, c, _ := serve(t)
 	dir := t.TempDir()
 	tarPath, digest := bundletest.Write(t, dir, bundletest.Options{})
 	p, err := OpenBundle(tarPath)
@@ -59,28 +182,30 @@ func TestLoad_TheAgentReadsThePassedFilesNotThePath(t *testing.T) {
 	if !strings.Contains(s.Line, "upgrade-4.13.7-x86_64.tar") {
 		t.Errorf("status names %q, not the bundle", s.Line)
 	}
-	if got := h.waitPhase(PhaseClusterReady); got.Digest != digest {
-		t.Fatalf("digest %s, want %s", got.Digest, digest)
+	read := a.bundlesRead()
+	if len(read) != 1 {
+		t.Fatalf("the agent read %d bundles, want 1", len(read))
 	}
-	for _, r := range h.agent.Status().Bundles {
-		if r.Digest == digest && r.Source != tarPath {
-			t.Errorf("the record says it came from %q, want the caller's %q", r.Source, tarPath)
-		}
+	got := read[0]
+	if got.tarDigest != digest || !strings.Contains(got.sha256File, strings.TrimPrefix(digest, "sha256:")) {
+		t.Fatalf("read through the passed files: tar %s, .sha256 %q; want %s", got.tarDigest, got.sha256File, digest)
+	}
+	if got.label != tarPath {
+		t.Errorf("the bundle is named %q, want the caller's %q", got.label, tarPath)
 	}
 }
 
 // A load request that carries no files is refused: the agent opens no
 // path a caller names (a path in the query is ignored).
 func TestLoad_ARequestWithoutFilesIsRefused(t *testing.T) {
-	h, c := statusHarness(t)
+	a, c, _ := serve(t)
 	tarPath, _ := bundletest.Write(t, t.TempDir(), bundletest.Options{})
 	_, err := raw(t.Context(), c.hc, http.MethodPost, "/v1/load?path="+tarPath)
 	if err == nil || !strings.Contains(err.Error(), "ferry load PATH") {
 		t.Fatalf("got %v", err)
 	}
-	time.Sleep(200 * time.Millisecond)
-	if s := h.agent.Status(); s.Phase != string(PhaseIdle) {
-		t.Fatalf("the agent took a path: %+v", s)
+	if got := a.asked(); len(got) != 0 {
+		t.Fatalf("the agent was asked %v for a path", got)
 	}
 	if _, err := c.Load(t.Context(), filepath.Join(t.TempDir(), "none.tar")); err == nil || !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a missing file: %v", err)
@@ -146,7 +271,7 @@ func TestCheckPassed_RefusesWhatGrantsNoReadOrIsNoFile(t *testing.T) {
 // An O_PATH descriptor passed over the real socket (SCM_RIGHTS carries
 // them) is refused with its reason, and nothing is read.
 func TestLoad_AnOPathDescriptorIsRefused(t *testing.T) {
-	h, c := statusHarness(t)
+	a, c, _ := serve(t)
 	tarPath, _ := bundletest.Write(t, t.TempDir(), bundletest.Options{})
 	fd, err := unix.Open(tarPath, unix.O_PATH|unix.O_CLOEXEC, 0)
 	must(t, err)
@@ -156,8 +281,8 @@ func TestLoad_AnOPathDescriptorIsRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "O_PATH") {
 		t.Fatalf("an O_PATH tar: %v", err)
 	}
-	if s := h.agent.Status(); s.Phase != string(PhaseIdle) {
-		t.Fatalf("the agent took an O_PATH descriptor: %+v", s)
+	if got := a.asked(); len(got) != 0 {
+		t.Fatalf("the agent took an O_PATH descriptor: asked %v", got)
 	}
 }
 
@@ -180,7 +305,7 @@ func TestLoad_ANonRootSenderIsRefusedBySOPeerCred(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	must(t, os.Chmod(dir, 0o755))
 	sock := filepath.Join(dir, "ferry.sock")
-	h, _ := statusHarnessAt(t, sock)
+	a, _, _ := serveAt(t, sock)
 	must(t, os.Chmod(sock, 0o666))
 	bdir := filepath.Join(dir, "bundle")
 	must(t, os.Mkdir(bdir, 0o755))
@@ -190,7 +315,7 @@ func TestLoad_ANonRootSenderIsRefusedBySOPeerCred(t *testing.T) {
 	}
 	self, err := os.Executable()
 	must(t, err)
-	bin := filepath.Join(dir, "agent.test")
+	bin := filepath.Join(dir, "localapi.test")
 	b, err := os.ReadFile(self)
 	must(t, err)
 	must(t, os.WriteFile(bin, b, 0o755))
@@ -207,8 +332,8 @@ func TestLoad_ANonRootSenderIsRefusedBySOPeerCred(t *testing.T) {
 		!strings.Contains(string(out), "only root may pass bundles") {
 		t.Fatalf("the non-root sender was not refused by its uid:\n%s", out)
 	}
-	if s := h.agent.Status(); s.Phase != string(PhaseIdle) {
-		t.Fatalf("the agent took a bundle from uid 65534: %+v", s)
+	if got := a.asked(); len(got) != 0 {
+		t.Fatalf("the agent took a bundle from uid 65534: asked %v", got)
 	}
 }
 

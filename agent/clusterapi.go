@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"time"
 )
 
 // ClusterAPI is the cluster's Kubernetes API as the agent needs it: the
@@ -84,11 +83,4 @@ type UpgradeStatus struct {
 	// Reason is why it waits or refuses (Failing, ReleaseAccepted=False,
 	// Upgradeable=False messages).
 	Reason string
-}
-
-// UpgradeRun records the cluster upgrade this node asked for.
-type UpgradeRun struct {
-	Requested time.Time `json:"requested"`
-	Accepted  time.Time `json:"accepted,omitzero"`
-	Error     string    `json:"error,omitempty"`
 }

@@ -1,0 +1,46 @@
+// Package sha256digest is the one form of digest ferry passes around
+// (bundles, pieces, images): "sha256:" and 64 lowercase hex digits, as
+// go-digest validates it, and the one short form shown to people.
+package sha256digest
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// Parse returns s as a digest if it is "sha256:" and 64 lowercase hex
+// digits; any other algorithm or spelling is refused.
+func Parse(s string) (digest.Digest, error) {
+	d := digest.Digest(s)
+	if err := d.Validate(); err != nil {
+		return "", fmt.Errorf("%q is not a sha256 digest: %w", s, err)
+	}
+	if d.Algorithm() != digest.SHA256 {
+		return "", fmt.Errorf("%q is not a sha256 digest: algorithm %s", s, d.Algorithm())
+	}
+	return d, nil
+}
+
+// Valid reports whether s is "sha256:" and 64 lowercase hex digits.
+func Valid(s string) bool {
+	_, err := Parse(s)
+	return err == nil
+}
+
+// FromHex is "sha256:"+hex, and whether hex is 64 lowercase hex digits.
+func FromHex(hex string) (string, bool) {
+	d := "sha256:" + hex
+	return d, Valid(d)
+}
+
+// Short is the one short form of a digest shown to people: "sha256:" and
+// the first 12 hex digits (a bare hex string is taken as sha256's).
+func Short(d string) string {
+	h := strings.TrimPrefix(d, "sha256:")
+	if len(h) > 12 {
+		h = h[:12]
+	}
+	return "sha256:" + h
+}
