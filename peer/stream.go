@@ -88,7 +88,7 @@ func (f *Fetcher) FetchStream(ctx context.Context, digest, dest string, window i
 		return nil, err
 	}
 	st.start()
-	err := j.run(ctx)
+	err := newScheduler(ctx, j, st).run()
 	st.stop()
 	switch {
 	case f.opts.Shelf == nil:
@@ -127,11 +127,11 @@ type stream struct {
 	from    *StreamResume // the resume record's, or nil
 
 	f      *os.File
-	pl     *PieceList // its size and piece size only
-	wake   chan struct{}
+	pl     *PieceList    // its size and piece size only
+	wake   chan struct{} // 1-buffered: pieces freed, or consume returned
 	exited chan struct{}
 	err    error // consume's, once exited is closed
-	failed bool  // the fetch ended because consume failed
+	failed bool  // the fetch ended because consume failed (seen by ended)
 
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -159,12 +159,13 @@ func (s *stream) start() {
 		}
 	}
 	go func() {
-		defer close(s.exited)
 		err := s.consume(s, s.from, s.checkpoint)
 		if err == nil {
 			_, err = io.Copy(io.Discard, s) // to the end, whatever consume left
 		}
 		s.err = err
+		close(s.exited)
+		s.signal()
 	}()
 }
 
@@ -196,6 +197,8 @@ func (s *stream) record(mine Have) (Have, *StreamResume) {
 	return h, cp
 }
 
+// The stream is the scheduler's consumer (FetchStream):
+
 // limit is the first piece past the window: pieces from there on are
 // not asked for yet.
 func (s *stream) limit() int {
@@ -207,12 +210,39 @@ func (s *stream) pieces() int {
 	return max(int(s.window/s.pl.PieceSize), 2)
 }
 
-// advance tells it bytes [0, avail) are held.
-func (s *stream) advance(avail int64) {
+// advance tells it pieces [0, front) are held: consume may read them.
+func (s *stream) advance(front int) {
+	avail := min(int64(front)*s.pl.PieceSize, s.pl.Size)
 	s.mu.Lock()
 	s.avail = max(s.avail, avail)
 	s.mu.Unlock()
 	s.cond.Broadcast()
+}
+
+func (s *stream) moved() <-chan struct{} { return s.wake }
+
+// ended reports whether consume has returned, having read every byte
+// (nil) or refused the bundle (its error, which ends the fetch: failed).
+func (s *stream) ended() (bool, error) {
+	select {
+	case <-s.exited:
+		s.failed = s.err != nil
+		return true, s.err
+	default:
+		return false, nil
+	}
+}
+
+// complete has nothing left to check: the extraction checked the whole
+// digest.
+func (s *stream) complete() error { return nil }
+
+// signal wakes the scheduler (moved) without waiting.
+func (s *stream) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
 }
 
 // stop makes consume's reads fail and waits for it to return.
@@ -223,9 +253,6 @@ func (s *stream) stop() {
 	s.cond.Broadcast()
 	<-s.exited
 }
-
-// consumeErr is what consume returned (after exited is closed).
-func (s *stream) consumeErr() error { return s.err }
 
 var errStreamStopped = errors.New("the fetch stopped")
 
@@ -279,10 +306,7 @@ func (s *stream) free(upto int64) {
 			s.log.Warn("peer fetch: cannot free the extracted part of the download; it will take the bundle's size on disk", "file", s.f.Name(), "err", err)
 		}
 	}
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	s.signal()
 }
 
 // reader is what the shelf serves from: the file, but no piece freed
