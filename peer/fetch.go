@@ -130,10 +130,11 @@ func (f *Fetcher) Fetch(ctx context.Context, digest, dest string, progress func(
 	whole := startWholeFile(ctx, j)
 	err := newScheduler(ctx, j, whole).run()
 	whole.stop()
-	if err != nil && f.opts.Shelf != nil {
-		f.opts.Shelf.Remove(digest) // closes j.file
-	} else if err != nil || f.opts.Shelf == nil {
+	switch {
+	case j.shelf == nil:
 		j.file.Close()
+	case err != nil:
+		j.shelf.cancel() // closes j.file
 	}
 	return err
 }
@@ -168,7 +169,9 @@ type job struct {
 	// stream, when set, is the extraction the bytes feed as they arrive
 	// (FetchStream); nil: the whole file is kept (Fetch).
 	stream *stream
-	peers  map[string]*peerState
+	// shelf re-serves what it holds (nil: the fetcher has no Shelf).
+	shelf *receiving
+	peers map[string]*peerState
 }
 
 // prepare loads the resume record or discovers the bundle and chooses its
@@ -214,7 +217,7 @@ func (j *job) prepare(ctx context.Context) error {
 		served = j.stream.reader()
 	}
 	if s := j.f.opts.Shelf; s != nil {
-		s.addPartial(Offer{Digest: j.digest, Metadata: j.meta, Size: j.pl.Size, Signature: j.sig}, served, j.pl, j.mine)
+		j.shelf = s.addPartial(Offer{Digest: j.digest, Metadata: j.meta, Size: j.pl.Size, Signature: j.sig}, served, j.pl, j.mine)
 	}
 	return nil
 }

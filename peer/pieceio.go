@@ -61,9 +61,7 @@ func (j *job) verifyWhole(whole *prefixHash) error {
 		return fmt.Errorf("peer fetch %s: %s: %w", j.digest, j.dest, err)
 	}
 	if got != j.digest {
-		if s := j.f.opts.Shelf; s != nil {
-			s.Remove(j.digest)
-		}
+		j.shelf.cancel()
 		os.Remove(j.dest)
 		os.Remove(StatePath(j.dest))
 		return fmt.Errorf("%w: %s: every piece matched the piece list but the whole file hashes to %s; the piece list was wrong (a peer's bundle file is damaged?); the download was discarded and will start over", ErrDigestMismatch, j.digest, got)
@@ -71,9 +69,7 @@ func (j *job) verifyWhole(whole *prefixHash) error {
 	if err := os.Remove(StatePath(j.dest)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		j.f.log.Warn("peer fetch: cannot remove resume record", "err", err)
 	}
-	if s := j.f.opts.Shelf; s != nil {
-		s.complete(j.digest)
-	}
+	j.shelf.complete()
 	j.f.log.Info("peer fetch: bundle complete", "digest", j.digest, "file", j.dest)
 	return nil
 }

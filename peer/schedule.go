@@ -134,9 +134,7 @@ func (s *scheduler) finish(err error) error {
 func (s *scheduler) request() {
 	for _, a := range s.assign(time.Now()) {
 		s.requests++
-		if sh := s.f.opts.Shelf; sh != nil {
-			sh.setPending(s.digest, a.piece, true)
-		}
+		s.shelf.pending(a.piece, true)
 		// The list may grow (a new one) while the request runs: it
 		// takes the piece's bounds and digest with it.
 		off, n := s.pl.Bounds(a.piece)
@@ -170,18 +168,14 @@ func (s *scheduler) pieceDone(r pieceResult) error {
 	s.inflight[r.piece] = false
 	ps := s.peers[r.peer]
 	ps.inflight--
-	if sh := s.f.opts.Shelf; sh != nil {
-		sh.setPending(s.digest, r.piece, false)
-	}
+	s.shelf.pending(r.piece, false)
 	switch {
 	case r.err == nil:
 		s.mine.Set(r.piece)
 		ps.fails = 0
 		s.dirty = true
 		s.advance()
-		if sh := s.f.opts.Shelf; sh != nil {
-			sh.setPiece(s.digest, r.piece)
-		}
+		s.shelf.piece(r.piece)
 		s.report()
 	case r.local:
 		return r.err
@@ -354,9 +348,7 @@ func (j *job) learn(h haveResult) {
 		return
 	}
 	j.pl = m
-	if s := j.f.opts.Shelf; s != nil {
-		s.setPieces(j.digest, m)
-	}
+	j.shelf.pieces(m)
 }
 
 func (j *job) backoff(ps *peerState, err error) {

@@ -72,7 +72,7 @@ func (f *Fetcher) FetchStream(ctx context.Context, digest, dest string, window i
 	if !ValidDigest(digest) {
 		return nil, fmt.Errorf("peer fetch: %q is not a sha256 digest", digest)
 	}
-	st := &stream{window: window, consume: consume, shelf: f.opts.Shelf, digest: digest, log: f.log}
+	st := &stream{window: window, consume: consume, log: f.log}
 	j := &job{f: f, digest: digest, dest: dest, progress: progress, peers: map[string]*peerState{}, stream: st}
 	for _, p := range f.Peers() {
 		j.peers[p] = &peerState{addr: p}
@@ -87,16 +87,17 @@ func (f *Fetcher) FetchStream(ctx context.Context, digest, dest string, window i
 	if err := j.prepare(ctx); err != nil {
 		return nil, err
 	}
+	st.shelf = j.shelf
 	st.start()
 	err := newScheduler(ctx, j, st).run()
 	st.stop()
 	switch {
-	case f.opts.Shelf == nil:
+	case j.shelf == nil:
 		j.file.Close()
 	case err != nil:
-		f.opts.Shelf.Remove(digest) // closes j.file
+		j.shelf.cancel() // closes j.file
 	default:
-		f.opts.Shelf.fetched(digest, j.pl)
+		j.shelf.fetched(j.pl)
 	}
 	if err == nil || st.failed || errors.Is(err, ErrWithdrawn) {
 		removeAll(dest, StatePath(dest)) // done, refused, or not to be kept
@@ -121,8 +122,7 @@ func removeAll(paths ...string) error {
 type stream struct {
 	window  int64
 	consume StreamConsumer
-	shelf   *Shelf
-	digest  string
+	shelf   *receiving // the fetch's shelf entry; nil: none
 	log     interface{ Warn(string, ...any) }
 	from    *StreamResume // the resume record's, or nil
 
@@ -152,10 +152,8 @@ func (s *stream) start() {
 	if s.from != nil {
 		s.off, s.cp = s.from.Offset, s.from
 		s.freed.Store(s.from.Offset / s.pl.PieceSize)
-		if s.shelf != nil {
-			for i := range int(s.freed.Load()) {
-				s.shelf.dropPiece(s.digest, i) // held as extracted, not as bytes
-			}
+		for i := range int(s.freed.Load()) {
+			s.shelf.drop(i) // held as extracted, not as bytes
 		}
 	}
 	go func() {
@@ -294,9 +292,7 @@ func (s *stream) free(upto int64) {
 	}
 	s.freed.Store(k)
 	for i := int(from); i < int(k); i++ {
-		if s.shelf != nil {
-			s.shelf.dropPiece(s.digest, i)
-		}
+		s.shelf.drop(i)
 	}
 	off, _ := s.pl.Bounds(int(from))
 	end := min(k*s.pl.PieceSize, s.pl.Size)
