@@ -20,6 +20,11 @@ type consumer interface {
 	complete() error
 }
 
+var (
+	_ consumer = (*wholeFile)(nil)
+	_ consumer = (*stream)(nil)
+)
+
 // wholeFile keeps the whole tar in the fetched file (Fetch) and hashes
 // its prefix as it arrives, so that the check at the end reads only the
 // pieces that came last.

@@ -195,9 +195,8 @@ func (s *stream) record(mine Have) (Have, *StreamResume) {
 	return h, cp
 }
 
-// The stream is the scheduler's consumer (FetchStream):
-
-// limit is the first piece past the window: pieces from there on are
+// limit (a consumer's, as are advance, moved, ended and complete) is the
+// first piece past the window: pieces from there on are
 // not asked for yet.
 func (s *stream) limit() int {
 	return min(int(s.freed.Load())+s.pieces(), s.pl.N())
