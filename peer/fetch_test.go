@@ -437,6 +437,8 @@ func TestShelf_AddAfterFetchKeepsTheFetchedListAndChecksTheNewReader(t *testing.
 
 func TestAssign_SeedGetsOnlyFirstCopiesUnlessTheFetcherIsIdle(t *testing.T) {
 	const n = 5
+	rnd := rand.New(rand.NewPCG(1, 2))
+	now := time.Now()
 	h := func(set ...int) Have {
 		x := NewHave(n)
 		for _, i := range set {
@@ -444,7 +446,7 @@ func TestAssign_SeedGetsOnlyFirstCopiesUnlessTheFetcherIsIdle(t *testing.T) {
 		}
 		return x
 	}
-	newJob := func(fetcherHave Have) *job {
+	newScheduler := func(fetcherHave Have, requests int, sentElsewhere map[int]time.Time) *scheduler {
 		j := &job{
 			f:     NewFetcher(FetcherOptions{PerPeer: 1, Parallel: 8}),
 			pl:    &PieceList{Size: n * MinPieceSize, PieceSize: MinPieceSize, Pieces: make([]string, n)},
@@ -453,18 +455,19 @@ func TestAssign_SeedGetsOnlyFirstCopiesUnlessTheFetcherIsIdle(t *testing.T) {
 		}
 		j.peers["seed"] = &peerState{addr: "seed", have: FullHave(n), known: true, seed: true}
 		j.peers["other"] = &peerState{addr: "other", have: fetcherHave, known: true}
-		return j
+		if sentElsewhere == nil {
+			sentElsewhere = map[int]time.Time{}
+		}
+		return &scheduler{job: j, c: &wholeFile{j: j}, inflight: make([]bool, n), requests: requests, sentElsewhere: sentElsewhere, rnd: rnd}
 	}
-	rnd := rand.New(rand.NewPCG(1, 2))
-	now := time.Now()
 
 	// other holds 0 and is fetching 1; 2 was refused as sent elsewhere:
 	// the seed is asked for 3 as a first copy, other for 0.
 	fh := h(0)
 	fh.Pending = make([]byte, len(fh.Bits))
 	fh.Pending[0] |= 1 << 1
-	j := newJob(fh)
-	got := j.assign(now, make([]bool, n), 0, map[int]time.Time{2: now.Add(time.Second)}, rnd)
+	s := newScheduler(fh, 0, map[int]time.Time{2: now.Add(time.Second)})
+	got := s.assign(now)
 	want := map[string]assignment{"seed": {peer: "seed", piece: 3, firstCopy: true}, "other": {peer: "other", piece: 0}}
 	if len(got) != 2 || got[0] != want[got[0].peer] || got[1] != want[got[1].peer] {
 		t.Fatalf("assign = %+v, want %+v", got, want)
@@ -473,16 +476,16 @@ func TestAssign_SeedGetsOnlyFirstCopiesUnlessTheFetcherIsIdle(t *testing.T) {
 	// Everything we lack is held by the other fetcher, which is backing
 	// off, and nothing is in flight: rather than sit idle, take a second
 	// copy from the seed.
-	j = newJob(h(0, 1, 2, 3))
-	j.peers["other"].retryAt = now.Add(time.Minute)
-	got = j.assign(now, make([]bool, n), 0, nil, rnd)
+	s = newScheduler(h(0, 1, 2, 3), 0, nil)
+	s.peers["other"].retryAt = now.Add(time.Minute)
+	got = s.assign(now)
 	if len(got) != 1 || got[0].peer != "seed" || got[0].firstCopy {
 		t.Fatalf("idle fetcher: assign = %+v, want one plain request to the seed", got)
 	}
 	// Not idle (a request in flight): wait for the other fetcher instead.
-	j = newJob(h(0, 1, 2, 3))
-	j.peers["other"].retryAt = now.Add(time.Minute)
-	if got = j.assign(now, make([]bool, n), 1, nil, rnd); len(got) != 0 {
+	s = newScheduler(h(0, 1, 2, 3), 1, nil)
+	s.peers["other"].retryAt = now.Add(time.Minute)
+	if got = s.assign(now); len(got) != 0 {
 		t.Fatalf("busy fetcher: assign = %+v, want nothing from the seed", got)
 	}
 }

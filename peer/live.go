@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"slices"
 )
 
 // LiveHasher is the Tee of a stick's extraction pass while the shelf
@@ -37,15 +36,9 @@ func (s *Shelf) AddLive(digest string, meta, sig []byte, r io.ReaderAt, size int
 		return nil, fmt.Errorf("peer shelf: bundle %s has size %d", digest, size)
 	}
 	ps := s.opts.PieceSize
-	n := NumPieces(size, ps)
-	e := &entry{
-		offer:  Offer{Digest: digest, Metadata: append(json.RawMessage(nil), meta...), Size: size, PieceSize: ps, Signature: bytes.Clone(sig)},
-		r:      r,
-		pieces: &PieceList{Digest: digest, Size: size, PieceSize: ps, Pieces: make([]string, n), Partial: true},
-		have:   NewHave(n),
-		cancel: func() {},
-	}
-	e.have.Live = true
+	o := Offer{Digest: digest, Metadata: append(json.RawMessage(nil), meta...), Size: size, Signature: bytes.Clone(sig)}
+	pl := &PieceList{Digest: digest, Size: size, PieceSize: ps, Pieces: make([]string, NumPieces(size, ps)), Partial: true}
+	e := newEntry(stateLive, o, r, pl, func() {})
 	s.put(digest, e)
 	return &LiveHasher{PieceHasher: NewPieceHasher(ps), s: s, e: e, end: size}, nil
 }
@@ -77,19 +70,14 @@ func (l *LiveHasher) Close() {
 	l.s.removeEntry(l.e)
 }
 
-// learn serves piece i of live entry e, whose digest is sum. The list is
-// replaced, never changed in place: the server encodes it unlocked.
+// learn serves piece i of live entry e, whose digest is sum, unless e
+// was replaced or withdrawn.
 func (s *Shelf) learn(e *entry, i int, sum string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.entries[e.offer.Digest] != e || i >= e.pieces.N() {
-		return // replaced, withdrawn, or bytes past the medium's end
+	if s.entries[e.offer.Digest] == e {
+		e.learned(i, sum)
 	}
-	pl := e.pieces.clone()
-	pl.Pieces[i] = sum
-	pl.Partial = slices.Contains(pl.Pieces, "")
-	e.pieces = pl
-	e.have.Set(i)
 }
 
 // removeEntry removes e if it is still digest's entry.
@@ -103,38 +91,5 @@ func (s *Shelf) removeEntry(e *entry) {
 	if cur {
 		e.cancel()
 		closeReader(e.r)
-	}
-}
-
-// setPieces gives a partial entry the piece list its fetcher has learned
-// so far (a fetch from a live source), so that other fetchers learn it
-// here too.
-func (s *Shelf) setPieces(digest string, pl *PieceList) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e := s.entries[digest]; e != nil && !e.offer.Complete && e.pieces.N() == pl.N() {
-		e.pieces = pl
-	}
-}
-
-// fetched keeps pl, checked against the whole digest by a streaming
-// fetch, for the Add of the extracted bundle that follows (the list peers
-// already use); the entry serves nothing until then: its bytes are gone.
-func (s *Shelf) fetched(digest string, pl *PieceList) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e := s.entries[digest]; e != nil && !e.offer.Complete {
-		e.pieces, e.verified = pl, true
-		e.have = NewHave(pl.N())
-	}
-}
-
-// dropPiece marks piece i of a partial entry no longer held: a streaming
-// fetch extracted it and freed its bytes.
-func (s *Shelf) dropPiece(digest string, i int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e := s.entries[digest]; e != nil && !e.offer.Complete && i < e.have.Pieces {
-		e.have.unset(i)
 	}
 }

@@ -44,18 +44,6 @@ type Shelf struct {
 	entries map[string]*entry
 }
 
-type entry struct {
-	offer  Offer
-	r      io.ReaderAt
-	pieces *PieceList // nil while hashing
-	have   Have       // partial entries only; Pending: pieces in flight
-	err    error      // hashing failed: not served
-	// verified: a streamed fetch\'s list, checked against the whole
-	// digest; its bytes were extracted and are gone.
-	verified bool
-	cancel   context.CancelFunc
-}
-
 var _ Store = (*Shelf)(nil)
 
 // NewShelf makes an empty shelf. Close stops its background hashing.
@@ -123,14 +111,10 @@ func (s *Shelf) add(digest string, meta []byte, r io.ReaderAt, size int64, hashe
 		return fmt.Errorf("peer shelf: bundle %s has size %d", digest, size)
 	}
 	ctx, cancel := context.WithCancel(s.ctx)
-	e := &entry{
-		offer:  Offer{Digest: digest, Metadata: append(json.RawMessage(nil), meta...), Size: size, PieceSize: s.opts.PieceSize, Complete: true},
-		r:      r,
-		cancel: cancel,
-	}
+	o := Offer{Digest: digest, Metadata: append(json.RawMessage(nil), meta...), Size: size, PieceSize: s.opts.PieceSize}
 	var known *PieceList
 	s.mu.Lock()
-	if old := s.entries[digest]; old != nil && (old.offer.Complete || old.verified) && old.pieces != nil && old.offer.Size == size {
+	if old := s.entries[digest]; old != nil && (old.state.complete() || old.state == stateListed) && old.pieces != nil && old.offer.Size == size {
 		known = old.pieces // fetched and checked whole: peers already use this list
 	}
 	s.mu.Unlock()
@@ -141,10 +125,11 @@ func (s *Shelf) add(digest string, meta []byte, r io.ReaderAt, size int64, hashe
 	if known == nil {
 		known = s.loadCached(digest, size) // checked when cached: no need to hash again
 	}
+	st := stateHashing
 	if known != nil {
-		e.pieces = known
-		e.offer.PieceSize = known.PieceSize
+		st, o.PieceSize = stateWhole, known.PieceSize
 	}
+	e := newEntry(st, o, r, known, cancel)
 	s.put(digest, e)
 	if hashed != nil && known == hashed {
 		s.saveCached(hashed)
@@ -237,9 +222,9 @@ func (s *Shelf) hash(ctx context.Context, e *entry, known *PieceList) {
 	s.mu.Lock()
 	if s.entries[d] == e {
 		if err != nil {
-			e.err = err
-		} else if known == nil {
-			e.pieces = p
+			e.move(stateBroken)
+		} else {
+			e.hashed(p) // known: it has that list already
 		}
 	}
 	s.mu.Unlock()
@@ -288,40 +273,6 @@ func (s *Shelf) saveCached(p *PieceList) {
 	}
 }
 
-// addPartial serves a bundle being fetched into r: only pieces in have.
-func (s *Shelf) addPartial(o Offer, r io.ReaderAt, p *PieceList, have Have) {
-	o.Complete = false
-	o.PieceSize = p.PieceSize
-	s.put(o.Digest, &entry{offer: o, r: r, pieces: p, have: have.Clone(), cancel: func() {}})
-}
-
-// setPiece marks piece i of a partial entry verified.
-func (s *Shelf) setPiece(digest string, i int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e := s.entries[digest]; e != nil && !e.offer.Complete && i < e.have.Pieces {
-		e.have.Set(i)
-	}
-}
-
-// setPending marks piece i of a partial entry as being fetched, or not.
-func (s *Shelf) setPending(digest string, i int, on bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e := s.entries[digest]
-	if e == nil || e.offer.Complete || i >= e.have.Pieces {
-		return
-	}
-	if e.have.Pending == nil {
-		e.have.Pending = make([]byte, len(e.have.Bits))
-	}
-	if on {
-		e.have.Pending[i/8] |= 1 << (i % 8)
-	} else {
-		e.have.Pending[i/8] &^= 1 << (i % 8)
-	}
-}
-
 // SetSignature offers sig (a .minisig) with the bundle's metadata.
 func (s *Shelf) SetSignature(digest string, sig []byte) {
 	s.mu.Lock()
@@ -331,22 +282,13 @@ func (s *Shelf) SetSignature(digest string, sig []byte) {
 	}
 }
 
-// complete marks a partial entry whole (every piece and the digest checked).
-func (s *Shelf) complete(digest string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e := s.entries[digest]; e != nil {
-		e.offer.Complete = true
-	}
-}
-
 // Offers lists every bundle served, sorted by digest.
 func (s *Shelf) Offers() []Offer {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]Offer, 0, len(s.entries))
 	for _, e := range s.entries {
-		if e.err == nil {
+		if e.state != stateBroken {
 			out = append(out, e.offer)
 		}
 	}
@@ -356,7 +298,7 @@ func (s *Shelf) Offers() []Offer {
 
 func (s *Shelf) get(digest string) (*entry, error) {
 	e := s.entries[digest]
-	if e == nil || e.err != nil {
+	if e == nil || e.state == stateBroken {
 		return nil, fmt.Errorf("%w: %s", ErrUnknownBundle, digest)
 	}
 	return e, nil
@@ -401,5 +343,7 @@ func (s *Shelf) Have(digest string) (Have, error) {
 	if e.offer.Complete {
 		return FullHave(e.pieces.N()), nil
 	}
-	return e.have.Clone(), nil
+	h := e.have.Clone()
+	h.Live = e.state == stateLive
+	return h, nil
 }

@@ -72,7 +72,7 @@ func (f *Fetcher) FetchStream(ctx context.Context, digest, dest string, window i
 	if !ValidDigest(digest) {
 		return nil, fmt.Errorf("peer fetch: %q is not a sha256 digest", digest)
 	}
-	st := &stream{window: window, consume: consume, shelf: f.opts.Shelf, digest: digest, log: f.log}
+	st := &stream{window: window, consume: consume, log: f.log}
 	j := &job{f: f, digest: digest, dest: dest, progress: progress, peers: map[string]*peerState{}, stream: st}
 	for _, p := range f.Peers() {
 		j.peers[p] = &peerState{addr: p}
@@ -87,16 +87,17 @@ func (f *Fetcher) FetchStream(ctx context.Context, digest, dest string, window i
 	if err := j.prepare(ctx); err != nil {
 		return nil, err
 	}
+	st.shelf = j.shelf
 	st.start()
-	err := j.run(ctx)
+	err := newScheduler(ctx, j, st).run()
 	st.stop()
 	switch {
-	case f.opts.Shelf == nil:
+	case j.shelf == nil:
 		j.file.Close()
 	case err != nil:
-		f.opts.Shelf.Remove(digest) // closes j.file
+		j.shelf.cancel() // closes j.file
 	default:
-		f.opts.Shelf.fetched(digest, j.pl)
+		j.shelf.fetched(j.pl)
 	}
 	if err == nil || st.failed || errors.Is(err, ErrWithdrawn) {
 		removeAll(dest, StatePath(dest)) // done, refused, or not to be kept
@@ -121,17 +122,16 @@ func removeAll(paths ...string) error {
 type stream struct {
 	window  int64
 	consume StreamConsumer
-	shelf   *Shelf
-	digest  string
+	shelf   *receiving // the fetch's shelf entry; nil: none
 	log     interface{ Warn(string, ...any) }
 	from    *StreamResume // the resume record's, or nil
 
 	f      *os.File
-	pl     *PieceList // its size and piece size only
-	wake   chan struct{}
+	pl     *PieceList    // its size and piece size only
+	wake   chan struct{} // 1-buffered: pieces freed, or consume returned
 	exited chan struct{}
 	err    error // consume's, once exited is closed
-	failed bool  // the fetch ended because consume failed
+	failed bool  // the fetch ended because consume failed (seen by ended)
 
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -152,19 +152,18 @@ func (s *stream) start() {
 	if s.from != nil {
 		s.off, s.cp = s.from.Offset, s.from
 		s.freed.Store(s.from.Offset / s.pl.PieceSize)
-		if s.shelf != nil {
-			for i := range int(s.freed.Load()) {
-				s.shelf.dropPiece(s.digest, i) // held as extracted, not as bytes
-			}
+		for i := range int(s.freed.Load()) {
+			s.shelf.drop(i) // held as extracted, not as bytes
 		}
 	}
 	go func() {
-		defer close(s.exited)
 		err := s.consume(s, s.from, s.checkpoint)
 		if err == nil {
 			_, err = io.Copy(io.Discard, s) // to the end, whatever consume left
 		}
 		s.err = err
+		close(s.exited)
+		s.signal()
 	}()
 }
 
@@ -196,7 +195,8 @@ func (s *stream) record(mine Have) (Have, *StreamResume) {
 	return h, cp
 }
 
-// limit is the first piece past the window: pieces from there on are
+// limit (a consumer's, as are advance, moved, ended and complete) is the
+// first piece past the window: pieces from there on are
 // not asked for yet.
 func (s *stream) limit() int {
 	return min(int(s.freed.Load())+s.pieces(), s.pl.N())
@@ -207,12 +207,39 @@ func (s *stream) pieces() int {
 	return max(int(s.window/s.pl.PieceSize), 2)
 }
 
-// advance tells it bytes [0, avail) are held.
-func (s *stream) advance(avail int64) {
+// advance tells it pieces [0, front) are held: consume may read them.
+func (s *stream) advance(front int) {
+	avail := min(int64(front)*s.pl.PieceSize, s.pl.Size)
 	s.mu.Lock()
 	s.avail = max(s.avail, avail)
 	s.mu.Unlock()
 	s.cond.Broadcast()
+}
+
+func (s *stream) moved() <-chan struct{} { return s.wake }
+
+// ended reports whether consume has returned, having read every byte
+// (nil) or refused the bundle (its error, which ends the fetch: failed).
+func (s *stream) ended() (bool, error) {
+	select {
+	case <-s.exited:
+		s.failed = s.err != nil
+		return true, s.err
+	default:
+		return false, nil
+	}
+}
+
+// complete has nothing left to check: the extraction checked the whole
+// digest.
+func (s *stream) complete() error { return nil }
+
+// signal wakes the scheduler (moved) without waiting.
+func (s *stream) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
 }
 
 // stop makes consume's reads fail and waits for it to return.
@@ -223,9 +250,6 @@ func (s *stream) stop() {
 	s.cond.Broadcast()
 	<-s.exited
 }
-
-// consumeErr is what consume returned (after exited is closed).
-func (s *stream) consumeErr() error { return s.err }
 
 var errStreamStopped = errors.New("the fetch stopped")
 
@@ -267,9 +291,7 @@ func (s *stream) free(upto int64) {
 	}
 	s.freed.Store(k)
 	for i := int(from); i < int(k); i++ {
-		if s.shelf != nil {
-			s.shelf.dropPiece(s.digest, i)
-		}
+		s.shelf.drop(i)
 	}
 	off, _ := s.pl.Bounds(int(from))
 	end := min(k*s.pl.PieceSize, s.pl.Size)
@@ -279,10 +301,7 @@ func (s *stream) free(upto int64) {
 			s.log.Warn("peer fetch: cannot free the extracted part of the download; it will take the bundle's size on disk", "file", s.f.Name(), "err", err)
 		}
 	}
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	s.signal()
 }
 
 // reader is what the shelf serves from: the file, but no piece freed

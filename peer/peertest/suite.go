@@ -10,20 +10,26 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/ferry-edge/ferry/peer"
 )
 
-// Peers is the agent's view of the peer network (agent.Peers).
+// Peers is the agent's port to the peer network: exactly agent.Peers's
+// method set (agent's tests pin both ways at compile time; this package
+// must not import agent).
 type Peers interface {
 	Share(digest string, meta, sig []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error
 	Unshare(digest string)
 	Discover(ctx context.Context) ([]peer.PeerOffer, error)
 	Fetch(ctx context.Context, digest, dest string, progress func(peer.Progress)) error
+	ShareLive(digest string, meta, sig []byte, r io.ReaderAt, size int64) (*peer.LiveHasher, error)
+	FetchStream(ctx context.Context, digest, dest string, window int64, progress func(peer.Progress), consume peer.StreamConsumer) (*peer.PieceList, error)
 	Statuses(ctx context.Context) map[string]peer.PeerStatus
 	SetPeers(peers []string)
 }
@@ -73,6 +79,80 @@ func Run(t *testing.T, pair Pair) {
 			t.Fatalf("offers after unshare %+v", offers)
 		}
 	})
+	t.Run("AStreamedFetchFeedsTheConsumerEveryByteInOrder", func(t *testing.T) {
+		src, dst, _ := pair(t)
+		if err := src.Share(digest, meta, sig, bytes.NewReader(data), int64(len(data)), nil); err != nil {
+			t.Fatal(err)
+		}
+		var got bytes.Buffer
+		var last peer.Progress
+		pl, err := dst.FetchStream(t.Context(), digest, filepath.Join(t.TempDir(), "b.part"), 1<<20, func(p peer.Progress) { last = p }, readAll(&got))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Bytes(), data) {
+			t.Fatalf("the consumer read %d bytes that are not the bundle's %d", got.Len(), len(data))
+		}
+		if last.Done != int64(len(data)) || last.Total != int64(len(data)) {
+			t.Fatalf("last progress %+v", last)
+		}
+		checkList(t, pl, digest, len(data))
+	})
+	t.Run("AConsumersRefusalIsReturned", func(t *testing.T) {
+		src, dst, _ := pair(t)
+		if err := src.Share(digest, meta, sig, bytes.NewReader(data), int64(len(data)), nil); err != nil {
+			t.Fatal(err)
+		}
+		refused := errors.New("the tar holds a path outside the bundle")
+		_, err := dst.FetchStream(t.Context(), digest, filepath.Join(t.TempDir(), "b.part"), 1<<20, nil, func(r io.Reader, _ *peer.StreamResume, _ peer.Checkpoint) error {
+			io.CopyN(io.Discard, r, 1000)
+			return refused
+		})
+		if !errors.Is(err, refused) {
+			t.Fatalf("FetchStream = %v, want the consumer's refusal", err)
+		}
+	})
+	t.Run("ALiveBundleIsOfferedWhileHashedStreamedOnceReadAndWithdrawnOnClose", func(t *testing.T) {
+		src, dst, addr := pair(t)
+		live, err := src.ShareLive(digest, meta, sig, bytes.NewReader(data), int64(len(data)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		offers, err := dst.Discover(t.Context())
+		if err != nil || len(offers) != 1 || offers[0].Digest != digest || offers[0].Peer != addr || offers[0].Complete {
+			t.Fatalf("offers of a bundle being read: %+v, %v", offers, err)
+		}
+		type result struct {
+			pl  *peer.PieceList
+			err error
+		}
+		done := make(chan result, 1)
+		var got bytes.Buffer
+		go func() {
+			pl, err := dst.FetchStream(t.Context(), digest, filepath.Join(t.TempDir(), "b.part"), 1<<20, nil, readAll(&got))
+			done <- result{pl, err}
+		}()
+		for off := 0; off < len(data); off += 64 << 10 { // the stick pass
+			live.Write(data[off:min(off+64<<10, len(data))])
+		}
+		var r result
+		select {
+		case r = <-done:
+		case <-time.After(time.Minute):
+			t.Fatal("FetchStream from a live source that has read everything did not complete")
+		}
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if !bytes.Equal(got.Bytes(), data) {
+			t.Fatalf("the consumer read %d bytes that are not the bundle's %d", got.Len(), len(data))
+		}
+		checkList(t, r.pl, digest, len(data))
+		live.Close()
+		if offers, _ := dst.Discover(t.Context()); len(offers) != 0 {
+			t.Fatalf("offers after the live hasher's Close %+v", offers)
+		}
+	})
 	t.Run("AnUnknownDigestIsNotFetched", func(t *testing.T) {
 		_, dst, _ := pair(t)
 		other := "sha256:" + hex.EncodeToString(make([]byte, 32))
@@ -91,4 +171,20 @@ func Run(t *testing.T, pair Pair) {
 			t.Fatalf("statuses with no peers %+v", st)
 		}
 	})
+}
+
+// readAll is a consumer that keeps every byte, from the start.
+func readAll(out *bytes.Buffer) peer.StreamConsumer {
+	return func(r io.Reader, _ *peer.StreamResume, _ peer.Checkpoint) error {
+		_, err := io.Copy(out, r)
+		return err
+	}
+}
+
+// checkList fails unless pl is a whole, valid piece list of the bundle.
+func checkList(t *testing.T, pl *peer.PieceList, digest string, size int) {
+	t.Helper()
+	if pl == nil || pl.Digest != digest || pl.Size != int64(size) || pl.Partial || pl.Validate() != nil {
+		t.Fatalf("piece list %+v, want the whole bundle's", pl)
+	}
 }
