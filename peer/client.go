@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
 // Client speaks the peer protocol to other nodes.
@@ -191,7 +193,7 @@ func (c *Client) copyRange(ctx context.Context, peer, digest string, off, n int6
 	}
 	tooSlow := func(err error) error {
 		if slow.Load() {
-			return fmt.Errorf("%w: peer %s sent a range of %.19s… at under %d bytes/s over %s: the piece is asked from another peer", ErrTooSlow, peer, digest, c.minRate, c.rateWindow)
+			return fmt.Errorf("%w: peer %s sent a range of %s at under %d bytes/s over %s: the piece is asked from another peer", ErrTooSlow, peer, sha256digest.Short(digest), c.minRate, c.rateWindow)
 		}
 		return err
 	}

@@ -155,7 +155,7 @@ func (p *PieceList) merge(q *PieceList) (*PieceList, error) {
 		switch {
 		case h == "" || h == p.Pieces[i]:
 		case p.Pieces[i] != "":
-			return nil, fmt.Errorf("%w: piece %d is %.12s… there, %.12s… here", ErrBadPieceList, i, h, p.Pieces[i])
+			return nil, fmt.Errorf("%w: piece %d is %s there, %s here", ErrBadPieceList, i, sha256digest.Short(h), sha256digest.Short(p.Pieces[i]))
 		default:
 			if out == p {
 				out = p.clone()
@@ -186,7 +186,7 @@ func (p *PieceList) Bounds(i int) (off, n int64) {
 func (p *PieceList) Check(i int, b []byte) error {
 	sum := sha256.Sum256(b)
 	if got := hex.EncodeToString(sum[:]); got != p.Pieces[i] {
-		return fmt.Errorf("%w: piece %d of %s: sha256 %.12s…, want %.12s…", ErrBadPiece, i, p.Digest, got, p.Pieces[i])
+		return fmt.Errorf("%w: piece %d of %s: %s, want %s", ErrBadPiece, i, sha256digest.Short(p.Digest), sha256digest.Short(got), sha256digest.Short(p.Pieces[i]))
 	}
 	return nil
 }

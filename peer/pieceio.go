@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
 // fetchPiece streams piece i from peer into the file while hashing it,
@@ -26,7 +28,7 @@ func (j *job) fetchPiece(ctx context.Context, a assignment, off, n int64, want s
 		return pieceResult{peer: peer, piece: i, err: err}
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != want {
-		return pieceResult{peer: peer, piece: i, err: fmt.Errorf("%w: piece %d from peer %s: sha256 %.12s…, want %.12s…", ErrBadPiece, i, peer, got, want)}
+		return pieceResult{peer: peer, piece: i, err: fmt.Errorf("%w: piece %d from peer %s: %s, want %s", ErrBadPiece, i, peer, sha256digest.Short(got), sha256digest.Short(want))}
 	}
 	return pieceResult{peer: peer, piece: i}
 }
