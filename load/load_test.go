@@ -1,4 +1,4 @@
-package agent
+package load
 
 import (
 	"context"
@@ -65,10 +65,10 @@ func (f *fakeRuntime) Present(_ context.Context, refs []string) (map[string]bool
 	return out, nil
 }
 
-func newLoading(t *testing.T) (*Loading, *fakeRuntime) {
+func newLoader(t *testing.T) (*Loader, *fakeRuntime) {
 	rt := &fakeRuntime{}
 	state := t.TempDir()
-	l := &Loading{OpenRegistry: func() (BundleServer, error) { return registry.New(state, 0, nil) }, Runtime: rt}
+	l := &Loader{OpenRegistry: func() (BundleServer, error) { return registry.New(state, 0, nil) }, Runtime: rt}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() { l.Run(ctx); close(done) }()
@@ -79,16 +79,16 @@ func newLoading(t *testing.T) (*Loading, *fakeRuntime) {
 	return l, rt
 }
 
-func (l *Loading) parentCtx() context.Context {
+func (l *Loader) parentCtx() context.Context {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.parent
 }
 
-func TestLoading_ServesTheBundleUntilItIsTakenOut(t *testing.T) {
+func TestLoader_ServesTheBundleUntilItIsTakenOut(t *testing.T) {
 	for _, op := range []string{"retire", "unload"} {
 		t.Run(op, func(t *testing.T) {
-			l, rt := newLoading(t)
+			l, rt := newLoader(t)
 			tree := registrytest.NewTree(t)
 			d := tree.Push(t, "openshift-release-dev/ocp-release", "", 256, 1)
 			meta := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: "quay.io/openshift-release-dev/ocp-release@" + d}
@@ -134,8 +134,8 @@ func TestLoading_ServesTheBundleUntilItIsTakenOut(t *testing.T) {
 	}
 }
 
-func TestLoading_RefusesADirectoryWithoutATreeAndAFullStore(t *testing.T) {
-	l, rt := newLoading(t)
+func TestLoader_RefusesADirectoryWithoutATreeAndAFullStore(t *testing.T) {
+	l, rt := newLoader(t)
 	meta := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: fmt.Sprintf("quay.io/a/b@sha256:%064x", 1)}
 	if err := l.Load(t.Context(), meta, meta.AllImages(), t.TempDir(), nil, nil); !errors.Is(err, bundle.ErrInvalid) {
 		t.Fatalf("got %v, want ErrInvalid", err)
@@ -166,8 +166,8 @@ func writeTree(t *testing.T, tree imagetree.Tree) string {
 // hold, each blob once (two images sharing their layer count it once; an
 // image CRI-O holds counts nothing), and nothing when it holds them all.
 // Images are pulled biggest first.
-func TestLoading_AsksRoomForTwiceWhatCRIODoesNotHold(t *testing.T) {
-	l, rt := newLoading(t)
+func TestLoader_AsksRoomForTwiceWhatCRIODoesNotHold(t *testing.T) {
+	l, rt := newLoader(t)
 	tree := imagetree.Tree{}
 	shared := imagetree.Layer("shared", 100<<10)
 	a := tree.Add("quay.io/x/a", shared)
@@ -199,7 +199,7 @@ func TestLoading_AsksRoomForTwiceWhatCRIODoesNotHold(t *testing.T) {
 // what the images CRI-O lacks may need, sized from the metadata never
 // below what the tree will say: the whole bundle without per-image sizes,
 // their sum (or the bundle less the biggest image CRI-O holds) with them.
-func TestLoading_CheckRoomBeforeCountsTheWritesAndTheImagesCRIOLacks(t *testing.T) {
+func TestLoader_CheckRoomBeforeCountsTheWritesAndTheImagesCRIOLacks(t *testing.T) {
 	const gib = 1 << 30
 	ref := func(i int) string { return fmt.Sprintf("quay.io/a/i%d@sha256:%064x", i, i) }
 	meta := func(sizes ...int64) *bundle.Metadata {
@@ -242,7 +242,7 @@ func TestLoading_CheckRoomBeforeCountsTheWritesAndTheImagesCRIOLacks(t *testing.
 			2*10*gib + 1, []string{"4 images"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l, rt := newLoading(t)
+			l, rt := newLoader(t)
 			l.RoomFloor = 1
 			rt.present, rt.apart, rt.need = map[string]bool{}, map[string]bool{}, 0
 			for _, i := range tc.present {
@@ -265,9 +265,16 @@ func TestLoading_CheckRoomBeforeCountsTheWritesAndTheImagesCRIOLacks(t *testing.
 			}
 		})
 	}
-	l, rt := newLoading(t)
+	l, rt := newLoader(t)
 	rt.room = bundle.ErrNoSpace
 	if err := l.CheckRoomBefore(t.Context(), meta(), nil); !errors.Is(err, bundle.ErrNoSpace) {
 		t.Fatalf("got %v", err)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }

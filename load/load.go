@@ -1,4 +1,8 @@
-package agent
+// Package load puts an extracted bundle into CRI-O: it serves the bundle's
+// tree with the embedded registry, asks CRI-O to pull and pin its images
+// through it, and checks first that the image store has room. It is the
+// agent's Loader (agent.Loader), wired in cmd/ferry.
+package load
 
 import (
 	"cmp"
@@ -14,10 +18,8 @@ import (
 	"github.com/ferry-edge/ferry/bundle"
 )
 
-// The loading effect: an extracted bundle served by the embedded registry
-// and put into CRI-O through its drop-ins, reload and CRI. The registry
-// and CRI-O each stay behind a narrow seam; the one piece that knows
-// bundles is this one.
+// The registry and CRI-O each stay behind a narrow seam; the one piece
+// that knows bundles is this one.
 
 // BundleServer serves one extracted bundle on loopback (registry.Registry).
 type BundleServer interface {
@@ -60,10 +62,10 @@ type RuntimeRequest struct {
 	Progress func(done, total int)
 }
 
-// Loading is the agent's Loader on a BundleServer and a Runtime. Its registry
+// Loader is the agent's Loader on a BundleServer and a Runtime. Its registry
 // runs under the context given to Run, which the caller runs with its
 // other servers: nothing of it outlives the agent.
-type Loading struct {
+type Loader struct {
 	// OpenRegistry binds the registry (its port and certificate are kept
 	// across restarts).
 	OpenRegistry func() (BundleServer, error)
@@ -80,8 +82,8 @@ type Loading struct {
 	stopped chan struct{}
 }
 
-// Run gives Loading its lifetime: registries are served until ctx ends.
-func (l *Loading) Run(ctx context.Context) error {
+// Run gives the Loader its lifetime: registries are served until ctx ends.
+func (l *Loader) Run(ctx context.Context) error {
 	l.mu.Lock()
 	l.parent = ctx
 	l.mu.Unlock()
@@ -93,7 +95,7 @@ func (l *Loading) Run(ctx context.Context) error {
 // Load serves dir and loads images (meta's, a tag perhaps dropped:
 // Record.Images), pinned; keep are the previous bundle's pins. Calling it
 // again for the same bundle is cheap.
-func (l *Loading) Load(ctx context.Context, meta *bundle.Metadata, images []string, dir string, keep []string, progress func(done, total int)) error {
+func (l *Loader) Load(ctx context.Context, meta *bundle.Metadata, images []string, dir string, keep []string, progress func(done, total int)) error {
 	blobs, err := bundle.ImageBlobs(dir, images, bundle.GoArch(meta.Arch))
 	if err != nil {
 		return fmt.Errorf("%w: the extracted bundle in %s is damaged (%v): run 'ferry cleanup' and give the bundle again", bundle.ErrInvalid, dir, err)
@@ -128,7 +130,7 @@ func biggestFirst(images []string, blobs map[string]map[string]int64) []string {
 // there yet: bundle.EstimateMissingBytes sizes it from the metadata, never
 // below the exact count, so that a bundle that passes here does not fail
 // Load's exact check with its tree written.
-func (l *Loading) CheckRoomBefore(ctx context.Context, meta *bundle.Metadata, writes map[string]int64) error {
+func (l *Loader) CheckRoomBefore(ctx context.Context, meta *bundle.Metadata, writes map[string]int64) error {
 	present := l.present(ctx, meta.AllImages())
 	est, n, perImage := bundle.EstimateMissingBytes(meta, present)
 	var need, written int64
@@ -157,7 +159,7 @@ func (l *Loading) CheckRoomBefore(ctx context.Context, meta *bundle.Metadata, wr
 // twice the bytes of the blobs it does not hold yet (per image it lacks,
 // counting a blob once, less those of the images it holds), within what
 // the kubelet tolerates.
-func (l *Loading) checkLoadRoom(ctx context.Context, blobs map[string]map[string]int64) error {
+func (l *Loader) checkLoadRoom(ctx context.Context, blobs map[string]map[string]int64) error {
 	images := make([]string, 0, len(blobs))
 	for ref := range blobs {
 		images = append(images, ref)
@@ -171,7 +173,7 @@ func (l *Loading) checkLoadRoom(ctx context.Context, blobs map[string]map[string
 
 // checkRoom asks the runtime for need bytes (what, in words) and the
 // floor; nothing to write, nothing to check.
-func (l *Loading) checkRoom(need int64, what []string) error {
+func (l *Loader) checkRoom(need int64, what []string) error {
 	if need <= 0 {
 		return nil
 	}
@@ -185,7 +187,7 @@ func (l *Loading) checkRoom(need int64, what []string) error {
 // present tells, by metadata reference, whether the runtime holds each of
 // images (by the name it is pulled as). When it cannot tell, none: the
 // room checks then err on the safe side.
-func (l *Loading) present(ctx context.Context, images []string) func(ref string) bool {
+func (l *Loader) present(ctx context.Context, images []string) func(ref string) bool {
 	pull := make(map[string]string, len(images))
 	refs := make([]string, 0, len(images))
 	for _, ref := range images {
@@ -204,13 +206,13 @@ func (l *Loading) present(ctx context.Context, images []string) func(ref string)
 
 // Resume serves a loaded bundle again after a restart (drop-ins unchanged,
 // present and pinned images skipped).
-func (l *Loading) Resume(ctx context.Context, meta *bundle.Metadata, images []string, dir string, keep []string) error {
+func (l *Loader) Resume(ctx context.Context, meta *bundle.Metadata, images []string, dir string, keep []string) error {
 	return l.load(ctx, meta, dir, keep, nil, images)
 }
 
 // load serves dir and loads images (meta's as Load takes them, in the
 // order to pull them).
-func (l *Loading) load(ctx context.Context, meta *bundle.Metadata, dir string, keep []string, progress func(done, total int), images []string) error {
+func (l *Loader) load(ctx context.Context, meta *bundle.Metadata, dir string, keep []string, progress func(done, total int), images []string) error {
 	reg, err := l.serve(dir)
 	if err != nil {
 		return err
@@ -221,21 +223,21 @@ func (l *Loading) load(ctx context.Context, meta *bundle.Metadata, dir string, k
 
 // Retire ends a bundle whose upgrade is done: mirror and CA go, the
 // registry stops; the pins stay.
-func (l *Loading) Retire(ctx context.Context, meta *bundle.Metadata, dir string) error {
+func (l *Loader) Retire(ctx context.Context, meta *bundle.Metadata, dir string) error {
 	return l.takeOut(ctx, meta, dir, l.Runtime.Retire)
 }
 
 // Cleanup takes out a bundle that never became the cluster's release.
-func (l *Loading) Cleanup(ctx context.Context, meta *bundle.Metadata, dir string) error {
+func (l *Loader) Cleanup(ctx context.Context, meta *bundle.Metadata, dir string) error {
 	return l.takeOut(ctx, meta, dir, l.Runtime.Unload)
 }
 
 // Unpin drops the pins of images (the previous bundle's).
-func (l *Loading) Unpin(ctx context.Context, images []string) error {
+func (l *Loader) Unpin(ctx context.Context, images []string) error {
 	return l.Runtime.Unpin(ctx, RuntimeRequest{Images: images, Label: "previous bundle"})
 }
 
-func (l *Loading) takeOut(ctx context.Context, meta *bundle.Metadata, dir string, op func(context.Context, RuntimeRequest) error) error {
+func (l *Loader) takeOut(ctx context.Context, meta *bundle.Metadata, dir string, op func(context.Context, RuntimeRequest) error) error {
 	addr, err := l.addr()
 	if err != nil {
 		return err
@@ -254,7 +256,7 @@ func (l *Loading) takeOut(ctx context.Context, meta *bundle.Metadata, dir string
 
 // addr is the registry's address: the running one's, or the kept one
 // (after a restart).
-func (l *Loading) addr() (string, error) {
+func (l *Loader) addr() (string, error) {
 	l.mu.Lock()
 	reg := l.reg
 	l.mu.Unlock()
@@ -270,7 +272,7 @@ func (l *Loading) addr() (string, error) {
 }
 
 // serve starts the registry over dir unless it serves it already.
-func (l *Loading) serve(dir string) (BundleServer, error) {
+func (l *Loader) serve(dir string) (BundleServer, error) {
 	l.mu.Lock()
 	if l.reg != nil && l.dir == dir {
 		select {
@@ -284,7 +286,7 @@ func (l *Loading) serve(dir string) (BundleServer, error) {
 	parent := l.parent
 	l.mu.Unlock()
 	if parent == nil {
-		return nil, fmt.Errorf("the embedded registry cannot start: Loading.Run was not started")
+		return nil, fmt.Errorf("the embedded registry cannot start: load.Loader.Run was not started")
 	}
 	l.closeRegistry()
 	if fi, err := os.Stat(filepath.Join(dir, bundle.RegistryRoot)); err != nil || !fi.IsDir() {
@@ -309,7 +311,7 @@ func (l *Loading) serve(dir string) (BundleServer, error) {
 }
 
 // closeRegistry stops the registry and waits for it.
-func (l *Loading) closeRegistry() {
+func (l *Loader) closeRegistry() {
 	l.mu.Lock()
 	reg, stop, stopped := l.reg, l.stop, l.stopped
 	l.reg, l.dir, l.stop, l.stopped = nil, "", nil, nil
