@@ -16,6 +16,7 @@ import (
 	"sync"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/crio"
 )
 
 // The registry and CRI-O each stay behind a narrow seam; the one piece
@@ -31,17 +32,17 @@ type BundleServer interface {
 }
 
 // Runtime is CRI-O as loading needs it (crio.Loader): it takes image
-// lists and a registry address, and knows no bundles.
+// references and a registry address, and knows no bundles.
 type Runtime interface {
-	// Load writes the drop-ins (mirror to addr, pins), reloads, pulls and
-	// pins every image.
-	Load(ctx context.Context, r RuntimeRequest) error
+	// Load writes the drop-ins (mirror to r.Addr, pins), reloads, pulls
+	// and pins every reference.
+	Load(ctx context.Context, r crio.Request) (crio.Result, error)
 	// Unload removes pins, mirror and CA.
-	Unload(ctx context.Context, r RuntimeRequest) error
+	Unload(ctx context.Context, r crio.Request) error
 	// Retire removes the mirror and CA; the pins stay.
-	Retire(ctx context.Context, r RuntimeRequest) error
-	// Unpin drops the pins of r.Images.
-	Unpin(ctx context.Context, r RuntimeRequest) error
+	Retire(ctx context.Context, r crio.Request) error
+	// Unpin drops the pins of r.Pull.
+	Unpin(ctx context.Context, r crio.Request) error
 	// Present tells which of refs the runtime holds.
 	Present(ctx context.Context, refs []string) (map[string]bool, error)
 	// SameFilesystem tells whether dir is on the image store's filesystem.
@@ -52,14 +53,16 @@ type Runtime interface {
 	CheckRoom(need int64, what string) error
 }
 
-// RuntimeRequest is one set of images for the runtime.
-type RuntimeRequest struct {
-	Images   []string // name[:tag]@sha256:…
-	Keep     []string // more pins to hold
-	Addr     string   // the embedded registry's
-	CACert   []byte
-	Label    string // names the bundle in drop-ins ("4.13.7-x86_64")
-	Progress func(done, total int)
+var _ Runtime = (*crio.Loader)(nil)
+
+// RequestFor is what CRI-O is asked for images (a bundle's, as
+// metadata.json names them: name[:tag]@sha256:…, in the order to pull
+// them): each pulled and pinned by digest and, when it kept its tag, by
+// tag too (bundle.PullRefs), each repository mirrored at the path the
+// bundle stores it under (bundle.RepoPaths), which is where the embedded
+// registry serves it. The caller adds the registry and the label.
+func RequestFor(images []string) crio.Request {
+	return crio.Request{Pull: bundle.PullRefs(images), Mirrors: bundle.RepoPaths(images)}
 }
 
 // Loader is the agent's Loader on a BundleServer and a Runtime. Its registry
@@ -217,8 +220,10 @@ func (l *Loader) load(ctx context.Context, meta *bundle.Metadata, dir string, ke
 	if err != nil {
 		return err
 	}
-	return l.Runtime.Load(ctx, RuntimeRequest{Images: images, Keep: keep, Addr: reg.Addr(),
-		CACert: reg.CACertPEM(), Label: meta.DirName(), Progress: progress})
+	req := RequestFor(images)
+	req.Keep, req.Addr, req.CACert, req.Label, req.Progress = keep, reg.Addr(), reg.CACertPEM(), meta.DirName(), progress
+	_, err = l.Runtime.Load(ctx, req)
+	return err
 }
 
 // Retire ends a bundle whose upgrade is done: mirror and CA go, the
@@ -234,15 +239,19 @@ func (l *Loader) Cleanup(ctx context.Context, meta *bundle.Metadata, dir string)
 
 // Unpin drops the pins of images (the previous bundle's).
 func (l *Loader) Unpin(ctx context.Context, images []string) error {
-	return l.Runtime.Unpin(ctx, RuntimeRequest{Images: images, Label: "previous bundle"})
+	req := RequestFor(images)
+	req.Label = "previous bundle"
+	return l.Runtime.Unpin(ctx, req)
 }
 
-func (l *Loader) takeOut(ctx context.Context, meta *bundle.Metadata, dir string, op func(context.Context, RuntimeRequest) error) error {
+func (l *Loader) takeOut(ctx context.Context, meta *bundle.Metadata, dir string, op func(context.Context, crio.Request) error) error {
 	addr, err := l.addr()
 	if err != nil {
 		return err
 	}
-	if err := op(ctx, RuntimeRequest{Images: meta.AllImages(), Addr: addr, Label: meta.DirName()}); err != nil {
+	req := RequestFor(meta.AllImages())
+	req.Addr, req.Label = addr, meta.DirName()
+	if err := op(ctx, req); err != nil {
 		return err
 	}
 	l.mu.Lock()

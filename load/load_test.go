@@ -11,12 +11,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/internal/imagetree"
 	"github.com/ferry-edge/ferry/registry"
 	"github.com/ferry-edge/ferry/registry/registrytest"
@@ -26,7 +28,7 @@ import (
 type fakeRuntime struct {
 	mu      sync.Mutex
 	calls   []string
-	last    RuntimeRequest
+	last    crio.Request
 	room    error
 	present map[string]bool
 	noList  error           // Present's error
@@ -35,20 +37,22 @@ type fakeRuntime struct {
 	what    string
 }
 
-func (f *fakeRuntime) record(op string, r RuntimeRequest) error {
+func (f *fakeRuntime) record(op string, r crio.Request) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, op)
 	f.last = r
 	if r.Progress != nil {
-		r.Progress(len(r.Images), len(r.Images))
+		r.Progress(len(r.Pull), len(r.Pull))
 	}
 	return nil
 }
-func (f *fakeRuntime) Load(_ context.Context, r RuntimeRequest) error   { return f.record("load", r) }
-func (f *fakeRuntime) Unload(_ context.Context, r RuntimeRequest) error { return f.record("unload", r) }
-func (f *fakeRuntime) Retire(_ context.Context, r RuntimeRequest) error { return f.record("retire", r) }
-func (f *fakeRuntime) Unpin(_ context.Context, r RuntimeRequest) error  { return f.record("unpin", r) }
+func (f *fakeRuntime) Load(_ context.Context, r crio.Request) (crio.Result, error) {
+	return crio.Result{}, f.record("load", r)
+}
+func (f *fakeRuntime) Unload(_ context.Context, r crio.Request) error { return f.record("unload", r) }
+func (f *fakeRuntime) Retire(_ context.Context, r crio.Request) error { return f.record("retire", r) }
+func (f *fakeRuntime) Unpin(_ context.Context, r crio.Request) error  { return f.record("unpin", r) }
 func (f *fakeRuntime) CheckRoom(need int64, what string) error {
 	f.need, f.what = need, what
 	return f.room
@@ -97,7 +101,7 @@ func TestLoader_ServesTheBundleUntilItIsTakenOut(t *testing.T) {
 				t.Fatal(err)
 			}
 			req := rt.last
-			if last != 1 || len(req.Keep) != 1 || req.Label != "4.13.7-x86_64" || len(req.Images) != 1 {
+			if last != 1 || len(req.Keep) != 1 || req.Label != "4.13.7-x86_64" || len(req.Pull) != 1 {
 				t.Fatalf("runtime asked %+v (progress %d)", req, last)
 			}
 			// The registry serves the bundle over TLS with the CA given to CRI-O.
@@ -183,7 +187,7 @@ func TestLoader_AsksRoomForTwiceWhatCRIODoesNotHold(t *testing.T) {
 	if want := 2 * (int64(len(shared)) + m.Config.Size); rt.need != want || !strings.Contains(rt.what, "2 images") {
 		t.Fatalf("asked for %d bytes (%s), want %d", rt.need, rt.what, want)
 	}
-	if got := rt.last.Images; len(got) != 3 || got[0] != held {
+	if got := rt.last.Pull; len(got) != 3 || got[0] != held {
 		t.Errorf("pull order %v: the biggest image (%s) first", got, held)
 	}
 	rt.present = map[string]bool{held: true, a: true, b: true}
@@ -269,6 +273,32 @@ func TestLoader_CheckRoomBeforeCountsTheWritesAndTheImagesCRIOLacks(t *testing.T
 	rt.room = bundle.ErrNoSpace
 	if err := l.CheckRoomBefore(t.Context(), meta(), nil); !errors.Is(err, bundle.ErrNoSpace) {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// CRI-O is asked for every image by digest and, for one that kept its tag,
+// by tag too; each repository is mirrored where the bundle stores it.
+func TestRequestFor_DigestForEveryImageAndTagForTaggedOnes(t *testing.T) {
+	d := func(c byte) string { return "sha256:" + strings.Repeat(string(c), 64) }
+	images := []string{
+		"quay.io/openshift-release-dev/ocp-release@" + d('a'),
+		"quay.io/openshift-release-dev/ocp-v4.0-art-dev@" + d('b'),
+		"quay.io/openshift-release-dev/ocp-v4.0-art-dev@" + d('c'),
+		"quay.io/my-company/my-workload:v2.1@" + d('d'),
+	}
+	got := RequestFor(images)
+	want := []string{
+		"quay.io/openshift-release-dev/ocp-release@" + d('a'),
+		"quay.io/openshift-release-dev/ocp-v4.0-art-dev@" + d('b'),
+		"quay.io/openshift-release-dev/ocp-v4.0-art-dev@" + d('c'),
+		"quay.io/my-company/my-workload@" + d('d'),
+		"quay.io/my-company/my-workload:v2.1",
+	}
+	if !slices.Equal(got.Pull, want) {
+		t.Errorf("got %q\nwant %q", got.Pull, want)
+	}
+	if p := got.Mirrors["quay.io/my-company/my-workload"]; p != "my-company/my-workload" || len(got.Mirrors) != 3 {
+		t.Errorf("mirrors %q: want each of the 3 repositories at its path in the bundle (my-company/my-workload)", got.Mirrors)
 	}
 }
 

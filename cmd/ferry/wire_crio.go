@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"log/slog"
 	"path/filepath"
 
@@ -15,23 +14,6 @@ import (
 
 // The agent's Loader is load's, on the embedded registry and CRI-O.
 var _ agent.Loader = (*load.Loader)(nil)
-
-// crioRuntime is load's Runtime on crio.Loader: type conversions only.
-type crioRuntime struct{ *crio.Loader }
-
-func (c crioRuntime) Load(ctx context.Context, r load.RuntimeRequest) error {
-	_, err := c.Loader.Load(ctx, crio.Request(r))
-	return err
-}
-func (c crioRuntime) Unload(ctx context.Context, r load.RuntimeRequest) error {
-	return c.Loader.Unload(ctx, crio.Request(r))
-}
-func (c crioRuntime) Retire(ctx context.Context, r load.RuntimeRequest) error {
-	return c.Loader.Retire(ctx, crio.Request(r))
-}
-func (c crioRuntime) Unpin(ctx context.Context, r load.RuntimeRequest) error {
-	return c.Loader.Unpin(ctx, crio.Request(r))
-}
 
 // newLoader wires the embedded registry and CRI-O, or nothing when no CRI
 // socket is configured.
@@ -59,10 +41,10 @@ func newLoader(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (*load.
 	}
 	return &load.Loader{
 		OpenRegistry: func() (load.BundleServer, error) { return registry.New(regDir, cfg.Registry.Port, log) },
-		Runtime: crioRuntime{&crio.Loader{CRI: cl, Reloader: rl, Log: log, Workers: cfg.CRIO.PullWorkers, Pacer: pacer, StorageDir: cfg.CRIO.StorageDir,
+		Runtime: &crio.Loader{CRI: cl, Reloader: rl, Log: log, Workers: cfg.CRIO.PullWorkers, Pacer: pacer, StorageDir: cfg.CRIO.StorageDir,
 			KubeletConfig: cfg.CRIO.KubeletConfig,
 			Dropins: &crio.Dropins{CRIOConfDir: cfg.Paths.CRIOConfDir, RegistriesConfDir: cfg.Paths.RegistriesConfDir, CertsDir: cfg.Paths.CertsDir,
-				RegistriesD: cfg.Paths.RegistriesD}}},
+				RegistriesD: cfg.Paths.RegistriesD}},
 		RoomFloor: cfg.CRIO.StorageFloorBytes,
 		Log:       log,
 	}, nil
