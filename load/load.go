@@ -1,7 +1,9 @@
 // Package load puts an extracted bundle into CRI-O: it serves the bundle's
 // tree with the embedded registry, asks CRI-O to pull and pin its images
 // through it, and checks first that the image store has room. It is the
-// agent's Loader (agent.Loader), wired in cmd/ferry.
+// agent's Loader (agent.Loader), wired in cmd/ferry. The registry and
+// CRI-O each stay behind a narrow seam (BundleServer, Runtime); the one
+// piece that knows bundles is this one.
 package load
 
 import (
@@ -9,18 +11,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
 )
-
-// The registry and CRI-O each stay behind a narrow seam; the one piece
-// that knows bundles is this one.
 
 // BundleServer serves one extracted bundle on loopback (registry.Registry).
 type BundleServer interface {
@@ -85,16 +81,6 @@ type Loader struct {
 	stopped chan struct{}
 }
 
-// Run gives the Loader its lifetime: registries are served until ctx ends.
-func (l *Loader) Run(ctx context.Context) error {
-	l.mu.Lock()
-	l.parent = ctx
-	l.mu.Unlock()
-	<-ctx.Done()
-	l.closeRegistry()
-	return nil
-}
-
 // Load serves dir and loads images (meta's, a tag perhaps dropped:
 // Record.Images), pinned; keep are the previous bundle's pins. Calling it
 // again for the same bundle is cheap.
@@ -122,89 +108,6 @@ func biggestFirst(images []string, blobs map[string]map[string]int64) []string {
 	out := slices.Clone(images)
 	slices.SortStableFunc(out, func(a, b string) int { return cmp.Compare(size[b], size[a]) })
 	return out
-}
-
-// CheckRoomBefore is the room check before a bundle's bytes are written
-// on this node, on every node: before a stick's (or a file's) bundle is
-// extracted and before a peer's is fetched. writes are the bytes about to
-// be written, by directory; those on the image store's filesystem (on
-// RHCOS /var/lib/upgrade, /var/lib/ferry and /var/lib/containers all are
-// /var) count with the load. The tree that sizes the load exactly is not
-// there yet: bundle.EstimateMissingBytes sizes it from the metadata, never
-// below the exact count, so that a bundle that passes here does not fail
-// Load's exact check with its tree written.
-func (l *Loader) CheckRoomBefore(ctx context.Context, meta *bundle.Metadata, writes map[string]int64) error {
-	present := l.present(ctx, meta.AllImages())
-	est, n, perImage := bundle.EstimateMissingBytes(meta, present)
-	var need, written int64
-	for dir, b := range writes {
-		if b > 0 && l.Runtime.SameFilesystem(dir) {
-			written += b
-		}
-	}
-	var what []string
-	if written > 0 {
-		need += written
-		what = append(what, fmt.Sprintf("writing the bundle (%s)", bundle.HumanSize(written)))
-	}
-	if n > 0 {
-		need += 2 * est
-		basis := "their sizes in the bundle's metadata"
-		if !perImage {
-			basis = "the whole bundle: its metadata has no per-image sizes"
-		}
-		what = append(what, fmt.Sprintf("loading the %d images CRI-O does not hold (2 × %s, from %s: layers are stored uncompressed)", n, bundle.HumanSize(est), basis))
-	}
-	return l.checkRoom(need, what)
-}
-
-// checkLoadRoom: the runtime stores layers uncompressed, so a load needs
-// twice the bytes of the blobs it does not hold yet (per image it lacks,
-// counting a blob once, less those of the images it holds), within what
-// the kubelet tolerates.
-func (l *Loader) checkLoadRoom(ctx context.Context, blobs map[string]map[string]int64) error {
-	images := make([]string, 0, len(blobs))
-	for ref := range blobs {
-		images = append(images, ref)
-	}
-	missing, n := bundle.MissingBytes(blobs, l.present(ctx, images))
-	if n == 0 {
-		return nil
-	}
-	return l.checkRoom(2*missing, []string{fmt.Sprintf("loading the %d images CRI-O does not hold (2 × their %s: layers are stored uncompressed)", n, bundle.HumanSize(missing))})
-}
-
-// checkRoom asks the runtime for need bytes (what, in words) and the
-// floor; nothing to write, nothing to check.
-func (l *Loader) checkRoom(need int64, what []string) error {
-	if need <= 0 {
-		return nil
-	}
-	if l.RoomFloor > 0 {
-		need += l.RoomFloor
-		what = append(what, fmt.Sprintf("keeping %s free (crio.storage_floor_bytes)", bundle.HumanSize(l.RoomFloor)))
-	}
-	return l.Runtime.CheckRoom(need, strings.Join(what, " and "))
-}
-
-// present tells, by metadata reference, whether the runtime holds each of
-// images (by the name it is pulled as). When it cannot tell, none: the
-// room checks then err on the safe side.
-func (l *Loader) present(ctx context.Context, images []string) func(ref string) bool {
-	pull := make(map[string]string, len(images))
-	refs := make([]string, 0, len(images))
-	for _, ref := range images {
-		pull[ref] = bundle.PullRefs([]string{ref})[0]
-		refs = append(refs, pull[ref])
-	}
-	held, err := l.Runtime.Present(ctx, refs)
-	if err != nil {
-		if l.Log != nil {
-			l.Log.Warn("cannot ask CRI-O which images it holds; counting them all as missing", "err", err)
-		}
-		held = nil
-	}
-	return func(ref string) bool { return held[pull[ref]] }
 }
 
 // Resume serves a loaded bundle again after a restart (drop-ins unchanged,
@@ -261,75 +164,4 @@ func (l *Loader) takeOut(ctx context.Context, meta *bundle.Metadata, dir string,
 		l.closeRegistry()
 	}
 	return nil
-}
-
-// addr is the registry's address: the running one's, or the kept one
-// (after a restart).
-func (l *Loader) addr() (string, error) {
-	l.mu.Lock()
-	reg := l.reg
-	l.mu.Unlock()
-	if reg != nil {
-		return reg.Addr(), nil
-	}
-	r, err := l.OpenRegistry()
-	if err != nil {
-		return "", fmt.Errorf("the embedded registry's address: %w", err)
-	}
-	defer r.Close()
-	return r.Addr(), nil
-}
-
-// serve starts the registry over dir unless it serves it already.
-func (l *Loader) serve(dir string) (BundleServer, error) {
-	l.mu.Lock()
-	if l.reg != nil && l.dir == dir {
-		select {
-		case <-l.stopped: // it stopped: start again below
-		default:
-			reg := l.reg
-			l.mu.Unlock()
-			return reg, nil
-		}
-	}
-	parent := l.parent
-	l.mu.Unlock()
-	if parent == nil {
-		return nil, fmt.Errorf("the embedded registry cannot start: load.Loader.Run was not started")
-	}
-	l.closeRegistry()
-	if fi, err := os.Stat(filepath.Join(dir, bundle.RegistryRoot)); err != nil || !fi.IsDir() {
-		return nil, fmt.Errorf("%w: %s has no %s: extract the bundle again", bundle.ErrInvalid, dir, bundle.RegistryRoot)
-	}
-	reg, err := l.OpenRegistry()
-	if err != nil {
-		return nil, err
-	}
-	ctx, stop := context.WithCancel(parent)
-	stopped := make(chan struct{})
-	l.mu.Lock()
-	l.reg, l.dir, l.stop, l.stopped = reg, dir, stop, stopped
-	l.mu.Unlock()
-	go func() {
-		defer close(stopped)
-		if err := reg.Serve(ctx, dir); err != nil && l.Log != nil {
-			l.Log.Error("embedded registry stopped", "err", err)
-		}
-	}()
-	return reg, nil
-}
-
-// closeRegistry stops the registry and waits for it.
-func (l *Loader) closeRegistry() {
-	l.mu.Lock()
-	reg, stop, stopped := l.reg, l.stop, l.stopped
-	l.reg, l.dir, l.stop, l.stopped = nil, "", nil, nil
-	l.mu.Unlock()
-	if stop != nil {
-		stop()
-		<-stopped
-	}
-	if reg != nil {
-		reg.Close()
-	}
 }
