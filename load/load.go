@@ -28,7 +28,7 @@ type BundleServer interface {
 }
 
 // Runtime is CRI-O as loading needs it (crio.Loader): it takes image
-// references and a registry address, and knows no bundles.
+// references and a registry address, and no bundle conventions.
 type Runtime interface {
 	// Load writes the drop-ins (mirror to r.Addr, pins), reloads, pulls
 	// and pins every reference.
