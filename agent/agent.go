@@ -45,7 +45,7 @@ type Medium interface {
 }
 
 // Loader puts an extracted bundle into the container runtime and takes it
-// out again.
+// out again (load.Loader, wired in cmd/ferry).
 type Loader interface {
 	// Load pulls and pins images, meta's as this node loads them
 	// (Record.Images: some perhaps by digest only); keep are pins of the

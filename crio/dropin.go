@@ -40,23 +40,6 @@ type Dropins struct {
 	RegistriesConf string
 }
 
-// Setup is what the drop-ins describe.
-type Setup struct {
-	// Images are the bundle's references (release and images),
-	// name[:tag]@sha256:… under their original names.
-	Images []string
-	// Keep are more pins to hold (e.g. a previous bundle's, until its
-	// cleanup).
-	Keep []string
-	// Addr is the embedded registry, "127.0.0.1:<port>".
-	Addr string
-	// CACert is the registry's certificate (PEM), installed as certs.d's
-	// ca.crt for Addr.
-	CACert []byte
-	// Label names the bundle in the files' header comment.
-	Label string
-}
-
 // Change says which files an Apply or Remove changed. CRI-O needs a reload
 // for Pins and Mirrors; certs.d is read on every pull.
 type Change struct {
@@ -88,16 +71,16 @@ func (c Change) String() string {
 	return strings.Join(s, ", ") + " changed"
 }
 
-// Apply writes the three drop-ins for s: each only if its bytes differ
+// Apply writes the three drop-ins for r: each only if its bytes differ
 // (unchanged files are not rewritten, so the caller can skip the reload),
 // each validated before it is written, through a temporary file outside
 // the directory CRI-O reads, synced and renamed into place.
-func (d *Dropins) Apply(s Setup) (Change, error) {
+func (d *Dropins) Apply(r Request) (Change, error) {
 	var ch Change
-	if len(s.Images) == 0 {
+	if len(r.Pull) == 0 {
 		return ch, fmt.Errorf("%w: no images to pin", ErrDropin)
 	}
-	ca, err := checkCA(s.CACert)
+	ca, err := checkCA(r.CACert)
 	if err != nil {
 		return ch, err
 	}
@@ -105,11 +88,11 @@ func (d *Dropins) Apply(s Setup) (Change, error) {
 	if err != nil {
 		return ch, err
 	}
-	pins := mergePins(before, s.Keep, bundle.PullRefs(s.Images))
+	pins := mergePins(before, r.Keep, r.Pull)
 	if err := d.checkNotOverridden(pins); err != nil {
 		return ch, err
 	}
-	pinsConf, err := PinsConf(pins, s.Label)
+	pinsConf, err := PinsConf(pins, r.Label)
 	if err != nil {
 		return ch, err
 	}
@@ -117,20 +100,20 @@ func (d *Dropins) Apply(s Setup) (Change, error) {
 	if err != nil {
 		return ch, err
 	}
-	mirrorsConf, err := MirrorsConf(s.Images, s.Addr, s.Label, site)
+	mirrorsConf, err := MirrorsConf(r, site)
 	if err != nil {
 		return ch, err
 	}
-	if err := d.checkAttachmentsFree(s.Addr); err != nil {
+	if err := d.checkAttachmentsFree(r.Addr); err != nil {
 		return ch, err
 	}
 	// The CA first: with it in place before the mirror appears, no pull
 	// through the mirror fails on an unknown certificate.
-	if ch.CA, err = writeIfChanged(filepath.Join(d.CertsDir, s.Addr, "ca.crt"), ca, 0o644); err != nil {
+	if ch.CA, err = writeIfChanged(filepath.Join(d.CertsDir, r.Addr, "ca.crt"), ca, 0o644); err != nil {
 		return ch, fmt.Errorf("%w: certs.d: %v", ErrDropin, err)
 	}
-	d.removeStaleCAs(s.Addr, ca)
-	if ch.Attachments, err = d.writeAttachments(s.Addr, s.Label); err != nil {
+	d.removeStaleCAs(r.Addr, ca)
+	if ch.Attachments, err = d.writeAttachments(r.Addr, r.Label); err != nil {
 		return ch, err
 	}
 	if ch.Mirrors, err = writeIfChanged(filepath.Join(d.RegistriesConfDir, DropinName), mirrorsConf, 0o644); err != nil {
@@ -369,40 +352,49 @@ type mirrorEntry struct {
 	PullFromMirror string `toml:"pull-from-mirror,omitempty"`
 }
 
-// MirrorsConf renders ferry's registries.conf.d drop-in: one [[registry]]
-// per repository of the bundle, mirrored at addr/<repository path in the
-// bundle's tree>. A repository pulled only by digest uses the mirror for
-// digest pulls only; one with an image that kept its tag uses it for tag
+// MirrorsConf renders ferry's registries.conf.d drop-in for r: one
+// [[registry]] per repository of r.Pull, mirrored at
+// r.Addr/r.Mirrors[repository]. A repository pulled only by digest uses
+// the mirror for digest pulls only; one also pulled by tag uses it for tag
 // pulls too (the embedded registry serves the tag), so a pull by that tag
 // is served locally and other tags still fall back to the original
 // registry. After the embedded registry come the mirrors site (the node's
 // own configuration; nil for none) had for the repository, with their
 // options, and its location, insecure and blocked: ferry's entry replaces
 // the node's for the same prefix, and must not lose what it did.
-func MirrorsConf(images []string, addr, label string, site *SiteRegistries) ([]byte, error) {
+func MirrorsConf(r Request, site *SiteRegistries) ([]byte, error) {
+	addr, label := r.Addr, r.Label
 	if !strings.HasPrefix(addr, "127.0.0.1:") {
 		return nil, fmt.Errorf("%w: registry address %q is not 127.0.0.1:<port>", ErrDropin, addr)
 	}
-	tagged := map[string]bool{}
-	for _, ref := range images {
+	tagged, byDigest := map[string]bool{}, map[string]bool{}
+	for _, ref := range r.Pull {
 		name, tag, digest := bundle.SplitRef(ref)
-		if digest == "" || !strings.Contains(name, "/") {
-			return nil, fmt.Errorf("%w: %q is not a registry/name[:tag]@sha256:… reference", ErrDropin, ref)
+		if digest == "" && tag == "" || !strings.Contains(name, "/") {
+			return nil, fmt.Errorf("%w: %q is not a registry/name@sha256:… or registry/name:tag reference", ErrDropin, ref)
 		}
 		tagged[name] = tagged[name] || tag != ""
+		byDigest[name] = byDigest[name] || digest != ""
 	}
-	paths := bundle.RepoPaths(images)
 	names := make([]string, 0, len(tagged))
 	for n := range tagged {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	for _, n := range names {
+		switch {
+		case !byDigest[n]:
+			return nil, fmt.Errorf("%w: %s is pulled by tag only: the embedded registry mirrors a repository for its digests (registry/name@sha256:…)", ErrDropin, n)
+		case r.Mirrors[n] == "":
+			return nil, fmt.Errorf("%w: %s has no path on the embedded registry", ErrDropin, n)
+		}
+	}
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# Written by ferry%s: its repositories are served by ferry's\n", forLabel(label))
 	fmt.Fprintf(&b, "# embedded registry on %s (CA in certs.d/%s). Removed by `ferry cleanup`.\n", addr, addr)
 	var entries []registryEntry
 	for _, n := range names {
-		m := mirrorEntry{Location: addr + "/" + paths[n], PullFromMirror: "digest-only"}
+		m := mirrorEntry{Location: addr + "/" + r.Mirrors[n], PullFromMirror: "digest-only"}
 		if tagged[n] {
 			m.PullFromMirror = "all"
 		}

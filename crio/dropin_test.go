@@ -22,6 +22,7 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
+	"github.com/ferry-edge/ferry/load"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -38,6 +39,15 @@ var bundleImages = []string{
 	"quay.io/openshift-release-dev/ocp-v4.0-art-dev@" + d2,
 	"quay.io/openshift-release-dev/ocp-v4.0-art-dev@" + d3,
 	"quay.io/my-company/my-workload:v2.1@" + d4,
+}
+
+// requestFor is what CRI-O is asked for images (a bundle's, as
+// metadata.json names them) served at addr: the agent's request
+// (load.RequestFor).
+func requestFor(images []string, addr string, ca []byte, label string) crio.Request {
+	r := load.RequestFor(images)
+	r.Addr, r.CACert, r.Label = addr, ca, label
+	return r
 }
 
 func golden(t *testing.T, name string, got []byte) {
@@ -57,22 +67,8 @@ func golden(t *testing.T, name string, got []byte) {
 	}
 }
 
-func TestPullRefs_DigestForEveryImageAndTagForTaggedOnes(t *testing.T) {
-	got := bundle.PullRefs(bundleImages)
-	want := []string{
-		"quay.io/openshift-release-dev/ocp-release@" + d1,
-		"quay.io/openshift-release-dev/ocp-v4.0-art-dev@" + d2,
-		"quay.io/openshift-release-dev/ocp-v4.0-art-dev@" + d3,
-		"quay.io/my-company/my-workload@" + d4,
-		"quay.io/my-company/my-workload:v2.1",
-	}
-	if !slices.Equal(got, want) {
-		t.Errorf("got %q\nwant %q", got, want)
-	}
-}
-
 func TestMirrorsConf_Golden(t *testing.T) {
-	b, err := crio.MirrorsConf(bundleImages, "127.0.0.1:5443", "4.13.7-x86_64", nil)
+	b, err := crio.MirrorsConf(requestFor(bundleImages, "127.0.0.1:5443", nil, "4.13.7-x86_64"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +85,7 @@ func TestMirrorsConf_RefusesNonLoopbackAndBadRefs(t *testing.T) {
 		"no repository":  {[]string{"busybox@" + d1}, "127.0.0.1:5000"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if _, err := crio.MirrorsConf(tc.images, tc.addr, "", nil); !errors.Is(err, crio.ErrDropin) {
+			if _, err := crio.MirrorsConf(requestFor(tc.images, tc.addr, nil, ""), nil); !errors.Is(err, crio.ErrDropin) {
 				t.Fatalf("got %v, want ErrDropin", err)
 			}
 		})
@@ -159,7 +155,9 @@ func TestApply_PinsUnionOfEarlierDropinsAndBundle(t *testing.T) {
 	ds.write(t, "crio/crio.conf.d/50-pinned-images", mcoPins)
 	ds.write(t, "crio/crio.conf.d/10-other.conf", "[crio.image]\npinned_images = [\"early/one:v1\"]\n[crio.runtime]\nlog_level = \"info\"\n")
 	ds.write(t, "crio/crio.conf.d/20-nopins.conf", "[crio.runtime]\nlog_level = \"debug\"\n")
-	ch, err := ds.d.Apply(crio.Setup{Images: bundleImages, Keep: []string{"old/bundle@" + d2}, Addr: "127.0.0.1:5443", CACert: testCA(t, true), Label: "4.13.7-x86_64"})
+	req := requestFor(bundleImages, "127.0.0.1:5443", testCA(t, true), "4.13.7-x86_64")
+	req.Keep = []string{"old/bundle@" + d2}
+	ch, err := ds.d.Apply(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +184,7 @@ func TestApply_PinsUnionOfEarlierDropinsAndBundle(t *testing.T) {
 
 func TestApply_UnchangedWritesNothingAndLeavesNoTempFiles(t *testing.T) {
 	ds := newDirs(t)
-	s := crio.Setup{Images: bundleImages, Addr: "127.0.0.1:5443", CACert: testCA(t, true)}
+	s := requestFor(bundleImages, "127.0.0.1:5443", testCA(t, true), "")
 	if _, err := ds.d.Apply(s); err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +234,7 @@ func TestApply_RefusesAndWritesNothing(t *testing.T) {
 			if tc.ca != nil {
 				ca = tc.ca(t)
 			}
-			_, err := ds.d.Apply(crio.Setup{Images: bundleImages, Addr: "127.0.0.1:5443", CACert: ca})
+			_, err := ds.d.Apply(requestFor(bundleImages, "127.0.0.1:5443", ca, ""))
 			if !errors.Is(err, crio.ErrDropin) {
 				t.Fatalf("got %v, want ErrDropin", err)
 			}
@@ -260,7 +258,7 @@ func TestApply_LaterDropinHoldingOurPinsIsAccepted(t *testing.T) {
 pinned_images = [` + `"` + strings.Join(bundle.PullRefs(bundleImages), `", "`) + `"]
 `
 	ds.write(t, "crio/crio.conf.d/zz-late.conf", all)
-	if _, err := ds.d.Apply(crio.Setup{Images: bundleImages, Addr: "127.0.0.1:5443", CACert: testCA(t, true)}); err != nil {
+	if _, err := ds.d.Apply(requestFor(bundleImages, "127.0.0.1:5443", testCA(t, true), "")); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -268,7 +266,7 @@ pinned_images = [` + `"` + strings.Join(bundle.PullRefs(bundleImages), `", "`) +
 func TestRemove_KeepsOtherDropinsAndReportsChange(t *testing.T) {
 	ds := newDirs(t)
 	ds.write(t, "crio/crio.conf.d/50-pinned-images", mcoPins)
-	s := crio.Setup{Images: bundleImages, Addr: "127.0.0.1:5443", CACert: testCA(t, true)}
+	s := requestFor(bundleImages, "127.0.0.1:5443", testCA(t, true), "")
 	if _, err := ds.d.Apply(s); err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +308,7 @@ func testCA(t *testing.T, isCA bool) []byte {
 }
 
 func TestMirrorsConf_CollidingPathsKeepTheirHost(t *testing.T) {
-	b, err := crio.MirrorsConf([]string{"a.io/team/app@" + d1, "b.io:5000/team/app@" + d2}, "127.0.0.1:5443", "", nil)
+	b, err := crio.MirrorsConf(requestFor([]string{"a.io/team/app@" + d1, "b.io:5000/team/app@" + d2}, "127.0.0.1:5443", nil, ""), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,12 +322,12 @@ func TestMirrorsConf_CollidingPathsKeepTheirHost(t *testing.T) {
 func TestApply_PortChangeRemovesOurOldCAOnly(t *testing.T) {
 	ds := newDirs(t)
 	ca := testCA(t, true)
-	if _, err := ds.d.Apply(crio.Setup{Images: bundleImages, Addr: "127.0.0.1:5443", CACert: ca}); err != nil {
+	if _, err := ds.d.Apply(requestFor(bundleImages, "127.0.0.1:5443", ca, "")); err != nil {
 		t.Fatal(err)
 	}
 	other := filepath.Join(ds.d.CertsDir, "127.0.0.1:6000", "ca.crt")
 	ds.write(t, strings.TrimPrefix(other, ds.root+"/"), string(testCA(t, true)))
-	if _, err := ds.d.Apply(crio.Setup{Images: bundleImages, Addr: "127.0.0.1:5444", CACert: ca}); err != nil {
+	if _, err := ds.d.Apply(requestFor(bundleImages, "127.0.0.1:5444", ca, "")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(ds.d.CertsDir, "127.0.0.1:5443")); err == nil {
@@ -344,7 +342,7 @@ func TestApply_RegistriesDTurnsAttachmentsOnForTheMirrorOnly(t *testing.T) {
 	ds := newDirs(t)
 	ds.d.RegistriesD = filepath.Join(ds.root, "containers", "registries.d")
 	ds.write(t, "containers/registries.d/sigstore-registries.yaml", "docker:\n  quay.io/openshift-release-dev/ocp-release:\n    use-sigstore-attachments: true\n")
-	s := crio.Setup{Images: bundleImages, Addr: "127.0.0.1:5443", CACert: testCA(t, true), Label: "4.13.7-x86_64"}
+	s := requestFor(bundleImages, "127.0.0.1:5443", testCA(t, true), "4.13.7-x86_64")
 	ch, err := ds.d.Apply(s)
 	if err != nil {
 		t.Fatal(err)
@@ -383,7 +381,7 @@ func TestApply_RegistriesDTurnsAttachmentsOnForTheMirrorOnly(t *testing.T) {
 func TestApply_RefusesAMirrorAddressAnotherRegistriesDFileDefines(t *testing.T) {
 	ds := newDirs(t)
 	ds.d.RegistriesD = filepath.Join(ds.root, "containers", "registries.d")
-	s := crio.Setup{Images: bundleImages, Addr: "127.0.0.1:5443", CACert: testCA(t, true)}
+	s := requestFor(bundleImages, "127.0.0.1:5443", testCA(t, true), "")
 	ds.write(t, "containers/registries.d/other.yaml", "docker:\n  "+s.Addr+":\n    use-sigstore-attachments: false\n")
 	_, err := ds.d.Apply(s)
 	if !errors.Is(err, crio.ErrDropin) || !strings.Contains(err.Error(), "two registries.d files") {

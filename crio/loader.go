@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/diskspace"
 )
 
@@ -83,19 +82,26 @@ type Loader struct {
 	downSince time.Time
 }
 
-// Request is one bundle to load or unload.
+// Request is one set of images to load or unload, and the registry that
+// serves them.
 type Request struct {
-	// Images are the bundle's release and images, name[:tag]@sha256:…
-	Images []string
-	// Keep are more pins to hold (see Setup.Keep).
+	// Pull are the references to pull and pin, each name@sha256:… or
+	// name:tag, in the order to pull them.
+	Pull []string
+	// Mirrors maps each repository of Pull to its path on the registry
+	// at Addr (needed by Load only).
+	Mirrors map[string]string
+	// Keep are more pins to hold (e.g. a previous bundle's, until its
+	// cleanup).
 	Keep []string
-	// Addr and CACert are the embedded registry's.
+	// Addr is the embedded registry, "127.0.0.1:<port>"; CACert its
+	// certificate (PEM), installed as certs.d's ca.crt for Addr.
 	Addr   string
 	CACert []byte
 	// Label names the bundle in drop-ins and messages ("4.13.7-x86_64").
 	Label string
-	// Progress, if set, is called with the images done so far (pulled,
-	// or found present and pinned) and the total.
+	// Progress, if set, is called with the references done so far
+	// (pulled, or found present and pinned) and the total.
 	Progress func(done, total int)
 }
 
@@ -129,14 +135,14 @@ func orDefault(d, def time.Duration) time.Duration {
 }
 
 // Load writes the drop-ins, reloads CRI-O if they changed, pulls every
-// image through the mirror under its original name (skipping those
-// already present and pinned) and checks that all are present and pinned.
+// reference of req.Pull through the mirror (skipping those already present
+// and pinned) and checks that all are present and pinned.
 func (l *Loader) Load(ctx context.Context, req Request) (Result, error) {
 	start := time.Now()
 	res := Result{}
-	refs := bundle.PullRefs(req.Images)
+	refs := req.Pull
 	res.Total = len(refs)
-	ch, err := l.Dropins.Apply(Setup{Images: req.Images, Keep: req.Keep, Addr: req.Addr, CACert: req.CACert, Label: req.Label})
+	ch, err := l.Dropins.Apply(req)
 	res.Change = ch
 	if err != nil {
 		return res, err
@@ -204,10 +210,10 @@ func (l *Loader) Unload(ctx context.Context, req Request) error {
 	return l.applyUnpin(ctx, ch, req, "bundle images unpinned")
 }
 
-// applyUnpin reloads CRI-O after a change that unpins req.Images and
-// waits until they are unpinned (except those still pinned elsewhere).
+// applyUnpin reloads CRI-O after a change that unpins req.Pull and waits
+// until they are unpinned (except those still pinned elsewhere).
 func (l *Loader) applyUnpin(ctx context.Context, ch Change, req Request, done string) error {
-	refs := bundle.PullRefs(req.Images)
+	refs := req.Pull
 	if !ch.NeedsReload() || len(refs) == 0 {
 		return nil
 	}

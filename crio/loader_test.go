@@ -186,7 +186,7 @@ type tw struct{ t *testing.T }
 func (w tw) Write(b []byte) (int, error) { w.t.Log(strings.TrimSpace(string(b))); return len(b), nil }
 
 func request(t *testing.T, images []string) crio.Request {
-	return crio.Request{Images: images, Addr: "127.0.0.1:5443", CACert: testCA(t, true), Label: "4.13.7-x86_64"}
+	return requestFor(images, "127.0.0.1:5443", testCA(t, true), "4.13.7-x86_64")
 }
 
 func TestLoad_PullsEveryImageAndEndsPinned(t *testing.T) {
@@ -553,7 +553,7 @@ func TestLoad_ReloadsWhenUnchangedFilesAreNotInEffect(t *testing.T) {
 	l.CRI = pinLister{f}
 	req := request(t, manyImages(3))
 	// An earlier run wrote the files and stopped before reloading.
-	if _, err := l.Dropins.Apply(crio.Setup{Images: req.Images, Addr: req.Addr, CACert: req.CACert, Label: req.Label}); err != nil {
+	if _, err := l.Dropins.Apply(req); err != nil {
 		t.Fatal(err)
 	}
 	res, err := l.Load(t.Context(), req)

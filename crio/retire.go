@@ -7,8 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-
-	"github.com/ferry-edge/ferry/bundle"
 )
 
 // After a bundle's upgrade is done its images stay pinned until the next
@@ -35,10 +33,10 @@ func (d *Dropins) RemoveMirror(addr string) (Change, error) {
 	return ch, nil
 }
 
-// Unpin rewrites ferry's pins without images (pins of the drop-ins before
-// ferry's stay, since ferry's list must hold them); when nothing of
-// ferry's own is left the file goes.
-func (d *Dropins) Unpin(images []string, label string) (Change, error) {
+// Unpin rewrites ferry's pins without the references drop (pins of the
+// drop-ins before ferry's stay, since ferry's list must hold them); when
+// nothing of ferry's own is left the file goes.
+func (d *Dropins) Unpin(drop []string, label string) (Change, error) {
 	var ch Change
 	path := filepath.Join(d.CRIOConfDir, DropinName)
 	pins, _, err := readPins(path)
@@ -52,7 +50,6 @@ func (d *Dropins) Unpin(images []string, label string) (Change, error) {
 	if err != nil {
 		return ch, err
 	}
-	drop := bundle.PullRefs(images)
 	var kept []string
 	own := false
 	for _, p := range pins {
@@ -88,13 +85,13 @@ func (l *Loader) Retire(ctx context.Context, req Request) error {
 	if !ch.NeedsReload() {
 		return nil
 	}
-	return l.reload(ctx, firstOr(bundle.PullRefs(req.Images), "ferry.invalid/probe"))
+	return l.reload(ctx, firstOr(req.Pull, "ferry.invalid/probe"))
 }
 
-// Unpin takes req.Images out of ferry's pins, reloads CRI-O and waits
+// Unpin takes req.Pull out of ferry's pins, reloads CRI-O and waits
 // until they are no longer pinned (except those still pinned elsewhere).
 func (l *Loader) Unpin(ctx context.Context, req Request) error {
-	ch, err := l.Dropins.Unpin(req.Images, req.Label)
+	ch, err := l.Dropins.Unpin(req.Pull, req.Label)
 	if err != nil {
 		return err
 	}

@@ -63,7 +63,7 @@ func TestRetireThenUnpin_PinsLiveUntilTheNextUpgradeIsDone(t *testing.T) {
 			gone = append(gone, ref)
 		}
 	}
-	if err := l.Unpin(t.Context(), crio.Request{Images: gone, Label: "previous"}); err != nil {
+	if err := l.Unpin(t.Context(), requestFor(gone, "", nil, "previous")); err != nil {
 		t.Fatal(err)
 	}
 	for _, ref := range bundle.PullRefs(gone) {

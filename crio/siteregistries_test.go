@@ -91,7 +91,7 @@ func TestMirrorsConf_KeepsTheNodesMirrorsAfterTheEmbeddedRegistry_Golden(t *test
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := crio.MirrorsConf(siteImages, "127.0.0.1:5443", "4.13.7-x86_64", site)
+	b, err := crio.MirrorsConf(requestFor(siteImages, "127.0.0.1:5443", nil, "4.13.7-x86_64"), site)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ registries = ["quay.io", "docker.io"]
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := crio.MirrorsConf(bundleImages, "127.0.0.1:5443", "", site)
+	b, err := crio.MirrorsConf(requestFor(bundleImages, "127.0.0.1:5443", nil, ""), site)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,11 +155,11 @@ func TestMirrorsConf_NoSiteEntryIsFerrysMirrorOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	with, err := crio.MirrorsConf(bundleImages, "127.0.0.1:5443", "4.13.7-x86_64", site)
+	with, err := crio.MirrorsConf(requestFor(bundleImages, "127.0.0.1:5443", nil, "4.13.7-x86_64"), site)
 	if err != nil {
 		t.Fatal(err)
 	}
-	without, _ := crio.MirrorsConf(bundleImages, "127.0.0.1:5443", "4.13.7-x86_64", nil)
+	without, _ := crio.MirrorsConf(requestFor(bundleImages, "127.0.0.1:5443", nil, "4.13.7-x86_64"), nil)
 	if string(with) != string(without) {
 		t.Errorf("with no site configuration the drop-in differs:\n%s\n---\n%s", with, without)
 	}
@@ -184,7 +184,7 @@ func TestApply_RefusesRegistriesFilesCRIOWouldRefuseOrThatOverrideFerry(t *testi
 			for rel, c := range files {
 				ds.write(t, rel, c)
 			}
-			_, err := ds.d.Apply(crio.Setup{Images: bundleImages, Addr: "127.0.0.1:5443", CACert: testCA(t, true)})
+			_, err := ds.d.Apply(requestFor(bundleImages, "127.0.0.1:5443", testCA(t, true), ""))
 			if !errors.Is(err, crio.ErrDropin) {
 				t.Fatalf("got %v, want ErrDropin", err)
 			}
@@ -199,7 +199,7 @@ func TestApply_RefusesRegistriesFilesCRIOWouldRefuseOrThatOverrideFerry(t *testi
 func TestApply_LaterDropinForOtherPrefixesIsAccepted(t *testing.T) {
 	ds := newDirs(t)
 	ds.write(t, "containers/registries.conf.d/zz-late.conf", "[[registry]]\nlocation = \"quay.io/openshift-release-dev\"\n[[registry.mirror]]\nlocation = \"m.site/ocp\"\n")
-	if _, err := ds.d.Apply(crio.Setup{Images: bundleImages, Addr: "127.0.0.1:5443", CACert: testCA(t, true)}); err != nil {
+	if _, err := ds.d.Apply(requestFor(bundleImages, "127.0.0.1:5443", testCA(t, true), "")); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(filepath.Join(ds.d.RegistriesConfDir, crio.DropinName))
@@ -217,7 +217,7 @@ func TestApplyThenRemove_LeavesTheNodesRegistriesFilesAsTheyWere(t *testing.T) {
 	writeSite(t, ds)
 	ds.write(t, "containers/certs.d/mirror.site:5000/ca.crt", "the site mirror's CA")
 	before := snapshot(t, filepath.Join(ds.root, "containers"))
-	s := crio.Setup{Images: siteImages, Addr: "127.0.0.1:5443", CACert: testCA(t, true)}
+	s := requestFor(siteImages, "127.0.0.1:5443", testCA(t, true), "")
 	if _, err := ds.d.Apply(s); err != nil {
 		t.Fatal(err)
 	}

@@ -90,12 +90,12 @@ func runAgent(ctx context.Context, args []string) error {
 	} else {
 		log.Info("media.detect is manual: plugged devices are not read; give bundles with ferry load")
 	}
-	loading, err := newLoading(cfg, gov, log)
+	loader, err := newLoader(cfg, gov, log)
 	if err != nil {
 		return err
 	}
-	if loading != nil {
-		deps.Loader = loading
+	if loader != nil {
+		deps.Loader = loader
 	}
 	var keepTokenFresh func(context.Context) error
 	if deps.API, deps.Warnings, keepTokenFresh, err = newClusterAPI(cfg, log); err != nil {
@@ -116,8 +116,8 @@ func runAgent(ctx context.Context, args []string) error {
 	if servePeers != nil {
 		g.Go(func() error { return servePeers(ctx, a) })
 	}
-	if loading != nil {
-		g.Go(func() error { return loading.Run(ctx) })
+	if loader != nil {
+		g.Go(func() error { return loader.Run(ctx) })
 	}
 	if runPacer != nil {
 		g.Go(func() error { return runPacer(ctx) })

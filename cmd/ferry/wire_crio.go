@@ -1,37 +1,23 @@
 package main
 
 import (
-	"context"
 	"log/slog"
 	"path/filepath"
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/internal/pacing"
+	"github.com/ferry-edge/ferry/load"
 	"github.com/ferry-edge/ferry/registry"
 	"github.com/ferry-edge/ferry/systemd"
 )
 
-// crioRuntime is the agent's Runtime on crio.Loader: type conversions only.
-type crioRuntime struct{ *crio.Loader }
+// The agent's Loader is load's, on the embedded registry and CRI-O.
+var _ agent.Loader = (*load.Loader)(nil)
 
-func (c crioRuntime) Load(ctx context.Context, r agent.RuntimeRequest) error {
-	_, err := c.Loader.Load(ctx, crio.Request(r))
-	return err
-}
-func (c crioRuntime) Unload(ctx context.Context, r agent.RuntimeRequest) error {
-	return c.Loader.Unload(ctx, crio.Request(r))
-}
-func (c crioRuntime) Retire(ctx context.Context, r agent.RuntimeRequest) error {
-	return c.Loader.Retire(ctx, crio.Request(r))
-}
-func (c crioRuntime) Unpin(ctx context.Context, r agent.RuntimeRequest) error {
-	return c.Loader.Unpin(ctx, crio.Request(r))
-}
-
-// newLoading wires the embedded registry and CRI-O, or nothing when no CRI
+// newLoader wires the embedded registry and CRI-O, or nothing when no CRI
 // socket is configured.
-func newLoading(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (*agent.Loading, error) {
+func newLoader(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (*load.Loader, error) {
 	if cfg.CRIO.Socket == "" {
 		return nil, nil
 	}
@@ -53,12 +39,12 @@ func newLoading(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (*agen
 	if gov != nil {
 		pacer = gov
 	}
-	return &agent.Loading{
-		OpenRegistry: func() (agent.BundleServer, error) { return registry.New(regDir, cfg.Registry.Port, log) },
-		Runtime: crioRuntime{&crio.Loader{CRI: cl, Reloader: rl, Log: log, Workers: cfg.CRIO.PullWorkers, Pacer: pacer, StorageDir: cfg.CRIO.StorageDir,
+	return &load.Loader{
+		OpenRegistry: func() (load.BundleServer, error) { return registry.New(regDir, cfg.Registry.Port, log) },
+		Runtime: &crio.Loader{CRI: cl, Reloader: rl, Log: log, Workers: cfg.CRIO.PullWorkers, Pacer: pacer, StorageDir: cfg.CRIO.StorageDir,
 			KubeletConfig: cfg.CRIO.KubeletConfig,
 			Dropins: &crio.Dropins{CRIOConfDir: cfg.Paths.CRIOConfDir, RegistriesConfDir: cfg.Paths.RegistriesConfDir, CertsDir: cfg.Paths.CertsDir,
-				RegistriesD: cfg.Paths.RegistriesD}}},
+				RegistriesD: cfg.Paths.RegistriesD}},
 		RoomFloor: cfg.CRIO.StorageFloorBytes,
 		Log:       log,
 	}, nil

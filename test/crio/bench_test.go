@@ -78,7 +78,7 @@ func BenchmarkLoad(b *testing.B) {
 		done := make(chan error, 1)
 		go func() { done <- reg.Serve(rctx, tb.Fixture.Dir) }()
 		l := &crio.Loader{CRI: cl, Dropins: c.Dropins, Reloader: c.Reloader()}
-		req := crio.Request{Images: tb.Images, Addr: reg.Addr(), CACert: reg.CACertPEM(), Label: "bench"}
+		req := requestFor(tb.Images, reg, "bench")
 		if _, err := l.Load(ctx, req); err != nil {
 			b.Fatal(err)
 		}

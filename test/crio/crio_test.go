@@ -15,6 +15,7 @@ import (
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/crio/critest"
+	"github.com/ferry-edge/ferry/load"
 	"github.com/ferry-edge/ferry/registry"
 	"github.com/ferry-edge/ferry/test/crioenv"
 	"github.com/ferry-edge/ferry/test/fixture"
@@ -62,7 +63,15 @@ func makeBundle(t testing.TB, payload int, size int64) *testBundle {
 }
 
 func (b *testBundle) request() crio.Request {
-	return crio.Request{Images: b.Images, Addr: b.Reg.Addr(), CACert: b.Reg.CACertPEM(), Label: "4.13.7-x86_64"}
+	return requestFor(b.Images, b.Reg, "4.13.7-x86_64")
+}
+
+// requestFor is what the agent asks of CRI-O for images served by reg
+// (load.RequestFor).
+func requestFor(images []string, reg *registry.Registry, label string) crio.Request {
+	r := load.RequestFor(images)
+	r.Addr, r.CACert, r.Label = reg.Addr(), reg.CACertPEM(), label
+	return r
 }
 
 // sighupAndWait reloads CRI-O and waits until its live config pins want.
@@ -99,7 +108,7 @@ func TestRealCRIO_ImageServiceConformance(t *testing.T) {
 	c := crioenv.Start(t)
 	b := makeBundle(t, 3, 4096)
 	// Mirrors and CA only; the suite sets the pins.
-	mirrors, err := crio.MirrorsConf(b.Images, b.Reg.Addr(), "", nil)
+	mirrors, err := crio.MirrorsConf(requestFor(b.Images, b.Reg, ""), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,167 @@
+// Package load puts an extracted bundle into CRI-O: it serves the bundle's
+// tree with the embedded registry, asks CRI-O to pull and pin its images
+// through it, and checks first that the image store has room. It is the
+// agent's Loader (agent.Loader), wired in cmd/ferry. The registry and
+// CRI-O each stay behind a narrow seam (BundleServer, Runtime); the one
+// piece that knows bundles is this one.
+package load
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/crio"
+)
+
+// BundleServer serves one extracted bundle on loopback (registry.Registry).
+type BundleServer interface {
+	// Serve serves the tree under root until ctx ends or Close.
+	Serve(ctx context.Context, root string) error
+	Addr() string
+	CACertPEM() []byte
+	Close() error
+}
+
+// Runtime is CRI-O as loading needs it (crio.Loader): it takes image
+// references and a registry address, and no bundle conventions.
+type Runtime interface {
+	// Load writes the drop-ins (mirror to r.Addr, pins), reloads, pulls
+	// and pins every reference.
+	Load(ctx context.Context, r crio.Request) (crio.Result, error)
+	// Unload removes pins, mirror and CA.
+	Unload(ctx context.Context, r crio.Request) error
+	// Retire removes the mirror and CA; the pins stay.
+	Retire(ctx context.Context, r crio.Request) error
+	// Unpin drops the pins of r.Pull.
+	Unpin(ctx context.Context, r crio.Request) error
+	// Present tells which of refs the runtime holds.
+	Present(ctx context.Context, refs []string) (map[string]bool, error)
+	// SameFilesystem tells whether dir is on the image store's filesystem.
+	SameFilesystem(dir string) bool
+	// CheckRoom fails (diskspace.ErrNoSpace) when writing need bytes
+	// (what, in words) to the image store would cross what the kubelet
+	// tolerates there.
+	CheckRoom(need int64, what string) error
+}
+
+var _ Runtime = (*crio.Loader)(nil)
+
+// RequestFor is what CRI-O is asked for images (a bundle's, as
+// metadata.json names them: name[:tag]@sha256:…, in the order to pull
+// them): each pulled and pinned by digest and, when it kept its tag, by
+// tag too (bundle.PullRefs), each repository mirrored at the path the
+// bundle stores it under (bundle.RepoPaths), which is where the embedded
+// registry serves it. The caller adds the registry and the label.
+func RequestFor(images []string) crio.Request {
+	return crio.Request{Pull: bundle.PullRefs(images), Mirrors: bundle.RepoPaths(images)}
+}
+
+// Loader is the agent's Loader on a BundleServer and a Runtime. Its registry
+// runs under the context given to Run, which the caller runs with its
+// other servers: nothing of it outlives the agent.
+type Loader struct {
+	// OpenRegistry binds the registry (its port and certificate are kept
+	// across restarts).
+	OpenRegistry func() (BundleServer, error)
+	Runtime      Runtime
+	// RoomFloor is kept free in the image store beyond what a load writes.
+	RoomFloor int64
+	Log       *slog.Logger
+
+	mu      sync.Mutex
+	parent  context.Context
+	reg     BundleServer
+	dir     string
+	stop    context.CancelFunc
+	stopped chan struct{}
+}
+
+// Load serves dir and loads images (meta's, a tag perhaps dropped:
+// Record.Images), pinned; keep are the previous bundle's pins. Calling it
+// again for the same bundle is cheap.
+func (l *Loader) Load(ctx context.Context, meta *bundle.Metadata, images []string, dir string, keep []string, progress func(done, total int)) error {
+	blobs, err := bundle.ImageBlobs(dir, images, bundle.GoArch(meta.Arch))
+	if err != nil {
+		return fmt.Errorf("%w: the extracted bundle in %s is damaged (%v): run 'ferry cleanup' and give the bundle again", bundle.ErrInvalid, dir, err)
+	}
+	if err := l.checkLoadRoom(ctx, blobs); err != nil {
+		return err
+	}
+	return l.load(ctx, meta, dir, keep, progress, biggestFirst(images, blobs))
+}
+
+// biggestFirst orders images by their bytes, largest first: pulled in that
+// order, a few big images do not run alone at the end while the other
+// workers idle.
+func biggestFirst(images []string, blobs map[string]map[string]int64) []string {
+	size := make(map[string]int64, len(images))
+	for _, ref := range images {
+		for _, n := range blobs[ref] {
+			size[ref] += n
+		}
+	}
+	out := slices.Clone(images)
+	slices.SortStableFunc(out, func(a, b string) int { return cmp.Compare(size[b], size[a]) })
+	return out
+}
+
+// Resume serves a loaded bundle again after a restart (drop-ins unchanged,
+// present and pinned images skipped).
+func (l *Loader) Resume(ctx context.Context, meta *bundle.Metadata, images []string, dir string, keep []string) error {
+	return l.load(ctx, meta, dir, keep, nil, images)
+}
+
+// load serves dir and loads images (meta's as Load takes them, in the
+// order to pull them).
+func (l *Loader) load(ctx context.Context, meta *bundle.Metadata, dir string, keep []string, progress func(done, total int), images []string) error {
+	reg, err := l.serve(dir)
+	if err != nil {
+		return err
+	}
+	req := RequestFor(images)
+	req.Keep, req.Addr, req.CACert, req.Label, req.Progress = keep, reg.Addr(), reg.CACertPEM(), meta.DirName(), progress
+	_, err = l.Runtime.Load(ctx, req)
+	return err
+}
+
+// Retire ends a bundle whose upgrade is done: mirror and CA go, the
+// registry stops; the pins stay.
+func (l *Loader) Retire(ctx context.Context, meta *bundle.Metadata, dir string) error {
+	return l.takeOut(ctx, meta, dir, l.Runtime.Retire)
+}
+
+// Cleanup takes out a bundle that never became the cluster's release.
+func (l *Loader) Cleanup(ctx context.Context, meta *bundle.Metadata, dir string) error {
+	return l.takeOut(ctx, meta, dir, l.Runtime.Unload)
+}
+
+// Unpin drops the pins of images (the previous bundle's).
+func (l *Loader) Unpin(ctx context.Context, images []string) error {
+	req := RequestFor(images)
+	req.Label = "previous bundle"
+	return l.Runtime.Unpin(ctx, req)
+}
+
+func (l *Loader) takeOut(ctx context.Context, meta *bundle.Metadata, dir string, op func(context.Context, crio.Request) error) error {
+	addr, err := l.addr()
+	if err != nil {
+		return err
+	}
+	req := RequestFor(meta.AllImages())
+	req.Addr, req.Label = addr, meta.DirName()
+	if err := op(ctx, req); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	serving := l.dir == dir
+	l.mu.Unlock()
+	if serving {
+		l.closeRegistry()
+	}
+	return nil
+}
