@@ -61,9 +61,8 @@ type Record struct {
 	// Signature is the bundle's .minisig, when it had one: it travels to
 	// the peers with the metadata.
 	Signature []byte `json:"signature,omitempty"`
-	// Approval is how this node approved the bundle ("digest",
-	// "signature", "peer", "off").
-	Approval string `json:"approval,omitempty"`
+	// Approval is how this node approved the bundle.
+	Approval bundle.Approval `json:"approval,omitempty"`
 	// Warnings are the cluster's preflight warnings on the bundle (paused
 	// pools, unhealthy operators, workloads it does not serve).
 	Warnings []string `json:"warnings,omitempty"`

@@ -194,7 +194,7 @@ func (m *machine) next() []effect {
 			m.log.Warn("not loading: the UpgradeBundle approves another bundle", "bundle", r.Name, "digest", r.Digest)
 			return m.move(r, r.Phase, why, r.Progress)
 		}
-		if r.Approval == "none" {
+		if r.Approval == bundle.ApprovalNone {
 			if !m.pol().Approves(r.Digest) {
 				why := m.waitingForApproval(r)
 				if r.Reason == why {
@@ -203,9 +203,9 @@ func (m *machine) next() []effect {
 				m.log.Warn("not loading: the bundle is not approved", "phase", string(r.Phase), "bundle", r.Name, "digest", r.Digest)
 				return m.move(r, r.Phase, why, r.Progress)
 			}
-			r.Approval = "digest"
+			r.Approval = bundle.ApprovalDigest
 			if !m.pol().On() {
-				r.Approval = "off"
+				r.Approval = bundle.ApprovalOff
 			}
 			m.log.Info("the config now approves the bundle", "bundle", r.Name, "digest", r.Digest, "approval", r.Approval)
 		}
@@ -449,7 +449,7 @@ func (m *machine) fetchDone(r *Record, j evJobDone) []effect {
 	}
 	// Serial mode: the whole tar is here; extract it.
 	src := bundle.Source{Path: m.incomingPath(r), SHA256Path: strings.TrimSuffix(m.incomingPath(r), ".tar") + ".sha256"}
-	if r.Approval == "signature" {
+	if r.Approval == bundle.ApprovalSignature {
 		// Approved by this node's own keys: verified over the bytes now.
 		src.SigPath = src.Path + ".minisig"
 		return m.extract(r, src, "", nil, m.pol())
@@ -510,7 +510,7 @@ func (m *machine) extractDone(r *Record, j evJobDone) []effect {
 		m.log.Warn("signature policy", "bundle", r.Name, "warning", w)
 	}
 	reason := ""
-	if r.Approval == "none" {
+	if r.Approval == bundle.ApprovalNone {
 		reason = m.waitingForApproval(r)
 	}
 	effs = append(effs, m.move(r, PhaseExtracted, reason, Progress{Done: j.res.TarSize, Total: j.res.TarSize, Unit: "bytes"})...)
@@ -794,7 +794,7 @@ func (m *machine) pruneRefused() []effect {
 // digest, that digest. A tree left by an interrupted run is not trusted.
 func (m *machine) fetch(r *Record) []effect {
 	pol := m.pol().PreApproved(r.Digest)
-	if r.Approval == "signature" {
+	if r.Approval == bundle.ApprovalSignature {
 		pol = m.pol()
 	}
 	return append([]effect{effRemove{r.Dir}}, m.startJob(effStartJob{kind: jobFetch, rec: r, policy: pol}, "")...)
