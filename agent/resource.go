@@ -132,7 +132,7 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 	rep := &bundleReport{name: ResourceName(md.Version, md.Arch), line: s.Line, healthy: s.Healthy, phases: reached(r)}
 	rep.sum = BundleSummary{Version: md.Version, Arch: md.Arch, Release: md.Release, Digest: r.Digest, Size: md.Size,
 		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: slices.Concat(r.Warnings, r.SignaturePolicy)}
-	rep.entry = BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Reason), Conditions: conditions(r)}
+	rep.entry = BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Condition.Message), Conditions: conditions(r)}
 	return rep
 }
 
@@ -148,7 +148,7 @@ func conditions(r *Record) []BundleCondition {
 		return time.Time{}
 	}
 	cond := func(t string, ok bool, okSince time.Time) BundleCondition {
-		c := BundleCondition{Type: t, Status: "False", Reason: phaseReason(p), Message: SanitizeReason(r.Reason), Since: at(p)}
+		c := BundleCondition{Type: t, Status: "False", Reason: phaseReason(p), Message: SanitizeReason(r.Condition.Message), Since: at(p)}
 		if ok {
 			c = BundleCondition{Type: t, Status: "True", Reason: phaseReason(p), Since: okSince}
 		}

@@ -25,17 +25,19 @@ type Progress struct {
 type Record struct {
 	// ID names the record for its whole life: a phase change never
 	// renames it (records from older versions keep theirs).
-	ID       string              `json:"id"`
-	Digest   string              `json:"digest,omitempty"`
-	Name     string              `json:"name"` // upgrade-<version>-<arch>.tar
-	Metadata *bundle.Metadata    `json:"metadata,omitempty"`
-	Origin   Origin              `json:"origin"`
-	Source   string              `json:"source,omitempty"` // device or file it came from
-	Dir      string              `json:"dir,omitempty"`    // extracted tree
-	Phase    Phase               `json:"phase"`
-	Reason   string              `json:"reason,omitempty"` // why rejected/failed/conflict, or what it waits for
-	Progress Progress            `json:"progress"`
-	Times    map[Phase]time.Time `json:"times"`
+	ID       string           `json:"id"`
+	Digest   string           `json:"digest,omitempty"`
+	Name     string           `json:"name"` // upgrade-<version>-<arch>.tar
+	Metadata *bundle.Metadata `json:"metadata,omitempty"`
+	Origin   Origin           `json:"origin"`
+	Source   string           `json:"source,omitempty"` // device or file it came from
+	Dir      string           `json:"dir,omitempty"`    // extracted tree
+	Phase    Phase            `json:"phase"`
+	// Condition is why it is rejected, failed or in conflict, or what it
+	// waits for (its JSON also keeps the message under "reason").
+	Condition Condition           `json:"condition,omitzero"`
+	Progress  Progress            `json:"progress"`
+	Times     map[Phase]time.Time `json:"times"`
 	// Plugged is true on the node where the stick was plugged: it runs the
 	// cluster hook.
 	Plugged bool `json:"plugged,omitempty"`
