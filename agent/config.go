@@ -32,11 +32,9 @@ type Config struct {
 	// TrustedKeys are paths of minisign public keys; a bundle with a valid
 	// signature by one of them is approved.
 	TrustedKeys []string `toml:"trusted_keys"`
-	// Approval is "required" (the default: a bundle that neither
-	// approved_digests nor trusted_keys approve is verified, extracted and
-	// shared, never loaded) or "off" (any bundle whose sha256 checks is
-	// loaded: labs only, warned about at start and in the status).
-	Approval string `toml:"approval"`
+	// Approval is whether a bundle must be approved to be loaded
+	// (ApprovalModes).
+	Approval ApprovalMode `toml:"approval"`
 
 	Paths    Paths    `toml:"paths"`
 	CRIO     CRIO     `toml:"crio"`
@@ -146,7 +144,7 @@ type Peer struct {
 }
 
 // ApprovalOff reports whether the config turned approval off.
-func (c *Config) ApprovalOff() bool { return c.Approval == "off" }
+func (c *Config) ApprovalOff() bool { return c.Approval == ApprovalModeOff }
 
 // Closed reports whether the peer server refuses everyone (no token, not
 // open).
@@ -173,7 +171,7 @@ func DefaultConfig() Config {
 	return Config{
 		NodeName: host,
 		Arch:     bundle.UnameArch(runtime.GOARCH),
-		Approval: "required",
+		Approval: ApprovalModeRequired,
 		Paths: Paths{
 			StateDir:          "/var/lib/ferry",
 			ExtractDir:        "/var/lib/upgrade",
@@ -245,10 +243,8 @@ func (c *Config) Validate() error {
 			return bad("approved_digests", "entry %d %q is not a sha256 digest (64 hex digits, optional sha256: prefix)", i, d)
 		}
 	}
-	switch c.Approval {
-	case "required", "off":
-	default:
-		return bad("approval", "%q is not required or off", c.Approval)
+	if _, err := ParseApprovalMode(string(c.Approval)); err != nil {
+		return bad("approval", "%v", err)
 	}
 	for _, p := range []struct{ key, val string }{
 		{"paths.state_dir", c.Paths.StateDir}, {"paths.extract_dir", c.Paths.ExtractDir},

@@ -95,3 +95,16 @@ func FuzzLoadConfig(f *testing.F) {
 		}
 	})
 }
+
+func TestLoadConfig_ApprovalNamesTheAllowedModes(t *testing.T) {
+	for _, mode := range ApprovalModes {
+		c, err := LoadConfig(writeConfig(t, "approval = \""+string(mode)+"\"\n"), true)
+		if err != nil || c.Approval != mode {
+			t.Fatalf("approval = %q: %v, got %q", mode, err, c.Approval)
+		}
+	}
+	_, err := LoadConfig(writeConfig(t, "approval = \"digest\"\n"), true)
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), `approval: "digest" is not an approval mode: use "required" or "off"`) {
+		t.Fatalf("approval = \"digest\": %v", err)
+	}
+}

@@ -198,8 +198,9 @@ type effAskUpgrade struct{ rec *Record }
 // effRetryIn arms the backoff timer.
 type effRetryIn struct{ after time.Duration }
 
-// effAnnounce tells systemd a status line.
-type effAnnounce struct{ line string }
+// effAnnounce tells systemd the status line of the state a record moved
+// into (a step may move it twice: extracted, then loading).
+type effAnnounce struct{ rep report }
 
 // effReply answers a request.
 type effReply struct {

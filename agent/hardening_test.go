@@ -42,8 +42,8 @@ func TestMaybeFetch_RefusedOffersAreBoundedAndExpire(t *testing.T) {
 		t.Fatalf("%d records kept, %d forgotten; want %d kept", len(m.records), forgotten, maxRefusedOffers)
 	}
 	for _, r := range m.records {
-		if r.Metadata != nil || r.Signature != nil || len(r.Reason) > maxRefusedReason+len("…") {
-			t.Fatalf("a refused offer keeps metadata %v, signature %d bytes, reason %d bytes", r.Metadata != nil, len(r.Signature), len(r.Reason))
+		if r.Metadata != nil || r.Signature != nil || len(r.Condition.Message) > maxRefusedReason+len("…") {
+			t.Fatalf("a refused offer keeps metadata %v, signature %d bytes, reason %d bytes", r.Metadata != nil, len(r.Signature), len(r.Condition.Message))
 		}
 	}
 	if s, _ := json.Marshal(m.status()); len(s) > 16<<10 {
@@ -72,8 +72,8 @@ func TestExtractDone_TheMetadataInsideTheCheckedTarIsWhatTheNodeActsOn(t *testin
 	m = machineIn(t, PhaseDetected)
 	m.job = &job{kind: jobExtract, id: "held"}
 	m.step(evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, TarSize: 10, Metadata: other, Approval: "digest"}})
-	if r := m.records["held"]; r.Phase != PhaseRejected || !strings.Contains(r.Reason, "inside the checked tar") {
-		t.Fatalf("a tar whose metadata differs from what was read before: %s %q", r.Phase, r.Reason)
+	if r := m.records["held"]; r.Phase != PhaseRejected || !strings.Contains(r.Condition.Message, "inside the checked tar") {
+		t.Fatalf("a tar whose metadata differs from what was read before: %s %q", r.Phase, r.Condition.Message)
 	}
 }
 
@@ -99,8 +99,8 @@ func TestFetchDone_ADiskThatFilledUpAbandonsTheFetch(t *testing.T) {
 				}
 			}
 			r := m.records["held"]
-			if r.Phase != PhaseFailed || !strings.Contains(r.Reason, "abandoned") || removed == 0 {
-				t.Fatalf("%s %q, %d removals", r.Phase, r.Reason, removed)
+			if r.Phase != PhaseFailed || !strings.Contains(r.Condition.Message, "abandoned") || removed == 0 {
+				t.Fatalf("%s %q, %d removals", r.Phase, r.Condition.Message, removed)
 			}
 			if effs := m.step(evRetry{}); len(effs) != 0 {
 				t.Fatalf("a retry tick starts again: %v", effs)

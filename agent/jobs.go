@@ -299,7 +299,7 @@ func (a *Agent) writeSidecars(r *Record, dest string) (bundle.Source, error) {
 			return src, err
 		}
 	}
-	if r.Approval == "signature" {
+	if r.Approval == bundle.ApprovalSignature {
 		src.SigPath = dest + ".minisig"
 	}
 	return src, os.WriteFile(src.SHA256Path, []byte(bundle.FormatSHA256File(r.Digest, filepath.Base(dest))), 0o600)

@@ -177,7 +177,7 @@ func (a *Agent) perform(ctx context.Context, e effect) {
 		}
 		a.retry = time.NewTimer(e.after)
 	case effAnnounce:
-		a.say(e.line)
+		a.say(e.rep.text().Line)
 	case effReply:
 		if e.ch != nil {
 			e.ch <- e.err

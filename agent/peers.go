@@ -63,21 +63,33 @@ func (a *Agent) pollPeers(ctx context.Context, interval time.Duration, out chan<
 // PeerStatus is what this node tells its peers.
 func (a *Agent) PeerStatus() peer.Status { return a.snap.Load().peer }
 
-// peerStatus is what this node tells its peers: its digest while a bundle
-// holds it (a held one in conflict too, so that the peers see the
-// conflict), or while it shows a bundle it refused, so that the peers do
-// not pin one that this node will never hold.
-func (m *machine) peerStatus() peer.Status {
-	s := m.status()
-	ps := peer.Status{Node: s.Node, Phase: s.Phase, Digest: s.Digest, Version: s.Version, Release: s.Release, Error: SanitizeReason(s.Error),
-		Progress: progressText(s)}
+// standing is where this node stands for the gate and its peers, decided
+// from the machine's state: the phase its status shows, and its digest
+// while a bundle holds it (a held one in conflict too, so that the peers
+// see the conflict), or while it shows a bundle it refused, so that the
+// peers do not pin one that this node will never hold.
+func (m *machine) standing() peer.Status {
+	st := peer.Status{Node: m.cfg.NodeName, Phase: string(PhaseIdle)}
 	switch {
-	case m.active != nil && m.active.Digest == s.Digest:
-		ps.Source = m.active.Plugged
-	case Phase(s.Phase) != PhaseRejected:
-		ps.Digest = ""
+	case m.active != nil:
+		st.Phase, st.Digest, st.Source = string(m.active.Phase), m.active.Digest, m.active.Plugged
+	case m.lastBad != nil:
+		st.Phase = string(m.lastBad.Phase)
+		if m.lastBad.Phase == PhaseRejected {
+			st.Digest = m.lastBad.Digest
+		}
+	case m.done != nil:
+		st.Phase = string(m.done.Phase)
 	}
-	return ps
+	return st
+}
+
+// peerStatus is what this node tells its peers: its standing, in the
+// words of s, its status as published.
+func (m *machine) peerStatus(s Status) peer.Status {
+	st := m.standing()
+	st.Version, st.Release, st.Error, st.Progress = s.Version, s.Release, SanitizeReason(s.Error), progressText(s)
+	return st
 }
 
 // ClusterStatus is `ferry status --cluster`.

@@ -131,8 +131,8 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 	md := r.Metadata
 	rep := &bundleReport{name: ResourceName(md.Version, md.Arch), line: s.Line, healthy: s.Healthy, phases: reached(r)}
 	rep.sum = BundleSummary{Version: md.Version, Arch: md.Arch, Release: md.Release, Digest: r.Digest, Size: md.Size,
-		Images: len(md.AllImages()), Approved: r.Approval, Warnings: slices.Concat(r.Warnings, r.SignaturePolicy)}
-	rep.entry = BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Reason), Conditions: conditions(r)}
+		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: slices.Concat(r.Warnings, r.SignaturePolicy)}
+	rep.entry = BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Condition.Message), Conditions: conditions(r)}
 	return rep
 }
 
@@ -148,7 +148,7 @@ func conditions(r *Record) []BundleCondition {
 		return time.Time{}
 	}
 	cond := func(t string, ok bool, okSince time.Time) BundleCondition {
-		c := BundleCondition{Type: t, Status: "False", Reason: phaseReason(p), Message: SanitizeReason(r.Reason), Since: at(p)}
+		c := BundleCondition{Type: t, Status: "False", Reason: phaseReason(p), Message: SanitizeReason(r.Condition.Message), Since: at(p)}
 		if ok {
 			c = BundleCondition{Type: t, Status: "True", Reason: phaseReason(p), Since: okSince}
 		}
@@ -217,7 +217,7 @@ func summarize(rep *bundleReport, view BundleView, self string, nodes []string, 
 		sum.Excluded = append(sum.Excluded, n+": "+why)
 	}
 	slices.Sort(sum.Excluded)
-	if sum.Approved == "" || sum.Approved == "none" {
+	if sum.Approved == "" || sum.Approved == string(bundle.ApprovalNone) {
 		sum.Approved = "waiting for approval"
 	}
 	return sum
@@ -524,7 +524,7 @@ func (m *machine) clusterApprovalsSeen(ev evClusterApprovals) []effect {
 	}
 	m.clusterApproved = ev.digests
 	m.log.Info("approved digests from the cluster's UpgradeBundles", "digests", strings.Join(ev.digests, " "))
-	if r := m.active; r != nil && r.Approval == "none" && r.Phase == PhaseExtracted {
+	if r := m.active; r != nil && r.Approval == bundle.ApprovalNone && r.Phase == PhaseExtracted {
 		return m.next()
 	}
 	return nil

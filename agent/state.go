@@ -25,17 +25,19 @@ type Progress struct {
 type Record struct {
 	// ID names the record for its whole life: a phase change never
 	// renames it (records from older versions keep theirs).
-	ID       string              `json:"id"`
-	Digest   string              `json:"digest,omitempty"`
-	Name     string              `json:"name"` // upgrade-<version>-<arch>.tar
-	Metadata *bundle.Metadata    `json:"metadata,omitempty"`
-	Origin   Origin              `json:"origin"`
-	Source   string              `json:"source,omitempty"` // device or file it came from
-	Dir      string              `json:"dir,omitempty"`    // extracted tree
-	Phase    Phase               `json:"phase"`
-	Reason   string              `json:"reason,omitempty"` // why rejected/failed/conflict, or what it waits for
-	Progress Progress            `json:"progress"`
-	Times    map[Phase]time.Time `json:"times"`
+	ID       string           `json:"id"`
+	Digest   string           `json:"digest,omitempty"`
+	Name     string           `json:"name"` // upgrade-<version>-<arch>.tar
+	Metadata *bundle.Metadata `json:"metadata,omitempty"`
+	Origin   Origin           `json:"origin"`
+	Source   string           `json:"source,omitempty"` // device or file it came from
+	Dir      string           `json:"dir,omitempty"`    // extracted tree
+	Phase    Phase            `json:"phase"`
+	// Condition is why it is rejected, failed or in conflict, or what it
+	// waits for (its JSON also keeps the message under "reason").
+	Condition Condition           `json:"condition,omitzero"`
+	Progress  Progress            `json:"progress"`
+	Times     map[Phase]time.Time `json:"times"`
 	// Plugged is true on the node where the stick was plugged: it runs the
 	// cluster hook.
 	Plugged bool `json:"plugged,omitempty"`
@@ -61,9 +63,8 @@ type Record struct {
 	// Signature is the bundle's .minisig, when it had one: it travels to
 	// the peers with the metadata.
 	Signature []byte `json:"signature,omitempty"`
-	// Approval is how this node approved the bundle ("digest",
-	// "signature", "peer", "off").
-	Approval string `json:"approval,omitempty"`
+	// Approval is how this node approved the bundle.
+	Approval bundle.Approval `json:"approval,omitempty"`
 	// Warnings are the cluster's preflight warnings on the bundle (paused
 	// pools, unhealthy operators, workloads it does not serve).
 	Warnings []string `json:"warnings,omitempty"`

@@ -57,8 +57,8 @@ type snapshot struct {
 // publish makes the machine's state visible to readers.
 func (a *Agent) publish() {
 	s := a.m.status()
+	ps := a.m.peerStatus(s)
 	a.holdingBack(&s)
-	ps := a.m.peerStatus()
 	a.snap.Store(&snapshot{status: s, peer: ps, cluster: a.m.cluster(ps), readNode: a.m.readsNode(), bundle: a.m.resourceReport(s)})
 	a.wantAnnotations(s)
 }
@@ -94,16 +94,80 @@ func (a *Agent) pacingChanged() bool {
 	return false
 }
 
+// report is what the status says, decided from the machine's state with
+// no text: the records shown (copies, so that it can be rendered later)
+// and the node's health. Its words come only when it is rendered (text).
+type report struct {
+	node   string
+	notice string
+	// shown is the bundle the status is about: the active one, else the
+	// last upgrade (until the next bundle or a refusal); nil when idle.
+	shown *Record
+	// bad is the newest refusal or conflict; with no shown bundle, it is
+	// what the status is about.
+	bad     *Record
+	healthy bool
+	// A setup fault of the peers, shown when no bundle is bad: peers
+	// configured but no token (peersClosed), or a peer that refuses this
+	// node's token (refusedBy, refusal).
+	peersClosed bool
+	refusedBy   string
+	refusal     error
+	approvalOff bool
+	warnings    []string
+}
+
+// report decides the node's status from the machine's state.
+func (m *machine) report() report {
+	rep := report{node: m.cfg.NodeName, notice: m.notice, healthy: true, approvalOff: m.cfg.ApprovalOff(), warnings: m.warnings}
+	switch {
+	case m.active != nil:
+		rep.shown = m.active.clone()
+	case m.lastBad == nil && m.done != nil:
+		rep.shown = m.done.clone()
+	}
+	if m.lastBad != nil {
+		rep.bad = m.lastBad.clone()
+	}
+	// Unhealthy: a refusal or conflict with no bundle held, or a shown
+	// bundle whose condition is a fault.
+	if rep.shown == nil && rep.bad != nil || rep.shown != nil && !rep.shown.Condition.Healthy() {
+		rep.healthy = false
+	}
+	if rep.bad != nil {
+		return rep
+	}
+	if len(m.peers) > 0 && m.cfg.Peer.Closed() {
+		rep.peersClosed, rep.healthy = true, false
+		return rep
+	}
+	// A peer that refuses our token is a config mistake to show here; an
+	// unreachable one may just be down.
+	for _, p := range m.peers {
+		if err := m.view.statuses[p].Err; err != nil && errors.Is(err, peer.ErrUnauthorized) {
+			rep.refusedBy, rep.refusal, rep.healthy = p, err, false
+			break
+		}
+	}
+	return rep
+}
+
 // status builds the node's status from the machine's state.
 func (m *machine) status() Status {
-	s := Status{Node: m.cfg.NodeName, Phase: string(PhaseIdle), Healthy: true, Notice: m.notice}
-	shown := m.active
-	if shown == nil && m.lastBad == nil {
-		shown = m.done // the last upgrade, until the next bundle
+	s := m.report().text()
+	for _, r := range m.records {
+		c := *r.clone()
+		c.Name, c.Condition.Message, c.Message = SanitizeReason(c.Name), SanitizeReason(c.Condition.Message), SanitizeReason(c.Message)
+		s.Bundles = append(s.Bundles, c)
 	}
-	if shown != nil {
-		r := shown.clone()
-		s.Phase, s.Bundle, s.Digest, s.Reason, s.Times, s.Message = string(r.Phase), r.Name, r.Digest, r.Reason, r.Times, r.Message
+	return s
+}
+
+// text renders rep in words: the status, less its list of bundles.
+func (rep report) text() Status {
+	s := Status{Node: rep.node, Phase: string(PhaseIdle), Healthy: rep.healthy, Notice: rep.notice}
+	if r := rep.shown; r != nil {
+		s.Phase, s.Bundle, s.Digest, s.Reason, s.Times, s.Message = string(r.Phase), r.Name, r.Digest, r.Condition.Message, r.Times, r.Message
 		s.Preflight = r.Warnings
 		for _, w := range r.SignaturePolicy {
 			s.SignaturePolicy = append(s.SignaturePolicy, SanitizeReason(w))
@@ -116,36 +180,16 @@ func (m *machine) status() Status {
 			s.Progress = &p
 		}
 	}
-	if m.lastBad != nil {
-		b := m.lastBad.clone()
-		s.Error = fmt.Sprintf("%s %s: %s", b.Phase, b.Name, b.Reason)
-		if m.active == nil {
-			s.Phase, s.Bundle, s.Digest, s.Reason, s.Times = string(b.Phase), b.Name, b.Digest, b.Reason, b.Times
-			s.Healthy = false
+	switch b := rep.bad; {
+	case b != nil:
+		s.Error = fmt.Sprintf("%s %s: %s", b.Phase, b.Name, b.Condition.Message)
+		if rep.shown == nil {
+			s.Phase, s.Bundle, s.Digest, s.Reason, s.Times = string(b.Phase), b.Name, b.Digest, b.Condition.Message, b.Times
 		}
-	}
-	for _, r := range m.records {
-		c := *r.clone()
-		c.Name, c.Reason, c.Message = SanitizeReason(c.Name), SanitizeReason(c.Reason), SanitizeReason(c.Message)
-		s.Bundles = append(s.Bundles, c)
-	}
-	if strings.HasPrefix(s.Reason, "conflict") || strings.HasPrefix(s.Reason, "the cluster refuses") || s.Phase == string(PhaseFailed) {
-		s.Healthy = false
-	}
-	if s.Error == "" && len(m.peers) > 0 && m.cfg.Peer.Closed() {
+	case rep.peersClosed:
 		s.Error = "peers are configured but there is no peer.token_file: this node serves no bundle to them and they refuse it; set the same token_file on every node (or peer.open = true on a closed network)"
-		s.Healthy = false
-	}
-	if s.Error == "" {
-		// A peer that refuses our token is a config mistake to show here;
-		// an unreachable one may just be down.
-		for _, p := range m.peers {
-			if err := m.view.statuses[p].Err; err != nil && errors.Is(err, peer.ErrUnauthorized) {
-				s.Error = fmt.Sprintf("peer %s refuses this node: %v", p, err)
-				s.Healthy = false
-				break
-			}
-		}
+	case rep.refusedBy != "":
+		s.Error = fmt.Sprintf("peer %s refuses this node: %v", rep.refusedBy, rep.refusal)
 	}
 	// What a stick, a bundle or the cluster wrote leaves the node (the
 	// STATUS= line, annotations, peers) only sanitised and bounded.
@@ -156,12 +200,12 @@ func (m *machine) status() Status {
 	if s.Phase == string(PhaseIdle) && s.Error != "" {
 		s.Line += " — " + s.Error
 	}
-	if s.ApprovalOff = m.cfg.ApprovalOff(); s.ApprovalOff {
+	if s.ApprovalOff = rep.approvalOff; s.ApprovalOff {
 		s.Line += " — " + approvalOffWarning
 	}
-	if len(m.warnings) > 0 {
-		s.Warnings = m.warnings
-		s.Line += " — WARNING: " + strings.Join(m.warnings, "; ")
+	if len(rep.warnings) > 0 {
+		s.Warnings = rep.warnings
+		s.Line += " — WARNING: " + strings.Join(rep.warnings, "; ")
 	}
 	s.Line = sanitizeText(s.Line, maxLine)
 	return s

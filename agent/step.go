@@ -165,9 +165,9 @@ func (m *machine) start(recs []*Record) []effect {
 		if r.Origin == OriginFile {
 			// The file came as a descriptor, gone with the restart; the
 			// agent never opens the caller's path itself.
-			return append(effs, m.move(r, PhaseDetected, "interrupted before the copy finished: run 'ferry load "+r.Source+"' again", Progress{})...)
+			return append(effs, m.move(r, PhaseDetected, waiting(ReasonCopyInterrupted, "interrupted before the copy finished: run 'ferry load "+r.Source+"' again"), Progress{})...)
 		}
-		return append(effs, m.move(r, PhaseDetected, "interrupted before the copy finished: plug the stick in again", Progress{})...)
+		return append(effs, m.move(r, PhaseDetected, waiting(ReasonCopyInterrupted, "interrupted before the copy finished: plug the stick in again"), Progress{})...)
 	case PhaseFetching, PhaseUpgraded:
 	default:
 		effs = append(effs, effShare{rec: r})
@@ -188,39 +188,40 @@ func (m *machine) next() []effect {
 	case PhaseFetching:
 		return m.fetch(r)
 	case PhaseExtracted, PhaseLoading:
-		if why := m.specRefuses(r); why != "" {
-			if r.Reason == why {
+		if refusal := m.specRefuses(r); refusal != "" {
+			why := waiting(ReasonOtherBundleApproved, refusal)
+			if r.Condition == why {
 				return nil
 			}
 			m.log.Warn("not loading: the UpgradeBundle approves another bundle", "bundle", r.Name, "digest", r.Digest)
 			return m.move(r, r.Phase, why, r.Progress)
 		}
-		if r.Approval == "none" {
+		if r.Approval == bundle.ApprovalNone {
 			if !m.pol().Approves(r.Digest) {
-				why := m.waitingForApproval(r)
-				if r.Reason == why {
+				why := waiting(ReasonAwaitingApproval, m.waitingForApproval(r))
+				if r.Condition == why {
 					return nil
 				}
 				m.log.Warn("not loading: the bundle is not approved", "phase", string(r.Phase), "bundle", r.Name, "digest", r.Digest)
 				return m.move(r, r.Phase, why, r.Progress)
 			}
-			r.Approval = "digest"
+			r.Approval = bundle.ApprovalDigest
 			if !m.pol().On() {
-				r.Approval = "off"
+				r.Approval = bundle.ApprovalOff
 			}
 			m.log.Info("the config now approves the bundle", "bundle", r.Name, "digest", r.Digest, "approval", r.Approval)
 		}
-		if ok, why := m.peersAgree(r); !ok {
-			if r.Reason == why {
+		if why := m.peersDisagree(r); why != (Condition{}) {
+			if r.Condition == why {
 				return nil
 			}
-			m.log.Info("not loading yet", "phase", string(r.Phase), "bundle", r.Name, "reason", why)
+			m.log.Info("not loading yet", "phase", string(r.Phase), "bundle", r.Name, "reason", why.Message)
 			return m.move(r, r.Phase, why, r.Progress)
 		}
 		if !m.hasLoader {
 			return nil // this node only verifies, extracts and shares
 		}
-		effs := m.move(r, PhaseLoading, "", Progress{Total: int64(len(r.Images())), Unit: "images"})
+		effs := m.move(r, PhaseLoading, Condition{}, Progress{Total: int64(len(r.Images())), Unit: "images"})
 		m.log.Info("loading into CRI-O", "phase", string(PhaseLoading), "bundle", r.Name, "digest", r.Digest)
 		return append(effs, m.startJob(effStartJob{kind: jobLoad, rec: r, keep: m.keep(r)}, "")...)
 	case PhaseUpgraded:
@@ -320,7 +321,7 @@ func (m *machine) offer(o evOffer) []effect {
 	r.Dir = filepath.Join(m.cfg.Paths.ExtractDir, o.meta.DirName())
 	m.active = r
 	m.notice = ""
-	effs = append(effs, m.move(r, PhaseDetected, "", Progress{Total: o.meta.SizeBytes, Unit: "bytes"})...)
+	effs = append(effs, m.move(r, PhaseDetected, Condition{}, Progress{Total: o.meta.SizeBytes, Unit: "bytes"})...)
 	effs = append(effs, m.extract(r, o.src, o.device, o.medium, m.pol())...)
 	keep = o.medium != nil
 	reply(nil)
@@ -347,7 +348,7 @@ func (m *machine) offerWhileHeld(o evOffer, act *Record, log *slog.Logger) []eff
 	log.Warn("conflict: a second, different bundle", "reason", reason)
 	r := m.newRecord(o, o.meta)
 	m.lastBad = r
-	return m.move(r, PhaseConflict, reason, Progress{})
+	return m.move(r, PhaseConflict, fault(ReasonBundlesDiffer, reason), Progress{})
 }
 
 func orFile(device string) string {
@@ -446,11 +447,11 @@ func (m *machine) fetchDone(r *Record, j evJobDone) []effect {
 	case j.err != nil:
 		reason := fmt.Sprintf("fetching from the peers failed, retrying: %v", j.err)
 		m.log.Warn("fetch failed", "phase", string(PhaseFetching), "bundle", r.Name, "err", j.err)
-		return append(m.move(r, PhaseFetching, reason, r.Progress), effRetryIn{10 * time.Second})
+		return append(m.move(r, PhaseFetching, retrying(ReasonFetchFailed, reason), r.Progress), effRetryIn{10 * time.Second})
 	}
 	// Serial mode: the whole tar is here; extract it.
 	src := bundle.Source{Path: m.incomingPath(r), SHA256Path: strings.TrimSuffix(m.incomingPath(r), ".tar") + ".sha256"}
-	if r.Approval == "signature" {
+	if r.Approval == bundle.ApprovalSignature {
 		// Approved by this node's own keys: verified over the bytes now.
 		src.SigPath = src.Path + ".minisig"
 		return m.extract(r, src, "", nil, m.pol())
@@ -481,7 +482,7 @@ func (m *machine) extractDone(r *Record, j evJobDone) []effect {
 			// again, after the same check, once there is room.
 			reason := fmt.Sprintf("no room to extract the fetched bundle, fetching it again once there is: %v", j.err)
 			m.log.Warn("no room to extract a fetched bundle", "phase", string(PhaseFetching), "bundle", r.Name, "err", j.err)
-			return append(append(effs, m.move(r, PhaseFetching, reason, Progress{Unit: "bytes"})...), effRetryIn{10 * time.Second})
+			return append(append(effs, m.move(r, PhaseFetching, retrying(ReasonNoRoomToExtract, reason), Progress{Unit: "bytes"})...), effRetryIn{10 * time.Second})
 		}
 		if bundle.IsRefusal(j.err) || errors.Is(j.err, ErrPreflight) {
 			m.active = nil
@@ -491,7 +492,7 @@ func (m *machine) extractDone(r *Record, j evJobDone) []effect {
 		// this is a pulled stick, a read error or a cleanup.
 		reason := "the stick was pulled or could not be read before the copy finished: plug it in again"
 		m.log.Warn("extraction interrupted", "phase", string(PhaseDetected), "bundle", r.Name, "err", j.err)
-		return append(effs, m.move(r, PhaseDetected, reason+" ("+j.err.Error()+")", Progress{})...)
+		return append(effs, m.move(r, PhaseDetected, waiting(ReasonCopyInterrupted, reason+" ("+j.err.Error()+")"), Progress{})...)
 	}
 	if meta := j.res.Metadata; meta != nil {
 		// From here on the node acts on the metadata.json that was inside
@@ -510,11 +511,11 @@ func (m *machine) extractDone(r *Record, j evJobDone) []effect {
 	for _, w := range r.SignaturePolicy {
 		m.log.Warn("signature policy", "bundle", r.Name, "warning", w)
 	}
-	reason := ""
-	if r.Approval == "none" {
-		reason = m.waitingForApproval(r)
+	var why Condition
+	if r.Approval == bundle.ApprovalNone {
+		why = waiting(ReasonAwaitingApproval, m.waitingForApproval(r))
 	}
-	effs = append(effs, m.move(r, PhaseExtracted, reason, Progress{Done: j.res.TarSize, Total: j.res.TarSize, Unit: "bytes"})...)
+	effs = append(effs, m.move(r, PhaseExtracted, why, Progress{Done: j.res.TarSize, Total: j.res.TarSize, Unit: "bytes"})...)
 	effs = append(effs, effShare{rec: r, pieces: j.pieces})
 	m.lastBad = nil
 	m.log.Info("verified and extracted: the stick can be unplugged", "phase", string(PhaseExtracted),
@@ -529,15 +530,15 @@ func (m *machine) loadDone(r *Record, j evJobDone) []effect {
 	case j.err != nil && Permanent(j.err):
 		m.backoff = 0
 		m.log.Error("loading failed and cannot heal by retrying", "phase", string(PhaseFailed), "bundle", r.Name, "err", j.err)
-		return m.move(r, PhaseFailed, j.err.Error(), r.Progress)
+		return m.move(r, PhaseFailed, fault(ReasonLoadFailed, j.err.Error()), r.Progress)
 	case j.err != nil:
 		m.backoff = min(max(2*m.backoff, 5*time.Second), 5*time.Minute)
 		reason := fmt.Sprintf("loading failed, retrying in %s: %v", m.backoff, j.err)
 		m.log.Error("loading failed", "phase", string(PhaseLoading), "bundle", r.Name, "err", j.err)
-		return append(m.move(r, PhaseLoading, reason, r.Progress), effRetryIn{m.backoff})
+		return append(m.move(r, PhaseLoading, retrying(ReasonLoadFailed, reason), r.Progress), effRetryIn{m.backoff})
 	}
 	m.backoff = 0
-	effs := m.move(r, PhaseLoaded, "", r.Progress)
+	effs := m.move(r, PhaseLoaded, Condition{}, r.Progress)
 	m.log.Info("loaded: every image is present and pinned", "phase", string(PhaseLoaded), "bundle", r.Name, "digest", r.Digest)
 	return append(effs, m.gate(r)...)
 }
@@ -550,14 +551,14 @@ func (m *machine) abandon(r *Record, err error) []effect {
 	reason := fmt.Sprintf("abandoned: %v; free some space in %s, then restart ferry to fetch it again", err, m.cfg.Paths.ExtractDir)
 	m.log.Error("fetch abandoned: the disk filled up", "phase", string(PhaseFailed), "bundle", r.Name, "err", err)
 	effs := []effect{effRemove{filepath.Dir(m.incomingPath(r))}, effRemove{bundle.StagingDir(r.Dir)}, effRemove{r.Dir}}
-	return append(effs, m.move(r, PhaseFailed, reason, Progress{})...)
+	return append(effs, m.move(r, PhaseFailed, fault(ReasonFetchAbandoned, reason), Progress{})...)
 }
 
 func (m *machine) reject(r *Record, err error) []effect {
 	reason := strings.TrimPrefix(err.Error(), "bundle "+r.Name+": ")
 	m.log.Error("bundle refused", "phase", string(PhaseRejected), "bundle", r.Name, "reason", reason)
 	m.lastBad = r
-	return m.move(r, PhaseRejected, reason, Progress{})
+	return m.move(r, PhaseRejected, fault(ReasonRefused, reason), Progress{})
 }
 
 func (m *machine) request(q evRequest) []effect {
@@ -582,7 +583,7 @@ func (m *machine) request(q evRequest) []effect {
 			// Upgraded, waiting for the machine config operator: the
 			// technician says the node no longer needs the bundle.
 			m.cleanupAsked, m.cleanupReply = true, q.reply
-			m.log.Info("ferry cleanup: the bundle is no longer needed here", "bundle", r.Name, "waited", r.Reason)
+			m.log.Info("ferry cleanup: the bundle is no longer needed here", "bundle", r.Name, "waited", r.Condition.Message)
 			return m.retireNow(r)
 		}
 		if m.cleanupAsked || m.active.Phase == PhaseUpgraded {
@@ -630,25 +631,25 @@ func (m *machine) cleanupDone(r *Record, j evJobDone) []effect {
 	if j.err != nil {
 		return []effect{effReply{reply, fmt.Errorf("cleanup of %s: %w", r.Name, j.err)}}
 	}
-	effs := m.move(r, PhaseCleaned, "", Progress{})
+	effs := m.move(r, PhaseCleaned, Condition{}, Progress{})
 	m.active, m.cleaned = nil, r
 	m.log.Info("cleaned up", "phase", string(PhaseCleaned), "bundle", r.Name, "digest", r.Digest)
 	return append(effs, effReply{reply, nil})
 }
 
-// move puts r in phase p and persists it.
-func (m *machine) move(r *Record, p Phase, reason string, prog Progress) []effect {
+// move puts r in phase p, for why, and persists it.
+func (m *machine) move(r *Record, p Phase, why Condition, prog Progress) []effect {
 	if r.Times == nil {
 		r.Times = map[Phase]time.Time{}
 	}
 	if r.Phase != p || r.Times[p].IsZero() {
 		r.Times[p] = m.now().UTC()
 	}
-	r.Phase, r.Reason, r.Progress = p, reason, prog
+	r.Phase, r.Condition, r.Progress = p, why, prog
 	m.records[r.ID] = r
 	// The line of each phase passed through is told, even when the same
 	// step moves on (extracted, then loading).
-	return []effect{effSave{r}, effAnnounce{m.status().Line}}
+	return []effect{effSave{r}, effAnnounce{m.report()}}
 }
 
 // incomingPath is where a fetched tar lands, under its own name so that
@@ -731,7 +732,7 @@ func (m *machine) maybeFetch(v view) []effect {
 	}
 	r.Dir = filepath.Join(m.cfg.Paths.ExtractDir, meta.DirName())
 	m.active = r
-	effs := m.move(r, PhaseFetching, "", Progress{Unit: "bytes"})
+	effs := m.move(r, PhaseFetching, Condition{}, Progress{Unit: "bytes"})
 	m.log.Info("fetching the bundle from the peers", "phase", string(PhaseFetching), "bundle", r.Name, "digest", r.Digest)
 	return append(effs, m.fetch(r)...)
 }
@@ -795,7 +796,7 @@ func (m *machine) pruneRefused() []effect {
 // digest, that digest. A tree left by an interrupted run is not trusted.
 func (m *machine) fetch(r *Record) []effect {
 	pol := m.pol().PreApproved(r.Digest)
-	if r.Approval == "signature" {
+	if r.Approval == bundle.ApprovalSignature {
 		pol = m.pol()
 	}
 	return append([]effect{effRemove{r.Dir}}, m.startJob(effStartJob{kind: jobFetch, rec: r, policy: pol}, "")...)
@@ -827,13 +828,13 @@ func (m *machine) gate(r *Record) []effect {
 				return nil
 			}
 		}
-		d = Decide(m.peerStatus(), m.gatedStatuses())
+		d = Decide(m.standing(), m.gatedStatuses())
 	}
 	var effs []effect
 	switch d.Verdict {
 	case Ready:
 		if r.Phase == PhaseLoaded {
-			effs = m.move(r, PhaseClusterReady, "", r.Progress)
+			effs = m.move(r, PhaseClusterReady, Condition{}, r.Progress)
 			m.log.Info("every node holds the bundle, loaded and pinned: the upgrade may proceed", "phase", string(PhaseClusterReady), "bundle", r.Name, "digest", r.Digest)
 		}
 		if r.Plugged && m.schedule() == "Automatic" && m.policyRead() {
@@ -874,47 +875,48 @@ func (m *machine) hookDone(h evHookDone) []effect {
 }
 
 func (m *machine) reportConflict(reason string) []effect {
-	if b := m.lastBad; b != nil && b.Phase == PhaseConflict && b.Reason == reason {
+	why := fault(ReasonBundlesDiffer, reason)
+	if b := m.lastBad; b != nil && b.Phase == PhaseConflict && b.Condition == why {
 		return nil
 	}
 	m.log.Warn("conflict", "phase", string(PhaseConflict), "reason", reason)
 	r := &Record{ID: m.newID("cluster"), Name: "cluster", Origin: OriginPeer}
 	m.lastBad = r
-	return m.move(r, PhaseConflict, reason, Progress{})
+	return m.move(r, PhaseConflict, why, Progress{})
 }
 
-// peersAgree reports whether every peer holds the same bundle as r, which
-// must hold before anything is pinned.
-func (m *machine) peersAgree(r *Record) (bool, string) {
+// peersDisagree is why not every peer holds the same bundle as r, which
+// must hold before anything is pinned; the zero Condition when they do.
+func (m *machine) peersDisagree(r *Record) Condition {
 	if !m.hasPeers() {
-		return true, ""
+		return Condition{}
 	}
 	if m.view.at.IsZero() {
-		return false, "waiting to hear from the peers"
+		return waiting(ReasonPeersUnheard, "waiting to hear from the peers")
 	}
-	self := m.peerStatus()
-	var waiting []string
+	self := m.standing()
+	var unheld []string
 	for _, p := range m.peers {
 		st, heard := m.view.statuses[p]
 		switch {
 		case m.gateExcluded(p, st.Node):
 			continue
 		case !heard:
-			waiting = append(waiting, p+" (not heard from yet)")
+			unheld = append(unheld, p+" (not heard from yet)")
 		case st.Err != nil:
-			waiting = append(waiting, p+" (unreachable)")
+			unheld = append(unheld, p+" (unreachable)")
 		case conflicting(self, st.Status):
-			return false, fmt.Sprintf("conflict: node %s holds another bundle (%s, %s): remove the second stick and run 'ferry cleanup' there", nodeName(p, st.Status), st.Version, sha256digest.Short(st.Digest))
+			return fault(ReasonPeerHoldsOther, fmt.Sprintf("conflict: node %s holds another bundle (%s, %s): remove the second stick and run 'ferry cleanup' there", nodeName(p, st.Status), st.Version, sha256digest.Short(st.Digest)))
 		case refuses(st.Status, r.Digest):
-			return false, fmt.Sprintf("node %s refuses this bundle (%s): every node must hold it before anything is pinned; approve it there (approved_digests or trusted_keys) or bring a bundle every node approves", nodeName(p, st.Status), st.Status.Error)
+			return waiting(ReasonPeerRefuses, fmt.Sprintf("node %s refuses this bundle (%s): every node must hold it before anything is pinned; approve it there (approved_digests or trusted_keys) or bring a bundle every node approves", nodeName(p, st.Status), st.Status.Error))
 		case st.Digest != r.Digest:
-			waiting = append(waiting, nodeName(p, st.Status))
+			unheld = append(unheld, nodeName(p, st.Status))
 		}
 	}
-	if len(waiting) > 0 {
-		return false, "waiting for " + strings.Join(waiting, ", ") + " to hold the bundle"
+	if len(unheld) > 0 {
+		return waiting(ReasonPeersNotHolding, "waiting for "+strings.Join(unheld, ", ")+" to hold the bundle")
 	}
-	return true, ""
+	return Condition{}
 }
 
 // Permanent reports whether err says that retrying cannot fix it (an

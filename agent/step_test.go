@@ -35,7 +35,7 @@ func machineIn(t *testing.T, p Phase) *machine {
 	meta := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: "quay.io/r@" + heldDigest}
 	r := &Record{ID: "held", Digest: heldDigest, Name: "upgrade-4.13.7-x86_64.tar", Metadata: meta,
 		Origin: OriginStick, Plugged: true, Dir: "/nonexistent/4.13.7-x86_64"}
-	m.move(r, p, "", Progress{})
+	m.move(r, p, Condition{}, Progress{})
 	switch {
 	case p.Active():
 		m.active = r
@@ -234,16 +234,16 @@ func countStarts(effs []effect) int {
 func TestPeerStatus_CarriesProgressInWords(t *testing.T) {
 	m := machineIn(t, PhaseLoading)
 	m.step(evProgress{id: "held", p: Progress{Done: 120, Total: 183, Unit: "images"}})
-	if got := m.peerStatus().Progress; got != "120/183 images" {
+	if got := m.peerStatus(m.status()).Progress; got != "120/183 images" {
 		t.Fatalf("loading: %q", got)
 	}
 	m = machineIn(t, PhaseFetching)
 	m.step(evProgress{id: "held", p: Progress{Done: 7 << 29, Total: 16 << 30, Unit: "bytes"}})
-	if got := m.peerStatus().Progress; got != "3.5/16.0 GiB" {
+	if got := m.peerStatus(m.status()).Progress; got != "3.5/16.0 GiB" {
 		t.Fatalf("fetching: %q", got)
 	}
 	m = machineIn(t, PhaseClusterReady)
-	if got := m.peerStatus().Progress; got != "" {
+	if got := m.peerStatus(m.status()).Progress; got != "" {
 		t.Fatalf("cluster-ready: %q", got)
 	}
 }

@@ -10,9 +10,9 @@ import (
 // tried again.
 const retireRetry = 30 * time.Second
 
-// retiring is the reason an upgraded bundle shows until its cleanup is
-// done.
-const retiring = "cleaning up: removing the bundle's files, registry and mirror (its images stay pinned)"
+// retiring is the condition an upgraded bundle shows until its cleanup
+// is done.
+var retiring = underway(ReasonCleaningUp, "cleaning up: removing the bundle's files, registry and mirror (its images stay pinned)")
 
 // Transitions of the cluster upgrade (called from step): asking for it,
 // following it, and cleaning up when it is done.
@@ -65,12 +65,12 @@ func (m *machine) upgradeAsked(ev evUpgradeAsked) []effect {
 		}
 		m.log.Warn("asking the cluster for the upgrade failed, retrying", "bundle", r.Name, "err", ev.err)
 		r.Upgrade.Error = why
-		return m.move(r, r.Phase, why, r.Progress)
+		return m.move(r, r.Phase, retrying(ReasonUpgradeRequestFailed, why), r.Progress)
 	}
 	m.asking = false
 	r.Upgrade.Accepted, r.Upgrade.Error = m.now().UTC(), ""
 	m.log.Info("the cluster accepted the upgrade request", "phase", string(r.Phase), "bundle", r.Name, "release", r.Metadata.Release)
-	effs := m.move(r, r.Phase, "", r.Progress)
+	effs := m.move(r, r.Phase, Condition{}, r.Progress)
 	return append(effs, m.proceed(r, false)...)
 }
 
@@ -88,28 +88,33 @@ func (m *machine) upgradeSeen(ev evUpgradeSeen) []effect {
 		r.Message = st.Message
 		return m.upgraded(r)
 	case UpgradeRunning:
-		if r.Phase == PhaseUpgrading && r.Message == st.Message && r.Reason == st.Reason {
+		var why Condition
+		if st.Reason != "" {
+			why = underway(ReasonUpgrading, st.Reason)
+		}
+		if r.Phase == PhaseUpgrading && r.Message == st.Message && r.Condition == why {
 			return nil
 		}
 		if r.Phase != PhaseUpgrading {
 			m.log.Info("the cluster is upgrading", "phase", string(PhaseUpgrading), "bundle", r.Name, "message", st.Message)
 		}
 		r.Message = st.Message
-		return m.move(r, PhaseUpgrading, st.Reason, r.Progress)
+		return m.move(r, PhaseUpgrading, why, r.Progress)
 	case UpgradeRefused:
-		why := "the cluster refuses the release: " + st.Reason
-		if r.Reason == why {
+		why := fault(ReasonReleaseRefused, "the cluster refuses the release: "+st.Reason)
+		if r.Condition == why {
 			return nil
 		}
 		m.log.Error("the cluster refuses the release", "phase", string(r.Phase), "bundle", r.Name, "reason", st.Reason)
 		r.Message = st.Message
 		return m.move(r, r.Phase, why, r.Progress)
 	case UpgradePending:
-		why := "waiting for the cluster version operator to start"
+		msg := "waiting for the cluster version operator to start"
 		if st.Reason != "" {
-			why += ": " + st.Reason
+			msg += ": " + st.Reason
 		}
-		if r.Reason == why {
+		why := waiting(ReasonUpgradePending, msg)
+		if r.Condition == why {
 			return nil
 		}
 		return m.move(r, r.Phase, why, r.Progress)
@@ -146,20 +151,20 @@ func (m *machine) retireNow(r *Record) []effect {
 // done with this node, or says what the node waits for.
 func (m *machine) retireWhenDone(r *Record) []effect {
 	why := m.nodeWaits(r)
-	if why == "" {
+	if why == (Condition{}) {
 		m.log.Info("the machine config operator is done with this node: cleaning up", "phase", string(PhaseUpgraded), "bundle", r.Name)
 		return m.retireNow(r)
 	}
-	if r.Phase == PhaseUpgraded && r.Reason == why {
+	if r.Phase == PhaseUpgraded && r.Condition == why {
 		return nil
 	}
-	m.log.Info("the cluster upgrade is done; this node still needs the bundle", "phase", string(PhaseUpgraded), "bundle", r.Name, "reason", why)
+	m.log.Info("the cluster upgrade is done; this node still needs the bundle", "phase", string(PhaseUpgraded), "bundle", r.Name, "reason", why.Message)
 	return m.move(r, PhaseUpgraded, why, r.Progress)
 }
 
 // nodeWaits says what this node waits for before it no longer needs r's
 // images (the OS image first of all, pulled through ferry's mirror when
-// the MCO updates it), or "" when it waits for nothing.
+// the MCO updates it), or the zero Condition when it waits for nothing.
 //
 // ClusterVersion says Completed once the control plane is done; worker
 // pools keep rolling (one node at a time, paused pools, canaries). The
@@ -174,27 +179,27 @@ func (m *machine) retireWhenDone(r *Record) []effect {
 // new one. Names are compared rather than creation times: no clock skew,
 // no read of MachineConfigs, and a baseline is only recorded before the
 // upgrade, so a late first reading can never make the node wait forever.
-func (m *machine) nodeWaits(r *Record) string {
+func (m *machine) nodeWaits(r *Record) Condition {
 	n := m.node
 	switch {
 	case n == nil:
-		return "waiting to read this node's machine config state from the cluster's API"
+		return waiting(ReasonNodeUnread, "waiting to read this node's machine config state from the cluster's API")
 	case !n.Managed:
-		return "" // no machine config operator: done at Completed
+		return Condition{} // no machine config operator: done at Completed
 	case n.State == "Done" && n.Current == n.Desired && (n.Target == "" || n.Current == n.Target) && n.Current != r.MachineConfig:
-		return ""
+		return Condition{}
 	case n.Paused:
-		return fmt.Sprintf("waiting: pool %s is paused; the machine config operator updates this node once it is unpaused (the bundle's registry and mirror stay until then)", n.Pool)
+		return waiting(ReasonPoolPaused, fmt.Sprintf("waiting: pool %s is paused; the machine config operator updates this node once it is unpaused (the bundle's registry and mirror stay until then)", n.Pool))
 	case n.State != "Done" || n.Current != n.Desired:
 		why := fmt.Sprintf("waiting for the machine config operator to update this node (state %s, %s → %s)", or(n.State, "unknown"), or(n.Current, "none"), or(n.Desired, "none"))
 		if n.Reason != "" {
 			why += ": " + n.Reason
 		}
-		return why
+		return waiting(ReasonNodeUpdating, why)
 	case n.Target != "" && n.Current != n.Target:
-		return fmt.Sprintf("waiting for the machine config operator to update this node (pool %s goes to %s, the node is on %s)", n.Pool, n.Target, n.Current)
+		return waiting(ReasonNodeUpdating, fmt.Sprintf("waiting for the machine config operator to update this node (pool %s goes to %s, the node is on %s)", n.Pool, n.Target, n.Current))
 	}
-	return fmt.Sprintf("waiting for the machine config operator to update this node (still on %s, its config from before the upgrade)", n.Current)
+	return waiting(ReasonNodeUpdating, fmt.Sprintf("waiting for the machine config operator to update this node (still on %s, its config from before the upgrade)", n.Current))
 }
 
 func or(s, def string) string {
@@ -256,7 +261,7 @@ func (m *machine) retireDone(r *Record, j evJobDone) []effect {
 	if j.err != nil {
 		why := fmt.Sprintf("cleaning up after the upgrade failed, retrying in 30s: %v", j.err)
 		m.log.Error("cleaning up after the upgrade failed", "phase", string(PhaseUpgraded), "bundle", r.Name, "err", j.err)
-		effs = append(m.move(r, PhaseUpgraded, why, r.Progress), effRetryIn{after: retireRetry})
+		effs = append(m.move(r, PhaseUpgraded, retrying(ReasonCleanupFailed, why), r.Progress), effRetryIn{after: retireRetry})
 		if reply != nil {
 			effs = append(effs, effReply{reply, fmt.Errorf("cleanup of %s: %w", r.Name, j.err)})
 		}
@@ -267,7 +272,7 @@ func (m *machine) retireDone(r *Record, j evJobDone) []effect {
 		effs = append(effs, effSave{p})
 	}
 	r.Retired = true
-	effs = append(effs, m.move(r, PhaseUpgraded, "", r.Progress)...)
+	effs = append(effs, m.move(r, PhaseUpgraded, Condition{}, r.Progress)...)
 	m.previous, m.done, m.active, m.cleaned = r, r, nil, nil
 	m.log.Info("upgrade done: the bundle's files, registry and mirror are gone; its images stay pinned until the next upgrade",
 		"phase", string(PhaseUpgraded), "bundle", r.Name, "digest", r.Digest)

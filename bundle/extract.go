@@ -37,13 +37,13 @@ type Policy struct {
 	Off bool
 	// Unapproved lets an unapproved bundle whose .sha256 checks be
 	// verified and extracted instead of refused: its Result says
-	// Approval "none", and the caller must not load it (it may share it).
+	// ApprovalNone, and the caller must not load it (it may share it).
 	Unapproved bool
 	// SpaceFactor × sizeBytes must be free where the bundle is extracted;
 	// 0 means 2. Negative skips the check (verify only).
 	SpaceFactor int64
 	// ApprovedByPeer is a digest this node approved before fetching it from
-	// a peer (ApproveOffer): it is approved, and said to be so ("peer").
+	// a peer (ApproveOffer): it is approved, and said to be so (ApprovalPeer).
 	ApprovedByPeer string
 }
 
@@ -115,9 +115,9 @@ type Result struct {
 	Metadata *Metadata
 	Digest   string // sha256:<hex> of the tar bytes up to the end marker
 	TarSize  int64
-	// Approval is how it was approved: "digest", "signature", "peer",
-	// "off", or "none" (not approved: Policy.Unapproved).
-	Approval string
+	// Approval is how it was approved (ApprovalNone: not approved, see
+	// Policy.Unapproved).
+	Approval Approval
 	// Signature is the bundle's .minisig, if it had one: it travels to
 	// the peers, whose own trusted_keys may approve the bundle by it.
 	Signature []byte
@@ -270,7 +270,8 @@ func satMul(a, b int64) int64 {
 
 // approval is what was decided about approval before the pass.
 type approval struct {
-	mode     string // "digest", "signature", "digest-at-end", "off"
+	mode     Approval
+	atEnd    bool   // ApprovalDigest of a source with no .sha256: checked once hashed
 	sig      []byte // signature to verify at the end
 	travels  []byte // the .minisig, verified here or not, for the peers
 	keys     []minisign.PublicKey
@@ -310,7 +311,7 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	if opts.Progress != nil {
 		progress = func(done int64) { opts.Progress(done, total) }
 	}
-	hr := newHashingReader(ctx, in, ap.mode == "signature", progress)
+	hr := newHashingReader(ctx, in, ap.mode == ApprovalSignature, progress)
 	defer hr.close(false)
 	tr := tar.NewReader(hr)
 	var rec []byte
@@ -346,7 +347,7 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 		return nil, refuse(fmt.Errorf("%w: the bundle is for %s, this node is %s: bring the %s bundle of version %s",
 			ErrWrongArch, meta.Arch, opts.Arch, opts.Arch, meta.Version))
 	}
-	if ap.mode == "off" {
+	if ap.mode == ApprovalOff {
 		log.Warn("approval is off: accepting any bundle whose sha256 checks; set approved_digests or trusted_keys", "bundle", name)
 	}
 
@@ -490,9 +491,6 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 		}
 	}
 	res = &Result{Metadata: meta, Digest: digest, TarSize: hr.consumed, Approval: ap.mode, Signature: ap.travels, Admission: adm}
-	if ap.mode == "digest-at-end" {
-		res.Approval = "digest"
-	}
 	if opts.Index != nil {
 		opts.Index.Size = hr.consumed
 		opts.Index.Digest = digest
@@ -564,22 +562,22 @@ func decideApproval(src Source, p Policy) (approval, error) {
 	approvalOn := !p.Off && (p.Required || len(ap.approved) > 0 || len(p.TrustedKeys) > 0)
 	switch {
 	case p.ApprovedByPeer != "" && ap.expected == p.ApprovedByPeer:
-		ap.mode = "peer"
+		ap.mode = ApprovalPeer
 	case ap.expected != "" && slices.Contains(ap.approved, ap.expected):
-		ap.mode = "digest"
+		ap.mode = ApprovalDigest
 	case ap.sig != nil:
-		ap.mode = "signature"
+		ap.mode = ApprovalSignature
 	case ap.expected == "" && len(ap.approved) > 0:
 		// A raw device carries no .sha256: its digest must be approved.
-		ap.mode = "digest-at-end"
+		ap.mode, ap.atEnd = ApprovalDigest, true
 	case ap.expected == "":
 		return ap, fmt.Errorf("%w: there is no .sha256 file to check it against, and no approved_digests to compare with: put the .sha256 next to the tar, or approve the bundle's digest", ErrNotApproved)
 	case !approvalOn:
-		ap.mode = "off"
+		ap.mode = ApprovalOff
 	case p.Unapproved:
 		// Verified against its .sha256 and extracted, never loaded: it
 		// waits for approval.
-		ap.mode = "none"
+		ap.mode = ApprovalNone
 	case len(p.TrustedKeys) > 0 && src.SigPath == "":
 		return ap, fmt.Errorf("%w: digest %s is not in approved_digests and there is no .tar.minisig signature: ask the engineer to approve this bundle", ErrNotApproved, ap.expected)
 	default:
@@ -596,12 +594,12 @@ func (ap approval) check(digest string, hr *hashingReader) error {
 	if ap.expected != "" && digest != ap.expected {
 		return fmt.Errorf("%w (got %s, want %s from the .sha256 file): the stick or the file is damaged; copy it again", ErrMismatch, sha256digest.Short(digest), sha256digest.Short(ap.expected))
 	}
-	switch ap.mode {
-	case "digest-at-end":
+	switch {
+	case ap.atEnd:
 		if !slices.Contains(ap.approved, digest) {
 			return fmt.Errorf("%w: digest %s is not in approved_digests: ask the engineer to approve this bundle, or copy it again if it may be damaged", ErrNotApproved, digest)
 		}
-	case "signature":
+	case ap.mode == ApprovalSignature:
 		if !hr.verifySig(ap.keys, ap.sig) {
 			return fmt.Errorf("%w: the .tar.minisig signature does not verify with any trusted key: the bundle was altered or signed by an unknown key", ErrNotApproved)
 		}

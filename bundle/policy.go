@@ -30,19 +30,20 @@ func (p Policy) Approves(digest string) bool {
 // ApproveOffer applies arch and approval to a bundle a peer offers, before
 // any byte of it is fetched: the peer shows its metadata, digest and
 // signature (sig, its .minisig; nil when it has none). It returns how it
-// was approved: "digest", "off", or "signature" when sig is by one of the
-// trusted keys; the signature itself is then verified over the bytes as
-// they are extracted (a Source with SigPath, under this policy).
-func (p Policy) ApproveOffer(meta *Metadata, digest string, sig []byte) (string, error) {
+// was approved: ApprovalDigest, ApprovalOff, or ApprovalSignature when
+// sig is by one of the trusted keys; the signature itself is then
+// verified over the bytes as they are extracted (a Source with SigPath,
+// under this policy).
+func (p Policy) ApproveOffer(meta *Metadata, digest string, sig []byte) (Approval, error) {
 	if p.Arch != "" && meta.Arch != p.Arch {
 		return "", fmt.Errorf("%w: the peers' bundle is for %s, this node is %s", ErrWrongArch, meta.Arch, p.Arch)
 	}
 	if !p.On() {
-		return "off", nil
+		return ApprovalOff, nil
 	}
 	for _, d := range p.ApprovedDigests {
 		if NormalizeDigest(d) == digest {
-			return "digest", nil
+			return ApprovalDigest, nil
 		}
 	}
 	if len(p.TrustedKeys) == 0 {
@@ -57,7 +58,7 @@ func (p Policy) ApproveOffer(meta *Metadata, digest string, sig []byte) (string,
 	}
 	for _, k := range p.TrustedKeys {
 		if k.ID() == s.KeyID {
-			return "signature", nil
+			return ApprovalSignature, nil
 		}
 	}
 	return "", fmt.Errorf("%w: the peers' bundle %s is signed by key %X, which is not one of this node's trusted_keys: add the engineer's public key here, or approve the digest", ErrNotApproved, digest, s.KeyID)
@@ -65,7 +66,7 @@ func (p Policy) ApproveOffer(meta *Metadata, digest string, sig []byte) (string,
 
 // PreApproved is the policy for extracting a bundle whose digest was
 // approved before it was fetched (ApproveOffer): that digest, and nothing
-// else, is approved, and the result says "peer"; with approval off it
+// else, is approved, and the result says ApprovalPeer; with approval off it
 // stays off.
 func (p Policy) PreApproved(digest string) Policy {
 	if p.On() {
