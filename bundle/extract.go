@@ -53,7 +53,9 @@ type Options struct {
 	// Progress is called as bytes are read (done, total); total is the
 	// file size, or metadata's sizeBytes for a raw device.
 	Progress func(done, total int64)
-	// Sync flushes the extracted tree to disk before it appears.
+	// Sync flushes the extracted tree to disk before it appears; its
+	// files are written back as they are written (writeBehind), so that
+	// little is left for that flush.
 	Sync bool
 	// Index, when set, receives the layout of the tar so that its bytes
 	// can be served again from the extracted tree (see Index).
@@ -351,7 +353,7 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 		log.Warn("approval is off: accepting any bundle whose sha256 checks; set approved_digests or trusted_keys", "bundle", name)
 	}
 
-	w := &treeWriter{meta: meta, resuming: resumeAt >= 0, limit: writeBound(meta.SizeBytes, approxSize, length)}
+	w := &treeWriter{meta: meta, resuming: resumeAt >= 0, limit: writeBound(meta.SizeBytes, approxSize, length), writeBehind: opts.Sync}
 	if opts.Pacer != nil {
 		w.pace = func(n int) error { return opts.Pacer.Pace(ctx, n) }
 	}

@@ -39,6 +39,8 @@ type treeWriter struct {
 	resuming bool
 	// pace, when set, is called after each chunk written (Options.Pacer).
 	pace func(n int) error
+	// writeBehind: write files back as they are written (Options.Sync).
+	writeBehind bool
 
 	ix      *treeIndex   // what the tree holds, checked after the pass
 	bh      *blobHasher  // hashes blobs on another core
@@ -149,6 +151,10 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 			return fmt.Errorf("extracting %s: %w", clean, err)
 		}
 	}
+	var wb *writeBehind
+	if f != nil && w.writeBehind {
+		wb = newWriteBehind(f)
+	}
 	w.keep.Reset()
 	keep := (blob != "" && hdr.Size <= maxManifest) || (isLink(rel) && hdr.Size <= maxLink)
 	hashing := blob != "" && hashBlobs
@@ -162,7 +168,10 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 		k, err = io.ReadFull(tr, buf[:min(int64(len(buf)), hdr.Size-n)])
 		n += int64(k)
 		if f != nil && k > 0 && err == nil {
-			if _, err = f.Write(buf[:k]); err == nil && w.pace != nil {
+			if _, err = f.Write(buf[:k]); err == nil && wb != nil {
+				wb.wrote(k)
+			}
+			if err == nil && w.pace != nil {
 				err = w.pace(k)
 			}
 		}
@@ -177,6 +186,9 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 		w.blobSum = w.bh.sum()
 	}
 	if f != nil {
+		if wb != nil && err == nil {
+			wb.close()
+		}
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
