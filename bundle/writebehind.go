@@ -8,8 +8,11 @@ import (
 
 // writeBehindWindow is how many bytes of a file an extraction that is
 // synced at its end (Options.Sync) writes before it starts their
-// writeback; it waits for that writeback one window later.
-const writeBehindWindow = 8 << 20
+// writeback; it waits for that writeback one window later. A window is
+// what stands in the disk's queue ahead of another process's fsync: with
+// 8 MiB, etcd's p99.9 under a paced extraction doubled in one run; with
+// 1 MiB it is as without write-behind, and unpaced it is 7 × lower.
+const writeBehindWindow = 1 << 20
 
 // syncRange is sync_file_range(2); a variable for the tests.
 var syncRange = unix.SyncFileRange

@@ -10,7 +10,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// recordSyncRange records the ranges writeBehind starts and waits for.
+// half is half a write-behind window, the unit recordSyncRange counts in.
+const half = writeBehindWindow / 2
+
+// recordSyncRange records the ranges writeBehind starts and waits for,
+// in half windows.
 func recordSyncRange(t *testing.T) *[]string {
 	var calls []string
 	old := syncRange
@@ -19,7 +23,7 @@ func recordSyncRange(t *testing.T) *[]string {
 		if flags&unix.SYNC_FILE_RANGE_WAIT_AFTER != 0 {
 			kind = "wait"
 		}
-		calls = append(calls, fmt.Sprintf("%s %d+%d", kind, off>>20, n>>20))
+		calls = append(calls, fmt.Sprintf("%s %d+%d", kind, off/half, n/half))
 		return nil
 	}
 	t.Cleanup(func() { syncRange = old })
@@ -37,11 +41,11 @@ func TestWriteBehind_StartsEachWindowAndWaitsForTheOneBefore(t *testing.T) {
 	}
 	defer f.Close()
 	w := newWriteBehind(f)
-	for range 27 { // 27 MiB in 1 MiB chunks: windows of 8 MiB
-		w.wrote(1 << 20)
+	for range 7 { // three and a half windows, half a window a write
+		w.wrote(half)
 	}
 	w.close()
-	want := "start 0+8, start 8+8, wait 0+8, start 16+8, wait 8+8, start 24+3"
+	want := "start 0+2, start 2+2, wait 0+2, start 4+2, wait 2+2, start 6+1"
 	if got := strings.Join(*calls, ", "); got != want {
 		t.Fatalf("sync_file_range calls:\n got %s\nwant %s", got, want)
 	}
