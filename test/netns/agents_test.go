@@ -78,6 +78,10 @@ func newFleet(t testing.TB, o fleetOptions) *fleet {
 		an := &anode{Node: n, Hook: filepath.Join(n.Dir, "hook.out")}
 		cfg := ferryenv.Config(filepath.Join(n.Dir, "root"))
 		cfg.NodeName = n.Name
+		// The nodes share this one kernel, so its pressure stall
+		// information is every node's: paced, each agent would take the
+		// others' work for its node's and hold back, as no real node does.
+		cfg.Pacing.Enabled = false
 		cfg.Peer.Listen = n.Addr(peerPort)
 		if l := o.Listen[i]; l != "" {
 			cfg.Peer.Listen = l
