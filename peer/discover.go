@@ -8,6 +8,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
 // PeerOffer is an offer and the peer that made it.
@@ -37,7 +39,7 @@ func (f *Fetcher) Discover(ctx context.Context) ([]PeerOffer, error) {
 				return
 			}
 			for _, x := range o {
-				if ValidDigest(x.Digest) && x.Size > 0 {
+				if sha256digest.Valid(x.Digest) && x.Size > 0 {
 					out = append(out, PeerOffer{Peer: p, Offer: x})
 				}
 			}

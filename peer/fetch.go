@@ -11,6 +11,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
 // FetcherOptions configure NewFetcher.
@@ -115,7 +117,7 @@ type Progress struct {
 // but the whole does not (a lying piece list), dest and its state are
 // removed and the error wraps ErrDigestMismatch. progress may be nil.
 func (f *Fetcher) Fetch(ctx context.Context, digest, dest string, progress func(Progress)) error {
-	if !ValidDigest(digest) {
+	if !sha256digest.Valid(digest) {
 		return fmt.Errorf("peer fetch: %q is not a sha256 digest", digest)
 	}
 	j := &job{f: f, digest: digest, dest: dest, progress: progress, peers: map[string]*peerState{}}

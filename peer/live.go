@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
 // LiveHasher is the Tee of a stick's extraction pass while the shelf
@@ -29,7 +31,7 @@ type LiveHasher struct {
 // fails; replace it (AddHashed) once the bundle is verified and extracted.
 // The shelf owns r.
 func (s *Shelf) AddLive(digest string, meta, sig []byte, r io.ReaderAt, size int64) (*LiveHasher, error) {
-	if !ValidDigest(digest) {
+	if !sha256digest.Valid(digest) {
 		return nil, fmt.Errorf("peer shelf: %q is not a sha256 digest", digest)
 	}
 	if size <= 0 {

@@ -104,9 +104,6 @@ type PeerStatus struct {
 	Err error
 }
 
-// ValidDigest reports whether d is "sha256:" and 64 lowercase hex digits.
-func ValidDigest(d string) bool { return sha256digest.Valid(d) }
-
 func hexOf(d string) string { return strings.TrimPrefix(d, "sha256:") }
 
 // NumPieces is how many pieces of pieceSize a file of size bytes has.
@@ -197,7 +194,7 @@ func (p *PieceList) Validate() error {
 		return fmt.Errorf("%w: %s", ErrBadPieceList, fmt.Sprintf(format, a...))
 	}
 	switch {
-	case !ValidDigest(p.Digest):
+	case !sha256digest.Valid(p.Digest):
 		return bad("digest %q is not sha256:<64 hex>", p.Digest)
 	case p.Size <= 0:
 		return bad("size %d is not positive", p.Size)
@@ -213,7 +210,7 @@ func (p *PieceList) Validate() error {
 		if h == "" && p.Partial {
 			continue // not hashed by the source yet
 		}
-		if !ValidDigest("sha256:" + h) {
+		if !sha256digest.Valid("sha256:" + h) {
 			return bad("piece %d digest %q is not 64 lowercase hex digits", i, h)
 		}
 	}

@@ -24,24 +24,6 @@ func listFor(data []byte, ps int64) *PieceList {
 	return p
 }
 
-func TestValidDigest(t *testing.T) {
-	good := "sha256:" + strings.Repeat("ab", 32)
-	for d, want := range map[string]bool{
-		good:                                true,
-		strings.ToUpper(good):               false,
-		good[:len(good)-1]:                  false,
-		strings.Repeat("ab", 32):            false,
-		"sha256:../../etc/passwd":           false,
-		"sha512:" + good[7:]:                false,
-		good + "0":                          false,
-		"sha256:" + strings.Repeat("g", 64): false,
-	} {
-		if got := ValidDigest(d); got != want {
-			t.Errorf("ValidDigest(%q) = %v, want %v", d, got, want)
-		}
-	}
-}
-
 func TestParsePieceList(t *testing.T) {
 	data := bytes.Repeat([]byte("ferry"), 50000) // 250000 bytes: 3 full pieces and a short one
 	good := listFor(data, MinPieceSize)

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"golang.org/x/net/netutil"
 )
 
@@ -197,7 +198,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 func (s *Server) bundle(h func(http.ResponseWriter, *http.Request, Offer)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		d := r.PathValue("digest")
-		if !ValidDigest(d) {
+		if !sha256digest.Valid(d) {
 			http.Error(w, "not a bundle digest (sha256:<64 lowercase hex>)", http.StatusBadRequest)
 			return
 		}

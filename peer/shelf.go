@@ -17,6 +17,7 @@ import (
 	"sync"
 
 	"github.com/ferry-edge/ferry/internal/atomicfile"
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
 // ShelfOptions configure NewShelf.
@@ -104,7 +105,7 @@ func (s *Shelf) AddHashed(digest string, meta []byte, r io.ReaderAt, pl *PieceLi
 }
 
 func (s *Shelf) add(digest string, meta []byte, r io.ReaderAt, size int64, hashed *PieceList) error {
-	if !ValidDigest(digest) {
+	if !sha256digest.Valid(digest) {
 		return fmt.Errorf("peer shelf: %q is not a sha256 digest", digest)
 	}
 	if size <= 0 {

@@ -18,6 +18,9 @@ func TestValid_OnlyLowercaseSHA256(t *testing.T) {
 		{hex, false},
 		{"sha512:" + hex + hex, false},
 		{"sha256:" + hex[:62] + "zz", false},
+		{"sha256:" + strings.Repeat("g", 64), false},
+		{"sha256:../../etc/passwd", false}, // it names files on the shelf and in URLs
+		{"sha512:" + hex, false},
 		{"", false},
 	} {
 		if got := Valid(tc.in); got != tc.want {
