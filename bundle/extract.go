@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"aead.dev/minisign"
 	"github.com/ferry-edge/ferry/internal/diskspace"
@@ -94,6 +95,9 @@ type Options struct {
 type Pacer interface {
 	// Pace pauses for n bytes of bulk work, or until ctx ends.
 	Pace(ctx context.Context, n int) error
+	// Waited says the work itself waited d for its own writeback: the
+	// node's IO pressure counts that wait, and it is not anyone else's.
+	Waited(d time.Duration)
 }
 
 // Resume is where an interrupted extraction got to (Options.Resume).
@@ -302,8 +306,17 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 		return nil, refuse(err)
 	}
 	defer f.Close()
+	var waited func(time.Duration)
+	if opts.Pacer != nil {
+		waited = opts.Pacer.Waited
+	}
+	meter, unlock := newWaitMeter(waited)
+	defer unlock()
 	var resumeAt int64 = -1 // entries whose content ends by here are already in the tree
 	var in io.Reader = f
+	if file, ok := f.(*os.File); ok && meter != nil {
+		in = meteredReader{file, meter} // a stream's waits are the network's, not IO
+	}
 	if r := opts.Resume; r != nil && dest != "" {
 		resumeAt = r.Offset
 		in = io.MultiReader(io.NewSectionReader(r.Index.ReaderAt(StagingDir(dest)), 0, r.Offset), f)
@@ -356,6 +369,7 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	w := &treeWriter{meta: meta, resuming: resumeAt >= 0, limit: writeBound(meta.SizeBytes, approxSize, length), writeBehind: opts.Sync}
 	if opts.Pacer != nil {
 		w.pace = func(n int) error { return opts.Pacer.Pace(ctx, n) }
+		w.wait = meter
 	}
 	defer w.close()
 	if dest != "" {

@@ -6,18 +6,23 @@ import (
 	"errors"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/ferry-edge/ferry/internal/imagetree"
 )
 
 // countingPacer counts the bytes it was asked to pace, and can refuse.
 type countingPacer struct {
-	n   int
-	err error
+	n, largest int
+	waits      int
+	err        error
 }
+
+func (p *countingPacer) Waited(d time.Duration) { p.waits++ }
 
 func (p *countingPacer) Pace(_ context.Context, n int) error {
 	p.n += n
+	p.largest = max(p.largest, n)
 	return p.err
 }
 
@@ -41,6 +46,25 @@ func TestExtract_PacesEveryByteWritten(t *testing.T) {
 	}
 	if p.n < layer {
 		t.Errorf("paced %d bytes, want at least the layer's %d", p.n, layer)
+	}
+}
+
+// A synced extraction writes back as it goes: paced, it must reach the
+// disk a write-behind window at a time, not a whole read chunk at once.
+func TestExtract_SyncedPacesAWindowAtATime(t *testing.T) {
+	src, layer := pacedBundle(t)
+	p := &countingPacer{}
+	if _, err := Extract(t.Context(), src, filepath.Join(t.TempDir(), "out"), Options{Policy: Policy{SpaceFactor: -1}, Pacer: p, Sync: true}); err != nil {
+		t.Fatal(err)
+	}
+	if p.n < layer {
+		t.Errorf("paced %d bytes, want at least the layer's %d", p.n, layer)
+	}
+	if p.waits == 0 {
+		t.Errorf("no wait for the tree's own writeback reported to the pacer in %d bytes", p.n)
+	}
+	if p.largest > writeBehindWindow || chunkSize <= writeBehindWindow {
+		t.Errorf("largest paced step %d bytes, want at most a window (%d) of a %d-byte chunk", p.largest, writeBehindWindow, chunkSize)
 	}
 }
 

@@ -37,8 +37,10 @@ type treeWriter struct {
 	// resuming: files after the replayed ones may be left, part written,
 	// by the interrupted run: they are written over.
 	resuming bool
-	// pace, when set, is called after each chunk written (Options.Pacer).
+	// pace, when set, is called after each chunk written (Options.Pacer);
+	// wait times the tree's own IO for it.
 	pace func(n int) error
+	wait *waitMeter
 	// writeBehind: write files back as they are written (Options.Sync).
 	writeBehind bool
 
@@ -146,14 +148,16 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 		if w.resuming {
 			flags = os.O_CREATE | os.O_TRUNC | os.O_WRONLY
 		}
+		s := w.wait.start()
 		f, err = os.OpenFile(filepath.Join(w.root, clean), flags, 0o644)
+		w.wait.stop(s)
 		if err != nil {
 			return fmt.Errorf("extracting %s: %w", clean, err)
 		}
 	}
 	var wb *writeBehind
 	if f != nil && w.writeBehind {
-		wb = newWriteBehind(f)
+		wb = newWriteBehind(f, w.wait)
 	}
 	w.keep.Reset()
 	keep := (blob != "" && hdr.Size <= maxManifest) || (isLink(rel) && hdr.Size <= maxLink)
@@ -168,12 +172,7 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 		k, err = io.ReadFull(tr, buf[:min(int64(len(buf)), hdr.Size-n)])
 		n += int64(k)
 		if f != nil && k > 0 && err == nil {
-			if _, err = f.Write(buf[:k]); err == nil && wb != nil {
-				wb.wrote(k)
-			}
-			if err == nil && w.pace != nil {
-				err = w.pace(k)
-			}
+			err = w.write(f, wb, buf[:k])
 		}
 		if keep {
 			w.keep.Write(buf[:k])
@@ -189,7 +188,10 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 		if wb != nil && err == nil {
 			wb.close()
 		}
-		if cerr := f.Close(); err == nil {
+		s := w.wait.start()
+		cerr := f.Close()
+		w.wait.stop(s)
+		if err == nil {
 			err = cerr
 		}
 	}
@@ -232,7 +234,10 @@ func (w *treeWriter) mkdir(dir string) error {
 	if dir == "." || w.dirs[dir] {
 		return nil
 	}
-	if err := os.MkdirAll(filepath.Join(w.root, dir), 0o755); err != nil {
+	s := w.wait.start()
+	err := os.MkdirAll(filepath.Join(w.root, dir), 0o755)
+	w.wait.stop(s)
+	if err != nil {
 		return fmt.Errorf("extracting %s: %w", dir, err)
 	}
 	for d := dir; d != "." && !w.dirs[d]; d = path.Dir(d) {
@@ -248,7 +253,10 @@ func (w *treeWriter) writeFile(name string, b []byte) error {
 // publish makes the staging dir appear as dest, durable first when sync.
 func (w *treeWriter) publish(dest string, sync bool) error {
 	if sync {
-		if err := syncFS(w.root); err != nil {
+		s := w.wait.start()
+		err := syncFS(w.root)
+		w.wait.stop(s)
+		if err != nil {
 			return err
 		}
 	}
@@ -269,6 +277,36 @@ func syncFS(dir string) error {
 	defer f.Close()
 	if err := unix.Syncfs(int(f.Fd())); err != nil {
 		return fmt.Errorf("syncing %s: %w", dir, err)
+	}
+	return nil
+}
+
+// write writes p to f. Written back as it goes (wb), it writes and paces
+// a write-behind window at a time, so that while the governor holds back
+// what reaches the disk at once is one window, not a whole chunk: a burst
+// short enough for an fsync that lands behind it.
+func (w *treeWriter) write(f *os.File, wb *writeBehind, p []byte) error {
+	step := len(p)
+	if wb != nil && w.pace != nil {
+		step = int(writeBehindWindow)
+	}
+	for len(p) > 0 {
+		n := min(step, len(p))
+		s := w.wait.start()
+		_, err := f.Write(p[:n])
+		w.wait.stop(s)
+		if err != nil {
+			return err
+		}
+		if wb != nil {
+			wb.wrote(n)
+		}
+		if w.pace != nil {
+			if err := w.pace(n); err != nil {
+				return err
+			}
+		}
+		p = p[n:]
 	}
 	return nil
 }

@@ -40,7 +40,7 @@ func TestWriteBehind_StartsEachWindowAndWaitsForTheOneBefore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	w := newWriteBehind(f)
+	w := newWriteBehind(f, nil)
 	for range 7 { // three and a half windows, half a window a write
 		w.wrote(half)
 	}

@@ -39,8 +39,16 @@ func LimitsFor(name string) (Limits, bool) {
 }
 
 const (
-	// DefaultInterval is how often the governor samples the pressure.
-	DefaultInterval = 500 * time.Millisecond
+	// DefaultInterval is how often the governor samples the pressure: a
+	// stall is seen within a tenth of a second (two small reads of /proc).
+	DefaultInterval = 100 * time.Millisecond
+	// recoverHalfLife is how often the pause halves while the node is
+	// quiet: slower than it backs off, so that ferry does not return to
+	// full speed between two bursts of someone else's work.
+	recoverHalfLife = 500 * time.Millisecond
+	// blipSamples is the longest stall, in samples, recovered from by
+	// halving the pause every quiet sample.
+	blipSamples = 2
 	// minPause and maxPause bound the pause per MiB of bulk work while
 	// holding back: 2 ms halves a page-cache extraction's pace; 250 ms
 	// holds it to 4 MiB/s.
@@ -50,8 +58,9 @@ const (
 )
 
 // Governor paces bulk work. A sampler (Run) raises a pause per MiB while
-// the node stalls over the limits, doubling it each interval, and halves
-// it each interval the node is under half of them, down to none. Workers
+// the node stalls over the limits, at once as far as the stall asks
+// (backOff) and doubling it each sample it lasts, and halves it every
+// recoverHalfLife the node is under half of them, down to none. Workers
 // call Pace per chunk: when the pause is zero that is one atomic load.
 // A nil *Governor never holds back.
 type Governor struct {
@@ -59,6 +68,14 @@ type Governor struct {
 	lim      Limits
 	interval time.Duration
 	log      *slog.Logger
+
+	recoverEvery int // quiet samples per halving of the pause
+	quiet        int // quiet samples since the last halving
+	stalled      int // samples over the limits in the stall now being recovered from
+
+	own  atomic.Int64 // ns ferry's own work waited for its writeback since the last sample
+	now  func() time.Time
+	last time.Time // the last sample
 
 	pause atomic.Int64           // ns per MiB; 0: full speed
 	why   atomic.Pointer[string] // what it holds back for, while pause > 0
@@ -74,7 +91,8 @@ func New(p Pressure, lim Limits, interval time.Duration, log *slog.Logger) *Gove
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Governor{p: p, lim: lim, interval: interval, log: log}
+	return &Governor{p: p, lim: lim, interval: interval, log: log,
+		recoverEvery: max(1, int(recoverHalfLife/interval)), now: time.Now}
 }
 
 // Run samples the pressure every interval until ctx ends.
@@ -110,6 +128,16 @@ func (g *Governor) Step() {
 		return
 	}
 	g.err = false
+	// The node's IO stall counts ferry's own waits for its writeback (a
+	// synced extraction waits one window behind): held back for those,
+	// ferry ran at a third of its speed on a quiet node. Taken away, what
+	// is left is a lower bound on everyone else's.
+	now := g.now()
+	own := time.Duration(g.own.Swap(0))
+	if !g.last.IsZero() && now.After(g.last) {
+		io = max(0, io-float64(own)/float64(now.Sub(g.last)))
+	}
+	g.last = now
 	over, why := 0.0, ""
 	if g.lim.IO > 0 && io/g.lim.IO > over {
 		over, why = io/g.lim.IO, fmt.Sprintf("io pressure %.0f%%", 100*io)
@@ -120,11 +148,25 @@ func (g *Governor) Step() {
 	p := time.Duration(g.pause.Load())
 	switch {
 	case over >= 1:
-		p = min(maxPause, max(minPause, 2*p))
-	case over < 0.5:
-		if p /= 2; p < minPause {
-			p = 0
+		p = min(maxPause, max(minPause, 2*p, backOff(over)))
+		if g.quiet > 0 {
+			g.stalled = 0 // a new stall
 		}
+		g.quiet = 0
+		g.stalled++
+	case over < 0.5 && p > 0:
+		// A blip (a journal commit, the kernel's discard of freed blocks,
+		// which the node's pressure also counts) is forgiven at once: held
+		// back 4 s for each, a synced extraction lost a third of its speed
+		// on a quiet node. A stall that lasted is recovered from slowly.
+		if g.quiet++; g.quiet >= g.recoverEvery || g.stalled <= blipSamples {
+			g.quiet = 0
+			if p /= 2; p < minPause {
+				p = 0
+			}
+		}
+	default: // between half the limits and them: hold
+		g.quiet = 0
 	}
 	if p > 0 {
 		if why == "" {
@@ -135,6 +177,24 @@ func (g *Governor) Step() {
 		g.why.Store(nil)
 	}
 	g.pause.Store(int64(p))
+}
+
+// backOff is the pause a sample over the limits asks for at once: none
+// just at the limit, the longest at three times it. Doubling alone took
+// eight samples (4 s) from full speed to the longest pause, and a fio
+// etcd job that ran 5 s spent most of them behind a nearly unpaced
+// extraction; backing off in one step and recovering by halves is what
+// TCP does for the same reason.
+func backOff(over float64) time.Duration {
+	return time.Duration(float64(maxPause) * min(1, (over-1)/2))
+}
+
+// Waited tells the governor that ferry's bulk work waited d for its own
+// writeback, which the node's IO pressure counts as a stall.
+func (g *Governor) Waited(d time.Duration) {
+	if g != nil {
+		g.own.Add(int64(d))
+	}
 }
 
 // Pace pauses the caller for n bytes of bulk work while the governor holds

@@ -42,7 +42,7 @@ func etcdSafe(t *testing.T) Limits {
 
 func TestGovernor_SlowsUnderIOStallAndRecovers(t *testing.T) {
 	f := &fakePressure{}
-	g := New(f, etcdSafe(t), time.Millisecond, nil)
+	g := New(f, etcdSafe(t), DefaultInterval, nil)
 
 	g.Step()
 	if g.Pause() != 0 || g.HoldingBack() != "" || g.Workers(8) != 8 {
@@ -83,15 +83,39 @@ func TestGovernor_SlowsUnderIOStallAndRecovers(t *testing.T) {
 
 	f.set(0.01, 0.01) // quiet again
 	steps := 0
-	for g.Pause() > 0 && steps < 20 {
+	for g.Pause() > 0 && steps < 1000 {
 		g.Step()
 		steps++
 	}
 	if g.Pause() != 0 || g.HoldingBack() != "" || g.Workers(8) != 8 {
 		t.Fatalf("after %d quiet samples: pause %v, holding back %q, workers %d; want full speed", steps, g.Pause(), g.HoldingBack(), g.Workers(8))
 	}
-	if steps > 8 {
-		t.Errorf("took %d quiet samples to recover, want at most 8", steps)
+	// Recovery halves the pause every recoverHalfLife: from the longest
+	// to none in eight halvings, slower than the back-off.
+	if quiet := time.Duration(steps) * g.interval; quiet < 7*recoverHalfLife || quiet > 8*recoverHalfLife {
+		t.Errorf("took %d quiet samples (%v) to recover, want 7–8 halvings of %v", steps, quiet, recoverHalfLife)
+	}
+}
+
+func TestGovernor_BacksOffAtOnceByHowFarOver(t *testing.T) {
+	lim := etcdSafe(t)
+	for _, c := range []struct {
+		io       float64
+		min, max time.Duration
+	}{
+		{lim.IO * 1.01, minPause, minPause + maxPause/100}, // just over: the shortest
+		{lim.IO * 2, maxPause / 2, maxPause / 2},           // twice: half the longest
+		{lim.IO * 3, maxPause, maxPause},                   // three times or more: the longest
+		{0.9, maxPause, maxPause},
+	} {
+		f := &fakePressure{}
+		g := New(f, lim, DefaultInterval, nil)
+		g.Step()
+		f.set(0, c.io)
+		g.Step() // one sample over the limit
+		if p := g.Pause(); p < c.min || p > c.max {
+			t.Errorf("io pressure %.3f (limit %.2f): pause %v after one sample, want %v–%v", c.io, lim.IO, p, c.min, c.max)
+		}
 	}
 }
 
@@ -240,3 +264,53 @@ func TestPSI_RealKernel(t *testing.T) {
 }
 
 func near(a, b float64) bool { return a-b < 0.005 && b-a < 0.005 }
+
+// The node's IO pressure counts ferry's own waits for its writeback:
+// those alone must not hold it back, anyone else's on top of them must.
+func TestGovernor_OwnWritebackWaitsAreNotOthersStall(t *testing.T) {
+	f := &fakePressure{}
+	g := New(f, etcdSafe(t), DefaultInterval, nil)
+	clock := time.Unix(0, 0)
+	g.now = func() time.Time { return clock }
+	g.Step()
+
+	f.set(0, 0.30) // some task stalled on IO 30% of the last 100 ms...
+	clock = clock.Add(100 * time.Millisecond)
+	g.Waited(30 * time.Millisecond) // ...and that task was ferry
+	g.Step()
+	if g.Pause() != 0 || g.HoldingBack() != "" {
+		t.Fatalf("ferry alone stalled: pause %v, holding back %q; want full speed", g.Pause(), g.HoldingBack())
+	}
+
+	clock = clock.Add(100 * time.Millisecond)
+	g.Waited(10 * time.Millisecond) // ferry a tenth of it; others 20%, twice the limit
+	g.Step()
+	if g.Pause() == 0 {
+		t.Fatalf("others stalled 20%% beside ferry's own 10%%: no pause")
+	}
+	if got := g.HoldingBack(); got != "io pressure 20%" {
+		t.Errorf("HoldingBack() = %q, want the others' share, io pressure 20%%", got)
+	}
+}
+
+// A one-sample blip (a journal commit) is forgiven within a second; a
+// stall that lasts is recovered from slowly (above).
+func TestGovernor_ForgivesABlipQuickly(t *testing.T) {
+	f := &fakePressure{}
+	g := New(f, etcdSafe(t), DefaultInterval, nil)
+	g.Step()
+	f.set(0, 1)
+	g.Step()
+	if g.Pause() != maxPause {
+		t.Fatalf("pause %v after a full stall, want %v", g.Pause(), maxPause)
+	}
+	f.set(0, 0)
+	steps := 0
+	for g.Pause() > 0 && steps < 1000 {
+		g.Step()
+		steps++
+	}
+	if quiet := time.Duration(steps) * DefaultInterval; quiet > time.Second {
+		t.Errorf("a blip of one sample held ferry back %v of quiet samples, want at most 1s", quiet)
+	}
+}

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# N3: ferry's speed when the node is quiet. `ferry bundle extract` with
-# pacing (the default, etcd-safe) and with --pacing off, alternated, best
-# of N each, under the unit's settings. Goal: pacing on >= 0.95x the speed
+# N3: ferry's speed when the node is quiet. `ferry bundle extract --sync`
+# (synced as the agent extracts: its own writeback waits and the kernel's
+# journal commits show in the node's IO pressure) with pacing (the
+# default, etcd-safe) and with --pacing off, alternated, best of N each,
+# under the unit's settings. Goal: pacing on >= 0.95x the speed
 # of off. The host's own IO pressure during the paced runs is printed: on a
 # node that is not quiet, pacing is right to hold back.
 set -euo pipefail
@@ -24,7 +26,7 @@ for _ in $(seq "$RUNS"); do
   for pacing in etcd-safe off; do
     rm -rf "$dest"; sync
     io0=$(io_pressure_total) t0=$(date +%s%N)
-    as_unit bin/ferry bundle extract "$tarfile" --dest "$dest" --quiet --pacing "$pacing" >/dev/null
+    as_unit bin/ferry bundle extract "$tarfile" --dest "$dest" --quiet --sync --pacing "$pacing" >/dev/null
     t1=$(date +%s%N) io1=$(io_pressure_total)
     t=$(awk "BEGIN{printf \"%.3f\", ($t1-$t0)/1e9}")
     p=$(awk "BEGIN{printf \"%.0f\", 100*($io1-$io0)/(($t1-$t0)/1000)}")
