@@ -614,3 +614,47 @@ func TestLoad_ATransientPullFailureIsNotPermanent(t *testing.T) {
 		t.Fatalf("got %v, want a failure that may heal", err)
 	}
 }
+
+// bytePacer records what the loader asks it to pace; it never holds the
+// workers back.
+type bytePacer struct {
+	mu    sync.Mutex
+	paced map[string]int // n → times asked
+}
+
+func (p *bytePacer) Workers(n int) int { return n }
+
+func (p *bytePacer) Pace(_ context.Context, n int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.paced[fmt.Sprint(n)]++
+	return nil
+}
+
+// Each pull is paced by what it wrote (Request.Bytes), so that a single
+// puller held back still averages the governor's pace; a reference
+// without bytes (a tag of an image already pulled) is not.
+func TestLoad_PacesEachPullByItsBytes(t *testing.T) {
+	l, _, _ := newLoader(t)
+	p := &bytePacer{paced: map[string]int{}}
+	l.Pacer = p
+	images := manyImages(5)
+	req := request(t, images)
+	refs := bundle.PullRefs(images)
+	req.Bytes = map[string]int64{}
+	for i, r := range refs {
+		req.Bytes[r] = int64(1000 + i)
+	}
+	delete(req.Bytes, refs[0])
+	if _, err := l.Load(t.Context(), req); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range refs[1:] {
+		if n := p.paced[fmt.Sprint(1001+i)]; n != 1 {
+			t.Errorf("%s (%d bytes) paced %d times, want once", r, 1001+i, n)
+		}
+	}
+	if len(p.paced) != len(refs)-1 {
+		t.Errorf("paced %v, want each of the %d references with bytes once", p.paced, len(refs)-1)
+	}
+}
