@@ -34,14 +34,10 @@ var (
 // queueing behind its own locks.
 func DefaultWorkers() int { return max(2, 2*runtime.NumCPU()) }
 
-// Pacer scales the pull concurrency by the node's pressure, and paces
-// the pulls by their bytes.
+// Pacer scales the pull concurrency by the node's pressure.
 type Pacer interface {
 	// Workers is how many of n workers may run now (at least 1).
 	Workers(n int) int
-	// Pace pauses for n bytes of bulk work while the node stalls, or
-	// until ctx ends.
-	Pace(ctx context.Context, n int) error
 }
 
 // pacerPoll is how often a worker held back by the Pacer looks again.
@@ -107,11 +103,6 @@ type Request struct {
 	// Progress, if set, is called with the references done so far
 	// (pulled, or found present and pinned) and the total.
 	Progress func(done, total int)
-	// Bytes, if set, is what pulling each reference of Pull writes (its
-	// image's config and layers; 0 for a second reference to an image):
-	// while the node stalls, a worker waits after a pull in proportion
-	// to it (Pacer.Pace).
-	Bytes map[string]int64
 }
 
 // Result tells what a load did.
@@ -191,7 +182,7 @@ func (l *Loader) Load(ctx context.Context, req Request) (Result, error) {
 	}
 	res.Skipped = len(refs) - len(todo)
 	pullStart := time.Now()
-	pulled, err := l.pullAll(ctx, todo, res.Skipped, len(refs), req.Progress, req.Bytes)
+	pulled, err := l.pullAll(ctx, todo, res.Skipped, len(refs), req.Progress)
 	res.Pulled = pulled
 	if err != nil {
 		return res, err
@@ -365,8 +356,8 @@ func (l *Loader) waitApplied(ctx context.Context, refs []string) error {
 
 // pullAll pulls refs with a bounded pool. One image failing does not stop
 // the others; every failure is named in the error. Progress counts from
-// offset (images skipped) up to total; bytes are the refs' (Request.Bytes).
-func (l *Loader) pullAll(ctx context.Context, refs []string, offset, total int, progress func(done, total int), bytes map[string]int64) (pulled int, err error) {
+// offset (images skipped) up to total.
+func (l *Loader) pullAll(ctx context.Context, refs []string, offset, total int, progress func(done, total int)) (pulled int, err error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	jobs := make(chan string)
@@ -397,16 +388,6 @@ func (l *Loader) pullAll(ctx context.Context, refs []string, offset, total int, 
 					return
 				}
 				err := l.pullOne(ctx, ref)
-				if err == nil && l.Pacer != nil && bytes[ref] > 0 {
-					// CRI-O writes the layers and the kernel flushes
-					// them later, beside etcd's fsyncs: one puller held
-					// back is still a full-speed writer; this holds
-					// the average to the governor's pace.
-					err = l.Pacer.Pace(ctx, int(min(bytes[ref], 1<<40)))
-					if err != nil {
-						err = fatalError{err}
-					}
-				}
 				mu.Lock()
 				switch {
 				case errors.Is(err, errFatal):
@@ -657,7 +638,7 @@ func (l *Loader) verify(ctx context.Context, refs []string) error {
 			// and may drop images: pull those once more.
 			repulled = true
 			l.log().Warn("images missing from CRI-O after their pull; pulling them again", "images", len(absent))
-			if _, err := l.pullAll(ctx, absent, 0, len(absent), nil, nil); err != nil {
+			if _, err := l.pullAll(ctx, absent, 0, len(absent), nil); err != nil {
 				return err
 			}
 			pending = append(absent, unpinned...)

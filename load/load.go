@@ -92,55 +92,39 @@ func (l *Loader) Load(ctx context.Context, meta *bundle.Metadata, images []strin
 	if err := l.checkLoadRoom(ctx, blobs); err != nil {
 		return err
 	}
+	return l.load(ctx, meta, dir, keep, progress, biggestFirst(images, blobs))
+}
+
+// biggestFirst orders images by their bytes, largest first: pulled in that
+// order, a few big images do not run alone at the end while the other
+// workers idle.
+func biggestFirst(images []string, blobs map[string]map[string]int64) []string {
 	size := make(map[string]int64, len(images))
 	for _, ref := range images {
 		for _, n := range blobs[ref] {
 			size[ref] += n
 		}
 	}
-	return l.load(ctx, meta, dir, keep, progress, biggestFirst(images, size), size)
-}
-
-// biggestFirst orders images by their bytes, largest first: pulled in that
-// order, a few big images do not run alone at the end while the other
-// workers idle.
-func biggestFirst(images []string, size map[string]int64) []string {
 	out := slices.Clone(images)
 	slices.SortStableFunc(out, func(a, b string) int { return cmp.Compare(size[b], size[a]) })
-	return out
-}
-
-// pullBytes is what pulling each reference writes (crio.Request.Bytes):
-// an image's bytes on its first reference, none on a second (its tag).
-func pullBytes(images []string, size map[string]int64) map[string]int64 {
-	if size == nil {
-		return nil
-	}
-	out := map[string]int64{}
-	for _, img := range images {
-		if refs := bundle.PullRefs([]string{img}); len(refs) > 0 {
-			out[refs[0]] = size[img]
-		}
-	}
 	return out
 }
 
 // Resume serves a loaded bundle again after a restart (drop-ins unchanged,
 // present and pinned images skipped).
 func (l *Loader) Resume(ctx context.Context, meta *bundle.Metadata, images []string, dir string, keep []string) error {
-	return l.load(ctx, meta, dir, keep, nil, images, nil)
+	return l.load(ctx, meta, dir, keep, nil, images)
 }
 
 // load serves dir and loads images (meta's as Load takes them, in the
-// order to pull them; size their bytes, when known).
-func (l *Loader) load(ctx context.Context, meta *bundle.Metadata, dir string, keep []string, progress func(done, total int), images []string, size map[string]int64) error {
+// order to pull them).
+func (l *Loader) load(ctx context.Context, meta *bundle.Metadata, dir string, keep []string, progress func(done, total int), images []string) error {
 	reg, err := l.serve(dir)
 	if err != nil {
 		return err
 	}
 	req := RequestFor(images)
 	req.Keep, req.Addr, req.CACert, req.Label, req.Progress = keep, reg.Addr(), reg.CACertPEM(), meta.DirName(), progress
-	req.Bytes = pullBytes(images, size)
 	_, err = l.Runtime.Load(ctx, req)
 	return err
 }

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -196,20 +195,5 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
-	}
-}
-
-// A load is paced by what each pull writes: an image's bytes go to its
-// first reference (by digest); its tag, pulled after, writes nothing new.
-func TestPullBytes_AnImagesBytesOnItsFirstReference(t *testing.T) {
-	d := "sha256:" + strings.Repeat("a", 64)
-	images := []string{"quay.io/a/b:v1@" + d, "quay.io/c/d@" + d}
-	got := pullBytes(images, map[string]int64{images[0]: 7, images[1]: 9})
-	want := map[string]int64{"quay.io/a/b@" + d: 7, "quay.io/c/d@" + d: 9}
-	if !maps.Equal(got, want) {
-		t.Errorf("pullBytes = %v, want %v", got, want)
-	}
-	if pullBytes(images, nil) != nil {
-		t.Error("no sizes (a resumed load): want no bytes")
 	}
 }
