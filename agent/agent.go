@@ -115,7 +115,9 @@ func NewPacer(cfg Pacing, log *slog.Logger) (*pacing.Governor, func(ctx context.
 	if !cfg.Enabled || !ok {
 		return nil, nil
 	}
-	g := pacing.New(pacing.NewPSI(""), lim, 0, log)
+	dir := pacing.WatchDir(cfg.Watch)
+	log.Info("pacing by pressure", "politeness", cfg.Politeness, "watch", dir)
+	g := pacing.New(pacing.NewPSI(dir), lim, 0, log)
 	return g, func(ctx context.Context) error { g.Run(ctx); return nil }
 }
 

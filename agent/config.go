@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sort"
@@ -56,6 +57,10 @@ type Pacing struct {
 	// stalls over 10% of the time, CPU over 80%), "balanced" (25%, 90%)
 	// or "eager" (50%, CPU never).
 	Politeness string `toml:"politeness"`
+	// Watch is whose pressure counts: "" (auto) the pods' cgroup where
+	// the node has one with pressure (cgroup v2), else the whole node;
+	// or a directory, /proc/pressure or a cgroup v2 one.
+	Watch string `toml:"watch"`
 }
 
 // Media is how bundles arrive on removable media.
@@ -281,6 +286,9 @@ func (c *Config) Validate() error {
 	}
 	if _, ok := pacing.LimitsFor(c.Pacing.Politeness); !ok {
 		return bad("pacing.politeness", "%q is not one of %s", c.Pacing.Politeness, strings.Join(pacing.Politeness(), ", "))
+	}
+	if w := c.Pacing.Watch; w != "" && !filepath.IsAbs(w) {
+		return bad("pacing.watch", "%q is not an absolute path: leave it empty (the pods' cgroup, else the node) or name /proc/pressure or a cgroup v2 directory", w)
 	}
 	switch c.Media.Detect {
 	case "automatic", "manual":

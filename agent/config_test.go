@@ -30,6 +30,7 @@ func TestLoadConfig_ErrorsNameTheKey(t *testing.T) {
 		{"[registry]\nport = 70000\n", "registry.port"},
 		{"node_name = 3\n", "node_name"},
 		{"[media]\nallow_devices = [\"floppy\"]\n", "media.allow_devices"},
+		{"[pacing]\nwatch = \"kubepods.slice\"\n", "pacing.watch"},
 	} {
 		_, err := LoadConfig(writeConfig(t, c.body), true)
 		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.key) {

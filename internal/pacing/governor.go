@@ -134,6 +134,9 @@ func (g *Governor) Step() {
 	// is left is a lower bound on everyone else's.
 	now := g.now()
 	own := time.Duration(g.own.Swap(0))
+	if s, ok := g.p.(interface{ CountsSelf() bool }); ok && !s.CountsSelf() {
+		own = 0
+	}
 	if !g.last.IsZero() && now.After(g.last) {
 		io = max(0, io-float64(own)/float64(now.Sub(g.last)))
 	}

@@ -3,7 +3,9 @@ package pacing
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -312,5 +314,58 @@ func TestGovernor_ForgivesABlipQuickly(t *testing.T) {
 	}
 	if quiet := time.Duration(steps) * DefaultInterval; quiet > time.Second {
 		t.Errorf("a blip of one sample held ferry back %v of quiet samples, want at most 1s", quiet)
+	}
+}
+
+func writePressure(t *testing.T, dir string, cpuUs, ioUs int) {
+	t.Helper()
+	for n, v := range map[string]int{"cpu.pressure": cpuUs, "io.pressure": ioUs} {
+		body := fmt.Sprintf("some avg10=0.00 avg60=0.00 avg300=0.00 total=%d\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n", v)
+		if err := os.WriteFile(filepath.Join(dir, n), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Auto picks the pods' cgroup where the node publishes its pressure, else
+// the node's; a given directory wins.
+func TestWatchDir_PodsWhereTheyHavePressureElseTheNode(t *testing.T) {
+	pods := t.TempDir()
+	old := kubePods
+	t.Cleanup(func() { kubePods = old })
+	kubePods = pods
+	if got := WatchDir(""); got != DefaultPSIDir {
+		t.Errorf("no pods' pressure (cgroup v1): WatchDir(\"\") = %s, want %s", got, DefaultPSIDir)
+	}
+	writePressure(t, pods, 0, 0)
+	if got := WatchDir(""); got != pods {
+		t.Errorf("pods' pressure published: WatchDir(\"\") = %s, want %s", got, pods)
+	}
+	if got := WatchDir("/proc/pressure"); got != "/proc/pressure" {
+		t.Errorf("WatchDir(/proc/pressure) = %s", got)
+	}
+	if !NewPSI(DefaultPSIDir).CountsSelf() || NewPSI(pods).CountsSelf() {
+		t.Error("the node's pressure counts ferry's own stalls, the pods' does not")
+	}
+}
+
+// Watching the pods, ferry's own waits are not in the pressure and are
+// not taken away from it: the pods' stall holds ferry back whatever it
+// waited itself.
+func TestGovernor_WatchingThePodsKeepsTheirWholeStall(t *testing.T) {
+	pods := t.TempDir()
+	writePressure(t, pods, 0, 0)
+	psi := NewPSI(pods)
+	clock := time.Unix(0, 0)
+	psi.now = func() time.Time { return clock }
+	g := New(psi, etcdSafe(t), DefaultInterval, nil)
+	g.now = psi.now
+	g.Step()
+	clock = clock.Add(100 * time.Millisecond)
+	writePressure(t, pods, 0, 30_000) // the pods stalled on IO 30 ms of 100
+	g.Waited(30 * time.Millisecond)   // and ferry waited as long for its own writeback
+	g.Step()
+	if g.Pause() == 0 || g.HoldingBack() != "io pressure 30%" {
+		t.Errorf("the pods stalled 30%%: pause %v, holding back %q; want held back for io pressure 30%%", g.Pause(), g.HoldingBack())
 	}
 }

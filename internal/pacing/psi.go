@@ -26,6 +26,27 @@ type Pressure interface {
 // pressure.
 const DefaultPSIDir = "/proc/pressure"
 
+// KubePodsDir is the kubelet's cgroup of every pod (systemd driver,
+// cgroup v2): etcd's and the API server's static pods are in it; ferry
+// and CRI-O, system services, are not.
+const KubePodsDir = "/sys/fs/cgroup/kubepods.slice"
+
+var kubePods = KubePodsDir // a variable for the tests
+
+// WatchDir is the pressure to pace by (pacing.watch): dir when given;
+// else the pods' (KubePodsDir) where the node publishes it (cgroup v2),
+// since the node's own pressure also counts ferry's stalls and CRI-O's
+// pulls for it, which pacing then holds back against; else the node's.
+func WatchDir(dir string) string {
+	if dir != "" {
+		return dir
+	}
+	if _, err := os.Stat(filepath.Join(kubePods, "io.pressure")); err == nil {
+		return kubePods
+	}
+	return DefaultPSIDir
+}
+
 // PSI reads the pressure files in a directory: /proc/pressure (the whole
 // node) or a cgroup v2 directory (its cpu.pressure and io.pressure). Each
 // Sample is the growth of the "some" line's total (microseconds stalled)
@@ -34,6 +55,7 @@ const DefaultPSIDir = "/proc/pressure"
 type PSI struct {
 	cpuPath, ioPath string
 	now             func() time.Time
+	node            bool // the whole node's: ferry's own stalls are in it
 
 	mu          sync.Mutex
 	last        time.Time
@@ -48,7 +70,7 @@ func NewPSI(dir string) *PSI {
 	if dir == "" {
 		dir = DefaultPSIDir
 	}
-	p := &PSI{cpuPath: filepath.Join(dir, "cpu"), ioPath: filepath.Join(dir, "io"), now: time.Now}
+	p := &PSI{cpuPath: filepath.Join(dir, "cpu"), ioPath: filepath.Join(dir, "io"), now: time.Now, node: filepath.Clean(dir) == DefaultPSIDir}
 	if _, err := os.Stat(p.ioPath); err != nil {
 		// a cgroup v2 directory names them cpu.pressure and io.pressure
 		if _, err2 := os.Stat(filepath.Join(dir, "io.pressure")); err2 == nil {
@@ -57,6 +79,10 @@ func NewPSI(dir string) *PSI {
 	}
 	return p
 }
+
+// CountsSelf says whether ferry's own stalls are in this pressure: the
+// node's counts them, a cgroup ferry is not in (the pods') does not.
+func (p *PSI) CountsSelf() bool { return p.node }
 
 // Sample returns the share of time since the last Sample in which some
 // task stalled on CPU and on IO.
