@@ -17,7 +17,7 @@ type Limits struct {
 // Politeness levels (pacing.politeness). IO is what etcd feels: its WAL
 // fsyncs wait behind every other writer, so "etcd-safe" holds back as soon
 // as a tenth of the time some task waits for IO. CPU is shared by the
-// unit's CPUWeight already (the scheduler gives ferry's threads a fifth of
+// unit's CPUWeight already (the scheduler gives ferry's threads a tenth of
 // a busy node), and ferry's own three busy threads on two cores stall each
 // other, so CPU pressure only counts when it is high.
 var politeness = map[string]Limits{
