@@ -319,7 +319,7 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	}
 	if r := opts.Resume; r != nil && dest != "" {
 		resumeAt = r.Offset
-		in = io.MultiReader(io.NewSectionReader(r.Index.ReaderAt(StagingDir(dest)), 0, r.Offset), f)
+		in = io.MultiReader(io.NewSectionReader(r.Index.ReaderAt(StagingDir(dest)), 0, r.Offset), in)
 	}
 
 	var progress func(int64)
