@@ -201,7 +201,7 @@ func runBundleExtract(ctx context.Context, args []string) error {
 		if !ok {
 			return usageError("--pacing %q is not one of %s or off", *extractPace, strings.Join(pacing.Politeness(), ", "))
 		}
-		gov := pacing.New(pacing.NewPSI(""), lim, 0, cliLogger())
+		gov := pacing.New(pacing.NewPSI(pacing.WatchDir("")), lim, 0, cliLogger()) // as the agent: the pods' pressure, else the node's
 		pctx, stop := context.WithCancel(ctx)
 		defer stop()
 		go gov.Run(pctx)
