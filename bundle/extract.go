@@ -95,8 +95,11 @@ type Options struct {
 type Pacer interface {
 	// Pace pauses for n bytes of bulk work, or until ctx ends.
 	Pace(ctx context.Context, n int) error
-	// Waited says the work itself waited d for its own writeback: the
-	// node's IO pressure counts that wait, and it is not anyone else's.
+	// Blocking says the work is in a system call since start (zero: no
+	// longer), and Waited that it waited d off the CPU in it for its own
+	// IO: the node's IO pressure counts those waits, and they are not
+	// anyone else's.
+	Blocking(start time.Time)
 	Waited(d time.Duration)
 }
 
@@ -306,12 +309,10 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 		return nil, refuse(err)
 	}
 	defer f.Close()
-	var waited func(time.Duration)
+	var meter *waitMeter
 	if opts.Pacer != nil {
-		waited = opts.Pacer.Waited
+		meter = &waitMeter{p: opts.Pacer}
 	}
-	meter, unlock := newWaitMeter(waited)
-	defer unlock()
 	var resumeAt int64 = -1 // entries whose content ends by here are already in the tree
 	var in io.Reader = f
 	if file, ok := f.(*os.File); ok && meter != nil {

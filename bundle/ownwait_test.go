@@ -3,24 +3,36 @@ package bundle
 import (
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// Time off the CPU in a call is reported; a nil meter measures nothing.
+// waitRecorder is a pacer's side of the meter.
+type waitRecorder struct {
+	waited   time.Duration
+	blocking []bool // each Blocking call: started (true) or ended
+}
+
+func (r *waitRecorder) Waited(d time.Duration) { r.waited += d }
+
+func (r *waitRecorder) Blocking(start time.Time) { r.blocking = append(r.blocking, !start.IsZero()) }
+
+// Time off the CPU in a system call is reported, and the call is known
+// to be blocking while it lasts; a nil meter measures nothing.
 func TestWaitMeter_ReportsTimeOffTheCPU(t *testing.T) {
-	var got time.Duration
-	m, unlock := newWaitMeter(func(d time.Duration) { got += d })
-	defer unlock()
+	r := &waitRecorder{}
+	m := &waitMeter{p: r}
 	s := m.start()
-	time.Sleep(30 * time.Millisecond) // off the CPU, as a read from a slow stick
+	ts := unix.NsecToTimespec(int64(30 * time.Millisecond))
+	unix.Nanosleep(&ts, nil) // a system call off the CPU, as a read from a slow stick
 	m.stop(s)
-	if got < 20*time.Millisecond || got > 2*time.Second {
-		t.Errorf("a 30 ms sleep reported %v off the CPU", got)
+	if r.waited < 20*time.Millisecond || r.waited > 2*time.Second {
+		t.Errorf("a 30 ms sleep in a system call reported %v off the CPU", r.waited)
+	}
+	if len(r.blocking) != 2 || !r.blocking[0] || r.blocking[1] {
+		t.Errorf("Blocking calls %v, want a start then an end", r.blocking)
 	}
 
-	none, unlockNone := newWaitMeter(nil)
-	defer unlockNone()
-	if none != nil {
-		t.Fatal("no pacer: want no meter")
-	}
+	var none *waitMeter
 	none.stop(none.start()) // must not panic
 }

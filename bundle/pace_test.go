@@ -17,7 +17,8 @@ type countingPacer struct {
 	err        error
 }
 
-func (p *countingPacer) Waited(time.Duration) {}
+func (p *countingPacer) Waited(time.Duration)   {}
+func (p *countingPacer) Blocking(time.Time) {}
 
 func (p *countingPacer) Pace(_ context.Context, n int) error {
 	p.n += n
