@@ -95,11 +95,9 @@ type Options struct {
 type Pacer interface {
 	// Pace pauses for n bytes of bulk work, or until ctx ends.
 	Pace(ctx context.Context, n int) error
-	// Blocking says the work is in a system call since start (zero: no
-	// longer), and Waited that it waited d off the CPU in it for its own
-	// IO: the node's IO pressure counts those waits, and they are not
+	// Waited says the work waited d off the CPU in a system call for its
+	// own IO: the node's IO pressure counts those waits, and they are not
 	// anyone else's.
-	Blocking(start time.Time)
 	Waited(d time.Duration)
 }
 

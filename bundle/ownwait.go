@@ -20,10 +20,7 @@ import (
 // Waits on the hashing goroutine are not IO and are left out by timing
 // only the system calls. A nil *waitMeter measures nothing.
 type waitMeter struct {
-	p interface {
-		Blocking(start time.Time)
-		Waited(d time.Duration)
-	}
+	p interface{ Waited(d time.Duration) }
 }
 
 type waitStart struct {
@@ -44,9 +41,7 @@ func (m *waitMeter) start() waitStart {
 	if m == nil {
 		return waitStart{}
 	}
-	s := waitStart{wall: time.Now(), cpu: threadCPU(), tid: unix.Gettid()}
-	m.p.Blocking(s.wall) // a long wait counts while it lasts, not only at its end
-	return s
+	return waitStart{wall: time.Now(), cpu: threadCPU(), tid: unix.Gettid()}
 }
 
 // stop reports the time off the CPU since s.
@@ -55,7 +50,6 @@ func (m *waitMeter) stop(s waitStart) {
 		return
 	}
 	off := time.Since(s.wall) - time.Duration(threadCPU()-s.cpu)
-	m.p.Blocking(time.Time{})
 	if unix.Gettid() == s.tid && off > 0 {
 		m.p.Waited(off)
 	}

@@ -17,8 +17,7 @@ type countingPacer struct {
 	err        error
 }
 
-func (p *countingPacer) Waited(time.Duration)   {}
-func (p *countingPacer) Blocking(time.Time) {}
+func (p *countingPacer) Waited(time.Duration) {}
 
 func (p *countingPacer) Pace(_ context.Context, n int) error {
 	p.n += n

@@ -49,10 +49,6 @@ const (
 	// blipSamples is the longest stall, in samples, recovered from by
 	// halving the pause every quiet sample.
 	blipSamples = 2
-	// longCall is how long a system call of ferry's must have blocked
-	// before a sample counts it as ferry's own wait while it lasts: a
-	// write that copies into the page cache takes well under this.
-	longCall = 5 * time.Millisecond
 	// minPause and maxPause bound the pause per MiB of bulk work while
 	// holding back: 2 ms halves a page-cache extraction's pace; 250 ms
 	// holds it to 4 MiB/s.
@@ -77,11 +73,9 @@ type Governor struct {
 	quiet        int // quiet samples since the last halving
 	stalled      int // samples over the limits in the stall now being recovered from
 
-	own      atomic.Int64 // ns ferry's own work waited for its IO since the last sample
-	blocking atomic.Int64 // unix ns since when it is in a system call; 0: it is not
-	counted  atomic.Int64 // ns of the current call already counted while it lasted
-	now      func() time.Time
-	last     time.Time // the last sample
+	own  atomic.Int64 // ns ferry's own work waited for its IO since the last sample
+	now  func() time.Time
+	last time.Time // the last sample
 
 	pause atomic.Int64           // ns per MiB; 0: full speed
 	why   atomic.Pointer[string] // what it holds back for, while pause > 0
@@ -140,20 +134,6 @@ func (g *Governor) Step() {
 	// is left is a lower bound on everyone else's.
 	now := g.now()
 	own := time.Duration(g.own.Swap(0))
-	if b := g.blocking.Load(); b != 0 && !g.last.IsZero() {
-		// A call blocked for long (a write behind a journal commit,
-		// the final syncfs) is a wait while it lasts: counted only at
-		// its end, the governor held back for it and then recovered
-		// slowly from a stall of ferry's own.
-		from := time.Unix(0, b)
-		if from.Before(g.last) {
-			from = g.last
-		}
-		if in := now.Sub(from); in > longCall {
-			own += in
-			g.counted.Add(int64(in))
-		}
-	}
 	if s, ok := g.p.(interface{ CountsSelf() bool }); ok && !s.CountsSelf() {
 		own = 0
 	}
@@ -216,23 +196,8 @@ func backOff(over float64) time.Duration {
 // IO, which the node's IO pressure counts as a stall.
 func (g *Governor) Waited(d time.Duration) {
 	if g != nil {
-		// what a sample counted while the call lasted is not counted twice
-		g.own.Add(max(0, int64(d)-g.counted.Swap(0)))
+		g.own.Add(int64(d))
 	}
-}
-
-// Blocking tells the governor that ferry's bulk work is in a system
-// call since start, or (zero start) no longer.
-func (g *Governor) Blocking(start time.Time) {
-	if g == nil {
-		return
-	}
-	if start.IsZero() {
-		g.blocking.Store(0)
-		return
-	}
-	g.counted.Store(0)
-	g.blocking.Store(start.UnixNano())
 }
 
 // Pace pauses the caller for n bytes of bulk work while the governor holds

@@ -369,31 +369,3 @@ func TestGovernor_WatchingThePodsKeepsTheirWholeStall(t *testing.T) {
 		t.Errorf("the pods stalled 30%%: pause %v, holding back %q; want held back for io pressure 30%%", g.Pause(), g.HoldingBack())
 	}
 }
-
-// A call of ferry's that blocks for long counts as its own wait while it
-// lasts, not only at its end, and is not counted twice when it ends.
-func TestGovernor_ALongOwnCallCountsWhileItLasts(t *testing.T) {
-	f := &fakePressure{}
-	g := New(f, etcdSafe(t), DefaultInterval, nil)
-	clock := time.Unix(100, 0)
-	g.now = func() time.Time { return clock }
-	g.Step()
-
-	g.Blocking(clock) // a write stuck behind a journal commit
-	for range 3 {
-		clock = clock.Add(100 * time.Millisecond)
-		f.set(0, 1) // the node stalls: ferry is the one stalled
-		g.Step()
-		if g.Pause() != 0 {
-			t.Fatalf("held back %v for ferry's own blocked call", g.Pause())
-		}
-	}
-	g.Blocking(time.Time{})
-	g.Waited(300 * time.Millisecond) // the call's whole wait, counted already
-	clock = clock.Add(100 * time.Millisecond)
-	f.set(0, 0.25) // others stall a quarter of the next interval
-	g.Step()
-	if g.Pause() == 0 {
-		t.Error("others' stall after ferry's call ended: no pause; the call's wait was counted twice")
-	}
-}
