@@ -138,7 +138,14 @@ func (g *Governor) Step() {
 		own = 0
 	}
 	if !g.last.IsZero() && now.After(g.last) {
-		io = max(0, io-float64(own)/float64(now.Sub(g.last)))
+		share := float64(own) / float64(now.Sub(g.last))
+		io = max(0, io-share)
+		if share > 0.5 && io < g.lim.IO/2 {
+			// A long wait of ferry's own just ended (a write behind a
+			// journal commit): the node's stall seen while it lasted
+			// was ferry's, so recover from it as from a blip.
+			g.stalled = 0
+		}
 	}
 	g.last = now
 	over, why := 0.0, ""

@@ -369,3 +369,35 @@ func TestGovernor_WatchingThePodsKeepsTheirWholeStall(t *testing.T) {
 		t.Errorf("the pods stalled 30%%: pause %v, holding back %q; want held back for io pressure 30%%", g.Pause(), g.HoldingBack())
 	}
 }
+
+// A stall that turns out to have been ferry's own (a long wait of its
+// own ends and takes it away) is recovered from as fast as a blip.
+func TestGovernor_AStallThatWasFerrysOwnIsForgivenFast(t *testing.T) {
+	f := &fakePressure{}
+	g := New(f, etcdSafe(t), DefaultInterval, nil)
+	clock := time.Unix(0, 0)
+	g.now = func() time.Time { return clock }
+	g.Step()
+	f.set(0, 1) // 400 ms of stall: ferry's write behind a journal commit
+	for range 4 {
+		clock = clock.Add(100 * time.Millisecond)
+		g.Step()
+	}
+	if g.Pause() != maxPause {
+		t.Fatalf("pause %v during the stall, want %v", g.Pause(), maxPause)
+	}
+	f.set(0, 0.9) // the write returns: the last interval's stall was its wait
+	clock = clock.Add(100 * time.Millisecond)
+	g.Waited(450 * time.Millisecond)
+	g.Step()
+	f.set(0, 0)
+	steps := 0
+	for g.Pause() > 0 && steps < 1000 {
+		clock = clock.Add(100 * time.Millisecond)
+		g.Step()
+		steps++
+	}
+	if quiet := time.Duration(steps) * DefaultInterval; quiet > time.Second {
+		t.Errorf("recovered from ferry's own stall in %v of quiet samples, want at most 1s", quiet)
+	}
+}
