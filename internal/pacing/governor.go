@@ -128,10 +128,10 @@ func (g *Governor) Step() {
 		return
 	}
 	g.err = false
-	// The node's IO stall counts ferry's own waits for its writeback (a
-	// synced extraction waits one window behind): held back for those,
-	// ferry ran at a third of its speed on a quiet node. Taken away, what
-	// is left is a lower bound on everyone else's.
+	// The node's IO stall counts ferry's own waits (its writeback, a slow
+	// stick's reads: Waited): held back for those, a synced extraction
+	// ran at a third of its speed on a quiet node. Taken away, what is
+	// left is a lower bound on everyone else's.
 	now := g.now()
 	own := time.Duration(g.own.Swap(0))
 	if s, ok := g.p.(interface{ CountsSelf() bool }); ok && !s.CountsSelf() {
