@@ -267,26 +267,34 @@ func TestPSI_RealKernel(t *testing.T) {
 
 func near(a, b float64) bool { return a-b < 0.005 && b-a < 0.005 }
 
-// The node's IO pressure counts ferry's own waits for its writeback:
-// those alone must not hold it back, anyone else's on top of them must.
-func TestGovernor_OwnWritebackWaitsAreNotOthersStall(t *testing.T) {
+// clockedGovernor is an etcd-safe governor on a fake node and a fake
+// clock, sampled once; tick moves the clock one interval and samples.
+func clockedGovernor(t *testing.T) (*Governor, *fakePressure, func()) {
 	f := &fakePressure{}
 	g := New(f, etcdSafe(t), DefaultInterval, nil)
 	clock := time.Unix(0, 0)
 	g.now = func() time.Time { return clock }
 	g.Step()
+	return g, f, func() {
+		clock = clock.Add(DefaultInterval)
+		g.Step()
+	}
+}
 
-	f.set(0, 0.30) // some task stalled on IO 30% of the last 100 ms...
-	clock = clock.Add(100 * time.Millisecond)
+// The node's IO pressure counts ferry's own waits for its writeback:
+// those alone must not hold it back, anyone else's on top of them must.
+func TestGovernor_OwnWritebackWaitsAreNotOthersStall(t *testing.T) {
+	g, f, tick := clockedGovernor(t)
+
+	f.set(0, 0.30)                  // some task stalled on IO 30% of the last 100 ms...
 	g.Waited(30 * time.Millisecond) // ...and that task was ferry
-	g.Step()
+	tick()
 	if g.Pause() != 0 || g.HoldingBack() != "" {
 		t.Fatalf("ferry alone stalled: pause %v, holding back %q; want full speed", g.Pause(), g.HoldingBack())
 	}
 
-	clock = clock.Add(100 * time.Millisecond)
 	g.Waited(10 * time.Millisecond) // ferry a tenth of it; others 20%, twice the limit
-	g.Step()
+	tick()
 	if g.Pause() == 0 {
 		t.Fatalf("others stalled 20%% beside ferry's own 10%%: no pause")
 	}
@@ -373,28 +381,21 @@ func TestGovernor_WatchingThePodsKeepsTheirWholeStall(t *testing.T) {
 // A stall that turns out to have been ferry's own (a long wait of its
 // own ends and takes it away) is recovered from as fast as a blip.
 func TestGovernor_AStallThatWasFerrysOwnIsForgivenFast(t *testing.T) {
-	f := &fakePressure{}
-	g := New(f, etcdSafe(t), DefaultInterval, nil)
-	clock := time.Unix(0, 0)
-	g.now = func() time.Time { return clock }
-	g.Step()
+	g, f, tick := clockedGovernor(t)
 	f.set(0, 1) // 400 ms of stall: ferry's write behind a journal commit
 	for range 4 {
-		clock = clock.Add(100 * time.Millisecond)
-		g.Step()
+		tick()
 	}
 	if g.Pause() != maxPause {
 		t.Fatalf("pause %v during the stall, want %v", g.Pause(), maxPause)
 	}
 	f.set(0, 0.9) // the write returns: the last interval's stall was its wait
-	clock = clock.Add(100 * time.Millisecond)
 	g.Waited(450 * time.Millisecond)
-	g.Step()
+	tick()
 	f.set(0, 0)
 	steps := 0
 	for g.Pause() > 0 && steps < 1000 {
-		clock = clock.Add(100 * time.Millisecond)
-		g.Step()
+		tick()
 		steps++
 	}
 	if quiet := time.Duration(steps) * DefaultInterval; quiet > time.Second {
