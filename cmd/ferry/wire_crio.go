@@ -34,6 +34,7 @@ func newLoader(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (*load.
 	if err != nil {
 		return nil, err
 	}
+	cl.PullCgroup = cfg.CRIO.PullCgroup
 	regDir := filepath.Join(cfg.Paths.StateDir, "registry")
 	var pacer crio.Pacer
 	if gov != nil {

@@ -25,19 +25,20 @@ go_bench() {
   echo "$out" >&2
 }
 
-# unit_setting KEY prints KEY's last value in packaging/ferry.service.
-unit_setting() { awk -F= -v k="$1" '$1 == k { v = $2 } END { print v }' packaging/ferry.service; }
+# unit_setting KEY [FILE] prints KEY's last value in packaging/ferry.service
+# (or packaging/FILE: ferry.slice holds the weights).
+unit_setting() { awk -F= -v k="$1" '$1 == k { v = $2 } END { print v }' "packaging/${2:-ferry.service}"; }
 
-# unit_cgroup_setup makes a cgroup v1 cpu group as ferry.service's
-# settings would give it (this host has no systemd and cgroup v1; see
-# TESTING.md "Pressure and priority"): cpu.shares from CPUWeight by
-# systemd's mapping (weight × 1024 / 100), and blkio's BFQ weight from
+# unit_cgroup_setup makes a cgroup v1 cpu group at the top of the tree as
+# ferry.slice's settings would give it (this host has no systemd and
+# cgroup v1; see TESTING.md "Pressure and priority"): cpu.shares from
+# CPUWeight by systemd's mapping (weight × 1024 / 100), and blkio's BFQ weight from
 # IOWeight (× 500 / 100, systemd's IOWeight to BlockIOWeight) only where
 # the disk's scheduler is BFQ. Sets $unit_cg and $unit_io_note; call
 # unit_cgroup_cleanup at the end.
 unit_cgroup_setup() {
   local w iow
-  w=$(unit_setting CPUWeight) iow=$(unit_setting IOWeight)
+  w=$(unit_setting CPUWeight ferry.slice) iow=$(unit_setting IOWeight ferry.slice)
   unit_cg=/sys/fs/cgroup/cpu/ferry-bench-$$
   mkdir -p "$unit_cg"
   echo $(( w * 1024 / 100 )) > "$unit_cg/cpu.shares"

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/BurntSushi/toml"
+
 	"github.com/ferry-edge/ferry/agent"
 )
 
@@ -70,9 +72,9 @@ func TestUnit_VerifyPasses(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(r, "usr/bin/ferry"), []byte("#!/bin/sh\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	run(t, "", "cp", filepath.Join(root, "packaging/ferry.service"), filepath.Join(r, "etc/systemd/system/ferry.service"))
+	run(t, "", "cp", filepath.Join(root, "packaging/ferry.service"), filepath.Join(root, "packaging/ferry.slice"), filepath.Join(r, "etc/systemd/system/"))
 
-	out, err := runErr(t, "", analyze, "verify", "--root="+r, "ferry.service")
+	out, err := runErr(t, "", analyze, "verify", "--root="+r, "ferry.service", "ferry.slice")
 	if err != nil || strings.TrimSpace(out) != "" {
 		t.Fatalf("systemd-analyze verify packaging/ferry.service: %v\n%s", err, out)
 	}
@@ -194,17 +196,29 @@ func TestUnit_SecurityExposureMatchesDocs(t *testing.T) {
 }
 
 // TestUnit_YieldsToTheNodesWorkloads checks the unit runs ferry's bulk work
-// below the node's workloads (DESIGN.md §6): a CPU and IO weight under
-// the default 100, a positive nice, and best-effort IO at a low priority
-// (never the idle class, which starves on a disk etcd keeps busy, nor
-// realtime), and that docs/admin.md names the same settings.
+// below the node's workloads (DESIGN.md §6): in ferry.slice, a slice of
+// its own at the top of the tree (weights divide a parent's share between
+// siblings, so only there does a low weight count against the pods) with
+// a CPU and IO weight under the default 100; a positive nice and
+// best-effort IO at a low priority (never the idle class, which starves on
+// a disk etcd keeps busy, nor realtime); the load's pulls in the same
+// slice (CRI-O's drop-in runs each pull in its caller's cgroup, and the
+// agent names the slice by default); and that docs/admin.md names the
+// same settings.
 func TestUnit_YieldsToTheNodesWorkloads(t *testing.T) {
 	u := parseUnit(t, repoFile(t, "packaging/ferry.service"))
+	sl := parseUnit(t, repoFile(t, "packaging/ferry.slice"))
 	s := "Service"
+	if got := u.last(s, "Slice"); got != "ferry.slice" {
+		t.Errorf("Slice=%q, want ferry.slice", got)
+	}
 	for _, key := range []string{"CPUWeight", "IOWeight"} {
-		w, err := strconv.Atoi(u.last(s, key))
+		w, err := strconv.Atoi(sl.last("Slice", key))
 		if err != nil || w < 1 || w >= 100 {
-			t.Errorf("%s=%q: want a weight in [1, 100), below the default units' 100", key, u.last(s, key))
+			t.Errorf("ferry.slice %s=%q: want a weight in [1, 100), below the default units' 100", key, sl.last("Slice", key))
+		}
+		if v := u.last(s, key); v != "" {
+			t.Errorf("ferry.service sets %s=%s: the slice weighs ferry against the node, the service only against its pulls", key, v)
 		}
 	}
 	if n, err := strconv.Atoi(u.last(s, "Nice")); err != nil || n <= 0 || n > 19 {
@@ -216,14 +230,39 @@ func TestUnit_YieldsToTheNodesWorkloads(t *testing.T) {
 	if p, err := strconv.Atoi(u.last(s, "IOSchedulingPriority")); err != nil || p < 4 || p > 7 {
 		t.Errorf("IOSchedulingPriority=%q: want 4..7 (below the default 4)", u.last(s, "IOSchedulingPriority"))
 	}
-	for _, key := range []string{"CPUQuota", "IOReadBandwidthMax", "IOWriteBandwidthMax", "CPUSchedulingPolicy"} {
-		if v := u.last(s, key); v != "" {
-			t.Errorf("%s=%s: a fixed cap slows ferry on a quiet node too; weights and pacing only", key, v)
+	for _, unit := range []struct {
+		u       unitFile
+		section string
+	}{{u, s}, {sl, "Slice"}} {
+		for _, key := range []string{"CPUQuota", "IOReadBandwidthMax", "IOWriteBandwidthMax", "CPUSchedulingPolicy"} {
+			if v := unit.u.last(unit.section, key); v != "" {
+				t.Errorf("%s=%s: a fixed cap slows ferry on a quiet node too; weights and pacing only", key, v)
+			}
 		}
 	}
+
+	var crioConf struct {
+		CRIO struct {
+			Runtime struct {
+				SeparatePullCgroup string `toml:"separate_pull_cgroup"`
+			} `toml:"runtime"`
+		} `toml:"crio"`
+	}
+	if _, err := toml.Decode(repoFile(t, "packaging/10-ferry-pulls.conf"), &crioConf); err != nil {
+		t.Fatal(err)
+	}
+	if got := crioConf.CRIO.Runtime.SeparatePullCgroup; got != "pod" {
+		t.Errorf("10-ferry-pulls.conf: separate_pull_cgroup = %q, want \"pod\" (each pull in its caller's cgroup)", got)
+	}
+	if got := agent.DefaultConfig().CRIO.PullCgroup; got != "ferry.slice" {
+		t.Errorf("the agent's pulls name cgroup %q by default, want ferry.slice", got)
+	}
+
 	doc := repoFile(t, "docs/admin.md")
-	for _, key := range []string{"CPUWeight", "IOWeight", "Nice", "IOSchedulingClass", "IOSchedulingPriority"} {
-		if want := key + "=" + u.last(s, key); !strings.Contains(doc, want) {
+	for _, want := range []string{"Slice=ferry.slice", "CPUWeight=" + sl.last("Slice", "CPUWeight"), "IOWeight=" + sl.last("Slice", "IOWeight"),
+		"Nice=" + u.last(s, "Nice"), "IOSchedulingClass=" + u.last(s, "IOSchedulingClass"),
+		"IOSchedulingPriority=" + u.last(s, "IOSchedulingPriority"), `separate_pull_cgroup = "pod"`} {
+		if !strings.Contains(doc, want) {
 			t.Errorf("docs/admin.md does not show %s", want)
 		}
 	}

@@ -18,6 +18,18 @@ type Binaries struct {
 	// the repository has one, else test/vm/guest/ferry.service.
 	FerryUnit []byte
 	UnitFrom  string
+	// PackagedExtras are the packaging's other node files that go with its
+	// unit (ferry.slice, CRI-O's 10-ferry-pulls.conf), by guest path; none
+	// with the stand-in unit.
+	PackagedExtras Layer
+}
+
+// packagedExtras are the files the RPM installs beside ferry.service that
+// a node needs for the unit to run as shipped: the slice it names, and
+// CRI-O's drop-in running ferry's pulls in that slice.
+var packagedExtras = map[string]string{
+	"/etc/systemd/system/ferry.slice":           "packaging/ferry.slice",
+	"/etc/crio/crio.conf.d/10-ferry-pulls.conf": "packaging/10-ferry-pulls.conf",
 }
 
 // RepoRoot is the directory holding the module's go.mod, found from the
@@ -73,6 +85,16 @@ func BuildBinaries(ctx context.Context, dir string) (*Binaries, error) {
 	if err != nil {
 		return nil, err
 	}
+	if b.UnitFrom == filepath.Join(root, "packaging/ferry.service") {
+		b.PackagedExtras = Layer{}
+		for guest, src := range packagedExtras {
+			data, err := os.ReadFile(filepath.Join(root, src))
+			if err != nil {
+				return nil, err
+			}
+			b.PackagedExtras[guest] = File{Data: data}
+		}
+	}
 	return b, nil
 }
 
@@ -119,6 +141,9 @@ func (n Node) Layer(b *Binaries) (Layer, error) {
 		"/etc/hostname":                              {Data: []byte(n.Name + "\n")},
 		"/etc/hosts":                                 {Data: []byte("127.0.0.1 localhost\n127.0.1.1 " + n.Name + "\n")},
 		"/etc/machine-id":                            {Data: []byte(machineID(n.Name) + "\n"), Mode: 0o444},
+	}
+	for p, f := range b.PackagedExtras {
+		l[p] = f
 	}
 	if n.Addr != "" {
 		l["/etc/ferry-vm/net.env"] = File{Data: []byte("ADDR=" + n.Addr + "\n")}
