@@ -25,7 +25,7 @@ type Fake struct {
 	*critesting.FakeImageService
 	Socket string
 
-	mu         sync.Mutex
+	mu          sync.Mutex
 	unpullable  map[string]bool
 	pullHook    func(ref string) error
 	pullCgroups map[string]string

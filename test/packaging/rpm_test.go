@@ -103,11 +103,11 @@ func TestRPM_ContentsScriptsAndConfig(t *testing.T) {
 		t.Fatalf("rpm2cpio | cpio: %v\n%s", err, b)
 	}
 	for inRPM, inTree := range map[string]string{
-		"usr/lib/systemd/system/ferry.service": "packaging/ferry.service",
-		"usr/lib/systemd/system/ferry.slice":   "packaging/ferry.slice",
+		"usr/lib/systemd/system/ferry.service":     "packaging/ferry.service",
+		"usr/lib/systemd/system/ferry.slice":       "packaging/ferry.slice",
 		"etc/crio/crio.conf.d/10-ferry-pulls.conf": "packaging/10-ferry-pulls.conf",
-		"etc/ferry/config.toml":                "packaging/config.toml",
-		"usr/share/doc/ferry/admin.md":         "docs/admin.md",
+		"etc/ferry/config.toml":                    "packaging/config.toml",
+		"usr/share/doc/ferry/admin.md":             "docs/admin.md",
 	} {
 		b, err := os.ReadFile(filepath.Join(x, inRPM))
 		if err != nil {
