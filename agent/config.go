@@ -122,12 +122,6 @@ type CRIO struct {
 	// KubeletConfig is the kubelet's configuration, read for its image
 	// GC and eviction thresholds (defaults 85% used, 15% free when absent).
 	KubeletConfig string `toml:"kubelet_config"`
-	// PullCgroup is the systemd slice ferry names as the cgroup parent of
-	// its pulls. Where CRI-O runs each pull in its caller's cgroup
-	// (separate_pull_cgroup = "pod", which ferry's packaging sets), the
-	// pulls run there, at the slice's weights, not at crio.service's;
-	// elsewhere CRI-O ignores it. "" names none.
-	PullCgroup string `toml:"pull_cgroup"`
 }
 
 // Registry is the embedded registry serving the extracted bundle.
@@ -202,7 +196,6 @@ func DefaultConfig() Config {
 			StorageDir:        "/var/lib/containers/storage",
 			StorageFloorBytes: 1 << 30,
 			KubeletConfig:     "/etc/kubernetes/kubelet.conf",
-			PullCgroup:        "ferry.slice",
 		},
 		Peer:    Peer{Listen: ":8090"},
 		Cluster: Cluster{Schedule: "Automatic"},
@@ -279,9 +272,6 @@ func (c *Config) Validate() error {
 	}
 	if c.CRIO.PullWorkers < 0 || c.CRIO.PullWorkers > 64 {
 		return bad("crio.pull_workers", "%d is not between 0 (auto) and 64", c.CRIO.PullWorkers)
-	}
-	if p := c.CRIO.PullCgroup; p != "" && (!strings.HasSuffix(p, ".slice") || strings.ContainsAny(p, "/ ")) {
-		return bad("crio.pull_cgroup", "%q is not a systemd slice's name, such as ferry.slice", p)
 	}
 	if c.CRIO.StorageFloorBytes < 0 {
 		return bad("crio.storage_floor_bytes", "negative")

@@ -25,7 +25,6 @@ func TestLoadConfig_ErrorsNameTheKey(t *testing.T) {
 		{"approved_digests = [\"abc\"]\n", "approved_digests"},
 		{"[crio]\nreload = \"maybe\"\n", "crio.reload"},
 		{"[crio]\npull_workers = -1\n", "crio.pull_workers"},
-		{"[crio]\npull_cgroup = \"/sys/fs/cgroup/ferry\"\n", "crio.pull_cgroup"},
 		{"[paths]\nstate_dir = \"relative\"\n", "paths.state_dir"},
 		{"[cluster]\nschedule = \"Soon\"\n", "cluster.schedule"},
 		{"[registry]\nport = 70000\n", "registry.port"},

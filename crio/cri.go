@@ -45,11 +45,6 @@ var ErrUnavailable = errors.New("CRI-O is not answering")
 
 // Client is a CRI image client over CRI-O's unix socket.
 type Client struct {
-	// PullCgroup is the cgroup parent (a systemd slice) each pull names in
-	// its sandbox config: CRI-O runs the pull there when its
-	// separate_pull_cgroup is "pod", and ignores it otherwise.
-	PullCgroup string
-
 	socket string
 	conn   *grpc.ClientConn
 	is     runtimeapi.ImageServiceClient
@@ -91,11 +86,7 @@ func (c *Client) Version(ctx context.Context) (string, error) {
 
 // Pull implements ImageService.
 func (c *Client) Pull(ctx context.Context, ref string) (string, error) {
-	req := &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}
-	if c.PullCgroup != "" {
-		req.SandboxConfig = &runtimeapi.PodSandboxConfig{Linux: &runtimeapi.LinuxPodSandboxConfig{CgroupParent: c.PullCgroup}}
-	}
-	resp, err := c.is.PullImage(ctx, req)
+	resp, err := c.is.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
 	if err != nil {
 		return "", c.wrap("pull", ref, err)
 	}

@@ -42,28 +42,3 @@ func TestClient_NoCRIOIsErrUnavailable(t *testing.T) {
 	}
 	t.Log(err)
 }
-
-// TestClient_PullNamesItsCgroup checks each pull names the configured
-// slice as its cgroup parent, where CRI-O's separate_pull_cgroup = "pod"
-// runs it, and names none when none is configured.
-func TestClient_PullNamesItsCgroup(t *testing.T) {
-	fake := critest.NewFake(t)
-	c, err := crio.Dial(fake.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.Pull(t.Context(), refA); err != nil {
-		t.Fatal(err)
-	}
-	c.PullCgroup = "ferry.slice"
-	if _, err := c.Pull(t.Context(), refB); err != nil {
-		t.Fatal(err)
-	}
-	if got := fake.PullCgroup(refA); got != "" {
-		t.Errorf("without a pull cgroup the pull named %q", got)
-	}
-	if got := fake.PullCgroup(refB); got != "ferry.slice" {
-		t.Errorf("pull named cgroup parent %q, want ferry.slice", got)
-	}
-}

@@ -1,7 +1,9 @@
 package registry
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -23,7 +25,32 @@ import (
 // names, unknown blobs, blobs of another repository) is left to
 // distribution, whose errors clients know.
 type blobFiles struct {
-	root string // holds docker/registry/v2
+	root  string // holds docker/registry/v2
+	pacer Pacer  // nil: full speed
+}
+
+// Pacer pauses the caller for n bytes of bulk work while the node's
+// workloads stall (pacing.Governor).
+type Pacer interface {
+	Pace(ctx context.Context, n int) error
+}
+
+// pacedFile is a blob's file read at the Pacer's pace: CRI-O writes what
+// it is served, so serving slower is what slows the load's writes.
+type pacedFile struct {
+	f     *os.File
+	ctx   context.Context
+	pacer Pacer
+}
+
+func (f pacedFile) Seek(off int64, whence int) (int64, error) { return f.f.Seek(off, whence) }
+
+func (f pacedFile) Read(p []byte) (int, error) {
+	n, err := f.f.Read(p)
+	if n > 0 && err == nil {
+		err = f.pacer.Pace(f.ctx, n)
+	}
+	return n, err
 }
 
 // blobCacheControl is distribution's Cache-Control for blobs (a year:
@@ -65,6 +92,10 @@ func (b blobFiles) serve(w http.ResponseWriter, r *http.Request, repo, dgst stri
 	h.Set("Docker-Content-Digest", dgst)
 	h.Set("ETag", `"`+dgst+`"`) // If-None-Match handled by ServeContent
 	h.Set("Cache-Control", blobCacheControl)
-	http.ServeContent(w, r, dgst, time.Time{}, f)
+	var content io.ReadSeeker = f
+	if b.pacer != nil {
+		content = pacedFile{f: f, ctx: r.Context(), pacer: b.pacer}
+	}
+	http.ServeContent(w, r, dgst, time.Time{}, content)
 	return true
 }

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/distribution/distribution/v3/configuration"
@@ -107,4 +108,70 @@ func distributionApp(t *testing.T, root string) http.Handler {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	return handlers.NewApp(ctx, cfg)
+}
+
+// countingPacer records the bytes it was asked to pace.
+type countingPacer struct {
+	mu    sync.Mutex
+	bytes int
+	calls int
+}
+
+func (p *countingPacer) Pace(ctx context.Context, n int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.bytes += n
+	p.calls++
+	return nil
+}
+
+// TestServe_BlobsGoAtThePacersPace: with a Pacer, every byte of a blob
+// served (whole or a range) passes through it, in reads no larger than
+// net/http's copy buffer, so a pause per MiB slows the pull evenly; the
+// bytes served are unchanged.
+func TestServe_BlobsGoAtThePacersPace(t *testing.T) {
+	tree := registrytest.NewTree(t)
+	const repo = "openshift-release-dev/ocp-v4.0-art-dev"
+	tree.Push(t, repo, "", 3<<20, 1)
+	blobs := blobsOf(t, tree.Root, repo)
+	r, err := registry.New(t.TempDir(), 0, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	p := &countingPacer{}
+	r.Pacer = p
+	h, shutdown, err := r.Handler(t.Context(), tree.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shutdown()
+	var biggest int
+	var total int
+	var layer string
+	for _, b := range blobs {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/v2/"+repo+"/blobs/"+b, nil))
+		if rec.Code != http.StatusOK {
+			t.Fatalf("GET %s: %d", b, rec.Code)
+		}
+		total += rec.Body.Len()
+		if rec.Body.Len() > biggest {
+			biggest, layer = rec.Body.Len(), b
+		}
+	}
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest("GET", "/v2/"+repo+"/blobs/"+layer, nil)
+	req.Header.Set("Range", "bytes=10-1033")
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusPartialContent || rec.Body.Len() != 1024 {
+		t.Fatalf("range: %d, %d bytes", rec.Code, rec.Body.Len())
+	}
+	total += 1024
+	if p.bytes != total {
+		t.Errorf("paced %d bytes, served %d", p.bytes, total)
+	}
+	if biggest < 3<<20 || p.calls < (3<<20)/(32<<10) {
+		t.Errorf("a %d-byte blob was paced in %d calls: want reads of at most 32 KiB", biggest, p.calls)
+	}
 }

@@ -39,6 +39,10 @@ var (
 // Registry is the embedded registry: a TLS listener on 127.0.0.1 bound by
 // New and served by Serve.
 type Registry struct {
+	// Pacer, when set before Serve, paces the blobs served (CRI-O's
+	// pulls): a pause per MiB while the node's workloads stall.
+	Pacer Pacer
+
 	log     *slog.Logger
 	ln      net.Listener
 	port    int
@@ -141,7 +145,7 @@ func (r *Registry) Handler(ctx context.Context, root string) (http.Handler, func
 		stopLogs()
 		return nil, nil, err
 	}
-	h := &front{next: app, blobs: blobFiles{root: root}, stats: r.stats, tags: tags, log: r.log}
+	h := &front{next: app, blobs: blobFiles{root: root, pacer: r.Pacer}, stats: r.stats, tags: tags, log: r.log}
 	return h, func() { app.Shutdown(); stopLogs() }, nil
 }
 

@@ -103,7 +103,7 @@ fi
 "$host" completion zsh >"$src/_ferry"
 "$host" completion fish >"$src/ferry.fish"
 
-cp "$root"/packaging/{ferry.service,ferry.slice,10-ferry-pulls.conf,ferry.preset,config.toml} "$src/"
+cp "$root"/packaging/{ferry.service,ferry.slice,ferry.preset,config.toml} "$src/"
 cp "$root"/docs/{technician,engineer,admin,troubleshooting}.md "$src/"
 
 rpmbuild -bb --quiet \

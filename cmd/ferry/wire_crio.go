@@ -34,14 +34,19 @@ func newLoader(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (*load.
 	if err != nil {
 		return nil, err
 	}
-	cl.PullCgroup = cfg.CRIO.PullCgroup
 	regDir := filepath.Join(cfg.Paths.StateDir, "registry")
 	var pacer crio.Pacer
 	if gov != nil {
 		pacer = gov
 	}
 	return &load.Loader{
-		OpenRegistry: func() (load.BundleServer, error) { return registry.New(regDir, cfg.Registry.Port, log) },
+		OpenRegistry: func() (load.BundleServer, error) {
+			reg, err := registry.New(regDir, cfg.Registry.Port, log)
+			if err == nil && gov != nil {
+				reg.Pacer = gov
+			}
+			return reg, err
+		},
 		Runtime: &crio.Loader{CRI: cl, Reloader: rl, Log: log, Workers: cfg.CRIO.PullWorkers, Pacer: pacer, StorageDir: cfg.CRIO.StorageDir,
 			KubeletConfig: cfg.CRIO.KubeletConfig,
 			Dropins: &crio.Dropins{CRIOConfDir: cfg.Paths.CRIOConfDir, RegistriesConfDir: cfg.Paths.RegistriesConfDir, CertsDir: cfg.Paths.CertsDir,

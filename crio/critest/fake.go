@@ -25,10 +25,9 @@ type Fake struct {
 	*critesting.FakeImageService
 	Socket string
 
-	mu          sync.Mutex
-	unpullable  map[string]bool
-	pullHook    func(ref string) error
-	pullCgroups map[string]string
+	mu         sync.Mutex
+	unpullable map[string]bool
+	pullHook   func(ref string) error
 }
 
 // NewFake serves a fake CRI image service on a socket in t.TempDir()
@@ -39,7 +38,6 @@ func NewFake(t testing.TB) *Fake {
 		FakeImageService: critesting.NewFakeImageService(),
 		Socket:           filepath.Join(t.TempDir(), "cri.sock"),
 		unpullable:       map[string]bool{},
-		pullCgroups:      map[string]string{},
 	}
 	ln, err := net.Listen("unix", f.Socket)
 	if err != nil {
@@ -66,14 +64,6 @@ func (f *Fake) OnPull(hook func(ref string) error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.pullHook = hook
-}
-
-// PullCgroup is the cgroup parent the last pull of ref named in its
-// sandbox config ("" for none).
-func (f *Fake) PullCgroup(ref string) string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.pullCgroups[ref]
 }
 
 // SetPins replaces the pinned set, as a reload with a new pinned_images
@@ -131,7 +121,6 @@ func (s *imageServer) PullImage(ctx context.Context, req *runtimeapi.PullImageRe
 	ref := req.GetImage().GetImage()
 	s.f.mu.Lock()
 	bad, hook := s.f.unpullable[ref], s.f.pullHook
-	s.f.pullCgroups[ref] = req.GetSandboxConfig().GetLinux().GetCgroupParent()
 	s.f.mu.Unlock()
 	if hook != nil {
 		if err := hook(ref); err != nil {

@@ -54,7 +54,6 @@ func TestRPM_ContentsScriptsAndConfig(t *testing.T) {
 		"/usr/bin/ferry",
 		"/usr/lib/systemd/system/ferry.service",
 		"/usr/lib/systemd/system/ferry.slice",
-		"/etc/crio/crio.conf.d/10-ferry-pulls.conf",
 		"/usr/lib/systemd/system-preset/80-ferry.preset",
 		"/etc/ferry/config.toml",
 		"/usr/share/bash-completion/completions/ferry",
@@ -69,16 +68,13 @@ func TestRPM_ContentsScriptsAndConfig(t *testing.T) {
 	}
 
 	config := strings.Fields(run(t, "", "rpm", "-qp", "--configfiles", rpmPath))
-	wantConfig := []string{"/etc/crio/crio.conf.d/10-ferry-pulls.conf", "/etc/ferry/config.toml"}
-	if !slices.Equal(config, wantConfig) {
-		t.Errorf("rpm -qp --configfiles: %v, want %v", config, wantConfig)
+	if !slices.Equal(config, []string{"/etc/ferry/config.toml"}) {
+		t.Errorf("rpm -qp --configfiles: %v, want only /etc/ferry/config.toml", config)
 	}
 	// %config(noreplace): an edited config survives an upgrade.
 	flags := run(t, "", "rpm", "-qp", "--qf", `[%{FILENAMES} %{FILEFLAGS:fflags}\n]`, rpmPath)
-	for _, f := range wantConfig {
-		if !strings.Contains(flags, f+" cn") {
-			t.Errorf("%s is not %%config(noreplace):\n%s", f, flags)
-		}
+	if !strings.Contains(flags, "/etc/ferry/config.toml cn") {
+		t.Errorf("config.toml is not %%config(noreplace):\n%s", flags)
 	}
 
 	scripts := run(t, "", "rpm", "-qp", "--scripts", rpmPath)
@@ -103,11 +99,10 @@ func TestRPM_ContentsScriptsAndConfig(t *testing.T) {
 		t.Fatalf("rpm2cpio | cpio: %v\n%s", err, b)
 	}
 	for inRPM, inTree := range map[string]string{
-		"usr/lib/systemd/system/ferry.service":     "packaging/ferry.service",
-		"usr/lib/systemd/system/ferry.slice":       "packaging/ferry.slice",
-		"etc/crio/crio.conf.d/10-ferry-pulls.conf": "packaging/10-ferry-pulls.conf",
-		"etc/ferry/config.toml":                    "packaging/config.toml",
-		"usr/share/doc/ferry/admin.md":             "docs/admin.md",
+		"usr/lib/systemd/system/ferry.service": "packaging/ferry.service",
+		"usr/lib/systemd/system/ferry.slice":   "packaging/ferry.slice",
+		"etc/ferry/config.toml":                "packaging/config.toml",
+		"usr/share/doc/ferry/admin.md":         "docs/admin.md",
 	} {
 		b, err := os.ReadFile(filepath.Join(x, inRPM))
 		if err != nil {

@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/BurntSushi/toml"
-
 	"github.com/ferry-edge/ferry/agent"
 )
 
@@ -201,9 +199,7 @@ func TestUnit_SecurityExposureMatchesDocs(t *testing.T) {
 // siblings, so only there does a low weight count against the pods) with
 // a CPU and IO weight under the default 100; a positive nice and
 // best-effort IO at a low priority (never the idle class, which starves on
-// a disk etcd keeps busy, nor realtime); the load's pulls in the same
-// slice (CRI-O's drop-in runs each pull in its caller's cgroup, and the
-// agent names the slice by default); and that docs/admin.md names the
+// a disk etcd keeps busy, nor realtime); and that docs/admin.md names the
 // same settings.
 func TestUnit_YieldsToTheNodesWorkloads(t *testing.T) {
 	u := parseUnit(t, repoFile(t, "packaging/ferry.service"))
@@ -218,7 +214,7 @@ func TestUnit_YieldsToTheNodesWorkloads(t *testing.T) {
 			t.Errorf("ferry.slice %s=%q: want a weight in [1, 100), below the default units' 100", key, sl.last("Slice", key))
 		}
 		if v := u.last(s, key); v != "" {
-			t.Errorf("ferry.service sets %s=%s: the slice weighs ferry against the node, the service only against its pulls", key, v)
+			t.Errorf("ferry.service sets %s=%s: the slice weighs ferry against the node", key, v)
 		}
 	}
 	if n, err := strconv.Atoi(u.last(s, "Nice")); err != nil || n <= 0 || n > 19 {
@@ -241,27 +237,10 @@ func TestUnit_YieldsToTheNodesWorkloads(t *testing.T) {
 		}
 	}
 
-	var crioConf struct {
-		CRIO struct {
-			Runtime struct {
-				SeparatePullCgroup string `toml:"separate_pull_cgroup"`
-			} `toml:"runtime"`
-		} `toml:"crio"`
-	}
-	if _, err := toml.Decode(repoFile(t, "packaging/10-ferry-pulls.conf"), &crioConf); err != nil {
-		t.Fatal(err)
-	}
-	if got := crioConf.CRIO.Runtime.SeparatePullCgroup; got != "pod" {
-		t.Errorf("10-ferry-pulls.conf: separate_pull_cgroup = %q, want \"pod\" (each pull in its caller's cgroup)", got)
-	}
-	if got := agent.DefaultConfig().CRIO.PullCgroup; got != "ferry.slice" {
-		t.Errorf("the agent's pulls name cgroup %q by default, want ferry.slice", got)
-	}
-
 	doc := repoFile(t, "docs/admin.md")
 	for _, want := range []string{"Slice=ferry.slice", "CPUWeight=" + sl.last("Slice", "CPUWeight"), "IOWeight=" + sl.last("Slice", "IOWeight"),
 		"Nice=" + u.last(s, "Nice"), "IOSchedulingClass=" + u.last(s, "IOSchedulingClass"),
-		"IOSchedulingPriority=" + u.last(s, "IOSchedulingPriority"), `separate_pull_cgroup = "pod"`} {
+		"IOSchedulingPriority=" + u.last(s, "IOSchedulingPriority")} {
 		if !strings.Contains(doc, want) {
 			t.Errorf("docs/admin.md does not show %s", want)
 		}

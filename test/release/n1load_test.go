@@ -30,27 +30,6 @@ func unitPrefix() []string {
 		cg, envOr("FERRY_UNIT_NICE", "10"), envOr("FERRY_UNIT_IOPRIO", "7")}
 }
 
-// pullsInSlice moves CRI-O into FERRY_UNIT_CGROUP, where the unit's slice
-// puts the pulls ferry asks for (CRI-O's separate_pull_cgroup = "pod" and
-// ferry's crio.pull_cgroup run each pull in a scope under ferry.slice).
-// This host has no systemd to start those scopes; CRI-O does nothing but
-// ferry's pulls here, so the whole of it stands in for them. It reports
-// whether it did.
-func pullsInSlice(b *testing.B, c *crioenv.CRIO) bool {
-	cg := os.Getenv("FERRY_UNIT_CGROUP")
-	if cg == "" {
-		return false
-	}
-	pid, err := os.ReadFile(c.PidFile)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(cg, "cgroup.procs"), pid, 0); err != nil {
-		b.Fatalf("moving CRI-O into %s: %v", cg, err)
-	}
-	return true
-}
-
 // etcdFio runs fio's etcd-style job (2300-byte writes, each followed by
 // fdatasync) in dir and returns the fdatasync latencies' p50, p99 and
 // p99.9 in ms.
@@ -99,7 +78,6 @@ func BenchmarkEtcdFsyncDuringLoad(b *testing.B) {
 		b.Fatal(err)
 	}
 	c := crioenv.Start(b)
-	inSlice := pullsInSlice(b, c)
 	tarPath, meta := releaseBundle(b, total)
 	refs := bundle.PullRefs(meta.AllImages())
 	sha256File(b, tarPath) // into the page cache, as P6 reads it
@@ -134,7 +112,7 @@ func BenchmarkEtcdFsyncDuringLoad(b *testing.B) {
 		if !stillLoading {
 			note = " (the load ended before the job: it measured an idle end)"
 		}
-		fmt.Printf("N1L pacing %s: idle p50 %.2f p99 %.2f p99.9 %.2f ms; during the load p50 %.2f p99 %.2f p99.9 %.2f ms; p99 %.2fx, p99.9 %.2fx (goal ≤ 1.5x, ≤ 2x)%s; unit prefix %v, pulls in the slice %v\n",
-			pacing, idle[0], idle[1], idle[2], during[0], during[1], during[2], during[1]/idle[1], during[2]/idle[2], note, unitPrefix() != nil, inSlice)
+		fmt.Printf("N1L pacing %s: idle p50 %.2f p99 %.2f p99.9 %.2f ms; during the load p50 %.2f p99 %.2f p99.9 %.2f ms; p99 %.2fx, p99.9 %.2fx (goal ≤ 1.5x, ≤ 2x)%s; unit prefix %v\n",
+			pacing, idle[0], idle[1], idle[2], during[0], during[1], during[2], during[1]/idle[1], during[2]/idle[2], note, unitPrefix() != nil)
 	}
 }

@@ -19,17 +19,14 @@ type Binaries struct {
 	FerryUnit []byte
 	UnitFrom  string
 	// PackagedExtras are the packaging's other node files that go with its
-	// unit (ferry.slice, CRI-O's 10-ferry-pulls.conf), by guest path; none
-	// with the stand-in unit.
+	// unit (ferry.slice), by guest path; none with the stand-in unit.
 	PackagedExtras Layer
 }
 
 // packagedExtras are the files the RPM installs beside ferry.service that
-// a node needs for the unit to run as shipped: the slice it names, and
-// CRI-O's drop-in running ferry's pulls in that slice.
+// a node needs for the unit to run as shipped: the slice it names.
 var packagedExtras = map[string]string{
-	"/etc/systemd/system/ferry.slice":           "packaging/ferry.slice",
-	"/etc/crio/crio.conf.d/10-ferry-pulls.conf": "packaging/10-ferry-pulls.conf",
+	"/etc/systemd/system/ferry.slice": "packaging/ferry.slice",
 }
 
 // RepoRoot is the directory holding the module's go.mod, found from the
