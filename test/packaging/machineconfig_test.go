@@ -32,10 +32,10 @@ const (
 	// kubeconfigPath is where the pool's nodes get ferry's kubeconfig.
 	kubeconfigPath = "/etc/ferry/kubeconfig"
 	// tokenPath is where the pool's nodes get the peers' shared token.
-	tokenPath = "/etc/ferry/peer-token"
-	ignitionVer     = "3.4.0"  // what Butane's openshift 4.14.0 variant emits
-	butaneVer       = "4.14.0" // oldest OpenShift with Ignition 3.4
-	roleLabel       = "machineconfiguration.openshift.io/role"
+	tokenPath   = "/etc/ferry/peer-token"
+	ignitionVer = "3.4.0"  // what Butane's openshift 4.14.0 variant emits
+	butaneVer   = "4.14.0" // oldest OpenShift with Ignition 3.4
+	roleLabel   = "machineconfiguration.openshift.io/role"
 )
 
 var roles = []string{"worker", "master"}
