@@ -47,8 +47,10 @@ func (f pacedFile) Seek(off int64, whence int) (int64, error) { return f.f.Seek(
 
 func (f pacedFile) Read(p []byte) (int, error) {
 	n, err := f.f.Read(p)
-	if n > 0 && err == nil {
-		err = f.pacer.Pace(f.ctx, n)
+	if n > 0 {
+		if perr := f.pacer.Pace(f.ctx, n); perr != nil {
+			return n, perr // the request ended while held back
+		}
 	}
 	return n, err
 }
