@@ -32,9 +32,9 @@ unit_setting() { awk -F= -v k="$1" '$1 == k { v = $2 } END { print v }' "packagi
 # unit_cgroup_setup makes a cgroup v1 cpu group at the top of the tree as
 # ferry.slice's settings would give it (this host has no systemd and
 # cgroup v1; see TESTING.md "Pressure and priority"): cpu.shares from
-# CPUWeight by systemd's mapping (weight × 1024 / 100), and blkio's BFQ weight from
-# IOWeight (× 500 / 100, systemd's IOWeight to BlockIOWeight) only where
-# the disk's scheduler is BFQ. Sets $unit_cg and $unit_io_note; call
+# CPUWeight by systemd's mapping (weight × 1024 / 100), and blkio's BFQ
+# weight from IOWeight (× 500 / 100, systemd's IOWeight to BlockIOWeight)
+# only where the disk's scheduler is BFQ. Sets $unit_cg and $unit_io_note; call
 # unit_cgroup_cleanup at the end.
 unit_cgroup_setup() {
   local w iow

@@ -18,15 +18,9 @@ type Binaries struct {
 	// the repository has one, else test/vm/guest/ferry.service.
 	FerryUnit []byte
 	UnitFrom  string
-	// PackagedExtras are the packaging's other node files that go with its
-	// unit (ferry.slice), by guest path; none with the stand-in unit.
-	PackagedExtras Layer
-}
-
-// packagedExtras are the files the RPM installs beside ferry.service that
-// a node needs for the unit to run as shipped: the slice it names.
-var packagedExtras = map[string]string{
-	"/etc/systemd/system/ferry.slice": "packaging/ferry.slice",
+	// FerrySlice is packaging/ferry.slice, the slice the packaged unit
+	// runs in; nil with the stand-in unit.
+	FerrySlice []byte
 }
 
 // RepoRoot is the directory holding the module's go.mod, found from the
@@ -83,13 +77,8 @@ func BuildBinaries(ctx context.Context, dir string) (*Binaries, error) {
 		return nil, err
 	}
 	if b.UnitFrom == filepath.Join(root, "packaging/ferry.service") {
-		b.PackagedExtras = Layer{}
-		for guest, src := range packagedExtras {
-			data, err := os.ReadFile(filepath.Join(root, src))
-			if err != nil {
-				return nil, err
-			}
-			b.PackagedExtras[guest] = File{Data: data}
+		if b.FerrySlice, err = os.ReadFile(filepath.Join(root, "packaging/ferry.slice")); err != nil {
+			return nil, err
 		}
 	}
 	return b, nil
@@ -139,8 +128,8 @@ func (n Node) Layer(b *Binaries) (Layer, error) {
 		"/etc/hosts":                                 {Data: []byte("127.0.0.1 localhost\n127.0.1.1 " + n.Name + "\n")},
 		"/etc/machine-id":                            {Data: []byte(machineID(n.Name) + "\n"), Mode: 0o444},
 	}
-	for p, f := range b.PackagedExtras {
-		l[p] = f
+	if b.FerrySlice != nil {
+		l["/etc/systemd/system/ferry.slice"] = File{Data: b.FerrySlice}
 	}
 	if n.Addr != "" {
 		l["/etc/ferry-vm/net.env"] = File{Data: []byte("ADDR=" + n.Addr + "\n")}

@@ -259,22 +259,14 @@ func TestSingleNode_FerryLoadOfAFileInRootUnderThePackagedUnit(t *testing.T) {
 		func(s ferryStatus) bool { return s.Phase == "rejected" || s.Phase == "failed" })
 	t.Logf("ferry load of a file in /root to loaded: %s", time.Since(start).Round(time.Second))
 	checkLoadedNode(t, ctx, v, b)
-	checkInSlice(t, ctx, v)
+	checkInSlice(t, ctx, v, e.bins.FerrySlice)
 }
 
 // checkInSlice checks the packaged unit's good-neighbour setup on a real
-// systemd: ferry runs in ferry.slice, at the CPU weight
-// packaging/ferry.slice gives it.
-func checkInSlice(t *testing.T, ctx context.Context, v *VM) {
+// systemd: ferry runs in ferry.slice, at the CPU weight slice (the node's
+// packaging/ferry.slice) gives it.
+func checkInSlice(t *testing.T, ctx context.Context, v *VM, slice []byte) {
 	t.Helper()
-	root, err := RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	slice, err := os.ReadFile(filepath.Join(root, "packaging/ferry.slice"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	weight := regexp.MustCompile(`(?m)^CPUWeight=(\d+)$`).FindSubmatch(slice)
 	if weight == nil {
 		t.Fatal("packaging/ferry.slice sets no CPUWeight")
