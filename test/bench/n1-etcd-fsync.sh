@@ -55,10 +55,12 @@ extract_loop() {
 }
 
 cat "$tarfile" > /dev/null
-sync
-read -r i50 i99 i999 < <(etcd_fio idle)
 declare -A r
 for pacing in ${N1_PACINGS:-etcd-safe off}; do
+  # idle beside each run: this host's idle p99 swings 0.3-2.5 ms within
+  # an hour, too much for one idle run to be the baseline of both
+  sync
+  read -r i50 i99 i999 < <(etcd_fio "idle-$pacing")
   rm -f "$WORK/n1-count"
   extract_loop "$pacing" & loop=$!
   sleep 2 # into its stride
@@ -68,13 +70,12 @@ for pacing in ${N1_PACINGS:-etcd-safe off}; do
   stop_loop
   n=$(wc -l < "$WORK/n1-count" 2>/dev/null || echo 0)
   iop=$(awk "BEGIN{printf \"%.0f\", 100*($io1-$io0)/(($t1-$t0)/1000)}")
-  r[$pacing]="$d50 $d99 $d999 $n $iop"
-  sync
+  r[$pacing]="$i50 $i99 $i999 $d50 $d99 $d999 $n $iop"
 done
 ratio() { awk "BEGIN{printf \"%.2f\", $1/$2}"; }
-row "N1 etcd fsync idle p50/p99/p99.9" "${i99}ms" "" "p50 ${i50} ms, p99.9 ${i999} ms (fio etcd job on $(disk_of "$WORK"))"
 for pacing in ${N1_PACINGS:-etcd-safe off}; do
-  read -r d50 d99 d999 n iop <<<"${r[$pacing]}"
+  read -r i50 i99 i999 d50 d99 d999 n iop <<<"${r[$pacing]}"
+  row "N1 etcd fsync idle p99, beside $pacing" "${i99}ms" "" "p50 ${i50} ms, p99.9 ${i999} ms (fio etcd job on $(disk_of "$WORK"))"
   row "N1 p99 during 2 GiB extract, pacing $pacing" "${d99}ms" "$(ratio "$d99" "$i99")x" "vs idle p99 ${i99} ms; goal <= 1.5x; $n extractions begun; io pressure ${iop}%"
   row "N1 p99.9 during extract, pacing $pacing" "${d999}ms" "$(ratio "$d999" "$i999")x" "vs idle p99.9 ${i999} ms; goal <= 2x; p50 ${d50} ms"
   printf '{"bench":"N1","pacing":"%s","size_mib":%s,"idle_ms":[%s,%s,%s],"during_ms":[%s,%s,%s],"extractions":%s,"io_pressure_pct":%s,"unit":"%s"}\n' \

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -39,8 +40,12 @@ func etcdFio(b *testing.B, dir string) [3]float64 {
 		b.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	out, err := exec.Command("fio", "--name=etcd", "--directory="+dir, "--rw=write", "--ioengine=sync", "--fdatasync=1",
-		"--size=22m", "--bs=2300", "--output-format=json").Output()
+	args := []string{"--name=etcd", "--directory=" + dir, "--rw=write", "--ioengine=sync", "--fdatasync=1",
+		"--size=" + envOr("FERRY_N1_FIO_SIZE", "22m"), "--bs=2300", "--output-format=json"}
+	if r := os.Getenv("FERRY_N1_FIO_RATE_IOPS"); r != "" {
+		args = append(args, "--rate_iops="+r)
+	}
+	out, err := exec.Command("fio", args...).Output()
 	if err != nil {
 		b.Fatalf("fio: %v", err)
 	}
@@ -65,7 +70,7 @@ func etcdFio(b *testing.B, dir string) [3]float64 {
 // agent's state and CRI-O's storage) idle, then while a real agent run as
 // the unit loads the release-sized bundle into a real CRI-O: the job
 // starts once the agent is pulling and runs to its end, pacing on
-// (etcd-safe) and off. CRI-O's pulls write the layers in crio's own
+// (etcd-safe) and off, each beside an idle run just before it. CRI-O's pulls write the layers in crio's own
 // cgroup; ferry's lever on them is how many it runs at once.
 //
 //	go test ./test/release -run XXX -bench EtcdFsyncDuringLoad -benchtime 1x -timeout 120m
@@ -84,9 +89,13 @@ func BenchmarkEtcdFsyncDuringLoad(b *testing.B) {
 	cl := c.Client(b)
 	fioDir := filepath.Join(b.TempDir(), "etcd")
 
-	idle := etcdFio(b, fioDir)
 	b.ResetTimer()
 	for _, pacing := range []string{"etcd-safe", "off"} {
+		// Idle beside each run: this host's idle p99 swung from 0.3 to
+		// 2.5 ms within an hour, so one idle run for both was a poor
+		// baseline for the second.
+		syscall.Sync()
+		idle := etcdFio(b, fioDir)
 		root := b.TempDir()
 		cfg := ferryenv.Config(root)
 		c.Configure(&cfg)
