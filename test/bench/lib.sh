@@ -29,27 +29,43 @@ go_bench() {
 # (or packaging/FILE: ferry.slice holds the weights).
 unit_setting() { awk -F= -v k="$1" '$1 == k { v = $2 } END { print v }' "packaging/${2:-ferry.service}"; }
 
-# unit_cgroup_setup makes a cgroup v1 cpu group at the top of the tree as
-# ferry.slice's settings would give it (this host has no systemd and
-# cgroup v1; see TESTING.md "Pressure and priority"): cpu.shares from
-# CPUWeight by systemd's mapping (weight × 1024 / 100), and blkio's BFQ
-# weight from IOWeight (× 500 / 100, systemd's IOWeight to BlockIOWeight)
-# only where the disk's scheduler is BFQ. Sets $unit_cg and $unit_io_note; call
-# unit_cgroup_cleanup at the end.
+# unit_cgroup_setup makes a cgroup at the top of the tree as ferry.slice's
+# settings would give it (these hosts have no systemd as PID 1; see
+# TESTING.md "Pressure and priority"). On cgroup v2 (RHCOS): cpu.weight
+# and io.weight as the slice's CPUWeight and IOWeight. On cgroup v1: a cpu
+# group with cpu.shares by systemd's mapping (weight × 1024 / 100), and
+# blkio's BFQ weight from IOWeight (× 500 / 100, systemd's IOWeight to
+# BlockIOWeight) only where the disk's scheduler is BFQ. Sets $unit_cg and
+# $unit_io_note; call unit_cgroup_cleanup at the end.
 unit_cgroup_setup() {
-  local w iow
+  local w iow sched
   w=$(unit_setting CPUWeight ferry.slice) iow=$(unit_setting IOWeight ferry.slice)
+  sched=$(cat /sys/block/"$(disk_of "${BENCH_DIR:-/var/tmp}")"/queue/scheduler 2>/dev/null | tr -d '\n')
+  unit_blkio=""
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+    unit_cg=/sys/fs/cgroup/ferry-bench-$$
+    echo +cpu > /sys/fs/cgroup/cgroup.subtree_control
+    echo +io > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+    mkdir -p "$unit_cg"
+    echo "$w" > "$unit_cg/cpu.weight"
+    if echo "default $iow" > "$unit_cg/io.weight" 2>/dev/null; then
+      unit_io_note="io.weight $iow (scheduler $sched)"
+    else
+      unit_io_note="io.weight not settable (scheduler $sched)"
+    fi
+    echo "as the unit: cpu.weight $(cat "$unit_cg/cpu.weight"), nice $(unit_setting Nice), ionice -c2 -n$(unit_setting IOSchedulingPriority), $unit_io_note" >&2
+    return
+  fi
   unit_cg=/sys/fs/cgroup/cpu/ferry-bench-$$
   mkdir -p "$unit_cg"
   echo $(( w * 1024 / 100 )) > "$unit_cg/cpu.shares"
-  unit_blkio=""
   if [ -f /sys/fs/cgroup/blkio/blkio.bfq.weight ]; then
     unit_blkio=/sys/fs/cgroup/blkio/ferry-bench-$$
     mkdir -p "$unit_blkio"
     echo $(( iow * 500 / 100 )) > "$unit_blkio/blkio.bfq.weight"
     unit_io_note="blkio.bfq.weight $(( iow * 500 / 100 ))"
   else
-    unit_io_note="IOWeight inert: scheduler $(cat /sys/block/"$(disk_of "${BENCH_DIR:-/var/tmp}")"/queue/scheduler 2>/dev/null | tr -d '\n')"
+    unit_io_note="IOWeight inert: scheduler $sched"
   fi
   echo "as the unit: cpu.shares $(cat "$unit_cg/cpu.shares"), nice $(unit_setting Nice), ionice -c2 -n$(unit_setting IOSchedulingPriority), $unit_io_note" >&2
 }
@@ -58,6 +74,12 @@ unit_cgroup_cleanup() {
   [ -n "${unit_cg:-}" ] && rmdir "$unit_cg" 2>/dev/null
   [ -n "${unit_blkio:-}" ] && rmdir "$unit_blkio" 2>/dev/null
   true
+}
+
+# mkbig ARGS... makes the benches' bundle (test/bench/mkbig) and prints its
+# path; FERRY_MKBIG names a built one for a machine without Go.
+mkbig() {
+  if [ -n "${FERRY_MKBIG:-}" ]; then "$FERRY_MKBIG" "$@"; else go run ./test/bench/mkbig "$@"; fi
 }
 
 # as_unit CMD... runs CMD in the unit's cgroup with its nice and ionice.

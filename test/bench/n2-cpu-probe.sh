@@ -12,7 +12,7 @@ WORK=${BENCH_DIR:-/var/tmp/ferry-bench}
 RESULTS=${RESULTS:-$WORK/results.jsonl}
 mkdir -p "$WORK"
 [ -x bin/ferry ] || make build >&2
-tarfile=$(go run ./test/bench/mkbig -size-mib "$SIZE_MIB" -out "$WORK")
+tarfile=$(mkbig -size-mib "$SIZE_MIB" -out "$WORK")
 dest=$WORK/n2-extract
 unit_cgroup_setup
 loop="" fpid=""

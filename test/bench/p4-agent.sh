@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 SIZE_MIB=${P4_SIZE_MIB:-4096}
 WORK=${BENCH_DIR:-/var/tmp/ferry-bench}
 RESULTS=${RESULTS:-$WORK/results.jsonl}
-tarfile=$(go run ./test/bench/mkbig -size-mib "$SIZE_MIB" -out "$WORK")
+tarfile=$(mkbig -size-mib "$SIZE_MIB" -out "$WORK")
 root=$(mktemp -d "$WORK/agent.XXXX")
 trap 'kill "$pid" 2>/dev/null || true; rm -rf "$root"' EXIT
 cat > "$root/config.toml" <<TOML
