@@ -78,6 +78,7 @@ type Governor struct {
 	last time.Time // the last sample
 
 	pause atomic.Int64           // ns per MiB; 0: full speed
+	next  atomic.Int64           // unix ns at which the last paced bytes' turn ends
 	why   atomic.Pointer[string] // what it holds back for, while pause > 0
 	err   bool                   // the last sample failed (logged once)
 }
@@ -208,7 +209,11 @@ func (g *Governor) Waited(d time.Duration) {
 }
 
 // Pace pauses the caller for n bytes of bulk work while the governor holds
-// back, or until ctx ends.
+// back, or until ctx ends. The pause is shared: callers take turns, so
+// that all of ferry's bulk work together goes a MiB per pause however
+// many ask at once. Paused each on its own, the registry's streams to
+// CRI-O (a dozen layers at a time) went a dozen times the rate that one
+// held-back extraction does, and CRI-O wrote all of it.
 func (g *Governor) Pace(ctx context.Context, n int) error {
 	if g == nil {
 		return nil
@@ -217,16 +222,26 @@ func (g *Governor) Pace(ctx context.Context, n int) error {
 	if p == 0 {
 		return nil
 	}
-	d := time.Duration(p * int64(n) / mib)
+	d := p * int64(n) / mib
 	if d <= 0 {
 		return nil
 	}
-	t := time.NewTimer(d)
+	now := time.Now().UnixNano()
+	end := now + d
+	for {
+		next := g.next.Load()
+		end = max(now, next) + d
+		if g.next.CompareAndSwap(next, end) {
+			break
+		}
+	}
+	t := time.NewTimer(time.Duration(end - now))
 	defer t.Stop()
 	select {
 	case <-t.C:
 		return nil
 	case <-ctx.Done():
+		g.next.CompareAndSwap(end, end-d) // its turn back, unless others queued behind it
 		return ctx.Err()
 	}
 }

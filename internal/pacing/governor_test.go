@@ -162,6 +162,38 @@ func TestGovernor_PaceEndsWithContext(t *testing.T) {
 	}
 }
 
+func TestGovernor_PaceIsSharedByAllWhoAsk(t *testing.T) {
+	g := New(&fakePressure{}, etcdSafe(t), 0, nil)
+	g.pause.Store(int64(maxPause)) // held back as far as it goes: 4 MiB/s
+	const workers, chunk = 4, 256 << 10
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			if err := g.Pace(t.Context(), chunk); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	// Each on its own would be done in one chunk's pause; taking turns,
+	// the last waits for the other three.
+	if el, want := time.Since(start), time.Duration(workers-1)*maxPause*chunk/mib; el < want {
+		t.Errorf("%d workers paced %d KiB each in %v, want at least %v: the pause is not shared", workers, chunk>>10, el, want)
+	}
+
+	// A caller that gives up hands its turn back.
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	before := g.next.Load()
+	if err := g.Pace(ctx, 64<<20); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Pace with a cancelled context: %v", err)
+	}
+	if after := g.next.Load(); after > max(before, time.Now().UnixNano()) {
+		t.Errorf("a cancelled Pace of 64 MiB kept its turn: the next caller waits until %v", time.Unix(0, after))
+	}
+}
+
 func TestGovernor_RunAdjustsAndStops(t *testing.T) {
 	f := &fakePressure{}
 	f.set(0, 0.5)

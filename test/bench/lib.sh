@@ -49,7 +49,12 @@ unit_cgroup_setup() {
     mkdir -p "$unit_cg"
     echo "$w" > "$unit_cg/cpu.weight"
     if echo "default $iow" > "$unit_cg/io.weight" 2>/dev/null; then
-      unit_io_note="io.weight $iow (scheduler $sched)"
+      # only BFQ or the io.cost controller act on it
+      if [[ $sched == *"[bfq]"* ]] || grep -q "enable=1" /sys/fs/cgroup/io.cost.qos 2>/dev/null; then
+        unit_io_note="io.weight $iow (scheduler $sched)"
+      else
+        unit_io_note="io.weight $iow inert: scheduler $sched, no io.cost"
+      fi
     else
       unit_io_note="io.weight not settable (scheduler $sched)"
     fi
