@@ -22,7 +22,8 @@ dest=$WORK/n1-extract # one dir inside for each extraction
 fiodir=$WORK/n1-fio
 mkdir -p "$fiodir"
 unit_cgroup_setup
-trap 'stop_loop; rm -rf "$dest" "$fiodir" || true; unit_cgroup_cleanup' EXIT
+pods_cgroup_setup
+trap 'stop_loop; rm -rf "$dest" "$fiodir" || true; unit_cgroup_cleanup; pods_cgroup_cleanup' EXIT
 loop=""
 # stop_loop ends the extraction loop and the ferry it runs (by their pids).
 stop_loop() {
@@ -37,7 +38,7 @@ stop_loop() {
 # etcd_fio LABEL: one fio run; prints "p50 p99 p99.9" in ms.
 etcd_fio() {
   rm -f "$fiodir"/etcd*
-  fio --name=etcd --directory="$fiodir" --rw=write --ioengine=sync --fdatasync=1 --size="${N1_FIO_SIZE:-22m}" --bs=2300 --output-format=json > "$WORK/n1-$1.json"
+  in_pods fio --name=etcd --directory="$fiodir" --rw=write --ioengine=sync --fdatasync=1 --size="${N1_FIO_SIZE:-22m}" --bs=2300 --output-format=json > "$WORK/n1-$1.json"
   python3 - "$WORK/n1-$1.json" <<'PY'
 import json, sys
 p = json.load(open(sys.argv[1]))["jobs"][0]["sync"]["lat_ns"]["percentile"]
@@ -86,7 +87,7 @@ ratio() { awk "BEGIN{printf \"%.2f\", $1/$2}"; }
 for pacing in ${N1_PACINGS:-etcd-safe off}; do
   read -r i50 i99 i999 d50 d99 d999 n iop <<<"${r[$pacing]}"
   row "N1 etcd fsync idle p99, beside $pacing" "${i99}ms" "" "p50 ${i50} ms, p99.9 ${i999} ms (fio etcd job on $(disk_of "$WORK"))"
-  row "N1 p99 during 2 GiB extract, pacing $pacing" "${d99}ms" "$(ratio "$d99" "$i99")x" "vs idle p99 ${i99} ms; goal <= 1.5x; $n extractions begun; io pressure ${iop}%"
+  row "N1 p99 during 2 GiB extract, pacing $pacing" "${d99}ms" "$(ratio "$d99" "$i99")x" "vs idle p99 ${i99} ms; goal <= 1.5x; $n extractions begun; io pressure ${iop}%; $pods_note"
   row "N1 p99.9 during extract, pacing $pacing" "${d999}ms" "$(ratio "$d999" "$i999")x" "vs idle p99.9 ${i999} ms; goal <= 2x; p50 ${d50} ms"
   printf '{"bench":"N1","pacing":"%s","size_mib":%s,"idle_ms":[%s,%s,%s],"during_ms":[%s,%s,%s],"extractions":%s,"io_pressure_pct":%s,"unit":"%s"}\n' \
     "$pacing" "$SIZE_MIB" "$i50" "$i99" "$i999" "$d50" "$d99" "$d999" "$n" "$iop" "$unit_io_note" >> "$RESULTS"
