@@ -318,14 +318,14 @@ func clockedGovernor(t *testing.T) (*Governor, *fakePressure, func()) {
 func TestGovernor_OwnWritebackWaitsAreNotOthersStall(t *testing.T) {
 	g, f, tick := clockedGovernor(t)
 
-	f.set(0, 0.30)                  // some task stalled on IO 30% of the last 100 ms...
-	g.Waited(30 * time.Millisecond) // ...and that task was ferry
+	f.set(0, 0.30)                     // some task stalled on IO 30% of the last sample...
+	g.Waited(DefaultInterval * 3 / 10) // ...and that task was ferry
 	tick()
 	if g.Pause() != 0 || g.HoldingBack() != "" {
 		t.Fatalf("ferry alone stalled: pause %v, holding back %q; want full speed", g.Pause(), g.HoldingBack())
 	}
 
-	g.Waited(10 * time.Millisecond) // ferry a tenth of it; others 20%, twice the limit
+	g.Waited(DefaultInterval / 10) // ferry a tenth of it; others 20%, twice the limit
 	tick()
 	if g.Pause() == 0 {
 		t.Fatalf("others stalled 20%% beside ferry's own 10%%: no pause")
@@ -415,7 +415,7 @@ func TestGovernor_WatchingThePodsKeepsTheirWholeStall(t *testing.T) {
 func TestGovernor_AStallThatWasFerrysOwnIsForgivenFast(t *testing.T) {
 	g, f, tick := clockedGovernor(t)
 	f.set(0, 1) // 400 ms of stall: ferry's write behind a journal commit
-	for range 4 {
+	for range int(400 * time.Millisecond / DefaultInterval) {
 		tick()
 	}
 	if g.Pause() != maxPause {
