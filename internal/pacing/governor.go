@@ -230,7 +230,7 @@ func (g *Governor) Pace(ctx context.Context, n int) error {
 		return nil
 	}
 	now := time.Now().UnixNano()
-	end := now + d
+	var end int64 // when this caller's turn ends
 	for {
 		next := g.next.Load()
 		end = max(now, next) + d
