@@ -38,7 +38,7 @@ unit_setting() { awk -F= -v k="$1" '$1 == k { v = $2 } END { print v }' "packagi
 # BlockIOWeight) only where the disk's scheduler is BFQ. Sets $unit_cg and
 # $unit_io_note; call unit_cgroup_cleanup at the end.
 unit_cgroup_setup() {
-  local w iow sched
+  local w iow sched cpu
   w=$(unit_setting CPUWeight ferry.slice) iow=$(unit_setting IOWeight ferry.slice)
   sched=$(cat /sys/block/"$(disk_of "${BENCH_DIR:-/var/tmp}")"/queue/scheduler 2>/dev/null | tr -d '\n')
   unit_blkio=""
@@ -58,21 +58,22 @@ unit_cgroup_setup() {
     else
       unit_io_note="io.weight not settable (scheduler $sched)"
     fi
-    echo "as the unit: cpu.weight $(cat "$unit_cg/cpu.weight"), nice $(unit_setting Nice), ionice -c2 -n$(unit_setting IOSchedulingPriority), $unit_io_note" >&2
-    return
-  fi
-  unit_cg=/sys/fs/cgroup/cpu/ferry-bench-$$
-  mkdir -p "$unit_cg"
-  echo $(( w * 1024 / 100 )) > "$unit_cg/cpu.shares"
-  if [ -f /sys/fs/cgroup/blkio/blkio.bfq.weight ]; then
-    unit_blkio=/sys/fs/cgroup/blkio/ferry-bench-$$
-    mkdir -p "$unit_blkio"
-    echo $(( iow * 500 / 100 )) > "$unit_blkio/blkio.bfq.weight"
-    unit_io_note="blkio.bfq.weight $(( iow * 500 / 100 ))"
+    cpu="cpu.weight $(cat "$unit_cg/cpu.weight")"
   else
-    unit_io_note="IOWeight inert: scheduler $sched"
+    unit_cg=/sys/fs/cgroup/cpu/ferry-bench-$$
+    mkdir -p "$unit_cg"
+    echo $(( w * 1024 / 100 )) > "$unit_cg/cpu.shares"
+    if [ -f /sys/fs/cgroup/blkio/blkio.bfq.weight ]; then
+      unit_blkio=/sys/fs/cgroup/blkio/ferry-bench-$$
+      mkdir -p "$unit_blkio"
+      echo $(( iow * 500 / 100 )) > "$unit_blkio/blkio.bfq.weight"
+      unit_io_note="blkio.bfq.weight $(( iow * 500 / 100 ))"
+    else
+      unit_io_note="IOWeight inert: scheduler $sched"
+    fi
+    cpu="cpu.shares $(cat "$unit_cg/cpu.shares")"
   fi
-  echo "as the unit: cpu.shares $(cat "$unit_cg/cpu.shares"), nice $(unit_setting Nice), ionice -c2 -n$(unit_setting IOSchedulingPriority), $unit_io_note" >&2
+  echo "as the unit: $cpu, nice $(unit_setting Nice), ionice -c2 -n$(unit_setting IOSchedulingPriority), $unit_io_note" >&2
 }
 
 unit_cgroup_cleanup() {

@@ -6,8 +6,8 @@
 # settings, with pacing (the default) and without. p50/p99/p99.9 of each;
 # goal: p99 during <= 1.5x idle p99, p99.9 <= 2x. The load (CRI-O pulls)
 # is not measured here. N1_PACINGS (default "etcd-safe off") picks the runs;
-# N1_FIO_SIZE (22m, etcd's own check) the job's length: on a fast disk it
-# is over in a second.
+# N1_FIO_SIZE (22m, etcd's own check) the job's length (on a fast disk it
+# is over in a second) and N1_FIO_RATE_IOPS (none: back to back) its pace.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . test/bench/lib.sh
@@ -38,7 +38,7 @@ stop_loop() {
 # etcd_fio LABEL: one fio run; prints "p50 p99 p99.9" in ms.
 etcd_fio() {
   rm -f "$fiodir"/etcd*
-  in_pods fio --name=etcd --directory="$fiodir" --rw=write --ioengine=sync --fdatasync=1 --size="${N1_FIO_SIZE:-22m}" --bs=2300 --output-format=json > "$WORK/n1-$1.json"
+  in_pods fio --name=etcd --directory="$fiodir" --rw=write --ioengine=sync --fdatasync=1 --size="${N1_FIO_SIZE:-22m}" ${N1_FIO_RATE_IOPS:+--rate_iops="$N1_FIO_RATE_IOPS"} --bs=2300 --output-format=json > "$WORK/n1-$1.json"
   python3 - "$WORK/n1-$1.json" <<'PY'
 import json, sys
 p = json.load(open(sys.argv[1]))["jobs"][0]["sync"]["lat_ns"]["percentile"]

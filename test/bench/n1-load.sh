@@ -5,6 +5,8 @@
 # the agent pulls), pacing on (etcd-safe) and off (test/release
 # BenchmarkEtcdFsyncDuringLoad). Goal: p99 <= 1.5x idle, p99.9 <= 2x.
 # Makes P6's bundle first if it is not kept yet (~5 min); ~5 min a run.
+# N1_FIO_SIZE (22m) and N1_FIO_RATE_IOPS (none) shape the job, as for N1's
+# extraction half.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . test/bench/lib.sh
@@ -13,7 +15,7 @@ command -v fio >/dev/null || { row "N1 etcd fsync during a load" FAILED "" "no f
 unit_cgroup_setup
 trap unit_cgroup_cleanup EXIT
 export FERRY_UNIT_CGROUP=$unit_cg FERRY_UNIT_NICE=$(unit_setting Nice) FERRY_UNIT_IOPRIO=$(unit_setting IOSchedulingPriority)
-export FERRY_P6_MIB=${P6_MIB:-3960}
+export FERRY_P6_MIB=${P6_MIB:-3960} FERRY_N1_FIO_SIZE=${N1_FIO_SIZE:-22m} FERRY_N1_FIO_RATE_IOPS=${N1_FIO_RATE_IOPS:-}
 go_bench "N1 etcd fsync during a load" ./test/release EtcdFsyncDuringLoad -timeout 120m
 # N1L pacing etcd-safe: idle p50 0.30 p99 0.50 p99.9 1.00 ms; during the load p50 0.40 p99 0.70 p99.9 1.90 ms; p99 1.40x, p99.9 1.90x (goal ≤ 1.5x, ≤ 2x); unit prefix true
 n=0
