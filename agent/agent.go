@@ -57,9 +57,13 @@ type Loader interface {
 	// Retire is the end of a bundle whose upgrade is done: its registry,
 	// mirror and CA go, its pins stay.
 	Retire(ctx context.Context, meta *bundle.Metadata, dir string) error
-	// Unpin drops the pins of these images (the previous bundle's, once
-	// the next upgrade is done).
-	Unpin(ctx context.Context, images []string) error
+	// Restore loads the images of a retired bundle that CRI-O lacks again
+	// from its tree in dir (served for as long as it takes), and tells
+	// how many it lacked.
+	Restore(ctx context.Context, meta *bundle.Metadata, images []string, dir string) (int, error)
+	// Unpin drops the pins of a bundle (the previous one, once the next
+	// upgrade is done): images are its images.
+	Unpin(ctx context.Context, meta *bundle.Metadata, images []string) error
 	// Cleanup takes out a bundle that never became the cluster's release:
 	// pins, mirror, CA and registry.
 	Cleanup(ctx context.Context, meta *bundle.Metadata, dir string) error

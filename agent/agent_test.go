@@ -68,10 +68,12 @@ type fakeLoader struct {
 	cleanups int
 	retires  []string
 	unpinned []string
+	restored []string
+	present  map[string]bool // images the fake CRI-O holds, for Restore: nil holds none
 	keeps    [][]string
 	images   [][]string // what each load pulled and pinned
 	fail     int
-	pinned   map[string]bool                     // what the fake CRI-O pins
+	pins     map[string][]string                 // what the fake CRI-O pins, by bundle version (ferry's ledger)
 	room     error                               // CheckRoomBefore's answer
 	roomFor  func(writes map[string]int64) error // or this one's
 }
@@ -91,13 +93,21 @@ func (l *fakeLoader) Load(_ context.Context, m *bundle.Metadata, images []string
 	l.loads = append(l.loads, m.Version)
 	l.keeps = append(l.keeps, keep)
 	l.images = append(l.images, images)
-	if l.pinned == nil {
-		l.pinned = map[string]bool{}
+	if l.pins == nil {
+		l.pins = map[string][]string{}
 	}
-	for _, ref := range images {
-		l.pinned[ref] = true
-	}
+	l.pins[m.Version] = images
 	return nil
+}
+
+// pinned tells whether some bundle pins ref (l.mu held).
+func (l *fakeLoader) pinned(ref string) bool {
+	for _, refs := range l.pins {
+		if slices.Contains(refs, ref) {
+			return true
+		}
+	}
+	return false
 }
 
 func (l *fakeLoader) Resume(context.Context, *bundle.Metadata, []string, string, []string) error {
@@ -119,22 +129,31 @@ func (l *fakeLoader) Retire(_ context.Context, m *bundle.Metadata, _ string) err
 	return nil
 }
 
-func (l *fakeLoader) Unpin(_ context.Context, images []string) error {
+func (l *fakeLoader) Restore(_ context.Context, m *bundle.Metadata, images []string, _ string) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	n := 0
 	for _, ref := range images {
-		delete(l.pinned, ref)
-		l.unpinned = append(l.unpinned, ref)
+		if !l.present[ref] {
+			n++
+			l.restored = append(l.restored, ref)
+		}
 	}
+	return n, nil
+}
+
+func (l *fakeLoader) Unpin(_ context.Context, m *bundle.Metadata, images []string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.pins, m.Version)
+	l.unpinned = append(l.unpinned, images...)
 	return nil
 }
 
 func (l *fakeLoader) Cleanup(_ context.Context, m *bundle.Metadata, _ string) error {
 	l.mu.Lock()
 	l.cleanups++
-	for _, ref := range m.AllImages() {
-		delete(l.pinned, ref)
-	}
+	delete(l.pins, m.Version)
 	l.mu.Unlock()
 	return nil
 }
@@ -537,8 +556,9 @@ func TestAgent_CleanupOfALoadedBundleIsTheUpgradeDone(t *testing.T) {
 	if retires != 1 || cleanups != 0 {
 		t.Fatalf("retires %d, cleanups %d: want the upgrade's end (pins kept), not a cleanup", retires, cleanups)
 	}
-	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); !os.IsNotExist(err) {
-		t.Fatal("extracted dir kept")
+	firstDir := filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")
+	if _, err := os.Stat(filepath.Join(firstDir, bundle.MetadataName)); err != nil || !h.record().Retained {
+		t.Fatalf("the running release's tree is not kept: %v, retained %v", err, h.record().Retained)
 	}
 	if got := h.agent.Status(); got.Phase != string(PhaseUpgraded) || !strings.Contains(got.Line, "waiting for the next upgrade stick") || !got.Healthy {
 		t.Fatalf("after cleanup %+v", got)
@@ -558,10 +578,16 @@ func TestAgent_CleanupOfALoadedBundleIsTheUpgradeDone(t *testing.T) {
 		t.Fatalf("the second load did not keep the first bundle's pins: %v", keep)
 	}
 	must(t, h.agent.Request(t.Context(), "cleanup", nil))
+	if _, err := os.Stat(firstDir); !os.IsNotExist(err) {
+		t.Error("the first release's kept tree outlived the next upgrade")
+	}
+	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.8-x86_64", bundle.MetadataName)); err != nil {
+		t.Errorf("the running release's tree is not kept: %v", err)
+	}
 	h.loader.mu.Lock()
 	defer h.loader.mu.Unlock()
-	if h.loader.pinned[old] || !h.loader.pinned[shared] {
-		t.Fatalf("after the second upgrade: unpinned %v, pinned %v", h.loader.unpinned, h.loader.pinned)
+	if h.loader.pinned(old) || !h.loader.pinned(shared) {
+		t.Fatalf("after the second upgrade: unpinned %v, pinned %v", h.loader.unpinned, h.loader.pins)
 	}
 }
 

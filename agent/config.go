@@ -37,13 +37,30 @@ type Config struct {
 	// (ApprovalModes).
 	Approval ApprovalMode `toml:"approval"`
 
-	Paths    Paths    `toml:"paths"`
-	CRIO     CRIO     `toml:"crio"`
-	Registry Registry `toml:"registry"`
-	Peer     Peer     `toml:"peer"`
-	Cluster  Cluster  `toml:"cluster"`
-	Media    Media    `toml:"media"`
-	Pacing   Pacing   `toml:"pacing"`
+	Paths     Paths     `toml:"paths"`
+	CRIO      CRIO      `toml:"crio"`
+	Registry  Registry  `toml:"registry"`
+	Peer      Peer      `toml:"peer"`
+	Cluster   Cluster   `toml:"cluster"`
+	Media     Media     `toml:"media"`
+	Pacing    Pacing    `toml:"pacing"`
+	Retention Retention `toml:"retention"`
+}
+
+// Retention is what a node keeps of the release it runs once its upgrade
+// is done, until the next upgrade is done: without a registry on the
+// site, the only other copy of its images is CRI-O's own storage.
+type Retention struct {
+	// KeepRunningRelease keeps the upgraded bundle's extracted tree (its
+	// size on disk: the bundle's), to load its images into CRI-O again when
+	// they go missing (CRI-O wiped its storage after an unclean stop) and
+	// to serve it to a node that joins later or comes back empty. false
+	// frees the disk at the upgrade's end, as ferry did before.
+	KeepRunningRelease bool `toml:"keep_running_release"`
+	// CheckMinutes is how often CRI-O is asked whether it still holds
+	// every image of the running release, besides each time CRI-O
+	// restarts; 0 checks only then.
+	CheckMinutes int `toml:"check_minutes"`
 }
 
 // Pacing is how ferry's bulk work (extraction's writes, peer fetches and
@@ -197,10 +214,11 @@ func DefaultConfig() Config {
 			StorageFloorBytes: 1 << 30,
 			KubeletConfig:     "/etc/kubernetes/kubelet.conf",
 		},
-		Peer:    Peer{Listen: ":8090"},
-		Cluster: Cluster{Schedule: "Automatic"},
-		Media:   Media{Detect: "automatic"},
-		Pacing:  Pacing{Enabled: true, Politeness: pacing.DefaultPoliteness},
+		Peer:      Peer{Listen: ":8090"},
+		Cluster:   Cluster{Schedule: "Automatic"},
+		Media:     Media{Detect: "automatic"},
+		Pacing:    Pacing{Enabled: true, Politeness: pacing.DefaultPoliteness},
+		Retention: Retention{KeepRunningRelease: true, CheckMinutes: 10},
 	}
 }
 
@@ -289,6 +307,9 @@ func (c *Config) Validate() error {
 	}
 	if w := c.Pacing.Watch; w != "" && !filepath.IsAbs(w) {
 		return bad("pacing.watch", "%q is not an absolute path: leave it empty (the pods' cgroup, else the node) or name /proc/pressure or a cgroup v2 directory", w)
+	}
+	if c.Retention.CheckMinutes < 0 {
+		return bad("retention.check_minutes", "%d is negative: 0 checks only when CRI-O restarts", c.Retention.CheckMinutes)
 	}
 	switch c.Media.Detect {
 	case "automatic", "manual":

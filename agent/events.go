@@ -45,7 +45,13 @@ type evJobDone struct {
 	res     *bundle.Result
 	pieces  *peer.PieceList
 	err     error
+	// restore: how many images CRI-O lacked
+	restored int
 }
+
+// evRuntimeCheck: CRI-O restarted, or it is time to check that it still
+// holds the running release's images.
+type evRuntimeCheck struct{ why string }
 
 // evProgress: the running job moved (throttled by the job).
 type evProgress struct {
@@ -111,6 +117,7 @@ func (evUpgradeSeen) isEvent()  {}
 func (evPeerList) isEvent()     {}
 func (evNodeSeen) isEvent()     {}
 func (evPreflight) isEvent()    {}
+func (evRuntimeCheck) isEvent() {}
 
 type jobKind string
 
@@ -119,7 +126,8 @@ const (
 	jobFetch   jobKind = "fetch"
 	jobLoad    jobKind = "load"
 	jobCleanup jobKind = "cleanup" // taken out before it was the cluster's release
-	jobRetire  jobKind = "retire"  // upgraded: files, registry, mirror go; the previous bundle's pins go
+	jobRetire  jobKind = "retire"  // upgraded: registry, mirror go (files too unless kept); the previous bundle's pins go
+	jobRestore jobKind = "restore" // the running release's images CRI-O lost, loaded again from the tree kept
 )
 
 type requestKind string
@@ -165,9 +173,14 @@ type effStartJob struct {
 	keep []string
 	// cleanup
 	unload bool
-	// retire: the previous bundle, whose pins go now
+	// retire: the previous bundle, whose pins go now; retain keeps the
+	// bundle's files as the running release's source
 	previous *Record
+	retain   bool
 }
+
+// effUnshare stops serving a bundle to the peers.
+type effUnshare struct{ digest string }
 
 // effStopJob cancels the running job; its evJobDone follows.
 type effStopJob struct{}
@@ -212,6 +225,7 @@ func (effSave) isEffect()         {}
 func (effForget) isEffect()       {}
 func (effProbe) isEffect()        {}
 func (effStartJob) isEffect()     {}
+func (effUnshare) isEffect()      {}
 func (effStopJob) isEffect()      {}
 func (effCloseMedium) isEffect()  {}
 func (effShare) isEffect()        {}

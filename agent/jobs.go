@@ -104,6 +104,8 @@ func (a *Agent) runJob(ctx context.Context, j effStartJob) event {
 		done.err = a.cleanup(ctx, r, j.unload)
 	case jobRetire:
 		done.err = a.retire(ctx, r, j)
+	case jobRestore:
+		done.restored, done.err = a.restore(ctx, r)
 	}
 	done.stopped = ctx.Err() != nil
 	return done
@@ -369,34 +371,41 @@ func (a *Agent) cleanup(ctx context.Context, r *Record, unload bool) error {
 }
 
 // retire ends a bundle whose upgrade is done: registry, mirror and CA go
-// (pins stay), files and sharing go, and the previous bundle's pins go,
-// except the images this one holds too.
+// (pins stay); its files and sharing go too unless the node keeps it as
+// the running release's source (j.retain). The previous bundle's pins go,
+// except the images this one holds too, and so does the tree kept for it.
 func (a *Agent) retire(ctx context.Context, r *Record, j effStartJob) error {
 	if j.unload {
 		if err := a.deps.Loader.Retire(ctx, r.Metadata, r.Dir); err != nil {
 			return err
 		}
 	}
-	if err := a.cleanup(ctx, r, false); err != nil {
-		return err
+	if !j.retain {
+		if err := a.cleanup(ctx, r, false); err != nil {
+			return err
+		}
 	}
-	if p := j.previous; j.unload && p != nil && p.Metadata != nil {
-		mine := map[string]bool{}
-		for _, ref := range r.Images() {
-			mine[ref] = true
+	p := j.previous
+	if p == nil {
+		return nil
+	}
+	if j.unload && p.Metadata != nil {
+		a.log.Info("unpinning the previous bundle's images", "bundle", p.Name, "images", len(p.Images()))
+		if err := a.deps.Loader.Unpin(ctx, p.Metadata, p.Images()); err != nil {
+			return err
 		}
-		var gone []string
-		for _, ref := range p.Images() {
-			if !mine[ref] {
-				gone = append(gone, ref)
-			}
-		}
-		if len(gone) > 0 {
-			a.log.Info("unpinning the previous bundle's images", "bundle", p.Name, "images", len(gone))
-			return a.deps.Loader.Unpin(ctx, gone)
-		}
+	}
+	if p.Retained && p.Dir != r.Dir {
+		a.log.Info("removing the copy kept of the previous release", "bundle", p.Name, "dir", p.Dir)
+		return a.cleanup(ctx, p, false)
 	}
 	return nil
+}
+
+// restore loads the running release's images CRI-O lacks again from the
+// tree kept for it.
+func (a *Agent) restore(ctx context.Context, r *Record) (int, error) {
+	return a.deps.Loader.Restore(ctx, r.Metadata, r.Images(), r.Dir)
 }
 
 // throttle returns a progress callback that tells the loop at most every

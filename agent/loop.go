@@ -93,6 +93,9 @@ func (a *Agent) watchers(ctx context.Context) <-chan view {
 	if a.deps.Peers != nil {
 		goBG(func() { a.pollPeers(ctx, 2*time.Second, views) })
 	}
+	if a.deps.Loader != nil && a.cfg.Retention.KeepRunningRelease {
+		goBG(func() { a.watchRuntime(ctx, runtimePoll, time.Duration(a.cfg.Retention.CheckMinutes)*time.Minute) })
+	}
 	if a.deps.API != nil {
 		goBG(func() { a.annotate(ctx, 5*time.Second) })
 		goBG(func() { a.followUpgrade(ctx) })
@@ -152,6 +155,10 @@ func (a *Agent) perform(ctx context.Context, e effect) {
 		}
 	case effShare:
 		a.share(e.rec, e.pieces)
+	case effUnshare:
+		if a.deps.Peers != nil {
+			a.deps.Peers.Unshare(e.digest)
+		}
 	case effRemove:
 		if err := os.RemoveAll(e.path); err != nil {
 			a.log.Warn("cannot remove", "path", e.path, "err", err)

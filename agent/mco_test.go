@@ -58,6 +58,13 @@ func (h *harness) loads() int {
 	return len(h.loader.loads)
 }
 
+// cleanups is how many bundles the fake loader unloaded.
+func (h *harness) cleanups() int {
+	h.loader.mu.Lock()
+	defer h.loader.mu.Unlock()
+	return h.loader.cleanups
+}
+
 func (h *harness) retires() int {
 	h.loader.mu.Lock()
 	defer h.loader.mu.Unlock()
@@ -95,8 +102,8 @@ func (h *harness) retiresOnce() {
 	if n := h.retires(); n != 1 {
 		h.t.Fatalf("retired %d times", n)
 	}
-	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); !os.IsNotExist(err) {
-		h.t.Fatal("the extracted tree outlived the cleanup")
+	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); err != nil || !h.record().Retained {
+		h.t.Fatalf("the running release's tree is not kept after the cleanup: %v", err)
 	}
 }
 

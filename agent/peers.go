@@ -80,6 +80,11 @@ func (m *machine) standing() peer.Status {
 		}
 	case m.done != nil:
 		st.Phase = string(m.done.Phase)
+		if m.done.Retained {
+			// The release it runs and keeps: a node that joins later
+			// fetches it (fresh, runsAlready).
+			st.Digest = m.done.Digest
+		}
 	}
 	return st
 }

@@ -193,8 +193,9 @@ func TestResource_ASpecApprovingAnotherDigestIsNotOverriddenLocally(t *testing.T
 
 // TestResource_SpecCleanupTakesTheBundleOut: the administrator's
 // spec.cleanup does what 'ferry cleanup' does on the node: a loaded
-// bundle's mirror and tree go (its pins stay until the next upgrade), a
-// bundle still waiting is removed; once.
+// bundle the cluster never upgraded to is unloaded (its pins, mirror and
+// tree go; the running release's pins stay), a bundle still waiting is
+// removed; once.
 func TestResource_SpecCleanupTakesTheBundleOut(t *testing.T) {
 	t.Run("loaded", func(t *testing.T) {
 		h, api := apiHarness(t)
@@ -203,10 +204,13 @@ func TestResource_SpecCleanupTakesTheBundleOut(t *testing.T) {
 		h.plug("/dev/sda", src)
 		h.waitPhase(PhaseClusterReady)
 		api.setPolicy(resourceName, BundlePolicy{Cleanup: true})
-		h.waitFor("the bundle retired", func() bool { return h.retires() == 1 })
+		h.waitFor("the bundle unloaded", func() bool { return h.cleanups() == 1 })
 		time.Sleep(200 * time.Millisecond)
-		if n := h.retires(); n != 1 {
-			t.Fatalf("retired %d times", n)
+		if n, r := h.cleanups(), h.retires(); n != 1 || r != 0 {
+			t.Fatalf("unloaded %d times, retired %d times: want one unload and no retirement", n, r)
+		}
+		if h.record().Phase != PhaseCleaned {
+			t.Fatalf("record %+v, want cleaned", h.record())
 		}
 	})
 	t.Run("waiting for approval", func(t *testing.T) {

@@ -60,6 +60,11 @@ type Record struct {
 	Retired bool `json:"retired,omitempty"`
 	// Unpinned: the next bundle's upgrade is done and this one's pins went.
 	Unpinned bool `json:"unpinned,omitempty"`
+	// Retained: upgraded, and its extracted tree kept (Dir) as the running
+	// release's source until the next upgrade is done: its images are
+	// loaded again from it when CRI-O loses them, and it is served to the
+	// peers.
+	Retained bool `json:"retained,omitempty"`
 	// Signature is the bundle's .minisig, when it had one: it travels to
 	// the peers with the metadata.
 	Signature []byte `json:"signature,omitempty"`

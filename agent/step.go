@@ -63,6 +63,9 @@ type machine struct {
 	clusterApproved []string
 	excluded        map[string]string
 	excludedHosts   map[string]bool
+	// restoreDue is why the running release's images are to be checked
+	// once the running job ends ("" when not).
+	restoreDue string
 }
 
 // job is the one long task a node runs at a time.
@@ -125,6 +128,8 @@ func (m *machine) step(ev event) []effect {
 		return nil
 	case evRetry:
 		return m.next()
+	case evRuntimeCheck:
+		return m.runtimeCheck(ev.why)
 	}
 	panic(fmt.Sprintf("agent: unknown event %T", ev))
 }
@@ -148,7 +153,7 @@ func (m *machine) start(recs []*Record) []effect {
 			}
 		}
 	}
-	forget := m.pruneRefused()
+	forget := append(m.pruneRefused(), m.resumeRetained()...)
 	r := m.active
 	if r == nil {
 		return forget
@@ -361,7 +366,7 @@ func orFile(device string) string {
 // extract starts verifying and extracting r from src.
 func (m *machine) extract(r *Record, src bundle.Source, device string, medium Medium, pol bundle.Policy) []effect {
 	m.log.Info("verifying and extracting", "phase", string(PhaseDetected), "bundle", r.Name, "device", device)
-	effs := []effect{effRemove{r.Dir}} // never trust a dir whose extraction was not recorded
+	effs := append(m.keepsDir(r.Dir), effRemove{r.Dir}) // never trust a dir whose extraction was not recorded
 	effs = append(effs, m.startJob(effStartJob{kind: jobExtract, rec: r, src: src, policy: pol,
 		pieces: r.Origin != OriginPeer}, device)...)
 	m.job.medium = medium
@@ -394,6 +399,9 @@ func (m *machine) jobDone(j evJobDone) []effect {
 	}
 	m.job = nil
 	r := m.records[j.id]
+	if j.kind == jobRestore {
+		return append(effs, m.restoreDone(r, j)...)
+	}
 	if r == nil || r != m.active || !jobFits(j.kind, r.Phase) {
 		m.log.Warn("a job's end for a bundle no longer in its phase is ignored", "job", string(j.kind), "record", j.id)
 		if m.cleanupAsked {
@@ -409,14 +417,16 @@ func (m *machine) jobDone(j evJobDone) []effect {
 	case jobLoad:
 		effs = append(effs, m.loadDone(r, j)...)
 	case jobCleanup:
-		return append(effs, m.cleanupDone(r, j)...)
+		effs = append(effs, m.cleanupDone(r, j)...)
+		return append(effs, m.restoreIfDue()...)
 	case jobRetire:
-		return append(effs, m.retireDone(r, j)...)
+		effs = append(effs, m.retireDone(r, j)...)
+		return append(effs, m.restoreIfDue()...)
 	}
 	if m.cleanupAsked {
 		return append(effs, m.cleanup()...)
 	}
-	return effs
+	return append(effs, m.restoreIfDue()...)
 }
 
 // jobFits reports whether a job of this kind runs in phase p: a job's end
@@ -589,10 +599,14 @@ func (m *machine) request(q evRequest) []effect {
 		if m.cleanupAsked || m.active.Phase == PhaseUpgraded {
 			return []effect{effReply{q.reply, errors.New("a cleanup is already under way")}}
 		}
+		if r := m.active; r.Phase == PhaseUpgrading && m.hasAPI {
+			return []effect{effReply{q.reply, fmt.Errorf("the cluster is upgrading to %s: taking it out now would take away the images the upgrade pulls; ferry cleans up by itself once the upgrade is done", r.Name)}}
+		}
 		m.cleanupAsked, m.cleanupReply = true, q.reply
-		if r := m.active; r.Phase.Loaded() && m.job == nil {
+		if r := m.active; r.Phase.Loaded() && m.job == nil && !m.hasAPI {
 			// Loaded everywhere: without the API, this is the word that
-			// the upgrade is done.
+			// the upgrade is done. With it, the cluster says when it is
+			// done, and a loaded bundle it never ran is unloaded.
 			m.log.Info("ferry cleanup: the upgrade is done", "bundle", r.Name)
 			return m.upgraded(r)
 		}
@@ -683,10 +697,56 @@ func (m *machine) peersSeen(v view) []effect {
 	return nil
 }
 
+// runsAlready reports whether every other node (at least one) is done
+// with the upgrade to r and keeps it as the release it runs: this node
+// joined the cluster after that upgrade, or came back empty.
+func (m *machine) runsAlready(r *Record) bool {
+	n := 0
+	for _, st := range m.gatedStatuses() {
+		if st.Err != nil || Phase(st.Phase) != PhaseUpgraded || st.Digest != r.Digest {
+			return false
+		}
+		n++
+	}
+	return n > 0
+}
+
+// fresh are the offers this node may take: not a bundle it is done with
+// (upgraded or cleaned up here), and not the release the peers run and
+// keep (an upgraded peer's Digest) while another bundle is offered too.
+func (m *machine) fresh(v view) []peer.PeerOffer {
+	doneWith := map[string]bool{}
+	for _, r := range m.records {
+		if r.Phase == PhaseUpgraded || r.Phase == PhaseCleaned {
+			doneWith[r.Digest] = true
+		}
+	}
+	running := map[string]bool{}
+	for _, st := range v.statuses {
+		if st.Err == nil && Phase(st.Phase) == PhaseUpgraded && st.Digest != "" {
+			running[st.Digest] = true
+		}
+	}
+	var out, kept []peer.PeerOffer
+	for _, o := range v.offers {
+		switch {
+		case doneWith[o.Digest]:
+		case running[o.Digest]:
+			kept = append(kept, o)
+		default:
+			out = append(out, o)
+		}
+	}
+	if len(out) == 0 {
+		return kept
+	}
+	return out
+}
+
 // maybeFetch starts fetching the bundle the peers offer, after the same
 // checks a stick gets.
 func (m *machine) maybeFetch(v view) []effect {
-	o, conflict := oneOffer(v.offers)
+	o, conflict := oneOffer(m.fresh(v))
 	if conflict != "" {
 		return m.reportConflict(conflict)
 	}
@@ -799,7 +859,7 @@ func (m *machine) fetch(r *Record) []effect {
 	if r.Approval == bundle.ApprovalSignature {
 		pol = m.pol()
 	}
-	return append([]effect{effRemove{r.Dir}}, m.startJob(effStartJob{kind: jobFetch, rec: r, policy: pol}, "")...)
+	return append(append(m.keepsDir(r.Dir), effRemove{r.Dir}), m.startJob(effStartJob{kind: jobFetch, rec: r, policy: pol}, "")...)
 }
 
 // oneOffer is the one bundle the peers offer, or why there is a conflict.
@@ -827,6 +887,10 @@ func (m *machine) gate(r *Record) []effect {
 			if _, heard := m.view.statuses[p]; !heard && !m.gateExcluded(p, "") {
 				return nil
 			}
+		}
+		if r.Phase == PhaseLoaded && m.runsAlready(r) {
+			m.log.Info("every other node runs this release already, upgraded: this node joins it", "bundle", r.Name, "digest", r.Digest)
+			return m.upgraded(r)
 		}
 		d = Decide(m.standing(), m.gatedStatuses())
 	}

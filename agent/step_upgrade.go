@@ -251,7 +251,8 @@ func (m *machine) retire(r *Record) []effect {
 	if prev == r || prev != nil && prev.Unpinned {
 		prev = nil
 	}
-	return m.startJob(effStartJob{kind: jobRetire, rec: r, unload: m.hasLoader, previous: prev}, "")
+	retain := m.cfg.Retention.KeepRunningRelease && r.Dir != "" && r.Metadata != nil
+	return m.startJob(effStartJob{kind: jobRetire, rec: r, unload: m.hasLoader, previous: prev, retain: retain}, "")
 }
 
 func (m *machine) retireDone(r *Record, j evJobDone) []effect {
@@ -268,14 +269,20 @@ func (m *machine) retireDone(r *Record, j evJobDone) []effect {
 		return effs
 	}
 	if p := m.previous; p != nil && p != r {
-		p.Unpinned = true
+		p.Unpinned, p.Retained = true, false // its tree went with the retire job
 		effs = append(effs, effSave{p})
 	}
 	r.Retired = true
+	r.Retained = m.cfg.Retention.KeepRunningRelease && r.Dir != "" && r.Metadata != nil
 	effs = append(effs, m.move(r, PhaseUpgraded, Condition{}, r.Progress)...)
 	m.previous, m.done, m.active, m.cleaned = r, r, nil, nil
-	m.log.Info("upgrade done: the bundle's files, registry and mirror are gone; its images stay pinned until the next upgrade",
-		"phase", string(PhaseUpgraded), "bundle", r.Name, "digest", r.Digest)
+	if r.Retained {
+		m.log.Info("upgrade done: the bundle's registry and mirror are gone; its images stay pinned and its files stay as the running release's source until the next upgrade",
+			"phase", string(PhaseUpgraded), "bundle", r.Name, "digest", r.Digest, "dir", r.Dir)
+	} else {
+		m.log.Info("upgrade done: the bundle's files, registry and mirror are gone; its images stay pinned until the next upgrade",
+			"phase", string(PhaseUpgraded), "bundle", r.Name, "digest", r.Digest)
+	}
 	if reply != nil {
 		effs = append(effs, effReply{reply, nil})
 	}

@@ -195,8 +195,8 @@ func TestUpgrade_StartsFollowsAndCleansUpThroughTheAPI(t *testing.T) {
 		t.Errorf("retired %d times", len(h.loader.retires))
 	}
 	h.loader.mu.Unlock()
-	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); !os.IsNotExist(err) {
-		t.Fatal("extracted tree kept after the upgrade")
+	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); err != nil || !h.record().Retained {
+		t.Fatalf("the running release's tree is not kept after the upgrade: %v", err)
 	}
 	h.waitFor("upgraded annotated", func() bool { return api.annotation("node-a", AnnotationPhase) == "upgraded" })
 	for _, p := range []string{"detected", "loading", "cluster-ready", "upgrading", "upgraded"} {

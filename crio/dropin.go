@@ -2,6 +2,7 @@ package crio
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/BurntSushi/toml"
 
@@ -38,6 +40,11 @@ type Dropins struct {
 	// RegistriesConf is the node's registries.conf, whose mirrors ferry's
 	// drop-in keeps; default registries.conf beside RegistriesConfDir.
 	RegistriesConf string
+	// Ledger is where ferry's own pins are kept (ledger.go); default
+	// LedgerName beside CRIOConfDir.
+	Ledger string
+
+	mu sync.Mutex // the ledger and ferry's drop-ins: loads and WatchConf
 }
 
 // Change says which files an Apply or Remove changed. CRI-O needs a reload
@@ -71,59 +78,51 @@ func (c Change) String() string {
 	return strings.Join(s, ", ") + " changed"
 }
 
-// Apply writes the three drop-ins for r: each only if its bytes differ
-// (unchanged files are not rewritten, so the caller can skip the reload),
-// each validated before it is written, through a temporary file outside
-// the directory CRI-O reads, synced and renamed into place.
+// Apply records r's pins in the ledger under r.Label (and r.Keep's, where
+// no bundle of the ledger holds them) and writes the drop-ins for r: each
+// only if its bytes differ (unchanged files are not rewritten, so the
+// caller can skip the reload), each validated before anything is written,
+// through a temporary file outside the directory CRI-O reads, synced and
+// renamed into place.
 func (d *Dropins) Apply(r Request) (Change, error) {
-	var ch Change
 	if len(r.Pull) == 0 {
-		return ch, fmt.Errorf("%w: no images to pin", ErrDropin)
+		return Change{}, fmt.Errorf("%w: no images to pin", ErrDropin)
 	}
 	ca, err := checkCA(r.CACert)
 	if err != nil {
-		return ch, err
-	}
-	before, err := d.PinsBefore()
-	if err != nil {
-		return ch, err
-	}
-	pins := mergePins(before, r.Keep, r.Pull)
-	if err := d.checkNotOverridden(pins); err != nil {
-		return ch, err
-	}
-	pinsConf, err := PinsConf(pins, r.Label)
-	if err != nil {
-		return ch, err
-	}
-	site, err := d.SiteRegistries()
-	if err != nil {
-		return ch, err
-	}
-	mirrorsConf, err := MirrorsConf(r, site)
-	if err != nil {
-		return ch, err
+		return Change{}, err
 	}
 	if err := d.checkAttachmentsFree(r.Addr); err != nil {
-		return ch, err
+		return Change{}, err
+	}
+	edit := func(l *ledger) {
+		l.Pins[ledgerKey(r.Label)] = slices.Clone(r.Pull)
+		held := l.own()
+		for _, p := range r.Keep {
+			if !slices.Contains(held, p) {
+				l.Pins[EarlierPins] = append(l.Pins[EarlierPins], p)
+			}
+		}
+		l.Mirror = &mirrorState{Pull: r.Pull, Mirrors: r.Mirrors, Addr: r.Addr, Label: r.Label}
 	}
 	// The CA first: with it in place before the mirror appears, no pull
 	// through the mirror fails on an unknown certificate.
-	if ch.CA, err = writeIfChanged(filepath.Join(d.CertsDir, r.Addr, "ca.crt"), ca, 0o644); err != nil {
-		return ch, fmt.Errorf("%w: certs.d: %v", ErrDropin, err)
+	first := func(ch *Change) error {
+		var err error
+		if ch.CA, err = writeIfChanged(filepath.Join(d.CertsDir, r.Addr, "ca.crt"), ca, 0o644); err != nil {
+			return fmt.Errorf("%w: certs.d: %v", ErrDropin, err)
+		}
+		d.removeStaleCAs(r.Addr, ca)
+		if ch.Attachments, err = d.writeAttachments(r.Addr, r.Label); err != nil {
+			return err
+		}
+		return nil
 	}
-	d.removeStaleCAs(r.Addr, ca)
-	if ch.Attachments, err = d.writeAttachments(r.Addr, r.Label); err != nil {
-		return ch, err
-	}
-	if ch.Mirrors, err = writeIfChanged(filepath.Join(d.RegistriesConfDir, DropinName), mirrorsConf, 0o644); err != nil {
-		return ch, fmt.Errorf("%w: registries.conf.d: %v", ErrDropin, err)
-	}
-	if ch.Pins, err = writeIfChanged(filepath.Join(d.CRIOConfDir, DropinName), pinsConf, 0o644); err != nil {
-		return ch, fmt.Errorf("%w: crio.conf.d: %v", ErrDropin, err)
-	}
-	return ch, nil
+	return d.update(edit, first)
 }
+
+// ledgerKey is the ledger's name for a bundle label.
+func ledgerKey(label string) string { return cmp.Or(label, "bundle") }
 
 // removeStaleCAs removes certs.d/127.0.0.1:<other port>/ca.crt files that
 // hold exactly this CA: ferry's own, left from before the registry's port
@@ -145,19 +144,40 @@ func (d *Dropins) removeStaleCAs(addr string, ca []byte) {
 	}
 }
 
-// Remove deletes ferry's drop-ins and the CA for addr. Pins that other
-// drop-ins hold stay: they are in those files, which CRI-O reads again.
-func (d *Dropins) Remove(addr string) (Change, error) {
-	ch, err := d.RemoveMirror(addr)
+// Remove takes the bundle label out: its pins leave ferry's drop-in
+// (which goes once ferry pins nothing), and its mirror and the CA for addr
+// go. The pins of other bundles ferry holds (the running release's) and
+// those of other drop-ins stay.
+func (d *Dropins) Remove(addr, label string) (Change, error) {
+	var ch Change
+	mine, err := d.mirrorIsFor(label)
 	if err != nil {
 		return ch, err
 	}
-	ch.Pins, err = removeIfExists(filepath.Join(d.CRIOConfDir, DropinName))
+	if mine {
+		if ch, err = d.RemoveMirror(addr); err != nil {
+			return ch, err
+		}
+	}
+	pins, err := d.update(func(l *ledger) { delete(l.Pins, ledgerKey(label)) }, nil)
+	ch.Pins = pins.Pins
 	return ch, err
 }
 
+// mirrorIsFor reports whether ferry's mirror drop-in, if any, serves the
+// bundle label (or one the ledger does not know).
+func (d *Dropins) mirrorIsFor(label string) (bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l, err := d.readLedger()
+	if err != nil {
+		return false, err
+	}
+	return l.Mirror == nil || l.Mirror.Label == label, nil
+}
+
 // PinnedBy returns the pins ferry's crio.conf.d drop-in holds now (nil
-// when there is none).
+// when there is none): ferry's own and its copy of the others'.
 func (d *Dropins) PinnedBy() ([]string, error) {
 	pins, _, err := readPins(filepath.Join(d.CRIOConfDir, DropinName))
 	if errors.Is(err, os.ErrNotExist) {
@@ -300,8 +320,9 @@ func mergePins(lists ...[]string) []string {
 func PinsConf(pins []string, label string) ([]byte, error) {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# Written by ferry%s. Images CRI-O must keep (not garbage-collect):\n", forLabel(label))
-	b.WriteString("# the bundle's and those of every drop-in that sorts before this file\n")
-	b.WriteString("# (a later pinned_images replaces an earlier one). Removed by `ferry cleanup`.\n")
+	b.WriteString("# ferry's own (its ledger) and a copy of those of every drop-in that sorts\n")
+	b.WriteString("# before this file as they are now (a later pinned_images replaces an\n")
+	b.WriteString("# earlier one): ferry writes it again whenever they change.\n")
 	b.WriteString("[crio.image]\npinned_images = [\n")
 	for _, p := range pins {
 		v, err := tomlString(p)

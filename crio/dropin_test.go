@@ -270,7 +270,7 @@ func TestRemove_KeepsOtherDropinsAndReportsChange(t *testing.T) {
 	if _, err := ds.d.Apply(s); err != nil {
 		t.Fatal(err)
 	}
-	ch, err := ds.d.Remove(s.Addr)
+	ch, err := ds.d.Remove(s.Addr, s.Label)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +289,7 @@ func TestRemove_KeepsOtherDropinsAndReportsChange(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(ds.d.CRIOConfDir, "50-pinned-images")); err != nil {
 		t.Error("MCO's drop-in removed")
 	}
-	ch, err = ds.d.Remove(s.Addr)
+	ch, err = ds.d.Remove(s.Addr, s.Label)
 	if err != nil || ch.NeedsReload() || ch.CA {
 		t.Errorf("second Remove: %v, %v; want unchanged", ch, err)
 	}
@@ -367,7 +367,7 @@ func TestApply_RegistriesDTurnsAttachmentsOnForTheMirrorOnly(t *testing.T) {
 	if ch, err := ds.d.Apply(s); err != nil || ch.Attachments {
 		t.Errorf("second apply: %v %v, want the file unchanged", ch, err)
 	}
-	if _, err := ds.d.Remove(s.Addr); err != nil {
+	if _, err := ds.d.Remove(s.Addr, s.Label); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(ours); !errors.Is(err, os.ErrNotExist) {

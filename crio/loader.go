@@ -197,12 +197,13 @@ func (l *Loader) Load(ctx context.Context, req Request) (Result, error) {
 	return res, nil
 }
 
-// Unload removes ferry's pins, mirror and CA for req.Addr, reloads CRI-O
-// and waits until the bundle's images are no longer pinned, except those
-// other drop-ins (or req.Keep) still pin. The images themselves stay, for
-// the kubelet's garbage collection to remove when unused.
+// Unload removes the pins of the bundle req.Label, its mirror and the CA
+// for req.Addr, reloads CRI-O and waits until the bundle's images are no
+// longer pinned, except those other drop-ins or other bundles of ferry's
+// (the running release's) still pin. The images themselves stay, for the
+// kubelet's garbage collection to remove when unused.
 func (l *Loader) Unload(ctx context.Context, req Request) error {
-	ch, err := l.Dropins.Remove(req.Addr)
+	ch, err := l.Dropins.Remove(req.Addr, req.Label)
 	if err != nil {
 		return err
 	}

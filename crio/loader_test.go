@@ -43,6 +43,7 @@ type fakeCRIO struct {
 	inFlight    int
 	maxInFlight int
 	reloads     int
+	applied     int  // the reload whose pins are in effect
 	reloadsDown int  // reloads while not answering: a SIGHUP would kill a starting CRI-O
 	livePins    bool // implement PinLister
 }
@@ -108,6 +109,7 @@ func (f *fakeCRIO) List(context.Context) ([]crio.Image, error) {
 func (f *fakeCRIO) Reload(context.Context) error {
 	f.mu.Lock()
 	f.reloads++
+	gen := f.reloads
 	if f.down > 0 {
 		f.reloadsDown++
 	}
@@ -116,7 +118,9 @@ func (f *fakeCRIO) Reload(context.Context) error {
 	go func() {
 		time.Sleep(5 * time.Millisecond)
 		f.mu.Lock()
-		f.pins = pins
+		if gen > f.applied { // an earlier reload applied late never undoes a later one
+			f.pins, f.applied = pins, gen
+		}
 		f.mu.Unlock()
 	}()
 	return nil

@@ -2,8 +2,6 @@ package crio
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +16,18 @@ import (
 func (d *Dropins) RemoveMirror(addr string) (Change, error) {
 	var ch Change
 	var err error
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l, err := d.readLedger()
+	if err != nil {
+		return ch, err
+	}
+	if l.Mirror != nil {
+		l.Mirror = nil
+		if err := d.saveLedger(l); err != nil {
+			return ch, err
+		}
+	}
 	if ch.Mirrors, err = removeIfExists(filepath.Join(d.RegistriesConfDir, DropinName)); err != nil {
 		return ch, err
 	}
@@ -33,45 +43,15 @@ func (d *Dropins) RemoveMirror(addr string) (Change, error) {
 	return ch, nil
 }
 
-// Unpin rewrites ferry's pins without the references drop (pins of the
-// drop-ins before ferry's stay, since ferry's list must hold them); when
-// nothing of ferry's own is left the file goes.
+// Unpin takes the bundle label's pins out of ferry's drop-in, and drop
+// out of the pins of an unknown bundle (EarlierPins); what another bundle
+// of ferry's or another drop-in pins stays. When ferry pins nothing more
+// the file goes.
 func (d *Dropins) Unpin(drop []string, label string) (Change, error) {
-	var ch Change
-	path := filepath.Join(d.CRIOConfDir, DropinName)
-	pins, _, err := readPins(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return ch, nil
-	}
-	if err != nil {
-		return ch, err
-	}
-	before, err := d.PinsBefore()
-	if err != nil {
-		return ch, err
-	}
-	var kept []string
-	own := false
-	for _, p := range pins {
-		switch {
-		case slices.Contains(before, p):
-			kept = append(kept, p)
-		case !slices.Contains(drop, p):
-			kept, own = append(kept, p), true
-		}
-	}
-	if !own {
-		ch.Pins, err = removeIfExists(path)
-		return ch, err
-	}
-	conf, err := PinsConf(kept, label)
-	if err != nil {
-		return ch, err
-	}
-	if ch.Pins, err = writeIfChanged(path, conf, 0o644); err != nil {
-		return ch, fmt.Errorf("%w: crio.conf.d: %v", ErrDropin, err)
-	}
-	return ch, nil
+	return d.update(func(l *ledger) {
+		delete(l.Pins, ledgerKey(label))
+		l.Pins[EarlierPins] = slices.DeleteFunc(l.Pins[EarlierPins], func(p string) bool { return slices.Contains(drop, p) })
+	}, nil)
 }
 
 // Retire removes the mirror and CA of the registry at req.Addr and

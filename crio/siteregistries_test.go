@@ -221,7 +221,7 @@ func TestApplyThenRemove_LeavesTheNodesRegistriesFilesAsTheyWere(t *testing.T) {
 	if _, err := ds.d.Apply(s); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ds.d.Remove(s.Addr); err != nil {
+	if _, err := ds.d.Remove(s.Addr, s.Label); err != nil {
 		t.Fatal(err)
 	}
 	after := snapshot(t, filepath.Join(ds.root, "containers"))

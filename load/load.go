@@ -124,7 +124,7 @@ func (l *Loader) load(ctx context.Context, meta *bundle.Metadata, dir string, ke
 		return err
 	}
 	req := RequestFor(images)
-	req.Keep, req.Addr, req.CACert, req.Label, req.Progress = keep, reg.Addr(), reg.CACertPEM(), meta.DirName(), progress
+	req.Keep, req.Addr, req.CACert, req.Label, req.Progress = bundle.PullRefs(keep), reg.Addr(), reg.CACertPEM(), meta.DirName(), progress
 	_, err = l.Runtime.Load(ctx, req)
 	return err
 }
@@ -140,10 +140,38 @@ func (l *Loader) Cleanup(ctx context.Context, meta *bundle.Metadata, dir string)
 	return l.takeOut(ctx, meta, dir, l.Runtime.Unload)
 }
 
-// Unpin drops the pins of images (the previous bundle's).
-func (l *Loader) Unpin(ctx context.Context, images []string) error {
+// Restore loads again, from the retired bundle's tree in dir, the images
+// of it that CRI-O lacks (it lost them, or this node came back empty),
+// then takes the mirror out as Retire does; the pins never left. It
+// returns how many images CRI-O lacked; with none, nothing is served.
+func (l *Loader) Restore(ctx context.Context, meta *bundle.Metadata, images []string, dir string) (int, error) {
+	refs := RequestFor(images).Pull
+	have, err := l.Runtime.Present(ctx, refs)
+	if err != nil {
+		return 0, err
+	}
+	missing := 0
+	for _, ref := range refs {
+		if !have[ref] {
+			missing++
+		}
+	}
+	if missing == 0 {
+		return 0, nil
+	}
+	if l.Log != nil {
+		l.Log.Warn("CRI-O lacks images of the running release: loading them again from the copy kept on this node", "bundle_dir", meta.DirName(), "missing", missing, "of", len(refs))
+	}
+	if err := l.Load(ctx, meta, images, dir, nil, func(int, int) {}); err != nil {
+		return missing, err
+	}
+	return missing, l.Retire(ctx, meta, dir)
+}
+
+// Unpin drops the pins of a bundle's images (the previous bundle's).
+func (l *Loader) Unpin(ctx context.Context, meta *bundle.Metadata, images []string) error {
 	req := RequestFor(images)
-	req.Label = "previous bundle"
+	req.Label = meta.DirName()
 	return l.Runtime.Unpin(ctx, req)
 }
 

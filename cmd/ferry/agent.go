@@ -17,6 +17,7 @@ import (
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/systemd"
 	"github.com/ferry-edge/ferry/udev"
@@ -118,6 +119,10 @@ func runAgent(ctx context.Context, args []string) error {
 	}
 	if loader != nil {
 		g.Go(func() error { return loader.Run(ctx) })
+		// ferry's drop-ins follow the node's own (the MCO's pins, IDMS).
+		if rt, ok := loader.Runtime.(*crio.Loader); ok {
+			g.Go(func() error { return rt.WatchConf(ctx) })
+		}
 	}
 	if runPacer != nil {
 		g.Go(func() error { return runPacer(ctx) })

@@ -50,7 +50,7 @@ func newLoader(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (*load.
 		Runtime: &crio.Loader{CRI: cl, Reloader: rl, Log: log, Workers: cfg.CRIO.PullWorkers, Pacer: pacer, StorageDir: cfg.CRIO.StorageDir,
 			KubeletConfig: cfg.CRIO.KubeletConfig,
 			Dropins: &crio.Dropins{CRIOConfDir: cfg.Paths.CRIOConfDir, RegistriesConfDir: cfg.Paths.RegistriesConfDir, CertsDir: cfg.Paths.CertsDir,
-				RegistriesD: cfg.Paths.RegistriesD}},
+				RegistriesD: cfg.Paths.RegistriesD, Ledger: filepath.Join(cfg.Paths.StateDir, crio.LedgerName)}},
 		RoomFloor: cfg.CRIO.StorageFloorBytes,
 		Log:       log,
 	}, nil

@@ -1,0 +1,98 @@
+package agent
+
+import "fmt"
+
+// The running release's source. Once a bundle's upgrade is done its tree
+// stays on the node (Record.Retained) until the next upgrade is done: with
+// no registry on the site, it is the only copy of the release's images
+// besides CRI-O's own storage, which CRI-O may wipe when it repairs itself
+// after an unclean stop, and which a node that joins later does not have.
+// runtimeCheck loads what CRI-O lost again from it; the peers are served
+// it as any bundle.
+
+// retained is the bundle whose tree is kept as the running release's
+// source, or nil.
+func (m *machine) retained() *Record {
+	if r := m.done; r != nil && r.Retained && r.Metadata != nil {
+		return r
+	}
+	return nil
+}
+
+// resumeRetained, at start, serves the kept tree to the peers again, or
+// removes it when the config no longer keeps one.
+func (m *machine) resumeRetained() []effect {
+	r := m.retained()
+	if r == nil {
+		return nil
+	}
+	if !m.cfg.Retention.KeepRunningRelease {
+		m.log.Info("retention.keep_running_release is off: removing the copy kept of the running release", "bundle", r.Name, "dir", r.Dir)
+		return m.dropRetained(r)
+	}
+	return []effect{effShare{rec: r}}
+}
+
+// dropRetained stops keeping r's tree.
+func (m *machine) dropRetained(r *Record) []effect {
+	r.Retained = false
+	return []effect{effUnshare{r.Digest}, effRemove{r.Dir}, effSave{r}}
+}
+
+// keepsDir drops the kept tree when a new bundle is about to be written
+// to the same directory (a bundle of the same version and architecture):
+// the new one replaces it.
+func (m *machine) keepsDir(dir string) []effect {
+	r := m.retained()
+	if r == nil || r.Dir != dir {
+		return nil
+	}
+	m.log.Warn("a new bundle for the same release replaces the copy kept of the running release", "bundle", r.Name, "dir", dir)
+	return m.dropRetained(r)
+}
+
+// runtimeCheck starts checking that CRI-O holds every image of the
+// running release (loading again those it lacks) when nothing else runs
+// on CRI-O; otherwise once the running job ends. A loaded bundle that is
+// not the running release holds the mirror: the check waits for it to be
+// taken out or to become the running release.
+func (m *machine) runtimeCheck(why string) []effect {
+	r := m.retained()
+	if r == nil || !m.hasLoader {
+		return nil
+	}
+	if a := m.active; m.job != nil || a != nil && (a.Phase == PhaseLoading || a.Phase.Loaded() || a.Phase == PhaseUpgraded) {
+		m.restoreDue = why
+		return nil
+	}
+	m.restoreDue = ""
+	m.log.Debug("checking that CRI-O holds the running release", "bundle", r.Name, "cause", why)
+	return m.startJob(effStartJob{kind: jobRestore, rec: r}, "")
+}
+
+// restoreIfDue runs a check asked for while a job ran.
+func (m *machine) restoreIfDue() []effect {
+	if m.restoreDue == "" || m.job != nil {
+		return nil
+	}
+	return m.runtimeCheck(m.restoreDue)
+}
+
+func (m *machine) restoreDone(r *Record, j evJobDone) []effect {
+	var effs []effect
+	switch {
+	case r == nil || j.stopped:
+	case j.err != nil:
+		m.notice = fmt.Sprintf("CRI-O lacks %d images of the running release %s and loading them again from the copy kept here failed (retried at the next check): %v", j.restored, r.Name, j.err)
+		m.log.Error("loading the running release's images again failed", "bundle", r.Name, "missing", j.restored, "err", j.err)
+		effs = append(effs, effAnnounce{m.report()})
+	case j.restored > 0:
+		m.notice = fmt.Sprintf("CRI-O had lost %d images of the running release %s: loaded and pinned again from the copy kept here at %s", j.restored, r.Name, m.now().UTC().Format("2006-01-02 15:04:05Z"))
+		m.log.Warn("the running release's images CRI-O had lost are loaded and pinned again from the copy kept on this node", "bundle", r.Name, "images", j.restored)
+		effs = append(effs, effAnnounce{m.report()})
+	}
+	if m.cleanupAsked {
+		return append(effs, m.cleanup()...)
+	}
+	return append(effs, m.next()...)
+}

@@ -1,0 +1,194 @@
+package agent
+
+import (
+	"testing"
+
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/peer"
+)
+
+var bundleMeta = bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: "quay.io/r@" + heldDigest}
+
+// upgradedMachine is a machine whose one bundle is the running release,
+// upgraded, retired, its tree kept or not.
+func upgradedMachine(t *testing.T, retained bool) (*machine, *Record) {
+	m := machineIn(t, PhaseIdle)
+	r := &Record{ID: "running", Digest: heldDigest, Name: "upgrade-4.13.7-x86_64.tar", Metadata: &bundleMeta,
+		Origin: OriginStick, Dir: "/nonexistent/4.13.7-x86_64", Retired: true, Retained: retained}
+	m.move(r, PhaseUpgraded, Condition{}, Progress{})
+	m.done, m.previous = r, r
+	return m, r
+}
+
+func jobOf(effs []effect) (effStartJob, bool) {
+	for _, e := range effs {
+		if j, ok := e.(effStartJob); ok {
+			return j, true
+		}
+	}
+	return effStartJob{}, false
+}
+
+func TestStep_RuntimeCheckRestoresTheRunningReleaseWhenIdle(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		retained bool
+		active   Phase // a second bundle's phase; PhaseIdle: none
+		busy     bool
+		want     bool
+	}{
+		{name: "idle, kept", retained: true, want: true},
+		{name: "not kept", retained: false},
+		{name: "a job runs", retained: true, busy: true},
+		{name: "another bundle extracted", retained: true, active: PhaseExtracted, want: true},
+		{name: "another bundle loaded holds the mirror", retained: true, active: PhaseLoaded},
+		{name: "another bundle loading", retained: true, active: PhaseLoading},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, r := upgradedMachine(t, tc.retained)
+			if tc.active != PhaseIdle {
+				m.active = &Record{ID: "next", Digest: otherDigest, Phase: tc.active, Metadata: &bundleMeta}
+				m.records["next"] = m.active
+			}
+			if tc.busy {
+				m.job = &job{kind: jobExtract, id: "next"}
+			}
+			j, started := jobOf(m.step(evRuntimeCheck{"CRI-O restarted"}))
+			if started != tc.want || started && (j.kind != jobRestore || j.rec != r) {
+				t.Fatalf("started %v (%+v), want %v", started, j, tc.want)
+			}
+			if !tc.want && tc.retained && m.restoreDue != "CRI-O restarted" {
+				t.Errorf("a check that could not run now is not kept for later: %q", m.restoreDue)
+			}
+		})
+	}
+}
+
+func TestStep_ADeferredRuntimeCheckRunsWhenTheJobEnds(t *testing.T) {
+	m, _ := upgradedMachine(t, true)
+	m.active = &Record{ID: "next", Digest: otherDigest, Metadata: &bundleMeta, Dir: "/nonexistent/4.13.8-x86_64"}
+	m.move(m.active, PhaseDetected, Condition{}, Progress{})
+	m.job = &job{kind: jobCleanup, id: "next"}
+	m.step(evRuntimeCheck{"periodic check"})
+	j, ok := jobOf(m.step(evJobDone{kind: jobCleanup, id: "next"}))
+	if !ok || j.kind != jobRestore {
+		t.Fatalf("after the cleanup: %+v, want the restore that waited", j)
+	}
+	if m.restoreDue != "" {
+		t.Errorf("restoreDue %q after it ran", m.restoreDue)
+	}
+}
+
+func TestStep_RestoreDoneSaysWhatItLoadedAgain(t *testing.T) {
+	m, _ := upgradedMachine(t, true)
+	m.job = &job{kind: jobRestore, id: "running"}
+	m.step(evJobDone{kind: jobRestore, id: "running", restored: 3})
+	if s := m.status(); s.Notice == "" || s.Phase != string(PhaseUpgraded) {
+		t.Fatalf("status %+v: want upgraded with a notice of the 3 images", s)
+	}
+}
+
+// With an API, a loaded bundle the cluster never upgraded to is unloaded by
+// a cleanup (the running release keeps its pins); during its upgrade a
+// cleanup is refused; without an API it still says the upgrade is done.
+func TestStep_CleanupOfALoadedBundle(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		api    bool
+		phase  Phase
+		want   jobKind // "" for none
+		refuse bool
+	}{
+		{name: "API, cluster-ready", api: true, phase: PhaseClusterReady, want: jobCleanup},
+		{name: "API, loaded", api: true, phase: PhaseLoaded, want: jobCleanup},
+		{name: "API, upgrading", api: true, phase: PhaseUpgrading, refuse: true},
+		{name: "no API, cluster-ready", phase: PhaseClusterReady, want: jobRetire},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := machineIn(t, tc.phase)
+			m.hasAPI = tc.api
+			reply := make(chan error, 1)
+			effs := m.step(evRequest{kind: reqCleanup, reply: reply})
+			j, started := jobOf(effs)
+			if tc.want != "" && (!started || j.kind != tc.want) {
+				t.Fatalf("job %+v, want %s", j, tc.want)
+			}
+			if tc.refuse {
+				if started {
+					t.Fatalf("a cleanup during the upgrade started %s", j.kind)
+				}
+				var err error
+				for _, e := range effs {
+					if r, ok := e.(effReply); ok {
+						err = r.err
+					}
+				}
+				if err == nil {
+					t.Fatal("a cleanup during the upgrade was not refused")
+				}
+			}
+		})
+	}
+}
+
+func TestStep_ANodeThatJoinsLaterLoadsTheRunningReleaseAndIsUpgraded(t *testing.T) {
+	m := machineIn(t, PhaseLoaded)
+	m.peersOn, m.peers = true, []string{"b:8090"}
+	m.view = view{statuses: map[string]peer.PeerStatus{"b:8090": {Status: peer.Status{Node: "b", Phase: string(PhaseUpgraded), Digest: heldDigest}}}}
+	j, ok := jobOf(m.step(evView{m.view}))
+	if !ok || j.kind != jobRetire || !j.retain {
+		t.Fatalf("job %+v: want the bundle retired and kept as the running release", j)
+	}
+	if m.active.Phase != PhaseUpgraded {
+		t.Fatalf("phase %s", m.active.Phase)
+	}
+}
+
+func TestStep_FreshOffersLeaveOutWhatThePeersRunWhenAnotherIsOffered(t *testing.T) {
+	m := machineIn(t, PhaseIdle)
+	running := peer.PeerOffer{Peer: "b:8090", Offer: peer.Offer{Digest: heldDigest}}
+	next := peer.PeerOffer{Peer: "c:8090", Offer: peer.Offer{Digest: otherDigest}}
+	v := view{
+		statuses: map[string]peer.PeerStatus{"b:8090": {Status: peer.Status{Phase: string(PhaseUpgraded), Digest: heldDigest}}},
+		offers:   []peer.PeerOffer{running, next},
+	}
+	if got := m.fresh(v); len(got) != 1 || got[0].Digest != otherDigest {
+		t.Errorf("with a next bundle offered: %+v, want it alone", got)
+	}
+	v.offers = []peer.PeerOffer{running}
+	if got := m.fresh(v); len(got) != 1 || got[0].Digest != heldDigest {
+		t.Errorf("with only the running release offered: %+v, want it (a node that joins later)", got)
+	}
+	m2, _ := upgradedMachine(t, true)
+	if got := m2.fresh(v); len(got) != 0 {
+		t.Errorf("a node that runs it already: %+v, want none", got)
+	}
+}
+
+func TestStep_RetentionTurnedOffRemovesTheKeptTreeAtStart(t *testing.T) {
+	m := machineIn(t, PhaseIdle)
+	m.cfg.Retention.KeepRunningRelease = false
+	r := &Record{ID: "running", Digest: heldDigest, Name: "upgrade-4.13.7-x86_64.tar", Metadata: &bundleMeta,
+		Dir: "/nonexistent/4.13.7-x86_64", Phase: PhaseUpgraded, Retired: true, Retained: true}
+	effs := m.step(evStart{records: []*Record{r}})
+	removed := false
+	for _, e := range effs {
+		if rm, ok := e.(effRemove); ok && rm.path == r.Dir {
+			removed = true
+		}
+	}
+	if !removed || r.Retained {
+		t.Fatalf("effects %v: want the kept tree removed", effs)
+	}
+}
+
+func TestStep_ANewBundleForTheSameDirReplacesTheKeptTree(t *testing.T) {
+	m, r := upgradedMachine(t, true)
+	effs := m.keepsDir(r.Dir)
+	if len(effs) == 0 || r.Retained {
+		t.Fatalf("effects %v: want the kept tree dropped", effs)
+	}
+	if effs := m.keepsDir("/nonexistent/other"); len(effs) != 0 {
+		t.Errorf("another dir: %v", effs)
+	}
+}
