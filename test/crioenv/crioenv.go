@@ -254,6 +254,19 @@ func (c *CRIO) Kill(t testing.TB) {
 	c.stop(syscall.SIGKILL)
 }
 
+// LoseStorage kills CRI-O, as an unclean stop would, and removes its
+// image store, as CRI-O's repair after an unclean stop may: it comes back
+// empty at the next Start.
+func (c *CRIO) LoseStorage(t testing.TB) {
+	t.Helper()
+	c.Kill(t)
+	store := c.storageDir()
+	c.unmountUnder(store)
+	if err := os.RemoveAll(store); err != nil {
+		t.Fatalf("removing CRI-O's storage: %v", err)
+	}
+}
+
 func (c *CRIO) stop(sig syscall.Signal) {
 	c.mu.Lock()
 	cmd := c.cmd
@@ -277,21 +290,32 @@ func (c *CRIO) cleanup() {
 		c.t.Logf("crio log tail:\n%s", c.LogTail(60))
 	}
 	// Mounts containers/storage may have left under the root.
-	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-		var mps []string
-		sc := bufio.NewScanner(bytes.NewReader(b))
-		for sc.Scan() {
-			f := strings.Fields(sc.Text())
-			if len(f) > 4 && (strings.HasPrefix(f[4], c.Root) || c.Storage != "" && strings.HasPrefix(f[4], c.Storage+"/")) {
-				mps = append(mps, f[4])
-			}
-		}
-		for i := len(mps) - 1; i >= 0; i-- {
-			syscall.Unmount(mps[i], syscall.MNT_DETACH)
-		}
+	c.unmountUnder(c.Root)
+	if c.Storage != "" {
+		c.unmountUnder(c.Storage + "/")
 	}
 	if os.Getenv("FERRY_KEEP_CRIO") == "" {
 		os.RemoveAll(c.Root)
+	}
+}
+
+// unmountUnder detaches every mount whose mount point starts with prefix,
+// deepest first.
+func (c *CRIO) unmountUnder(prefix string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var mps []string
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) > 4 && strings.HasPrefix(f[4], prefix) {
+			mps = append(mps, f[4])
+		}
+	}
+	for i := len(mps) - 1; i >= 0; i-- {
+		syscall.Unmount(mps[i], syscall.MNT_DETACH)
 	}
 }
 

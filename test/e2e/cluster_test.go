@@ -104,8 +104,8 @@ func TestHost_TheUpgradeLoopThroughARealAPI(t *testing.T) {
 	cl := c.Client(t)
 
 	upgradeOnce(t, e, a, firstTar, first, runningRelease)
-	if _, err := os.Stat(filepath.Join(cfg.Paths.ExtractDir, first.DirName())); !os.IsNotExist(err) {
-		t.Error("the extracted tree outlived the upgrade")
+	if _, err := os.Stat(filepath.Join(cfg.Paths.ExtractDir, first.DirName(), bundle.MetadataName)); err != nil {
+		t.Errorf("the running release's tree is not kept after the upgrade: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(c.Dropins.RegistriesConfDir, crio.DropinName)); !os.IsNotExist(err) {
 		t.Error("the mirror drop-in outlived the upgrade")
@@ -148,6 +148,12 @@ func TestHost_TheUpgradeLoopThroughARealAPI(t *testing.T) {
 	}
 	checkPinned(t, cl, gone, false)
 	checkPinned(t, cl, []string{shared}, true)
+	if _, err := os.Stat(filepath.Join(cfg.Paths.ExtractDir, first.DirName())); !os.IsNotExist(err) {
+		t.Error("the first release's kept tree outlived the next upgrade")
+	}
+	if _, err := os.Stat(filepath.Join(cfg.Paths.ExtractDir, second.DirName(), bundle.MetadataName)); err != nil {
+		t.Errorf("the running release's tree is not kept: %v", err)
+	}
 }
 
 func nodeVersion(t *testing.T, e *kubeenv.Env) string {

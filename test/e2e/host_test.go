@@ -142,9 +142,9 @@ func TestHost_StickBundleLoadedAndPinnedInRealCRIO(t *testing.T) {
 	a.WaitPhase(bound, agent.PhaseClusterReady)
 	checkPinned(t, cl, refs, true)
 
-	// Without an API, cleanup says the upgrade is done: the mirror, CA,
-	// registry and files go; the pins stay until the next upgrade; MCO's
-	// pin stays too.
+	// Without an API, cleanup says the upgrade is done: the mirror, CA and
+	// registry go; the pins and the files (the running release's source)
+	// stay until the next upgrade; MCO's pin stays too.
 	if out, err := a.Ferry("cleanup"); err != nil {
 		t.Fatalf("ferry cleanup: %v\n%s", err, out)
 	}
@@ -156,8 +156,8 @@ func TestHost_StickBundleLoadedAndPinnedInRealCRIO(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(c.Dropins.CRIOConfDir, crio.DropinName)); err != nil {
 		t.Errorf("the pins drop-in went with the upgrade's end: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(cfg.Paths.ExtractDir, meta.DirName())); !os.IsNotExist(err) {
-		t.Error("extracted bundle left after cleanup")
+	if _, err := os.Stat(filepath.Join(cfg.Paths.ExtractDir, meta.DirName(), bundle.MetadataName)); err != nil {
+		t.Errorf("the running release's tree is not kept after the upgrade: %v", err)
 	}
 	pins, _ = cl.PinnedImages(context.Background())
 	if !slices.Contains(pins, mcoPin) {

@@ -134,8 +134,8 @@ func TestAgent_KeepsItsMirrorUntilTheMCOIsDoneWithTheNode(t *testing.T) {
 	if ents, _ := os.ReadDir(c.Dropins.CertsDir); len(ents) != 0 {
 		t.Errorf("certs.d entries left: %v", ents)
 	}
-	if _, err := os.Stat(filepath.Join(a.Cfg.Paths.ExtractDir, meta.DirName())); !os.IsNotExist(err) {
-		t.Error("the extracted tree outlived the MCO's update")
+	if _, err := os.Stat(filepath.Join(a.Cfg.Paths.ExtractDir, meta.DirName(), bundle.MetadataName)); err != nil {
+		t.Errorf("the running release's tree is not kept after the MCO's update: %v", err)
 	}
 	if registryAnswers(t, a.Cfg) {
 		t.Error("the embedded registry still answers")

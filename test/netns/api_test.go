@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/test/fixture"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
@@ -113,8 +114,8 @@ func TestAgents_ThreeNodesOneAPIServerOneUpgrade(t *testing.T) {
 		n.A.Wait(agentBound, "upgraded and cleaned up", func(s agent.Status) bool {
 			return s.Phase == string(agent.PhaseUpgraded) && s.Reason == ""
 		})
-		if _, err := os.Stat(filepath.Join(n.Cfg.Paths.ExtractDir, meta.DirName())); !os.IsNotExist(err) {
-			t.Errorf("%s: the extracted tree is still there", n.Name)
+		if _, err := os.Stat(filepath.Join(n.Cfg.Paths.ExtractDir, meta.DirName(), bundle.MetadataName)); err != nil {
+			t.Errorf("%s: the running release's tree is not kept: %v", n.Name, err)
 		}
 		n.checkPinned(t, meta, true)
 	}
