@@ -13,7 +13,7 @@ const (
 	PhaseLoaded       Phase = "loaded"        // every image present and pinned
 	PhaseClusterReady Phase = "cluster-ready" // every node loaded: the upgrade may start
 	PhaseUpgrading    Phase = "upgrading"     // the cluster upgrades to this release
-	PhaseUpgraded     Phase = "upgraded"      // done: files gone, pins kept until the next upgrade
+	PhaseUpgraded     Phase = "upgraded"      // done: registry and mirror gone, pins and tree kept until the next upgrade
 	PhaseCleaned      Phase = "cleaned"       // taken out by hand before it was the cluster's release
 	PhaseRejected     Phase = "rejected"
 	PhaseFailed       Phase = "failed"

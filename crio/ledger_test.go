@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,8 +125,9 @@ func TestSync_TakesInADropinFromBeforeTheLedger(t *testing.T) {
 	if _, err := ds.d.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	// X was in 50-pinned-images when... no: the ledger is made from the
-	// files as they are at the first sync, where X is gone from the MCO's.
+	// The ledger is made from the files as they are at the first sync,
+	// where X is gone from the MCO's: X is taken as ferry's too (it
+	// cannot tell), the MCO's pins of that moment are not.
 	own, err := ds.d.Own()
 	if err != nil {
 		t.Fatal(err)
@@ -179,4 +181,45 @@ func TestWatchConf_RewritesAndReloadsWhenTheMCOsFileChanges(t *testing.T) {
 	ds.write(t, "crio/crio.conf.d/50-pinned-images", mcoFile())
 	f.Reload(t.Context())
 	waitFor("X unpinned, the bundle still pinned", func() bool { return !pinned(imageX) && allPinned() })
+}
+
+// An ImageDigestMirrorSet the MCO renders into registries.conf after ferry
+// wrote its mirror drop-in: ferry's entry for the same repository, which
+// replaces the node's, is written again with the new mirror after ferry's
+// own; once ferry's mirror is gone, nothing of the node's is touched.
+func TestWatchConf_TheNodesNewMirrorsAreKeptBehindFerrysMirror(t *testing.T) {
+	l, _, ds := newLoader(t)
+	ds.write(t, "containers/registries.conf", "")
+	req := request(t, manyImages(3))
+	if _, err := l.Load(t.Context(), req); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- l.WatchConf(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	idms := `[[registry]]
+  prefix = ""
+  location = "quay.io/openshift-release-dev/ocp-v4.0-art-dev"
+  mirror-by-digest-only = true
+
+  [[registry.mirror]]
+    location = "idms.site/ocp/art-dev"
+`
+	ds.write(t, "containers/registries.conf", idms)
+	ours := filepath.Join(ds.d.RegistriesConfDir, crio.DropinName)
+	for end := time.Now().Add(10 * time.Second); ; {
+		b, _ := os.ReadFile(ours)
+		if strings.Contains(string(b), `"idms.site/ocp/art-dev"`) {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("ferry's mirror drop-in never took the node's new mirror:\n%s", b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if b, _ := os.ReadFile(filepath.Join(ds.root, "containers/registries.conf")); string(b) != idms {
+		t.Errorf("the node's registries.conf changed: %q", b)
+	}
 }
