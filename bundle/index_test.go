@@ -33,12 +33,13 @@ func TestPackZeros_RoundTrips(t *testing.T) {
 	}
 }
 
-// manySmallEntries is a valid bundle plus n one-byte files: the shape that
-// made the index cost ~2.8× the tar.
+// manySmallEntries is a valid bundle plus n one-byte files (in a listed
+// repository: the tree check refuses others): the shape that made the
+// index cost ~2.8× the tar.
 func manySmallEntries(t testing.TB, n int) []byte {
 	es := validEntries()
 	for i := range n {
-		es = append(es, file(fmt.Sprintf("%srepositories/quay.io/many/_uploads/some-longer-name-%06d", RegistryRoot, i), "x"))
+		es = append(es, file(fmt.Sprintf("%srepositories/openshift-release-dev/ocp-release/_uploads/some-longer-name-%06d", RegistryRoot, i), "x"))
 	}
 	return writeBundle(t, testMetadata(1<<30), es)
 }

@@ -115,6 +115,7 @@ func (w *treeWriter) entry(tr *tar.Reader, hdr *tar.Header) error {
 		return fmt.Errorf("%w: entry %q appears twice: do not use this bundle", ErrInvalid, clean)
 	}
 	w.seen[clean] = true
+	w.ix.see(strings.TrimPrefix(clean, RegistryRoot), hdr.Typeflag == tar.TypeDir)
 	if hdr.Typeflag == tar.TypeDir {
 		if w.root != "" {
 			return w.mkdir(clean)

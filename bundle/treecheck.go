@@ -2,9 +2,12 @@ package bundle
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/ferry-edge/ferry/internal/sha256digest"
@@ -13,7 +16,8 @@ import (
 // The tree holds what the metadata says (DESIGN.md §3.5): during the pass
 // every blob is hashed against the digest in its path, and the link files
 // and manifests are kept; after it, every image the metadata lists is
-// walked down to its last blob. A bundle that fails is refused where it
+// walked down to its last blob, and the tree may hold no repository or
+// tag the metadata does not list. A bundle that fails is refused where it
 // is read, naming the item, instead of failing its pulls on every node.
 
 const (
@@ -34,10 +38,43 @@ type treeIndex struct {
 	manifests map[string][]byte // hex → bytes of blobs that may be manifests
 	kept      int64
 	lying     error // the first blob that does not hash to its name
+	// repos and tags are those the tree holds (each with its first
+	// entry); dirs are directories below repositories/ outside any
+	// repository's data: namespaces, or repositories with nothing in them.
+	repos map[string]string // repository path → entry
+	tags  map[string]string // "<repository path>:<tag>" → entry
+	dirs  map[string]string // path below repositories/ → entry
 }
 
 func newTreeIndex() *treeIndex {
-	return &treeIndex{blobs: map[string]bool{}, links: map[string]string{}, manifests: map[string][]byte{}}
+	return &treeIndex{blobs: map[string]bool{}, links: map[string]string{}, manifests: map[string][]byte{},
+		repos: map[string]string{}, tags: map[string]string{}, dirs: map[string]string{}}
+}
+
+// see records the repository, and the tag, an entry below repositories/
+// belongs to. A repository's path ends before its first component that
+// starts with "_" (_manifests, _layers, _uploads), which no repository
+// name may hold; a file outside those belongs to its directory.
+func (ix *treeIndex) see(rel string, dir bool) {
+	rest, ok := strings.CutPrefix(rel, "repositories/")
+	if !ok {
+		return
+	}
+	parts := strings.Split(rest, "/")
+	i := slices.IndexFunc(parts, func(p string) bool { return strings.HasPrefix(p, "_") })
+	switch {
+	case i < 0 && dir:
+		ix.dirs[rest] = cmp.Or(ix.dirs[rest], rel)
+		return
+	case i < 0:
+		i = len(parts) - 1
+	}
+	repo := strings.Join(parts[:i], "/")
+	ix.repos[repo] = cmp.Or(ix.repos[repo], rel)
+	if len(parts) > i+2 && parts[i] == "_manifests" && parts[i+1] == "tags" {
+		tag := repo + ":" + parts[i+2]
+		ix.tags[tag] = cmp.Or(ix.tags[tag], rel)
+	}
 }
 
 // blobHex is the hex digest a blob's path names, or "" for other files.
@@ -127,6 +164,47 @@ func (ix *treeIndex) check(meta *Metadata) error {
 				what = "signature"
 			}
 			return fmt.Errorf("%w: the %s %s: %v: the bundle is incomplete or altered although its sha256 matches; ask the engineer to make it again", ErrInvalid, what, ref, err)
+		}
+	}
+	return ix.unlisted(meta, repos)
+}
+
+// unlisted refuses a tree that holds a repository or tag the metadata
+// does not list: what a node serves and mirrors is what was listed, and a
+// bundle ferry makes holds nothing else.
+func (ix *treeIndex) unlisted(meta *Metadata, repos map[string]string) error {
+	paths, tags := map[string]bool{}, map[string]bool{}
+	for _, ref := range append(meta.AllImages(), meta.Signatures...) {
+		name, tag, _ := SplitRef(ref)
+		paths[repos[name]] = true
+		if tag != "" {
+			tags[repos[name]+":"+tag] = true
+		}
+	}
+	namespace := func(dir string) bool {
+		for p := range paths {
+			if p == dir || strings.HasPrefix(p, dir+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	refuse := func(what, entry string) error {
+		return fmt.Errorf("%w: it holds %s (%s%s), which its metadata.json does not list: the bundle was altered, or made by a tool that adds images; do not use it, ask the engineer to make it again with ferry bundle create", ErrInvalid, what, RegistryRoot, entry)
+	}
+	for _, repo := range slices.Sorted(maps.Keys(ix.repos)) {
+		if !paths[repo] {
+			return refuse("the repository "+repo, ix.repos[repo])
+		}
+	}
+	for _, tag := range slices.Sorted(maps.Keys(ix.tags)) {
+		if !tags[tag] {
+			return refuse("the tag "+tag, ix.tags[tag])
+		}
+	}
+	for _, dir := range slices.Sorted(maps.Keys(ix.dirs)) {
+		if !namespace(dir) {
+			return refuse("the repository "+dir, ix.dirs[dir])
 		}
 	}
 	return nil

@@ -109,6 +109,84 @@ func TestExtract_RefusesATreeThatLacksWhatItsMetadataSays(t *testing.T) {
 	}
 }
 
+// A tree that holds a repository or tag its metadata does not list is
+// refused, naming it: a node would otherwise serve it through the mirror
+// of a listed repository. Each case is first built with the extra listed
+// too, and accepted.
+func TestExtract_RefusesATreeThatHoldsMoreThanItsMetadataLists(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// build adds to tree what the case needs and returns the images
+		// the metadata lists, and the extra one it lists only when whole.
+		build  func(tree imagetree.Tree) (listed []string, extra string)
+		saying string
+	}{
+		{"another tag of a listed repository", func(tree imagetree.Tree) ([]string, string) {
+			return []string{tree.Add("quay.io/team/app:v1", imagetree.Layer("app", 0))}, tree.Add("quay.io/team/app:latest", imagetree.Layer("app-new", 0))
+		}, "the tag team/app:latest"},
+		{"a repository below a listed one", func(tree imagetree.Tree) ([]string, string) {
+			return []string{tree.Add("quay.io/team/app:v1", imagetree.Layer("app", 0))}, tree.Add("quay.io/team/app/tools:latest", imagetree.Layer("tools", 0))
+		}, "the repository team/app/tools"},
+		{"a repository by digest only", func(tree imagetree.Tree) ([]string, string) {
+			return nil, tree.Add("quay.io/other/thing", imagetree.Layer("thing", 0))
+		}, "the repository other/thing"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, broken := range []bool{false, true} {
+				tree := maps.Clone(testTree)
+				meta := testMetadata(1 << 20)
+				listed, extra := tc.build(tree)
+				meta.Images = append(meta.Images, listed...)
+				if !broken {
+					meta.Images = append(meta.Images, extra)
+				}
+				err := refusal(t, meta, treeEntries(tree))
+				if !broken {
+					if err != nil {
+						t.Fatalf("the tree with everything listed is refused: %v", err)
+					}
+					continue
+				}
+				if err == nil || !strings.Contains(err.Error(), tc.saying) || !strings.Contains(err.Error(), "does not list") {
+					t.Fatalf("got %v, want a refusal saying %q", err, tc.saying)
+				}
+			}
+		})
+	}
+	t.Run("an empty repository directory", func(t *testing.T) {
+		err := refusal(t, testMetadata(1<<20), append(validEntries(), dir(RegistryRoot+"repositories/team/empty/")))
+		if err == nil || !strings.Contains(err.Error(), "the repository team/empty") {
+			t.Fatalf("got %v", err)
+		}
+	})
+}
+
+// refusal is Verify's and Extract's refusal of the bundle (nil when both
+// accept it), checked to be the same kind, an invalid bundle, with
+// nothing left behind.
+func refusal(t *testing.T, meta *Metadata, entries []entry) error {
+	t.Helper()
+	src := stage(t, writeBundle(t, meta, entries), "")
+	scratch := t.TempDir()
+	_, verr := Verify(t.Context(), src, Options{})
+	out := filepath.Join(scratch, "out")
+	_, err := Extract(t.Context(), src, out, Options{})
+	if (verr == nil) != (err == nil) {
+		t.Fatalf("Verify says %v, Extract %v", verr, err)
+	}
+	if err == nil {
+		os.RemoveAll(out)
+		return nil
+	}
+	if !errors.Is(verr, ErrInvalid) || !errors.Is(err, ErrInvalid) {
+		t.Fatalf("got %v / %v, want refusals of an invalid bundle", verr, err)
+	}
+	if ents, _ := os.ReadDir(scratch); len(ents) != 0 {
+		t.Errorf("left %s behind", ents[0].Name())
+	}
+	return err
+}
+
 // A blob damaged on its way (the .sha256 is the bundle's own) is a bad
 // copy, said as such: "copy it again", not "make it again".
 func TestExtract_ADamagedBlobIsABadCopyNotALyingBundle(t *testing.T) {

@@ -12,6 +12,9 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/distribution/distribution/v3"
+	"github.com/distribution/distribution/v3/registry/api/errcode"
+
 	"github.com/ferry-edge/ferry/bundle"
 )
 
@@ -62,35 +65,49 @@ func (c *counter) snapshot() Stats {
 // routeRE splits /v2/<name>/(manifests|blobs)/<reference>.
 var routeRE = regexp.MustCompile(`^/v2/(.+)/(manifests|blobs)/([^/]+)$`)
 
-// front is the handler in front of distribution: it refuses writes, maps
-// the bundle's kept tags to their digests, serves blobs from their files
-// and counts requests.
+// nameRE finds the repository of every request that names one.
+var nameRE = regexp.MustCompile(`^/v2/(.+)/(?:manifests|blobs|tags|referrers)/`)
+
+// front is the handler in front of distribution: it refuses writes,
+// answers only for the repositories and tags the bundle lists, maps those
+// tags to their digests, serves blobs from their files and counts
+// requests.
 type front struct {
-	next  http.Handler
-	blobs blobFiles
-	stats *counter
-	tags  map[string]string // "<repo path>:<tag>" → "sha256:…"
-	log   *slog.Logger
+	next   http.Handler
+	blobs  blobFiles
+	stats  *counter
+	listed listed
+	log    *slog.Logger
 }
 
 func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 	var repo, kind, ref string
+	var unknown error
+	if m := nameRE.FindStringSubmatch(r.URL.Path); m != nil && !f.listed.repos[m[1]] {
+		unknown = errcode.ErrorCodeNameUnknown.WithDetail(distribution.ErrRepositoryUnknown{Name: m[1]})
+	}
 	if m := routeRE.FindStringSubmatch(r.URL.Path); m != nil {
 		repo, kind, ref = m[1], m[2], m[3]
 		// A tag the bundle kept is served as the digest it was resolved
 		// to when the bundle was made, whether or not the tree holds the
-		// tag: metadata.json is what was verified.
-		if kind == "manifests" && !strings.HasPrefix(m[3], "sha256:") {
-			if d, ok := f.tags[repo+":"+m[3]]; ok {
+		// tag: metadata.json is what was verified. A tag it does not list
+		// is unknown, whatever the tree holds.
+		if kind == "manifests" && !strings.Contains(ref, ":") && unknown == nil {
+			if d, ok := f.listed.tags[repo+":"+ref]; ok {
 				r = r.Clone(r.Context())
 				r.URL.Path = "/v2/" + repo + "/manifests/" + d
 				r.URL.RawPath = ""
+			} else {
+				unknown = errcode.ErrorCodeManifestUnknown.WithDetail(distribution.ErrTagUnknown{Tag: ref})
 			}
 		}
 	}
 	readOnly := r.Method == http.MethodGet || r.Method == http.MethodHead
 	switch {
+	case readOnly && unknown != nil:
+		rec.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+		errcode.ServeJSON(rec, unknown)
 	case readOnly && kind == "blobs" && f.blobs.serve(rec, r, repo, ref):
 	case readOnly:
 		f.next.ServeHTTP(rec, r)
@@ -151,31 +168,46 @@ func (s *statusRecorder) Flush() {
 	}
 }
 
-// bundleTags reads root/metadata.json, if there is one, for the tags that
-// custom images were given by ("name:tag@sha256:…").
-func bundleTags(root string) (map[string]string, error) {
-	b, err := os.ReadFile(filepath.Join(root, bundle.MetadataName))
+// listed is what metadata.json lists: the only repositories and tags
+// served.
+type listed struct {
+	repos map[string]bool   // repository paths
+	tags  map[string]string // "<repo path>:<tag>" → "sha256:…"
+}
+
+// readListed reads root/metadata.json for the repositories of the release
+// and images, and the tags that custom images and signatures are listed
+// by ("name:tag@sha256:…").
+func readListed(root string) (listed, error) {
+	p := filepath.Join(root, bundle.MetadataName)
+	b, err := os.ReadFile(p)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return listed{}, fmt.Errorf("%w: %s has no %s, which lists what may be served", ErrNotBundle, root, bundle.MetadataName)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("registry: %w", err)
+		return listed{}, fmt.Errorf("registry: %w", err)
 	}
 	var md struct {
-		Release string   `json:"release"`
-		Images  []string `json:"images"`
+		Release    string   `json:"release"`
+		Images     []string `json:"images"`
+		Signatures []string `json:"signatures"`
 	}
 	if err := json.Unmarshal(b, &md); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrNotBundle, filepath.Join(root, bundle.MetadataName), err)
+		return listed{}, fmt.Errorf("%w: %s: %v", ErrNotBundle, p, err)
 	}
 	all := append([]string{md.Release}, md.Images...)
 	paths := bundle.RepoPaths(all)
-	tags := map[string]string{}
-	for _, ref := range all {
+	l := listed{repos: map[string]bool{}, tags: map[string]string{}}
+	for _, ref := range append(all, md.Signatures...) {
 		name, tag, digest := bundle.SplitRef(ref)
+		path, ok := paths[name]
+		if !ok {
+			continue // a signature outside the images' repositories
+		}
+		l.repos[path] = true
 		if tag != "" && digest != "" {
-			tags[paths[name]+":"+tag] = digest
+			l.tags[path+":"+tag] = digest
 		}
 	}
-	return tags, nil
+	return l, nil
 }

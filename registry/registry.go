@@ -1,6 +1,7 @@
 // Package registry serves an extracted bundle (its docker/registry/v2 tree)
 // read-only over HTTPS on 127.0.0.1, with distribution's registry embedded
-// as an http.Handler. CRI-O pulls the bundle's images from it through the
+// as an http.Handler; a repository or tag its metadata.json does not list
+// is unknown, whatever the tree holds. CRI-O pulls the bundle's images from it through the
 // mirrors that package crio writes.
 package registry
 
@@ -129,13 +130,14 @@ func (r *Registry) Close() error {
 }
 
 // Handler is the read-only registry over root (the directory that holds
-// docker/registry/v2) with the request counter: what Serve serves, for
-// tests that drive it without TLS.
+// docker/registry/v2 and metadata.json) with the request counter: what
+// Serve serves, for tests that drive it without TLS. It answers only for
+// the repositories and tags metadata.json lists.
 func (r *Registry) Handler(ctx context.Context, root string) (http.Handler, func(), error) {
 	if fi, err := os.Stat(filepath.Join(root, "docker", "registry", "v2")); err != nil || !fi.IsDir() {
 		return nil, nil, fmt.Errorf("%w: %s has no docker/registry/v2 directory", ErrNotBundle, root)
 	}
-	tags, err := bundleTags(root)
+	listed, err := readListed(root)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -145,7 +147,7 @@ func (r *Registry) Handler(ctx context.Context, root string) (http.Handler, func
 		stopLogs()
 		return nil, nil, err
 	}
-	h := &front{next: app, blobs: blobFiles{root: root, pacer: r.Pacer}, stats: r.stats, tags: tags, log: r.log}
+	h := &front{next: app, blobs: blobFiles{root: root, pacer: r.Pacer}, stats: r.stats, listed: listed, log: r.log}
 	return h, func() { app.Shutdown(); stopLogs() }, nil
 }
 

@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -258,6 +260,81 @@ func TestServe_KeptTagServedFromMetadataEvenIfTreeLacksIt(t *testing.T) {
 	if _, err := remote.Head(mustRef(t, r.Addr()+"/my-company/workload:other"), tr); err == nil {
 		t.Error("a tag the bundle does not hold was served")
 	}
+}
+
+// TestServe_OnlyWhatMetadataLists: a tag or repository the tree holds but
+// metadata.json does not list is unknown (404, the registry's own error
+// codes), so that a mirror for a listed repository never serves more.
+func TestServe_OnlyWhatMetadataLists(t *testing.T) {
+	tree := registrytest.NewTree(t)
+	rel := tree.Push(t, "openshift-release-dev/ocp-release", "", 256, 1)
+	app := tree.Push(t, "team/app", "v1", 256, 1)
+	tree.Push(t, "team/app", "latest", 256, 1)
+	tools := tree.Push(t, "team/app/tools", "latest", 256, 1)
+	toolsBlob := blobsOf(t, tree.Root, "team/app/tools")[0]
+	md := fmt.Sprintf(`{"release":"quay.io/openshift-release-dev/ocp-release@%s","images":["quay.io/team/app:v1@%s"]}`, rel, app)
+	if err := os.WriteFile(filepath.Join(tree.Root, "metadata.json"), []byte(md), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := registry.New(t.TempDir(), 0, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	h, shutdown, err := r.Handler(t.Context(), tree.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shutdown()
+
+	for _, c := range []struct {
+		name, method, path string
+		status             int
+		code               string
+	}{
+		{"listed tag", "GET", "/v2/team/app/manifests/v1", 200, ""},
+		{"listed digest", "HEAD", "/v2/team/app/manifests/" + app, 200, ""},
+		{"unlisted tag of a listed repository", "GET", "/v2/team/app/manifests/latest", 404, "MANIFEST_UNKNOWN"},
+		{"unlisted repository by tag", "GET", "/v2/team/app/tools/manifests/latest", 404, "NAME_UNKNOWN"},
+		{"unlisted repository by digest", "GET", "/v2/team/app/tools/manifests/" + tools, 404, "NAME_UNKNOWN"},
+		{"unlisted repository's blob", "GET", "/v2/team/app/tools/blobs/" + toolsBlob, 404, "NAME_UNKNOWN"},
+		{"unlisted repository's tags", "GET", "/v2/team/app/tools/tags/list", 404, "NAME_UNKNOWN"},
+		{"unknown repository", "HEAD", "/v2/no/such/blobs/" + toolsBlob, 404, "NAME_UNKNOWN"},
+		{"dot-dot in the name", "GET", "/v2/team/app/../app/tools/manifests/latest", 404, "NAME_UNKNOWN"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, httptest.NewRequest(c.method, c.path, nil))
+			if w.Code != c.status {
+				t.Fatalf("%s %s: %d, want %d: %s", c.method, c.path, w.Code, c.status, w.Body)
+			}
+			if c.code == "" {
+				return
+			}
+			var body struct{ Errors []struct{ Code string } }
+			if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil || len(body.Errors) != 1 || body.Errors[0].Code != c.code {
+				t.Errorf("body %q, want one error %s", w.Body, c.code)
+			}
+		})
+	}
+}
+
+func TestServe_RefusesTreeWithoutMetadata(t *testing.T) {
+	tree := registrytest.NewTree(t)
+	tree.Push(t, "a/b", "v1", 256, 1)
+	if err := os.Remove(filepath.Join(tree.Root, "metadata.json")); err != nil {
+		t.Fatal(err)
+	}
+	r, err := registry.New(t.TempDir(), 0, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	_, _, err = r.Handler(t.Context(), tree.Root)
+	if !errors.Is(err, registry.ErrNotBundle) {
+		t.Fatalf("got %v, want ErrNotBundle", err)
+	}
+	t.Log(err)
 }
 
 func TestServe_StopsWhenContextEnds(t *testing.T) {

@@ -1,14 +1,18 @@
 // Package registrytest makes small bundle trees (distribution's
 // docker/registry/v2 layout) for tests: it pushes random images through a
-// writable in-process distribution registry into a directory.
+// writable in-process distribution registry into a directory, and lists
+// them in metadata.json beside it, as an extracted bundle does.
 package registrytest
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -24,8 +28,10 @@ import (
 
 // Tree is a directory being filled with images.
 type Tree struct {
-	Root string // holds docker/registry/v2
+	Root string // holds docker/registry/v2 and metadata.json
 	host string
+	// refs are the images pushed, as metadata.json lists them.
+	refs []string
 }
 
 // NewTree starts a writable registry over a new t.TempDir() that lives
@@ -80,5 +86,25 @@ func (tr *Tree) PushImage(t testing.TB, repo, tag string, img v1.Image) string {
 	if err := remote.Write(ref, img); err != nil {
 		t.Fatalf("push %s: %v", s, err)
 	}
+	listed := "quay.io/" + repo
+	if tag != "" {
+		listed += ":" + tag
+	}
+	tr.refs = append(tr.refs, listed+"@"+d.String())
+	tr.writeMetadata(t)
 	return d.String()
+}
+
+// writeMetadata lists every image pushed (the first as the release): the
+// embedded registry serves only what metadata.json lists. A test that
+// writes its own after its pushes lists what it chooses.
+func (tr *Tree) writeMetadata(t testing.TB) {
+	t.Helper()
+	b, err := json.Marshal(map[string]any{"release": tr.refs[0], "images": tr.refs[1:]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tr.Root, "metadata.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
