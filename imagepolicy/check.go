@@ -70,7 +70,7 @@ func (c Checker) Admit(meta *bundle.Metadata, tree bundle.Tree) (bundle.Admissio
 		return adm, fmt.Errorf("checking the signature policy: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	e := &evaluator{raw: raw, tree: tree, tmp: tmp, verdicts: map[string]error{}}
+	e := &evaluator{raw: raw, tree: tree, tmp: tmp, arch: bundle.GoArch(meta.Arch), verdicts: map[string]error{}}
 	defer e.close()
 	for _, img := range meta.AllImages() {
 		name, tag, _ := bundle.SplitRef(img)
@@ -107,6 +107,7 @@ type evaluator struct {
 	raw      []byte
 	tree     bundle.Tree
 	tmp      string
+	arch     string // the node's GOARCH
 	verdicts map[string]error // by reference: nil allowed, else why not
 	relaxed  *signature.PolicyContext
 	// noRelax: the policy names no identity rule to relax.
@@ -126,7 +127,7 @@ func (e *evaluator) check(pc *signature.PolicyContext, s string) (ref bundleRef,
 	if err != nil {
 		return ref, nil, fmt.Errorf("%w: %s: %v", bundle.ErrInvalid, s, err)
 	}
-	ref = bundleRef{named: named, tree: e.tree}
+	ref = bundleRef{named: named, tree: e.tree, arch: e.arch}
 	if v, ok := e.verdicts[s]; ok && pc != e.relaxed {
 		return ref, v, nil
 	}

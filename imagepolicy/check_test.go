@@ -262,3 +262,21 @@ func TestAdmit_TagRefusedForMoreThanItsIdentityStillRefusesTheBundle(t *testing.
 		t.Fatalf("err = %v, want the tag refused", err)
 	}
 }
+
+// A manifest list: CRI-O (containers/image's copy) checks the policy on
+// the instance it picks for the node's platform, never on the list. So a
+// list signed only at the list level is refused at plug time, and one
+// whose instance alone is signed is admitted.
+func TestAdmit_AManifestListIsJudgedByTheInstanceCRIOPulls(t *testing.T) {
+	key, pub := imagetree.NewSigningKey()
+	policy := `{"default":[{"type":"insecureAcceptAnything"}],"transports":{"docker":{
+  "` + bundletest.DefaultImage + `":[{"type":"sigstoreSigned","keyPath":"` + writeKey(t, pub) + `","signedIdentity":{"type":"matchRepository"}}]}}}`
+	listOnly := bundletest.Options{Listed: true, SignKey: key, SignAll: true}
+	if err := check(t, policy, listOnly); !errors.Is(err, bundle.ErrPolicy) {
+		t.Errorf("a list signed only at the list level: %v, want a policy refusal", err)
+	}
+	instanceOnly := bundletest.Options{Listed: true, SignKey: key, SignAll: true, SignInstances: true}
+	if err := check(t, policy, instanceOnly); err != nil {
+		t.Errorf("a list whose instance is signed: %v, want it admitted", err)
+	}
+}

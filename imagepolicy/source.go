@@ -14,6 +14,7 @@ import (
 	"go.podman.io/image/v5/docker/policyconfiguration"
 	"go.podman.io/image/v5/docker/reference"
 	"go.podman.io/image/v5/image"
+	"go.podman.io/image/v5/manifest"
 	"go.podman.io/image/v5/types"
 
 	"github.com/ferry-edge/ferry/bundle"
@@ -34,6 +35,7 @@ var errNotInBundle = errors.New("not read by the policy check")
 type bundleRef struct {
 	named reference.Named // name@digest or name:tag
 	tree  bundle.Tree
+	arch  string // the node's GOARCH: the instance of a list CRI-O pulls
 }
 
 func (r bundleRef) Transport() types.ImageTransport  { return dockerLike{} }
@@ -81,10 +83,30 @@ func (r bundleRef) digest() (digest.Digest, error) {
 	return digest.Digest(d), nil
 }
 
+// source is the image CRI-O pulls for r: for a manifest list (or OCI
+// index), the instance containers/image chooses for the node's platform,
+// which is what its policy check then reads (copy.copySingleImage checks
+// the instance, never the list), with that instance's own signatures.
 func (r bundleRef) source() (*source, error) {
 	d, err := r.digest()
 	if err != nil {
 		return nil, err
+	}
+	name := r.named.Name()
+	m, ok := r.tree.Manifest(name, d.String())
+	if !ok {
+		return nil, fmt.Errorf("manifest %s of %s is not in the bundle", d, name)
+	}
+	if mt := manifest.GuessMIMEType(m); manifest.MIMETypeIsMultiImage(mt) {
+		list, err := manifest.ListFromBlob(m, mt)
+		if err != nil {
+			return nil, fmt.Errorf("manifest list %s of %s: %v", d, name, err)
+		}
+		inst, err := list.ChooseInstance(&types.SystemContext{OSChoice: "linux", ArchitectureChoice: r.arch})
+		if err != nil {
+			return nil, fmt.Errorf("manifest list %s of %s: %v", d, name, err)
+		}
+		d = inst
 	}
 	return &source{ref: r, top: d}, nil
 }

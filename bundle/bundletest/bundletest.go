@@ -38,6 +38,10 @@ type Options struct {
 	// reference (name[:tag]@sha256:…); "" or nil names its repository
 	// only, as cosign does.
 	SignIdentity func(ref string) string
+	// Listed stores each of Images as a manifest list of its one
+	// linux/amd64 instance; SignInstances then signs (SignAll) the
+	// instances instead of the lists.
+	Listed, SignInstances bool
 }
 
 // DefaultImage is the image a bundle holds when Options.Images is empty.
@@ -65,9 +69,14 @@ func Write(t testing.TB, dir string, o Options) (string, string) {
 	}
 	tree := imagetree.Tree{}
 	release := tree.Add("quay.io/openshift-release-dev/ocp-release", imagetree.Layer("release "+o.Version+"-"+o.Arch, 0))
-	var refs []string
+	var refs, instances []string
 	for _, n := range o.Images {
-		refs = append(refs, tree.Add(n, imagetree.Layer(n, o.LayerSize)))
+		ref := tree.Add(n, imagetree.Layer(n, o.LayerSize))
+		if o.Listed {
+			instances = append(instances, ref)
+			ref = tree.AddList(n, ref)
+		}
+		refs = append(refs, ref)
 	}
 	var sigs []string
 	identity := func(ref string) string {
@@ -78,7 +87,11 @@ func Write(t testing.TB, dir string, o Options) (string, string) {
 	}
 	if o.SignKey != nil {
 		sigs = append(sigs, tree.Sign(release, identity(release), o.SignKey))
-		for _, r := range refs {
+		signed := refs
+		if o.SignInstances {
+			signed = instances
+		}
+		for _, r := range signed {
 			if o.SignAll {
 				sigs = append(sigs, tree.Sign(r, identity(r), o.SignKey))
 			}
