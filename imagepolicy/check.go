@@ -107,7 +107,7 @@ type evaluator struct {
 	raw      []byte
 	tree     bundle.Tree
 	tmp      string
-	arch     string // the node's GOARCH
+	arch     string           // the node's GOARCH
 	verdicts map[string]error // by reference: nil allowed, else why not
 	relaxed  *signature.PolicyContext
 	// noRelax: the policy names no identity rule to relax.
