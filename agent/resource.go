@@ -130,10 +130,33 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 	}
 	md := r.Metadata
 	rep := &bundleReport{name: ResourceName(md.Version, md.Arch), line: s.Line, healthy: s.Healthy, phases: reached(r)}
-	rep.sum = BundleSummary{Version: md.Version, Arch: md.Arch, Release: md.Release, Digest: r.Digest, Size: md.Size,
-		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: slices.Concat(r.Warnings, r.SignaturePolicy)}
+	rep.sum = BundleSummary{Version: md.Version, Arch: md.Arch, Release: SanitizeReason(md.Release), Digest: r.Digest, Size: sanitizeText(md.Size, maxSummarySize),
+		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: boundList(slices.Concat(r.Warnings, r.SignaturePolicy), maxSummaryWarnings)}
 	rep.entry = BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Condition.Message), Conditions: conditions(r)}
 	return rep
+}
+
+// What the resource's CRD (packaging/upgradebundle-crd.yaml) bounds, and
+// ferry's own writes fit: a list of warnings or excluded nodes, and the
+// size string (from metadata.json).
+const (
+	maxSummaryWarnings = 16
+	maxSummaryExcluded = 256
+	maxSummarySize     = 64
+)
+
+// boundList is l, each item SanitizeReason'd, at most max items: the last
+// one says how many more there are.
+func boundList(l []string, max int) []string {
+	var out []string
+	for i, s := range l {
+		if i == max-1 && len(l) > max {
+			out = append(out, fmt.Sprintf("… and %d more (ferry status on the node)", len(l)-i))
+			break
+		}
+		out = append(out, SanitizeReason(s))
+	}
+	return out
 }
 
 // conditions are the Extracted, Loaded and Updated conditions of r.
@@ -217,6 +240,7 @@ func summarize(rep *bundleReport, view BundleView, self string, nodes []string, 
 		sum.Excluded = append(sum.Excluded, n+": "+why)
 	}
 	slices.Sort(sum.Excluded)
+	sum.Excluded = boundList(sum.Excluded, maxSummaryExcluded)
 	if sum.Approved == "" || sum.Approved == string(bundle.ApprovalNone) {
 		sum.Approved = "waiting for approval"
 	}

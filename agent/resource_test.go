@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -246,5 +247,28 @@ func TestSummarize_UpgradedNodesCountAsReady(t *testing.T) {
 	sum := summarize(rep, view, "a", []string{"a", "b", "c", "d", "e"}, map[string]string{"e": "listed in spec.excludedNodes"})
 	if sum.NodesReady != "2/4" || sum.Phase != string(PhaseExtracted) || !slices.Equal(sum.Excluded, []string{"e: listed in spec.excludedNodes"}) {
 		t.Fatalf("summary %+v", sum)
+	}
+}
+
+func TestSummarize_FitsTheCRDsBounds(t *testing.T) {
+	rep := &bundleReport{sum: BundleSummary{Warnings: boundList(slices.Repeat([]string{strings.Repeat("w", 4096)}, 40), maxSummaryWarnings)}}
+	excluded := map[string]string{}
+	for i := range 300 {
+		excluded[fmt.Sprintf("node-%03d", i)] = "listed in spec.excludedNodes"
+	}
+	sum := summarize(rep, BundleView{}, "a", nil, excluded)
+	if len(sum.Warnings) != maxSummaryWarnings || !strings.HasPrefix(sum.Warnings[maxSummaryWarnings-1], "… and 25 more") {
+		t.Errorf("warnings: %d, last %q", len(sum.Warnings), sum.Warnings[len(sum.Warnings)-1])
+	}
+	for _, w := range sum.Warnings {
+		if len(w) > MaxReason {
+			t.Errorf("a warning of %d bytes", len(w))
+		}
+	}
+	if len(sum.Excluded) != maxSummaryExcluded || sum.Excluded[0] != "node-000: listed in spec.excludedNodes" || !strings.HasPrefix(sum.Excluded[maxSummaryExcluded-1], "… and 45 more") {
+		t.Errorf("excluded: %d, first %q, last %q", len(sum.Excluded), sum.Excluded[0], sum.Excluded[len(sum.Excluded)-1])
+	}
+	if got := boundList(nil, 3); got != nil {
+		t.Errorf("boundList(nil) = %q", got)
 	}
 }
