@@ -40,7 +40,7 @@ func (a *Agent) watchRuntime(ctx context.Context, poll, interval time.Duration) 
 		case now := <-t.C:
 			id := socketID(sock)
 			switch {
-			case id != last && id != 0:
+			case id != last && id != (sockID{}):
 				last = id
 				if !send("CRI-O restarted") {
 					return
@@ -58,16 +58,22 @@ func (a *Agent) watchRuntime(ctx context.Context, poll, interval time.Duration) 
 	}
 }
 
-// socketID tells one socket file from the next made at the same path (0:
-// none).
-func socketID(path string) uint64 {
+// sockID tells one socket file from the next made at the same path: a
+// file system reuses a freed inode number at once, so its change time
+// (nanoseconds) goes with it. The zero sockID: no socket.
+type sockID struct {
+	ino   uint64
+	ctime syscall.Timespec
+}
+
+func socketID(path string) sockID {
 	fi, err := os.Stat(path)
 	if err != nil {
-		return 0
+		return sockID{}
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
-		return 0
+		return sockID{}
 	}
-	return st.Ino
+	return sockID{st.Ino, st.Ctim}
 }

@@ -127,7 +127,7 @@ func (m *machine) step(ev event) []effect {
 		m.peers = ev.peers
 		return nil
 	case evRetry:
-		return m.next()
+		return append(m.next(), m.restoreIfDue()...)
 	case evRuntimeCheck:
 		return m.runtimeCheck(ev.why)
 	}

@@ -1,6 +1,9 @@
 package agent
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // The running release's source. Once a bundle's upgrade is done its tree
 // stays on the node (Record.Retained) until the next upgrade is done: with
@@ -70,7 +73,10 @@ func (m *machine) runtimeCheck(why string) []effect {
 	return m.startJob(effStartJob{kind: jobRestore, rec: r}, "")
 }
 
-// restoreIfDue runs a check asked for while a job ran.
+// restoreRetry is how soon a check that failed is tried again.
+const restoreRetry = 15 * time.Second
+
+// restoreIfDue runs a check asked for while a job ran, or one to retry.
 func (m *machine) restoreIfDue() []effect {
 	if m.restoreDue == "" || m.job != nil {
 		return nil
@@ -83,9 +89,11 @@ func (m *machine) restoreDone(r *Record, j evJobDone) []effect {
 	switch {
 	case r == nil || j.stopped:
 	case j.err != nil:
-		m.notice = fmt.Sprintf("CRI-O lacks %d images of the running release %s and loading them again from the copy kept here failed (retried at the next check): %v", j.restored, r.Name, j.err)
-		m.log.Error("loading the running release's images again failed", "bundle", r.Name, "missing", j.restored, "err", j.err)
-		effs = append(effs, effAnnounce{m.report()})
+		// CRI-O may not answer yet (it has just restarted): again soon.
+		m.notice = fmt.Sprintf("checking or loading again the running release %s from the copy kept here failed (retried in %s): %v", r.Name, restoreRetry, j.err)
+		m.log.Error("checking or loading again the running release's images failed", "bundle", r.Name, "missing", j.restored, "retry_in", restoreRetry, "err", j.err)
+		m.restoreDue = "retry"
+		effs = append(effs, effAnnounce{m.report()}, effRetryIn{after: restoreRetry})
 	case j.restored > 0:
 		m.notice = fmt.Sprintf("CRI-O had lost %d images of the running release %s: loaded and pinned again from the copy kept here at %s", j.restored, r.Name, m.now().UTC().Format("2006-01-02 15:04:05Z"))
 		m.log.Warn("the running release's images CRI-O had lost are loaded and pinned again from the copy kept on this node", "bundle", r.Name, "images", j.restored)

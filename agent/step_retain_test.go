@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/ferry-edge/ferry/bundle"
@@ -192,3 +193,23 @@ func TestStep_ANewBundleForTheSameDirReplacesTheKeptTree(t *testing.T) {
 		t.Errorf("another dir: %v", effs)
 	}
 }
+
+func TestStep_AFailedRestoreIsTriedAgainSoon(t *testing.T) {
+	m, _ := upgradedMachine(t, true)
+	m.job = &job{kind: jobRestore, id: "running"}
+	effs := m.step(evJobDone{kind: jobRestore, id: "running", err: errCRIODown})
+	retry := false
+	for _, e := range effs {
+		if r, ok := e.(effRetryIn); ok && r.after == restoreRetry {
+			retry = true
+		}
+	}
+	if !retry || m.restoreDue == "" {
+		t.Fatalf("effects %v, restoreDue %q: want a retry", effs, m.restoreDue)
+	}
+	if j, ok := jobOf(m.step(evRetry{})); !ok || j.kind != jobRestore {
+		t.Fatalf("on the retry: %+v, want the check again", j)
+	}
+}
+
+var errCRIODown = errors.New("CRI-O is not answering")
