@@ -6,6 +6,7 @@
 package registry
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -25,6 +26,7 @@ import (
 	"github.com/distribution/distribution/v3/configuration"
 	"github.com/distribution/distribution/v3/registry/handlers"
 	_ "github.com/distribution/distribution/v3/registry/storage/driver/filesystem" // the only driver used
+	"golang.org/x/net/netutil"
 
 	"github.com/ferry-edge/ferry/internal/atomicfile"
 )
@@ -43,6 +45,9 @@ type Registry struct {
 	// Pacer, when set before Serve, paces the blobs served (CRI-O's
 	// pulls): a pause per MiB while the node's workloads stall.
 	Pacer Pacer
+	// MaxConns bounds the connections served at once, set before Serve;
+	// 0 is DefaultMaxConns. Those past it wait to be accepted.
+	MaxConns int
 
 	log     *slog.Logger
 	ln      net.Listener
@@ -104,6 +109,10 @@ func New(stateDir string, port int, log *slog.Logger) (*Registry, error) {
 	}
 	return &Registry{log: log, ln: ln, port: port, cert: cert, certPEM: certPEM, stats: newCounter()}, nil
 }
+
+// DefaultMaxConns is Registry.MaxConns's default: four times the most pull
+// workers.
+const DefaultMaxConns = 256
 
 // Addr is "127.0.0.1:<port>".
 func (r *Registry) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port)) }
@@ -172,6 +181,10 @@ func (r *Registry) Serve(ctx context.Context, root string) error {
 		return err
 	}
 	defer shutdown()
+	// CRI-O's pulls use a few connections each (crio.pull_workers at most
+	// 64); a local program opening thousands waits for its turn instead of
+	// costing ferry a file descriptor and a goroutine each.
+	ln := netutil.LimitListener(r.ln, cmp.Or(r.MaxConns, DefaultMaxConns))
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 30 * time.Second,
@@ -182,7 +195,7 @@ func (r *Registry) Serve(ctx context.Context, root string) error {
 	}
 	r.log.Info("embedded registry serving", "addr", r.Addr(), "root", root)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.ServeTLS(r.ln, "", "") }()
+	go func() { errc <- srv.ServeTLS(ln, "", "") }()
 	select {
 	case err := <-errc:
 		r.Close()

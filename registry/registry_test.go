@@ -2,6 +2,7 @@ package registry_test
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -383,4 +385,90 @@ func mustRef(t *testing.T, s string) name.Reference {
 		t.Fatal(err)
 	}
 	return ref
+}
+
+// The CA CRI-O trusts for the mirror vouches for loopback names only and
+// signs no other CA; one made before that is made anew.
+func TestNew_CertificateIsConstrainedToLoopback(t *testing.T) {
+	dir := t.TempDir()
+	r, err := registry.New(dir, 0, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	block, _ := pem.Decode(r.CACertPEM())
+	c, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.PermittedDNSDomainsCritical || len(c.PermittedIPRanges) != 2 || !c.MaxPathLenZero {
+		t.Fatalf("constraints: critical %v, IP ranges %v, max path len zero %v", c.PermittedDNSDomainsCritical, c.PermittedIPRanges, c.MaxPathLenZero)
+	}
+	// A leaf for another name, signed with the registry's key, does not
+	// verify against it.
+	key, err := os.ReadFile(filepath.Join(dir, "tls.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, _ := pem.Decode(key)
+	priv, err := x509.ParseECPrivateKey(kb.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), DNSNames: []string{"quay.io"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, c, &priv.PublicKey, priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(c)
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, DNSName: "quay.io"}); err == nil {
+		t.Fatal("the registry's CA vouches for quay.io")
+	}
+}
+
+// Connections past MaxConns wait to be accepted.
+func TestServe_BoundsConnections(t *testing.T) {
+	tree := registrytest.NewTree(t)
+	tree.Push(t, "openshift-release-dev/ocp-v4.0-art-dev", "", 1024, 1)
+	r, err := registry.New(t.TempDir(), 0, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.MaxConns = 2
+	serve(t, r, tree.Root)
+	var held []*tls.Conn
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(r.CACertPEM())
+	dial := func() (*tls.Conn, error) {
+		d := &net.Dialer{Timeout: 10 * time.Second}
+		return tls.DialWithDialer(d, "tcp", r.Addr(), &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+	}
+	for range 2 {
+		c, err := dial()
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	third := make(chan error, 1)
+	go func() {
+		c, err := dial() // connects, but its handshake waits for a turn
+		if err == nil {
+			c.Close()
+		}
+		third <- err
+	}()
+	select {
+	case err := <-third:
+		t.Fatalf("a third connection was served while two were held (%v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	held[0].Close()
+	if err := <-third; err != nil {
+		t.Fatalf("the third connection, once one closed: %v", err)
+	}
+	held[1].Close()
 }

@@ -67,6 +67,9 @@ func certUsable(c *x509.Certificate, now time.Time) bool {
 	if c == nil || !c.IsCA || now.Before(c.NotBefore) || now.Add(certRenewBefore).After(c.NotAfter) {
 		return false
 	}
+	if len(c.PermittedIPRanges) == 0 || !c.PermittedDNSDomainsCritical {
+		return false // made before it was constrained to loopback: made anew
+	}
 	return c.VerifyHostname("127.0.0.1") == nil
 }
 
@@ -89,8 +92,18 @@ func newCert(now time.Time) (certPEM, keyPEM []byte, err error) {
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		BasicConstraintsValid: true,
 		IsCA:                  true,
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
-		DNSNames:              []string{"localhost"},
+		// CRI-O trusts it as a CA (certs.d's ca.crt) for this address
+		// only; should its key leak, it still vouches for nothing but
+		// loopback names, and signs no other CA.
+		MaxPathLenZero:              true,
+		PermittedDNSDomainsCritical: true,
+		PermittedDNSDomains:         []string{"localhost"},
+		PermittedIPRanges: []*net.IPNet{
+			{IP: net.IPv4(127, 0, 0, 1).To4(), Mask: net.CIDRMask(32, 32)},
+			{IP: net.IPv6loopback, Mask: net.CIDRMask(128, 128)},
+		},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		DNSNames:    []string{"localhost"},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
