@@ -171,15 +171,27 @@ func (ix *treeIndex) check(meta *Metadata) error {
 
 // unlisted refuses a tree that holds a repository or tag the metadata
 // does not list: what a node serves and mirrors is what was listed, and a
-// bundle ferry makes holds nothing else.
+// bundle ferry makes holds nothing else. One exception: a tag that names a
+// manifest the metadata lists in the same repository adds nothing (the
+// embedded registry does not serve it either): upgrade-tool's recipe
+// tags every image it copies :latest.
 func (ix *treeIndex) unlisted(meta *Metadata, repos map[string]string) error {
-	paths, tags := map[string]bool{}, map[string]bool{}
+	paths, tags, digests := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, ref := range append(meta.AllImages(), meta.Signatures...) {
-		name, tag, _ := SplitRef(ref)
+		name, tag, digest := SplitRef(ref)
 		paths[repos[name]] = true
 		if tag != "" {
 			tags[repos[name]+":"+tag] = true
 		}
+		if digest != "" {
+			digests[repos[name]+"@"+digest] = true
+		}
+	}
+	harmless := func(repoTag string) bool {
+		i := strings.LastIndex(repoTag, ":")
+		repo, tag := repoTag[:i], repoTag[i+1:]
+		d, ok := ix.links["repositories/"+repo+"/_manifests/tags/"+tag+"/current/link"]
+		return ok && digests[repo+"@"+d]
 	}
 	namespace := func(dir string) bool {
 		for p := range paths {
@@ -198,7 +210,7 @@ func (ix *treeIndex) unlisted(meta *Metadata, repos map[string]string) error {
 		}
 	}
 	for _, tag := range slices.Sorted(maps.Keys(ix.tags)) {
-		if !tags[tag] {
+		if !tags[tag] && !harmless(tag) {
 			return refuse("the tag "+tag, ix.tags[tag])
 		}
 	}

@@ -198,3 +198,18 @@ func TestExtract_ADamagedBlobIsABadCopyNotALyingBundle(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+// A tag that names a manifest the metadata lists in the same repository
+// (upgrade-tool tags every image it copies :latest) adds nothing: the
+// tree is accepted; the registry does not serve the tag.
+func TestExtract_AcceptsAnUnlistedTagOfAListedManifest(t *testing.T) {
+	tree := maps.Clone(testTree)
+	meta := testMetadata(1 << 20)
+	layer := imagetree.Layer("app", 0)
+	ref := tree.Add("quay.io/team/app", layer)
+	tree.Add("quay.io/team/app:latest", layer) // the same manifest, tagged
+	meta.Images = append(meta.Images, ref)
+	if err := refusal(t, meta, treeEntries(tree)); err != nil {
+		t.Fatalf("an unlisted tag of a listed manifest: %v", err)
+	}
+}
