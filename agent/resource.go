@@ -244,7 +244,39 @@ func summarize(rep *bundleReport, view BundleView, self string, nodes []string, 
 	if sum.Approved == "" || sum.Approved == string(bundle.ApprovalNone) {
 		sum.Approved = "waiting for approval"
 	}
+	if w := disagreement(entries); w != "" {
+		// Said loudly, where oc get shows it; the admission policy
+		// refuses a summary that names a digest some entry contradicts.
+		sum.Digest, sum.Approved = "", ApprovedDisagree
+		sum.Warnings = boundList(slices.Concat([]string{w}, sum.Warnings), maxSummaryWarnings)
+	}
 	return sum
+}
+
+// ApprovedDisagree is the summary's approved when the nodes' entries name
+// different digests for one bundle.
+const ApprovedDisagree = "digests disagree"
+
+// disagreement says which nodes name which digest when the entries name
+// more than one ("" when they agree).
+func disagreement(entries map[string]BundleNodeEntry) string {
+	by := map[string][]string{}
+	for n, e := range entries {
+		if e.Digest != "" {
+			by[e.Digest] = append(by[e.Digest], n)
+		}
+	}
+	if len(by) < 2 {
+		return ""
+	}
+	var parts []string
+	for d, ns := range by {
+		slices.Sort(ns)
+		parts = append(parts, d+": "+strings.Join(ns, ", "))
+	}
+	slices.Sort(parts)
+	return "the nodes read different digests for this bundle (" + strings.Join(parts, "; ") +
+		"): approve only the digest the engineer gave you (the bundle's .sha256 file), and find out why a node reads another"
 }
 
 // followBundle reads the active bundle's resource and writes this node's
@@ -583,10 +615,13 @@ func (a *Agent) readApprovals(ctx context.Context, api BundleAPI, last *[]string
 
 // waitingForApproval is why r waits unloaded: with the cluster's API, how
 // the administrator approves it there, with no node shell and no restart.
+// The digest to approve is the engineer's (the bundle's .sha256 file,
+// ferry bundle verify), never one a node reports: this node's is given
+// to compare with, and a node's word can be forged.
 func (m *machine) waitingForApproval(r *Record) string {
 	if !m.hasAPI || r.Metadata == nil {
 		return WaitingForApproval(r.Digest)
 	}
-	return fmt.Sprintf(`waiting for approval: oc patch upgradebundle %s --type=merge -p '{"spec":{"approvedDigest":"%s"}}' (or add it to approved_digests and restart ferry)`,
+	return fmt.Sprintf(`waiting for approval: oc patch upgradebundle %s --type=merge -p '{"spec":{"approvedDigest":"<the engineer's digest>"}}' with the digest from the engineer (the bundle's .sha256 file), not from this node: this node read %s (or add the engineer's digest to approved_digests and restart ferry)`,
 		ResourceName(r.Metadata.Version, r.Metadata.Arch), r.Digest)
 }

@@ -136,8 +136,14 @@ func TestResource_ApprovedInTheSpecLoadsWithNoRestart(t *testing.T) {
 	src, digest := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
 	s := h.waitReason("waiting for approval: oc patch upgradebundle " + resourceName)
-	if s.Phase != string(PhaseExtracted) || !strings.Contains(s.Reason, digest) {
+	if s.Phase != string(PhaseExtracted) || !strings.Contains(s.Reason, "this node read "+digest) {
 		t.Fatalf("status %+v", s)
+	}
+	// The administrator is told to approve the engineer's digest, not
+	// handed this node's (a node's word can be forged) to paste.
+	if !strings.Contains(s.Reason, `"approvedDigest":"<the engineer's digest>"`) || !strings.Contains(s.Reason, "from the engineer (the bundle's .sha256 file), not from this node") ||
+		strings.Contains(s.Reason, `"approvedDigest":"`+digest) {
+		t.Fatalf("reason %q", s.Reason)
 	}
 	h.waitFor("the resource to say waiting", func() bool {
 		b, ok := api.bundle(resourceName)
@@ -270,5 +276,20 @@ func TestSummarize_FitsTheCRDsBounds(t *testing.T) {
 	}
 	if got := boundList(nil, 3); got != nil {
 		t.Errorf("boundList(nil) = %q", got)
+	}
+}
+
+func TestSummarize_DisagreeingDigestsAreShownLoudly(t *testing.T) {
+	const own, other = "sha256:aa", "sha256:ff"
+	rep := &bundleReport{sum: BundleSummary{Digest: own, Approved: "digest", Warnings: []string{"paused pool"}}, entry: BundleNodeEntry{Phase: string(PhaseLoaded), Digest: own}}
+	view := BundleView{Nodes: map[string]BundleNodeEntry{"b": {Phase: string(PhaseLoaded), Digest: own}, "c": {Phase: string(PhaseExtracted), Digest: other}, "d": {Phase: string(PhaseFetching)}}}
+	sum := summarize(rep, view, "a", nil, nil)
+	if sum.Digest != "" || sum.Approved != ApprovedDisagree || sum.NodesReady != "2/4" || len(sum.Warnings) != 2 ||
+		sum.Warnings[0] != "the nodes read different digests for this bundle (sha256:aa: a, b; sha256:ff: c): approve only the digest the engineer gave you (the bundle's .sha256 file), and find out why a node reads another" {
+		t.Fatalf("summary %+v", sum)
+	}
+	delete(view.Nodes, "c")
+	if sum := summarize(rep, view, "a", nil, nil); sum.Digest != own || sum.Approved != "digest" || len(sum.Warnings) != 1 {
+		t.Fatalf("agreeing: %+v", sum)
 	}
 }

@@ -167,3 +167,85 @@ func TestPolicy_UpgradeBundlesAreBoundedByNameAndSize(t *testing.T) {
 		t.Errorf("after the refusals: %+v, %v", ub.Nodes["node-a"], err)
 	}
 }
+
+// TestPolicy_ANodeCannotForgeTheSummaryOrAnotherNodesEvents: the summary
+// of an UpgradeBundle's status is written only as the nodes' own entries
+// back it, disagreement is said loudly, and a node records Events in its
+// own name only (issue 34, finding 3).
+func TestPolicy_ANodeCannotForgeTheSummaryOrAnotherNodesEvents(t *testing.T) {
+	e := kubeenv.Start(t, current)
+	a := ferryClient(t, e)
+	e.AddNode("node-b", "10.0.0.2")
+	b := nodeClient(t, e, "node-b")
+	installBundles(e)
+	ctx := t.Context()
+	const name = bundleName
+	if err := b.CreateUpgradeBundle(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	real, forged := "sha256:"+strings.Repeat("a", 64), "sha256:"+strings.Repeat("f", 64)
+	honest := kube.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: real, Phase: "loaded", NodesReady: "1/2", Approved: "digest"}
+	if err := b.PublishBundleStatus(ctx, name, honest, "node-b", kube.BundleNode{Phase: "loaded", Digest: real}); err != nil {
+		t.Fatalf("node-b's honest status: %v", err)
+	}
+	publish := func(f func(s *kube.BundleSummary, n *kube.BundleNode)) error {
+		s, n := honest, kube.BundleNode{Phase: "extracted", Digest: forged}
+		f(&s, &n)
+		return a.PublishBundleStatus(ctx, name, s, "node-a", n)
+	}
+	status := func(st map[string]any) error {
+		return merge(t, a, "/apis/ferry.io/v1alpha1/upgradebundles/"+name+"/status", map[string]any{"status": st})
+	}
+	const policy = "ferry-upgradebundle"
+	denied(t, "the summary's digest, forged with its own entry", publish(func(s *kube.BundleSummary, _ *kube.BundleNode) { s.Digest = forged }), policy)
+	denied(t, "the summary's digest with no entry of its own", status(map[string]any{"digest": forged}), policy)
+	denied(t, "the summary's approved with no entry of its own", status(map[string]any{"approved": "digest"}), policy)
+	denied(t, "the real digest beside its own other one", publish(func(*kube.BundleSummary, *kube.BundleNode) {}), policy)
+	denied(t, "an empty digest with the disagreement hidden", publish(func(s *kube.BundleSummary, _ *kube.BundleNode) { s.Digest = "" }), policy)
+	agreeing := func(f func(s *kube.BundleSummary)) func(*kube.BundleSummary, *kube.BundleNode) {
+		return func(s *kube.BundleSummary, n *kube.BundleNode) { n.Digest = real; f(s) }
+	}
+	denied(t, "more nodes ready than the entries say", publish(agreeing(func(s *kube.BundleSummary) { s.NodesReady = "2/2" })), policy)
+	denied(t, "more ready than waited for", publish(agreeing(func(s *kube.BundleSummary) { s.NodesReady = "1/0" })), policy)
+	denied(t, "a phase no node is in", publish(agreeing(func(s *kube.BundleSummary) { s.Phase = "upgraded" })), policy)
+	denied(t, "another version", publish(agreeing(func(s *kube.BundleSummary) { s.Version = "4.13.9" })), policy)
+	invalid(t, "an approval the CRD does not know", publish(agreeing(func(s *kube.BundleSummary) { s.Approved = "approved by the administrator" })), "status.approved")
+	got := e.Bundle(name)["status"].(map[string]any)
+	if got["digest"] != real || got["nodesReady"] != "1/2" || got["approved"] != "digest" {
+		t.Fatalf("the summary after the refusals: %v", got)
+	}
+
+	// What a node may write: its own entry, and the disagreement said
+	// loudly; then the real digest is no longer in the summary.
+	if err := publish(func(s *kube.BundleSummary, _ *kube.BundleNode) {
+		s.Digest, s.Approved, s.Phase, s.NodesReady = "", "digests disagree", "extracted", "0/2"
+	}); err != nil {
+		t.Fatalf("node-a's own entry with the disagreement said: %v", err)
+	}
+	denied(t, "node-b's summary hiding the disagreement", b.PublishBundleStatus(ctx, name, honest, "node-b", kube.BundleNode{Phase: "loaded", Digest: real}), policy)
+	if got := e.Bundle(name)["status"].(map[string]any); got["approved"] != "digests disagree" || got["digest"] != nil && got["digest"] != "" {
+		t.Errorf("the summary with the entries disagreeing: %v", got)
+	}
+
+	// Events: only in its own name, about an UpgradeBundle, short.
+	event := func(host, instance, msg string, involved map[string]any) error {
+		return a.Raw(ctx, "POST", "/api/v1/namespaces/default/events", "application/json", map[string]any{
+			"apiVersion": "v1", "kind": "Event", "metadata": map[string]any{"generateName": name + "."},
+			"involvedObject": involved, "type": "Normal", "reason": "Loaded", "message": msg,
+			"source": map[string]any{"component": "ferry", "host": host}, "reportingComponent": "ferry.io/agent", "reportingInstance": instance,
+			"firstTimestamp": "2024-01-01T00:00:00Z", "lastTimestamp": "2024-01-01T00:00:00Z", "count": 1,
+		}, nil)
+	}
+	ub := map[string]any{"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundle", "name": name}
+	denied(t, "an Event as node-b", event("node-b", "node-b", "node-b: loaded", ub), "ferry-events")
+	denied(t, "an Event saying node-b", event("node-a", "node-a", "node-b: loaded", ub), "ferry-events")
+	denied(t, "an Event from node-a's source as node-b's instance", event("node-a", "node-b", "node-a: loaded", ub), "ferry-events")
+	denied(t, "an Event on a Node", event("node-a", "node-a", "node-a: loaded", map[string]any{"apiVersion": "v1", "kind": "Node", "name": "node-b"}), "ferry-events")
+	denied(t, "an Event of 64 KiB", event("node-a", "node-a", "node-a: "+strings.Repeat("x", 64<<10), ub), "ferry-events")
+	if err := a.BundleEvent(ctx, name, "", "node-a", "Normal", "Loaded", "node-a: loaded"); err != nil {
+		t.Fatalf("ferry's own Event: %v", err)
+	}
+	if evs := e.Events(name); len(evs) != 1 || evs[0] != "Normal Loaded: node-a: loaded" {
+		t.Errorf("events %q", evs)
+	}
+}

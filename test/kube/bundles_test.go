@@ -45,7 +45,9 @@ func TestClient_UpgradeBundleStatusIsFerrysAndSpecTheAdministrators(t *testing.T
 		t.Fatalf("created twice: %v", err)
 	}
 	sum := kube.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: "sha256:" + strings.Repeat("a", 64), Phase: "loading", NodesReady: "0/2"}
-	entry := kube.BundleNode{Phase: "loading", Conditions: []kube.BundleCondition{{Type: "Extracted", Status: "True", Reason: "Extracted"}}}
+	// The entry names the summary's digest, as ferry writes them (the
+	// admission policy refuses a summary its own entry does not back).
+	entry := kube.BundleNode{Phase: "loading", Digest: sum.Digest, Conditions: []kube.BundleCondition{{Type: "Extracted", Status: "True", Reason: "Extracted"}}}
 	for n, cl := range map[string]*kube.Client{"node-a": c, "node-b": cb} {
 		if err := cl.PublishBundleStatus(ctx, bundleName, sum, n, entry); err != nil {
 			t.Fatal(err)

@@ -277,6 +277,12 @@ func (e *Env) InstallFerry() {
 		}, func() {
 			e.Admin.Raw(ctx, "DELETE", "/api/v1/namespaces/openshift-config-managed/configmaps/ferry-probe", "", nil, nil)
 		}},
+		{"ferry-events", func() error {
+			return c.Raw(ctx, "POST", "/api/v1/namespaces/default/events", "application/json", map[string]any{"apiVersion": "v1", "kind": "Event",
+				"metadata": map[string]any{"name": "ferry-probe"}, "involvedObject": map[string]any{"kind": "UpgradeBundle", "name": "ferry-probe"}, "reason": "Probe", "message": "probe"}, nil)
+		}, func() {
+			e.Admin.Raw(ctx, "DELETE", "/api/v1/namespaces/default/events/ferry-probe", "", nil, nil)
+		}},
 		{"ferry-token", func() error {
 			return c.Raw(ctx, "POST", "/api/v1/namespaces/openshift-ferry/serviceaccounts/ferry/token", "application/json", map[string]any{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": map[string]any{}}, nil)
 		}, func() {}},
