@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"os"
 	"strings"
@@ -244,6 +245,7 @@ func TestPolicy_ANodeRenewsItsOwnTokenAndNoOneElses(t *testing.T) {
 	denied(t, "a token for another Node", tokenFor(map[string]any{"expirationSeconds": 3600, "boundObjectRef": nodeRef("node-b")}), "ferry-token")
 	denied(t, "a token bound to nothing", tokenFor(map[string]any{"expirationSeconds": 3600}), "ferry-token")
 	denied(t, "a token for a year", tokenFor(map[string]any{"expirationSeconds": 365 * 86400, "boundObjectRef": nodeRef("node-a")}), "ferry-token")
+	denied(t, "a token for another audience", tokenFor(map[string]any{"expirationSeconds": 3600, "boundObjectRef": nodeRef("node-a"), "audiences": []string{"vault"}}), "ferry-token")
 	denied(t, "a token of another ServiceAccount", a.Raw(ctx, "POST", "/api/v1/namespaces/openshift-ferry/serviceaccounts/default/token", "application/json",
 		map[string]any{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": map[string]any{"boundObjectRef": nodeRef("node-a")}}, nil), "")
 
@@ -257,4 +259,43 @@ func TestPolicy_ANodeRenewsItsOwnTokenAndNoOneElses(t *testing.T) {
 		var ae *kube.APIError
 		return errors.As(err, &ae) && ae.Code == 401
 	})
+}
+
+// A pod running as ferry's ServiceAccount on node-a gets a token that
+// carries node-a's name beside its own (Kubernetes 1.30+): it acts for no
+// node, so it may not write node-a's metadata.
+func TestPolicy_APodBoundTokenActsForNoNode(t *testing.T) {
+	e := kubeenv.Start(t, current)
+	e.AddNode("node-a", "10.0.0.1")
+	e.InstallFerry()
+	e.Create("/api/v1/namespaces/openshift-ferry/pods", map[string]any{
+		"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "intruder", "namespace": "openshift-ferry"},
+		"spec": map[string]any{"nodeName": "node-a", "serviceAccountName": "ferry", "containers": []any{map[string]any{"name": "c", "image": "quay.io/x/y:z"}}},
+	})
+	var tr struct {
+		Status struct {
+			Token string `json:"token"`
+		} `json:"status"`
+	}
+	body := map[string]any{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": map[string]any{
+		"expirationSeconds": 3600, "boundObjectRef": map[string]any{"apiVersion": "v1", "kind": "Pod", "name": "intruder"}}}
+	if err := e.Admin.Raw(t.Context(), "POST", "/api/v1/namespaces/openshift-ferry/serviceaccounts/ferry/token", "application/json", body, &tr); err != nil {
+		t.Fatal(err)
+	}
+	claims := strings.Split(tr.Status.Token, ".")
+	payload, _ := base64.RawURLEncoding.DecodeString(claims[1])
+	if !strings.Contains(string(payload), `"node"`) {
+		t.Fatalf("the pod-bound token names no node (%s): this API server does not add it, and the test shows nothing", payload)
+	}
+	// node-a's kubeconfig, its token file holding the pod's token.
+	kc := e.NodeKubeconfig("node-a")
+	if err := os.WriteFile(strings.TrimSuffix(kc, "kubeconfig")+"token", []byte(tr.Status.Token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := kube.New(kc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Attempts = 1
+	denied(t, "a pod-bound token annotating its pod's Node", p.Annotate(t.Context(), "node-a", map[string]string{"ferry.io/phase": "idle"}, nil), "ferry-node")
 }
