@@ -565,7 +565,7 @@ func decideApproval(src Source, p Policy) (approval, error) {
 		}
 	}
 	if src.SigPath != "" {
-		b, err := ReadSidecar(src.SigPath, src.sigWhat())
+		b, err := ReadSignature(src.SigPath, src.sigWhat())
 		if err != nil {
 			return ap, err
 		}

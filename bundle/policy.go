@@ -38,6 +38,10 @@ func (p Policy) ApproveOffer(meta *Metadata, digest string, sig []byte) (Approva
 	if p.Arch != "" && meta.Arch != p.Arch {
 		return "", fmt.Errorf("%w: the peers' bundle is for %s, this node is %s", ErrWrongArch, meta.Arch, p.Arch)
 	}
+	// Parsed whatever the policy: the signature is kept and offered on.
+	if sig != nil && CheckSignature(sig, "the peers' signature") != nil {
+		return "", fmt.Errorf("%w: the peers' bundle %s carries a signature that does not parse: ask the engineer to sign it again", ErrNotApproved, digest)
+	}
 	if !p.On() {
 		return ApprovalOff, nil
 	}

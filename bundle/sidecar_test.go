@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/bundletest"
 )
 
 const hostSecret = "token-SECRET-MARKER-77"
@@ -68,5 +69,35 @@ func TestVerify_RefusedSourceIsRefused(t *testing.T) {
 	_, err := bundle.Verify(t.Context(), bundle.Source{Path: "/nonexistent/upgrade-1.0-x86_64.tar", Refused: why}, bundle.Options{})
 	if !errors.Is(err, why) {
 		t.Fatalf("err = %v, want the refusal", err)
+	}
+}
+
+// A .minisig is kept and offered to the peers whatever the node's policy,
+// so one that is no signature (a host file a link led to) is refused on
+// every path, with no trusted key and with approval off, never echoed.
+func TestSignature_OneThatDoesNotParseIsRefusedWhateverThePolicy(t *testing.T) {
+	p, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+	if err := os.WriteFile(p+".minisig", []byte("root:"+hostSecret+":19000:0:99999:7:::\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src, err := bundle.FindSource(p, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, pol := range map[string]bundle.Policy{"no trusted key": {SpaceFactor: -1}, "approval off": {Off: true, SpaceFactor: -1}} {
+		_, err := bundle.Verify(t.Context(), src, bundle.Options{Policy: pol})
+		if !errors.Is(err, bundle.ErrInvalid) || !strings.Contains(err.Error(), "is not a minisign signature") {
+			t.Errorf("%s: Verify: %v, want the .minisig refused", name, err)
+		}
+		if err != nil && strings.Contains(err.Error(), hostSecret) {
+			t.Errorf("%s: error echoes the file: %v", name, err)
+		}
+	}
+	meta, err := bundle.InspectFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (bundle.Policy{Off: true}).ApproveOffer(meta, digest, []byte(hostSecret+"\n")); !errors.Is(err, bundle.ErrNotApproved) || strings.Contains(err.Error(), hostSecret) {
+		t.Errorf("an offer with approval off and a signature that does not parse: %v", err)
 	}
 }

@@ -158,6 +158,28 @@ func ReadSidecar(path, what string) ([]byte, error) {
 	return b, nil
 }
 
+// ReadSignature reads the .minisig at path (see ReadSidecar) and checks
+// that it is a minisign signature: only one is kept, verified or passed on
+// to peers, never whatever file a link or a mistake put there.
+func ReadSignature(path, what string) ([]byte, error) {
+	b, err := ReadSidecar(path, what)
+	if err != nil {
+		return nil, err
+	}
+	return b, CheckSignature(b, what)
+}
+
+// CheckSignature refuses (ErrInvalid) a .minisig that does not parse as a
+// minisign signature. what names it, as in ReadSidecar; the message never
+// holds its bytes.
+func CheckSignature(b []byte, what string) error {
+	var s minisign.Signature
+	if err := s.UnmarshalText(b); err != nil {
+		return fmt.Errorf("%w: %s is not a minisign signature: remove it, or copy the .tar.minisig that came with the bundle", ErrInvalid, what)
+	}
+	return nil
+}
+
 // sha256What and sigWhat name a source's sidecars in messages.
 func (s Source) sha256What() string {
 	return "the .sha256 file of " + s.Name()

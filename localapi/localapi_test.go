@@ -16,9 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"aead.dev/minisign"
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
 )
 
@@ -192,6 +194,71 @@ func TestLoad_TheAgentReadsThePassedFilesNotThePath(t *testing.T) {
 	}
 	if got.label != tarPath {
 		t.Errorf("the bundle is named %q, want the caller's %q", got.label, tarPath)
+	}
+}
+
+// ferry load runs as root, perhaps in a directory another user can
+// write: a sidecar that is a symbolic link (to a file only root may read,
+// which the agent would keep and offer to its peers) or a FIFO is refused,
+// and so is a .minisig that is no signature; nothing reaches the agent.
+// A real signature beside the tar is passed.
+func TestLoad_ASidecarThatIsALinkOrNoSignatureIsRefused(t *testing.T) {
+	secret := filepath.Join(t.TempDir(), "secret")
+	must(t, os.WriteFile(secret, []byte("root's secret\n"), 0o600))
+	_, priv, err := minisign.GenerateKey(nil)
+	must(t, err)
+	for _, tc := range []struct {
+		name string
+		make func(t *testing.T, tarPath string) // puts the sidecar beside the tar
+		want string                             // "" passed, else in the error
+	}{
+		{"a .minisig linked to a secret", func(t *testing.T, tarPath string) {
+			must(t, os.Symlink(secret, tarPath+".minisig"))
+		}, "it is a symbolic link"},
+		{"a .sha256 linked to a secret", func(t *testing.T, tarPath string) {
+			sha := strings.TrimSuffix(tarPath, ".tar") + ".sha256"
+			must(t, os.Remove(sha))
+			must(t, os.Symlink(secret, sha))
+		}, "it is a symbolic link"},
+		{"a dangling .minisig link", func(t *testing.T, tarPath string) {
+			must(t, os.Symlink(filepath.Join(t.TempDir(), "gone"), tarPath+".minisig"))
+		}, "it is a symbolic link"},
+		{"a .minisig FIFO", func(t *testing.T, tarPath string) {
+			must(t, unix.Mkfifo(tarPath+".minisig", 0o600))
+		}, "it is a FIFO"},
+		{"a .minisig that is no signature", func(t *testing.T, tarPath string) {
+			must(t, os.WriteFile(tarPath+".minisig", []byte("root's secret\n"), 0o644))
+		}, "is not a minisign signature"},
+		{"a signature", func(t *testing.T, tarPath string) {
+			tb, err := os.ReadFile(tarPath)
+			must(t, err)
+			sig := minisign.Sign(priv, tb)
+			must(t, os.WriteFile(tarPath+".minisig", sig, 0o644))
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, c, _ := serve(t)
+			tarPath, _ := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+			tc.make(t, tarPath)
+			_, err := c.Load(t.Context(), tarPath)
+			if tc.want == "" {
+				must(t, err)
+				if read := a.bundlesRead(); len(read) != 1 || !read[0].sig {
+					t.Fatalf("the agent read %+v, want the bundle with its signature", read)
+				}
+				return
+			}
+			if !errors.Is(err, bundle.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want a refusal saying %q", err, tc.want)
+			}
+			t.Log(err)
+			if strings.Contains(err.Error(), "root's secret") {
+				t.Errorf("the refusal shows the file's bytes: %v", err)
+			}
+			if got := a.asked(); len(got) != 0 {
+				t.Fatalf("the agent was asked %v", got)
+			}
+		})
 	}
 }
 

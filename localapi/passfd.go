@@ -3,8 +3,10 @@ package localapi
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -70,35 +72,69 @@ func (p *PassedBundle) Close() error {
 func fdPath(f *os.File) string { return fmt.Sprintf("/proc/self/fd/%d", f.Fd()) }
 
 // OpenBundle opens the bundle at path and its sidecars, as the caller:
-// what ferry load passes to the agent.
+// what ferry load passes to the agent. ferry load runs as root, perhaps in
+// a directory another user can write: the sidecars are opened in the
+// tar's directory with no symbolic link followed, and a .minisig must
+// parse as a signature, since the agent keeps it and offers it to peers.
 func OpenBundle(path string) (*PassedBundle, error) {
 	src, err := bundle.FindSource(path, "")
 	if err != nil {
 		return nil, err
 	}
 	p := &PassedBundle{Label: path}
-	open := func(name string) (*os.File, error) {
-		f, err := os.Open(name)
-		if err != nil {
-			p.Close()
-			return nil, fmt.Errorf("bundle %s: %w", name, err)
-		}
-		return f, nil
+	if p.Tar, err = os.Open(src.Path); err != nil {
+		return nil, fmt.Errorf("bundle %s: %w", src.Path, err)
 	}
-	if p.Tar, err = open(src.Path); err != nil {
+	if src.Raw {
+		return p, nil // a device has no sidecars
+	}
+	if err := p.openSidecars(path); err != nil {
+		p.Close()
 		return nil, err
 	}
-	if src.SHA256Path != "" {
-		if p.SHA256, err = open(src.SHA256Path); err != nil {
-			return nil, err
-		}
-	}
-	if src.SigPath != "" {
-		if p.Sig, err = open(src.SigPath); err != nil {
-			return nil, err
-		}
-	}
 	return p, nil
+}
+
+// openSidecars opens the .sha256 and .tar.minisig beside the tar at path,
+// if there are any.
+func (p *PassedBundle) openSidecars(path string) error {
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return fmt.Errorf("bundle %s: %w", path, err)
+	}
+	defer dir.Close()
+	tar := filepath.Base(path)
+	if p.SHA256, err = openSidecar(dir, strings.TrimSuffix(tar, ".tar")+".sha256", "the .sha256 file of "+tar); err != nil {
+		return err
+	}
+	what := "the .minisig file of " + tar
+	if p.Sig, err = openSidecar(dir, tar+".minisig", what); err != nil || p.Sig == nil {
+		return err
+	}
+	b, err := safefile.ReadAll(p.Sig, what, bundle.MaxSidecar)
+	if err != nil {
+		return fmt.Errorf("%w: %s is over %d bytes: it is not what ferry writes there; copy the one that came with the bundle", bundle.ErrInvalid, what, bundle.MaxSidecar)
+	}
+	if err := bundle.CheckSignature(b, what); err != nil {
+		return err
+	}
+	_, err = p.Sig.Seek(0, io.SeekStart)
+	return err
+}
+
+// openSidecar opens name in dir, or returns nil when there is none; one
+// that is a symbolic link, or no regular file, is refused.
+func openSidecar(dir *os.File, name, what string) (*os.File, error) {
+	f, err := safefile.OpenBeneath(dir, name)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil, nil
+	case errors.Is(err, safefile.ErrNotRegular):
+		return nil, fmt.Errorf("%w: %s in %s is refused (%v): ferry load follows no link and reads no special file beside the bundle; copy the file itself there", bundle.ErrInvalid, what, dir.Name(), err)
+	case err != nil:
+		return nil, fmt.Errorf("bundle: %s: %w", what, err)
+	}
+	return f, nil
 }
 
 // files lists the open files and what each is, in the order they travel.
