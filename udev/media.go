@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -52,8 +53,9 @@ const metadataName = "metadata.json"
 // on kernels that know the flag.
 const mountFlags = unix.MS_RDONLY | unix.MS_NODEV | unix.MS_NOSUID | unix.MS_NOEXEC | unix.MS_NOSYMFOLLOW
 
-// fsMountData lists the filesystems ferry mounts, with the options that keep
-// the kernel from writing to the stick (no journal replay).
+// fsMountData lists the filesystems ferry can mount, with the options that
+// keep the kernel from writing to the stick (no journal replay). Only
+// DefaultFilesystems are mounted unless Media.ExtraFilesystems names more.
 var fsMountData = map[string]string{
 	"vfat":    "",
 	"exfat":   "",
@@ -63,6 +65,15 @@ var fsMountData = map[string]string{
 	"xfs":     "norecovery",
 	"iso9660": "",
 }
+
+// DefaultFilesystems are mounted on any stick: what a technician's stick
+// holds. A raw stick (a tar written to the device) is read too.
+var DefaultFilesystems = []string{"vfat", "exfat", "iso9660"}
+
+// ExtraFilesystems may be named in Media.ExtraFilesystems. Their kernel
+// drivers are not hardened against a crafted image, so a stranger's stick
+// of one of them is not mounted unless the node's config says so.
+var ExtraFilesystems = []string{"ext2", "ext3", "ext4", "xfs"}
 
 // Candidate is one bundle found on a medium.
 //
@@ -148,7 +159,11 @@ type Media struct {
 	// and MMC ones (see DeviceKinds): "loop", "virtio", "nvme", "scsi",
 	// "ata", or "any".
 	AllowDevices []string
-	// Log is told what the kernel refuses (nosymfollow); nil discards.
+	// ExtraFilesystems are filesystems mounted besides DefaultFilesystems:
+	// some of ExtraFilesystems. Empty by default.
+	ExtraFilesystems []string
+	// Log is told what the kernel refuses (nosymfollow) and which sticks
+	// are left unmounted for their filesystem; nil discards.
 	Log *slog.Logger
 
 	noSymfollow sync.Once // logs once that the kernel lacks nosymfollow
@@ -434,7 +449,12 @@ func (e *errReader) Read(p []byte) (int, error) {
 func (m *Media) mount(ev Event) (*Medium, error) {
 	data, ok := fsMountData[ev.FSType]
 	if !ok {
-		return nil, fmt.Errorf("%s: %w %q: ferry reads vfat, exfat, ext2/3/4, xfs and iso9660; copy the bundle to such a stick, or write it raw", ev.DevPath, ErrUnsupportedFS, ev.FSType)
+		return nil, fmt.Errorf("%s: %w %q: ferry reads vfat, exfat and iso9660 (ext2/3/4 and xfs where the config allows); copy the bundle to such a stick, or write it raw", ev.DevPath, ErrUnsupportedFS, ev.FSType)
+	}
+	if !slices.Contains(DefaultFilesystems, ev.FSType) && !slices.Contains(m.ExtraFilesystems, ev.FSType) {
+		err := fmt.Errorf("%s: %w %q: not mounted by default, since its kernel driver is not hardened against a crafted stick; copy the bundle to a vfat, exFAT or iso9660 stick, or write it raw, or allow %s in media.extra_filesystems in ferry's config", ev.DevPath, ErrUnsupportedFS, ev.FSType, ev.FSType)
+		m.log().Warn("stick ignored: its filesystem is not read by default", "device", ev.DevPath, "fstype", ev.FSType, "err", err)
+		return nil, err
 	}
 	if m.MountDir == "" {
 		return nil, fmt.Errorf("%s: %w: no mount directory configured", ev.DevPath, ErrMount)

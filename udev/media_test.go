@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -343,6 +344,56 @@ func TestOpen_RefusesWithoutOpening(t *testing.T) {
 	writeFiles(t, filepath.Dir(f), map[string]string{"image": "x"})
 	if _, err := Open(ctx, Event{Action: Add, DevPath: f}, t.TempDir()); !errors.Is(err, ErrNotBundle) {
 		t.Errorf("regular file: err = %v, want ErrNotBundle", err)
+	}
+}
+
+// A stranger's ext2/3/4 or xfs stick is not mounted unless the config
+// allows its filesystem (their drivers are not hardened against a crafted
+// image): refused before anything is mounted, saying why and how to allow
+// it, in the error and the log. vfat, exFAT and iso9660 are tried always.
+func TestMount_OnlyDefaultFilesystemsUnlessTheConfigAllows(t *testing.T) {
+	dev := filepath.Join(t.TempDir(), "sdz1") // not a device: a mount tried fails
+	writeFiles(t, filepath.Dir(dev), map[string]string{"sdz1": "x"})
+	for _, tc := range []struct {
+		fstype  string
+		extra   []string
+		refused bool
+	}{
+		{"ext4", nil, true},
+		{"ext2", nil, true},
+		{"ext3", nil, true},
+		{"xfs", []string{"ext4"}, true},
+		{"ext4", []string{"ext4"}, false},
+		{"xfs", []string{"xfs"}, false},
+		{"vfat", nil, false},
+		{"exfat", nil, false},
+		{"iso9660", nil, false},
+	} {
+		t.Run(tc.fstype+" allowing "+strings.Join(tc.extra, ","), func(t *testing.T) {
+			var logs bytes.Buffer
+			mountDir := filepath.Join(t.TempDir(), "mnt")
+			m := &Media{MountDir: mountDir, ExtraFilesystems: tc.extra, Log: slog.New(slog.NewTextHandler(&logs, nil))}
+			_, err := m.mount(Event{Action: Add, DevPath: dev, FSType: tc.fstype})
+			if err == nil {
+				t.Fatal("a regular file was mounted")
+			}
+			byPolicy := strings.Contains(err.Error(), "not mounted by default")
+			if !tc.refused {
+				if byPolicy {
+					t.Fatalf("refused by default: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrUnsupportedFS) || !byPolicy || !strings.Contains(err.Error(), "media.extra_filesystems") {
+				t.Fatalf("got %v, want ErrUnsupportedFS saying why and how to allow it", err)
+			}
+			if !strings.Contains(logs.String(), "stick ignored") || !strings.Contains(logs.String(), "fstype="+tc.fstype) {
+				t.Errorf("log %q does not say the stick was ignored", logs.String())
+			}
+			if _, err := os.Stat(mountDir); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("a mount point was made for a refused stick: %v", err)
+			}
+		})
 	}
 }
 
