@@ -207,7 +207,7 @@ func (a *Agent) shareLive(r *Record, src bundle.Source) *peer.LiveHasher {
 	}
 	var sig []byte
 	if src.SigPath != "" {
-		sig, _ = bundle.ReadSidecar(src.SigPath, "the .minisig file of "+src.Name())
+		sig, _ = bundle.ReadSignature(src.SigPath, "the .minisig file of "+src.Name()) // only a signature travels
 	}
 	meta, _ := json.Marshal(r.Metadata)
 	live, err := a.deps.Peers.ShareLive(digest, meta, sig, f, fi.Size())
@@ -234,7 +234,8 @@ func (a *Agent) fetch(ctx context.Context, r *Record, j effStartJob) (*bundle.Re
 	}
 	dest := a.m.incomingPath(r)
 	window := peer.StreamWindow(r.Metadata.SizeBytes)
-	writes := map[string]int64{a.cfg.Paths.ExtractDir: r.Metadata.SizeBytes}
+	admitted := fetchBound(r)
+	writes := map[string]int64{a.cfg.Paths.ExtractDir: admitted}
 	writes[a.cfg.Paths.StateDir] += window
 	if err := a.roomBefore(ctx, r, writes, "then it is fetched by itself (tried every 10 s)"); err != nil {
 		return nil, nil, err
@@ -252,6 +253,10 @@ func (a *Agent) fetch(ctx context.Context, r *Record, j effStartJob) (*bundle.Re
 			if err != nil {
 				return err
 			}
+			// Everything is bounded by the offer the checks ran on: the
+			// tar must carry the same metadata, and writes no more than
+			// the room admitted.
+			opts.Expect, opts.MaxWrite = r.Metadata, admitted
 			src.Reader, src.Size = rd, r.TarSize // the offer's length bounds the writes too
 			res, err = bundle.Extract(ctx, src, r.Dir, opts)
 			return err
@@ -261,6 +266,20 @@ func (a *Agent) fetch(ctx context.Context, r *Record, j effStartJob) (*bundle.Re
 	}
 	a.keepIndex(r, res, &ix)
 	return res, nil, nil // the shelf keeps the list it was fetched with
+}
+
+// fetchBound is what a fetch of r may write, checked for room before it
+// starts: its offer's metadata's size (an eighth more when that size is
+// approximate, as the extraction allows), else the offer's tar length.
+func fetchBound(r *Record) int64 {
+	n := r.Metadata.SizeBytes
+	if n > 0 && r.Metadata.Shape == bundle.ShapeSeed {
+		n += n / 8
+	}
+	if n <= 0 || r.TarSize > 0 && r.TarSize < n {
+		n = r.TarSize
+	}
+	return n
 }
 
 // streamOptions are the options of an extraction fed by a streaming

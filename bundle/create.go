@@ -751,7 +751,7 @@ func (c *creator) writeBundle(meta *Metadata, workDir string) (*CreateResult, er
 		return nil, err
 	}
 	if c.o.SignKey != nil {
-		sig, err := SignHash(*c.o.SignKey, sh.Sum(nil))
+		sig, err := SignHash(*c.o.SignKey, sh.Sum(nil), dgst)
 		if err != nil {
 			return nil, err
 		}

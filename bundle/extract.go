@@ -88,7 +88,15 @@ type Options struct {
 	// it pauses the extraction while the node's other work stalls
 	// (internal/pacing). It costs one atomic load when the node is quiet.
 	Pacer Pacer
-	Log   *slog.Logger
+	// Expect, when set, is the metadata the bundle was admitted on (a
+	// peer's offer, which the room and approval checks read): a tar whose
+	// own metadata.json says otherwise is refused at its first entry,
+	// before a byte of the tree is written.
+	Expect *Metadata
+	// MaxWrite, when above 0, bounds the bytes of files written: what the
+	// room check admitted for the source (a peer's offer).
+	MaxWrite int64
+	Log      *slog.Logger
 }
 
 // Pacer slows bulk work while the node is under pressure.
@@ -345,6 +353,10 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	if err != nil {
 		return nil, refuse(err)
 	}
+	if opts.Expect != nil && !SameMetadata(meta, opts.Expect) {
+		return nil, refuse(fmt.Errorf("%w: the tar's metadata.json (%s, %s) is not what the offer it was fetched on said (%s, %s): a peer offering one bundle and sending another; nothing was written",
+			ErrInvalid, meta.Version, HumanSize(meta.SizeBytes), opts.Expect.Version, HumanSize(opts.Expect.SizeBytes)))
+	}
 	if src.Raw {
 		total = meta.SizeBytes
 	}
@@ -366,6 +378,9 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	}
 
 	w := &treeWriter{meta: meta, resuming: resumeAt >= 0, limit: writeBound(meta.SizeBytes, approxSize, length), writeBehind: opts.Sync}
+	if opts.MaxWrite > 0 && (w.limit <= 0 || opts.MaxWrite < w.limit) {
+		w.limit = opts.MaxWrite
+	}
 	if opts.Pacer != nil {
 		w.pace = func(n int) error { return opts.Pacer.Pace(ctx, n) }
 		w.wait = meter

@@ -256,3 +256,11 @@ func knownArch(a string) bool {
 
 // HumanSize formats n bytes the way metadata's size field does ("16 GiB").
 func HumanSize(n int64) string { return diskspace.Human(n) }
+
+// SameMetadata reports whether a and b say the same, field for field, as
+// their JSON says it (a peer's offer carries the metadata it parsed).
+func SameMetadata(a, b *Metadata) bool {
+	ja, errA := json.Marshal(a)
+	jb, errB := json.Marshal(b)
+	return errA == nil && errB == nil && bytes.Equal(ja, jb)
+}

@@ -61,9 +61,19 @@ func (p Policy) ApproveOffer(meta *Metadata, digest string, sig []byte) (Approva
 		return "", fmt.Errorf("%w: the peers' bundle %s carries a signature that does not parse (%v): ask the engineer to sign it again", ErrNotApproved, digest, err)
 	}
 	for _, k := range p.TrustedKeys {
-		if k.ID() == s.KeyID {
-			return ApprovalSignature, nil
+		if k.ID() != s.KeyID {
+			continue
 		}
+		// The key ID alone says nothing: the signature must name this
+		// digest, in a comment the key signed, before a byte is fetched.
+		named, err := CommentDigest(k, s)
+		if err != nil {
+			return "", fmt.Errorf("%w: the peers' bundle %s: %v", ErrNotApproved, digest, err)
+		}
+		if named != digest {
+			return "", fmt.Errorf("%w: the peers offer bundle %s with a signature of bundle %s: refused before fetching (a peer offering what it was not given)", ErrNotApproved, digest, named)
+		}
+		return ApprovalSignature, nil
 	}
 	return "", fmt.Errorf("%w: the peers' bundle %s is signed by key %X, which is not one of this node's trusted_keys: add the engineer's public key here, or approve the digest", ErrNotApproved, digest, s.KeyID)
 }

@@ -77,6 +77,29 @@ func TestPolicy_APeersSignatureApprovesWithThisNodesKeys(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
+	// A trusted key's signature of another bundle offered with this one:
+	// the key ID alone approved it before; the signed comment names the
+	// digest, and the offer is refused before a byte is fetched.
+	lying := "sha256:" + strings.Repeat("e", 64)
+	if _, err := pol.ApproveOffer(meta, lying, sig); !errors.Is(err, bundle.ErrNotApproved) || !strings.Contains(err.Error(), "with a signature of bundle "+digest) {
+		t.Errorf("a signature of another bundle: %v", err)
+	}
+	// One whose comment names no digest (minisign's own, or an older
+	// ferry's) cannot approve an offer; one whose comment was edited fails
+	// its comment signature.
+	plain := minisign.Sign(priv, []byte("the same key, any message"))
+	if _, err := pol.ApproveOffer(meta, digest, plain); !errors.Is(err, bundle.ErrNotApproved) || !strings.Contains(err.Error(), "names no sha256") {
+		t.Errorf("a signature naming no digest: %v", err)
+	}
+	var edited minisign.Signature
+	if err := edited.UnmarshalText(sig); err != nil {
+		t.Fatal(err)
+	}
+	edited.TrustedComment = strings.Replace(edited.TrustedComment, strings.TrimPrefix(digest, "sha256:"), strings.Repeat("e", 64), 1)
+	editedText, _ := edited.MarshalText()
+	if _, err := pol.ApproveOffer(meta, lying, editedText); !errors.Is(err, bundle.ErrNotApproved) || !strings.Contains(err.Error(), "not signed by key") {
+		t.Errorf("an edited trusted comment: %v", err)
+	}
 	if _, err := (bundle.Policy{TrustedKeys: []minisign.PublicKey{otherPub}}).ApproveOffer(meta, digest, sig); err == nil || !strings.Contains(err.Error(), "not one of this node's trusted_keys") {
 		t.Errorf("a node without the signer's key: %v", err)
 	}

@@ -1,12 +1,16 @@
 package bundle
 
 import (
-	"crypto"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"hash"
 	"io"
 	"os"
+	"strings"
+	"time"
 
 	"aead.dev/minisign"
 	"golang.org/x/crypto/blake2b"
@@ -49,22 +53,94 @@ func NewSignHash() hash.Hash {
 	return h
 }
 
-// SignHash returns the .minisig text for a file whose NewSignHash sum is
-// sum: a prehashed (HashEdDSA) signature, the form `minisign -V` verifies
-// by default.
-func SignHash(key minisign.PrivateKey, sum []byte) ([]byte, error) {
-	sig, err := key.Sign(nil, sum, crypto.BLAKE2b_512)
+// SignHash returns the .minisig text for a bundle whose NewSignHash sum is
+// sum and whose sha256 is digest: a prehashed (HashEdDSA) signature, the
+// form `minisign -V` verifies by default, whose trusted comment names the
+// digest (digestComment). A node offered the bundle by a peer checks that
+// comment with its trusted keys before it fetches a byte (CommentDigest):
+// a signature approves that bundle, not whatever a peer offers with it.
+func SignHash(key minisign.PrivateKey, sum []byte, digest string) ([]byte, error) {
+	if len(sum) != blake2b.Size {
+		return nil, fmt.Errorf("%w: a signature hash of %d bytes", ErrSignKey, len(sum))
+	}
+	hex := strings.TrimPrefix(NormalizeDigest(digest), "sha256:")
+	if hex == "" {
+		return nil, fmt.Errorf("%w: %q is not a sha256 digest", ErrSignKey, digest)
+	}
+	edKey, err := ed25519Key(key)
+	if err != nil {
+		return nil, err
+	}
+	trusted := fmt.Sprintf("timestamp:%d\tsha256:%s", time.Now().Unix(), hex)
+	s := minisign.Signature{
+		Algorithm:        minisign.HashEdDSA,
+		KeyID:            key.ID(),
+		TrustedComment:   trusted,
+		UntrustedComment: fmt.Sprintf("signature from ferry, key %X", key.ID()),
+	}
+	msgSig := ed25519.Sign(edKey, sum)
+	copy(s.Signature[:], msgSig)
+	copy(s.CommentSignature[:], ed25519.Sign(edKey, append(msgSig, trusted...)))
+	return s.MarshalText()
+}
+
+// ed25519Key is key's Ed25519 private key, from its unencrypted text form
+// (minisign's layout: the key ID at byte 54, the key at 62).
+func ed25519Key(key minisign.PrivateKey) (ed25519.PrivateKey, error) {
+	text, err := key.MarshalText()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrSignKey, err)
 	}
-	return sig, nil
+	lines := strings.Split(strings.TrimSpace(string(text)), "\n")
+	b, err := base64.StdEncoding.DecodeString(lines[len(lines)-1])
+	if err != nil || len(b) < 62+ed25519.PrivateKeySize {
+		return nil, fmt.Errorf("%w: cannot read the key's bytes", ErrSignKey)
+	}
+	return ed25519.PrivateKey(b[62 : 62+ed25519.PrivateKeySize]), nil
 }
 
-// SignReader reads r to its end and returns its .minisig text.
+// SignReader reads r (a bundle's tar) to its end and returns its .minisig
+// text, naming its sha256.
 func SignReader(key minisign.PrivateKey, r io.Reader) ([]byte, error) {
-	h := NewSignHash()
-	if _, err := io.Copy(h, r); err != nil {
+	h, d := NewSignHash(), sha256.New()
+	if _, err := io.Copy(io.MultiWriter(h, d), r); err != nil {
 		return nil, err
 	}
-	return SignHash(key, h.Sum(nil))
+	return SignHash(key, h.Sum(nil), "sha256:"+hexString(d.Sum(nil)))
+}
+
+func hexString(b []byte) string { return fmt.Sprintf("%x", b) }
+
+// ErrSignatureDigest: a signature that names no bundle digest, or another.
+var ErrSignatureDigest = errors.New("the signature does not name this bundle")
+
+// CommentDigest checks that sig's trusted comment is the signer's (pub's
+// comment signature over the signature and the comment: verifiable
+// without the bundle's bytes) and returns the digest it names.
+func CommentDigest(pub minisign.PublicKey, sig minisign.Signature) (string, error) {
+	raw, err := publicKeyBytes(pub)
+	if err != nil {
+		return "", err
+	}
+	if !ed25519.Verify(raw, append(sig.Signature[:], sig.TrustedComment...), sig.CommentSignature[:]) {
+		return "", fmt.Errorf("%w: its trusted comment is not signed by key %X", ErrSignatureDigest, pub.ID())
+	}
+	for _, f := range strings.Split(sig.TrustedComment, "\t") {
+		if hex, ok := strings.CutPrefix(strings.TrimSpace(f), "sha256:"); ok {
+			if d := NormalizeDigest(hex); d != "" {
+				return d, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("%w: it names no sha256 (made by an older ferry or by minisign itself): sign the bundle again with this version's ferry bundle create --sign-key", ErrSignatureDigest)
+}
+
+// publicKeyBytes is pub's Ed25519 key, from its base64 form ("Ed", the
+// key ID, the key).
+func publicKeyBytes(pub minisign.PublicKey) (ed25519.PublicKey, error) {
+	b, err := base64.StdEncoding.DecodeString(pub.String())
+	if err != nil || len(b) != 2+8+ed25519.PublicKeySize {
+		return nil, fmt.Errorf("cannot read public key %X", pub.ID())
+	}
+	return ed25519.PublicKey(b[10:]), nil
 }
