@@ -18,8 +18,10 @@ const preflightTimeout = 30 * time.Second
 
 // preflight asks the cluster, before a plugged bundle is read and
 // shared, whether it can take the upgrade: a refusal ends the job
-// (ErrPreflight, the bundle is rejected); warnings go to the record. An
-// API that cannot be asked is a warning too: ferry works without one.
+// (ErrPreflight, the bundle is rejected); warnings go to the record, a
+// refused bundle's too, so that the technician learns of every finding
+// on the one visit. An API that cannot be asked is a warning too: ferry
+// works without one.
 func (a *Agent) preflight(ctx context.Context, r *Record) error {
 	if a.deps.API == nil || r.Metadata == nil {
 		return nil
@@ -30,21 +32,21 @@ func (a *Agent) preflight(ctx context.Context, r *Record) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	var warnings []string
-	switch {
-	case err != nil:
+	if err != nil {
 		a.log.Warn("the cluster's preflight could not run; going on without it", "bundle", r.Name, "err", err)
-		warnings = []string{fmt.Sprintf("the cluster's preflight could not run: %v", err)}
-	case len(p.Refusals) > 0:
-		a.log.Error("the cluster cannot take this upgrade", "bundle", r.Name, "current", p.Current, "refusals", p.Refusals)
-		return fmt.Errorf("%w: %s", ErrPreflight, strings.Join(p.Refusals, "; "))
-	default:
-		warnings = p.Warnings
-		for _, w := range warnings {
-			a.log.Warn("preflight", "bundle", r.Name, "warning", w)
-		}
-		a.log.Info("the cluster's preflight passed", "bundle", r.Name, "current", p.Current, "target", r.Metadata.Version, "warnings", len(warnings))
+		a.post(evPreflight{id: r.ID, warnings: []string{fmt.Sprintf("the cluster's preflight could not run: %v", err)}})
+		return nil
 	}
-	a.post(evPreflight{id: r.ID, warnings: warnings})
+	for _, w := range p.Warnings {
+		a.log.Warn("preflight", "bundle", r.Name, "warning", w)
+	}
+	// Posted before the job ends: the refusal (the job's end, posted
+	// after this returns) finds the warnings on the record.
+	a.post(evPreflight{id: r.ID, warnings: p.Warnings})
+	if len(p.Refusals) > 0 {
+		a.log.Error("the cluster cannot take this upgrade", "bundle", r.Name, "current", p.Current, "refusals", p.Refusals, "warnings", len(p.Warnings))
+		return fmt.Errorf("%w: %s", ErrPreflight, strings.Join(p.Refusals, "; "))
+	}
+	a.log.Info("the cluster's preflight passed", "bundle", r.Name, "current", p.Current, "target", r.Metadata.Version, "warnings", len(p.Warnings))
 	return nil
 }

@@ -35,6 +35,31 @@ func TestPreflight_ARefusalRejectsTheStickBeforeItIsRead(t *testing.T) {
 	}
 }
 
+// TestPreflight_ARefusalShowsTheWarningsFoundBesideIt: a bundle refused
+// for one reason still shows every warning the same preflight found, in
+// the status and in the report for the UpgradeBundle, so that the
+// technician learns of them on this visit, not the next.
+func TestPreflight_ARefusalShowsTheWarningsFoundBesideIt(t *testing.T) {
+	h, api := apiHarness(t)
+	api.pre = Preflight{Current: "4.12.9",
+		Refusals: []string{"the cluster is not upgradeable to a new minor version (Upgradeable=False, AdminAckRequired): Kubernetes 1.27 removes APIs in use"},
+		Warnings: []string{"workloads pull with imagePullPolicy Always an image the bundle does not carry, and fail to start if restarted without a registry: shop/front/main (quay.io/my-company/front:latest)",
+			"machine config pool worker is paused: …"}}
+	h.start()
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	s := h.waitPhase(PhaseRejected)
+	if !strings.Contains(s.Reason, "Upgradeable=False") {
+		t.Fatalf("reason %q", s.Reason)
+	}
+	if !slices.Equal(s.Preflight, api.pre.Warnings) {
+		t.Fatalf("the refused bundle's status shows warnings %q, want %q", s.Preflight, api.pre.Warnings)
+	}
+	if rep := h.agent.snap.Load().bundle; rep == nil || !slices.Equal(rep.sum.Warnings, api.pre.Warnings) {
+		t.Fatalf("the UpgradeBundle report %+v, want the warnings %q", rep, api.pre.Warnings)
+	}
+}
+
 func TestPreflight_WarningsAreShownAndDoNotBlock(t *testing.T) {
 	h, api := apiHarness(t)
 	api.pre = Preflight{Current: "4.13.6", Warnings: []string{"machine config pool worker is paused: …"}}

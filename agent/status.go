@@ -185,6 +185,7 @@ func (rep report) text() Status {
 		s.Error = fmt.Sprintf("%s %s: %s", b.Phase, b.Name, b.Condition.Message)
 		if rep.shown == nil {
 			s.Phase, s.Bundle, s.Digest, s.Reason, s.Times = string(b.Phase), b.Name, b.Digest, b.Condition.Message, b.Times
+			s.Preflight = b.Warnings // found beside a refusal: shown with it
 		}
 	case rep.peersClosed:
 		s.Error = "peers are configured but there is no peer.token_file: this node serves no bundle to them and they refuse it; set the same token_file on every node (or peer.open = true on a closed network)"

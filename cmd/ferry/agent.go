@@ -257,6 +257,9 @@ func printStatus(s agent.Status) {
 	for _, w := range s.SignaturePolicy {
 		fmt.Printf("WARNING: %s\n", w)
 	}
+	for _, w := range s.Preflight {
+		fmt.Printf("WARNING: the cluster's preflight: %s\n", w)
+	}
 	for _, p := range []agent.Phase{agent.PhaseDetected, agent.PhaseFetching, agent.PhaseExtracted, agent.PhaseLoading, agent.PhaseLoaded, agent.PhaseClusterReady, agent.PhaseUpgrading, agent.PhaseUpgraded} {
 		if t, ok := s.Times[p]; ok {
 			fmt.Printf("  %-14s %s\n", p, t.Local().Format("2006-01-02 15:04:05"))

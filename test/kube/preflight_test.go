@@ -65,6 +65,11 @@ func TestClient_PreflightWithOnlyFerrysRBAC(t *testing.T) {
 	if !strings.Contains(refusals, "Kubernetes 1.27 removes APIs in use") || !strings.Contains(refusals, "ack-4.13-kube-1.27-api-removals-in-4.14") {
 		t.Fatalf("refusals:\n%s", refusals)
 	}
+	// The refusal does not hide what was found beside it.
+	if warnings := strings.Join(p.Warnings, "\n"); !strings.Contains(warnings, "shop/front/main (quay.io/my-company/front:latest)") ||
+		!strings.Contains(warnings, "machine config pool worker is paused") {
+		t.Errorf("a refused preflight's warnings:\n%s", warnings)
+	}
 	// A downgrade and a skipped minor.
 	for v, want := range map[string]string{"4.13.2": "does not downgrade", "4.15.0": "update to 4.14 first"} {
 		if p, err := c.Preflight(ctx, kube.PreflightRequest{Version: v}); err != nil || !strings.Contains(strings.Join(p.Refusals, " "), want) {
@@ -76,7 +81,9 @@ func TestClient_PreflightWithOnlyFerrysRBAC(t *testing.T) {
 // TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake: a real
 // agent with only ferry's RBAC is given a 4.13.7 bundle while the cluster
 // is at 4.12.9 and its version operator says Upgradeable=False: the
-// bundle is rejected before it is extracted, in the operator's words.
+// bundle is rejected before it is extracted, in the operator's words,
+// and the warning found beside the refusal (a workload pulling with
+// Always) is shown with it, in the node's status and the UpgradeBundle.
 func TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake(t *testing.T) {
 	e := kubeenv.Start(t, current)
 	e.AddNode("node-a", "127.0.0.1")
@@ -85,6 +92,8 @@ func TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake(t *testing.T) {
 	e.SetHistory(kubeenv.History{State: "Completed", Image: current, Version: "4.12.9"})
 	e.SetConditions(kubeenv.Condition{Type: "Upgradeable", Status: "False", Reason: "ClusterOperatorsNotUpgradeable",
 		Message: "Cluster operator storage should not be upgraded between minor versions: the vSphere CSI driver needs a newer vCenter"})
+	e.CreatePod("shop", "front", "quay.io/my-company/front:latest", "Always")
+	const alwaysPull = "shop/front/main (quay.io/my-company/front:latest)"
 	tarPath, meta := releaseBundle(t)
 
 	a := nodeAgent(t, e, "", nil)
@@ -92,6 +101,9 @@ func TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake(t *testing.T) {
 	s := a.WaitPhase(bound, agent.PhaseRejected)
 	if !strings.Contains(s.Reason, "the vSphere CSI driver needs a newer vCenter") || !strings.Contains(s.Reason, "not upgradeable to a new minor version") {
 		t.Fatalf("reason %q", s.Reason)
+	}
+	if !strings.Contains(strings.Join(s.Preflight, "\n"), alwaysPull) {
+		t.Errorf("the refused bundle's status lacks the warning found beside the refusal: %q", s.Preflight)
 	}
 	waitUntil(t, "the refusal on the Node", func() bool {
 		return strings.Contains(e.Annotations("node-a")["ferry.io/reason"], "not upgradeable")
@@ -107,6 +119,11 @@ func TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake(t *testing.T) {
 		reason, _ := n["reason"].(string)
 		return n["phase"] == string(agent.PhaseRejected) && strings.Contains(reason, "the vSphere CSI driver needs a newer vCenter") &&
 			strings.Contains(strings.Join(e.Events(name), "\n"), "Warning")
+	})
+	waitUntil(t, "the warning found beside the refusal in the UpgradeBundle's status.warnings", func() bool {
+		st, _ := e.Bundle(name)["status"].(map[string]any)
+		ws, _ := st["warnings"].([]any)
+		return strings.Contains(fmt.Sprint(ws...), alwaysPull)
 	})
 }
 
