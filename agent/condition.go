@@ -43,6 +43,7 @@ const (
 	ReasonCopyInterrupted      = "CopyInterrupted"      // a restart or a pulled stick cut the copy short
 	ReasonOtherBundleApproved  = "OtherBundleApproved"  // the UpgradeBundle approves another digest
 	ReasonAwaitingApproval     = "AwaitingApproval"     // extracted, not approved
+	ReasonLoadsNothing         = "LoadsNothing"         // approved on a node with no CRI-O loader (no crio.socket)
 	ReasonPeersUnheard         = "PeersUnheard"         // no view of the peers yet
 	ReasonPeerHoldsOther       = "PeerHoldsOtherBundle" // a peer holds a different bundle
 	ReasonPeerRefuses          = "PeerRefusesBundle"    // a peer's policy refuses this bundle
@@ -64,6 +65,11 @@ const (
 	ReasonNodeUpdating         = "NodeUpdating" // the machine config operator is not done with the node
 	ReasonUnclassified         = "Unclassified" // an old record's reason no rule below knows
 )
+
+// loadsNothing is an approved bundle's condition on a node with no CRI-O
+// loader (crio.socket = ""): it is verified, extracted and shared, and
+// nothing more happens here.
+var loadsNothing = underway(ReasonLoadsNothing, "approved; this node loads nothing (no crio.socket): it verifies, extracts and shares the bundle")
 
 func waiting(reason, message string) Condition {
 	return Condition{Kind: KindWaiting, Reason: reason, Message: message}

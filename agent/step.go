@@ -224,7 +224,14 @@ func (m *machine) next() []effect {
 			return m.move(r, r.Phase, why, r.Progress)
 		}
 		if !m.hasLoader {
-			return nil // this node only verifies, extracts and shares
+			// This node only verifies, extracts and shares: approved (and
+			// the peers agreeing), there is nothing more it does, and its
+			// status says so rather than the wait that came before.
+			if r.Condition == loadsNothing {
+				return nil
+			}
+			m.log.Info("approved; this node loads nothing (no crio.socket)", "phase", string(r.Phase), "bundle", r.Name, "digest", r.Digest)
+			return m.move(r, r.Phase, loadsNothing, r.Progress)
 		}
 		effs := m.move(r, PhaseLoading, Condition{}, Progress{Total: int64(len(r.Images())), Unit: "images"})
 		m.log.Info("loading into CRI-O", "phase", string(PhaseLoading), "bundle", r.Name, "digest", r.Digest)

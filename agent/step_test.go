@@ -261,3 +261,57 @@ func TestStatus_ASetupWarningIsInEveryStatus(t *testing.T) {
 		}
 	}
 }
+
+// TestStep_ANodeThatLoadsNothingSaysSoOnceApproved: a node with no CRI-O
+// loader (crio.socket = "") waits for approval like any other; once the
+// administrator approves, it says what it does (verifies, extracts and
+// shares) instead of still waiting, starts no load, and a later turn of
+// the loop changes nothing.
+func TestStep_ANodeThatLoadsNothingSaysSoOnceApproved(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		approve func(m *machine) event // nil: approval is off, nothing to wait for
+	}{
+		{"approved in the cluster", func(m *machine) event { return evClusterApprovals{digests: []string{heldDigest}} }},
+		{"approved in the config", func(m *machine) event {
+			m.policy.ApprovedDigests = []string{heldDigest}
+			return evRetry{}
+		}},
+		{"approval off", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m := machineIn(t, PhaseIdle)
+			m.hasLoader, m.hasAPI = false, true
+			m.policy.Required = c.approve != nil
+			m.policy.Off = c.approve == nil
+			m.step(evOffer{origin: OriginStick, device: "/dev/sda", src: bundle.Source{Path: "/dev/sda", Raw: true},
+				meta: &bundle.Metadata{Version: "4.13.7", Arch: "x86_64"}})
+			id := m.active.ID
+			approval := bundle.ApprovalOff
+			if c.approve != nil {
+				approval = bundle.ApprovalNone
+			}
+			effs := m.step(evJobDone{kind: jobExtract, id: id, res: &bundle.Result{Digest: heldDigest, TarSize: 10, Approval: approval}})
+			if c.approve != nil {
+				if s := m.status(); s.Phase != string(PhaseExtracted) || !strings.Contains(s.Reason, "waiting for approval") {
+					t.Fatalf("before the approval: phase %s, reason %q", s.Phase, s.Reason)
+				}
+				effs = m.step(c.approve(m))
+			}
+			if n := countStarts(effs); n != 0 || m.job != nil {
+				t.Fatalf("a node with no loader started %d jobs (%+v)", n, m.job)
+			}
+			s := m.status()
+			if s.Phase != string(PhaseExtracted) || strings.Contains(s.Line, "waiting") || !s.Healthy ||
+				!strings.Contains(s.Line, "this node loads nothing (no crio.socket): it verifies, extracts and shares the bundle") {
+				t.Fatalf("after the approval: phase %s, healthy %v, line %q", s.Phase, s.Healthy, s.Line)
+			}
+			if r := m.records[id]; r.Condition.Reason != ReasonLoadsNothing || r.Approval == bundle.ApprovalNone {
+				t.Fatalf("record: condition %+v, approval %q", r.Condition, r.Approval)
+			}
+			if effs := m.step(evRetry{}); len(effs) != 0 {
+				t.Fatalf("a later turn of the loop: %v", effs)
+			}
+		})
+	}
+}
