@@ -250,9 +250,14 @@ func (h *harness) plug(dev string, srcs ...bundle.Source) {
 	h.dev.ch <- DeviceEvent{Action: "add", Device: dev, FSType: "vfat"}
 }
 
+// waitBound is how long a harness wait polls before the test fails
+// instead of hanging: not a speed requirement (a busy 2-core machine
+// running -race is slow), so generous.
+const waitBound = 2 * time.Minute
+
 func (h *harness) waitPhase(p Phase) Status {
 	h.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(waitBound)
 	for time.Now().Before(deadline) {
 		if s := h.agent.Status(); s.Phase == string(p) {
 			return s
@@ -265,7 +270,7 @@ func (h *harness) waitPhase(p Phase) Status {
 
 func (h *harness) waitReason(sub string) Status {
 	h.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(waitBound)
 	for time.Now().Before(deadline) {
 		if s := h.agent.Status(); strings.Contains(s.Reason, sub) {
 			return s
