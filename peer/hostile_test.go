@@ -3,11 +3,13 @@ package peer
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -68,16 +70,56 @@ func hog(ctx context.Context, t *testing.T, addr string, conns int) *sync.WaitGr
 	return &wg
 }
 
+// refusals counts the server's log lines saying it closed a connection
+// from client because that client already held its share
+// (MaxConnsPerClient): each one shows the client holding the whole share
+// at that moment.
+type refusals struct {
+	client string
+	n      atomic.Int64
+}
+
+func (r *refusals) Enabled(context.Context, slog.Level) bool { return true }
+func (r *refusals) WithAttrs([]slog.Attr) slog.Handler       { return r }
+func (r *refusals) WithGroup(string) slog.Handler            { return r }
+func (r *refusals) Handle(_ context.Context, rec slog.Record) error {
+	if !strings.Contains(rec.Message, "too many connections from one client") {
+		return nil
+	}
+	rec.Attrs(func(a slog.Attr) bool {
+		if a.Key == "client" && a.Value.String() == r.client {
+			r.n.Add(1)
+		}
+		return true
+	})
+	return nil
+}
+
 // A client that opens connection after connection and sends nothing (no
 // token needed for that) keeps only its own share: a node fetching from
-// another address is served at once.
+// another address is served at once, while the hog holds its share (the
+// server turns its further connections away before and after the fetch).
 func TestServer_AConnectionHoggingClientDoesNotStarveAFetch(t *testing.T) {
 	data, digest := randomBundle(t, 3*testPieceSize+7)
-	addr := serveReal(t, data, digest, ServerOptions{MaxConns: 16, MaxConnsPerClient: 4})
+	hogged := &refusals{client: "127.0.0.1"}
+	// A header deadline past the test's end: the hog's share is never
+	// freed by it while the fetch runs.
+	addr := serveReal(t, data, digest, ServerOptions{MaxConns: 16, MaxConnsPerClient: 4, HeaderTimeout: time.Minute, Log: slog.New(hogged)})
 	ctx, cancel := context.WithCancel(t.Context())
 	wg := hog(ctx, t, addr, 64)
 	defer func() { cancel(); wg.Wait() }()
-	time.Sleep(300 * time.Millisecond) // the hog holds what it can
+	waitHogged := func(than int64) int64 {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for hogged.n.Load() <= than {
+			if time.Now().After(deadline) {
+				t.Fatalf("the hog never held its share of the server's connections (%d refusals); nothing was proven", hogged.n.Load())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return hogged.n.Load()
+	}
+	before := waitHogged(0)
 
 	dest := filepath.Join(t.TempDir(), "b.tar")
 	fctx, fcancel := context.WithTimeout(t.Context(), 5*time.Second)
@@ -87,6 +129,7 @@ func TestServer_AConnectionHoggingClientDoesNotStarveAFetch(t *testing.T) {
 		t.Fatalf("a legitimate fetch while one client hogs connections: %v", err)
 	}
 	checkFile(t, dest, data)
+	waitHogged(before) // still holding its share after the fetch
 }
 
 // A client that drips its request's headers is cut off by the header
