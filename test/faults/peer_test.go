@@ -113,7 +113,9 @@ func TestFaults_KillDuringFetch(t *testing.T) {
 // TestFaults_PeerServesWrongBytes: a proxy in front of the source flips a
 // byte in every tar body it relays. A node whose only peer is the liar
 // never extracts anything and says why; a node that also has the honest
-// source drops the liar and ends extracted with the right digest.
+// source drops the liar and ends extracted with the right digest. The
+// honest source answers no tar request until the liar has served one, so
+// that the liar is always asked: a trial in which it was not fails.
 func TestFaults_PeerServesWrongBytes(t *testing.T) {
 	needRoot(t)
 	c := newCampaign(t, "peer-wrong-bytes")
@@ -142,14 +144,15 @@ func TestFaults_PeerServesWrongBytes(t *testing.T) {
 			return n.invariants(t.Context())
 		})
 		c.trial(2*i+1, func() error {
-			n := fetcher(t, 2*i+1, []string{liar, src}, digest, blobs)
-			defer n.a.Stop()
 			before := lied.Load()
+			honest := heldUntil(t, src, func() bool { return lied.Load() > before })
+			n := fetcher(t, 2*i+1, []string{liar, honest}, digest, blobs)
+			defer n.a.Stop()
 			if err := n.converged(t.Context(), agent.PhaseExtracted); err != nil {
 				return err
 			}
 			if lied.Load() == before {
-				t.Logf("trial %d: the liar was never asked for a piece", 2*i+1)
+				return fmt.Errorf("trial %d: the liar was never asked for a piece: nothing was proven", 2*i+1)
 			}
 			return nil
 		})
@@ -182,6 +185,36 @@ func flippingProxy(t *testing.T, addr string) (string, *atomic.Int64) {
 		srv.Shutdown(ctx)
 	})
 	return ln.Addr().String(), &lied
+}
+
+// heldUntil relays addr's peer API, holding each tar request until open
+// reports true (or its client goes); it returns its address.
+func heldUntil(t *testing.T, addr string, open func() bool) string {
+	t.Helper()
+	target, _ := url.Parse("http://" + addr)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for strings.HasSuffix(r.URL.Path, "/tar") && !open() {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		rp.ServeHTTP(w, r)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.4:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(ln)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	return ln.Addr().String()
 }
 
 // flipper flips the 100th byte of a body.
