@@ -92,7 +92,16 @@ type Media struct {
 	// itself). Empty by default: a network LUN, a hot-plugged virtio or
 	// NVMe disk or a tenant's raw block volume is not a stick.
 	AllowDevices []string `toml:"allow_devices"`
+	// ExtraFilesystems are filesystems mounted on a stick besides vfat,
+	// exFAT and iso9660 (a raw stick is always read): "ext2", "ext3",
+	// "ext4", "xfs". Empty by default: their kernel drivers are not
+	// hardened against a crafted image, and a technician's stick needs none.
+	ExtraFilesystems []string `toml:"extra_filesystems"`
 }
+
+// StickFilesystems are the filesystems media.extra_filesystems may name
+// (udev.ExtraFilesystems).
+var StickFilesystems = []string{"ext2", "ext3", "ext4", "xfs"}
 
 // DeviceKinds are the kinds media.allow_devices may name (udev.DeviceKinds
 // and udev.StickKinds).
@@ -319,6 +328,11 @@ func (c *Config) Validate() error {
 	for _, k := range c.Media.AllowDevices {
 		if !slices.Contains(DeviceKinds, k) {
 			return bad("media.allow_devices", "%q is not one of %s", k, strings.Join(DeviceKinds, ", "))
+		}
+	}
+	for _, f := range c.Media.ExtraFilesystems {
+		if !slices.Contains(StickFilesystems, f) {
+			return bad("media.extra_filesystems", "%q is not one of %s (vfat, exfat and iso9660 are always read)", f, strings.Join(StickFilesystems, ", "))
 		}
 	}
 	return nil

@@ -76,7 +76,7 @@ func runAgent(ctx context.Context, args []string) error {
 		return err
 	}
 	log := systemd.NewLogger(nil)
-	media := &udev.Media{MountDir: cfg.Paths.MountDir, AllowDevices: cfg.Media.AllowDevices, Log: log}
+	media := &udev.Media{MountDir: cfg.Paths.MountDir, AllowDevices: cfg.Media.AllowDevices, ExtraFilesystems: cfg.Media.ExtraFilesystems, Log: log}
 	if err := media.Sweep(); err != nil { // mounts a crashed agent left behind
 		log.Warn("cleaning the mount dir", "err", err)
 	}

@@ -72,6 +72,9 @@ func Config(root string) agent.Config {
 	// Tests plug loop devices, which ferry does not take for sticks
 	// unless told (VM tests plug USB sticks, read by default).
 	c.Media.AllowDevices = []string{"loop"}
+	// Their sticks are ext4 images (mkfs.ext4 -d), which a node reads only
+	// when told.
+	c.Media.ExtraFilesystems = []string{"ext4"}
 	c.CRIO.Socket = ""
 	c.CRIO.Reload = "none"
 	c.Peer.Listen = ""

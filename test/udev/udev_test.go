@@ -82,7 +82,7 @@ func waitFor(t testing.TB, ch <-chan udev.Event, l *udevenv.Loop, ok func(udev.E
 // here: ferry reads only removable, USB and MMC devices unless
 // media.allow_devices names other kinds.
 func openStick(ctx context.Context, ev udev.Event, mountDir string) (*udev.Medium, error) {
-	return (&udev.Media{MountDir: mountDir, AllowDevices: []string{"loop"}}).Open(ctx, ev)
+	return (&udev.Media{MountDir: mountDir, AllowDevices: []string{"loop"}, ExtraFilesystems: []string{"ext4"}}).Open(ctx, ev)
 }
 
 func stickFiles(t testing.TB, tarData []byte) []udevenv.File {
@@ -446,5 +446,28 @@ func TestSweep_UnmountsWhatACrashLeft(t *testing.T) {
 	}
 	if err := med.Close(); err != nil {
 		t.Errorf("Close after Sweep: %v", err)
+	}
+}
+
+// A stranger's ext4 stick, seen by the real udev, is not mounted by
+// default: its driver is not hardened against a crafted image. The
+// refusal says which key would read it, and nothing is mounted.
+func TestStickWithExt4_IgnoredByDefault(t *testing.T) {
+	udevenv.Require(t)
+	img := udevenv.Ext4Image(t, "STICK", stickFiles(t, udevenv.SmallBundleTar(t, "1.0.0"))...)
+	events := watch(t, false)
+	l := udevenv.Attach(t, img)
+	ev := waitFor(t, events, l, func(e udev.Event) bool { return e.FSType == "ext4" })
+	mountDir := t.TempDir()
+	_, err := (&udev.Media{MountDir: mountDir, AllowDevices: []string{"loop"}}).Open(t.Context(), ev)
+	if !errors.Is(err, udev.ErrUnsupportedFS) || !strings.Contains(err.Error(), "media.extra_filesystems") {
+		t.Fatalf("Open of an ext4 stick by default: %v, want ErrUnsupportedFS naming media.extra_filesystems", err)
+	}
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(mi), l.Dev) || strings.Contains(string(mi), mountDir) {
+		t.Fatalf("%s is mounted although refused", l.Dev)
 	}
 }
