@@ -65,7 +65,7 @@ type Retention struct {
 
 // Pacing is how ferry's bulk work (extraction's writes, peer fetches and
 // serving, the load's pulls) yields to the node's own work by the
-// kernel's pressure stall information (DESIGN.md §6).
+// kernel's pressure stall information (docs/design.md, "Pacing").
 type Pacing struct {
 	// Enabled holds the bulk work back while the node stalls; false runs
 	// it at full speed always (the unit's CPU and IO weights still apply).

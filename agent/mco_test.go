@@ -13,7 +13,7 @@ import (
 // The test plays the machine config operator (api.setNode) as well as
 // the cluster version operator: ClusterVersion says Completed once the
 // control plane is done, and a node keeps its bundle's registry and
-// mirror until the MCO is done with it (DESIGN §4).
+// mirror until the MCO is done with it (docs/design.md, "After the upgrade").
 
 const (
 	oldConfig = "rendered-worker-0ld"

@@ -576,7 +576,7 @@ func keyFile(t *testing.T, pub minisign.PublicKey) string {
 	return path
 }
 
-// Approval travels (DESIGN.md §4 "Peers"): a node whose own trusted_keys
+// Approval travels (docs/design.md, "Approval"): a node whose own trusted_keys
 // hold the signer fetches a peer's bundle approved only by signature,
 // verifies the signature over the bytes it extracts, loads it and serves
 // it on with its signature. A signature by another key, or a trusted key's

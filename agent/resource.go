@@ -13,10 +13,11 @@ import (
 	"github.com/ferry-edge/ferry/peer"
 )
 
-// The UpgradeBundle resource (DESIGN §5): the administrator's policy for a
-// bundle (spec) is read here, and this node's view of it written into its
-// status, with an Event for each phase it reaches and a ferry.io/phase
-// label on its Node. Without an API none of this runs.
+// The UpgradeBundle resource (docs/design.md, "The UpgradeBundle"): the
+// administrator's policy for a bundle (spec) is read here, and this node's
+// view of it written into its status, with an Event for each phase it
+// reaches and a ferry.io/phase label on its Node. Without an API none of
+// this runs.
 
 // LabelPhase is the Node label that says this node's phase (oc get nodes
 // -L ferry.io/phase).

@@ -514,7 +514,7 @@ func (m *machine) extractDone(r *Record, j evJobDone) []effect {
 	if meta := j.res.Metadata; meta != nil {
 		// From here on the node acts on the metadata.json that was inside
 		// the checked tar, never on the probe's earlier read of it nor on
-		// a peer's description (DESIGN.md §3).
+		// a peer's description (docs/design.md, "Trust").
 		if r.Metadata != nil && meta.DirName() != r.Metadata.DirName() {
 			m.active = nil
 			err := fmt.Errorf("%w: the metadata.json inside the checked tar (%s) is not the one read before (%s): the source changed while it was read, or a peer described it falsely; do not use it",

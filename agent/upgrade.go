@@ -113,7 +113,7 @@ func (a *Agent) readNode(ctx context.Context, lastErr *string) {
 	a.post(evNodeSeen{st: st})
 }
 
-// Annotation keys on the node's Node object (DESIGN §5).
+// Annotation keys on the node's Node object (docs/design.md, "The UpgradeBundle").
 const (
 	AnnotationPhase    = "ferry.io/phase"
 	AnnotationBundle   = "ferry.io/bundle"

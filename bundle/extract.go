@@ -20,7 +20,7 @@ import (
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
-// Policy is what a bundle must satisfy to be accepted (DESIGN.md §3).
+// Policy is what a bundle must satisfy to be accepted (docs/design.md, "Trust").
 type Policy struct {
 	// Arch is the node's architecture; "" skips the check.
 	Arch string
@@ -31,7 +31,7 @@ type Policy struct {
 	TrustedKeys     []minisign.PublicKey
 	// Required makes approval required even when neither approved
 	// digests nor trusted keys are given: nothing is approved then (the
-	// agent's default, DESIGN.md §3.3).
+	// agent's default; docs/design.md, "Approval").
 	Required bool
 	// Off approves every bundle whose sha256 checks, whatever else is
 	// set (the agent's explicit `approval = "off"`, for labs).
@@ -249,11 +249,11 @@ func openSource(src Source) (rc io.ReadCloser, total, length int64, err error) {
 	return f, fi.Size(), fi.Size(), nil
 }
 
-// writeBound is the most bytes of files an extraction may write before
-// the digest has matched (DESIGN.md §3.4): the smaller of the size the
-// metadata claims and the source's length, each when known. A
-// seed-shaped size ("16 GiB") is approximate: it bounds with an eighth
-// more. 0: no bound known (verify only, or nothing to bound by).
+// writeBound is the most bytes of files an extraction may write before the
+// digest has matched (docs/design.md, "Bounds before the digest"): the
+// smaller of the size the metadata claims and the source's length, each when
+// known. A seed-shaped size ("16 GiB") is approximate: it bounds with an
+// eighth more. 0: no bound known (verify only, or nothing to bound by).
 func writeBound(claimed int64, approx bool, length int64) int64 {
 	if approx {
 		claimed = satAdd(claimed, claimed/8)

@@ -13,11 +13,11 @@ import (
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
-// The tree holds what the metadata says (DESIGN.md §3.5): during the pass
-// every blob is hashed against the digest in its path, and the link files
-// and manifests are kept; after it, every image the metadata lists is
-// walked down to its last blob, and the tree may hold no repository or
-// tag the metadata does not list. A bundle that fails is refused where it
+// The tree holds what the metadata says (docs/design.md, "The tree check"):
+// during the pass every blob is hashed against the digest in its path, and
+// the link files and manifests are kept; after it, every image the metadata
+// lists is walked down to its last blob, and the tree may hold no repository
+// or tag the metadata does not list. A bundle that fails is refused where it
 // is read, naming the item, instead of failing its pulls on every node.
 
 const (

@@ -12,10 +12,10 @@ import (
 	"github.com/ferry-edge/ferry/internal/imagetree"
 )
 
-// A bundle whose tar and .sha256 agree but whose tree does not hold what
-// its metadata says is refused by Verify and Extract, naming the item,
-// and leaves nothing behind (DESIGN.md §3.5). Each case is first built
-// whole and accepted, so that it fails for what it breaks.
+// A bundle whose tar and .sha256 agree but whose tree does not hold what its
+// metadata says is refused by Verify and Extract, naming the item, and
+// leaves nothing behind (docs/design.md, "The tree check"). Each case is
+// first built whole and accepted, so that it fails for what it breaks.
 func TestExtract_RefusesATreeThatLacksWhatItsMetadataSays(t *testing.T) {
 	layer := imagetree.Digest(imagetree.Layer("image", 4000))
 	digestOf := func(ref string) string { _, d, _ := strings.Cut(ref, "@"); return d }

@@ -10,7 +10,8 @@ import (
 )
 
 // Where a disconnected cluster's version operator reads release
-// signatures (DESIGN §5).
+// signatures (docs/design.md, "Starting and
+// following the upgrade").
 const (
 	SignatureNamespace = "openshift-config-managed"
 	SignatureLabel     = "release.openshift.io/verification-signatures"

@@ -1,7 +1,7 @@
 // Package pacing slows ferry's bulk work (extraction's writes, peer
 // fetches and serving, the load's pulls) while the node's other work
 // stalls, by the kernel's pressure stall information, and lets it run at
-// full speed when the node is quiet (DESIGN.md §6).
+// full speed when the node is quiet (docs/design.md, "Pacing").
 package pacing
 
 import (

@@ -83,7 +83,7 @@ func freeAddr(t *testing.T) string {
 // by `ferry bundle verify`, by `ferry bundle extract` and by a real agent
 // given them with `ferry load`, naming the missing or lying item; the
 // agent shares nothing with peers, writes no drop-in and pulls nothing
-// into the real CRI-O (DESIGN.md §3.5).
+// into the real CRI-O (docs/design.md, "The tree check").
 func TestHost_ABundleThatLiesIsRefusedAtOnce(t *testing.T) {
 	c := crioenv.Start(t)
 	good, meta := makeBundle(t, 3, 0)

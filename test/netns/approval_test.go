@@ -25,12 +25,12 @@ func minisignKey(t *testing.T, name string) (pub, sec string) {
 	return pub, sec
 }
 
-// TestAgents_ApprovalTravelsBySignature (DESIGN.md §4 "Peers"): a bundle
-// approved only by the engineer's signature (no node lists its digest)
-// goes from the stick's node to every node, each of which approves it by
-// its own trusted_keys, and loads everywhere. With one node that trusts
-// another key, that node refuses it saying why, and since every node must
-// hold the same bundle before anything is pinned, no node loads it and
+// TestAgents_ApprovalTravelsBySignature (docs/design.md, "Approval"): a
+// bundle approved only by the engineer's signature (no node lists its
+// digest) goes from the stick's node to every node, each of which approves
+// it by its own trusted_keys, and loads everywhere. With one node that
+// trusts another key, that node refuses it saying why, and since every node
+// must hold the same bundle before anything is pinned, no node loads it and
 // each of the others shows which node refuses it.
 func TestAgents_ApprovalTravelsBySignature(t *testing.T) {
 	engineerPub, engineerSec := minisignKey(t, "engineer")

@@ -194,13 +194,13 @@ func TestUnit_SecurityExposureMatchesDocs(t *testing.T) {
 }
 
 // TestUnit_YieldsToTheNodesWorkloads checks the unit runs ferry's bulk work
-// below the node's workloads (DESIGN.md §6): in ferry.slice, a slice of
-// its own at the top of the tree (weights divide a parent's share between
-// siblings, so only there does a low weight count against the pods) with
-// a CPU and IO weight under the default 100; a positive nice and
-// best-effort IO at a low priority (never the idle class, which starves on
-// a disk etcd keeps busy, nor realtime); and that docs/admin.md names the
-// same settings.
+// below the node's workloads (docs/design.md, "Pacing"): in ferry.slice, a
+// slice of its own at the top of the tree (weights divide a parent's share
+// between siblings, so only there does a low weight count against the pods)
+// with a CPU and IO weight under the default 100; a positive nice and
+// best-effort IO at a low priority (never the idle class, which starves on a
+// disk etcd keeps busy, nor realtime); and that docs/admin.md names the same
+// settings.
 func TestUnit_YieldsToTheNodesWorkloads(t *testing.T) {
 	u := parseUnit(t, repoFile(t, "packaging/ferry.service"))
 	sl := parseUnit(t, repoFile(t, "packaging/ferry.slice"))
