@@ -199,8 +199,8 @@ func TestUnit_SecurityExposureMatchesDocs(t *testing.T) {
 // between siblings, so only there does a low weight count against the pods)
 // with a CPU and IO weight under the default 100; a positive nice and
 // best-effort IO at a low priority (never the idle class, which starves on a
-// disk etcd keeps busy, nor realtime); and that docs/admin.md names the same
-// settings.
+// disk etcd keeps busy, nor realtime); and that docs/good-neighbour.md names
+// the same settings.
 func TestUnit_YieldsToTheNodesWorkloads(t *testing.T) {
 	u := parseUnit(t, repoFile(t, "packaging/ferry.service"))
 	sl := parseUnit(t, repoFile(t, "packaging/ferry.slice"))
@@ -237,12 +237,12 @@ func TestUnit_YieldsToTheNodesWorkloads(t *testing.T) {
 		}
 	}
 
-	doc := repoFile(t, "docs/admin.md")
+	doc := repoFile(t, "docs/good-neighbour.md")
 	for _, want := range []string{"Slice=ferry.slice", "CPUWeight=" + sl.last("Slice", "CPUWeight"), "IOWeight=" + sl.last("Slice", "IOWeight"),
 		"Nice=" + u.last(s, "Nice"), "IOSchedulingClass=" + u.last(s, "IOSchedulingClass"),
 		"IOSchedulingPriority=" + u.last(s, "IOSchedulingPriority")} {
 		if !strings.Contains(doc, want) {
-			t.Errorf("docs/admin.md does not show %s", want)
+			t.Errorf("docs/good-neighbour.md does not show %s", want)
 		}
 	}
 }
