@@ -69,6 +69,9 @@ type CreateOptions struct {
 	SignatureStore    string
 	SignatureClient   *http.Client // nil: a client with a 20 s timeout
 	Jobs              int          // images copied at once; default 4
+	// RateLimit bounds the bytes per second fetched, all blobs together;
+	// 0: no bound.
+	RateLimit int64
 	Created           time.Time    // metadata.created; default now
 	Log               *slog.Logger
 	// Progress, when set, receives snapshots a few times a second and once
@@ -108,6 +111,8 @@ type creator struct {
 	o      CreateOptions
 	log    *slog.Logger
 	puller *remote.Puller
+	blobs  *blobFetcher // resumable blob fetches
+	limit  *rateLimiter // nil: no rate limit
 	nameOp []name.Option
 	arch   string // uname -m
 	store  *treeStore
@@ -177,6 +182,10 @@ func newCreator(ctx context.Context, o CreateOptions) (*creator, error) {
 		return nil, err
 	}
 	c.puller = p
+	c.blobs = &blobFetcher{keychain: o.Keychain, base: o.Transport, ua: "ferry-bundle-create"}
+	if o.RateLimit > 0 {
+		c.limit = &rateLimiter{perSecond: o.RateLimit}
+	}
 	c.prog.start = time.Now()
 	c.prog.phase.Store("resolve")
 	if o.Progress != nil {
@@ -630,15 +639,12 @@ func (c *creator) keepChild(d v1.Descriptor) bool {
 func (c *creator) copyImage(ctx context.Context, p *imagePlan) error {
 	for _, b := range p.blobs {
 		open := func() (io.ReadCloser, error) {
-			l, err := c.puller.Layer(ctx, p.ref.fetch.Digest(b.Digest.String()))
-			if err != nil {
-				return nil, err
-			}
-			rc, err := l.Compressed()
-			if err != nil {
-				return nil, err
-			}
-			return fetchCounter{ReadCloser: rc, n: &c.prog.bytes}, nil
+			rb := &resumingBlob{ctx: ctx, size: b.Size, pace: c.limit.wait,
+				open: func(off int64) (io.ReadCloser, error) { return c.blobs.openAt(ctx, p.ref.fetch, b, off) },
+				onCut: func(off int64, err error) {
+					c.log.Warn("a blob's download was cut; resuming where it stopped", "blob", b.Digest.String(), "image", p.ref.String(), "at", off, "of", b.Size, "err", err)
+				}}
+			return fetchCounter{ReadCloser: rb, n: &c.prog.bytes}, nil
 		}
 		if err := c.store.ensureBlob(ctx, p.repo, b, open); err != nil {
 			return explain(err, p.ref.host(), "blob "+b.Digest.String()+" of "+p.ref.String())
