@@ -72,8 +72,8 @@ type CreateOptions struct {
 	// RateLimit bounds the bytes per second fetched, all blobs together;
 	// 0: no bound.
 	RateLimit int64
-	Created           time.Time    // metadata.created; default now
-	Log               *slog.Logger
+	Created   time.Time // metadata.created; default now
+	Log       *slog.Logger
 	// Progress, when set, receives snapshots a few times a second and once
 	// with Phase "done".
 	Progress func(Progress)
