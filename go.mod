@@ -14,6 +14,8 @@ require (
 	github.com/opencontainers/image-spec v1.1.1
 	github.com/pilebones/go-udev v0.9.0
 	github.com/sirupsen/logrus v1.9.4
+	github.com/spf13/cobra v1.10.2
+	github.com/spf13/pflag v1.0.10
 	go.podman.io/image/v5 v5.38.0
 	golang.org/x/crypto v0.43.0
 	golang.org/x/net v0.45.0
@@ -50,6 +52,7 @@ require (
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.26.3 // indirect
 	github.com/hashicorp/golang-lru/arc/v2 v2.0.5 // indirect
 	github.com/hashicorp/golang-lru/v2 v2.0.7 // indirect
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/klauspost/compress v1.19.2 // indirect
 	github.com/letsencrypt/boulder v0.0.0-20240620165639-de9c06129bec // indirect
 	github.com/moby/sys/capability v0.4.0 // indirect

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/localapi"
 
+	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-edge/ferry/agent"
@@ -23,37 +23,71 @@ import (
 	"github.com/ferry-edge/ferry/udev"
 )
 
-var (
-	agentFlags   = newFlagSet("agent", "")
-	agentConfig  = configFlag(agentFlags)
-	statusFlags  = newFlagSet("status", "")
-	statusJSON   = statusFlags.Bool("json", false, "print the full status as JSON")
-	statusAll    = statusFlags.Bool("cluster", false, "show every node's phase and the cluster gate")
-	proceedFlags = newFlagSet("proceed", "")
-	proceedConf  = configFlag(proceedFlags)
-	statusConfig = configFlag(statusFlags)
-	checkFlags   = newFlagSet("config check", "")
-	checkConfig  = configFlag(checkFlags)
-	loadFlags    = newFlagSet("load", "PATH")
-	loadConfigF  = configFlag(loadFlags)
-	cleanupFlags = newFlagSet("cleanup", "")
-	cleanupConf  = configFlag(cleanupFlags)
-)
+// nodeOptions are the flags of the commands that read the agent's config.
+type nodeOptions struct{ config string }
 
-func configFlag(fs *flag.FlagSet) *string {
-	return fs.String("config", "", "config file (default "+agent.DefaultConfigPath+", optional)")
+// nodeCmd is a command that reads the agent's config, then does act. With
+// path it takes one bundle PATH, else no argument.
+func nodeCmd(use, short string, path bool, o *nodeOptions, act func(context.Context, agent.Config, []string) error) *cobra.Command {
+	c := &cobra.Command{
+		Use:   use,
+		Short: short,
+		RunE: func(c *cobra.Command, args []string) error {
+			cfg, err := loadConfig(o.config)
+			if err != nil {
+				return err
+			}
+			return act(c.Context(), cfg, args)
+		},
+	}
+	if path {
+		c.Args = onePath("one bundle PATH")
+	} else {
+		c.Args, c.ValidArgsFunction = noArgs, cobra.NoFileCompletions
+	}
+	c.Flags().StringVar(&o.config, "config", "", "config file (default "+agent.DefaultConfigPath+", optional)")
+	c.MarkFlagFilename("config", "toml")
+	return c
 }
 
-func init() {
-	register(&command{name: "agent", summary: "run the node agent (the systemd service)", run: runAgent})
-	register(&command{name: "status", summary: "show what the agent is doing", run: runStatus})
-	register(&command{name: "config check", summary: "validate a config file and print the effective config", run: runConfigCheck})
-	register(&command{name: "load", summary: "give the agent a bundle file instead of a stick", run: runLoad})
-	register(&command{name: "proceed", summary: "start the cluster upgrade now (schedule = \"Manual\"), or run a failed on_ready hook again", run: runProceed})
-	register(&command{name: "cleanup", summary: "the upgrade is done: remove the bundle's files, registry and mirror (pins stay until the next upgrade); before loading: take the bundle out", run: runCleanup})
+func newAgentCmd() *cobra.Command {
+	return nodeCmd("agent", "run the node agent (the systemd service)", false, &nodeOptions{},
+		func(ctx context.Context, cfg agent.Config, _ []string) error { return runAgent(ctx, cfg) })
 }
 
-// loadConfig reads --config (explicit) or the default path.
+func newConfigCheckCmd() *cobra.Command {
+	return nodeCmd("check", "validate a config file and print the effective config", false, &nodeOptions{},
+		func(_ context.Context, cfg agent.Config, _ []string) error { return agent.WriteConfig(os.Stdout, cfg) })
+}
+
+func newLoadCmd() *cobra.Command {
+	return nodeCmd("load [flags] PATH", "give the agent a bundle file instead of a stick", true, &nodeOptions{}, runLoad)
+}
+
+func newCleanupCmd() *cobra.Command {
+	return nodeCmd("cleanup", "the upgrade is done: remove the bundle's files, registry and mirror (pins stay until the next upgrade); before loading: take the bundle out", false, &nodeOptions{}, runCleanup)
+}
+
+func newProceedCmd() *cobra.Command {
+	return nodeCmd("proceed", "start the cluster upgrade now (schedule = \"Manual\"), or run a failed on_ready hook again", false, &nodeOptions{}, runProceed)
+}
+
+type statusOptions struct {
+	nodeOptions
+	json, cluster bool
+}
+
+func newStatusCmd() *cobra.Command {
+	o := &statusOptions{}
+	c := nodeCmd("status", "show what the agent is doing", false, &o.nodeOptions,
+		func(ctx context.Context, cfg agent.Config, _ []string) error { return runStatus(ctx, cfg, o) })
+	c.Flags().BoolVar(&o.json, "json", false, "print the full status as JSON")
+	c.Flags().BoolVar(&o.cluster, "cluster", false, "show every node's phase and the cluster gate")
+	return c
+}
+
+// loadConfig reads --config (explicit) or the default path; a bad config
+// is a usage error.
 func loadConfig(path string) (agent.Config, error) {
 	explicit := path != ""
 	if !explicit {
@@ -66,15 +100,7 @@ func loadConfig(path string) (agent.Config, error) {
 	return c, nil
 }
 
-func runAgent(ctx context.Context, args []string) error {
-	cfgPath := agentConfig
-	if _, err := parseArgs(agentFlags, args); err != nil {
-		return err
-	}
-	cfg, err := loadConfig(*cfgPath)
-	if err != nil {
-		return err
-	}
+func runAgent(ctx context.Context, cfg agent.Config) error {
 	log := systemd.NewLogger(nil)
 	media := &udev.Media{MountDir: cfg.Paths.MountDir, AllowDevices: cfg.Media.AllowDevices, ExtraFilesystems: cfg.Media.ExtraFilesystems, Log: log}
 	if err := media.Sweep(); err != nil { // mounts a crashed agent left behind
@@ -208,23 +234,15 @@ type notifier struct{}
 func (notifier) Ready()             { systemd.Ready() }
 func (notifier) Status(line string) { systemd.Status("%s", line) }
 
-func runStatus(ctx context.Context, args []string) error {
-	asJSON, cfgPath := statusJSON, statusConfig
-	if _, err := parseArgs(statusFlags, args); err != nil {
-		return err
-	}
-	cfg, err := loadConfig(*cfgPath)
-	if err != nil {
-		return err
-	}
-	if *statusAll {
-		return clusterStatus(ctx, cfg, *asJSON)
+func runStatus(ctx context.Context, cfg agent.Config, o *statusOptions) error {
+	if o.cluster {
+		return clusterStatus(ctx, cfg, o.json)
 	}
 	s, err := localapi.NewClient(cfg.Paths.Socket).Status(ctx)
 	if err != nil {
 		return err
 	}
-	if *asJSON {
+	if o.json {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
 		enc.Encode(s)
@@ -267,32 +285,8 @@ func printStatus(s agent.Status) {
 	}
 }
 
-func runConfigCheck(_ context.Context, args []string) error {
-	cfgPath := checkConfig
-	if _, err := parseArgs(checkFlags, args); err != nil {
-		return err
-	}
-	cfg, err := loadConfig(*cfgPath)
-	if err != nil {
-		return err
-	}
-	return agent.WriteConfig(os.Stdout, cfg)
-}
-
-func runLoad(ctx context.Context, args []string) error {
-	cfgPath := loadConfigF
-	pos, err := parseArgs(loadFlags, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return usageError("want one bundle PATH")
-	}
-	cfg, err := loadConfig(*cfgPath)
-	if err != nil {
-		return err
-	}
-	path, err := absPath(pos[0])
+func runLoad(ctx context.Context, cfg agent.Config, args []string) error {
+	path, err := absPath(args[0])
 	if err != nil {
 		return err
 	}
@@ -304,15 +298,7 @@ func runLoad(ctx context.Context, args []string) error {
 	return nil
 }
 
-func runCleanup(ctx context.Context, args []string) error {
-	cfgPath := cleanupConf
-	if _, err := parseArgs(cleanupFlags, args); err != nil {
-		return err
-	}
-	cfg, err := loadConfig(*cfgPath)
-	if err != nil {
-		return err
-	}
+func runCleanup(ctx context.Context, cfg agent.Config, _ []string) error {
 	s, err := localapi.NewClient(cfg.Paths.Socket).Do(ctx, "cleanup")
 	if err != nil {
 		return err
@@ -373,14 +359,7 @@ func clusterStatus(ctx context.Context, cfg agent.Config, asJSON bool) error {
 	return nil
 }
 
-func runProceed(ctx context.Context, args []string) error {
-	if _, err := parseArgs(proceedFlags, args); err != nil {
-		return err
-	}
-	cfg, err := loadConfig(*proceedConf)
-	if err != nil {
-		return err
-	}
+func runProceed(ctx context.Context, cfg agent.Config, _ []string) error {
 	if _, err := localapi.NewClient(cfg.Paths.Socket).Do(ctx, "proceed"); err != nil {
 		return err
 	}

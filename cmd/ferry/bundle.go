@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,70 +13,33 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/pacing"
+	"github.com/spf13/cobra"
 )
 
-func init() {
-	register(&command{name: "bundle inspect", summary: "print a bundle's metadata (reads only its first entry)", run: runBundleInspect})
-	register(&command{name: "bundle verify", summary: "check a bundle's format, arch, approval and sha256", run: runBundleVerify})
-	register(&command{name: "bundle extract", summary: "verify a bundle and extract it in one pass", run: runBundleExtract})
-}
-
-// multiFlag is a repeatable string flag.
-type multiFlag []string
-
-func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
-func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
-
-// parseArgs parses flags, allowing them after positional arguments, and
-// returns the positional arguments.
-func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := parseFlags(fs, args); err != nil {
-			return nil, err
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return pos, nil
-		}
-		pos = append(pos, args[0])
-		args = args[1:]
+func newBundleInspectCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "inspect [flags] PATH",
+		Short: "print a bundle's metadata (reads only its first entry)",
+		Args:  onePath("one PATH (a bundle tar or a block device)"),
+		RunE:  func(_ *cobra.Command, args []string) error { return runBundleInspect(args[0], asJSON) },
 	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print metadata.json as JSON")
+	return c
 }
 
-var (
-	inspectFlags = newFlagSet("bundle inspect", "PATH")
-	inspectJSON  = inspectFlags.Bool("json", false, "print metadata.json as JSON")
-
-	verifyFlags = newFlagSet("bundle verify", "PATH")
-	verifyTrust = addTrustFlags(verifyFlags)
-
-	extractFlags = newFlagSet("bundle extract", "PATH --dest DIR")
-	extractTrust = addTrustFlags(extractFlags)
-	extractDest  = extractFlags.String("dest", "", "directory to create with the extracted bundle (must not exist)")
-	extractSync  = extractFlags.Bool("sync", false, "flush the extracted files to disk before the directory appears")
-	extractPace  = extractFlags.String("pacing", pacing.DefaultPoliteness, "hold back while the node's other work stalls (pressure stall information): etcd-safe, balanced, eager or off")
-)
-
-func runBundleInspect(_ context.Context, args []string) error {
-	pos, err := parseArgs(inspectFlags, args)
+func runBundleInspect(path string, asJSON bool) error {
+	m, err := bundle.InspectFile(path)
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		return usageError("want one PATH (a bundle tar or a block device), got %d", len(pos))
-	}
-	m, err := bundle.InspectFile(pos[0])
-	if err != nil {
-		return err
-	}
-	if *inspectJSON {
+	if asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(m)
 	}
 	tarSize := int64(-1)
-	if fi, err := os.Stat(pos[0]); err == nil && fi.Mode().IsRegular() {
+	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
 		tarSize = fi.Size()
 	}
 	fmt.Print(inspectText(m, tarSize))
@@ -118,27 +80,25 @@ func inspectText(m *bundle.Metadata, tarSize int64) string {
 	return b.String()
 }
 
-// trustFlags are the flags verify and extract share.
-type trustFlags struct {
-	sha256    *string
-	approved  multiFlag
-	keys      multiFlag
-	arch      *string
-	noProgres *bool
+// trustOptions are the flags verify and extract share.
+type trustOptions struct {
+	sha256, arch   string
+	approved, keys []string
+	quiet          bool
 }
 
-func addTrustFlags(fs *flag.FlagSet) *trustFlags {
-	t := &trustFlags{
-		sha256:    fs.String("sha256", "", "sha256sum file (default: <bundle>.sha256 next to the tar)"),
-		arch:      fs.String("arch", "", "refuse bundles for another arch (uname -m name, e.g. x86_64)"),
-		noProgres: fs.Bool("quiet", false, "no progress output"),
-	}
-	fs.Var(&t.approved, "approved-digest", "approved bundle digest (sha256:<hex>), repeatable")
-	fs.Var(&t.keys, "trusted-key", "minisign public key file, repeatable")
-	return t
+func (t *trustOptions) addFlags(c *cobra.Command) {
+	f := c.Flags()
+	f.StringVar(&t.sha256, "sha256", "", "sha256sum file (default: <bundle>.sha256 next to the tar)")
+	f.StringVar(&t.arch, "arch", "", "refuse bundles for another arch (uname -m name, e.g. x86_64)")
+	f.BoolVar(&t.quiet, "quiet", false, "no progress output")
+	f.StringArrayVar(&t.approved, "approved-digest", nil, "approved bundle digest (sha256:<hex>), repeatable")
+	f.StringArrayVar(&t.keys, "trusted-key", nil, "minisign public key file, repeatable")
+	c.RegisterFlagCompletionFunc("arch", choices(archs...))
+	c.RegisterFlagCompletionFunc("approved-digest", cobra.NoFileCompletions)
 }
 
-func (t *trustFlags) options(log *slog.Logger) (bundle.Options, error) {
+func (t *trustOptions) options(log *slog.Logger) (bundle.Options, error) {
 	for _, d := range t.approved {
 		if bundle.NormalizeDigest(d) == "" {
 			return bundle.Options{}, usageError("--approved-digest %q is not a sha256 digest", d)
@@ -148,27 +108,31 @@ func (t *trustFlags) options(log *slog.Logger) (bundle.Options, error) {
 	if err != nil {
 		return bundle.Options{}, usageError("%v", err)
 	}
-	o := bundle.Options{Policy: bundle.Policy{Arch: *t.arch, ApprovedDigests: t.approved, TrustedKeys: keys}, Log: log}
-	if !*t.noProgres {
+	o := bundle.Options{Policy: bundle.Policy{Arch: t.arch, ApprovedDigests: t.approved, TrustedKeys: keys}, Log: log}
+	if !t.quiet {
 		o.Progress = progressPrinter("verifying")
 	}
 	return o, nil
 }
 
-func runBundleVerify(ctx context.Context, args []string) error {
-	tf := verifyTrust
-	pos, err := parseArgs(verifyFlags, args)
+func newBundleVerifyCmd() *cobra.Command {
+	t := &trustOptions{}
+	c := &cobra.Command{
+		Use:   "verify [flags] PATH",
+		Short: "check a bundle's format, arch, approval and sha256",
+		Args:  onePath("one PATH"),
+		RunE:  func(c *cobra.Command, args []string) error { return runBundleVerify(c.Context(), args[0], t) },
+	}
+	t.addFlags(c)
+	return c
+}
+
+func runBundleVerify(ctx context.Context, path string, t *trustOptions) error {
+	opts, err := t.options(cliLogger())
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		return usageError("want one PATH, got %d", len(pos))
-	}
-	opts, err := tf.options(cliLogger())
-	if err != nil {
-		return err
-	}
-	src, err := bundle.FindSource(pos[0], *tf.sha256)
+	src, err := bundle.FindSource(path, t.sha256)
 	if err != nil {
 		return err
 	}
@@ -182,24 +146,43 @@ func runBundleVerify(ctx context.Context, args []string) error {
 	return nil
 }
 
-func runBundleExtract(ctx context.Context, args []string) error {
-	tf, dest, sync := extractTrust, extractDest, extractSync
-	pos, err := parseArgs(extractFlags, args)
-	if err != nil {
-		return err
+type extractOptions struct {
+	trustOptions
+	dest, pacing string
+	sync         bool
+}
+
+func newBundleExtractCmd() *cobra.Command {
+	o := &extractOptions{}
+	c := &cobra.Command{
+		Use:   "extract [flags] PATH --dest DIR",
+		Short: "verify a bundle and extract it in one pass",
+		Args:  onePath("one PATH and --dest DIR"),
+		RunE:  func(c *cobra.Command, args []string) error { return runBundleExtract(c.Context(), args[0], o) },
 	}
-	if len(pos) != 1 || *dest == "" {
+	o.addFlags(c)
+	f := c.Flags()
+	f.StringVar(&o.dest, "dest", "", "directory to create with the extracted bundle (must not exist)")
+	f.BoolVar(&o.sync, "sync", false, "flush the extracted files to disk before the directory appears")
+	f.StringVar(&o.pacing, "pacing", pacing.DefaultPoliteness, "hold back while the node's other work stalls (pressure stall information): "+strings.Join(pacing.Politeness(), ", ")+" or off")
+	c.MarkFlagDirname("dest")
+	c.RegisterFlagCompletionFunc("pacing", choices(append(pacing.Politeness(), "off")...))
+	return c
+}
+
+func runBundleExtract(ctx context.Context, path string, o *extractOptions) error {
+	if o.dest == "" {
 		return usageError("want one PATH and --dest DIR")
 	}
-	opts, err := tf.options(cliLogger())
+	opts, err := o.options(cliLogger())
 	if err != nil {
 		return err
 	}
-	opts.Sync = *sync
-	if *extractPace != "off" {
-		lim, ok := pacing.LimitsFor(*extractPace)
+	opts.Sync = o.sync
+	if o.pacing != "off" {
+		lim, ok := pacing.LimitsFor(o.pacing)
 		if !ok {
-			return usageError("--pacing %q is not one of %s or off", *extractPace, strings.Join(pacing.Politeness(), ", "))
+			return usageError("--pacing %q is not one of %s or off", o.pacing, strings.Join(pacing.Politeness(), ", "))
 		}
 		gov := pacing.New(pacing.NewPSI(pacing.WatchDir("")), lim, 0, cliLogger()) // as the agent: the pods' pressure, else the node's
 		pctx, stop := context.WithCancel(ctx)
@@ -207,16 +190,16 @@ func runBundleExtract(ctx context.Context, args []string) error {
 		go gov.Run(pctx)
 		opts.Pacer = gov
 	}
-	src, err := bundle.FindSource(pos[0], *tf.sha256)
+	src, err := bundle.FindSource(path, o.sha256)
 	if err != nil {
 		return err
 	}
-	res, err := bundle.Extract(ctx, src, *dest, opts)
+	res, err := bundle.Extract(ctx, src, o.dest, opts)
 	endProgress(opts.Progress)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("OK %s %s extracted to %s\n", src.Name(), res.Digest, *dest)
+	fmt.Printf("OK %s %s extracted to %s\n", src.Name(), res.Digest, o.dest)
 	return nil
 }
 

@@ -9,34 +9,58 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/spf13/cobra"
 )
 
-func init() {
-	register(&command{name: "bundle create", summary: "copy a release and extra images into an upgrade bundle (connected side)", run: runBundleCreate})
+// createOptions are the flags of bundle create.
+type createOptions struct {
+	release, version, arch, extraFile, pullSecret, certDir, output, signKey string
+	platforms, signatures, workDir, sigStore                                string
+	tlsVerify, keepWork, quiet                                              bool
+	jobs                                                                    int
+	extras, mirrors, sigFiles                                               []string
 }
 
-var (
-	createFlags      = newFlagSet("bundle create", "")
-	createRelease    = createFlags.String("release", "", "release image (e.g. quay.io/openshift-release-dev/ocp-release:4.13.7-x86_64 or …@sha256:…); default: that of --version and --arch")
-	createVersion    = createFlags.String("version", "", "bundle version (default: the release image's release-metadata)")
-	createArch       = createFlags.String("arch", "", "x86_64, aarch64, ppc64le or s390x (default: the release image's architecture)")
-	createExtraFile  = createFlags.String("extra-images-file", "", "file of extra images, one a line (# comments, blank lines ignored)")
-	createPullSecret = createFlags.String("pull-secret", "", "registry credentials: a pull secret or auth.json ({\"auths\": {...}})")
-	createCertDir    = createFlags.String("cert-dir", "", "certs.d-style directory of registry CAs: <dir>/<host[:port]>/ca.crt")
-	createTLSVerify  = createFlags.Bool("tls-verify", true, "verify registries' TLS certificates (false also allows plain HTTP)")
-	createOutput     = createFlags.String("output", ".", "directory for upgrade-<version>-<arch>.tar, .sha256 and .tar.minisig")
-	createSignKey    = createFlags.String("sign-key", "", "minisign secret key to sign the bundle with (password from $FERRY_SIGN_PASSWORD if it has one)")
-	createPlatforms  = createFlags.String("platforms", bundle.PlatformsArch, "manifest lists: 'arch' keeps the list but copies only its linux/<arch> images; 'all' copies every platform")
-	createSignatures = createFlags.String("signatures", bundle.SignaturesAll, "sigstore signatures (cosign's sha256-<hex>.sig tags) to copy: 'all' images that have any, or only the 'release' image's")
-	createWorkDir    = createFlags.String("work-dir", "", "where the registry tree is built (default <output>/.ferry-work-<version>-<arch>); a rerun after an interruption reuses it")
-	createKeepWork   = createFlags.Bool("keep-work-dir", false, "keep the work directory after success")
-	createJobs       = createFlags.Int("jobs", 4, "images copied at once")
-	createQuiet      = createFlags.Bool("quiet", false, "no progress output")
-	createSigStore   = createFlags.String("signature-store", signatureStoreDefault(), "where the release's signatures are fetched when no --release-signature is given (<URL>/sha256=<hex>/signature-N); \"\" for none")
-	createExtras     multiFlag
-	createMirrors    multiFlag
-	createSigFiles   multiFlag
-)
+func newBundleCreateCmd() *cobra.Command {
+	o := &createOptions{}
+	c := &cobra.Command{
+		Use:               "create [flags]",
+		Short:             "copy a release and extra images into an upgrade bundle (connected side)",
+		Args:              noArgs,
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE:              func(c *cobra.Command, _ []string) error { return runBundleCreate(c.Context(), o) },
+	}
+	f := c.Flags()
+	f.StringVar(&o.release, "release", "", "release image (e.g. quay.io/openshift-release-dev/ocp-release:4.13.7-x86_64 or …@sha256:…); default: that of --version and --arch")
+	f.StringVar(&o.version, "version", "", "bundle version (default: the release image's release-metadata)")
+	f.StringVar(&o.arch, "arch", "", "x86_64, aarch64, ppc64le or s390x (default: the release image's architecture)")
+	f.StringVar(&o.extraFile, "extra-images-file", "", "file of extra images, one a line (# comments, blank lines ignored)")
+	f.StringVar(&o.pullSecret, "pull-secret", "", "registry credentials: a pull secret or auth.json ({\"auths\": {...}})")
+	f.StringVar(&o.certDir, "cert-dir", "", "certs.d-style directory of registry CAs: <dir>/<host[:port]>/ca.crt")
+	f.BoolVar(&o.tlsVerify, "tls-verify", true, "verify registries' TLS certificates (false also allows plain HTTP)")
+	f.StringVar(&o.output, "output", ".", "directory for upgrade-<version>-<arch>.tar, .sha256 and .tar.minisig")
+	f.StringVar(&o.signKey, "sign-key", "", "minisign secret key to sign the bundle with (password from $FERRY_SIGN_PASSWORD if it has one)")
+	f.StringVar(&o.platforms, "platforms", bundle.PlatformsArch, "manifest lists: 'arch' keeps the list but copies only its linux/<arch> images; 'all' copies every platform")
+	f.StringVar(&o.signatures, "signatures", bundle.SignaturesAll, "sigstore signatures (cosign's sha256-<hex>.sig tags) to copy: 'all' images that have any, or only the 'release' image's")
+	f.StringVar(&o.workDir, "work-dir", "", "where the registry tree is built (default <output>/.ferry-work-<version>-<arch>); a rerun after an interruption reuses it")
+	f.BoolVar(&o.keepWork, "keep-work-dir", false, "keep the work directory after success")
+	f.IntVar(&o.jobs, "jobs", 4, "images copied at once")
+	f.BoolVar(&o.quiet, "quiet", false, "no progress output")
+	f.StringVar(&o.sigStore, "signature-store", signatureStoreDefault(), "where the release's signatures are fetched when no --release-signature is given (<URL>/sha256=<hex>/signature-N); \"\" for none")
+	f.StringArrayVar(&o.extras, "extra-image", nil, "extra image to include, by tag or digest (repeatable; a tag is resolved and kept)")
+	f.StringArrayVar(&o.sigFiles, "release-signature", nil, "a signature file of the release image, as a signature store serves it (repeatable)")
+	f.StringArrayVar(&o.mirrors, "mirror", nil, "PREFIX=LOCATION: fetch images whose name starts with PREFIX from LOCATION, keep the original name (repeatable)")
+	c.RegisterFlagCompletionFunc("arch", choices(archs...))
+	c.RegisterFlagCompletionFunc("platforms", choices(bundle.PlatformsArch, bundle.PlatformsAll))
+	c.RegisterFlagCompletionFunc("signatures", choices(bundle.SignaturesAll, bundle.SignaturesRelease))
+	for _, d := range []string{"output", "work-dir", "cert-dir"} {
+		c.MarkFlagDirname(d)
+	}
+	for _, n := range []string{"release", "version", "extra-image", "mirror", "jobs", "signature-store"} {
+		c.RegisterFlagCompletionFunc(n, cobra.NoFileCompletions)
+	}
+	return c
+}
 
 // signatureStoreDefault is the public store, or $FERRY_SIGNATURE_STORE when
 // set (even empty: tests and sites with no route to it).
@@ -47,38 +71,26 @@ func signatureStoreDefault() string {
 	return bundle.DefaultSignatureStore
 }
 
-func init() {
-	createFlags.Var(&createExtras, "extra-image", "extra image to include, by tag or digest (repeatable; a tag is resolved and kept)")
-	createFlags.Var(&createSigFiles, "release-signature", "a signature file of the release image, as a signature store serves it (repeatable)")
-	createFlags.Var(&createMirrors, "mirror", "PREFIX=LOCATION: fetch images whose name starts with PREFIX from LOCATION, keep the original name (repeatable)")
-}
-
-func runBundleCreate(ctx context.Context, args []string) error {
-	if err := parseFlags(createFlags, args); err != nil {
-		return err
-	}
-	if createFlags.NArg() > 0 {
-		return usageError("unexpected argument %q", createFlags.Arg(0))
-	}
-	if *createRelease == "" {
-		if *createVersion == "" || *createArch == "" {
+func runBundleCreate(ctx context.Context, f *createOptions) error {
+	if f.release == "" {
+		if f.version == "" || f.arch == "" {
 			return usageError("--release, or --version and --arch, is required")
 		}
-		*createRelease = bundle.ReleaseImage(*createVersion, *createArch)
+		f.release = bundle.ReleaseImage(f.version, f.arch)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	o := bundle.CreateOptions{
-		Release:     *createRelease,
-		Version:     *createVersion,
-		Arch:        *createArch,
-		ExtraImages: createExtras,
-		Platforms:   *createPlatforms,
-		Signatures:  *createSignatures,
-		Insecure:    !*createTLSVerify,
-		OutputDir:   *createOutput,
-		WorkDir:     *createWorkDir,
-		KeepWork:    *createKeepWork,
-		Jobs:        *createJobs,
+		Release:     f.release,
+		Version:     f.version,
+		Arch:        f.arch,
+		ExtraImages: f.extras,
+		Platforms:   f.platforms,
+		Signatures:  f.signatures,
+		Insecure:    !f.tlsVerify,
+		OutputDir:   f.output,
+		WorkDir:     f.workDir,
+		KeepWork:    f.keepWork,
+		Jobs:        f.jobs,
 		Log:         log,
 	}
 	if o.Arch != "" && bundle.UnameArch(o.Arch) == "" {
@@ -90,14 +102,14 @@ func runBundleCreate(ctx context.Context, args []string) error {
 	if o.Signatures != bundle.SignaturesAll && o.Signatures != bundle.SignaturesRelease {
 		return usageError("--signatures %q: want all or release", o.Signatures)
 	}
-	if *createExtraFile != "" {
-		more, err := bundle.ReadImageList(*createExtraFile)
+	if f.extraFile != "" {
+		more, err := bundle.ReadImageList(f.extraFile)
 		if err != nil {
 			return usageError("--extra-images-file: %v", err)
 		}
 		o.ExtraImages = append(o.ExtraImages, more...)
 	}
-	for _, m := range createMirrors {
+	for _, m := range f.mirrors {
 		mm, err := bundle.ParseMirror(m)
 		if err != nil {
 			return usageError("--mirror: %v", err)
@@ -105,24 +117,24 @@ func runBundleCreate(ctx context.Context, args []string) error {
 		o.Mirrors = append(o.Mirrors, mm)
 	}
 	var err error
-	if o.Transport, err = bundle.NewTransport(*createCertDir, *createTLSVerify); err != nil {
+	if o.Transport, err = bundle.NewTransport(f.certDir, f.tlsVerify); err != nil {
 		return usageError("%v", err)
 	}
-	if *createPullSecret != "" {
-		if o.Keychain, err = bundle.LoadPullSecret(*createPullSecret); err != nil {
+	if f.pullSecret != "" {
+		if o.Keychain, err = bundle.LoadPullSecret(f.pullSecret); err != nil {
 			return usageError("%v", err)
 		}
 	}
-	for _, f := range createSigFiles {
+	for _, f := range f.sigFiles {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			return usageError("--release-signature: %v", err)
 		}
 		o.ReleaseSignatures = append(o.ReleaseSignatures, b)
 	}
-	o.SignatureStore = *createSigStore
-	if *createSignKey != "" {
-		key, err := bundle.LoadSignKey(*createSignKey, os.Getenv("FERRY_SIGN_PASSWORD"))
+	o.SignatureStore = f.sigStore
+	if f.signKey != "" {
+		key, err := bundle.LoadSignKey(f.signKey, os.Getenv("FERRY_SIGN_PASSWORD"))
 		if err != nil {
 			return usageError("--sign-key: %v", err)
 		}
@@ -135,7 +147,7 @@ func runBundleCreate(ctx context.Context, args []string) error {
 		}
 		o.Created = time.Unix(sec, 0)
 	}
-	if !*createQuiet {
+	if !f.quiet {
 		fi, err := os.Stderr.Stat()
 		terminal := err == nil && fi.Mode()&os.ModeCharDevice != 0
 		o.Progress = bundle.ProgressPrinter(os.Stderr, terminal, log, 5*time.Second)

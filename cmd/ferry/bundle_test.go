@@ -35,7 +35,7 @@ func TestBundleInspect_ASeedShapedBundleSaysUnknownAndGivesTheTarsLength(t *test
 		t.Fatal(err)
 	}
 
-	out := captureStdout(t, func() error { return runBundleInspect(t.Context(), []string{path}) })
+	out := captureStdout(t, func() error { return runBundleInspect(path, false) })
 	for _, want := range []string{
 		"size:     unknown (metadata.json gives none; the tar is " + strconv.Itoa(tb.Len()) + " bytes)",
 		"created:  unknown (metadata.json gives none)",

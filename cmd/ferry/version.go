@@ -1,13 +1,13 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"runtime"
 	"runtime/debug"
+
+	"github.com/spf13/cobra"
 )
 
 // version is the git version of this build, set by the linker:
@@ -17,22 +17,17 @@ import (
 // Left empty, ferry falls back to what the Go toolchain recorded.
 var version string
 
-var versionFlags = newFlagSet("version", "")
-
-var versionJSON = versionFlags.Bool("json", false, "print the version as JSON")
-
-func init() {
-	register(&command{name: "version", summary: "print ferry's version, Go version and platform", run: runVersion})
-}
-
-func runVersion(_ context.Context, args []string) error {
-	if err := parseFlags(versionFlags, args); err != nil {
-		return err
+func newVersionCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:               "version",
+		Short:             "print ferry's version, Go version and platform",
+		Args:              noArgs,
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE:              func(c *cobra.Command, _ []string) error { return writeVersion(c.OutOrStdout(), buildVersion(), asJSON) },
 	}
-	if versionFlags.NArg() > 0 {
-		return usageError("takes no arguments, got %q", versionFlags.Args())
-	}
-	return writeVersion(os.Stdout, buildVersion(), *versionJSON)
+	c.Flags().BoolVar(&asJSON, "json", false, "print the version as JSON")
+	return c
 }
 
 // versionInfo is what `ferry version` prints.

@@ -23,10 +23,15 @@ var completionCases = []completionCase{
 	{line: []string{"ferry", "bundle", ""}, want: []string{"inspect", "verify", "extract"}, notWant: []string{"version"}},
 	{line: []string{"ferry", "completion", ""}, want: []string{"bash", "zsh", "fish"}},
 	{line: []string{"ferry", "version", "--"}, want: []string{"--json", "--help"}},
+	{line: []string{"ferry", "config", ""}, want: []string{"check"}, notWant: []string{"version"}},
+	{line: []string{"ferry", "bundle", "extract", "--pacing", ""}, want: []string{"etcd-safe", "balanced", "eager", "off"}},
 }
 
+// writeScript writes ferry's completion script for shell and puts ferry on
+// $PATH: the script asks `ferry __complete` for the words.
 func writeScript(t *testing.T, ferry, shell string) string {
 	t.Helper()
+	t.Setenv("PATH", filepath.Dir(ferry)+string(os.PathListSeparator)+os.Getenv("PATH"))
 	p := filepath.Join(t.TempDir(), "ferry."+shell)
 	if err := os.WriteFile(p, []byte(run(t, "", ferry, "completion", shell)), 0o644); err != nil {
 		t.Fatal(err)
@@ -54,8 +59,12 @@ func TestCompletion_Bash(t *testing.T) {
 	bash := needTool(t, "bash", "bash")
 	script := writeScript(t, ferryBinary(t), "bash")
 	for _, c := range completionCases {
-		// compopt only works inside a real completion; stub it.
-		prog := `source "$1"; compopt() { :; }; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _ferry; printf '%s\n' "${COMPREPLY[@]}"`
+		// compopt only works inside a real completion; stub it. The script
+		// reads the words with bash-completion's _get_comp_words_by_ref:
+		// without that package, what it returns for words with no = or :.
+		prog := `source "$1"; compopt() { :; }
+_get_comp_words_by_ref() { cur=${COMP_WORDS[COMP_CWORD]}; prev=${COMP_WORDS[COMP_CWORD-1]}; words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD; }
+shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); __start_ferry; printf '%s\n' "${COMPREPLY[@]}"`
 		out := run(t, "", bash, append([]string{"-c", prog, "bash", script}, c.line...)...)
 		checkOffered(t, c, strings.Fields(out))
 	}
