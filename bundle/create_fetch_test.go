@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 // cutReader gives data from off on and fails after cut bytes, as a
@@ -75,4 +76,26 @@ func (c servedReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	*c.n += int64(n)
 	return n, err
+}
+
+// The rate limit reserves each read's time on one clock for all blobs: a
+// MiB at a MiB a second holds the next read back about a second.
+func TestRateLimiter_ReservesTimeForEveryRead(t *testing.T) {
+	l := &rateLimiter{perSecond: 1 << 20}
+	start := time.Now()
+	if err := l.wait(context.Background(), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if ahead := l.next.Sub(start); ahead < 900*time.Millisecond || ahead > 1100*time.Millisecond+time.Since(start) {
+		t.Fatalf("the next read may start %s after the first, want about a second", ahead)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := l.wait(ctx, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a read that must wait, its context cancelled: %v", err)
+	}
+	var none *rateLimiter
+	if err := none.wait(ctx, 1<<30); err != nil {
+		t.Fatalf("no limit: %v", err)
+	}
 }

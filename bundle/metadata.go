@@ -178,6 +178,16 @@ func parseHumanSize(s string) int64 {
 	return int64(math.Round(v * mult))
 }
 
+// ParseSize reads a size as people write it ("20M", "2.5 MiB", "1e6"
+// bytes as "1000000"): binary units for K, M, G, T alone.
+func ParseSize(s string) (int64, error) {
+	n := parseHumanSize(s)
+	if n <= 0 {
+		return 0, fmt.Errorf("%q is not a size (like 20M, 2.5MiB or 1000000)", s)
+	}
+	return n, nil
+}
+
 // Validate checks every required field.
 func (m *Metadata) Validate() error {
 	bad := func(format string, a ...any) error {

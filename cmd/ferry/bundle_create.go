@@ -15,7 +15,7 @@ import (
 // createOptions are the flags of bundle create.
 type createOptions struct {
 	release, version, arch, extraFile, pullSecret, certDir, output, signKey string
-	platforms, signatures, workDir, sigStore                                string
+	platforms, signatures, workDir, sigStore, rateLimit                     string
 	tlsVerify, keepWork, quiet                                              bool
 	jobs                                                                    int
 	extras, mirrors, sigFiles                                               []string
@@ -45,6 +45,7 @@ func newBundleCreateCmd() *cobra.Command {
 	f.StringVar(&o.workDir, "work-dir", "", "where the registry tree is built (default <output>/.ferry-work-<version>-<arch>); a rerun after an interruption reuses it")
 	f.BoolVar(&o.keepWork, "keep-work-dir", false, "keep the work directory after success")
 	f.IntVar(&o.jobs, "jobs", 4, "images copied at once")
+	f.StringVar(&o.rateLimit, "rate-limit", "", "bytes per second fetched, all images together (e.g. 2M for a 20 Mbit/s link shared with others); a download cut midway resumes where it stopped")
 	f.BoolVar(&o.quiet, "quiet", false, "no progress output")
 	f.StringVar(&o.sigStore, "signature-store", signatureStoreDefault(), "where the release's signatures are fetched when no --release-signature is given (<URL>/sha256=<hex>/signature-N); \"\" for none")
 	f.StringArrayVar(&o.extras, "extra-image", nil, "extra image to include, by tag or digest (repeatable; a tag is resolved and kept)")
@@ -56,7 +57,7 @@ func newBundleCreateCmd() *cobra.Command {
 	for _, d := range []string{"output", "work-dir", "cert-dir"} {
 		c.MarkFlagDirname(d)
 	}
-	for _, n := range []string{"release", "version", "extra-image", "mirror", "jobs", "signature-store"} {
+	for _, n := range []string{"release", "version", "extra-image", "mirror", "jobs", "signature-store", "rate-limit"} {
 		c.RegisterFlagCompletionFunc(n, cobra.NoFileCompletions)
 	}
 	return c
@@ -101,6 +102,13 @@ func runBundleCreate(ctx context.Context, f *createOptions) error {
 	}
 	if o.Signatures != bundle.SignaturesAll && o.Signatures != bundle.SignaturesRelease {
 		return usageError("--signatures %q: want all or release", o.Signatures)
+	}
+	if f.rateLimit != "" {
+		n, err := bundle.ParseSize(f.rateLimit)
+		if err != nil {
+			return usageError("--rate-limit: %v", err)
+		}
+		o.RateLimit = n
 	}
 	if f.extraFile != "" {
 		more, err := bundle.ReadImageList(f.extraFile)

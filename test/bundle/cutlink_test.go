@@ -128,7 +128,7 @@ func TestCreateCLI_ThroughALinkThatCutsBlobsMidwayResumesEachOnce(t *testing.T) 
 	p := newCuttingProxy(t, reg)
 	out := t.TempDir()
 	code, stderr := ferry(t, out, "bundle", "create", "--release", release,
-		"--mirror", fixture.Upstream+"/="+p.host()+"/", "--cert-dir", p.certsDir, "--output", out, "--quiet")
+		"--mirror", fixture.Upstream+"/="+p.host()+"/", "--cert-dir", p.certsDir, "--output", out, "--quiet", "--rate-limit", "64M")
 	if code != 0 {
 		t.Fatalf("bundle create through the cutting link: exit %d\n%s", code, stderr)
 	}
