@@ -71,6 +71,22 @@ func within(t *testing.T, d time.Duration, what string, cond func() (bool, strin
 	}
 }
 
+// ferryOK runs a ferry command against a, failing the test on an error.
+func ferryOK(t *testing.T, a *ferryenv.Agent, args ...string) {
+	t.Helper()
+	if out, err := a.Ferry(args...); err != nil {
+		t.Fatalf("ferry %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// loadAndWait gives a the bundle at tarPath and waits until it is loaded
+// and every node holds it.
+func loadAndWait(t *testing.T, a *ferryenv.Agent, tarPath string) {
+	t.Helper()
+	ferryOK(t, a, "load", tarPath)
+	a.WaitPhase(bound, agent.PhaseClusterReady)
+}
+
 // pullIntoStore puts an image that no bundle holds in CRI-O's store, as a
 // PinnedImageSet's image would be: pulled from the fixture registry by
 // its own address.
@@ -101,10 +117,7 @@ func TestHost_TheMCOsPinsAreFollowedWheneverTheyChange(t *testing.T) {
 	cfg := nodeConfig(t, c)
 	a := ferryenv.Start(t, cfg)
 	a.WaitPhase(bound, "idle")
-	if out, err := a.Ferry("load", tarPath); err != nil {
-		t.Fatalf("ferry load: %v\n%s", err, out)
-	}
-	a.WaitPhase(bound, agent.PhaseClusterReady)
+	loadAndWait(t, a, tarPath)
 	cl := c.Client(t)
 	refs := refsOf(meta)
 	mco := func(pins ...string) {
@@ -163,26 +176,17 @@ func TestHost_CleanupOfABundleThatNeverRanKeepsTheRunningReleasePinned(t *testin
 	cfg.ApprovedDigests = []string{sidecarDigest(t, tarA)}
 	a := ferryenv.Start(t, cfg)
 	a.WaitPhase(bound, "idle")
-	if out, err := a.Ferry("load", tarA); err != nil {
-		t.Fatalf("ferry load: %v\n%s", err, out)
-	}
-	a.WaitPhase(bound, agent.PhaseClusterReady)
-	if out, err := a.Ferry("cleanup"); err != nil { // no API: the upgrade to A is done
-		t.Fatalf("ferry cleanup: %v\n%s", err, out)
-	}
+	loadAndWait(t, a, tarA)
+	ferryOK(t, a, "cleanup") // no API: the upgrade to A is done
 	a.WaitPhase(bound, agent.PhaseUpgraded)
 	cl := c.Client(t)
 	checkPinned(t, cl, refsOf(metaA), true)
 
-	if out, err := a.Ferry("load", tarB); err != nil {
-		t.Fatalf("ferry load: %v\n%s", err, out)
-	}
+	ferryOK(t, a, "load", tarB)
 	a.Wait(bound, "B extracted, waiting for approval", func(s agent.Status) bool {
 		return s.Phase == string(agent.PhaseExtracted) && strings.Contains(s.Reason, "waiting for approval")
 	})
-	if out, err := a.Ferry("cleanup"); err != nil {
-		t.Fatalf("ferry cleanup of B: %v\n%s", err, out)
-	}
+	ferryOK(t, a, "cleanup")
 	a.Wait(bound, "B cleaned", func(s agent.Status) bool { return s.Phase != string(agent.PhaseExtracted) })
 	checkPinned(t, cl, refsOf(metaA), true)
 	onlyB := uniqueTo(refsOf(metaB), refsOf(metaA))
@@ -216,13 +220,8 @@ func TestHost_SpecCleanupOfALoadedBundleThatNeverRanKeepsTheRunningReleasePinned
 	a.WaitPhase(bound, "idle")
 	cl := c.Client(t)
 
-	if out, err := a.Ferry("load", tarA); err != nil {
-		t.Fatalf("ferry load: %v\n%s", err, out)
-	}
-	a.WaitPhase(bound, agent.PhaseClusterReady)
-	if out, err := a.Ferry("proceed"); err != nil {
-		t.Fatalf("ferry proceed: %v\n%s", err, out)
-	}
+	loadAndWait(t, a, tarA)
+	ferryOK(t, a, "proceed")
 	waitDesired(t, e, metaA.Release)
 	e.SetHistory(kubeenv.History{State: "Completed", Image: metaA.Release, Version: metaA.Version}, kubeenv.History{State: "Completed", Image: runningRelease, Version: "old"})
 	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "False", Message: "Cluster version is " + metaA.Version})
@@ -231,10 +230,7 @@ func TestHost_SpecCleanupOfALoadedBundleThatNeverRanKeepsTheRunningReleasePinned
 	})
 	checkPinned(t, cl, refsOf(metaA), true)
 
-	if out, err := a.Ferry("load", tarB); err != nil {
-		t.Fatalf("ferry load: %v\n%s", err, out)
-	}
-	a.WaitPhase(bound, agent.PhaseClusterReady)
+	loadAndWait(t, a, tarB)
 	checkPinned(t, cl, refsOf(metaB), true)
 	name := agent.ResourceName(metaB.Version, metaB.Arch)
 	e.PatchBundleSpec(name, map[string]any{"cleanup": true})
@@ -266,13 +262,8 @@ func TestHost_CRIOLosesItsStorageAndTheRunningReleaseComesBack(t *testing.T) {
 	cfg := nodeConfig(t, c)
 	a := ferryenv.Start(t, cfg)
 	a.WaitPhase(bound, "idle")
-	if out, err := a.Ferry("load", tarPath); err != nil {
-		t.Fatalf("ferry load: %v\n%s", err, out)
-	}
-	a.WaitPhase(bound, agent.PhaseClusterReady)
-	if out, err := a.Ferry("cleanup"); err != nil {
-		t.Fatalf("ferry cleanup: %v\n%s", err, out)
-	}
+	loadAndWait(t, a, tarPath)
+	ferryOK(t, a, "cleanup")
 	a.Wait(bound, "upgraded, its registry and mirror gone", func(s agent.Status) bool {
 		return s.Phase == string(agent.PhaseUpgraded) && s.Reason == ""
 	})
@@ -320,15 +311,11 @@ func TestHost_ANodeThatComesBackEmptyGetsTheRunningReleaseFromItsPeer(t *testing
 	a1, a2 := ferryenv.Start(t, cfg1), ferryenv.Start(t, cfg2)
 	a1.WaitPhase(bound, "idle")
 	a2.WaitPhase(bound, "idle")
-	if out, err := a1.Ferry("load", tarPath); err != nil {
-		t.Fatalf("ferry load: %v\n%s", err, out)
-	}
+	ferryOK(t, a1, "load", tarPath)
 	a1.WaitPhase(bound, agent.PhaseClusterReady)
 	a2.WaitPhase(bound, agent.PhaseClusterReady)
 	for _, a := range []*ferryenv.Agent{a1, a2} {
-		if out, err := a.Ferry("cleanup"); err != nil {
-			t.Fatalf("ferry cleanup: %v\n%s", err, out)
-		}
+		ferryOK(t, a, "cleanup")
 		a.WaitPhase(bound, agent.PhaseUpgraded)
 	}
 
