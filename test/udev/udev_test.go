@@ -429,7 +429,7 @@ func TestSweep_UnmountsWhatACrashLeft(t *testing.T) {
 	events := watch(t, false)
 	l := udevenv.Attach(t, udevenv.Ext4Image(t, "STICK", stickFiles(t, []byte("x"))...))
 	ev := waitFor(t, events, l, func(e udev.Event) bool { return e.FSType == "ext4" })
-	media := &udev.Media{MountDir: t.TempDir(), AllowDevices: []string{"loop"}}
+	media := &udev.Media{MountDir: t.TempDir(), AllowDevices: []string{"loop"}, ExtraFilesystems: []string{"ext4"}}
 	med, err := media.Open(t.Context(), ev)
 	if err != nil {
 		t.Fatal(err)
