@@ -92,7 +92,9 @@ type Deps struct {
 	Admit func(*bundle.Metadata, bundle.Tree) (bundle.Admission, error)
 	Log   *slog.Logger
 	Now   func() time.Time
-	// APIPoll is how often the cluster's upgrade is read; 0 is 5 s.
+	// APIPoll is how often the followers of the cluster's API read again
+	// when nothing woke them (a resync: ClusterAPI.Changes and the node's
+	// own changes wake them at once); 0 is a minute.
 	APIPoll time.Duration
 	// Warnings are lasting faults of the node's setup that do not stop it
 	// (e.g. a kubeconfig that does not check the API server's
@@ -135,6 +137,9 @@ type Agent struct {
 
 	snap atomic.Pointer[snapshot]
 	beat atomic.Int64 // unix nanos of the loop's last turn, for the watchdog
+	// followed is fired when what the API's followers act on changes in
+	// the snapshot (followKey).
+	followed signal
 
 	events   chan event      // from jobs, probes, hooks, requests
 	progress chan evProgress // throttled job progress; dropped when full

@@ -26,6 +26,12 @@ type ClusterAPI interface {
 	Preflight(ctx context.Context, version string, images []string) (Preflight, error)
 	// BundleAPI is the UpgradeBundle resource (resource.go).
 	BundleAPI
+	// Changes is closed at the next change the API's watches see in what
+	// UpgradeStatus, NodeUpdate (this node's), UpgradeBundle and
+	// ApprovedDigests return: the followers read again then, from the
+	// client's copy. Nil when the API is not watched: the followers read
+	// again every Deps.APIPoll.
+	Changes() <-chan struct{}
 }
 
 // Preflight is the cluster's word on a bundle before it is shared:

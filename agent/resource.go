@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"reflect"
 	"slices"
@@ -281,53 +283,85 @@ func disagreement(entries map[string]BundleNodeEntry) string {
 }
 
 // followBundle reads the active bundle's resource and writes this node's
-// part of it, every poll: the policy goes to the loop (evBundlePolicy),
-// the report to the status, an Event for each new phase.
-func (a *Agent) followBundle(ctx context.Context, api BundleAPI) {
-	every := a.deps.APIPoll
-	if every <= 0 {
-		every = 5 * time.Second
-	}
-	t := time.NewTicker(every)
-	defer t.Stop()
+// part of it: the policy goes to the loop (evBundlePolicy), the report to
+// the status, an Event for each new phase. It reads when the API's watch
+// sees a change, when this node's report changes, at each resync, and
+// after a failure with backoff.
+func (a *Agent) followBundle(ctx context.Context, api ClusterAPI) {
 	var written struct {
 		name  string
 		sum   BundleSummary
 		entry BundleNodeEntry
 	}
+	var nodes nodesRead
 	lastPhase, lastErr := map[string]string{}, ""
 	var approved []string
 	var approvalsErr string
-	for first := true; ; first = false {
-		if !first { // the first round at once: approvals written ahead count from the start
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				return
+	retry := time.Duration(0)
+	for {
+		// Taken before reading: a change while reading wakes the next round.
+		changes, followed := api.Changes(), a.followed.c()
+		a.readApprovals(ctx, api, &approved, &approvalsErr)
+		err := error(nil)
+		if rep := a.snap.Load().bundle; rep != nil {
+			err = a.syncBundle(ctx, api, rep, &written, &nodes, lastPhase)
+			if err != nil && err.Error() != lastErr && ctx.Err() == nil {
+				a.log.Warn("cannot sync the UpgradeBundle resource; trying again", "bundle", rep.name, "err", err)
 			}
 		}
-		a.readApprovals(ctx, api, &approved, &approvalsErr)
-		rep := a.snap.Load().bundle
-		if rep == nil {
-			continue
-		}
-		err := a.syncBundle(ctx, api, rep, &written, lastPhase)
-		if err != nil && err.Error() != lastErr && ctx.Err() == nil {
-			a.log.Warn("cannot sync the UpgradeBundle resource; trying again", "bundle", rep.name, "err", err)
+		wait := a.resync()
+		if err != nil || approvalsErr != "" {
+			retry = min(max(2*retry, time.Second), 30*time.Second)
+			wait = min(wait, retry)
+		} else {
+			retry = 0
 		}
 		if err != nil {
 			lastErr = err.Error()
 		} else {
 			lastErr = ""
 		}
+		if !awaitChange(ctx, wait, changes, followed) {
+			return
+		}
 	}
 }
 
-func (a *Agent) syncBundle(ctx context.Context, api BundleAPI, rep *bundleReport, written *struct {
+// resync is how long a follower of the API waits when nothing wakes it.
+func (a *Agent) resync() time.Duration {
+	return cmp.Or(a.deps.APIPoll, time.Minute)
+}
+
+// awaitChange waits for the API's changes, the node's own (followed), or
+// wait; false when ctx ended.
+func awaitChange(ctx context.Context, wait time.Duration, changes, followed <-chan struct{}) bool {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-changes:
+	case <-followed:
+	case <-t.C:
+	case <-ctx.Done():
+		return false
+	}
+	return true
+}
+
+// nodesRead is the cluster's Nodes' readiness as last listed: the Nodes
+// are not watched (every node would see every Node's every change), so a
+// sync lists them at most once a nodesEvery.
+type nodesRead struct {
+	ready map[string]NodeReady
+	at    time.Time
+}
+
+const nodesEvery = time.Minute
+
+func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *bundleReport, written *struct {
 	name  string
 	sum   BundleSummary
 	entry BundleNodeEntry
-}, lastPhase map[string]string) error {
+}, nodes *nodesRead, lastPhase map[string]string) error {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	view, ok, err := api.UpgradeBundle(cctx, rep.name)
@@ -346,14 +380,18 @@ func (a *Agent) syncBundle(ctx context.Context, api BundleAPI, rep *bundleReport
 			return err
 		}
 	}
-	ready, err := api.NodeReadiness(cctx)
-	if err != nil {
-		return err
+	if nodes.ready == nil || time.Since(nodes.at) >= min(nodesEvery, a.resync()) {
+		if nodes.ready, err = api.NodeReadiness(cctx); err != nil {
+			nodes.ready = nil
+			return err
+		}
+		nodes.at = time.Now()
 	}
+	ready := nodes.ready
 	excluded := excludedNodes(view.Policy, ready, a.deps.Now(), a.cfg.NodeName)
 	var hosts map[string]string
 	if len(excluded) > 0 {
-		if hosts, err = a.deps.API.NodeAddresses(cctx); err != nil {
+		if hosts, err = api.NodeAddresses(cctx); err != nil {
 			return err
 		}
 	}
@@ -363,11 +401,7 @@ func (a *Agent) syncBundle(ctx context.Context, api BundleAPI, rep *bundleReport
 	entry.Excluded = excluded[a.cfg.NodeName]
 	rep2 := *rep
 	rep2.entry = entry
-	var nodes []string
-	for n := range ready {
-		nodes = append(nodes, n)
-	}
-	sum := summarize(&rep2, view, a.cfg.NodeName, nodes, excluded)
+	sum := summarize(&rep2, view, a.cfg.NodeName, slices.Collect(maps.Keys(ready)), excluded)
 	if written.name != rep.name || !reflect.DeepEqual(written.sum, sum) || !reflect.DeepEqual(written.entry, entry) {
 		if err := api.PublishBundle(cctx, rep.name, sum, a.cfg.NodeName, entry); err != nil {
 			return err
@@ -588,7 +622,7 @@ func (m *machine) clusterApprovalsSeen(ev evClusterApprovals) []effect {
 }
 
 // readApprovals keeps the loop's view of the cluster's approvals: every
-// UpgradeBundle's spec.approvedDigest, read every poll.
+// UpgradeBundle's spec.approvedDigest, as the API's watch last saw them.
 func (a *Agent) readApprovals(ctx context.Context, api BundleAPI, last *[]string, lastErr *string) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	ds, err := api.ApprovedDigests(cctx)

@@ -3,7 +3,9 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ferry-edge/ferry/internal/sha256digest"
@@ -59,8 +61,54 @@ func (a *Agent) publish() {
 	s := a.m.status()
 	ps := a.m.peerStatus(s)
 	a.holdingBack(&s)
-	a.snap.Store(&snapshot{status: s, peer: ps, cluster: a.m.cluster(ps), readNode: a.m.readsNode(), bundle: a.m.resourceReport(s)})
+	snap := &snapshot{status: s, peer: ps, cluster: a.m.cluster(ps), readNode: a.m.readsNode(), bundle: a.m.resourceReport(s)}
+	old := a.snap.Swap(snap)
+	if old == nil || !reflect.DeepEqual(old.followKey(), snap.followKey()) {
+		a.followed.fire()
+	}
 	a.wantAnnotations(s)
+}
+
+// followKey is what the API's followers act on: the report on the
+// bundle (its status line aside, which moves with progress), whether
+// the Node is read, and the release and phase the upgrade is followed by.
+func (s *snapshot) followKey() any {
+	type key struct {
+		bundle         bundleReport
+		readNode       bool
+		release, phase string
+	}
+	k := key{readNode: s.readNode, release: s.status.Release, phase: s.status.Phase}
+	if s.bundle != nil {
+		k.bundle = *s.bundle
+		k.bundle.line = ""
+	}
+	return k
+}
+
+// signal wakes whoever waits on it: the channel c returns is closed at
+// the next fire.
+type signal struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (s *signal) c() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ch == nil {
+		s.ch = make(chan struct{})
+	}
+	return s.ch
+}
+
+func (s *signal) fire() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ch != nil {
+		close(s.ch)
+		s.ch = nil
+	}
 }
 
 // holdingBack adds to s why the bulk work is slowed, in the phases that

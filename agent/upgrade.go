@@ -58,43 +58,44 @@ func (a *Agent) askUpgrade(ctx context.Context, r *Record) {
 // followUpgrade reads the cluster's upgrade of the active bundle's
 // release while it is ready, upgrading or being asked for, and the
 // machine config operator's state of this node while the agent needs it
-// (machine.readsNode).
+// (machine.readsNode): when the API's watches see a change, when the
+// node's phase changes, at each resync (at most every readNodeEvery while
+// the Node is read: the pools are not watched), and after a failure.
 func (a *Agent) followUpgrade(ctx context.Context) {
-	every := a.deps.APIPoll
-	if every <= 0 {
-		every = 5 * time.Second
-	}
-	t := time.NewTicker(every)
-	defer t.Stop()
 	var lastErr, lastNodeErr string
 	for {
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return
-		}
+		changes, followed := a.deps.API.Changes(), a.followed.c()
 		snap := a.snap.Load()
+		wait := a.resync()
 		if snap.readNode {
 			a.readNode(ctx, &lastNodeErr)
+			wait = min(wait, readNodeEvery)
 		}
-		s := snap.status
-		if s.Release == "" || (s.Phase != string(PhaseClusterReady) && s.Phase != string(PhaseUpgrading)) {
-			continue
-		}
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		st, err := a.deps.API.UpgradeStatus(cctx, s.Release)
-		cancel()
-		if err != nil {
-			if err.Error() != lastErr && ctx.Err() == nil {
-				a.log.Warn("cannot read the cluster's upgrade; trying again", "err", err)
+		if s := snap.status; s.Release != "" && (s.Phase == string(PhaseClusterReady) || s.Phase == string(PhaseUpgrading)) {
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			st, err := a.deps.API.UpgradeStatus(cctx, s.Release)
+			cancel()
+			if err != nil {
+				if err.Error() != lastErr && ctx.Err() == nil {
+					a.log.Warn("cannot read the cluster's upgrade; trying again", "err", err)
+				}
+				lastErr = err.Error()
+			} else {
+				lastErr = ""
+				a.post(evUpgradeSeen{release: s.Release, st: st})
 			}
-			lastErr = err.Error()
-			continue
 		}
-		lastErr = ""
-		a.post(evUpgradeSeen{release: s.Release, st: st})
+		if lastErr != "" || lastNodeErr != "" {
+			wait = min(wait, 5*time.Second)
+		}
+		if !awaitChange(ctx, wait, changes, followed) {
+			return
+		}
 	}
 }
+
+// readNodeEvery bounds the resync while the Node is read.
+const readNodeEvery = 30 * time.Second
 
 // readNode reads the machine config operator's state of this node and
 // posts it; a failure is logged once until it changes.

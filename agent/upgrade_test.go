@@ -36,7 +36,10 @@ type fakeAPI struct {
 	pre       Preflight // what Preflight answers
 	preErr    error
 	preAsked  []string // the versions asked about
+	changed   signal   // fired as a watch would: the test changed the cluster
 }
+
+func (f *fakeAPI) Changes() <-chan struct{} { return f.changed.c() }
 
 func newFakeAPI() *fakeAPI {
 	return &fakeAPI{nodes: map[string]map[string]string{}, status: map[string]UpgradeStatus{}}
@@ -121,12 +124,14 @@ func (f *fakeAPI) setNode(node string, st NodeUpdate) {
 	}
 	f.mco[node] = st
 	f.mu.Unlock()
+	f.changed.fire()
 }
 
 func (f *fakeAPI) set(release string, st UpgradeStatus) {
 	f.mu.Lock()
 	f.status[release] = st
 	f.mu.Unlock()
+	f.changed.fire()
 }
 
 func (f *fakeAPI) annotation(node, key string) string {
@@ -418,6 +423,7 @@ func (f *fakeAPI) NodeReadiness(context.Context) (map[string]NodeReady, error) {
 
 // setPolicy plays the administrator writing an UpgradeBundle's spec.
 func (f *fakeAPI) setPolicy(name string, p BundlePolicy) {
+	defer f.changed.fire()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.bundles == nil {

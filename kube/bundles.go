@@ -90,7 +90,11 @@ func (c *Client) UpgradeBundle(ctx context.Context, name string) (ub UpgradeBund
 	if err != nil {
 		return UpgradeBundle{Name: name}, false, fmt.Errorf("reading upgradebundle %s: %w", name, err)
 	}
-	return UpgradeBundle{Name: name, UID: o.Metadata.UID, Spec: o.Spec, Nodes: o.Status.Nodes}, true, nil
+	return o.view(), true, nil
+}
+
+func (o *upgradeBundle) view() UpgradeBundle {
+	return UpgradeBundle{Name: o.Metadata.Name, UID: o.Metadata.UID, Spec: o.Spec, Nodes: o.Status.Nodes}
 }
 
 // CreateUpgradeBundle creates the UpgradeBundle name with an empty spec
@@ -200,11 +204,15 @@ func (c *Client) ApprovedDigests(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing the upgradebundles: %w", err)
 	}
+	return approvedOf(list.Items), nil
+}
+
+func approvedOf(bundles []upgradeBundle) []string {
 	var out []string
-	for _, b := range list.Items {
+	for _, b := range bundles {
 		if b.Spec.ApprovedDigest != "" {
 			out = append(out, b.Spec.ApprovedDigest)
 		}
 	}
-	return out, nil
+	return out
 }

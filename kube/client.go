@@ -3,12 +3,14 @@
 // ConfigMap, ClusterVersion, the machine config operator's state of its
 // Node) on net/http, with a kubeconfig, timeouts and retries.
 //
-// Why not client-go: ferry needs seven REST calls on four resources.
-// Measured on ferry's own binary (go1.26, -trimpath): 38.6 MB as it is,
-// of which this package is ~22 KB of code; 46.3 MB with client-go's
-// dynamic client and kubeconfig loader linked in, 78.1 MB with the typed
-// clientset as well. The agent's idle RSS with a kubeconfig is in
-// `make bench` P4.
+// Why not client-go: ferry needs about twenty REST calls and three
+// watches (watch.go, follow.go) on about twelve paths. Measured on ferry's
+// own binary (go1.26, -trimpath): 41.9 MB with this package's watches
+// (+63 KB over the polling client it replaced, ~480 lines), against
+// +7.7 MB measured earlier for client-go's dynamic client and kubeconfig
+// loader alone (+39.5 MB with the typed clientset). Twenty agents, each
+// holding a bundle, cost a real API server 1.0 request a minute each
+// (36 when they polled); docs/benchmarks.md, K1.
 package kube
 
 import (
@@ -19,8 +21,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 )
 
@@ -32,6 +36,9 @@ type APIError struct {
 	Code    int
 	Reason  string // Kubernetes' reason, e.g. "Conflict", "Forbidden"
 	Message string
+	// RetryAfter is how long the server asked to wait (its Retry-After
+	// header, with 429 and 503), 0 when it did not say.
+	RetryAfter time.Duration
 }
 
 func (e *APIError) Error() string {
@@ -42,7 +49,7 @@ func (e *APIError) Error() string {
 }
 
 func (e *APIError) Is(target error) bool {
-	return target == ErrForbidden && e.Code == http.StatusForbidden
+	return target == ErrForbidden && e.Code == http.StatusForbidden || target == ErrGone && e.Code == http.StatusGone
 }
 
 // IsConflict reports a 409 (a write raced another, or the object exists).
@@ -62,6 +69,7 @@ type Client struct {
 	ep     endpoint
 	tokens *tokens
 	hc     *http.Client
+	stream *http.Client // watches: no overall timeout (Watch bounds each)
 	log    *slog.Logger
 	// Attempts bounds the tries of one call on network errors, 429 and
 	// 5xx; Backoff is the first wait, doubled each time.
@@ -88,7 +96,8 @@ func New(kubeconfig string, log *slog.Logger) (*Client, error) {
 		MaxIdleConns:        2,
 		IdleConnTimeout:     90 * time.Second,
 	}
-	return &Client{ep: ep, tokens: newTokens(ep), hc: &http.Client{Transport: tr, Timeout: time.Minute}, log: log, Attempts: 4, Backoff: 250 * time.Millisecond}, nil
+	return &Client{ep: ep, tokens: newTokens(ep), hc: &http.Client{Transport: tr, Timeout: time.Minute}, stream: &http.Client{Transport: tr},
+		log: log, Attempts: 4, Backoff: 250 * time.Millisecond}, nil
 }
 
 // Server is the API server's URL.
@@ -105,8 +114,9 @@ func InsecureWarning(server string) string {
 		": anyone on the network path can pose as the API server and take ferry's token; set certificate-authority (on OpenShift /etc/kubernetes/kubelet-ca.crt) instead"
 }
 
-// do sends one request, retrying what a retry can fix; out, when not nil,
-// receives the JSON answer.
+// do sends one request, retrying what a retry can fix (after a wait that
+// doubles, with jitter, or as long as the server's Retry-After asks);
+// out, when not nil, receives the JSON answer.
 func (c *Client) do(ctx context.Context, method, path, contentType string, body any, out any) error {
 	var payload []byte
 	if body != nil {
@@ -124,7 +134,7 @@ func (c *Client) do(ctx context.Context, method, path, contentType string, body 
 		}
 		c.log.Debug("kube: retrying", "method", method, "path", path, "err", last)
 		select {
-		case <-time.After(wait):
+		case <-time.After(retryWait(wait, last)):
 		case <-ctx.Done():
 			return last
 		}
@@ -132,22 +142,27 @@ func (c *Client) do(ctx context.Context, method, path, contentType string, body 
 	}
 }
 
+// retryWait is d with jitter (d to 2d, as client-go's backoff), or what
+// err's Retry-After asks when that is longer.
+func retryWait(d time.Duration, err error) time.Duration {
+	if d > 0 {
+		d += rand.N(d)
+	}
+	var a *APIError
+	if errors.As(err, &a) && a.RetryAfter > d {
+		return a.RetryAfter
+	}
+	return d
+}
+
 func (c *Client) once(ctx context.Context, method, path, contentType string, payload []byte, out any) error {
 	var rd io.Reader
 	if payload != nil {
 		rd = bytes.NewReader(payload)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.ep.server+path, rd)
+	req, err := c.request(ctx, method, path, contentType, rd)
 	if err != nil {
 		return err
-	}
-	req.Header.Set("Accept", "application/json")
-	req.Header.Set("User-Agent", "ferry")
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
-	if tok := c.tokens.get(); tok != "" {
-		req.Header.Set("Authorization", "Bearer "+tok)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
@@ -159,15 +174,7 @@ func (c *Client) once(ctx context.Context, method, path, contentType string, pay
 		return fmt.Errorf("reading the cluster's answer: %w", err)
 	}
 	if resp.StatusCode/100 != 2 {
-		var st struct {
-			Reason  string `json:"reason"`
-			Message string `json:"message"`
-		}
-		json.Unmarshal(b, &st)
-		if st.Message == "" {
-			st.Message = http.StatusText(resp.StatusCode)
-		}
-		return &APIError{Code: resp.StatusCode, Reason: st.Reason, Message: st.Message}
+		return answerError(resp, b)
 	}
 	if out != nil {
 		if err := json.Unmarshal(b, out); err != nil {
@@ -175,6 +182,53 @@ func (c *Client) once(ctx context.Context, method, path, contentType string, pay
 		}
 	}
 	return nil
+}
+
+// request is a request to path with ferry's identity.
+func (c *Client) request(ctx context.Context, method, path, contentType string, body io.Reader) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.ep.server+path, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("User-Agent", "ferry")
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	if tok := c.tokens.get(); tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	return req, nil
+}
+
+// answerError is the APIError of an answer that is not a success (b: its
+// body, a Kubernetes Status).
+func answerError(resp *http.Response, b []byte) *APIError {
+	e := statusError(b, resp.StatusCode)
+	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
+		e.RetryAfter = time.Duration(min(s, 600)) * time.Second
+	}
+	return e
+}
+
+// statusError reads a Kubernetes Status: code is the answer's HTTP
+// status, 0 for a watch's ERROR event (the Status's own code then).
+func statusError(b []byte, code int) *APIError {
+	var st struct {
+		Code    int    `json:"code"`
+		Reason  string `json:"reason"`
+		Message string `json:"message"`
+	}
+	json.Unmarshal(b, &st)
+	if code != 0 {
+		st.Code = code
+	} else if st.Code == 0 {
+		st.Code = http.StatusInternalServerError
+	}
+	if st.Message == "" {
+		st.Message = http.StatusText(st.Code)
+	}
+	return &APIError{Code: st.Code, Reason: st.Reason, Message: st.Message}
 }
 
 // retryable: network errors, 429 and 5xx; not 4xx.

@@ -35,15 +35,24 @@ type MachineConfigState struct {
 // config operator manages it, the MachineConfigPools (a cluster without
 // their CRD has no pool).
 func (c *Client) MachineConfigState(ctx context.Context, node string) (MachineConfigState, error) {
-	var n struct {
-		Metadata struct {
-			Labels      map[string]string `json:"labels"`
-			Annotations map[string]string `json:"annotations"`
-		} `json:"metadata"`
-	}
+	var n mcoNode
 	if err := c.do(ctx, "GET", "/api/v1/nodes/"+url.PathEscape(node), "", nil, &n); err != nil {
 		return MachineConfigState{}, fmt.Errorf("reading node %s: %w", node, err)
 	}
+	return n.state(ctx, c.pools)
+}
+
+// mcoNode is what the MCO's state of a node is read from.
+type mcoNode struct {
+	Metadata struct {
+		Labels      map[string]string `json:"labels"`
+		Annotations map[string]string `json:"annotations"`
+	} `json:"metadata"`
+}
+
+// state is the MCO's state of n, with the pools from pools when the MCO
+// manages it.
+func (n *mcoNode) state(ctx context.Context, pools func(context.Context) ([]pool, error)) (MachineConfigState, error) {
 	a := n.Metadata.Annotations
 	var st MachineConfigState
 	for _, k := range []string{MCOCurrentConfig, MCODesiredConfig, MCOState} {
@@ -55,20 +64,29 @@ func (c *Client) MachineConfigState(ctx context.Context, node string) (MachineCo
 		return st, nil
 	}
 	st.State, st.Current, st.Desired, st.Reason = a[MCOState], a[MCOCurrentConfig], a[MCODesiredConfig], a[MCOReason]
+	ps, err := pools(ctx)
+	if err != nil {
+		return st, err
+	}
+	if p := poolOf(ps, n.Metadata.Labels); p != nil {
+		st.Pool, st.Paused, st.Target = p.Metadata.Name, p.Spec.Paused, p.Spec.Configuration.Name
+	}
+	return st, nil
+}
+
+// pools lists the MachineConfigPools (none without their CRD).
+func (c *Client) pools(ctx context.Context) ([]pool, error) {
 	var list struct {
 		Items []pool `json:"items"`
 	}
 	err := c.do(ctx, "GET", poolsPath, "", nil, &list)
 	if IsNotFound(err) {
-		return st, nil
+		return nil, nil
 	}
 	if err != nil {
-		return st, fmt.Errorf("listing the machine config pools: %w", err)
+		return nil, fmt.Errorf("listing the machine config pools: %w", err)
 	}
-	if p := poolOf(list.Items, n.Metadata.Labels); p != nil {
-		st.Pool, st.Paused, st.Target = p.Metadata.Name, p.Spec.Paused, p.Spec.Configuration.Name
-	}
-	return st, nil
+	return list.Items, nil
 }
 
 type pool struct {

@@ -124,8 +124,8 @@ func runAgent(ctx context.Context, cfg agent.Config) error {
 	if loader != nil {
 		deps.Loader = loader
 	}
-	var keepTokenFresh func(context.Context) error
-	if deps.API, deps.Warnings, keepTokenFresh, err = newClusterAPI(cfg, log); err != nil {
+	var followCluster func(context.Context) error
+	if deps.API, deps.Warnings, followCluster, err = newClusterAPI(cfg, log); err != nil {
 		return err
 	}
 	p, servePeers, err := newPeers(cfg, gov, log)
@@ -153,8 +153,8 @@ func runAgent(ctx context.Context, cfg agent.Config) error {
 	if runPacer != nil {
 		g.Go(func() error { return runPacer(ctx) })
 	}
-	if keepTokenFresh != nil {
-		g.Go(func() error { return keepTokenFresh(ctx) })
+	if followCluster != nil {
+		g.Go(func() error { return followCluster(ctx) })
 	}
 	g.Go(func() error { return localapi.Serve(ctx, cfg.Paths.Socket, a, log) })
 	g.Go(func() error { return systemd.Watchdog(ctx, a.Alive, log) })

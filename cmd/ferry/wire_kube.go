@@ -12,21 +12,30 @@ import (
 	"github.com/ferry-edge/ferry/kube"
 )
 
-// clusterAPI is the agent's ClusterAPI on the kube client: type
-// conversions only.
-type clusterAPI struct{ *kube.Client }
+// clusterAPI is the agent's ClusterAPI on the kube client, what the agent
+// follows read from the Follower's watches: type conversions only.
+type clusterAPI struct {
+	*kube.Client
+	f *kube.Follower
+}
+
+func (k clusterAPI) Changes() <-chan struct{} { return k.f.Changes() }
+
+func (k clusterAPI) ApprovedDigests(ctx context.Context) ([]string, error) {
+	return k.f.ApprovedDigests(ctx)
+}
 
 func (k clusterAPI) StartUpgrade(ctx context.Context, u agent.Upgrade) error {
 	return k.Client.StartUpgrade(ctx, kube.UpgradeRequest(u))
 }
 
 func (k clusterAPI) UpgradeStatus(ctx context.Context, release string) (agent.UpgradeStatus, error) {
-	u, err := k.Client.UpgradeStatus(ctx, release)
+	u, err := k.f.UpgradeStatus(ctx, release)
 	return agent.UpgradeStatus{State: agent.UpgradeState(u.State), Message: u.Message, Reason: u.Reason}, err
 }
 
 func (k clusterAPI) NodeUpdate(ctx context.Context, node string) (agent.NodeUpdate, error) {
-	st, err := k.Client.MachineConfigState(ctx, node)
+	st, err := k.f.MachineConfigState(ctx, node)
 	return agent.NodeUpdate(st), err
 }
 
@@ -36,7 +45,7 @@ func (k clusterAPI) Preflight(ctx context.Context, version string, images []stri
 }
 
 func (k clusterAPI) UpgradeBundle(ctx context.Context, name string) (agent.BundleView, bool, error) {
-	ub, ok, err := k.Client.UpgradeBundle(ctx, name)
+	ub, ok, err := k.f.UpgradeBundle(ctx, name)
 	if err != nil || !ok {
 		return agent.BundleView{}, ok, err
 	}
@@ -74,8 +83,9 @@ func (k clusterAPI) NodeReadiness(ctx context.Context) (map[string]agent.NodeRea
 }
 
 // newClusterAPI is the Kubernetes API when a kubeconfig is configured: the
-// agent's ClusterAPI, what it must warn of, and the job that keeps ferry's
-// token fresh (nil, nil, nil without a kubeconfig).
+// agent's ClusterAPI, what it must warn of, and the job that follows the
+// cluster's objects and keeps ferry's token fresh (nil, nil, nil without a
+// kubeconfig).
 func newClusterAPI(cfg agent.Config, log *slog.Logger) (agent.ClusterAPI, []string, func(context.Context) error, error) {
 	if cfg.Cluster.Kubeconfig == "" {
 		return nil, nil, nil, nil
@@ -88,7 +98,15 @@ func newClusterAPI(cfg agent.Config, log *slog.Logger) (agent.ClusterAPI, []stri
 	if c.Insecure() {
 		warnings = append(warnings, kube.InsecureWarning(c.Server()))
 	}
-	return clusterAPI{c}, warnings, c.KeepTokenFresh, nil
+	f := c.Follow(cfg.NodeName)
+	run := func(ctx context.Context) error {
+		done := make(chan struct{})
+		go func() { defer close(done); f.Run(ctx) }()
+		err := c.KeepTokenFresh(ctx)
+		<-done
+		return err
+	}
+	return clusterAPI{c, f}, warnings, run, nil
 }
 
 // printNodeAnnotations prints every Node's ferry.io annotations, as an

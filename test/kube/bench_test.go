@@ -38,7 +38,7 @@ func BenchmarkAgentIdleRSSWithKubeconfig(b *testing.B) {
 	}
 }
 
-func vmRSS(b *testing.B, pid int) int64 {
+func vmRSS(b testing.TB, pid int) int64 {
 	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
 		b.Fatal(err)

@@ -1,0 +1,138 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// Follower keeps, with watches (watch.go), what one node's agent follows
+// in the cluster: its own Node (field selector metadata.name), ClusterVersion
+// "version" and the UpgradeBundles. Its reads answer from that copy, with
+// no request, once the first list came back (before that, and while a
+// watch is refused, they ask the API as Client's do); Changes wakes
+// whoever reads them at each change.
+type Follower struct {
+	c       *Client
+	node    string
+	changed Signal
+	nodes   *Informer
+	version *Informer
+	bundles *Informer
+
+	mu      sync.Mutex
+	pools   []pool
+	poolsAt time.Time
+}
+
+// poolsFor is how long a list of the MachineConfigPools is used before
+// it is read again (the pools are not watched: ferry reads them only
+// while the MCO works on the node after an upgrade).
+const poolsFor = 30 * time.Second
+
+// Follow makes a Follower for the agent on node; Run runs it.
+func (c *Client) Follow(node string) *Follower {
+	f := &Follower{c: c, node: node}
+	f.nodes = c.Inform("/api/v1/nodes", "metadata.name="+node, &f.changed)
+	f.version = c.Inform("/apis/config.openshift.io/v1/clusterversions", "metadata.name=version", &f.changed)
+	f.bundles = c.Inform(bundlesPath, "", &f.changed)
+	return f
+}
+
+// Run follows until ctx ends.
+func (f *Follower) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for _, i := range []*Informer{f.nodes, f.version, f.bundles} {
+		wg.Add(1)
+		go func() { defer wg.Done(); i.Run(ctx) }()
+	}
+	wg.Wait()
+	return nil
+}
+
+// Changes is closed at the next change of what the reads return.
+func (f *Follower) Changes() <-chan struct{} { return f.changed.C() }
+
+// UpgradeBundle is Client.UpgradeBundle, from the copy.
+func (f *Follower) UpgradeBundle(ctx context.Context, name string) (UpgradeBundle, bool, error) {
+	raw, found, synced := f.bundles.Get(name)
+	if !synced {
+		return f.c.UpgradeBundle(ctx, name)
+	}
+	if !found {
+		return UpgradeBundle{Name: name}, false, nil
+	}
+	var o upgradeBundle
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return UpgradeBundle{Name: name}, false, fmt.Errorf("reading upgradebundle %s: %w", name, err)
+	}
+	return o.view(), true, nil
+}
+
+// ApprovedDigests is Client.ApprovedDigests, from the copy.
+func (f *Follower) ApprovedDigests(ctx context.Context) ([]string, error) {
+	raws, synced := f.bundles.List()
+	if !synced {
+		return f.c.ApprovedDigests(ctx)
+	}
+	var bs []upgradeBundle
+	for _, raw := range raws {
+		var o upgradeBundle
+		if err := json.Unmarshal(raw, &o); err != nil {
+			return nil, fmt.Errorf("reading the upgradebundles: %w", err)
+		}
+		bs = append(bs, o)
+	}
+	return approvedOf(bs), nil
+}
+
+// UpgradeStatus is Client.UpgradeStatus, from the copy.
+func (f *Follower) UpgradeStatus(ctx context.Context, release string) (Upgrade, error) {
+	raw, found, synced := f.version.Get("version")
+	if !synced {
+		return f.c.UpgradeStatus(ctx, release)
+	}
+	if !found {
+		return Upgrade{}, fmt.Errorf("the cluster has no clusterversion/version")
+	}
+	var cv clusterVersion
+	if err := json.Unmarshal(raw, &cv); err != nil {
+		return Upgrade{}, fmt.Errorf("reading clusterversion/version: %w", err)
+	}
+	return upgradeOf(&cv, release), nil
+}
+
+// MachineConfigState is Client.MachineConfigState, the Node from the
+// copy (for the follower's own node) and the pools as read in the last
+// poolsFor.
+func (f *Follower) MachineConfigState(ctx context.Context, node string) (MachineConfigState, error) {
+	raw, found, synced := f.nodes.Get(node)
+	if node != f.node || !synced {
+		return f.c.MachineConfigState(ctx, node)
+	}
+	if !found {
+		return MachineConfigState{}, fmt.Errorf("reading node %s: %w", node, &APIError{Code: 404, Reason: "NotFound", Message: "nodes " + url.PathEscape(node) + " not found"})
+	}
+	var n mcoNode
+	if err := json.Unmarshal(raw, &n); err != nil {
+		return MachineConfigState{}, fmt.Errorf("reading node %s: %w", node, err)
+	}
+	return n.state(ctx, f.cachedPools)
+}
+
+func (f *Follower) cachedPools(ctx context.Context) ([]pool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.poolsAt.IsZero() && time.Since(f.poolsAt) < poolsFor {
+		return f.pools, nil
+	}
+	ps, err := f.c.pools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	f.pools, f.poolsAt = ps, time.Now()
+	return ps, nil
+}
