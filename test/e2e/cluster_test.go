@@ -59,14 +59,15 @@ func upgradeOnce(t *testing.T, e *kubeenv.Env, a *ferryenv.Agent, tarPath string
 
 	e.SetHistory(kubeenv.History{State: "Partial", Image: meta.Release, Version: meta.Version}, kubeenv.History{State: "Completed", Image: previous, Version: "old"})
 	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "True", Message: "Working towards " + meta.Version + ": 300 of 841 done (35% complete)"})
-	s := a.WaitPhase(bound, agent.PhaseUpgrading)
-	if !strings.Contains(s.Line, "300 of 841 done") {
-		t.Errorf("status line %q lacks the operator's progress", s.Line)
-	}
+	// The history and the conditions are two writes: the node may show
+	// upgrading before it has read the operator's progress.
+	a.Wait(bound, "upgrading, with the operator's progress in the status line", func(s agent.Status) bool {
+		return s.Phase == string(agent.PhaseUpgrading) && strings.Contains(s.Line, "300 of 841 done")
+	})
 	waitAnnotated(t, e, "upgrading")
-	if p := e.Annotations("node-a")["ferry.io/progress"]; !strings.Contains(p, "300 of 841") {
-		t.Errorf("progress annotation %q", p)
-	}
+	waitUntil(t, "the operator's progress annotated", func() bool {
+		return strings.Contains(e.Annotations("node-a")["ferry.io/progress"], "300 of 841")
+	})
 
 	e.SetHistory(kubeenv.History{State: "Completed", Image: meta.Release, Version: meta.Version}, kubeenv.History{State: "Completed", Image: previous, Version: "old"})
 	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "False", Message: "Cluster version is " + meta.Version})

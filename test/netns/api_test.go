@@ -94,10 +94,10 @@ func TestAgents_ThreeNodesOneAPIServerOneUpgrade(t *testing.T) {
 	e.SetHistory(kubeenv.History{State: "Partial", Image: meta.Release, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: runningRelease, Version: "4.13.6"})
 	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "True", Message: "Working towards 4.13.7: 9 of 841 done (1% complete)"})
 	for _, n := range f.nodes {
-		s := n.A.WaitPhase(agentBound, agent.PhaseUpgrading)
-		if !strings.Contains(s.Line, "9 of 841 done") {
-			t.Errorf("%s: line %q", n.Name, s.Line)
-		}
+		// Two writes: a node may show upgrading before the progress.
+		n.A.Wait(agentBound, n.Name+" upgrading, with the operator's progress", func(s agent.Status) bool {
+			return s.Phase == string(agent.PhaseUpgrading) && strings.Contains(s.Line, "9 of 841 done")
+		})
 	}
 	waitFor(t, "every Node annotated upgrading", func() bool {
 		for _, n := range f.nodes {
