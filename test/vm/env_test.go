@@ -78,7 +78,7 @@ func setup(t *testing.T) *env {
 	if os.Geteuid() != 0 {
 		need(t, "must run as root (qemu, mounts, mkfs)")
 	}
-	for _, c := range []string{"qemu-system-x86_64", "mmdebstrap", "mkfs.ext4", "mkfs.vfat", "mcopy", "cpio", "depmod", "xz"} {
+	for _, c := range []string{"qemu-system-x86_64", "mmdebstrap", "mkfs.ext4", "mkfs.vfat", "mcopy", "genisoimage", "cpio", "depmod", "xz"} {
 		if _, err := exec.LookPath(c); err != nil {
 			need(t, "%s not installed: run test/setup/setup-vm-host.sh", c)
 		}

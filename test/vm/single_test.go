@@ -52,6 +52,36 @@ func TestSingleNode_VFATStickLoadsAndPinsEveryImage(t *testing.T) {
 	checkAfterUnplug(t, ctx, v, b)
 }
 
+// TestSingleNode_ISOOnAUSBCDROMLoads (issue 33, item 4): BMC virtual media
+// as a remote server gets it, a bundle on an ISO 9660 disc in a USB CD-ROM
+// drive (/dev/sr0), is read through the packaged unit (DeviceAllow
+// block-sr) like a stick: loaded, every image pinned.
+func TestSingleNode_ISOOnAUSBCDROMLoads(t *testing.T) {
+	e := setup(t)
+	ctx := t.Context()
+	n, size := bundleImages()
+	b := makeBundle(t, ctx, e, "4.13.10", n, size)
+	iso := filepath.Join(t.TempDir(), "virtual-media.iso")
+	if err := MakeISO(ctx, iso, b.Tar, b.SHA); err != nil {
+		t.Fatal(err)
+	}
+	v := e.boot(t, ctx, "node1", Node{Name: "node1", Config: nodeConfig("node1", nil, "", nil)}, 2, nil)
+	e.waitReady(t, ctx, v)
+	requireActive(t, ctx, v)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the guest's view of the drive:\n%s", sh(t, context.Background(), v,
+				"ls -l /dev/sr* 2>&1; udevadm info /dev/sr0 2>&1 | grep -E 'ID_(CDROM|FS|BUS)|DEVTYPE' ; dmesg | grep -iE 'sr0|cdrom|scsi|usb-storage|uas' | tail -20; journalctl -u ferry --no-pager | tail -20"))
+		}
+	})
+	took := loadFrom(t, ctx, v, b, func() error { return v.PlugCDROM(ctx, "cd", iso) })
+	t.Logf("virtual media plugged -> loaded in %.1fs", took.Seconds())
+	requireAllPinned(t, ctx, v, b.Refs)
+	if out := sh(t, ctx, v, "journalctl -u ferry --no-pager | grep -c /dev/sr0 || true"); strings.TrimSpace(out) == "0" {
+		t.Error("the journal never names /dev/sr0: the bundle did not come from the CD-ROM")
+	}
+}
+
 // TestSingleNode_RawStickAndTamperedStick: a stick with one flipped byte is
 // refused with the reason in `systemctl status ferry` and nothing pinned;
 // then the raw tar dd'd onto a stick (no filesystem, no .sha256: trusted
@@ -125,13 +155,20 @@ func requireActive(t *testing.T, ctx context.Context, v *VM) {
 // returns the plug-to-loaded time on the host's clock.
 func plugAndLoad(t *testing.T, ctx context.Context, v *VM, id, img string, b *testBundle) time.Duration {
 	t.Helper()
+	return loadFrom(t, ctx, v, b, func() error { return v.PlugUSB(ctx, id, img, true) })
+}
+
+// loadFrom runs plug (a stick, a CD-ROM) and waits until the node has
+// loaded b from it.
+func loadFrom(t *testing.T, ctx context.Context, v *VM, b *testBundle, plug func() error) time.Duration {
+	t.Helper()
 	// refusals already on record (an earlier, tampered stick) are not this one's
 	before, _, err := readStatus(ctx, v)
 	if err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if err := v.PlugUSB(ctx, id, img, true); err != nil {
+	if err := plug(); err != nil {
 		t.Fatal(err)
 	}
 	waitStatus(t, ctx, v, loadTimeout, func(s ferryStatus) bool { return s.loadedWith(b.Digest) },

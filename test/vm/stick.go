@@ -68,3 +68,15 @@ func MakeRawStick(img, tarPath string) error {
 	}
 	return dst.Close()
 }
+
+// MakeISO writes an ISO 9660 image holding files at its root, as an
+// engineer burns a bundle for BMC virtual media (genisoimage; level 3
+// holds files over 4 GiB, Joliet and Rock Ridge keep the names).
+func MakeISO(ctx context.Context, img string, files ...string) error {
+	os.Remove(img)
+	args := append([]string{"-quiet", "-iso-level", "3", "-J", "-R", "-V", "FERRY", "-o", img}, files...)
+	if out, err := exec.CommandContext(ctx, "genisoimage", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("genisoimage: %w: %s", err, out)
+	}
+	return nil
+}

@@ -278,6 +278,34 @@ func (v *VM) PlugUSB(ctx context.Context, id, image string, readOnly bool) error
 	return nil
 }
 
+// PlugCDROM attaches image as a USB CD-ROM drive with the disc in it
+// (usb-bot with a scsi-cd: /dev/srN in the guest), the way a server's BMC
+// presents virtual media.
+func (v *VM) PlugCDROM(ctx context.Context, id, image string) error {
+	abs, err := filepath.Abs(image)
+	if err != nil {
+		return err
+	}
+	steps := []struct {
+		cmd  string
+		args map[string]any
+	}{
+		{"blockdev-add", map[string]any{"node-name": "blk-" + id, "driver": "raw", "read-only": true,
+			"file": map[string]any{"driver": "file", "filename": abs, "read-only": true}}},
+		// Hot-plugged detached, its drive added, then attached: a usb-bot
+		// the guest enumerates before its drive exists shows no LUN.
+		{"device_add", map[string]any{"driver": "usb-bot", "id": "usb-" + id, "bus": "xhci.0", "attached": false}},
+		{"device_add", map[string]any{"driver": "scsi-cd", "id": "cd-" + id, "bus": "usb-" + id + ".0", "drive": "blk-" + id}},
+		{"qom-set", map[string]any{"path": "usb-" + id, "property": "attached", "value": true}},
+	}
+	for _, s := range steps {
+		if _, err := v.qmp.Execute(ctx, s.cmd, s.args); err != nil {
+			return fmt.Errorf("plug %s: %s: %w", id, s.cmd, err)
+		}
+	}
+	return nil
+}
+
 // UnplugUSB removes a stick plugged by PlugUSB and waits until QEMU has
 // deleted the device.
 func (v *VM) UnplugUSB(ctx context.Context, id string) error {
