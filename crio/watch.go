@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -29,7 +30,7 @@ func (l *Loader) WatchConf(ctx context.Context) error {
 	}
 	defer w.Close()
 	d := l.Dropins
-	dirs := []string{d.CRIOConfDir, d.RegistriesConfDir, filepath.Dir(d.registriesConf())}
+	dirs := []string{filepath.Clean(d.CRIOConfDir), filepath.Clean(d.RegistriesConfDir), filepath.Dir(d.registriesConf())}
 	watched := map[string]bool{}
 	watch := func() {
 		for _, dir := range dirs {
@@ -52,7 +53,7 @@ func (l *Loader) WatchConf(ctx context.Context) error {
 			if !l.concerns(ev.Name) {
 				continue
 			}
-			if ev.Op&fsnotify.Remove != 0 && slicesContains(dirs, ev.Name) {
+			if ev.Op&fsnotify.Remove != 0 && slices.Contains(dirs, ev.Name) {
 				delete(watched, ev.Name)
 			}
 			why = filepath.Base(ev.Name) + " changed"
@@ -77,11 +78,8 @@ func (l *Loader) concerns(path string) bool {
 	if base == DropinName || strings.HasPrefix(base, ".") {
 		return false
 	}
-	switch filepath.Dir(path) {
-	case filepath.Clean(d.CRIOConfDir), filepath.Clean(d.RegistriesConfDir):
-		return true
-	}
-	return path == d.registriesConf() || slicesContains([]string{d.CRIOConfDir, d.RegistriesConfDir}, path)
+	ours := []string{filepath.Clean(d.CRIOConfDir), filepath.Clean(d.RegistriesConfDir)}
+	return slices.Contains(ours, filepath.Dir(path)) || slices.Contains(ours, path) || path == d.registriesConf()
 }
 
 // Resync renders ferry's drop-ins again and reloads CRI-O when they
@@ -102,13 +100,4 @@ func (l *Loader) Resync(ctx context.Context, why string) {
 	if err := l.reload(ctx, firstOr(pins, "ferry.invalid/probe")); err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("reloading CRI-O after following the node's files", "err", err)
 	}
-}
-
-func slicesContains(s []string, v string) bool {
-	for _, x := range s {
-		if filepath.Clean(x) == filepath.Clean(v) {
-			return true
-		}
-	}
-	return false
 }
