@@ -11,6 +11,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/pacing"
+	"github.com/ferry-edge/ferry/pull"
 )
 
 // DeviceEvent is a block device appearing, changing or going away.
@@ -103,6 +105,16 @@ type Deps struct {
 	// Pacer, when set, paces extraction by the node's pressure, and its
 	// reason shows in the status line (NewPacer; nil: full speed).
 	Pacer Pacer
+	// Puller, when set, is registry mode: releases pulled from the site's
+	// registry (ferry load --release), handed back with RequestPulled.
+	Puller Puller
+}
+
+// Puller copies a release from the site's registry into a bundle on this
+// node (pull.Puller).
+type Puller interface {
+	Start(req pull.Request) error
+	Status() *pull.Status
 }
 
 // Pacer holds the bulk work back while the node is under pressure
@@ -202,12 +214,17 @@ func (nopNotifier) Status(string) {}
 // "load" the bundle in m (files ferry load opened and passed), "cleanup",
 // or "proceed" (m nil). The agent owns m from then on.
 func (a *Agent) Request(ctx context.Context, kind string, m Medium) error {
-	req := evRequest{kind: requestKind(kind), medium: m, reply: make(chan error, 1)}
+	return a.ask(ctx, evRequest{kind: requestKind(kind), medium: m})
+}
+
+// ask sends req to the loop and waits for its reply.
+func (a *Agent) ask(ctx context.Context, req evRequest) error {
+	req.reply = make(chan error, 1)
 	select {
 	case a.events <- req:
 	case <-ctx.Done():
-		if m != nil {
-			m.Close()
+		if req.medium != nil {
+			req.medium.Close()
 		}
 		return ctx.Err()
 	}
@@ -217,6 +234,21 @@ func (a *Agent) Request(ctx context.Context, kind string, m Medium) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// RequestPulled gives the agent a bundle this node made from the registry
+// as asked: loaded like a file given to ferry load, approved by the
+// request (its digest is approved here, on this node only).
+func (a *Agent) RequestPulled(ctx context.Context, m Medium, digest string) error {
+	return a.ask(ctx, evRequest{kind: reqLoad, medium: m, approve: digest})
+}
+
+// Pull asks for a release from the site's registry (ferry load --release).
+func (a *Agent) Pull(req pull.Request) error {
+	if a.deps.Puller == nil {
+		return errors.New("registry mode is off on this node")
+	}
+	return a.deps.Puller.Start(req)
 }
 
 // Alive reports whether the main loop turned recently: the watchdog is

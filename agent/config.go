@@ -15,6 +15,7 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/pacing"
+	"github.com/ferry-edge/ferry/pull"
 )
 
 // DefaultConfigPath is where the agent reads its config when no --config
@@ -45,6 +46,28 @@ type Config struct {
 	Media     Media     `toml:"media"`
 	Pacing    Pacing    `toml:"pacing"`
 	Retention Retention `toml:"retention"`
+	Pull      Pull      `toml:"pull"`
+}
+
+// Pull is registry mode (ferry load --release): how a release is copied
+// from the site's registry over its link.
+type Pull struct {
+	// RateLimit bounds the bytes per second taken from the link ("2MiB",
+	// "20M"); "" takes what the link gives.
+	RateLimit string `toml:"rate_limit"`
+	// Window is when the link may be used, in local time ("22:00-06:00");
+	// "" is always. A pull the window's end stops resumes at its next
+	// opening.
+	Window string `toml:"window"`
+	// PullSecret is a docker config.json with the registry's credentials;
+	// OpenShift keeps the cluster's at /var/lib/kubelet/config.json. The
+	// images come from where the node's registries.conf and
+	// paths.registries_conf_dir send CRI-O's pulls (their mirrors, the
+	// ImageDigestMirrorSets OpenShift renders there), through certs_dir.
+	PullSecret string `toml:"pull_secret"`
+	// SignatureStore is a URL the release's signature files are asked for
+	// ("" none: the registry's sigstore signatures still come).
+	SignatureStore string `toml:"signature_store"`
 }
 
 // Retention is what a node keeps of the release it runs once its upgrade
@@ -228,6 +251,7 @@ func DefaultConfig() Config {
 		Media:     Media{Detect: "automatic"},
 		Pacing:    Pacing{Enabled: true, Politeness: pacing.DefaultPoliteness},
 		Retention: Retention{KeepRunningRelease: true, CheckMinutes: 10},
+		Pull:      Pull{PullSecret: "/var/lib/kubelet/config.json"},
 	}
 }
 
@@ -319,6 +343,17 @@ func (c *Config) Validate() error {
 	}
 	if c.Retention.CheckMinutes < 0 {
 		return bad("retention.check_minutes", "%d is negative: 0 checks only when CRI-O restarts", c.Retention.CheckMinutes)
+	}
+	if c.Pull.RateLimit != "" {
+		if n, err := bundle.ParseSize(c.Pull.RateLimit); err != nil || n <= 0 {
+			return bad("pull.rate_limit", "%q is not a size per second (e.g. 2MiB); leave it empty for no limit", c.Pull.RateLimit)
+		}
+	}
+	if _, err := pull.ParseWindow(c.Pull.Window); err != nil {
+		return bad("pull.window", "%v", err)
+	}
+	if p := c.Pull.PullSecret; p != "" && !filepath.IsAbs(p) {
+		return bad("pull.pull_secret", "%q must be an absolute path", p)
 	}
 	switch c.Media.Detect {
 	case "automatic", "manual":

@@ -66,7 +66,10 @@ type evView struct{ view }
 type evRequest struct {
 	kind   requestKind
 	medium Medium // load: the bundle's open files (ferry load passes them)
-	reply  chan error
+	// approve is the digest of a bundle this node made from the registry
+	// as asked (registry mode): the request is its approval.
+	approve string
+	reply   chan error
 }
 
 // evHookDone: the on_ready hook finished.

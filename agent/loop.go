@@ -67,7 +67,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.retry = nil
 			ev = evRetry{}
 		case <-tick.C:
-			if a.pacingChanged() {
+			if a.pacingChanged() || a.pullChanged() {
 				a.publish()
 				a.announce()
 			}

@@ -599,11 +599,11 @@ func (evClusterApprovals) isEvent() {}
 // adds approvals; it never overrides a refusal (arch, digest, the
 // node's signature policy are checked all the same).
 func (m *machine) pol() bundle.Policy {
-	if len(m.clusterApproved) == 0 {
+	if len(m.clusterApproved) == 0 && len(m.pulled) == 0 {
 		return m.policy
 	}
 	p := m.policy
-	p.ApprovedDigests = append(slices.Clone(p.ApprovedDigests), m.clusterApproved...)
+	p.ApprovedDigests = slices.Concat(p.ApprovedDigests, m.clusterApproved, m.pulled)
 	return p
 }
 

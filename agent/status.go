@@ -10,6 +10,7 @@ import (
 
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/pull"
 )
 
 // Status is what `ferry status` shows.
@@ -37,9 +38,11 @@ type Status struct {
 	HoldingBack string `json:"holding_back,omitempty"`
 	// ApprovalOff: the config says approval = "off" (any bundle whose
 	// sha256 checks is loaded).
-	ApprovalOff bool     `json:"approvalOff,omitempty"`
-	Line        string   `json:"line"` // the systemd STATUS= line
-	Bundles     []Record `json:"bundles,omitempty"`
+	ApprovalOff bool `json:"approvalOff,omitempty"`
+	// Pull is registry mode's pull under way (ferry load --release).
+	Pull    *pull.Status `json:"pull,omitempty"`
+	Line    string       `json:"line"` // the systemd STATUS= line
+	Bundles []Record     `json:"bundles,omitempty"`
 }
 
 // Status reports the node's state, as of the loop's last step.
@@ -61,6 +64,7 @@ func (a *Agent) publish() {
 	s := a.m.status()
 	ps := a.m.peerStatus(s)
 	a.holdingBack(&s)
+	a.pulling(&s)
 	snap := &snapshot{status: s, peer: ps, cluster: a.m.cluster(ps), readNode: a.m.readsNode(), bundle: a.m.resourceReport(s)}
 	old := a.snap.Swap(snap)
 	if old == nil || !reflect.DeepEqual(old.followKey(), snap.followKey()) {
@@ -126,6 +130,39 @@ func (a *Agent) holdingBack(s *Status) {
 		s.HoldingBack = hb
 		s.Line += " — holding back: " + hb
 	}
+}
+
+// pulling shows the registry pull under way: the line is the pull's
+// while no bundle is in flight, else the pull's follows the bundle's.
+func (a *Agent) pulling(s *Status) {
+	if a.deps.Puller == nil {
+		return
+	}
+	p := a.deps.Puller.Status()
+	if p == nil {
+		return
+	}
+	s.Pull = p
+	if p.State == pull.StateDone {
+		return
+	}
+	switch Phase(s.Phase) {
+	case PhaseIdle, PhaseUpgraded, PhaseCleaned, PhaseRejected, PhaseFailed:
+		s.Line = p.Line()
+	default:
+		s.Line += " — " + p.Line()
+	}
+	s.Line = sanitizeText(s.Line, maxLine)
+}
+
+// pullChanged reports whether the pull's status differs from the
+// published one's (the loop then publishes again).
+func (a *Agent) pullChanged() bool {
+	if a.deps.Puller == nil {
+		return false
+	}
+	p, old := a.deps.Puller.Status(), a.snap.Load().status.Pull
+	return (p == nil) != (old == nil) || p != nil && *p != *old
 }
 
 // pacingChanged reports whether the pacer's reason differs from the

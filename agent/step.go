@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -61,8 +62,11 @@ type machine struct {
 	// clusterApproved are the digests the cluster's UpgradeBundles
 	// approve (spec.approvedDigest): they add to the config's.
 	clusterApproved []string
-	excluded        map[string]string
-	excludedHosts   map[string]bool
+	// pulled are the digests of bundles this node made from the registry
+	// as asked (registry mode), approved by that request.
+	pulled        []string
+	excluded      map[string]string
+	excludedHosts map[string]bool
 	// restoreDue is why the running release's images are to be checked
 	// once the running job ends ("" when not).
 	restoreDue string
@@ -590,6 +594,9 @@ func (m *machine) request(q evRequest) []effect {
 		held := ""
 		if m.active != nil {
 			held = m.active.Digest
+		}
+		if q.approve != "" && !slices.Contains(m.pulled, q.approve) {
+			m.pulled = append(m.pulled, q.approve)
 		}
 		return []effect{effProbe{origin: OriginFile, medium: q.medium, held: held, reply: q.reply}}
 	case reqCleanup:

@@ -346,3 +346,39 @@ func (s *SiteRegistries) entryFor(name string, ours mirrorEntry) (e registryEntr
 	}
 	return e, site.File, nil
 }
+
+// PullSource is where the node's configuration sends a pull of an image
+// under Prefix first: the entry's first mirror that serves digests, else
+// its location when it rewrites the prefix.
+type PullSource struct {
+	Prefix, Location string
+	Insecure         bool
+}
+
+// PullSources lists, for each prefix of the node's configuration, where
+// a pull by digest goes first, as containers/image tries it (ferry's own
+// drop-in left out): what registry mode fetches through. Wildcard
+// prefixes and entries that neither mirror nor rewrite are left out.
+func (s *SiteRegistries) PullSources() []PullSource {
+	var out []PullSource
+	for p, r := range s.byPrefix {
+		if strings.HasPrefix(p, "*.") {
+			continue
+		}
+		src := PullSource{Prefix: p}
+		for _, m := range r.Mirrors {
+			if m.PullFromMirror != "tag-only" {
+				src.Location, src.Insecure = m.Location, m.Insecure
+				break
+			}
+		}
+		if src.Location == "" && r.Location != "" && r.Location != p {
+			src.Location, src.Insecure = r.Location, r.Insecure
+		}
+		if src.Location != "" {
+			out = append(out, src)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Prefix < out[j].Prefix })
+	return out
+}

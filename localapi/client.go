@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/pull"
 )
 
 // ErrNotRunning means nothing answers on the status socket.
@@ -96,6 +97,13 @@ func raw(ctx context.Context, hc *http.Client, method, path string) ([]byte, err
 		return nil, errors.New(e.Error)
 	}
 	return b, nil
+}
+
+// Pull asks the agent for a release from the site's registry (ferry load
+// --release): it returns once the request is taken; the pull runs on.
+func (c *Client) Pull(ctx context.Context, req pull.Request) (agent.Status, error) {
+	q := url.Values{"release": {req.Release}, "extra": req.Extras}
+	return c.call(ctx, http.MethodPost, "/v1/pull?"+q.Encode())
 }
 
 // Load gives the agent the bundle at path (ferry load): the files are

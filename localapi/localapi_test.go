@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,6 +23,7 @@ import (
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
+	"github.com/ferry-edge/ferry/pull"
 )
 
 // fakeAgent is the agent behind the socket: it takes a bundle by reading
@@ -32,6 +34,7 @@ type fakeAgent struct {
 	requests []string
 	read     []readBundle
 	refuse   error // what Request answers, when set
+	pulls    []pull.Request
 }
 
 // readBundle is what the fake read through one passed bundle's files.
@@ -48,6 +51,16 @@ func (f *fakeAgent) Status() agent.Status {
 		s.Line = "extracting " + filepath.Base(f.read[n-1].label)
 	}
 	return s
+}
+
+func (f *fakeAgent) Pull(req pull.Request) error {
+	if err := req.Check(); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pulls = append(f.pulls, req)
+	return nil
 }
 
 func (f *fakeAgent) Cluster() agent.ClusterStatus {
@@ -161,6 +174,25 @@ func TestStatusAPI_OverUnixSocket(t *testing.T) {
 	}
 	if _, err := NewClient(filepath.Join(t.TempDir(), "none.sock")).Status(t.Context()); !errors.Is(err, ErrNotRunning) {
 		t.Fatalf("no agent: %v", err)
+	}
+}
+
+// ferry load --release: the request reaches the agent whole (release and
+// every extra image); one that names no digest is refused with the reason.
+func TestPull_TheRequestReachesTheAgentWhole(t *testing.T) {
+	a, c, _ := serve(t)
+	want := pull.Request{Release: "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat("a", 64),
+		Extras: []string{"quay.io/my/app:v1", "quay.io/my/db@sha256:" + strings.Repeat("b", 64)}}
+	_, err := c.Pull(t.Context(), want)
+	must(t, err)
+	a.mu.Lock()
+	got := slices.Clone(a.pulls)
+	a.mu.Unlock()
+	if len(got) != 1 || got[0].Release != want.Release || !slices.Equal(got[0].Extras, want.Extras) {
+		t.Fatalf("the agent got %+v, want %+v", got, want)
+	}
+	if _, err := c.Pull(t.Context(), pull.Request{Release: "quay.io/openshift-release-dev/ocp-release:4.13.7"}); err == nil || !strings.Contains(err.Error(), "by digest") {
+		t.Fatalf("a release by tag: %v", err)
 	}
 }
 

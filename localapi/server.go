@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/pull"
 )
 
 // Agent is the running agent as the local API serves it (*agent.Agent).
@@ -25,6 +26,8 @@ type Agent interface {
 	// Request asks it to "load" the bundle in m, "cleanup" or "proceed"
 	// (m nil); it owns m from then on.
 	Request(ctx context.Context, kind string, m agent.Medium) error
+	// Pull asks for a release from the site's registry.
+	Pull(req pull.Request) error
 }
 
 // Serve serves a's local API on a unix socket at path (mode 0600) until
@@ -76,6 +79,26 @@ func Serve(ctx context.Context, path string, a Agent, log *slog.Logger) error {
 	mux.HandleFunc("POST /v1/proceed", act("proceed"))
 	mux.HandleFunc("POST /v1/load", act("load"))
 	mux.HandleFunc("POST /v1/cleanup", act("cleanup"))
+	mux.HandleFunc("POST /v1/pull", func(w http.ResponseWriter, r *http.Request) {
+		// Root only, as for load: the request approves what it pulls.
+		c, _ := r.Context().Value(fdConnKey{}).(*fdConn)
+		if c == nil {
+			writeJSON(w, http.StatusForbidden, map[string]string{"error": ErrNotRoot.Error()})
+			return
+		}
+		if err := c.fromRoot(); err != nil {
+			writeJSON(w, http.StatusForbidden, map[string]string{"error": err.Error()})
+			return
+		}
+		q := r.URL.Query()
+		req := pull.Request{Release: q.Get("release"), Extras: q["extra"]}
+		if err := a.Pull(req); err != nil {
+			log.Warn("ferry load --release refused", "err", err)
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, a.Status())
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, fdConnKey{}, c)

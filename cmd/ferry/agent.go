@@ -19,6 +19,7 @@ import (
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/pull"
 	"github.com/ferry-edge/ferry/systemd"
 	"github.com/ferry-edge/ferry/udev"
 )
@@ -60,8 +61,28 @@ func newConfigCheckCmd() *cobra.Command {
 		func(_ context.Context, cfg agent.Config, _ []string) error { return agent.WriteConfig(os.Stdout, cfg) })
 }
 
+type loadOptions struct {
+	nodeOptions
+	release string
+	extras  []string
+}
+
 func newLoadCmd() *cobra.Command {
-	return nodeCmd("load [flags] PATH", "give the agent a bundle file instead of a stick", true, &nodeOptions{}, runLoad)
+	o := &loadOptions{}
+	c := nodeCmd("load [flags] PATH | --release REF [--extra-image REF]...", "give the agent a bundle file instead of a stick, or have it pull a release from the site's registry", true, &o.nodeOptions,
+		func(ctx context.Context, cfg agent.Config, args []string) error { return runLoad(ctx, cfg, o, args) })
+	c.Args = func(c *cobra.Command, args []string) error {
+		if o.release != "" {
+			return noArgs(c, args)
+		}
+		if len(o.extras) > 0 {
+			return usageError("--extra-image goes with --release")
+		}
+		return onePath("one bundle PATH, or --release")(c, args)
+	}
+	c.Flags().StringVar(&o.release, "release", "", "pull this release (NAME@sha256:…) from the registry the node's registries.conf reaches, make a bundle of it on this node and load it (registry mode)")
+	c.Flags().StringArrayVar(&o.extras, "extra-image", nil, "with --release: an image to pull too (by tag or digest; repeatable)")
+	return c
 }
 
 func newCleanupCmd() *cobra.Command {
@@ -135,10 +156,16 @@ func runAgent(ctx context.Context, cfg agent.Config) error {
 	if p != nil {
 		deps.Peers = p
 	}
+	puller, setAgent, err := newPuller(cfg, log)
+	if err != nil {
+		return err
+	}
+	deps.Puller = puller
 	a, err := agent.New(cfg, deps)
 	if err != nil {
 		return usageErr{err}
 	}
+	setAgent(a)
 	g, ctx := errgroup.WithContext(ctx)
 	if servePeers != nil {
 		g.Go(func() error { return servePeers(ctx, a) })
@@ -156,6 +183,7 @@ func runAgent(ctx context.Context, cfg agent.Config) error {
 	if followCluster != nil {
 		g.Go(func() error { return followCluster(ctx) })
 	}
+	g.Go(func() error { return puller.Run(ctx) })
 	g.Go(func() error { return localapi.Serve(ctx, cfg.Paths.Socket, a, log) })
 	g.Go(func() error { return systemd.Watchdog(ctx, a.Alive, log) })
 	g.Go(func() error { return a.Run(ctx) })
@@ -285,7 +313,19 @@ func printStatus(s agent.Status) {
 	}
 }
 
-func runLoad(ctx context.Context, cfg agent.Config, args []string) error {
+func runLoad(ctx context.Context, cfg agent.Config, o *loadOptions, args []string) error {
+	if o.release != "" {
+		req := pull.Request{Release: o.release, Extras: o.extras}
+		if err := req.Check(); err != nil {
+			return usageError("%v", err)
+		}
+		s, err := localapi.NewClient(cfg.Paths.Socket).Pull(ctx, req)
+		if err != nil {
+			return err
+		}
+		fmt.Println(s.Line)
+		return nil
+	}
 	path, err := absPath(args[0])
 	if err != nil {
 		return err

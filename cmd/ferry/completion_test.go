@@ -41,7 +41,7 @@ func TestRun_ExitCodesAndMessages(t *testing.T) {
 		{"bad flag value", []string{"bundle", "create", "--jobs", "many"}, 2, nil, []string{"ferry bundle create: ", "--jobs"}},
 		{"flag without its value", []string{"status", "--config"}, 2, nil, []string{"ferry status: flag needs an argument: --config"}},
 		{"stray argument", []string{"version", "x"}, 2, nil, []string{`takes no arguments, got ["x"]`}},
-		{"missing argument", []string{"load"}, 2, nil, []string{"ferry load: want one bundle PATH, got 0"}},
+		{"missing argument", []string{"load"}, 2, nil, []string{"ferry load: want one bundle PATH, or --release, got 0"}},
 		{"missing --dest", []string{"bundle", "extract", "x.tar"}, 2, nil, []string{"want one PATH and --dest DIR"}},
 		{"bad --pacing", []string{"bundle", "extract", "x.tar", "--dest", "d", "--pacing", "rude"}, 2, nil, []string{`--pacing "rude" is not one of etcd-safe, balanced, eager or off`}},
 		{"bad create value", []string{"bundle", "create", "--release", "r", "--platforms", "some"}, 2, nil, []string{`--platforms "some": want arch or all`}},

@@ -75,6 +75,7 @@ func Config(root string) agent.Config {
 	// Their sticks are ext4 images (mkfs.ext4 -d), which a node reads only
 	// when told.
 	c.Media.ExtraFilesystems = []string{"ext4"}
+	c.Pull.PullSecret = "" // not the host's
 	c.CRIO.Socket = ""
 	c.CRIO.Reload = "none"
 	c.Peer.Listen = ""

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+
+	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/crio"
+	"github.com/ferry-edge/ferry/pull"
+)
+
+// newPuller is registry mode's puller: it fetches through the node's own
+// registries configuration (ferry's drop-in left out), trusting certs_dir,
+// and hands what it made to a through the returned setter.
+func newPuller(cfg agent.Config, log *slog.Logger) (*pull.Puller, func(*agent.Agent), error) {
+	window, err := pull.ParseWindow(cfg.Pull.Window)
+	if err != nil {
+		return nil, nil, err
+	}
+	var rate int64
+	if cfg.Pull.RateLimit != "" {
+		if rate, err = bundle.ParseSize(cfg.Pull.RateLimit); err != nil {
+			return nil, nil, err
+		}
+	}
+	tr, err := bundle.NewTransport(cfg.Paths.CertsDir, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	site := &crio.Dropins{RegistriesConfDir: cfg.Paths.RegistriesConfDir}
+	var a *agent.Agent
+	p, err := pull.New(pull.Options{
+		Dir:  filepath.Join(cfg.Paths.StateDir, "pull"),
+		Arch: cfg.Arch,
+		Mirrors: func() ([]bundle.Mirror, error) {
+			s, err := site.SiteRegistries()
+			if err != nil {
+				return nil, err
+			}
+			var ms []bundle.Mirror
+			for _, src := range s.PullSources() {
+				if src.Insecure {
+					log.Warn("registry mode verifies TLS: the mirror's insecure = true is not followed", "prefix", src.Prefix, "mirror", src.Location)
+				}
+				ms = append(ms, bundle.Mirror{Prefix: src.Prefix, Location: src.Location})
+			}
+			return ms, nil
+		},
+		Transport: tr, PullSecret: cfg.Pull.PullSecret, RateLimit: rate, Window: window,
+		SignatureStore: cfg.Pull.SignatureStore,
+		Deliver: func(ctx context.Context, res *bundle.CreateResult) error {
+			return a.RequestPulled(ctx, pulledBundle{res}, res.Digest)
+		},
+		Delivered: func(digest string) (bool, error) { return delivered(a.Status(), digest) },
+		Log:       log,
+	})
+	return p, func(ag *agent.Agent) { a = ag }, err
+}
+
+// delivered reads the agent's status for the bundle made with digest:
+// held once verified and extracted, an error when it refused it.
+func delivered(s agent.Status, digest string) (bool, error) {
+	for _, r := range s.Bundles {
+		if r.Digest != digest {
+			continue
+		}
+		switch r.Phase {
+		case agent.PhaseRejected, agent.PhaseFailed:
+			return false, errors.New(r.Condition.Message)
+		case agent.PhaseDetected, agent.PhaseFetching:
+			return false, nil
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
+// pulledBundle is a bundle the puller made, as the agent takes a file
+// given to ferry load; its files are the puller's own.
+type pulledBundle struct{ res *bundle.CreateResult }
+
+func (p pulledBundle) Bundles() []bundle.Source {
+	return []bundle.Source{{Path: p.res.TarPath, SHA256Path: p.res.SHA256Path}}
+}
+
+func (pulledBundle) Close() error { return nil }
