@@ -113,7 +113,12 @@ type Deps struct {
 // Puller copies a release from the site's registry into a bundle on this
 // node (pull.Puller).
 type Puller interface {
+	// Start pulls req, again if it failed or was done before (the
+	// technician's ferry load --release).
 	Start(req pull.Request) error
+	// Ensure pulls req unless it is under way, done or failed for good
+	// (the cluster's UpgradeBundle, read again and again).
+	Ensure(req pull.Request) error
 	Status() *pull.Status
 }
 

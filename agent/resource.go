@@ -91,6 +91,8 @@ type BundleAPI interface {
 	NodeReadiness(ctx context.Context) (map[string]NodeReady, error)
 	// ApprovedDigests is every UpgradeBundle's spec.approvedDigest.
 	ApprovedDigests(ctx context.Context) ([]string, error)
+	// Sources is every UpgradeBundle's spec.source (registry.go).
+	Sources(ctx context.Context) ([]RegistrySource, error)
 }
 
 // bundleReport is this node's part of the active bundle's resource, as
@@ -297,11 +299,18 @@ func (a *Agent) followBundle(ctx context.Context, api ClusterAPI) {
 	lastPhase, lastErr := map[string]string{}, ""
 	var approved []string
 	var approvalsErr string
+	var sources []RegistrySource
 	retry := time.Duration(0)
 	for {
 		// Taken before reading: a change while reading wakes the next round.
 		changes, followed := api.Changes(), a.followed.c()
 		a.readApprovals(ctx, api, &approved, &approvalsErr)
+		if err := a.readSources(ctx, api, &sources, &nodes); err != nil {
+			if approvalsErr == "" && ctx.Err() == nil {
+				a.log.Warn("cannot read the cluster's UpgradeBundles for registry sources; trying again", "err", err)
+			}
+			approvalsErr = err.Error()
+		}
 		err := error(nil)
 		if rep := a.snap.Load().bundle; rep != nil {
 			err = a.syncBundle(ctx, api, rep, &written, &nodes, lastPhase)
@@ -599,11 +608,12 @@ func (evClusterApprovals) isEvent() {}
 // adds approvals; it never overrides a refusal (arch, digest, the
 // node's signature policy are checked all the same).
 func (m *machine) pol() bundle.Policy {
-	if len(m.clusterApproved) == 0 && len(m.pulled) == 0 {
+	if len(m.clusterApproved) == 0 && len(m.pulled) == 0 && len(m.clusterSources) == 0 {
 		return m.policy
 	}
 	p := m.policy
 	p.ApprovedDigests = slices.Concat(p.ApprovedDigests, m.clusterApproved, m.pulled)
+	p.ApprovedSources = m.clusterSources
 	return p
 }
 

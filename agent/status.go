@@ -66,6 +66,9 @@ func (a *Agent) publish() {
 	a.holdingBack(&s)
 	a.pulling(&s)
 	snap := &snapshot{status: s, peer: ps, cluster: a.m.cluster(ps), readNode: a.m.readsNode(), bundle: a.m.resourceReport(s)}
+	if snap.bundle == nil {
+		snap.bundle = pullReport(s)
+	}
 	old := a.snap.Swap(snap)
 	if old == nil || !reflect.DeepEqual(old.followKey(), snap.followKey()) {
 		a.followed.fire()

@@ -64,9 +64,12 @@ type machine struct {
 	clusterApproved []string
 	// pulled are the digests of bundles this node made from the registry
 	// as asked (registry mode), approved by that request.
-	pulled        []string
-	excluded      map[string]string
-	excludedHosts map[string]bool
+	pulled []string
+	// clusterSources are the releases the cluster's UpgradeBundles ask
+	// for from the registry: bundles of them are approved (registry.go).
+	clusterSources []bundle.ReleaseSource
+	excluded       map[string]string
+	excludedHosts  map[string]bool
 	// restoreDue is why the running release's images are to be checked
 	// once the running job ends ("" when not).
 	restoreDue string
@@ -119,6 +122,8 @@ func (m *machine) step(ev event) []effect {
 		return m.nodeSeen(ev)
 	case evBundlePolicy:
 		return m.bundlePolicySeen(ev)
+	case evClusterSources:
+		return m.clusterSourcesSeen(ev)
 	case evClusterApprovals:
 		return m.clusterApprovalsSeen(ev)
 	case evPreflight:
@@ -473,11 +478,25 @@ func (m *machine) fetchDone(r *Record, j evJobDone) []effect {
 	// Serial mode: the whole tar is here; extract it.
 	src := bundle.Source{Path: m.incomingPath(r), SHA256Path: strings.TrimSuffix(m.incomingPath(r), ".tar") + ".sha256"}
 	if r.Approval == bundle.ApprovalSignature {
-		// Approved by this node's own keys: verified over the bytes now.
 		src.SigPath = src.Path + ".minisig"
-		return m.extract(r, src, "", nil, m.pol())
 	}
-	return m.extract(r, src, "", nil, m.pol().PreApproved(r.Digest))
+	return m.extract(r, src, "", nil, m.extractPolicy(r))
+}
+
+// extractPolicy is the policy a bundle fetched from the peers is
+// extracted under, by how its offer was approved: by this node's own
+// keys, the signature is verified over the bytes; as a bundle of a
+// release asked for from the registry, it is held to what the release
+// names; otherwise by the digest approved before fetching.
+func (m *machine) extractPolicy(r *Record) bundle.Policy {
+	if r.Approval == bundle.ApprovalSignature {
+		return m.pol()
+	}
+	pol := m.pol().PreApproved(r.Digest)
+	if r.Approval == bundle.ApprovalSource {
+		pol.Payload = m.pol().SourceFor(r.Metadata)
+	}
+	return pol
 }
 
 // streamRefused reports whether a fetch that extracted as it went ended
@@ -869,10 +888,7 @@ func (m *machine) pruneRefused() []effect {
 // node's own keys, the signature is verified over the bytes; approved by
 // digest, that digest. A tree left by an interrupted run is not trusted.
 func (m *machine) fetch(r *Record) []effect {
-	pol := m.pol().PreApproved(r.Digest)
-	if r.Approval == bundle.ApprovalSignature {
-		pol = m.pol()
-	}
+	pol := m.extractPolicy(r)
 	return append(append(m.keepsDir(r.Dir), effRemove{r.Dir}), m.startJob(effStartJob{kind: jobFetch, rec: r, policy: pol}, "")...)
 }
 

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -29,6 +30,7 @@ type fakeAPI struct {
 	mco      map[string]NodeUpdate // node → the MCO's state (zero: no MCO)
 	mcoReads int
 	labels   map[string]map[string]string // node → labels
+	sources  []RegistrySource             // the UpgradeBundles' spec.source
 	// the UpgradeBundle resources, by name; readiness of the Nodes
 	bundles   map[string]*fakeBundle
 	readiness map[string]NodeReady
@@ -445,6 +447,12 @@ func (f *fakeAPI) bundle(name string) (fakeBundle, bool) {
 	c := *b
 	c.nodes = maps.Clone(b.nodes)
 	return c, true
+}
+
+func (f *fakeAPI) Sources(context.Context) ([]RegistrySource, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.sources), nil
 }
 
 func (f *fakeAPI) ApprovedDigests(context.Context) ([]string, error) {

@@ -15,6 +15,10 @@ const (
 	// ApprovalPeer: this node approved its digest before fetching it from
 	// a peer (Policy.ApproveOffer, then Policy.PreApproved).
 	ApprovalPeer Approval = "peer"
+	// ApprovalSource: a bundle of a release the administrator asked for
+	// from the registry (Policy.ApprovedSources), made by the node that
+	// pulled it; held to what the release names as it is extracted.
+	ApprovalSource Approval = "source"
 	// ApprovalOff: approval is turned off; any bundle whose sha256
 	// checks is taken.
 	ApprovalOff Approval = "off"

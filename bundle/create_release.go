@@ -73,7 +73,12 @@ func readLayerFiles(layer v1.Layer, files map[string][]byte) error {
 		return err
 	}
 	defer rc.Close()
-	tr := tar.NewReader(rc)
+	return readTarFiles(rc, files)
+}
+
+// readTarFiles is readLayerFiles of an uncompressed layer's tar.
+func readTarFiles(r io.Reader, files map[string][]byte) error {
+	tr := tar.NewReader(r)
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {

@@ -46,6 +46,14 @@ type Policy struct {
 	// ApprovedByPeer is a digest this node approved before fetching it from
 	// a peer (ApproveOffer): it is approved, and said to be so (ApprovalPeer).
 	ApprovedByPeer string
+	// ApprovedSources are releases the administrator asked for from the
+	// registry: a bundle of one (made by the node that pulled it) is
+	// approved by what it holds (ApproveOffer: ApprovalSource).
+	ApprovedSources []ReleaseSource
+	// Payload, when set, holds the bundle to that source as it is
+	// extracted: every image it lists is named by the release or asked
+	// for (checkPayload).
+	Payload *ReleaseSource
 }
 
 // Options tune one verify or extract run.
@@ -513,6 +521,11 @@ func run(ctx context.Context, src Source, dest string, opts Options) (res *Resul
 	}
 	if err := w.ix.check(meta); err != nil {
 		return nil, refuse(err)
+	}
+	if opts.Payload != nil && dest != "" {
+		if err := checkPayload(w.root, meta, Tree{ix: w.ix, repos: RepoPaths(meta.AllImages())}, *opts.Payload); err != nil {
+			return nil, refuse(err)
+		}
 	}
 	var adm Admission
 	if opts.Admit != nil {

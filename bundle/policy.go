@@ -9,7 +9,7 @@ import (
 // On reports whether approval is required: not Off, and Required or
 // some approved digest or trusted key configured.
 func (p Policy) On() bool {
-	return !p.Off && (p.Required || len(p.ApprovedDigests) > 0 || len(p.TrustedKeys) > 0)
+	return !p.Off && (p.Required || len(p.ApprovedDigests) > 0 || len(p.TrustedKeys) > 0 || len(p.ApprovedSources) > 0)
 }
 
 // Approves reports whether digest is one of the approved digests (or
@@ -50,6 +50,9 @@ func (p Policy) ApproveOffer(meta *Metadata, digest string, sig []byte) (Approva
 			return ApprovalDigest, nil
 		}
 	}
+	if p.SourceFor(meta) != nil {
+		return ApprovalSource, nil
+	}
 	if len(p.TrustedKeys) == 0 {
 		return "", fmt.Errorf("%w: the peers' bundle %s is not in approved_digests: approve it on every node (add it to approved_digests, or sign it with a trusted key)", ErrNotApproved, digest)
 	}
@@ -84,7 +87,7 @@ func (p Policy) ApproveOffer(meta *Metadata, digest string, sig []byte) (Approva
 // stays off.
 func (p Policy) PreApproved(digest string) Policy {
 	if p.On() {
-		p.ApprovedDigests, p.TrustedKeys, p.ApprovedByPeer = nil, nil, digest
+		p.ApprovedDigests, p.TrustedKeys, p.ApprovedSources, p.ApprovedByPeer = nil, nil, nil, digest
 		p.Unapproved = false
 	}
 	return p

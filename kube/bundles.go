@@ -21,6 +21,26 @@ type BundleSpec struct {
 	ExcludedNodes   []string `json:"excludedNodes,omitempty"`
 	NotReadyTimeout string   `json:"notReadyTimeout,omitempty"`
 	Cleanup         bool     `json:"cleanup,omitempty"`
+	// Source, when set, has the release pulled from the site's registry
+	// (registry mode) instead of brought on a stick.
+	Source *BundleSource `json:"source,omitempty"`
+}
+
+// BundleSource is an UpgradeBundle's spec.source: a release by digest and
+// extra images, pulled once from the registry by one node.
+type BundleSource struct {
+	Release     string   `json:"release"`
+	ExtraImages []string `json:"extraImages,omitempty"`
+	// Node pulls; "" the first Ready node by name.
+	Node      string `json:"node,omitempty"`
+	RateLimit string `json:"rateLimit,omitempty"` // bytes per second over the link ("2MiB")
+	Window    string `json:"window,omitempty"`    // local time, "22:00-06:00"
+}
+
+// Source is one UpgradeBundle's spec.source, with the resource's name.
+type Source struct {
+	Bundle string
+	BundleSource
 }
 
 // BundleCondition is one of a node's conditions (Extracted, Loaded,
@@ -205,6 +225,31 @@ func (c *Client) ApprovedDigests(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("listing the upgradebundles: %w", err)
 	}
 	return approvedOf(list.Items), nil
+}
+
+// Sources is every UpgradeBundle's spec.source (none without the CRD).
+func (c *Client) Sources(ctx context.Context) ([]Source, error) {
+	var list struct {
+		Items []upgradeBundle `json:"items"`
+	}
+	err := c.do(ctx, "GET", bundlesPath, "", nil, &list)
+	if IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing the upgradebundles: %w", err)
+	}
+	return sourcesOf(list.Items), nil
+}
+
+func sourcesOf(bundles []upgradeBundle) []Source {
+	var out []Source
+	for _, b := range bundles {
+		if b.Spec.Source != nil && b.Spec.Source.Release != "" && !b.Spec.Cleanup {
+			out = append(out, Source{Bundle: b.Metadata.Name, BundleSource: *b.Spec.Source})
+		}
+	}
+	return out
 }
 
 func approvedOf(bundles []upgradeBundle) []string {

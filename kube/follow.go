@@ -74,11 +74,30 @@ func (f *Follower) UpgradeBundle(ctx context.Context, name string) (UpgradeBundl
 
 // ApprovedDigests is Client.ApprovedDigests, from the copy.
 func (f *Follower) ApprovedDigests(ctx context.Context) ([]string, error) {
-	raws, synced := f.bundles.List()
-	if !synced {
+	bs, err := f.bundleList()
+	if bs == nil && err == nil {
 		return f.c.ApprovedDigests(ctx)
 	}
-	var bs []upgradeBundle
+	return approvedOf(bs), err
+}
+
+// Sources is Client.Sources, from the copy.
+func (f *Follower) Sources(ctx context.Context) ([]Source, error) {
+	bs, err := f.bundleList()
+	if bs == nil && err == nil {
+		return f.c.Sources(ctx)
+	}
+	return sourcesOf(bs), err
+}
+
+// bundleList is every UpgradeBundle of the copy; nil, nil before the
+// watch has synced.
+func (f *Follower) bundleList() ([]upgradeBundle, error) {
+	raws, synced := f.bundles.List()
+	if !synced {
+		return nil, nil
+	}
+	bs := []upgradeBundle{}
 	for _, raw := range raws {
 		var o upgradeBundle
 		if err := json.Unmarshal(raw, &o); err != nil {
@@ -86,7 +105,7 @@ func (f *Follower) ApprovedDigests(ctx context.Context) ([]string, error) {
 		}
 		bs = append(bs, o)
 	}
-	return approvedOf(bs), nil
+	return bs, nil
 }
 
 // UpgradeStatus is Client.UpgradeStatus, from the copy.

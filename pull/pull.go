@@ -33,6 +33,11 @@ import (
 type Request struct {
 	Release string   `json:"release"`
 	Extras  []string `json:"extras,omitempty"`
+	// Bundle is the UpgradeBundle that asks for it ("" for ferry load).
+	Bundle string `json:"bundle,omitempty"`
+	// RateLimit and Window, when set, replace the node's (Options).
+	RateLimit string `json:"rateLimit,omitempty"`
+	Window    string `json:"window,omitempty"`
 }
 
 // Check refuses a request that names no release by digest, or an image
@@ -50,7 +55,26 @@ func (r Request) Check() error {
 			return fmt.Errorf("extra image %q is not an image reference: %v", e, err)
 		}
 	}
-	return nil
+	if r.RateLimit != "" {
+		if n, err := bundle.ParseSize(r.RateLimit); err != nil || n <= 0 {
+			return fmt.Errorf("rate limit %q is not a size per second (e.g. 2MiB)", r.RateLimit)
+		}
+	}
+	_, err = ParseWindow(r.Window)
+	return err
+}
+
+// limits are the rate and window req runs under: its own, else the
+// node's.
+func (p *Puller) limits(req Request) (int64, Window) {
+	rate, w := p.o.RateLimit, p.o.Window
+	if req.RateLimit != "" {
+		rate, _ = bundle.ParseSize(req.RateLimit)
+	}
+	if req.Window != "" {
+		w, _ = ParseWindow(req.Window)
+	}
+	return rate, w
 }
 
 func (r Request) same(o Request) bool {
@@ -72,6 +96,7 @@ const (
 type Status struct {
 	State    string        `json:"state"`
 	Release  string        `json:"release"`
+	Bundle   string        `json:"bundle,omitempty"` // the UpgradeBundle that asks for it
 	Images   int           `json:"images,omitempty"`
 	Total    int           `json:"imagesTotal,omitempty"`
 	Bytes    int64         `json:"bytes"`      // over the link so far, this run
@@ -178,7 +203,7 @@ func New(o Options) (*Puller, error) {
 		var r Request
 		if json.Unmarshal(b, &r) == nil && r.Check() == nil {
 			p.req = &r
-			p.st = &Status{State: StateNotStarted, Release: r.Release}
+			p.st = &Status{State: StateNotStarted, Release: r.Release, Bundle: r.Bundle}
 		}
 	}
 	return p, nil
@@ -189,15 +214,26 @@ func (p *Puller) outDir() string      { return filepath.Join(p.o.Dir, "out") }
 func (p *Puller) workDir() string     { return filepath.Join(p.o.Dir, "work") }
 
 // Start asks for req: kept on disk, so a restart resumes it. The same
-// request again changes nothing; another replaces the one under way
-// (what it fetched and the new one shares is kept).
-func (p *Puller) Start(req Request) error {
+// request under way changes nothing; one that failed or was done runs
+// again; another replaces the one under way (what it fetched and the new
+// one shares is kept).
+func (p *Puller) Start(req Request) error { return p.start(req, true) }
+
+// Ensure is Start, except that a request that failed or was done is
+// left so: the cluster's sources are read again and again, and a release
+// the registry lacks is not asked for at every read.
+func (p *Puller) Ensure(req Request) error { return p.start(req, false) }
+
+func (p *Puller) start(req Request, again bool) error {
 	if err := req.Check(); err != nil {
 		return err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.req != nil && p.req.same(req) && p.st != nil && p.st.State != StateFailed {
+	if p.req != nil && p.req.same(req) {
+		return nil
+	}
+	if !again && p.req == nil && p.st != nil && p.st.Release == req.Release && (p.st.State == StateFailed || p.st.State == StateDone) {
 		return nil
 	}
 	b, _ := json.Marshal(req)
@@ -209,12 +245,13 @@ func (p *Puller) Start(req Request) error {
 		p.abort()
 	}
 	p.req = &req
-	p.st = &Status{State: StateNotStarted, Release: req.Release}
+	p.st = &Status{State: StateNotStarted, Release: req.Release, Bundle: req.Bundle}
 	select {
 	case p.wake <- struct{}{}:
 	default:
 	}
-	p.log.Info("pull requested", "release", req.Release, "extras", len(req.Extras), "window", p.o.Window.String(), "rateLimit", p.o.RateLimit)
+	rate, w := p.limits(req)
+	p.log.Info("pull requested", "release", req.Release, "extras", len(req.Extras), "bundle", req.Bundle, "window", w.String(), "rateLimit", rate)
 	return nil
 }
 
@@ -226,7 +263,10 @@ func (p *Puller) Status() *Status {
 		return nil
 	}
 	s := *p.st
-	s.Window = p.o.Window.String()
+	if p.req != nil {
+		_, w := p.limits(*p.req)
+		s.Window = w.String()
+	}
 	return &s
 }
 
@@ -312,10 +352,11 @@ func (p *Puller) fetch(ctx context.Context, req Request) (*bundle.CreateResult, 
 	if res := p.made(req); res != nil {
 		return res, nil // made before a restart, not yet taken
 	}
+	_, window := p.limits(req)
 	for {
-		open, change := p.o.Window.State(p.o.Now())
+		open, change := window.State(p.o.Now())
 		if !open {
-			p.log.Info("waiting for the pull window", "window", p.o.Window.String(), "opens", change.Format(time.DateTime))
+			p.log.Info("waiting for the pull window", "window", window.String(), "opens", change.Format(time.DateTime))
 			p.set(func(s *Status) { s.State, s.NextTry = StateWaiting, change })
 			if err := sleep(ctx, change.Sub(p.o.Now())); err != nil {
 				return nil, err
@@ -330,7 +371,7 @@ func (p *Puller) fetch(ctx context.Context, req Request) (*bundle.CreateResult, 
 		closed := ctx.Err() == nil && wctx.Err() != nil
 		cancel()
 		if closed {
-			p.log.Info("the pull window closed: the pull goes on when it opens again", "window", p.o.Window.String())
+			p.log.Info("the pull window closed: the pull goes on when it opens again", "window", window.String())
 			continue
 		}
 		return res, err
@@ -356,13 +397,14 @@ func (p *Puller) create(ctx context.Context, req Request) (*bundle.CreateResult,
 			keychain = k
 		}
 	}
+	rate, _ := p.limits(req)
 	p.set(func(s *Status) { s.State, s.Error, s.NextTry = StateFetching, "", time.Time{} })
 	p.log.Info("pulling from the registry", "release", req.Release, "extras", len(req.Extras), "mirrors", len(mirrors))
 	return bundle.Create(ctx, bundle.CreateOptions{
 		Release: req.Release, ExtraImages: req.Extras, Arch: p.o.Arch,
 		Mirrors: mirrors, Keychain: keychain, Transport: p.o.Transport,
 		OutputDir: p.outDir(), WorkDir: p.workDir(),
-		RateLimit: p.o.RateLimit, SignatureStore: p.o.SignatureStore,
+		RateLimit: rate, SignatureStore: p.o.SignatureStore,
 		Log: p.log,
 		Progress: func(pr bundle.Progress) {
 			p.set(func(s *Status) {

@@ -25,6 +25,16 @@ func (k clusterAPI) ApprovedDigests(ctx context.Context) ([]string, error) {
 	return k.f.ApprovedDigests(ctx)
 }
 
+func (k clusterAPI) Sources(ctx context.Context) ([]agent.RegistrySource, error) {
+	srcs, err := k.f.Sources(ctx)
+	var out []agent.RegistrySource
+	for _, s := range srcs {
+		out = append(out, agent.RegistrySource{Bundle: s.Bundle, Release: s.Release, Extras: s.ExtraImages,
+			Node: s.Node, RateLimit: s.RateLimit, Window: s.Window})
+	}
+	return out, err
+}
+
 func (k clusterAPI) StartUpgrade(ctx context.Context, u agent.Upgrade) error {
 	return k.Client.StartUpgrade(ctx, kube.UpgradeRequest(u))
 }

@@ -1,0 +1,128 @@
+package agent
+
+import (
+	"context"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/pull"
+)
+
+// Registry mode with the cluster's API: an UpgradeBundle whose
+// spec.source names a release has one node pull it from the site's
+// registry (pull.Puller); that node's bundle reaches the others through
+// the peers, approved on each by what it holds (bundle.ApprovalSource).
+
+// RegistrySource is an UpgradeBundle's spec.source.
+type RegistrySource struct {
+	Bundle    string // the resource's name
+	Release   string // by digest
+	Extras    []string
+	Node      string // the node that pulls; "" the first Ready node by name
+	RateLimit string
+	Window    string
+}
+
+// evClusterSources: the releases the cluster's UpgradeBundles ask for
+// from the registry.
+type evClusterSources struct{ sources []RegistrySource }
+
+func (evClusterSources) isEvent() {}
+
+// clusterSourcesSeen takes the cluster's sources: they approve the
+// bundles made of them, so one waiting for approval may go on.
+func (m *machine) clusterSourcesSeen(ev evClusterSources) []effect {
+	m.clusterSources = nil
+	for _, s := range ev.sources {
+		m.clusterSources = append(m.clusterSources, bundle.ReleaseSource{Release: s.Release, Extras: s.Extras})
+	}
+	if r := m.active; r != nil && r.Approval == bundle.ApprovalNone && r.Phase == PhaseExtracted {
+		return m.next()
+	}
+	return nil
+}
+
+// readSources keeps the loop's view of the cluster's sources and has
+// this node pull those it is the one to pull.
+func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]RegistrySource, nodes *nodesRead) error {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	srcs, err := api.Sources(cctx)
+	if err != nil {
+		return err
+	}
+	if !slices.EqualFunc(srcs, *last, sameSource) {
+		*last = srcs
+		a.post(evClusterSources{sources: srcs})
+	}
+	if len(srcs) == 0 || a.deps.Puller == nil {
+		return nil
+	}
+	if nodes.ready == nil || time.Since(nodes.at) >= min(nodesEvery, a.resync()) {
+		if nodes.ready, err = api.NodeReadiness(cctx); err != nil {
+			nodes.ready = nil
+			return err
+		}
+		nodes.at = time.Now()
+	}
+	for _, s := range srcs {
+		if pullerOf(s, nodes.ready) != a.cfg.NodeName || a.holdsRelease(s.Release) {
+			continue
+		}
+		req := pull.Request{Release: s.Release, Extras: s.Extras, Bundle: s.Bundle, RateLimit: s.RateLimit, Window: s.Window}
+		if err := a.deps.Puller.Ensure(req); err != nil {
+			a.log.Warn("cannot pull the release the UpgradeBundle asks for", "bundle", s.Bundle, "release", s.Release, "err", err)
+		}
+	}
+	return nil
+}
+
+func sameSource(a, b RegistrySource) bool {
+	return a.Bundle == b.Bundle && a.Release == b.Release && slices.Equal(a.Extras, b.Extras) &&
+		a.Node == b.Node && a.RateLimit == b.RateLimit && a.Window == b.Window
+}
+
+// pullerOf is the node that pulls s: the one it names, else the first
+// Ready node by name (every node decides alike from the same list).
+func pullerOf(s RegistrySource, ready map[string]NodeReady) string {
+	if s.Node != "" {
+		return s.Node
+	}
+	names := make([]string, 0, len(ready))
+	for n, r := range ready {
+		if r.Ready {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	if len(names) == 0 {
+		return ""
+	}
+	return names[0]
+}
+
+// holdsRelease reports whether this node has a bundle of release already,
+// in whatever phase (a refused one is not pulled again by itself).
+func (a *Agent) holdsRelease(release string) bool {
+	for _, r := range a.snap.Load().status.Bundles {
+		if r.Metadata != nil && r.Metadata.Release == release {
+			return true
+		}
+	}
+	return false
+}
+
+// pullReport is this node's part of the UpgradeBundle while it pulls
+// the release it asks for: phase pulling, the pull's line as reason.
+func pullReport(s Status) *bundleReport {
+	p := s.Pull
+	if p == nil || p.Bundle == "" || p.State == pull.StateDone {
+		return nil
+	}
+	const phase = "pulling"
+	return &bundleReport{name: p.Bundle, line: s.Line, healthy: s.Healthy,
+		sum:   BundleSummary{Release: SanitizeReason(p.Release), Phase: phase},
+		entry: BundleNodeEntry{Phase: phase, Reason: SanitizeReason(p.Line())}}
+}
