@@ -1,9 +1,9 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
@@ -85,22 +85,22 @@ func sameSource(a, b RegistrySource) bool {
 }
 
 // pullerOf is the node that pulls s: the one it names, else the first
-// Ready node by name (every node decides alike from the same list).
+// Ready node by name, else (no Node says it is Ready) the first by name:
+// every node decides alike from the same list.
 func pullerOf(s RegistrySource, ready map[string]NodeReady) string {
 	if s.Node != "" {
 		return s.Node
 	}
-	names := make([]string, 0, len(ready))
+	first, firstReady := "", ""
 	for n, r := range ready {
-		if r.Ready {
-			names = append(names, n)
+		if first == "" || n < first {
+			first = n
+		}
+		if r.Ready && (firstReady == "" || n < firstReady) {
+			firstReady = n
 		}
 	}
-	sort.Strings(names)
-	if len(names) == 0 {
-		return ""
-	}
-	return names[0]
+	return cmp.Or(firstReady, first)
 }
 
 // holdsRelease reports whether this node has a bundle of release already,

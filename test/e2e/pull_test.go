@@ -22,7 +22,7 @@ func siteMirror(t *testing.T, cfg agent.Config, link *fixture.Link) {
 	t.Helper()
 	link.TrustIn(t, cfg.Paths.CertsDir)
 	conf := filepath.Join(filepath.Dir(cfg.Paths.RegistriesConfDir), "registries.conf")
-	crioenv.Write(t, conf, "unqualified-search-registries = []\n\n[[registry]]\nprefix = \"quay.io\"\nlocation = \"quay.io\"\n\n[[registry.mirror]]\nlocation = \""+link.Host()+"\"\n")
+	crioenv.Write(t, conf, link.RegistriesConf())
 }
 
 // TestRegistryMode_LoadReleaseThroughACuttingLinkPinsEverythingOnce

@@ -24,7 +24,20 @@ const runningRelease = "quay.io/openshift-release-dev/ocp-release@sha256:1111111
 // not touched). It returns the Setup to pass to newFleet: each node gets
 // its Node and its own credential (a token bound to its Node).
 func forwardAPI(t *testing.T, e *kubeenv.Env) func(n *Node, cfg *agent.Config) {
-	sock := filepath.Join(t.TempDir(), "api.sock")
+	fwd := forwardPort(t, e.Port)
+	return func(n *Node, cfg *agent.Config) {
+		fwd(n)
+		e.AddNode(n.Name, n.IP)
+		cfg.Cluster.Kubeconfig = e.NodeKubeconfig(n.Name)
+	}
+}
+
+// forwardPort makes the host's 127.0.0.1:port reachable at 127.0.0.1:port
+// inside each node it is called for (socat there, through a unix socket):
+// the nodes' namespaces cannot reach the host's loopback otherwise, and
+// the same address keeps a server's certificate valid.
+func forwardPort(t *testing.T, port int) func(n *Node) {
+	sock := filepath.Join(t.TempDir(), "fwd.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +51,7 @@ func forwardAPI(t *testing.T, e *kubeenv.Env) func(n *Node, cfg *agent.Config) {
 			}
 			go func() {
 				defer c.Close()
-				up, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(e.Port))
+				up, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port))
 				if err != nil {
 					return
 				}
@@ -48,10 +61,8 @@ func forwardAPI(t *testing.T, e *kubeenv.Env) func(n *Node, cfg *agent.Config) {
 			}()
 		}
 	}()
-	return func(n *Node, cfg *agent.Config) {
-		n.Start("api-forward", "socat", "TCP-LISTEN:"+strconv.Itoa(e.Port)+",bind=127.0.0.1,fork,reuseaddr", "UNIX-CONNECT:"+sock)
-		e.AddNode(n.Name, n.IP)
-		cfg.Cluster.Kubeconfig = e.NodeKubeconfig(n.Name)
+	return func(n *Node) {
+		n.Start("forward-"+strconv.Itoa(port), "socat", "TCP-LISTEN:"+strconv.Itoa(port)+",bind=127.0.0.1,fork,reuseaddr", "UNIX-CONNECT:"+sock)
 	}
 }
 

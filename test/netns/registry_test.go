@@ -1,0 +1,96 @@
+package netns
+
+import (
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/test/crioenv"
+	"github.com/ferry-edge/ferry/test/fixture"
+	"github.com/ferry-edge/ferry/test/kubeenv"
+)
+
+// TestAgents_RegistryModeEachByteCrossesTheLinkOnce (issue 36): three
+// agents with real CRI-Os and the real API server; the site's registry
+// behind a link that carries 4 MiB/s and cuts every second large blob
+// response midway, which every node's registries.conf mirrors quay.io to.
+// The administrator creates an UpgradeBundle whose spec.source names the
+// release by digest and an extra image: the first node pulls it, showing
+// its progress in the resource; every node ends loaded with every image
+// pinned, the others approving the bundle by what it holds; at most 1.05×
+// one copy crossed the link; the link is then taken down and the upgrade
+// proceeds (desiredUpdate written) as for a bundle.
+func TestAgents_RegistryModeEachByteCrossesTheLinkOnce(t *testing.T) {
+	e := kubeenv.Start(t, runningRelease)
+	e.InstallFerry()
+	e.InstallUpgradeBundles(repoFile("packaging/upgradebundle-crd.yaml"))
+	reg := fixture.NewRegistry(t)
+	reg.PushImage(t, "my-company/my-workload", "v1")
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{Version: "4.13.8", PayloadImages: 6, ImageSize: 1 << 20, Seed: 36})
+	link := fixture.NewLink(t, reg, fixture.LinkOptions{CutEvery: 2, Rate: 4 << 20})
+	port, _ := strconv.Atoi(link.Host()[strings.LastIndex(link.Host(), ":")+1:])
+	api, toLink := forwardAPI(t, e), forwardPort(t, port)
+	f := newFleet(t, fleetOptions{Nodes: 3, CRIO: true, Setup: func(n *Node, cfg *agent.Config) {
+		api(n, cfg)
+		toLink(n)
+		cfg.Approval = "required"
+		link.TrustIn(t, cfg.Paths.CertsDir)
+		crioenv.Write(t, filepath.Join(filepath.Dir(cfg.Paths.RegistriesConfDir), "registries.conf"), link.RegistriesConf())
+	}})
+	first := f.nodes[0]
+	for _, n := range f.nodes[1:] {
+		if n.Name < first.Name {
+			first = n
+		}
+	}
+
+	name := "4.13.8-x86-64"
+	e.PatchBundleSpec(name, map[string]any{"source": map[string]any{"release": release, "extraImages": []string{"quay.io/my-company/my-workload:v1"}}})
+	waitFor(t, "the first node's pull in the UpgradeBundle, with its progress", func() bool {
+		_, nodes := bundleStatus(e, name)
+		n, _ := nodes[first.Name].(map[string]any)
+		reason, _ := n["reason"].(string)
+		return n["phase"] == "pulling" && strings.Contains(reason, "over the link")
+	})
+	var meta *bundle.Metadata
+	digest := ""
+	for _, n := range f.nodes {
+		s := n.A.Wait(agentBound, n.Name+" cluster-ready", func(s agent.Status) bool {
+			return s.Phase == string(agent.PhaseClusterReady) || s.Phase == string(agent.PhaseUpgrading)
+		})
+		if digest == "" {
+			digest = s.Digest
+		} else if s.Digest != digest {
+			t.Fatalf("%s holds %s, another node %s", n.Name, s.Digest, digest)
+		}
+		for _, r := range s.Bundles {
+			if r.Digest == s.Digest && r.Metadata != nil {
+				meta = r.Metadata
+			}
+		}
+	}
+	if meta == nil || meta.Release != release || len(meta.Images) != 7 {
+		t.Fatalf("the bundle pulled: %+v", meta)
+	}
+	for _, n := range f.nodes {
+		n.checkPinned(t, meta, true)
+	}
+	if link.Cuts() < 3 {
+		t.Fatalf("the link cut %d responses: the test shows nothing", link.Cuts())
+	}
+	ratio := float64(link.Sent()) / float64(meta.SizeBytes)
+	t.Logf("%d responses cut; %d bytes over the link for a %d-byte release, 3 nodes: %.3f×", link.Cuts(), link.Sent(), meta.SizeBytes, ratio)
+	if ratio > 1.05 {
+		t.Errorf("%.3f× one copy of the release crossed the link for 3 nodes, want ≤ 1.05×", ratio)
+	}
+
+	// The registry gone, the upgrade goes on as for a bundle.
+	link.Close()
+	waitFor(t, "desiredUpdate to name the pulled release", func() bool {
+		du := e.DesiredUpdate()
+		return du != nil && du["image"] == release
+	})
+}
