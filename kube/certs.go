@@ -1,14 +1,18 @@
 package kube
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 )
 
 // NodeUserPrefix and NodesGroup are how the API server names a node's
@@ -126,4 +130,106 @@ func (c *Client) NodeIdentity() (string, bool) {
 	}
 	n, err := c.certs.Node()
 	return n, err == nil
+}
+
+// CAPool is a CA bundle that changes under ferry: a file read again when
+// it changes (File), or the API's ConfigMap read again every while
+// (FromAPI). A bundle that cannot be read keeps the last good one.
+type CAPool struct {
+	mu    sync.Mutex
+	pool  *x509.CertPool
+	file  string
+	seen  stamp
+	fetch func() ([]byte, error) // from the API
+	every time.Duration
+	last  time.Time
+	busy  bool
+	log   *slog.Logger
+}
+
+// CAFile is the CA bundle in path.
+func CAFile(path string) (*CAPool, error) {
+	p := &CAPool{file: path}
+	if p.Get() == nil {
+		_, err := readPool(path)
+		return nil, err
+	}
+	return p, nil
+}
+
+func readPool(path string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("CA bundle: %w", err)
+	}
+	return parsePool(b, path)
+}
+
+func parsePool(b []byte, what string) (*x509.CertPool, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("CA bundle %s holds no PEM certificate", what)
+	}
+	return pool, nil
+}
+
+// Get is the newest bundle (nil until one was read).
+func (p *CAPool) Get() *x509.CertPool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.file != "" {
+		if fi, err := os.Stat(p.file); err == nil && stampOf(fi) != p.seen {
+			if pool, err := readPool(p.file); err == nil {
+				p.pool, p.seen = pool, stampOf(fi)
+			}
+		}
+	}
+	if p.fetch != nil && !p.busy && time.Since(p.last) > p.every {
+		p.busy = true
+		go p.refresh()
+	}
+	return p.pool
+}
+
+// refresh reads the bundle from the API once.
+func (p *CAPool) refresh() {
+	b, err := p.fetch()
+	var pool *x509.CertPool
+	if err == nil {
+		pool, err = parsePool(b, "from the API")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.busy = false
+	if err != nil {
+		p.last = time.Now().Add(-p.every + 30*time.Second) // try again soon
+		p.log.Warn("kube: cannot read a CA bundle from the cluster's API; keeping the last one", "err", err)
+		return
+	}
+	p.pool, p.last = pool, time.Now()
+}
+
+// CABundle is a CA bundle kept in ConfigMap ns/name under key, read
+// now and again every while (once Get is asked after that). An API that
+// does not answer now is asked again at the next Get: until then the
+// bundle is empty and no peer is taken.
+func (c *Client) CABundle(ctx context.Context, ns, name, key string, every time.Duration) *CAPool {
+	fetch := func() ([]byte, error) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		var cm struct {
+			Data map[string]string `json:"data"`
+		}
+		if err := c.do(ctx, "GET", "/api/v1/namespaces/"+url.PathEscape(ns)+"/configmaps/"+url.PathEscape(name), "", nil, &cm); err != nil {
+			return nil, fmt.Errorf("ConfigMap %s/%s: %w", ns, name, err)
+		}
+		if cm.Data[key] == "" {
+			return nil, fmt.Errorf("ConfigMap %s/%s has no %s", ns, name, key)
+		}
+		return []byte(cm.Data[key]), nil
+	}
+	p := &CAPool{fetch: fetch, every: every, log: c.log}
+	p.busy = true
+	p.refresh()
+	return p
 }
