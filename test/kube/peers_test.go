@@ -6,12 +6,16 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/internal/testca"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/test/ferryenv"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
 
@@ -126,5 +130,72 @@ func TestPeers_TwoNodesAuthenticateWithTheirKubeletCertificates(t *testing.T) {
 	stranger.Attempts = 1
 	if err := stranger.Annotate(ctx, "node-b", map[string]string{"ferry.io/phase": "x"}, nil); err == nil {
 		t.Error("the API server took a certificate from another CA")
+	}
+}
+
+// freePort is a free TCP port on 127.0.0.1.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// TestAgents_TwoNodesShareABundleOverTLSWithTheirKubeletIdentities: two
+// real agents, each with only its kubelet's kubeconfig and serving
+// certificate and peer.identity = "node" (no token anywhere), the CA
+// bundles read through the real API server: the bundle given to node-a
+// reaches node-b through the peers.
+func TestAgents_TwoNodesShareABundleOverTLSWithTheirKubeletIdentities(t *testing.T) {
+	e := kubeenv.Start(t, current)
+	e.AddNode("node-a", "127.0.0.1")
+	e.AddNode("node-b", "127.0.0.1")
+	e.InstallFerry()
+	installBundles(e)
+	servingCA := testca.New(t, "kubelet-signer")
+	e.Create("/api/v1/namespaces/openshift-config-managed/configmaps", map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+		"metadata": map[string]any{"name": "kubelet-serving-ca"}, "data": map[string]any{"ca-bundle.crt": string(servingCA.PEM)}})
+	tarPath, meta := releaseBundle(t)
+	ports := map[string]int{"node-a": freePort(t), "node-b": freePort(t)}
+	agents := map[string]*ferryenv.Agent{}
+	for _, n := range []string{"node-a", "node-b"} {
+		cfg := ferryenv.Config(t.TempDir())
+		cfg.NodeName = n
+		cfg.Cluster.Kubeconfig = e.NodeCertKubeconfig(n)
+		cert, key := servingCA.Serving(t, n, "127.0.0.1")
+		cfg.Peer.Cert = testca.WriteCurrent(t, t.TempDir(), "kubelet-server", cert, key)
+		cfg.Peer.Identity = "node"
+		cfg.Peer.Listen = "127.0.0.1:" + strconv.Itoa(ports[n])
+		for m, p := range ports {
+			if m != n {
+				cfg.Peer.Peers = []string{"127.0.0.1:" + strconv.Itoa(p)}
+			}
+		}
+		agents[n] = ferryenv.Start(t, cfg)
+	}
+	for _, a := range agents {
+		a.WaitPhase(bound, "idle")
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("node-a's log:\n%s\nnode-b's log:\n%s", agents["node-a"].Logs(), agents["node-b"].Logs())
+		}
+	})
+	if out, err := agents["node-a"].Ferry("load", tarPath); err != nil {
+		t.Fatalf("ferry load: %v\n%s", err, out)
+	}
+	s := agents["node-b"].Wait(bound, "node-b to fetch the bundle from node-a", func(s agent.Status) bool {
+		return s.Bundle != "" && s.Phase != string(agent.PhaseFetching) && s.Phase != string(agent.PhaseDetected)
+	})
+	if s.Version != meta.Version {
+		t.Errorf("node-b holds %+v", s)
+	}
+	for n, a := range agents {
+		if !strings.Contains(a.Logs(), "peers: TLS with node identities") {
+			t.Errorf("%s does not say its peers use node identities", n)
+		}
 	}
 }
