@@ -164,6 +164,10 @@ func TestAgents_TwoNodesShareABundleOverTLSWithTheirKubeletIdentities(t *testing
 	for _, n := range []string{"node-a", "node-b"} {
 		cfg := ferryenv.Config(t.TempDir())
 		cfg.NodeName = n
+		// As on a node (CRI-O's certs.d exists there).
+		if err := os.MkdirAll(cfg.Paths.CertsDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
 		cfg.Cluster.Kubeconfig = e.NodeCertKubeconfig(n)
 		cert, key := servingCA.Serving(t, n, "127.0.0.1")
 		cfg.Peer.Cert = testca.WriteCurrent(t, t.TempDir(), "kubelet-server", cert, key)
