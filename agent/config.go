@@ -190,6 +190,23 @@ type Peer struct {
 	// Open serves bundles to anyone who can reach Listen when there is no
 	// token; without it (the default) a node with no token serves nothing.
 	Open bool `toml:"open"`
+	// Identity is how peers know each other: "token" (the default:
+	// TokenFile, over HTTP) or "node" (HTTPS, each node with its kubelet's
+	// certificates, checked against the cluster's CAs: nothing to hand
+	// out; it needs cluster.kubeconfig with the kubelet's certificate).
+	Identity string `toml:"identity"`
+	// Cert and Key are the serving certificate and key with Identity
+	// "node" (one file may hold both); default the kubelet's
+	// /var/lib/kubelet/pki/kubelet-server-current.pem.
+	Cert string `toml:"cert"`
+	Key  string `toml:"key"`
+	// ClientCA and ServingCA are CA bundles (files) that a peer's client
+	// and serving certificates must chain to with Identity "node"; ""
+	// reads them from the cluster's API (the API server's client CA,
+	// kube-system/extension-apiserver-authentication, and
+	// openshift-config-managed/kubelet-serving-ca).
+	ClientCA  string `toml:"client_ca"`
+	ServingCA string `toml:"serving_ca"`
 	// Serial distributes as before cut-through: the stick's node offers
 	// the bundle only once it is extracted, and a fetching node keeps the
 	// whole tar, then extracts it (twice the bundle on its disk). For
@@ -202,7 +219,19 @@ func (c *Config) ApprovalOff() bool { return c.Approval == ApprovalModeOff }
 
 // Closed reports whether the peer server refuses everyone (no token, not
 // open).
-func (p Peer) Closed() bool { return p.TokenFile == "" && !p.Open }
+func (p Peer) Closed() bool { return !p.NodeIdentity() && p.TokenFile == "" && !p.Open }
+
+// NodeIdentity reports peers that authenticate with node identities.
+func (p Peer) NodeIdentity() bool { return p.Identity == PeerIdentityNode }
+
+// Peer identities (peer.identity).
+const (
+	PeerIdentityToken = "token"
+	PeerIdentityNode  = "node"
+	// DefaultPeerCert is the kubelet's serving certificate and key on an
+	// OpenShift node, rotated by the kubelet.
+	DefaultPeerCert = "/var/lib/kubelet/pki/kubelet-server-current.pem"
+)
 
 // Cluster is the gate that lets the cluster upgrade proceed.
 type Cluster struct {
@@ -335,6 +364,9 @@ func (c *Config) Validate() error {
 	default:
 		return bad("cluster.schedule", "%q is not Automatic or Manual", c.Cluster.Schedule)
 	}
+	if err := c.Peer.validate(c.Cluster); err != nil {
+		return err
+	}
 	if _, ok := pacing.LimitsFor(c.Pacing.Politeness); !ok {
 		return bad("pacing.politeness", "%q is not one of %s", c.Pacing.Politeness, strings.Join(pacing.Politeness(), ", "))
 	}
@@ -368,6 +400,42 @@ func (c *Config) Validate() error {
 	for _, f := range c.Media.ExtraFilesystems {
 		if !slices.Contains(StickFilesystems, f) {
 			return bad("media.extra_filesystems", "%q is not one of %s (vfat, exfat and iso9660 are always read)", f, strings.Join(StickFilesystems, ", "))
+		}
+	}
+	return nil
+}
+
+// validate checks peer.identity and the keys that go with it.
+func (p Peer) validate(cl Cluster) error {
+	bad := func(key, format string, a ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrConfig, key, fmt.Sprintf(format, a...))
+	}
+	switch p.Identity {
+	case "", PeerIdentityToken:
+		for k, v := range map[string]string{"peer.cert": p.Cert, "peer.key": p.Key, "peer.client_ca": p.ClientCA, "peer.serving_ca": p.ServingCA} {
+			if v != "" {
+				return bad(k, "set, but peer.identity is not \"node\": it is read only with peer.identity = \"node\"")
+			}
+		}
+		return nil
+	case PeerIdentityNode:
+	default:
+		return bad("peer.identity", "%q is not token or node", p.Identity)
+	}
+	// One way in only: a token beside node identities would let
+	// whoever holds the token in without a node's certificate.
+	if p.TokenFile != "" {
+		return bad("peer.token_file", "set with peer.identity = \"node\": the peers authenticate with their kubelet certificates; remove token_file (and the token file) or set identity = \"token\"")
+	}
+	if p.Open {
+		return bad("peer.open", "set with peer.identity = \"node\": a node serves only nodes of the cluster; remove open")
+	}
+	if cl.Kubeconfig == "" {
+		return bad("peer.identity", "\"node\" needs cluster.kubeconfig (the kubelet's, /var/lib/kubelet/kubeconfig): its client certificate is this node's peer identity")
+	}
+	for k, v := range map[string]string{"peer.cert": p.Cert, "peer.key": p.Key, "peer.client_ca": p.ClientCA, "peer.serving_ca": p.ServingCA} {
+		if v != "" && !filepath.IsAbs(v) {
+			return bad(k, "%q must be an absolute path", v)
 		}
 	}
 	return nil

@@ -43,7 +43,7 @@ type APIError struct {
 
 func (e *APIError) Error() string {
 	if e.Code == http.StatusForbidden {
-		return fmt.Sprintf("%v (403): %s: apply ferry's RBAC and admission policies (packaging/rbac.yaml, admission.yaml) and check that its kubeconfig holds a token of ferry's ServiceAccount bound to this node's Node", ErrForbidden, e.Message)
+		return fmt.Sprintf("%v (403): %s: apply ferry's RBAC and admission policies (packaging/rbac.yaml, admission.yaml) and check that its kubeconfig holds this node's own credential: the kubelet's (/var/lib/kubelet/kubeconfig) or a token of ferry's ServiceAccount bound to this node's Node", ErrForbidden, e.Message)
 	}
 	return fmt.Sprintf("the cluster's API answered %d %s: %s", e.Code, e.Reason, e.Message)
 }
@@ -68,6 +68,7 @@ func IsNotFound(err error) bool {
 type Client struct {
 	ep     endpoint
 	tokens *tokens
+	certs  *KeyPair // the client certificate, nil with a token
 	hc     *http.Client
 	stream *http.Client // watches: no overall timeout (Watch bounds each)
 	log    *slog.Logger
@@ -89,6 +90,14 @@ func New(kubeconfig string, log *slog.Logger) (*Client, error) {
 	if ep.insecure {
 		log.Warn("kube: "+InsecureWarning(ep.server), "kubeconfig", kubeconfig)
 	}
+	var certs *KeyPair
+	if ep.cert != nil {
+		// The kubelet's certificate is rotated under ferry: each new
+		// connection presents the newest (GetClientCertificate).
+		certs = &KeyPair{certFile: ep.certFile, keyFile: ep.keyFile, cert: ep.cert}
+		certs.seen = certs.stamps()
+		ep.tls.GetClientCertificate = certs.clientCertificate
+	}
 	tr := &http.Transport{
 		TLSClientConfig:     ep.tls,
 		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -96,7 +105,12 @@ func New(kubeconfig string, log *slog.Logger) (*Client, error) {
 		MaxIdleConns:        2,
 		IdleConnTimeout:     90 * time.Second,
 	}
-	return &Client{ep: ep, tokens: newTokens(ep), hc: &http.Client{Transport: tr, Timeout: time.Minute}, stream: &http.Client{Transport: tr},
+	if certs != nil {
+		// Connections kept open still carry the old certificate, which
+		// the API server checks on every request: drop the idle ones.
+		certs.changed = tr.CloseIdleConnections
+	}
+	return &Client{ep: ep, tokens: newTokens(ep), certs: certs, hc: &http.Client{Transport: tr, Timeout: time.Minute}, stream: &http.Client{Transport: tr},
 		log: log, Attempts: 4, Backoff: 250 * time.Millisecond}, nil
 }
 
@@ -194,6 +208,9 @@ func (c *Client) request(ctx context.Context, method, path, contentType string, 
 	req.Header.Set("User-Agent", "ferry")
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
+	}
+	if c.certs != nil {
+		c.certs.Get() // a stat: a rotated certificate is read now
 	}
 	if tok := c.tokens.get(); tok != "" {
 		req.Header.Set("Authorization", "Bearer "+tok)

@@ -81,7 +81,7 @@ contexts: [{name: x, context: {cluster: c, user: u}}]`, wantErr: `no context "no
 			if err != nil {
 				t.Fatal(err)
 			}
-			if ep.server != "https://api:6443" || ep.token != tc.token || len(ep.tls.Certificates) != tc.certs {
+			if ep.server != "https://api:6443" || ep.token != tc.token || (ep.cert != nil) != (tc.certs == 1) {
 				t.Fatalf("endpoint %+v", ep)
 			}
 		})

@@ -53,6 +53,11 @@ type endpoint struct {
 	tokenFile string // absolute; re-read when it changes (short-lived tokens)
 	insecure  bool   // insecure-skip-tls-verify: the server is not checked
 	tls       *tls.Config
+	// The client certificate: from files (certFile, keyFile, absolute;
+	// read again when they change, as the kubelet rotates its own) or
+	// from the kubeconfig's data (cert).
+	certFile, keyFile string
+	cert              *tls.Certificate
 }
 
 // ErrPlainHTTP is a kubeconfig whose server is not https://.
@@ -145,31 +150,56 @@ func loadKubeconfig(path string) (endpoint, error) {
 			}
 			ep.token = strings.TrimSpace(string(t))
 		}
-		certPEM, keyPEM := []byte(nil), []byte(nil)
-		if u.User.ClientCertificateData != "" {
-			certPEM, _ = base64.StdEncoding.DecodeString(u.User.ClientCertificateData)
-		} else if u.User.ClientCertificate != "" {
-			if certPEM, err = file(u.User.ClientCertificate); err != nil {
-				return bad("client-certificate: %v", err)
-			}
-		}
-		if u.User.ClientKeyData != "" {
-			keyPEM, _ = base64.StdEncoding.DecodeString(u.User.ClientKeyData)
-		} else if u.User.ClientKey != "" {
-			if keyPEM, err = file(u.User.ClientKey); err != nil {
-				return bad("client-key: %v", err)
-			}
-		}
-		if len(certPEM) > 0 {
-			cert, err := tls.X509KeyPair(certPEM, keyPEM)
-			if err != nil {
-				return bad("client certificate: %v", err)
-			}
-			ep.tls.Certificates = []tls.Certificate{cert}
+		if err := ep.clientCert(u.User.ClientCertificate, u.User.ClientCertificateData, u.User.ClientKey, u.User.ClientKeyData, dir); err != nil {
+			return bad("%v", err)
 		}
 	}
-	if ep.token == "" && len(ep.tls.Certificates) == 0 {
+	if ep.token == "" && ep.cert == nil {
 		return bad("user %q has no token, tokenFile or client certificate", userName)
 	}
 	return ep, nil
+}
+
+// clientCert reads the user's client certificate and key, each from a
+// file (relative to dir) or from its -data; the files are remembered so
+// that a rotated certificate is read again (certs.go).
+func (ep *endpoint) clientCert(certFile, certData, keyFile, keyData, dir string) error {
+	abs := func(p string) string {
+		if p != "" && !filepath.IsAbs(p) {
+			return filepath.Join(dir, p)
+		}
+		return p
+	}
+	if certData == "" && certFile == "" {
+		return nil
+	}
+	if certData != "" || keyData != "" {
+		certPEM, err1 := base64.StdEncoding.DecodeString(certData)
+		keyPEM, err2 := base64.StdEncoding.DecodeString(keyData)
+		if keyData == "" && keyFile != "" {
+			keyPEM, err2 = os.ReadFile(abs(keyFile))
+		}
+		if certData == "" {
+			certPEM, err1 = os.ReadFile(abs(certFile))
+		}
+		if err := errors.Join(err1, err2); err != nil {
+			return fmt.Errorf("client certificate: %v", err)
+		}
+		cert, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			return fmt.Errorf("client certificate: %v", err)
+		}
+		ep.cert = &cert
+		return nil
+	}
+	if keyFile == "" {
+		return fmt.Errorf("client-certificate %s without client-key", certFile)
+	}
+	ep.certFile, ep.keyFile = abs(certFile), abs(keyFile)
+	cert, err := readKeyPair(ep.certFile, ep.keyFile)
+	if err != nil {
+		return err
+	}
+	ep.cert = cert
+	return nil
 }

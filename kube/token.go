@@ -179,11 +179,16 @@ func writeToken(path, tok string) error {
 }
 
 // KeepTokenFresh renews ferry's token two thirds into its life, until ctx
-// ends. A credential it cannot renew (a client certificate, a token in
+// ends. With a client certificate and no token (the kubelet's credential)
+// there is nothing to renew: it returns at once. A credential it cannot renew (a client certificate, a token in
 // the kubeconfig itself, a token bound to no Node) is left alone: it is
 // looked at again each minute, as an administrator may write a
 // renewable one into the tokenFile.
 func (c *Client) KeepTokenFresh(ctx context.Context) error {
+	if c.certs != nil && c.ep.token == "" && c.ep.tokenFile == "" {
+		// The kubelet renews its own certificate; ferry reads it again.
+		return nil
+	}
 	if c.ep.tokenFile == "" {
 		c.log.Warn("kube: ferry's token is not in a tokenFile, so ferry cannot renew it: use a short-lived token bound to this node's Node in a tokenFile (docs/admin.md, \"Per-node credentials\")")
 		return nil

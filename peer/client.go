@@ -17,8 +17,9 @@ import (
 
 // Client speaks the peer protocol to other nodes.
 type Client struct {
-	hc    *http.Client
-	token string
+	hc     *http.Client
+	token  string
+	scheme string // http, or https with node identities (NewNodeClient)
 	// IdleRead is how long a body may stall before the request is dropped.
 	idleRead time.Duration
 	// A range that gets fewer than minRate bytes a second over any
@@ -56,7 +57,7 @@ func NewClient(token string, hc *http.Client) *Client {
 			DisableCompression:    true,
 		}}
 	}
-	return &Client{hc: hc, token: token, idleRead: 30 * time.Second, minRate: DefaultMinRate, rateWindow: DefaultRateWindow}
+	return &Client{hc: hc, token: token, scheme: "http", idleRead: 30 * time.Second, minRate: DefaultMinRate, rateWindow: DefaultRateWindow}
 }
 
 // StatusError is a peer's answer other than the one asked for.
@@ -88,7 +89,7 @@ func (e *StatusError) Unwrap() error {
 }
 
 func (c *Client) do(ctx context.Context, peer, path string, hdr http.Header, want int) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+peer+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.scheme+"://"+peer+path, nil)
 	if err != nil {
 		return nil, fmt.Errorf("peer %s: %w", peer, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,6 +40,9 @@ type Store interface {
 type ServerOptions struct {
 	// Token, when set, is required as "Authorization: Bearer <token>".
 	Token string
+	// TLS, when set, serves HTTPS with node identities (NodeTLS): a
+	// client is whoever its certificate proves, and no token is asked.
+	TLS *tls.Config
 	// Closed refuses every request when there is no Token: a node serves
 	// its bundles only to the cluster's nodes, never to anyone who can
 	// reach the port (the agent's default; `peer.open = true` lifts it).
@@ -104,6 +108,18 @@ func NewServer(store Store, opts ServerOptions) *Server {
 
 // ServeHTTP checks the token, then routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.opts.TLS != nil {
+		// The handshake checked the certificate; this only makes sure
+		// no request comes in any other way.
+		if PeerNode(r) == "" {
+			s.opts.Log.Warn("peer request refused: no node certificate", "remote", r.RemoteAddr, "path", r.URL.Path)
+			http.Error(w, "this node serves bundles only to the cluster's nodes, over TLS with their kubelet certificates", http.StatusUnauthorized)
+			return
+		}
+		w.Header().Set("Cache-Control", "no-store")
+		s.mux.ServeHTTP(w, r)
+		return
+	}
 	if s.opts.Token == "" && s.opts.Closed {
 		s.opts.Log.Warn("peer request refused: this node has no peer token", "remote", r.RemoteAddr, "path", r.URL.Path)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="ferry"`)
@@ -147,7 +163,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		case <-done:
 		}
 	}()
-	err := hs.Serve(netutil.LimitListener(&perClientListener{Listener: ln, max: s.opts.MaxConnsPerClient, n: map[string]int{}, log: s.opts.Log}, s.opts.MaxConns))
+	var l net.Listener = netutil.LimitListener(&perClientListener{Listener: ln, max: s.opts.MaxConnsPerClient, n: map[string]int{}, log: s.opts.Log}, s.opts.MaxConns)
+	if s.opts.TLS != nil {
+		// The handshake runs in the connection's own goroutine, bounded
+		// by ReadHeaderTimeout (net/http sets it for a *tls.Conn).
+		l = tls.NewListener(l, s.opts.TLS)
+	}
+	err := hs.Serve(l)
 	close(done)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil

@@ -146,7 +146,7 @@ func runAgent(ctx context.Context, cfg agent.Config) error {
 		deps.Loader = loader
 	}
 	var followCluster func(context.Context) error
-	if deps.API, deps.Warnings, followCluster, err = newClusterAPI(cfg, log); err != nil {
+	if deps.API, deps.Warnings, followCluster, err = newClusterAPI(&cfg, log); err != nil {
 		return err
 	}
 	p, servePeers, err := newPeers(cfg, gov, log)

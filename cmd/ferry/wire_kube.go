@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
 	"slices"
 	"time"
 
@@ -95,14 +96,18 @@ func (k clusterAPI) NodeReadiness(ctx context.Context) (map[string]agent.NodeRea
 // newClusterAPI is the Kubernetes API when a kubeconfig is configured: the
 // agent's ClusterAPI, what it must warn of, and the job that follows the
 // cluster's objects and keeps ferry's token fresh (nil, nil, nil without a
-// kubeconfig).
-func newClusterAPI(cfg agent.Config, log *slog.Logger) (agent.ClusterAPI, []string, func(context.Context) error, error) {
+// kubeconfig). With the kubelet's credential, the node is the one its
+// certificate names (cfg.NodeName is set to it).
+func newClusterAPI(cfg *agent.Config, log *slog.Logger) (agent.ClusterAPI, []string, func(context.Context) error, error) {
 	if cfg.Cluster.Kubeconfig == "" {
 		return nil, nil, nil, nil
 	}
 	c, err := kube.New(cfg.Cluster.Kubeconfig, log)
 	if err != nil {
 		return nil, nil, nil, usageError("cluster.kubeconfig: %v", err)
+	}
+	if err := nodeFromIdentity(cfg, c, log); err != nil {
+		return nil, nil, nil, err
 	}
 	var warnings []string
 	if c.Insecure() {
@@ -117,6 +122,24 @@ func newClusterAPI(cfg agent.Config, log *slog.Logger) (agent.ClusterAPI, []stri
 		return err
 	}
 	return clusterAPI{c, f}, warnings, run, nil
+}
+
+// nodeFromIdentity names the node after the kubelet certificate ferry acts
+// with (CN system:node:NAME): the API server lets that credential write
+// that node's objects only. node_name left at its default (the hostname,
+// which on some sites is not the Node's name) gives way to it; a
+// node_name set to another node is a mistake to fix.
+func nodeFromIdentity(cfg *agent.Config, c *kube.Client, log *slog.Logger) error {
+	n, ok := c.NodeIdentity()
+	if !ok || n == cfg.NodeName {
+		return nil
+	}
+	if host, _ := os.Hostname(); cfg.NodeName != host {
+		return usageError("node_name is %q but cluster.kubeconfig holds the credential of node %q (its certificate's CN): the API server lets it act for %q only; remove node_name or set it to %q", cfg.NodeName, n, n, n)
+	}
+	log.Info("kube: this node is the one the kubelet's certificate names", "node", n, "hostname", cfg.NodeName)
+	cfg.NodeName = n
+	return nil
 }
 
 // printNodeAnnotations prints every Node's ferry.io annotations, as an

@@ -7,9 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/internal/pacing"
+	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/peer"
 )
 
@@ -35,12 +37,22 @@ func newPeers(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (agent.P
 	if gov != nil {
 		pacer = gov
 	}
-	f := peer.NewFetcher(peer.FetcherOptions{Peers: cfg.Peer.Peers, Token: token, Shelf: shelf, Log: log, Pacer: pacer})
+	fopts := peer.FetcherOptions{Peers: cfg.Peer.Peers, Token: token, Shelf: shelf, Log: log, Pacer: pacer}
+	sopts := peer.ServerOptions{Token: token, Closed: cfg.Peer.Closed(), Log: log, Pacer: pacer}
+	if cfg.Peer.NodeIdentity() {
+		nt, err := newNodeTLS(cfg, log)
+		if err != nil {
+			return nil, nil, err
+		}
+		fopts.Client, sopts.TLS = peer.NewNodeClient(nt), nt.ServerConfig()
+	}
+	f := peer.NewFetcher(fopts)
 	var serve func(ctx context.Context, a *agent.Agent) error
 	if cfg.Peer.Listen != "" {
 		serve = func(ctx context.Context, a *agent.Agent) error {
 			defer shelf.Close()
-			srv := peer.NewServer(shelf, peer.ServerOptions{Token: token, Closed: cfg.Peer.Closed(), Status: a.PeerStatus, Log: log, Pacer: pacer})
+			sopts.Status = a.PeerStatus
+			srv := peer.NewServer(shelf, sopts)
 			if err := srv.ListenAndServe(ctx, cfg.Peer.Listen); err != nil {
 				return fmt.Errorf("peer server on %s: %w", cfg.Peer.Listen, err)
 			}
@@ -48,4 +60,51 @@ func newPeers(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (agent.P
 		}
 	}
 	return peer.Node{Shelf: shelf, Fetcher: f}, serve, nil
+}
+
+// caRefresh is how often the CA bundles read from the API are read again:
+// the cluster adds a new CA to a bundle well before it signs with it.
+const caRefresh = 10 * time.Minute
+
+// newNodeTLS is the peers' TLS with node identities (peer.identity =
+// "node"): the kubelet's client certificate as the kubeconfig names it,
+// its serving certificate, and the CA bundles from files or the API.
+func newNodeTLS(cfg agent.Config, log *slog.Logger) (*peer.NodeTLS, error) {
+	c, err := kube.New(cfg.Cluster.Kubeconfig, log)
+	if err != nil {
+		return nil, usageError("cluster.kubeconfig: %v", err)
+	}
+	client := c.Identity()
+	node, ok := c.NodeIdentity()
+	if !ok {
+		return nil, usageError("peer.identity = \"node\": cluster.kubeconfig %s holds no node's client certificate (CN system:node:NAME, O system:nodes); name the kubelet's, /var/lib/kubelet/kubeconfig", cfg.Cluster.Kubeconfig)
+	}
+	certFile := or(cfg.Peer.Cert, agent.DefaultPeerCert)
+	serving, err := kube.LoadKeyPair(certFile, cfg.Peer.Key)
+	if err != nil {
+		return nil, usageError("peer.cert: %v (the kubelet's serving certificate; on OpenShift %s)", err, agent.DefaultPeerCert)
+	}
+	if sn, err := serving.Node(); err != nil || sn != node {
+		return nil, usageError("peer.cert %s is not node %s's serving certificate (%v, node %q): name this node's kubelet-server-current.pem", certFile, node, err, sn)
+	}
+	ctx := context.Background()
+	clientCAs, err := caBundle(ctx, c, cfg.Peer.ClientCA, "kube-system", "extension-apiserver-authentication", "client-ca-file")
+	if err != nil {
+		return nil, usageError("peer.client_ca: %v", err)
+	}
+	servingCAs, err := caBundle(ctx, c, cfg.Peer.ServingCA, "openshift-config-managed", "kubelet-serving-ca", "ca-bundle.crt")
+	if err != nil {
+		return nil, usageError("peer.serving_ca: %v", err)
+	}
+	log.Info("peers: TLS with node identities", "node", node, "cert", certFile)
+	return &peer.NodeTLS{Serving: serving.Get, Client: client.Get, ClientCAs: clientCAs.Get, ServingCAs: servingCAs.Get}, nil
+}
+
+// caBundle is the CA bundle in file, or, with none, in the API's
+// ConfigMap ns/name under key.
+func caBundle(ctx context.Context, c *kube.Client, file, ns, name, key string) (*kube.CAPool, error) {
+	if file != "" {
+		return kube.CAFile(file)
+	}
+	return c.CABundle(ctx, ns, name, key, caRefresh), nil
 }

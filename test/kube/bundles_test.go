@@ -152,6 +152,12 @@ type bundleNode struct {
 // startBundleNode starts it; admin runs as the administrator before the
 // bundle is given.
 func startBundleNode(t *testing.T, admin func(e *kubeenv.Env, name, digest string)) bundleNode {
+	return startBundleNodeWith(t, admin, nil)
+}
+
+// startBundleNodeWith is startBundleNode with the agent's config set up
+// further by configure.
+func startBundleNodeWith(t *testing.T, admin func(e *kubeenv.Env, name, digest string), configure func(*kubeenv.Env, *agent.Config)) bundleNode {
 	c := crioenv.Start(t)
 	e := kubeenv.Start(t, current)
 	e.AddNode("node-a", "127.0.0.1")
@@ -170,6 +176,9 @@ func startBundleNode(t *testing.T, admin func(e *kubeenv.Env, name, digest strin
 		c.Configure(cfg)
 		cfg.Approval = "required"
 		n.tree = filepath.Join(cfg.Paths.ExtractDir, meta.DirName())
+		if configure != nil {
+			configure(e, cfg)
+		}
 	})
 	return n
 }

@@ -27,6 +27,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/ferry-edge/ferry/internal/testca"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/test/crioenv"
 )
@@ -41,10 +42,14 @@ type Env struct {
 	Server  string       // https://127.0.0.1:port
 	Admin   *kube.Client // system:masters
 	AdminKC string       // its kubeconfig
-	bin     string
-	etcd    *exec.Cmd
-	api     *exec.Cmd
-	etcdURL string
+	// ClientCA is the API server's client CA (--client-ca-file): it signs
+	// the kubelet-shaped certificates of NodeCertKubeconfig, as
+	// OpenShift's csr-signer signs the kubelets'.
+	ClientCA *testca.CA
+	bin      string
+	etcd     *exec.Cmd
+	api      *exec.Cmd
+	etcdURL  string
 }
 
 // Start starts etcd and kube-apiserver, installs the ClusterVersion CRD,
@@ -69,6 +74,8 @@ func Start(t testing.TB, current string) *Env {
 	e.Server = "https://127.0.0.1:" + strconv.Itoa(port)
 	e.etcdURL = "http://127.0.0.1:" + strconv.Itoa(eport)
 	must(t, os.WriteFile(filepath.Join(e.Dir, "tokens.csv"), []byte("admintoken,admin,admin,system:masters\nnobodytoken,nobody,nobody\n"), 0o600))
+	e.ClientCA = testca.New(t, "kube-csr-signer")
+	must(t, os.WriteFile(filepath.Join(e.Dir, "client-ca.crt"), e.ClientCA.PEM, 0o600))
 	run(t, "openssl", "genrsa", "-out", filepath.Join(e.Dir, "sa.key"), "2048")
 	run(t, "openssl", "rsa", "-in", filepath.Join(e.Dir, "sa.key"), "-pubout", "-out", filepath.Join(e.Dir, "sa.pub"))
 	e.etcd = e.spawn("etcd.log", "etcd", "--data-dir", filepath.Join(e.Dir, "etcd"),
@@ -100,7 +107,11 @@ func (e *Env) StartAPIServer() {
 	e.api = e.spawn("apiserver.log", filepath.Join(e.bin, "kube-apiserver"),
 		"--etcd-servers="+e.etcdURL, "--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(e.Port),
 		"--cert-dir="+filepath.Join(e.Dir, "certs"), "--token-auth-file="+filepath.Join(e.Dir, "tokens.csv"),
-		"--authorization-mode=RBAC", "--service-account-issuer=https://kubernetes.default.svc",
+		"--client-ca-file="+filepath.Join(e.Dir, "client-ca.crt"),
+		// As OpenShift: the Node authorizer gives kubelets their rights;
+		// NodeRestriction is left out, so that ferry's own policies are
+		// what refuses a node writing another's Node.
+		"--authorization-mode=Node,RBAC", "--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file="+filepath.Join(e.Dir, "sa.pub"),
 		"--service-account-signing-key-file="+filepath.Join(e.Dir, "sa.key"),
 		"--service-cluster-ip-range=10.96.0.0/24")
@@ -238,6 +249,32 @@ func (e *Env) NodeKubeconfig(node string) string {
 	p := filepath.Join(dir, "kubeconfig")
 	must(e.t, os.WriteFile(p, []byte(kc), 0o600))
 	return p
+}
+
+// NodeCertKubeconfig is node's kubelet kubeconfig as RHCOS has it
+// (/var/lib/kubelet/kubeconfig): a client certificate CN
+// system:node:NODE, O system:nodes, issued by the API server's client CA,
+// in pki/kubelet-client-current.pem (a link to the dated file, named as
+// both client-certificate and client-key); the server's certificate is
+// checked. RotateNodeCert puts a new certificate there.
+func (e *Env) NodeCertKubeconfig(node string) string {
+	e.t.Helper()
+	dir := filepath.Join(e.Dir, "kubelet-"+node)
+	must(e.t, os.MkdirAll(filepath.Join(dir, "pki"), 0o700))
+	cur := e.RotateNodeCert(node)
+	kc := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters: [{name: t, cluster: {server: %q, certificate-authority: %q}}]\nusers: [{name: kubelet, user: {client-certificate: %q, client-key: %q}}]\ncontexts: [{name: t, context: {cluster: t, user: kubelet}}]\ncurrent-context: t\n",
+		e.Server, filepath.Join(e.Dir, "certs", "apiserver.crt"), cur, cur)
+	p := filepath.Join(dir, "kubeconfig")
+	must(e.t, os.WriteFile(p, []byte(kc), 0o600))
+	return p
+}
+
+// RotateNodeCert issues node a new kubelet client certificate, as the
+// kubelet rotates its own, and returns the -current.pem link's path.
+func (e *Env) RotateNodeCert(node string) string {
+	e.t.Helper()
+	cert, key := e.ClientCA.Node(e.t, node)
+	return testca.WriteCurrent(e.t, filepath.Join(e.Dir, "kubelet-"+node, "pki"), "kubelet-client", cert, key)
 }
 
 // InstallFerry applies what ferry ships for the cluster, exactly:

@@ -1,0 +1,107 @@
+package kube
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/pem"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/ferry-edge/ferry/internal/testca"
+)
+
+// kubeletKubeconfig writes a kubeconfig as the kubelet's on RHCOS: one
+// -current.pem link named as both client-certificate and client-key.
+func kubeletKubeconfig(t *testing.T, dir, server string, serverCA []byte, current string) string {
+	t.Helper()
+	os.WriteFile(filepath.Join(dir, "ca.crt"), serverCA, 0o600)
+	kc := "clusters: [{name: c, cluster: {server: " + server + ", certificate-authority: ca.crt}}]\n" +
+		"users: [{name: kubelet, user: {client-certificate: " + current + ", client-key: " + current + "}}]\n" +
+		"contexts: [{name: x, context: {cluster: c, user: kubelet}}]\ncurrent-context: x\n"
+	p := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(p, []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestClient_PresentsTheKubeletsRotatedCertificate: the kubelet moves its
+// -current.pem link to a new certificate; the client's next request
+// presents the new one (the API server checks the certificate on every
+// request, so an old connection must not carry on with the old one).
+func TestClient_PresentsTheKubeletsRotatedCertificate(t *testing.T) {
+	ca := testca.New(t, "kube-csr-signer")
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := r.TLS.PeerCertificates[0]
+		w.Write([]byte(`{"cn":"` + c.Subject.CommonName + `","serial":"` + c.SerialNumber.String() + `"}`))
+	}))
+	srv.TLS = &tls.Config{ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: testca.Pool(ca)}
+	srv.StartTLS()
+	defer srv.Close()
+	servingCA := srv.Certificate().Raw
+	dir := t.TempDir()
+	pki := filepath.Join(dir, "pki")
+	os.Mkdir(pki, 0o700)
+	cert, key := ca.Node(t, "a")
+	cur := testca.WriteCurrent(t, pki, "kubelet-client", cert, key)
+	c, err := New(kubeletKubeconfig(t, dir, srv.URL, pemCert(servingCA), cur), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, ok := c.NodeIdentity(); !ok || n != "a" {
+		t.Fatalf("node identity %q %v, want a", n, ok)
+	}
+	var got struct{ CN, Serial string }
+	if err := c.Raw(t.Context(), "GET", "/whoami", "", nil, &got); err != nil || got.CN != "system:node:a" {
+		t.Fatalf("first request: %+v %v", got, err)
+	}
+	first := got.Serial
+
+	cert, key = ca.Node(t, "a")
+	testca.WriteCurrent(t, pki, "kubelet-client", cert, key)
+	if err := c.Raw(t.Context(), "GET", "/whoami", "", nil, &got); err != nil || got.Serial == first {
+		t.Fatalf("after the rotation the client presents serial %s (before %s), %v", got.Serial, first, err)
+	}
+
+	// A half-written rotation keeps the last good pair.
+	os.WriteFile(cur, []byte("garbage"), 0o600)
+	if err := c.Raw(t.Context(), "GET", "/whoami", "", nil, &got); err != nil || got.CN != "system:node:a" {
+		t.Fatalf("with an unreadable file: %+v %v", got, err)
+	}
+	// With a certificate and no token there is nothing to renew.
+	if err := c.KeepTokenFresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNodeOf_OnlyAKubeletShapedSubject(t *testing.T) {
+	ca := testca.New(t, "ca")
+	for name, tc := range map[string]struct {
+		c    testca.Cert
+		want string
+	}{
+		"a node":                 {testca.Cert{CN: "system:node:a", O: []string{"system:nodes"}}, "a"},
+		"no group":               {testca.Cert{CN: "system:node:a"}, ""},
+		"another group":          {testca.Cert{CN: "system:node:a", O: []string{"system:masters"}}, ""},
+		"a user":                 {testca.Cert{CN: "admin", O: []string{"system:nodes"}}, ""},
+		"an empty name":          {testca.Cert{CN: "system:node:", O: []string{"system:nodes"}}, ""},
+		"a service account name": {testca.Cert{CN: "system:serviceaccount:x:y", O: []string{"system:nodes"}}, ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cert, key := ca.Issue(t, tc.c)
+			kp := testca.KeyPair(t, cert, key)
+			n, err := NodeOf(kp.Leaf)
+			if n != tc.want || (tc.want == "") != errors.Is(err, ErrNotNodeCertificate) {
+				t.Fatalf("NodeOf: %q, %v; want %q", n, err, tc.want)
+			}
+		})
+	}
+}
+
+func pemCert(der []byte) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
