@@ -31,7 +31,9 @@ import (
 //  3. the same stick again: nothing changes, ferry is not restarted;
 //  4. the first stick again, its (newer) build now in the trust list as
 //     `oc apply` delivers it: the binary is replaced and the unit runs the
-//     new one, which still holds the bundle loaded.
+//     new one, which still holds the bundle loaded;
+//  5. the same build on an ISO in a USB CD-ROM drive (BMC virtual media):
+//     the installer sees it, and nothing changes.
 func TestSingleNode_InstallsFerryFromAStick(t *testing.T) {
 	e := setup(t)
 	ctx := t.Context()
@@ -216,6 +218,25 @@ func TestSingleNode_InstallsFerryFromAStick(t *testing.T) {
 	st := waitStatus(t, ctx, v, loadTimeout, func(s ferryStatus) bool { return s.loadedWith(b.Digest) }, nil)
 	t.Logf("the newer ferry resumed: %s", st)
 	requireAllPinned(t, ctx, v, b.Refs)
+
+	// 5. BMC virtual media (a USB CD-ROM, /dev/sr0) reaches the installer
+	// too: the same build, so nothing changes.
+	iso := filepath.Join(dir, "virtual-media.iso")
+	if err := MakeISO(ctx, iso, newFerry); err != nil {
+		t.Fatal(err)
+	}
+	since = guestNow(t, ctx, v)
+	if err := v.PlugCDROM(ctx, "cd", iso); err != nil {
+		t.Fatal(err)
+	}
+	msg = waitInstaller(t, ctx, v, since, "installed|refused|nothing to")
+	t.Logf("virtual media: %s", msg)
+	if !strings.Contains(msg, "ferry-install@sr") || !strings.Contains(msg, "already installed") {
+		t.Errorf("virtual media with the installed build: %s, want ferry-install@srN saying \"already installed\"", msg)
+	}
+	if pid := requireRunning(t, ctx, v, newSum); pid != pid2 {
+		t.Errorf("virtual media with the same build restarted ferry (pid %s, was %s)", pid, pid2)
+	}
 }
 
 // trustList is the trust anchor ferry's MachineConfig ships.
