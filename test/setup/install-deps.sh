@@ -11,6 +11,7 @@ pkgs=(
   curl ca-certificates rpm time rpm2cpio cpio      # rpm: make rpm and test/packaging
   systemd zsh fish                            # systemd-analyze; completion tests
   dbus-daemon                                 # systemd/reload_dbus_test.go: a private bus
+  shellcheck                                  # test/packaging: the MachineConfig's installer script
   etcd-server                                 # test/kubeenv: the real API server's store
   fio                                         # test/bench/n1-etcd-fsync.sh: etcd's WAL pattern
   libgpgme-dev                                # a bare go build without GOFLAGS' containers_image_openpgp tag

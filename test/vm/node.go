@@ -93,6 +93,9 @@ type Node struct {
 	Addr string
 	// Extra files, e.g. test hooks.
 	Extra Layer
+	// NoFerry leaves out ferry, its unit, slice and config: the node gets
+	// them later, as a MachineConfig and a stick deliver them.
+	NoFerry bool
 }
 
 // Layer is the files that make a guest this node: ferry, its unit and
@@ -130,6 +133,12 @@ func (n Node) Layer(b *Binaries) (Layer, error) {
 	}
 	if b.FerrySlice != nil {
 		l["/etc/systemd/system/ferry.slice"] = File{Data: b.FerrySlice}
+	}
+	if n.NoFerry {
+		for _, p := range []string{"/usr/bin/ferry", "/etc/systemd/system/ferry.service", "/etc/systemd/system/ferry.slice",
+			wants + "ferry.service", "/etc/ferry/config.toml"} {
+			delete(l, p)
+		}
 	}
 	if n.Addr != "" {
 		l["/etc/ferry-vm/net.env"] = File{Data: []byte("ADDR=" + n.Addr + "\n")}
