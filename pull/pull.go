@@ -152,10 +152,12 @@ type Options struct {
 	Arch string // uname -m
 	// Mirrors are the node's registries configuration as bundle create
 	// takes it; called for each run, so a changed configuration counts.
-	Mirrors    func() ([]bundle.Mirror, error)
-	Transport  http.RoundTripper // trusts the node's certs.d
-	PullSecret string            // a docker config.json; "" or missing: anonymous
-	RateLimit  int64             // bytes per second over the link; 0: none
+	Mirrors func() ([]bundle.Mirror, error)
+	// Transport is made for each run, so that CAs added to the node's
+	// certs.d since count.
+	Transport  func() (http.RoundTripper, error)
+	PullSecret string // a docker config.json; "" or missing: anonymous
+	RateLimit  int64  // bytes per second over the link; 0: none
 	Window     Window
 	// SignatureStore is where the release's signature files are asked
 	// for ("" none: the sigstore signatures in the registry still come).
@@ -397,12 +399,19 @@ func (p *Puller) create(ctx context.Context, req Request) (*bundle.CreateResult,
 			keychain = k
 		}
 	}
+	var tr http.RoundTripper
+	if p.o.Transport != nil {
+		var err error
+		if tr, err = p.o.Transport(); err != nil {
+			return nil, err
+		}
+	}
 	rate, _ := p.limits(req)
 	p.set(func(s *Status) { s.State, s.Error, s.NextTry = StateFetching, "", time.Time{} })
 	p.log.Info("pulling from the registry", "release", req.Release, "extras", len(req.Extras), "mirrors", len(mirrors))
 	return bundle.Create(ctx, bundle.CreateOptions{
 		Release: req.Release, ExtraImages: req.Extras, Arch: p.o.Arch,
-		Mirrors: mirrors, Keychain: keychain, Transport: p.o.Transport,
+		Mirrors: mirrors, Keychain: keychain, Transport: tr,
 		OutputDir: p.outDir(), WorkDir: p.workDir(),
 		RateLimit: rate, SignatureStore: p.o.SignatureStore,
 		Log: p.log,

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
+	"os"
 	"path/filepath"
 
 	"github.com/ferry-edge/ferry/agent"
@@ -26,9 +28,13 @@ func newPuller(cfg agent.Config, log *slog.Logger) (*pull.Puller, func(*agent.Ag
 			return nil, nil, err
 		}
 	}
-	tr, err := bundle.NewTransport(cfg.Paths.CertsDir, true)
-	if err != nil {
-		return nil, nil, err
+	// Trust the node's certs.d as CRI-O does; a node may have none.
+	transport := func() (http.RoundTripper, error) {
+		dir := cfg.Paths.CertsDir
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			dir = ""
+		}
+		return bundle.NewTransport(dir, true)
 	}
 	site := &crio.Dropins{RegistriesConfDir: cfg.Paths.RegistriesConfDir}
 	var a *agent.Agent
@@ -49,7 +55,7 @@ func newPuller(cfg agent.Config, log *slog.Logger) (*pull.Puller, func(*agent.Ag
 			}
 			return ms, nil
 		},
-		Transport: tr, PullSecret: cfg.Pull.PullSecret, RateLimit: rate, Window: window,
+		Transport: transport, PullSecret: cfg.Pull.PullSecret, RateLimit: rate, Window: window,
 		SignatureStore: cfg.Pull.SignatureStore,
 		Deliver: func(ctx context.Context, res *bundle.CreateResult) error {
 			return a.RequestPulled(ctx, pulledBundle{res}, res.Digest)
