@@ -1,0 +1,63 @@
+package bundle_test
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/test/fixture"
+)
+
+// A bundle one node made of an UpgradeBundle's spec.source is approved on
+// the others by what it holds: an offer of that release with the extras
+// asked for is approved (ApprovalSource) before a byte is fetched, and the
+// extraction then holds every image to the release's image-references and
+// the extras asked for. An image nobody asked for is refused, and so is an
+// offer of another release or missing an extra.
+func TestSource_ApprovesTheReleaseAskedForAndNothingMore(t *testing.T) {
+	reg := fixture.NewRegistry(t)
+	reg.PushImage(t, "my-company/my-workload", "v1")
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 3})
+	other, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 3, Seed: 9})
+	extra := "quay.io/my-company/my-workload:v1"
+	res, err := bundle.Create(t.Context(), createFrom(t, reg, release, extra))
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta := res.Metadata
+	src := bundle.Source{Path: res.TarPath, SHA256Path: res.SHA256Path}
+	asked := bundle.ReleaseSource{Release: release, Extras: []string{extra}}
+	pol := bundle.Policy{Arch: meta.Arch, Required: true, ApprovedSources: []bundle.ReleaseSource{asked}}
+
+	if ap, err := pol.ApproveOffer(meta, res.Digest, nil); err != nil || ap != bundle.ApprovalSource {
+		t.Fatalf("the release asked for: %v, %v", ap, err)
+	}
+	for name, s := range map[string]bundle.ReleaseSource{
+		"another release":   {Release: other, Extras: []string{extra}},
+		"an extra it lacks": {Release: release, Extras: []string{extra, "quay.io/my-company/other:v2"}},
+	} {
+		p := pol
+		p.ApprovedSources = []bundle.ReleaseSource{s}
+		if _, err := p.ApproveOffer(meta, res.Digest, nil); !errors.Is(err, bundle.ErrNotApproved) {
+			t.Errorf("%s: offer approved (%v)", name, err)
+		}
+	}
+
+	extract := func(payload bundle.ReleaseSource) error {
+		p := pol.PreApproved(res.Digest)
+		p.Payload = &payload
+		_, err := bundle.Extract(t.Context(), src, filepath.Join(t.TempDir(), "out"), bundle.Options{Policy: p})
+		return err
+	}
+	if err := extract(asked); err != nil {
+		t.Fatalf("the release and the extra asked for: %v", err)
+	}
+	// The same bundle held to a source that did not ask for the extra: the
+	// node that made it added an image nobody asked for.
+	err = extract(bundle.ReleaseSource{Release: release})
+	if !errors.Is(err, bundle.ErrNotApproved) || !strings.Contains(err.Error(), "my-company/my-workload") {
+		t.Fatalf("an image nobody asked for: %v", err)
+	}
+}
