@@ -72,8 +72,13 @@ type CreateOptions struct {
 	// RateLimit bounds the bytes per second fetched, all blobs together;
 	// 0: no bound.
 	RateLimit int64
-	Created   time.Time // metadata.created; default now
-	Log       *slog.Logger
+	// BeforeCopy, when set, is asked once every image is resolved and
+	// before any blob is fetched, with the bundle's metadata (SizeBytes
+	// from its blobs), the bytes to fetch and the bytes of the whole: its
+	// error stops the run (a node without room for the load).
+	BeforeCopy func(meta *Metadata, fetch, total int64) error
+	Created    time.Time // metadata.created; default now
+	Log        *slog.Logger
 	// Progress, when set, receives snapshots a few times a second and once
 	// with Phase "done".
 	Progress func(Progress)
@@ -373,8 +378,18 @@ func (c *creator) run(ctx context.Context) (*CreateResult, error) {
 		c.log.Info("sigstore signatures copied", "signatures", len(sigs))
 	}
 	plans = append(plans, sigs...)
-	if err := c.checkSpace(plans, workDir); err != nil {
+	missing, total, err := c.checkSpace(plans, workDir)
+	if err != nil {
 		return nil, err
+	}
+	if o.BeforeCopy != nil {
+		// What the bundle will hold, sized from its blobs before any is
+		// fetched: the node's room for it, its tar and its load.
+		est := *meta
+		est.SizeBytes = total
+		if err := o.BeforeCopy(&est, missing, total); err != nil {
+			return nil, err
+		}
 	}
 
 	// Copy.
@@ -664,14 +679,13 @@ func (c *creator) copyImage(ctx context.Context, p *imagePlan) error {
 
 // checkSpace refuses to start a copy that cannot fit: the blobs the work
 // tree lacks, plus the tar when it goes to the same filesystem.
-func (c *creator) checkSpace(plans []*imagePlan, workDir string) error {
+func (c *creator) checkSpace(plans []*imagePlan, workDir string) (missing, total int64, err error) {
 	sizes := map[digest.Digest]int64{}
 	for _, p := range plans {
 		for _, b := range p.blobs {
 			sizes[b.Digest] = b.Size
 		}
 	}
-	var total, missing int64
 	for d, n := range sizes {
 		total += n
 		if _, err := os.Stat(filepath.Join(workDir, filepath.FromSlash(RegistryRoot), filepath.FromSlash(blobDataPath(d)))); err != nil {
@@ -688,18 +702,18 @@ func (c *creator) checkSpace(plans []*imagePlan, workDir string) error {
 		var fi syscall.Stat_t
 		n, err := diskspace.Free(d.dir)
 		if err != nil || syscall.Stat(d.dir, &fi) != nil {
-			return nil // cannot tell: let the writes report it
+			return missing, total, nil // cannot tell: let the writes report it
 		}
 		need[fi.Dev] += d.n
 		free[fi.Dev] = n
 	}
 	for dev, n := range need {
 		if n+n/100 > free[dev] {
-			return fmt.Errorf("%w (disk full): the bundle needs about %s more (%s of images to fetch into %s, a %s tar in %s) and only %s is free: free space or choose other --work-dir/--output",
+			return missing, total, fmt.Errorf("%w (disk full): the bundle needs about %s more (%s of images to fetch into %s, a %s tar in %s) and only %s is free: free space or choose other --work-dir/--output",
 				ErrDiskFull, HumanSize(n), HumanSize(missing), workDir, HumanSize(total), c.o.OutputDir, HumanSize(free[dev]))
 		}
 	}
-	return nil
+	return missing, total, nil
 }
 
 // writeBundle writes the tar as .tar.partial, renames it, then writes the

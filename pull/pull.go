@@ -162,6 +162,11 @@ type Options struct {
 	// SignatureStore is where the release's signature files are asked
 	// for ("" none: the sigstore signatures in the registry still come).
 	SignatureStore string
+	// CheckRoom, when set, is asked once the images are resolved and
+	// before any blob is fetched (bundle.CreateOptions.BeforeCopy): a node
+	// without room to extract and load the release is told so before the
+	// link carries a byte of it, not hours later.
+	CheckRoom func(meta *bundle.Metadata, fetch, total int64) error
 	// Deliver hands a bundle made to the agent, as approved by the
 	// request (it names the release by digest).
 	Deliver func(ctx context.Context, res *bundle.CreateResult) error
@@ -413,7 +418,7 @@ func (p *Puller) create(ctx context.Context, req Request) (*bundle.CreateResult,
 		Release: req.Release, ExtraImages: req.Extras, Arch: p.o.Arch,
 		Mirrors: mirrors, Keychain: keychain, Transport: tr,
 		OutputDir: p.outDir(), WorkDir: p.workDir(),
-		RateLimit: rate, SignatureStore: p.o.SignatureStore,
+		RateLimit: rate, SignatureStore: p.o.SignatureStore, BeforeCopy: p.o.CheckRoom,
 		Log: p.log,
 		Progress: func(pr bundle.Progress) {
 			p.set(func(s *Status) {

@@ -133,7 +133,9 @@ func TestPuller_AnUnreachableRegistryIsReportedAndRetried(t *testing.T) {
 	reg := fixture.NewRegistry(t)
 	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 1})
 	h := newHarness(t, reg, pull.Options{Backoff: 50 * time.Millisecond,
-		Mirrors: func() ([]bundle.Mirror, error) { return []bundle.Mirror{{Prefix: "quay.io/", Location: "127.0.0.1:1/"}}, nil }})
+		Mirrors: func() ([]bundle.Mirror, error) {
+			return []bundle.Mirror{{Prefix: "quay.io/", Location: "127.0.0.1:1/"}}, nil
+		}})
 	h.run(t)
 	if err := h.p.Start(pull.Request{Release: release}); err != nil {
 		t.Fatal(err)

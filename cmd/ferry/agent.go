@@ -156,7 +156,7 @@ func runAgent(ctx context.Context, cfg agent.Config) error {
 	if p != nil {
 		deps.Peers = p
 	}
-	puller, setAgent, err := newPuller(cfg, log)
+	puller, setAgent, err := newPuller(cfg, deps.Loader, log)
 	if err != nil {
 		return err
 	}

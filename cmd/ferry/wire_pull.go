@@ -17,7 +17,7 @@ import (
 // newPuller is registry mode's puller: it fetches through the node's own
 // registries configuration (ferry's drop-in left out), trusting certs_dir,
 // and hands what it made to a through the returned setter.
-func newPuller(cfg agent.Config, log *slog.Logger) (*pull.Puller, func(*agent.Agent), error) {
+func newPuller(cfg agent.Config, loader agent.Loader, log *slog.Logger) (*pull.Puller, func(*agent.Agent), error) {
 	window, err := pull.ParseWindow(cfg.Pull.Window)
 	if err != nil {
 		return nil, nil, err
@@ -38,9 +38,21 @@ func newPuller(cfg agent.Config, log *slog.Logger) (*pull.Puller, func(*agent.Ag
 	}
 	site := &crio.Dropins{RegistriesConfDir: cfg.Paths.RegistriesConfDir}
 	var a *agent.Agent
+	dir := filepath.Join(cfg.Paths.StateDir, "pull")
+	var room func(*bundle.Metadata, int64, int64) error
+	if loader != nil {
+		// The room a stick's bundle needs (extracted, loaded), and the
+		// pull's tar: at its peak the node holds the tar and the
+		// extracted tree (the work tree goes once the tar is written).
+		room = func(meta *bundle.Metadata, _, total int64) error {
+			return loader.CheckRoomBefore(context.Background(), meta,
+				map[string]int64{dir: total, cfg.Paths.ExtractDir: total})
+		}
+	}
 	p, err := pull.New(pull.Options{
-		Dir:  filepath.Join(cfg.Paths.StateDir, "pull"),
-		Arch: cfg.Arch,
+		Dir:       dir,
+		CheckRoom: room,
+		Arch:      cfg.Arch,
 		Mirrors: func() ([]bundle.Mirror, error) {
 			s, err := site.SiteRegistries()
 			if err != nil {

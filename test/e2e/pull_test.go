@@ -126,3 +126,38 @@ func TestRegistryMode_AnImageTheRegistryLacksIsNamedAndNothingLoads(t *testing.T
 		t.Errorf("a release by tag: %v\n%s", err, out)
 	}
 }
+
+// TestRegistryMode_NoRoomIsSaidBeforeTheLinkCarriesTheImages (issue 36,
+// item 5): CRI-O's image store on a small filesystem, with the kubelet's
+// image GC threshold at 50%: the pull is refused once its images are
+// resolved, before their blobs cross the link, saying what to free; it is
+// retried, never loaded.
+func TestRegistryMode_NoRoomIsSaidBeforeTheLinkCarriesTheImages(t *testing.T) {
+	store := smallFS(t, 256<<20)
+	c := crioenv.StartOn(t, store)
+	reg := fixture.NewRegistry(t)
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{Version: "4.13.7", Arch: "x86_64", PayloadImages: 2, ImageSize: 32 << 20})
+	link := fixture.NewLink(t, reg, fixture.LinkOptions{})
+	kubelet := filepath.Join(t.TempDir(), "kubelet.conf")
+	crioenv.Write(t, kubelet, "kind: KubeletConfiguration\nimageGCHighThresholdPercent: 50\nevictionHard:\n  imagefs.available: 5%\n")
+	cfg := nodeConfig(t, c)
+	cfg.CRIO.KubeletConfig = kubelet
+	siteMirror(t, cfg, link)
+	a := ferryenv.Start(t, cfg)
+	a.WaitPhase(bound, agent.PhaseIdle)
+	if out, err := a.Ferry("load", "--release", release); err != nil {
+		t.Fatalf("ferry load --release: %v\n%s", err, out)
+	}
+	s := a.Wait(bound, "the refusal for room", func(s agent.Status) bool {
+		return s.Pull != nil && s.Pull.State == pull.StateRetrying
+	})
+	if !strings.Contains(s.Pull.Error, "not enough space in "+store) || !strings.Contains(s.Line, "not enough space") {
+		t.Errorf("the refusal does not say where room is missing: %q / %q", s.Pull.Error, s.Line)
+	}
+	if sent := link.Sent(); sent > 8<<20 {
+		t.Errorf("%d bytes crossed the link before the room was checked (the images are 64 MiB)", sent)
+	}
+	if s.Phase != string(agent.PhaseIdle) {
+		t.Errorf("phase %s: something was taken in", s.Phase)
+	}
+}
