@@ -653,8 +653,11 @@ func (c *creator) keepChild(d v1.Descriptor) bool {
 
 func (c *creator) copyImage(ctx context.Context, p *imagePlan) error {
 	for _, b := range p.blobs {
-		open := func() (io.ReadCloser, error) {
-			rb := &resumingBlob{ctx: ctx, size: b.Size, pace: c.limit.wait,
+		open := func(from int64) (io.ReadCloser, error) {
+			if from > 0 {
+				c.log.Info("resuming a blob an earlier run began", "blob", b.Digest.String(), "image", p.ref.String(), "at", from, "of", b.Size)
+			}
+			rb := &resumingBlob{ctx: ctx, size: b.Size, off: from, pace: c.limit.wait,
 				open: func(off int64) (io.ReadCloser, error) { return c.blobs.openAt(ctx, p.ref.fetch, b, off) },
 				onCut: func(off int64, err error) {
 					c.log.Warn("a blob's download was cut; resuming where it stopped", "blob", b.Digest.String(), "image", p.ref.String(), "at", off, "of", b.Size, "err", err)

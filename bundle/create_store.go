@@ -96,7 +96,7 @@ func (s *treeStore) hasManifest(ctx context.Context, repo string, d digest.Diges
 // ensureBlob makes blob desc present in the tree and linked into repo,
 // downloading it with open only when the tree does not hold it already.
 // Concurrent calls for one digest download it once.
-func (s *treeStore) ensureBlob(ctx context.Context, repo string, desc ocispec.Descriptor, open func() (io.ReadCloser, error)) error {
+func (s *treeStore) ensureBlob(ctx context.Context, repo string, desc ocispec.Descriptor, open func(off int64) (io.ReadCloser, error)) error {
 	s.need(blobDataPath(desc.Digest))
 	s.need(path.Join("repositories", repo, "_layers", desc.Digest.Algorithm().String(), desc.Digest.Encoded(), "link"))
 	_, err, _ := s.flights.Do("data "+desc.Digest.String(), func() (any, error) {
@@ -113,7 +113,7 @@ func (s *treeStore) ensureBlob(ctx context.Context, repo string, desc ocispec.De
 		if ok {
 			s.reused.Add(1)
 		} else {
-			if err := s.fetch(ctx, repo, desc, open); err != nil {
+			if err := s.fetch(desc, open); err != nil {
 				return nil, err
 			}
 			s.fetched.Add(1)
@@ -159,32 +159,70 @@ func (s *treeStore) checkData(desc ocispec.Descriptor) (bool, error) {
 	return false, os.RemoveAll(filepath.Dir(p))
 }
 
-func (s *treeStore) fetch(ctx context.Context, repo string, desc ocispec.Descriptor, open func() (io.ReadCloser, error)) error {
-	r, err := s.repository(ctx, repo)
+// partialDir holds blobs being fetched, beside the registry tree (which
+// the tar and prune never look outside of): a run that stops keeps what
+// each blob had received, and the next resumes it where it stopped.
+const partialDir = ".partial"
+
+// fetch downloads desc into the tree: into its partial file first, from
+// where an earlier run stopped (open(off) resumes with a Range request),
+// hashed as it comes; renamed to its place in the tree only when its size
+// and digest are right, and linked into repo by ensureBlob.
+func (s *treeStore) fetch(desc ocispec.Descriptor, open func(off int64) (io.ReadCloser, error)) error {
+	if desc.Digest.Algorithm() != digest.SHA256 {
+		return fmt.Errorf("blob %s: only sha256 digests are supported", desc.Digest)
+	}
+	dir := filepath.Join(s.root, partialDir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	part := filepath.Join(dir, desc.Digest.Encoded())
+	f, err := os.OpenFile(part, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return err
 	}
-	rc, err := open()
+	defer f.Close()
+	h := sha256.New()
+	off, err := io.Copy(h, f) // what an earlier run received
 	if err != nil {
 		return err
 	}
-	defer rc.Close()
-	bw, err := r.Blobs(ctx).Create(ctx)
-	if err != nil {
+	if off > desc.Size {
+		if err := f.Truncate(0); err != nil {
+			return err
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		h.Reset()
+		off = 0
+	}
+	if off < desc.Size {
+		rc, err := open(off)
+		if err != nil {
+			return err
+		}
+		// One byte more than the size: a registry that sends more is
+		// caught by the size check, not silently cut.
+		n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(rc, desc.Size-off+1))
+		rc.Close()
+		off += n
+		if err != nil {
+			return err
+		}
+	}
+	if off != desc.Size || hex.EncodeToString(h.Sum(nil)) != desc.Digest.Encoded() {
+		os.Remove(part)
+		return fmt.Errorf("blob %s: the registry sent %d bytes that do not match its digest and size (%d): fetched again on the next try", desc.Digest, off, desc.Size)
+	}
+	if err := f.Sync(); err != nil {
 		return err
 	}
-	if _, err := io.Copy(bw, rc); err != nil {
-		bw.Cancel(ctx)
+	data := filepath.Join(s.root, filepath.FromSlash(RegistryRoot), filepath.FromSlash(blobDataPath(desc.Digest)))
+	if err := os.MkdirAll(filepath.Dir(data), 0o755); err != nil {
 		return err
 	}
-	if _, err := bw.Commit(ctx, ocispec.Descriptor{Digest: desc.Digest, Size: desc.Size, MediaType: desc.MediaType}); err != nil {
-		bw.Cancel(ctx)
-		return fmt.Errorf("blob %s: %w", desc.Digest, err)
-	}
-	s.mu.Lock()
-	s.linked[repo+"@"+desc.Digest.String()] = true
-	s.mu.Unlock()
-	return nil
+	return os.Rename(part, data)
 }
 
 // mountOption links a blob the store already holds into a repository
