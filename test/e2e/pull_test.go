@@ -161,3 +161,43 @@ func TestRegistryMode_NoRoomIsSaidBeforeTheLinkCarriesTheImages(t *testing.T) {
 		t.Errorf("phase %s: something was taken in", s.Phase)
 	}
 }
+
+// TestRegistryMode_AnAgentKilledMidPullResumesWhereItWas (issue 36, item
+// 2): the agent is killed in the middle of a pull; restarted, it resumes
+// the request from disk and every blob where it stopped: the release
+// crosses the link once in all, and ends pinned.
+func TestRegistryMode_AnAgentKilledMidPullResumesWhereItWas(t *testing.T) {
+	c := crioenv.Start(t)
+	reg := fixture.NewRegistry(t)
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{Version: "4.13.7", Arch: "x86_64", PayloadImages: 4, ImageSize: 3 << 20})
+	link := fixture.NewLink(t, reg, fixture.LinkOptions{Rate: 2 << 20})
+	cfg := nodeConfig(t, c)
+	siteMirror(t, cfg, link)
+	a := ferryenv.Start(t, cfg)
+	a.WaitPhase(bound, agent.PhaseIdle)
+	if out, err := a.Ferry("load", "--release", release); err != nil {
+		t.Fatalf("ferry load --release: %v\n%s", err, out)
+	}
+	a.Wait(bound, "a third of the pull", func(s agent.Status) bool {
+		return s.Pull != nil && s.Pull.ToFetch > 0 && s.Pull.Bytes > s.Pull.ToFetch/3
+	})
+	a.Kill()
+	before := link.Sent()
+	a.Restart()
+	s := a.WaitPhase(bound, agent.PhaseClusterReady)
+	var meta *bundle.Metadata
+	for _, r := range s.Bundles {
+		if r.Digest == s.Digest {
+			meta = r.Metadata
+		}
+	}
+	if meta == nil || meta.Release != release {
+		t.Fatalf("the bundle pulled: %+v", meta)
+	}
+	checkPinned(t, c.Client(t), refsOf(meta), true)
+	ratio := float64(link.Sent()) / float64(meta.SizeBytes)
+	t.Logf("killed after %d bytes; %d in all for a %d-byte release: %.3f×", before, link.Sent(), meta.SizeBytes, ratio)
+	if ratio > 1.05 {
+		t.Errorf("%.3f× one copy crossed the link: the restarted pull did not resume", ratio)
+	}
+}
