@@ -86,7 +86,9 @@ type NodeReady struct {
 type BundleAPI interface {
 	UpgradeBundle(ctx context.Context, name string) (BundleView, bool, error)
 	CreateUpgradeBundle(ctx context.Context, name string) error
-	PublishBundle(ctx context.Context, name string, sum BundleSummary, node string, entry BundleNodeEntry) error
+	// PublishBundle writes node's entry, and the summary when sum is not
+	// nil (this node is the summary's one writer, summaryWriter).
+	PublishBundle(ctx context.Context, name string, sum *BundleSummary, node string, entry BundleNodeEntry) error
 	BundleEvent(ctx context.Context, name, uid, node, eventType, reason, message string) error
 	NodeReadiness(ctx context.Context) (map[string]NodeReady, error)
 	// ApprovedDigests is every UpgradeBundle's spec.approvedDigest.
@@ -139,6 +141,28 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: boundList(slices.Concat(r.Warnings, r.SignaturePolicy), maxSummaryWarnings)}
 	rep.entry = BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Condition.Message), Conditions: conditions(r)}
 	return rep
+}
+
+// summaryWriter is the node that writes a resource's summary: the first
+// by name of the nodes that have written their entry there (and this
+// one), leaving out those the gate leaves out and those whose Node is not
+// Ready. Every node picks alike from the same resource; when the writer
+// stops (its Node goes NotReady or is excluded) the next one takes over.
+func summaryWriter(view BundleView, ready map[string]NodeReady, excluded map[string]string, self string) string {
+	writer := self
+	for n, e := range view.Nodes {
+		if e.Phase == "" || n >= writer {
+			continue
+		}
+		if _, out := excluded[n]; out {
+			continue
+		}
+		if r, known := ready[n]; known && !r.Ready {
+			continue
+		}
+		writer = n
+	}
+	return writer
 }
 
 // What the resource's CRD (packaging/upgradebundle-crd.yaml) bounds, and
@@ -410,9 +434,17 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *bundleRepor
 	entry.Excluded = excluded[a.cfg.NodeName]
 	rep2 := *rep
 	rep2.entry = entry
-	sum := summarize(&rep2, view, a.cfg.NodeName, slices.Collect(maps.Keys(ready)), excluded)
+	// Each node writes its own entry; the summary, derived from every
+	// entry, has one writer, so that no node's write changes what another
+	// wrote (summaryWriter).
+	var sum BundleSummary
+	var sump *BundleSummary
+	if summaryWriter(view, ready, excluded, a.cfg.NodeName) == a.cfg.NodeName {
+		sum = summarize(&rep2, view, a.cfg.NodeName, slices.Collect(maps.Keys(ready)), excluded)
+		sump = &sum
+	}
 	if written.name != rep.name || !reflect.DeepEqual(written.sum, sum) || !reflect.DeepEqual(written.entry, entry) {
-		if err := api.PublishBundle(cctx, rep.name, sum, a.cfg.NodeName, entry); err != nil {
+		if err := api.PublishBundle(cctx, rep.name, sump, a.cfg.NodeName, entry); err != nil {
 			return err
 		}
 		written.name, written.sum, written.entry = rep.name, sum, entry

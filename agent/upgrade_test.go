@@ -396,14 +396,17 @@ func (f *fakeAPI) CreateUpgradeBundle(_ context.Context, name string) error {
 	return nil
 }
 
-func (f *fakeAPI) PublishBundle(_ context.Context, name string, sum BundleSummary, node string, e BundleNodeEntry) error {
+func (f *fakeAPI) PublishBundle(_ context.Context, name string, sum *BundleSummary, node string, e BundleNodeEntry) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b := f.bundles[name]
 	if b == nil {
 		return errors.New("upgradebundle " + name + " not found")
 	}
-	b.sum, b.nodes[node] = sum, e
+	b.nodes[node] = e
+	if sum != nil {
+		b.sum = *sum
+	}
 	return nil
 }
 

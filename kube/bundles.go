@@ -132,6 +132,16 @@ func (c *Client) CreateUpgradeBundle(ctx context.Context, name string) error {
 // PublishBundleStatus writes the summary and node's own entry into the
 // UpgradeBundle's status with one merge patch: other nodes' entries stay.
 func (c *Client) PublishBundleStatus(ctx context.Context, name string, sum BundleSummary, node string, entry BundleNode) error {
+	return c.publishBundle(ctx, name, &sum, node, entry)
+}
+
+// PublishBundleEntry writes node's own entry only: the summary is one
+// other node's to write.
+func (c *Client) PublishBundleEntry(ctx context.Context, name, node string, entry BundleNode) error {
+	return c.publishBundle(ctx, name, nil, node, entry)
+}
+
+func (c *Client) publishBundle(ctx context.Context, name string, sum *BundleSummary, node string, entry BundleNode) error {
 	// A merge patch keeps what it does not name: a field now empty is
 	// sent as null, or a reason from an earlier phase would stay.
 	own := map[string]any{"phase": entry.Phase, "digest": entry.Digest, "reason": entry.Reason, "excluded": entry.Excluded, "conditions": entry.Conditions}
@@ -141,9 +151,11 @@ func (c *Client) PublishBundleStatus(ctx context.Context, name string, sum Bundl
 		}
 	}
 	status := map[string]any{"nodes": map[string]any{node: own}}
-	for k, v := range map[string]any{"version": sum.Version, "arch": sum.Arch, "release": sum.Release, "digest": sum.Digest,
-		"size": sum.Size, "images": sum.Images, "phase": sum.Phase, "nodesReady": sum.NodesReady, "approved": sum.Approved, "warnings": sum.Warnings, "excluded": sum.Excluded} {
-		status[k] = v
+	if sum != nil {
+		for k, v := range map[string]any{"version": sum.Version, "arch": sum.Arch, "release": sum.Release, "digest": sum.Digest,
+			"size": sum.Size, "images": sum.Images, "phase": sum.Phase, "nodesReady": sum.NodesReady, "approved": sum.Approved, "warnings": sum.Warnings, "excluded": sum.Excluded} {
+			status[k] = v
+		}
 	}
 	err := c.do(ctx, "PATCH", bundlesPath+"/"+url.PathEscape(name)+"/status", mergePatch, map[string]any{"status": status}, nil)
 	if err != nil {

@@ -24,7 +24,9 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -76,6 +78,20 @@ type Client struct {
 	// 5xx; Backoff is the first wait, doubled each time.
 	Attempts int
 	Backoff  time.Duration
+	// FieldManager names this node's writes in the objects' managedFields
+	// ("ferry-<node>"), so that each node's part of a shared object shows
+	// as its own; "" lets the API server name it after the user agent.
+	FieldManager string
+}
+
+// FieldManager is node's field manager: "ferry-<node>", within the API
+// server's 128 characters.
+func FieldManager(node string) string {
+	m := "ferry-" + node
+	if len(m) > 128 {
+		m = m[:128]
+	}
+	return m
 }
 
 // New reads a kubeconfig and returns a client for its current context.
@@ -200,6 +216,13 @@ func (c *Client) once(ctx context.Context, method, path, contentType string, pay
 
 // request is a request to path with ferry's identity.
 func (c *Client) request(ctx context.Context, method, path, contentType string, body io.Reader) (*http.Request, error) {
+	if c.FieldManager != "" && (method == http.MethodPatch || method == http.MethodPost || method == http.MethodPut) {
+		sep := "?"
+		if strings.Contains(path, "?") {
+			sep = "&"
+		}
+		path += sep + "fieldManager=" + url.QueryEscape(c.FieldManager)
+	}
 	req, err := http.NewRequestWithContext(ctx, method, c.ep.server+path, body)
 	if err != nil {
 		return nil, err

@@ -72,7 +72,7 @@ func (k clusterAPI) UpgradeBundle(ctx context.Context, name string) (agent.Bundl
 	return v, true, nil
 }
 
-func (k clusterAPI) PublishBundle(ctx context.Context, name string, s agent.BundleSummary, node string, e agent.BundleNodeEntry) error {
+func (k clusterAPI) PublishBundle(ctx context.Context, name string, s *agent.BundleSummary, node string, e agent.BundleNodeEntry) error {
 	entry := kube.BundleNode{Phase: e.Phase, Digest: e.Digest, Reason: e.Reason, Excluded: e.Excluded}
 	for _, c := range e.Conditions {
 		bc := kube.BundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
@@ -81,7 +81,10 @@ func (k clusterAPI) PublishBundle(ctx context.Context, name string, s agent.Bund
 		}
 		entry.Conditions = append(entry.Conditions, bc)
 	}
-	return k.Client.PublishBundleStatus(ctx, name, kube.BundleSummary(s), node, entry)
+	if s == nil {
+		return k.Client.PublishBundleEntry(ctx, name, node, entry)
+	}
+	return k.Client.PublishBundleStatus(ctx, name, kube.BundleSummary(*s), node, entry)
 }
 
 func (k clusterAPI) NodeReadiness(ctx context.Context) (map[string]agent.NodeReady, error) {
@@ -109,6 +112,8 @@ func newClusterAPI(cfg *agent.Config, log *slog.Logger) (agent.ClusterAPI, []str
 	if err := nodeFromIdentity(cfg, c, log); err != nil {
 		return nil, nil, nil, err
 	}
+	// Each node's writes under its own name in managedFields.
+	c.FieldManager = kube.FieldManager(cfg.NodeName)
 	var warnings []string
 	if c.Insecure() {
 		warnings = append(warnings, kube.InsecureWarning(c.Server()))

@@ -199,8 +199,11 @@ func TestPolicy_ANodeCannotForgeTheSummaryOrAnotherNodesEvents(t *testing.T) {
 	const policy = "ferry-upgradebundle"
 	denied(t, "the summary's digest, forged with its own entry", publish(func(s *kube.BundleSummary, _ *kube.BundleNode) { s.Digest = forged }), policy)
 	denied(t, "the summary's digest with no entry of its own", status(map[string]any{"digest": forged}), policy)
-	denied(t, "the summary's approved with no entry of its own", status(map[string]any{"approved": "digest"}), policy)
-	denied(t, "the real digest beside its own other one", publish(func(*kube.BundleSummary, *kube.BundleNode) {}), policy)
+	denied(t, "the summary's approved with no entry of its own", status(map[string]any{"approved": "signature"}), policy)
+	// The summary has one writer: an entry-only write leaves it as its
+	// writer wrote it (who then says the disagreement), but a write that
+	// changes it must agree with every entry.
+	denied(t, "the real digest beside its own other one", publish(func(s *kube.BundleSummary, _ *kube.BundleNode) { s.Phase = "extracted" }), policy)
 	denied(t, "an empty digest with the disagreement hidden", publish(func(s *kube.BundleSummary, _ *kube.BundleNode) { s.Digest = "" }), policy)
 	agreeing := func(f func(s *kube.BundleSummary)) func(*kube.BundleSummary, *kube.BundleNode) {
 		return func(s *kube.BundleSummary, n *kube.BundleNode) { n.Digest = real; f(s) }

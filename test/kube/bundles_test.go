@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -226,5 +227,53 @@ func TestAgent_SpecCleanupTakesOutABundleWaitingForApproval(t *testing.T) {
 	})
 	if _, err := os.Stat(n.tree); !os.IsNotExist(err) {
 		t.Fatalf("the extracted tree is still there: %v", err)
+	}
+}
+
+// TestClient_EachNodeWritesOnlyItsOwn (issue 35, item 1): with each
+// node's writes under its own field manager, the API server's
+// managedFields show it: the summary's writer owns the summary and its
+// entry, the other node its entry alone, and neither write touched what
+// the other wrote.
+func TestClient_EachNodeWritesOnlyItsOwn(t *testing.T) {
+	e := kubeenv.Start(t, current)
+	ca := ferryClient(t, e)
+	e.AddNode("node-b", "10.0.0.2")
+	cb := nodeClient(t, e, "node-b")
+	ca.FieldManager, cb.FieldManager = kube.FieldManager("node-a"), kube.FieldManager("node-b")
+	installBundles(e)
+	ctx := t.Context()
+	if err := ca.CreateUpgradeBundle(ctx, bundleName); err != nil {
+		t.Fatal(err)
+	}
+	d := "sha256:" + strings.Repeat("a", 64)
+	sum := kube.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: d, Phase: "loading", NodesReady: "0/2"}
+	if err := ca.PublishBundleStatus(ctx, bundleName, sum, "node-a", kube.BundleNode{Phase: "loading", Digest: d}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cb.PublishBundleEntry(ctx, bundleName, "node-b", kube.BundleNode{Phase: "loaded", Digest: d}); err != nil {
+		t.Fatal(err)
+	}
+	o := e.Bundle(bundleName)
+	st, _ := o["status"].(map[string]any)
+	if st["phase"] != "loading" || st["nodesReady"] != "0/2" {
+		t.Errorf("node-b's entry changed the summary: %v", st)
+	}
+	owned := map[string]string{}
+	mfs, _ := o["metadata"].(map[string]any)["managedFields"].([]any)
+	for _, mf := range mfs {
+		m, _ := mf.(map[string]any)
+		if m["subresource"] != "status" {
+			continue
+		}
+		b, _ := json.Marshal(m["fieldsV1"])
+		owned[m["manager"].(string)] += string(b)
+	}
+	a, b := owned["ferry-node-a"], owned["ferry-node-b"]
+	if !strings.Contains(a, `"f:nodesReady"`) || !strings.Contains(a, `"f:node-a"`) || strings.Contains(a, `"f:node-b"`) {
+		t.Errorf("ferry-node-a owns %s", a)
+	}
+	if !strings.Contains(b, `"f:node-b"`) || strings.Contains(b, `"f:node-a"`) || strings.Contains(b, `"f:nodesReady"`) || strings.Contains(b, `"f:version"`) {
+		t.Errorf("ferry-node-b owns %s: more than its own entry", b)
 	}
 }
