@@ -293,7 +293,7 @@ func realBundle(t *testing.T, reg *fixture.Registry, version string, seed uint64
 
 // checkPinned checks every image of meta is present and pinned in n's
 // CRI-O, or that none is pinned (want false).
-func (an *anode) checkPinned(t *testing.T, meta *bundle.Metadata, want bool) {
+func (an *anode) checkPinned(t testing.TB, meta *bundle.Metadata, want bool) {
 	t.Helper()
 	cl := an.CRIO.Client(t)
 	for _, ref := range bundle.PullRefs(meta.AllImages()) {

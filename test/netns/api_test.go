@@ -23,7 +23,7 @@ const runningRelease = "quay.io/openshift-release-dev/ocp-release@sha256:1111111
 // the shared file system joins the two sides (the host's own network is
 // not touched). It returns the Setup to pass to newFleet: each node gets
 // its Node and its own credential (a token bound to its Node).
-func forwardAPI(t *testing.T, e *kubeenv.Env) func(n *Node, cfg *agent.Config) {
+func forwardAPI(t testing.TB, e *kubeenv.Env) func(n *Node, cfg *agent.Config) {
 	fwd := forwardPort(t, e.Port)
 	return func(n *Node, cfg *agent.Config) {
 		fwd(n)
@@ -36,7 +36,7 @@ func forwardAPI(t *testing.T, e *kubeenv.Env) func(n *Node, cfg *agent.Config) {
 // inside each node it is called for (socat there, through a unix socket):
 // the nodes' namespaces cannot reach the host's loopback otherwise, and
 // the same address keeps a server's certificate valid.
-func forwardPort(t *testing.T, port int) func(n *Node) {
+func forwardPort(t testing.TB, port int) func(n *Node) {
 	sock := filepath.Join(t.TempDir(), "fwd.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {

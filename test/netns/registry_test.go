@@ -31,15 +31,7 @@ func TestAgents_RegistryModeEachByteCrossesTheLinkOnce(t *testing.T) {
 	reg.PushImage(t, "my-company/my-workload", "v1")
 	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{Version: "4.13.8", PayloadImages: 6, ImageSize: 1 << 20, Seed: 36})
 	link := fixture.NewLink(t, reg, fixture.LinkOptions{CutEvery: 2, Rate: 4 << 20})
-	port, _ := strconv.Atoi(link.Host()[strings.LastIndex(link.Host(), ":")+1:])
-	api, toLink := forwardAPI(t, e), forwardPort(t, port)
-	f := newFleet(t, fleetOptions{Nodes: 3, CRIO: true, Setup: func(n *Node, cfg *agent.Config) {
-		api(n, cfg)
-		toLink(n)
-		cfg.Approval = "required"
-		link.TrustIn(t, cfg.Paths.CertsDir)
-		crioenv.Write(t, filepath.Join(filepath.Dir(cfg.Paths.RegistriesConfDir), "registries.conf"), link.RegistriesConf())
-	}})
+	f := registryFleet(t, e, link, 3)
 	first := f.nodes[0]
 	for _, n := range f.nodes[1:] {
 		if n.Name < first.Name {
@@ -93,4 +85,25 @@ func TestAgents_RegistryModeEachByteCrossesTheLinkOnce(t *testing.T) {
 		du := e.DesiredUpdate()
 		return du != nil && du["image"] == release
 	})
+}
+
+// registryFleet is n agents with real CRI-Os on e's API server, approval
+// required, whose registries.conf mirrors quay.io to link (reached at
+// the same address inside each node), as a site's nodes would be.
+func registryFleet(t testing.TB, e *kubeenv.Env, link *fixture.Link, n int) *fleet {
+	t.Helper()
+	api, toLink := forwardAPI(t, e), forwardPort(t, linkPort(link))
+	return newFleet(t, fleetOptions{Nodes: n, CRIO: true, Setup: func(nd *Node, cfg *agent.Config) {
+		api(nd, cfg)
+		toLink(nd)
+		cfg.Approval = "required"
+		link.TrustIn(t, cfg.Paths.CertsDir)
+		crioenv.Write(t, filepath.Join(filepath.Dir(cfg.Paths.RegistriesConfDir), "registries.conf"), link.RegistriesConf())
+	}})
+}
+
+// linkPort is the port link listens on (on the host's loopback).
+func linkPort(link *fixture.Link) int {
+	port, _ := strconv.Atoi(link.Host()[strings.LastIndex(link.Host(), ":")+1:])
+	return port
 }
