@@ -42,11 +42,13 @@ const (
 //     refuses it (mcopy), and `ferry bundle verify` reads it back through
 //     exFAT: its sha256 and every blob past the 4 GiB boundary, the tree
 //     check;
-//   - guest: that stick, hot-plugged, is read by the node's own kernel
-//     exfat driver, its size and the bytes past 4 GiB as the host wrote
-//     them;
 //   - guest: ferry, under the packaged unit, mounts an exFAT stick itself
-//     and loads its bundle, every image pinned in CRI-O, no refusal.
+//     (the kernel loads exfat for that mount, in spite of the unit's
+//     ProtectKernelModules=yes) and loads its bundle, every image pinned
+//     in CRI-O, no refusal;
+//   - guest: the big stick, hot-plugged, is read by the node's own kernel
+//     exfat driver: its size and the bytes past 4 GiB as the host wrote
+//     them.
 //
 // The big bundle's bulk is one layer of zeros (with a random tail) in a
 // sparse file: it costs the host's disk nothing until it is copied onto
@@ -131,33 +133,17 @@ func TestSingleNode_ExFATStickWithABundleOver4GiBLoads(t *testing.T) {
 	e.waitReady(t, ctx, v)
 	requireActive(t, ctx, v)
 
-	// --- guest: the node's kernel reads the file past 4 GiB (ferry stopped:
-	// its reading the whole bundle is what the host part proved)
-	sh(t, ctx, v, "systemctl stop ferry")
-	if err := v.PlugUSB(ctx, "big", bigStick, true); err != nil {
-		t.Fatal(err)
+	// --- guest: ferry mounts an exFAT stick itself and loads its bundle;
+	// first, so that the kernel loads exfat for ferry's mount, under the
+	// unit's ProtectKernelModules=yes
+	if out := sh(t, ctx, v, "grep -c '^exfat ' /proc/modules || true"); strings.TrimSpace(out) != "0" {
+		t.Fatalf("exfat is loaded before any stick: the test would not see ferry's mount load it")
 	}
-	dev := usbDisk(t, ctx, v)
-	tarIn := "/mnt/big/" + meta.Name() + ".tar"
-	r := sh2(t, ctx, v, "udevadm settle; udevadm info -q property "+dev+" | grep '^ID_FS_TYPE='; mkdir -p /mnt/big && mount -o ro "+dev+" /mnt/big && "+
-		"stat -c %s "+tarIn+" && dd if="+tarIn+" bs=1M skip=4096 status=none | sha256sum; umount /mnt/big")
-	t.Logf("guest, the big stick (%.1fs):\n%s", r.Seconds, r.Stdout)
-	want := fmt.Sprintf("ID_FS_TYPE=exfat\n%d\n%s  -\n", big.size, big.pastHash)
-	if r.Stdout != want {
-		t.Errorf("the guest's kernel read the big stick as\n%s\nwant\n%s", r.Stdout, want)
-	}
-	if err := v.UnplugUSB(ctx, "big"); err != nil {
-		t.Fatal(err)
-	}
-	sh(t, ctx, v, "for i in $(seq 300); do ls /dev/disk/by-id/usb-* >/dev/null 2>&1 || break; sleep 0.1; done; systemctl start ferry")
-	requireActive(t, ctx, v)
-
-	// --- guest: ferry mounts an exFAT stick itself and loads its bundle
 	took := plugAndLoad(t, ctx, v, "stick", stick, b)
 	checkLoadedNode(t, ctx, v, b)
 	t.Logf("TIMING exFAT stick, %d images, %.1f MiB: plug-to-loaded %.1fs", len(b.Refs), float64(b.Bytes)/(1<<20), took.Seconds())
 	// it came from the exFAT stick: a filesystem ferry must mount to read
-	dev = usbDisk(t, ctx, v)
+	dev := usbDisk(t, ctx, v)
 	if got := sh(t, ctx, v, "udevadm info -q property "+dev+" | grep '^ID_FS_TYPE='"); got != "ID_FS_TYPE=exfat\n" {
 		t.Errorf("the stick in the guest is %q, want exfat", got)
 	}
@@ -171,6 +157,26 @@ func TestSingleNode_ExFATStickWithABundleOver4GiBLoads(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkAfterUnplug(t, ctx, v, b)
+
+	// --- guest: the node's kernel reads the file past 4 GiB (ferry stopped:
+	// its reading the whole bundle is what the host part proved)
+	sh(t, ctx, v, "systemctl stop ferry")
+	if err := v.PlugUSB(ctx, "big", bigStick, true); err != nil {
+		t.Fatal(err)
+	}
+	dev = usbDisk(t, ctx, v)
+	tarIn := "/mnt/big/" + meta.Name() + ".tar"
+	r := sh2(t, ctx, v, "udevadm settle; udevadm info -q property "+dev+" | grep '^ID_FS_TYPE='; mkdir -p /mnt/big && mount -o ro "+dev+" /mnt/big && "+
+		"stat -c %s "+tarIn+" && dd if="+tarIn+" bs=1M skip=4096 status=none | sha256sum; umount /mnt/big")
+	t.Logf("guest, the big stick (%.1fs):\n%s", r.Seconds, r.Stdout)
+	want := fmt.Sprintf("ID_FS_TYPE=exfat\n%d\n%s  -\n", big.size, big.pastHash)
+	if r.Stdout != want {
+		t.Errorf("the guest's kernel read the big stick as\n%s\nwant\n%s", r.Stdout, want)
+	}
+	if err := v.UnplugUSB(ctx, "big"); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, ctx, v, "for i in $(seq 300); do ls /dev/disk/by-id/usb-* >/dev/null 2>&1 || exit 0; sleep 0.1; done; exit 1")
 }
 
 // makeBundleOver4GiB lays out a registry tree holding one image whose
