@@ -57,7 +57,7 @@ func TestSingleNode_ExFATStickWithABundleOver4GiBLoads(t *testing.T) {
 	e := setup(t)
 	for _, c := range []string{"mkfs.exfat", "mount.exfat-fuse", "losetup", "mdir"} {
 		if _, err := exec.LookPath(c); err != nil {
-			need(t, "%s not installed: run test/setup/install-deps.sh", c)
+			need(t, "%s not installed: run test/setup/setup-vm-host.sh", c)
 		}
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
