@@ -8,6 +8,7 @@ pkgs=(
   docker-registry skopeo minisign openssl     # outside checkers
   tar coreutils util-linux e2fsprogs dosfstools mtools udev kmod iproute2
   genisoimage                                 # test/vm: a bundle on an ISO, as BMC virtual media
+  exfatprogs exfat-fuse                       # test/vm: an exFAT stick, written without the kernel's exfat
   curl ca-certificates rpm time rpm2cpio cpio      # rpm: make rpm and test/packaging
   systemd zsh fish                            # systemd-analyze; completion tests
   dbus-daemon                                 # systemd/reload_dbus_test.go: a private bus

@@ -7,6 +7,7 @@ pkgs=(
   qemu-system-x86 qemu-utils          # the VMs
   mmdebstrap e2fsprogs                # guest root image, built without mounting
   dosfstools mtools fdisk             # stick images
+  exfatprogs exfat-fuse               # exFAT stick images (the host kernel may lack exfat)
   kmod busybox-static cpio            # guest initramfs and modules
   util-linux socat                    # unshare, losetup; a debug line channel
   xz-utils                            # the uncompressed kernel for PVH boot

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 )
 
 // MakeVFATStick writes a FAT32 stick image (no partition table, like a
@@ -77,6 +78,84 @@ func MakeISO(ctx context.Context, img string, files ...string) error {
 	args := append([]string{"-quiet", "-iso-level", "3", "-J", "-R", "-V", "FERRY", "-o", img}, files...)
 	if out, err := exec.CommandContext(ctx, "genisoimage", args...).CombinedOutput(); err != nil {
 		return fmt.Errorf("genisoimage: %w: %s", err, out)
+	}
+	return nil
+}
+
+// MakeExFATStick formats a sparse image of size bytes as exFAT (no
+// partition table, mkfs.exfat) and runs fill with the stick's root
+// mounted read-write. The host's kernel may have no exfat driver (the
+// guest's has), so the stick is mounted through exfat-fuse on a loop
+// device.
+func MakeExFATStick(ctx context.Context, img string, size int64, fill func(root string) error) error {
+	os.Remove(img)
+	if err := os.WriteFile(img, nil, 0o644); err != nil {
+		return err
+	}
+	if err := os.Truncate(img, size); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "mkfs.exfat", "-L", "FERRY", img).CombinedOutput(); err != nil {
+		return fmt.Errorf("mkfs.exfat: %w: %s", err, out)
+	}
+	return WithExFATMounted(ctx, img, true, fill)
+}
+
+// WithExFATMounted runs fn with the exFAT stick image img mounted
+// (exfat-fuse over a loop device; read-only unless rw), and unmounts it.
+func WithExFATMounted(ctx context.Context, img string, rw bool, fn func(root string) error) (err error) {
+	loopArgs, fuseOpts := []string{"-f", "--show"}, "rw"
+	if !rw {
+		loopArgs, fuseOpts = []string{"-f", "--show", "-r"}, "ro"
+	}
+	out, err := exec.CommandContext(ctx, "losetup", append(loopArgs, img)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("losetup %s: %w: %s", img, err, out)
+	}
+	loop := strings.TrimSpace(string(out))
+	defer func() {
+		if out, derr := exec.Command("losetup", "-d", loop).CombinedOutput(); derr != nil && err == nil {
+			err = fmt.Errorf("losetup -d %s: %w: %s", loop, derr, out)
+		}
+	}()
+	root, err := os.MkdirTemp("", "ferry-exfat-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(root)
+	// exfat-fuse wants a block device when run as root: hence the loop device
+	if out, err := exec.CommandContext(ctx, "mount.exfat-fuse", "-o", fuseOpts, loop, root).CombinedOutput(); err != nil {
+		return fmt.Errorf("mount.exfat-fuse %s: %w: %s", loop, err, out)
+	}
+	defer func() {
+		// fusermount/umount return once exfat-fuse has written everything back
+		if out, uerr := exec.Command("umount", root).CombinedOutput(); uerr != nil && err == nil {
+			err = fmt.Errorf("umount %s: %w: %s", root, uerr, out)
+		}
+	}()
+	return fn(root)
+}
+
+// copyInto copies files into dir.
+func copyInto(dir string, files ...string) error {
+	for _, f := range files {
+		src, err := os.Open(f)
+		if err != nil {
+			return err
+		}
+		dst, err := os.Create(filepath.Join(dir, filepath.Base(f)))
+		if err != nil {
+			src.Close()
+			return err
+		}
+		_, err = io.Copy(dst, src)
+		src.Close()
+		if cerr := dst.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }
