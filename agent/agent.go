@@ -154,6 +154,9 @@ type Agent struct {
 
 	snap atomic.Pointer[snapshot]
 	beat atomic.Int64 // unix nanos of the loop's last turn, for the watchdog
+	// awaitingSource: the cluster asks for a release from the registry
+	// that this node does not hold yet (registry.go): it moves.
+	awaitingSource atomic.Bool
 	// followed is fired when what the API's followers act on changes in
 	// the snapshot (followKey).
 	followed signal

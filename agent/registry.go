@@ -57,6 +57,11 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]Registry
 		*last = srcs
 		a.post(evClusterSources{sources: srcs})
 	}
+	awaiting := false
+	for _, s := range srcs {
+		awaiting = awaiting || !a.holdsRelease(s.Release)
+	}
+	a.awaitingSource.Store(awaiting)
 	if len(srcs) == 0 || a.deps.Puller == nil {
 		return nil
 	}

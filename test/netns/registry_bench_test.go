@@ -20,7 +20,7 @@ import (
 
 var (
 	regNodes   = flag.String("regmode.nodes", "3,8", "BenchmarkRegistryMode: node counts")
-	regRateMB  = flag.Float64("regmode.rate", 4, "BenchmarkRegistryMode: the site's link to its registry in MB/s (10^6 bytes), all nodes together")
+	regRateMB  = flag.Float64("regmode.rate", 2.5, "BenchmarkRegistryMode: the site's link to its registry in MB/s (10^6 bytes), all nodes together")
 	regSizeMiB = flag.Int64("regmode.size", 64, "BenchmarkRegistryMode: the release's payload in MiB, in -regmode.images equal images")
 	regImages  = flag.Int("regmode.images", 16, "BenchmarkRegistryMode: payload images in the release (plus the release image and one extra image)")
 	regWorkers = flag.Int("regmode.workers", 5, "BenchmarkRegistryMode: pulls in flight per node in the CRI-O modes (the MCO's defaultPrefetchWorkers; its control-plane pools use 1)")
