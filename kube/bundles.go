@@ -226,21 +226,18 @@ func (c *Client) NodeReadiness(ctx context.Context) (map[string]NodeReady, error
 // ApprovedDigests is every UpgradeBundle's spec.approvedDigest (none
 // without the CRD).
 func (c *Client) ApprovedDigests(ctx context.Context) ([]string, error) {
-	var list struct {
-		Items []upgradeBundle `json:"items"`
-	}
-	err := c.do(ctx, "GET", bundlesPath, "", nil, &list)
-	if IsNotFound(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("listing the upgradebundles: %w", err)
-	}
-	return approvedOf(list.Items), nil
+	bs, err := c.listBundles(ctx)
+	return approvedOf(bs), err
 }
 
 // Sources is every UpgradeBundle's spec.source (none without the CRD).
 func (c *Client) Sources(ctx context.Context) ([]Source, error) {
+	bs, err := c.listBundles(ctx)
+	return sourcesOf(bs), err
+}
+
+// listBundles is every UpgradeBundle (none without the CRD).
+func (c *Client) listBundles(ctx context.Context) ([]upgradeBundle, error) {
 	var list struct {
 		Items []upgradeBundle `json:"items"`
 	}
@@ -251,7 +248,7 @@ func (c *Client) Sources(ctx context.Context) ([]Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing the upgradebundles: %w", err)
 	}
-	return sourcesOf(list.Items), nil
+	return list.Items, nil
 }
 
 func sourcesOf(bundles []upgradeBundle) []Source {

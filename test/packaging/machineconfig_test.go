@@ -2,10 +2,8 @@ package packaging
 
 import (
 	"bytes"
-	"encoding/base64"
 	"flag"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,6 +13,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/internal/dataurl"
 )
 
 var update = flag.Bool("update", false, "rewrite packaging/machineconfig/*.bu and *.yaml from their sources")
@@ -151,26 +150,11 @@ func dataURL(b []byte) string {
 
 func decodeDataURL(t *testing.T, u string) []byte {
 	t.Helper()
-	rest, ok := strings.CutPrefix(u, "data:")
-	if !ok {
-		t.Fatalf("%.40q is not a data URL", u)
-	}
-	header, data, ok := strings.Cut(rest, ",")
-	if !ok {
-		t.Fatalf("data URL without a comma")
-	}
-	if strings.HasSuffix(header, ";base64") {
-		b, err := base64.StdEncoding.DecodeString(data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
-	s, err := url.PathUnescape(data)
+	b, err := dataurl.Decode(u)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return []byte(s)
+	return b
 }
 
 func marshalYAML(t *testing.T, header string, v any) []byte {

@@ -2,9 +2,7 @@ package vm
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"path"
@@ -15,6 +13,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/ferry-edge/ferry/internal/dataurl"
 )
 
 // TestSingleNode_InstallsFerryFromAStick (issue 33, item 1): a node that
@@ -299,25 +299,13 @@ func (mc *shippedMC) file(t *testing.T, p string) string {
 	return ""
 }
 
-// dataURLBytes decodes an Ignition data URL (percent-encoded or base64).
 func dataURLBytes(t *testing.T, u string) []byte {
 	t.Helper()
-	header, data, ok := strings.Cut(strings.TrimPrefix(u, "data:"), ",")
-	if !ok || !strings.HasPrefix(u, "data:") {
-		t.Fatalf("%.40q is not a data URL", u)
-	}
-	if strings.HasSuffix(header, ";base64") {
-		b, err := base64.StdEncoding.DecodeString(data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
-	s, err := url.PathUnescape(data)
+	b, err := dataurl.Decode(u)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return []byte(s)
+	return b
 }
 
 // layOutMachineConfig writes the MachineConfig's files and units into the
