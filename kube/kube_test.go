@@ -9,6 +9,8 @@ import (
 	"encoding/base64"
 	"encoding/pem"
 	"math/big"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -132,5 +134,43 @@ func TestUpgradeOf_ReadsHistoryAndConditionsAsTheOperatorWritesThem(t *testing.T
 				t.Fatalf("got %+v, want state %q reason %q", u, tc.state, tc.reason)
 			}
 		})
+	}
+}
+
+// A server reached by an address its certificate does not name (a
+// forwarded port) is checked against the kubeconfig's tls-server-name:
+// without it the connection is refused, with it the call goes through.
+func TestKubeconfig_TLSServerNameChecksTheCertificateByThatName(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"major":"1"}`))
+	}))
+	defer srv.Close()
+	dir := t.TempDir()
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	os.WriteFile(filepath.Join(dir, "ca.crt"), ca, 0o600)
+	os.WriteFile(filepath.Join(dir, "token"), []byte("t\n"), 0o600)
+	// httptest's certificate names example.com and 127.0.0.1, not localhost.
+	server := strings.Replace(srv.URL, "127.0.0.1", "localhost", 1)
+	call := func(extra string) error {
+		p := filepath.Join(dir, "kc")
+		os.WriteFile(p, []byte(`
+clusters: [{name: c, cluster: {server: "`+server+`", certificate-authority: ca.crt`+extra+`}}]
+users: [{name: u, user: {tokenFile: token}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x`), 0o600)
+		c, err := New(p, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Attempts = 1
+		var v map[string]any
+		return c.Raw(t.Context(), "GET", "/version", "", nil, &v)
+	}
+	if err := call(""); err == nil {
+		t.Fatal("a certificate that does not name the address was accepted")
+	}
+	if err := call(", tls-server-name: example.com"); err != nil {
+		t.Fatalf("with tls-server-name: %v", err)
 	}
 }

@@ -24,6 +24,10 @@ type kubeconfig struct {
 			CertificateAuthority     string `yaml:"certificate-authority"`
 			CertificateAuthorityData string `yaml:"certificate-authority-data"`
 			InsecureSkipTLSVerify    bool   `yaml:"insecure-skip-tls-verify"`
+			// TLSServerName is the name the server's certificate is
+			// checked against when the server is reached by another
+			// (a forwarded port, an address the certificate does not name).
+			TLSServerName string `yaml:"tls-server-name"`
 		} `yaml:"cluster"`
 	} `yaml:"clusters"`
 	Users []struct {
@@ -128,6 +132,7 @@ func loadKubeconfig(path string) (endpoint, error) {
 			}
 			ep.tls.RootCAs = pool
 		}
+		ep.tls.ServerName = c.Cluster.TLSServerName
 		ep.tls.InsecureSkipVerify = c.Cluster.InsecureSkipTLSVerify
 		ep.insecure = c.Cluster.InsecureSkipTLSVerify
 	}
