@@ -1,8 +1,6 @@
 package netns
 
 import (
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -37,30 +35,7 @@ func forwardAPI(t testing.TB, e *kubeenv.Env) func(n *Node, cfg *agent.Config) {
 // the nodes' namespaces cannot reach the host's loopback otherwise, and
 // the same address keeps a server's certificate valid.
 func forwardPort(t testing.TB, port int) func(n *Node) {
-	sock := filepath.Join(t.TempDir(), "fwd.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				up, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port))
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				go io.Copy(up, c)
-				io.Copy(c, up)
-			}()
-		}
-	}()
+	sock := fixture.ForwardUnix(t, "127.0.0.1:"+strconv.Itoa(port))
 	return func(n *Node) {
 		n.Start("forward-"+strconv.Itoa(port), "socat", "TCP-LISTEN:"+strconv.Itoa(port)+",bind=127.0.0.1,fork,reuseaddr", "UNIX-CONNECT:"+sock)
 	}

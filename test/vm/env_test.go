@@ -142,21 +142,28 @@ func crioDir(ctx context.Context) (string, error) {
 	return lines[len(lines)-1], nil
 }
 
-// boot starts one guest for the test and waits for systemd; the guest is
-// killed when the test ends, and its logs are kept under FERRY_VM_KEEP.
+// boot starts one guest for the test; the guest is killed when the test
+// ends, and its logs are kept under FERRY_VM_KEEP.
 func (e *env) boot(t *testing.T, ctx context.Context, name string, node Node, cpus int, net *NetConfig) *VM {
+	t.Helper()
+	return e.bootWith(t, ctx, node, Config{Name: name, CPUs: cpus, Net: net})
+}
+
+// bootWith is boot with the rest of the guest's Config (its API
+// forward, say); the image, accelerator, layer and log are the env's.
+func (e *env) bootWith(t *testing.T, ctx context.Context, node Node, cfg Config) *VM {
 	t.Helper()
 	layer, err := node.Layer(e.bins)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
+	cfg.Dir = t.TempDir()
 	if keep := os.Getenv("FERRY_VM_KEEP"); keep != "" {
-		dir = filepath.Join(keep, strings.ReplaceAll(t.Name(), "/", "_"), name)
-		os.RemoveAll(dir)
+		cfg.Dir = filepath.Join(keep, strings.ReplaceAll(t.Name(), "/", "_"), cfg.Name)
+		os.RemoveAll(cfg.Dir)
 	}
-	v, err := Start(ctx, Config{Name: name, Image: e.img, Dir: dir, Accel: e.accel, CPUs: cpus,
-		Layer: layer, Net: net, Log: e.log})
+	cfg.Image, cfg.Accel, cfg.Layer, cfg.Log = e.img, e.accel, layer, e.log
+	v, err := Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,8 +35,16 @@ type Config struct {
 	Layer Layer
 	// Net, if set, gives the guest one NIC (eth0) on a Hub.
 	Net *NetConfig
+	// API, if set, is a unix socket each of the guest's connections to
+	// APIAddr is handed to (the host's Kubernetes API, forwarded): a NIC
+	// on QEMU's user network, restricted so that it reaches nothing else.
+	// It is eth0 without Net, eth1 with it; its address is 10.0.2.15/24.
+	API string
 	Log *slog.Logger
 }
+
+// APIAddr is where a guest with Config.API reaches the host's API.
+const APIAddr = "10.0.2.100:6443"
 
 // NetConfig attaches the guest to a Hub.
 type NetConfig struct {
@@ -102,8 +110,11 @@ func Start(ctx context.Context, cfg Config) (*VM, error) {
 		return nil, err
 	}
 	if _, err := exec.LookPath("unshare"); err == nil {
-		// an empty network namespace: no frame of the guest reaches a host interface
-		args = append([]string{"unshare", "--net", "--"}, args...)
+		// an empty network namespace: no frame of the guest reaches a host
+		// interface. Its loopback is up: the API forward's program talks
+		// to QEMU's user network over a socket pair that libslirp makes
+		// on 127.0.0.1.
+		args = append([]string{"unshare", "--net", "--", "sh", "-c", `ip link set lo up && exec "$@"`, "qemu"}, args...)
 	}
 	v.logf, err = os.Create(filepath.Join(cfg.Dir, "qemu.log"))
 	if err != nil {
@@ -176,8 +187,13 @@ func (v *VM) qemuArgs(layer string) []string {
 	if c.Net != nil {
 		a = append(a, "-netdev", "stream,id=n0,server=off,addr.type=unix,addr.path="+c.Net.Hub.Path(),
 			"-device", "virtio-net-pci,netdev=n0,mac="+c.Net.MAC)
-	} else {
+	} else if c.API == "" {
 		a = append(a, "-nic", "none")
+	}
+	if c.API != "" {
+		host, port, _ := strings.Cut(APIAddr, ":")
+		a = append(a, "-netdev", "user,id=api,restrict=on,ipv6=off,net=10.0.2.0/24,guestfwd=tcp:"+host+":"+port+"-cmd:socat STDIO UNIX-CONNECT:"+c.API,
+			"-device", "virtio-net-pci,netdev=api")
 	}
 	return a
 }
