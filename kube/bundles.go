@@ -192,26 +192,13 @@ type NodeReady struct {
 // NodeReadiness returns every Node's Ready condition, by node name (a
 // Node without one is not ready, since its creation).
 func (c *Client) NodeReadiness(ctx context.Context) (map[string]NodeReady, error) {
-	var list struct {
-		Items []struct {
-			Metadata struct {
-				Name              string    `json:"name"`
-				CreationTimestamp time.Time `json:"creationTimestamp"`
-			} `json:"metadata"`
-			Status struct {
-				Conditions []struct {
-					Type               string    `json:"type"`
-					Status             string    `json:"status"`
-					LastTransitionTime time.Time `json:"lastTransitionTime"`
-				} `json:"conditions"`
-			} `json:"status"`
-		} `json:"items"`
-	}
-	if err := c.do(ctx, "GET", "/api/v1/nodes", "", nil, &list); err != nil {
-		return nil, err
-	}
+	nodes, err := c.listNodes(ctx)
+	return readinessOf(nodes), err
+}
+
+func readinessOf(nodes []node) map[string]NodeReady {
 	out := map[string]NodeReady{}
-	for _, n := range list.Items {
+	for _, n := range nodes {
 		r := NodeReady{Since: n.Metadata.CreationTimestamp}
 		for _, cond := range n.Status.Conditions {
 			if cond.Type == "Ready" {
@@ -220,7 +207,7 @@ func (c *Client) NodeReadiness(ctx context.Context) (map[string]NodeReady, error
 		}
 		out[n.Metadata.Name] = r
 	}
-	return out, nil
+	return out
 }
 
 // ApprovedDigests is every UpgradeBundle's spec.approvedDigest (none

@@ -10,8 +10,8 @@ import (
 )
 
 // Follower keeps, with watches (watch.go), what one node's agent follows
-// in the cluster: its own Node (field selector metadata.name), ClusterVersion
-// "version" and the UpgradeBundles. Its reads answer from that copy, with
+// in the cluster: the Nodes (its own, the peers' addresses, every Node's
+// readiness), ClusterVersion "version" and the UpgradeBundles. Its reads answer from that copy, with
 // no request, once the first list came back (before that, and while a
 // watch is refused, they ask the API as Client's do); Changes wakes
 // whoever reads them at each change.
@@ -36,7 +36,11 @@ const poolsFor = 30 * time.Second
 // Follow makes a Follower for the agent on node; Run runs it.
 func (c *Client) Follow(node string) *Follower {
 	f := &Follower{c: c, node: node}
-	f.nodes = c.Inform("/api/v1/nodes", "metadata.name="+node, &f.changed)
+	// Every Node, not only this one: the peers' addresses and the gate's
+	// readiness come from the copy, with no list every half minute. A
+	// kubelet writes its Node's status when it changes (or every few
+	// minutes), so each agent hears of a few changes a minute.
+	f.nodes = c.Inform("/api/v1/nodes", "", &f.changed)
 	f.version = c.Inform("/apis/config.openshift.io/v1/clusterversions", "metadata.name=version", &f.changed)
 	f.bundles = c.Inform(bundlesPath, "", &f.changed)
 	return f
@@ -122,6 +126,41 @@ func (f *Follower) UpgradeStatus(ctx context.Context, release string) (Upgrade, 
 		return Upgrade{}, fmt.Errorf("reading clusterversion/version: %w", err)
 	}
 	return upgradeOf(&cv, release), nil
+}
+
+// NodeAddresses is Client.NodeAddresses, from the copy.
+func (f *Follower) NodeAddresses(ctx context.Context) (map[string]string, error) {
+	nodes, err := f.nodeList()
+	if nodes == nil && err == nil {
+		return f.c.NodeAddresses(ctx)
+	}
+	return addressesOf(nodes), err
+}
+
+// NodeReadiness is Client.NodeReadiness, from the copy.
+func (f *Follower) NodeReadiness(ctx context.Context) (map[string]NodeReady, error) {
+	nodes, err := f.nodeList()
+	if nodes == nil && err == nil {
+		return f.c.NodeReadiness(ctx)
+	}
+	return readinessOf(nodes), err
+}
+
+// nodeList is every Node of the copy; nil, nil before the watch synced.
+func (f *Follower) nodeList() ([]node, error) {
+	raws, synced := f.nodes.List()
+	if !synced {
+		return nil, nil
+	}
+	nodes := []node{}
+	for _, raw := range raws {
+		var n node
+		if err := json.Unmarshal(raw, &n); err != nil {
+			return nil, fmt.Errorf("reading the nodes: %w", err)
+		}
+		nodes = append(nodes, n)
+	}
+	return nodes, nil
 }
 
 // MachineConfigState is Client.MachineConfigState, the Node from the

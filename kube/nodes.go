@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"net/url"
+	"time"
 )
 
 // Annotate sets annotations and labels on the Node named node with one
@@ -44,9 +45,10 @@ func (c *Client) NodeAnnotations(ctx context.Context) (map[string]map[string]str
 // none).
 func (c *Client) NodeAddresses(ctx context.Context) (map[string]string, error) {
 	nodes, err := c.listNodes(ctx)
-	if err != nil {
-		return nil, err
-	}
+	return addressesOf(nodes), err
+}
+
+func addressesOf(nodes []node) map[string]string {
 	out := map[string]string{}
 	for _, n := range nodes {
 		out[n.Metadata.Name] = ""
@@ -57,19 +59,26 @@ func (c *Client) NodeAddresses(ctx context.Context) (map[string]string, error) {
 			}
 		}
 	}
-	return out, nil
+	return out
 }
 
+// node is what ferry reads of a Node besides the MCO's state.
 type node struct {
 	Metadata struct {
-		Name        string            `json:"name"`
-		Annotations map[string]string `json:"annotations"`
+		Name              string            `json:"name"`
+		Annotations       map[string]string `json:"annotations"`
+		CreationTimestamp time.Time         `json:"creationTimestamp"`
 	} `json:"metadata"`
 	Status struct {
 		Addresses []struct {
 			Type    string `json:"type"`
 			Address string `json:"address"`
 		} `json:"addresses"`
+		Conditions []struct {
+			Type               string    `json:"type"`
+			Status             string    `json:"status"`
+			LastTransitionTime time.Time `json:"lastTransitionTime"`
+		} `json:"conditions"`
 	} `json:"status"`
 }
 

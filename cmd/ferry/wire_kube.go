@@ -87,8 +87,12 @@ func (k clusterAPI) PublishBundle(ctx context.Context, name string, s *agent.Bun
 	return k.Client.PublishBundleStatus(ctx, name, kube.BundleSummary(*s), node, entry)
 }
 
+func (k clusterAPI) NodeAddresses(ctx context.Context) (map[string]string, error) {
+	return k.f.NodeAddresses(ctx)
+}
+
 func (k clusterAPI) NodeReadiness(ctx context.Context) (map[string]agent.NodeReady, error) {
-	rs, err := k.Client.NodeReadiness(ctx)
+	rs, err := k.f.NodeReadiness(ctx)
 	out := map[string]agent.NodeReady{}
 	for n, r := range rs {
 		out[n] = agent.NodeReady(r)
