@@ -55,9 +55,18 @@ func (a *Agent) pollPeers(ctx context.Context, interval time.Duration, out chan<
 		if a.moving(st) {
 			wait = movingPoll
 		}
+		// A node waiting for a peer to pull a release asks again as soon
+		// as the cluster's API changes: the puller's UpgradeBundle entry
+		// says when it holds the bundle (and, coarsely, how far it is).
+		var apiChanged <-chan struct{}
+		if a.deps.API != nil && a.awaitingSource.Load() {
+			apiChanged = a.deps.API.Changes()
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
+		case <-apiChanged:
+			t.Stop()
 		case <-ctx.Done():
 			t.Stop()
 			return
@@ -75,12 +84,8 @@ const movingPoll = 400 * time.Millisecond
 
 // moving reports whether a bundle is on the move: this node or a peer is
 // copying, fetching, extracting or loading one, or waits for the others
-// to hold it, or this node pulls one from the registry or waits for a
-// peer to.
+// to hold it, or this node pulls one from the registry.
 func (a *Agent) moving(peers map[string]peer.PeerStatus) bool {
-	if a.awaitingSource.Load() {
-		return true
-	}
 	inFlight := func(p string) bool {
 		switch Phase(p) {
 		case PhaseDetected, PhaseFetching, PhaseExtracted, PhaseLoading:

@@ -129,5 +129,5 @@ func pullReport(s Status) *bundleReport {
 	const phase = "pulling"
 	return &bundleReport{name: p.Bundle, line: s.Line, healthy: s.Healthy,
 		sum:   BundleSummary{Release: SanitizeReason(p.Release), Phase: phase},
-		entry: BundleNodeEntry{Phase: phase, Reason: SanitizeReason(p.Line())}}
+		entry: BundleNodeEntry{Phase: phase, Reason: SanitizeReason(p.Coarse())}}
 }

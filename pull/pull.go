@@ -138,6 +138,24 @@ func (s Status) Line() string {
 	return "pull " + s.State
 }
 
+// Coarse is Line in steps: whole percents and minutes. It goes into
+// the UpgradeBundle, which every node watches: written when it changes,
+// it changes about once a minute, not with every byte.
+func (s Status) Coarse() string {
+	if s.State != StateFetching || s.ToFetch == 0 {
+		if s.State == StateRetrying {
+			return fmt.Sprintf("pulling %s from the registry: failed %d times: %s", shortRef(s.Release), s.Attempts, s.Error)
+		}
+		return s.Line()
+	}
+	eta := ""
+	if s.ETA > 0 {
+		eta = ", about " + max(s.ETA.Round(time.Minute), time.Minute).String() + " left"
+	}
+	return fmt.Sprintf("pulling %s from the registry: %d%% of %s over the link%s", shortRef(s.Release),
+		s.Bytes*100/s.ToFetch, bundle.HumanSize(s.ToFetch), eta)
+}
+
 func shortRef(r string) string {
 	if i := strings.LastIndex(r, "@sha256:"); i >= 0 && len(r) > i+20 {
 		return r[:i+20] + "…"
