@@ -288,3 +288,31 @@ func (m *machine) retireDone(r *Record, j evJobDone) []effect {
 	}
 	return effs
 }
+
+// startHook marks the hook started (persisted first, so a crash never
+// runs it twice) and runs it.
+func (m *machine) startHook(r *Record) ([]effect, error) {
+	if len(m.cfg.Cluster.OnReady) == 0 {
+		return nil, errors.New("no on_ready hook is configured")
+	}
+	if r.Hook != nil {
+		return nil, errors.New("the on_ready hook already ran")
+	}
+	r.Hook = &HookRun{Started: m.now().UTC()}
+	return []effect{effSave{r}, effRunHook{r}}, nil
+}
+
+func (m *machine) hookDone(h evHookDone) []effect {
+	r := m.records[h.id]
+	if r == nil {
+		return nil
+	}
+	run := h.run
+	r.Hook = &run
+	if run.Error != "" {
+		m.log.Error("the on_ready hook failed", "bundle", r.Name, "err", run.Error)
+	} else {
+		m.log.Info("the on_ready hook succeeded", "bundle", r.Name)
+	}
+	return []effect{effSave{r}}
+}
