@@ -97,7 +97,7 @@ func (h *harness) retiresOnce() {
 	h.t.Helper()
 	h.waitFor("the bundle retired", func() bool {
 		s := h.agent.Status()
-		return s.Phase == "upgraded" && s.Reason == "" && h.record().Retired
+		return s.Phase == "upgraded" && s.Reason == "" && h.record().Retirement == RetirementDone
 	})
 	if n := h.retires(); n != 1 {
 		h.t.Fatalf("retired %d times", n)

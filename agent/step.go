@@ -155,11 +155,11 @@ func (m *machine) start(recs []*Record) []effect {
 			m.active = r
 		case r.Phase == PhaseRejected || r.Phase == PhaseConflict:
 			m.lastBad = r
-		case r.Phase == PhaseUpgraded && !r.Retired:
+		case r.Phase == PhaseUpgraded && r.Retirement < RetirementDone:
 			m.active = r // its cleanup was cut short: finish it
 		case r.Phase == PhaseUpgraded:
 			m.done = r
-			if !r.Unpinned {
+			if r.Retirement != RetirementUnpinned {
 				m.previous = r
 			}
 		}
@@ -248,7 +248,7 @@ func (m *machine) next() []effect {
 		m.log.Info("loading into CRI-O", "phase", string(PhaseLoading), "bundle", r.Name, "digest", r.Digest)
 		return append(effs, m.startJob(effStartJob{kind: jobLoad, rec: r, keep: m.keep(r)}, "")...)
 	case PhaseUpgraded:
-		if r.Retiring || !m.hasAPI {
+		if r.Retirement >= RetirementStarted || !m.hasAPI {
 			return m.retire(r)
 		}
 		return m.retireWhenDone(r) // waits for the node's next reading
@@ -259,7 +259,7 @@ func (m *machine) next() []effect {
 // keep is what r's load must leave pinned: the previous bundle's images,
 // the release the cluster runs until r's upgrade is done.
 func (m *machine) keep(r *Record) []string {
-	if p := m.previous; p != nil && p != r && p.Metadata != nil && !p.Unpinned {
+	if p := m.previous; p != nil && p != r && p.Metadata != nil && p.Retirement != RetirementUnpinned {
 		return p.Images()
 	}
 	return nil

@@ -30,7 +30,7 @@ func (m *machine) request(q evRequest) []effect {
 		if m.active == nil {
 			return []effect{effReply{q.reply, errors.New("no bundle to clean up")}}
 		}
-		if r := m.active; r.Phase == PhaseUpgraded && !r.Retiring && !m.cleanupAsked && m.job == nil {
+		if r := m.active; r.Phase == PhaseUpgraded && r.Retirement == RetirementNone && !m.cleanupAsked && m.job == nil {
 			// Upgraded, waiting for the machine config operator: the
 			// technician says the node no longer needs the bundle.
 			m.cleanupAsked, m.cleanupReply = true, q.reply
