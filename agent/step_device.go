@@ -33,11 +33,12 @@ func (m *machine) device(ev DeviceEvent) []effect {
 	return []effect{effProbe{origin: OriginStick, ev: ev, held: held}}
 }
 
-// offer decides what to do with a bundle a probe found.
-func (m *machine) offer(o evOffer) []effect {
+// offer decides what to do with a bundle a probe found. Its medium is
+// closed unless an extraction keeps it: effs is named so that the
+// deferred close reaches the caller.
+func (m *machine) offer(o evOffer) (effs []effect) {
 	delete(m.probing, o.device)
 	log := m.log.With("device", o.device)
-	var effs []effect
 	keep := false
 	defer func() {
 		if o.medium != nil && !keep {
