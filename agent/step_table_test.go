@@ -173,6 +173,9 @@ func with(f func(*machine)) func(*machine) { return f }
 
 const peerB = "10.0.0.2:8090"
 
+// heldHex names the dir a fetched tar of the held bundle lands in.
+var heldHex = strings.TrimPrefix(heldDigest, "sha256:")
+
 func peerIn(p Phase, digest string) *peer.PeerStatus {
 	return &peer.PeerStatus{Status: peer.Status{Node: "b", Phase: string(p), Digest: digest, Version: "4.13.7"}}
 }
@@ -260,4 +263,152 @@ func TestStepTable_DevicesAndOffers(t *testing.T) {
 			ev: func() event { o := stickOffer(&meta137, heldDigest); o.reply = reply; return o }(),
 			phase: PhaseIdle, effs: []string{"reply error", "close medium"}},
 	})
+}
+
+func done(k jobKind) evJobDone { return evJobDone{kind: k, id: "held"} }
+
+func doneErr(k jobKind, err error) evJobDone { return evJobDone{kind: k, id: "held", err: err} }
+
+var extracted = &bundle.Result{Digest: heldDigest, TarSize: 10, Approval: bundle.ApprovalDigest, Metadata: &meta137}
+
+func TestStepTable_JobsEnd(t *testing.T) {
+	permanent := permanentErr{errBoom}
+	diskFull := fmt.Errorf("writing the tar: %w", bundle.ErrDiskFilled)
+	runRows(t, []stepRow{
+		{name: "extracted and approved: loading starts", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
+			ev: evJobDone{kind: jobExtract, id: "held", res: extracted}, phase: PhaseLoading,
+			effs: []string{"save held", "share held", "save held", "start load"}},
+		{name: "extracted unapproved: it waits for approval, shared", in: PhaseDetected, given: []func(*machine){running(jobExtract), approvalRequired},
+			ev: evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, TarSize: 10, Approval: bundle.ApprovalNone, Metadata: &meta137}},
+			phase: PhaseExtracted, why: ReasonAwaitingApproval, effs: []string{"save held", "share held"}},
+		{name: "extracted on a node that loads nothing: it says so", in: PhaseDetected, given: []func(*machine){running(jobExtract), noLoader},
+			ev: evJobDone{kind: jobExtract, id: "held", res: extracted}, phase: PhaseExtracted, why: ReasonLoadsNothing,
+			effs: []string{"save held", "share held", "save held"}},
+		{name: "an extraction refused rejects the bundle", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
+			ev: doneErr(jobExtract, fmt.Errorf("%w: sha256 mismatch", bundle.ErrMismatch)), phase: PhaseRejected, why: ReasonRefused,
+			effs: []string{"save held"}, check: func(t *testing.T, m *machine) {
+				if m.active != nil || m.lastBad != m.records["held"] {
+					t.Errorf("active %v, last refusal %v", m.active, m.lastBad)
+				}
+			}},
+		{name: "an extraction cut short (stick pulled) waits for the stick", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
+			ev: evJobDone{kind: jobExtract, id: "held", stopped: true, err: errors.New("read: no such device")},
+			phase: PhaseDetected, why: ReasonCopyInterrupted, effs: []string{"save held"}},
+		{name: "a tar whose metadata is not the one read before is rejected", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
+			ev: evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, Metadata: &meta138}},
+			phase: PhaseRejected, why: ReasonRefused, effs: []string{"remove 4.13.7-x86_64", "save held"}},
+		{name: "a job's end for another phase is ignored", in: PhaseLoaded, given: []func(*machine){running(jobExtract)},
+			ev: evJobDone{kind: jobExtract, id: "held", res: extracted}, phase: PhaseLoaded},
+		{name: "a job's end for a record gone is ignored", in: PhaseIdle, given: []func(*machine){running(jobLoad)},
+			ev: done(jobLoad), phase: PhaseIdle},
+
+		{name: "fetched and extracted in one pass", in: PhaseFetching, given: []func(*machine){running(jobFetch), fromPeer},
+			ev: evJobDone{kind: jobFetch, id: "held", res: extracted}, phase: PhaseLoading,
+			effs: []string{"remove 1111111111111111111111111111111111111111111111111111111111111111", "save held", "share held", "save held", "start load"}},
+		{name: "fetched whole (serial): extracted next", in: PhaseFetching, given: []func(*machine){running(jobFetch)},
+			ev: done(jobFetch), phase: PhaseFetching, effs: []string{"remove 4.13.7-x86_64", "start extract"}},
+		{name: "a fetch that failed is retried in 10s", in: PhaseFetching, given: []func(*machine){running(jobFetch)},
+			ev: doneErr(jobFetch, errors.New("peer gone")), phase: PhaseFetching, why: ReasonFetchFailed,
+			effs: []string{"save held", "retry in 10s"}},
+		{name: "a fetch that filled the disk is abandoned", in: PhaseFetching, given: []func(*machine){running(jobFetch), fromPeer},
+			ev: doneErr(jobFetch, diskFull), phase: PhaseFailed, why: ReasonFetchAbandoned,
+			effs: []string{"remove 1111111111111111111111111111111111111111111111111111111111111111", "remove .staging-4.13.7-x86_64", "remove 4.13.7-x86_64", "save held"}},
+		{name: "a fetched bundle with no room to extract is fetched again", in: PhaseFetching, given: []func(*machine){running(jobFetch), fromPeer},
+			ev: doneErr(jobFetch, fmt.Errorf("%w in /var", bundle.ErrNoSpace)), phase: PhaseFetching, why: ReasonNoRoomToExtract,
+			effs: []string{"remove 1111111111111111111111111111111111111111111111111111111111111111", "save held", "retry in 10s"}},
+		{name: "a fetch stopped does nothing", in: PhaseFetching, given: []func(*machine){running(jobFetch)},
+			ev: evJobDone{kind: jobFetch, id: "held", stopped: true}, phase: PhaseFetching},
+
+		{name: "loaded with no peers: cluster-ready, the hook runs where plugged", in: PhaseLoading, given: []func(*machine){running(jobLoad)},
+			ev: done(jobLoad), phase: PhaseClusterReady, effs: []string{"save held", "save held", "save held", "run hook held"}},
+		{name: "loaded with a peer not loaded yet: loaded", in: PhaseLoading, given: []func(*machine){running(jobLoad), withPeers(peerIn(PhaseExtracted, heldDigest))},
+			ev: done(jobLoad), phase: PhaseLoaded, effs: []string{"save held"}},
+		{name: "a load that failed is retried after 5s", in: PhaseLoading, given: []func(*machine){running(jobLoad)},
+			ev: doneErr(jobLoad, errBoom), phase: PhaseLoading, why: ReasonLoadFailed, effs: []string{"save held", "retry in 5s"}},
+		{name: "the backoff doubles", in: PhaseLoading, given: []func(*machine){running(jobLoad), with(func(m *machine) { m.backoff = 40 * time.Second })},
+			ev: doneErr(jobLoad, errBoom), phase: PhaseLoading, why: ReasonLoadFailed, effs: []string{"save held", "retry in 1m20s"}},
+		{name: "a load that cannot heal fails", in: PhaseLoading, given: []func(*machine){running(jobLoad)},
+			ev: doneErr(jobLoad, permanent), phase: PhaseFailed, why: ReasonLoadFailed, effs: []string{"save held"}},
+		{name: "a load stopped does nothing", in: PhaseLoading, given: []func(*machine){running(jobLoad)},
+			ev: evJobDone{kind: jobLoad, id: "held", stopped: true}, phase: PhaseLoading},
+
+		{name: "a cleanup done: cleaned, the request answered", in: PhaseExtracted,
+			given: []func(*machine){running(jobCleanup), with(func(m *machine) { m.cleanupAsked, m.cleanupReply = true, make(chan error, 1) })},
+			ev: done(jobCleanup), phase: PhaseCleaned, effs: []string{"save held", "reply ok"},
+			check: func(t *testing.T, m *machine) {
+				if m.active != nil || m.cleaned != m.records["held"] || m.cleanupAsked {
+					t.Errorf("active %v, cleaned %v, asked %v", m.active, m.cleaned, m.cleanupAsked)
+				}
+			}},
+		{name: "a cleanup that failed is answered, the bundle kept", in: PhaseExtracted,
+			given: []func(*machine){running(jobCleanup), with(func(m *machine) { m.cleanupAsked, m.cleanupReply = true, make(chan error, 1) })},
+			ev: doneErr(jobCleanup, errBoom), phase: PhaseExtracted, effs: []string{"reply error"}},
+
+		{name: "a retirement done: retired, tree kept", in: PhaseUpgraded, given: []func(*machine){running(jobRetire), retiringHeld},
+			ev: done(jobRetire), phase: PhaseUpgraded, effs: []string{"save held"},
+			check: func(t *testing.T, m *machine) {
+				r := m.records["held"]
+				if r.Retirement != RetirementDone || !r.Retained || m.active != nil || m.previous != r || m.done != r {
+					t.Errorf("retirement %v, retained %v; active %v, previous %v", r.Retirement, r.Retained, m.active, m.previous)
+				}
+			}},
+		{name: "a retirement done unpins the previous bundle", in: PhaseUpgraded, given: []func(*machine){running(jobRetire), retiringHeld, previousBundle},
+			ev: done(jobRetire), phase: PhaseUpgraded, effs: []string{"save prev", "save held"},
+			check: func(t *testing.T, m *machine) {
+				if p := m.records["prev"]; p.Retirement != RetirementUnpinned || p.Retained {
+					t.Errorf("previous: retirement %v, retained %v", p.Retirement, p.Retained)
+				}
+			}},
+		{name: "a retirement that failed is retried in 30s", in: PhaseUpgraded, given: []func(*machine){running(jobRetire), retiringHeld},
+			ev: doneErr(jobRetire, errBoom), phase: PhaseUpgraded, why: ReasonCleanupFailed, effs: []string{"save held", "retry in 30s"}},
+
+		{name: "a restore that loaded images again says so", in: PhaseIdle, given: []func(*machine){runningRelease, running(jobRestore)},
+			ev: evJobDone{kind: jobRestore, id: "running", restored: 3}, phase: PhaseIdle,
+			check: func(t *testing.T, m *machine) {
+				if !strings.Contains(m.notice, "CRI-O had lost 3 images") {
+					t.Errorf("notice %q", m.notice)
+				}
+			}},
+		{name: "a restore that failed is retried in 15s", in: PhaseIdle, given: []func(*machine){runningRelease, running(jobRestore)},
+			ev: evJobDone{kind: jobRestore, id: "running", err: errBoom}, phase: PhaseIdle, effs: []string{"retry in 15s"},
+			check: func(t *testing.T, m *machine) {
+				if m.restoreDue != "retry" {
+					t.Errorf("restore due %q", m.restoreDue)
+				}
+			}},
+		{name: "a restore stopped says nothing", in: PhaseIdle, given: []func(*machine){runningRelease, running(jobRestore)},
+			ev: evJobDone{kind: jobRestore, id: "running", stopped: true}, phase: PhaseIdle},
+	})
+}
+
+type permanentErr struct{ error }
+
+func (permanentErr) Permanent() bool { return true }
+
+// fromPeer: the held bundle came from the peers.
+func fromPeer(m *machine) { m.records["held"].Origin, m.records["held"].Source = OriginPeer, peerB }
+
+// runningRelease: the release the cluster runs, upgraded and retired
+// here, its tree kept (record "running").
+func runningRelease(m *machine) {
+	r := &Record{ID: "running", Digest: otherDigest, Name: "upgrade-4.13.6-x86_64.tar", Metadata: &bundle.Metadata{Version: "4.13.6", Arch: "x86_64", Release: "quay.io/r@" + otherDigest},
+		Origin: OriginStick, Dir: "/nonexistent/4.13.6-x86_64", Retirement: RetirementDone, Retained: true}
+	m.move(r, PhaseUpgraded, Condition{}, Progress{})
+	m.done, m.previous = r, r
+}
+
+// retiringHeld: the held bundle, upgraded, is being retired.
+func retiringHeld(m *machine) {
+	m.records["held"].Retirement = RetirementStarted
+	m.active = m.records["held"]
+}
+
+// previousBundle: the release before the held bundle, upgraded, retired,
+// its pins kept.
+func previousBundle(m *machine) {
+	old := bundle.Metadata{Version: "4.13.6", Arch: "x86_64", Release: "quay.io/r@" + otherDigest}
+	p := &Record{ID: "prev", Digest: otherDigest, Name: "upgrade-4.13.6-x86_64.tar", Metadata: &old, Origin: OriginStick,
+		Dir: "/nonexistent/4.13.6-x86_64", Retirement: RetirementDone, Retained: true}
+	m.move(p, PhaseUpgraded, Condition{}, Progress{})
+	m.previous, m.done = p, p
 }
