@@ -190,7 +190,7 @@ func viewOf(st *peer.PeerStatus, offers ...peer.PeerOffer) evView {
 
 func offerOf(t *testing.T, digest string, meta bundle.Metadata) peer.PeerOffer {
 	t.Helper()
-	meta.FormatVersion, meta.Images = 1, []string{"quay.io/x/app@" + heldDigest}
+	meta.FormatVersion, meta.Size, meta.SizeBytes, meta.Images = 1, "1 KiB", 1024, []string{"quay.io/x/app@" + heldDigest}
 	b, err := json.Marshal(meta)
 	if err != nil {
 		t.Fatal(err)
@@ -411,4 +411,183 @@ func previousBundle(m *machine) {
 		Dir: "/nonexistent/4.13.6-x86_64", Retirement: RetirementDone, Retained: true}
 	m.move(p, PhaseUpgraded, Condition{}, Progress{})
 	m.previous, m.done = p, p
+}
+
+func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
+	reply := make(chan error, 1)
+	cleanupAsked := with(func(m *machine) { m.cleanupAsked, m.cleanupReply = true, make(chan error, 1) })
+	managed := func(st string, cur, des, target string, paused bool) NodeUpdate {
+		return NodeUpdate{Managed: true, State: st, Current: cur, Desired: des, Pool: "worker", Target: target, Paused: paused}
+	}
+	upgradedWaiting := with(func(m *machine) { m.hasAPI = true; m.records["held"].MachineConfig = "rendered-old"; m.active = m.records["held"] })
+	runRows(t, []stepRow{
+		// Peer views: offers, conflicts, the gate.
+		{name: "an idle node fetches the one bundle the peers offer", in: PhaseIdle,
+			ev: viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseFetching,
+			effs: []string{"save 4.13.7-x86_64-20261122T080000", "remove 4.13.7-x86_64", "start fetch"}},
+		{name: "two bundles offered is a conflict, nothing fetched", in: PhaseIdle,
+			ev: viewOf(nil, offerOf(t, heldDigest, meta137), offerOf(t, otherDigest, meta138)), phase: PhaseConflict, why: ReasonBundlesDiffer,
+			effs: []string{"save cluster-20261122T080000"}},
+		{name: "an offer this node's policy refuses is rejected before a byte is fetched", in: PhaseIdle, given: []func(*machine){approvalRequired},
+			ev: viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseRejected, why: ReasonRefused,
+			effs: []string{"save 4.13.7-x86_64-20261122T080000"}},
+		{name: "a bundle cleaned up here is not fetched again", in: PhaseCleaned,
+			ev: viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseCleaned},
+		{name: "extracted, a peer holding another bundle: a conflict, not loaded", in: PhaseExtracted, given: []func(*machine){approvedHeld, withPeers(nil)},
+			ev: viewOf(peerIn(PhaseExtracted, otherDigest)), phase: PhaseExtracted, why: ReasonPeerHoldsOther, effs: []string{"save held"}},
+		{name: "extracted, a peer refusing the bundle: it waits", in: PhaseExtracted, given: []func(*machine){approvedHeld, withPeers(nil)},
+			ev: viewOf(&peer.PeerStatus{Status: peer.Status{Node: "b", Phase: string(PhaseRejected), Digest: heldDigest, Error: "not approved"}}),
+			phase: PhaseExtracted, why: ReasonPeerRefuses, effs: []string{"save held"}},
+		{name: "extracted, a peer unreachable: it waits for it", in: PhaseExtracted, given: []func(*machine){approvedHeld, withPeers(nil)},
+			ev: viewOf(&peer.PeerStatus{Err: errors.New("connection refused")}), phase: PhaseExtracted, why: ReasonPeersNotHolding, effs: []string{"save held"}},
+		{name: "extracted, the peer holding it too: loading starts", in: PhaseExtracted, given: []func(*machine){approvedHeld, withPeers(nil)},
+			ev: viewOf(peerIn(PhaseExtracted, heldDigest)), phase: PhaseLoading, effs: []string{"save held", "start load"}},
+		{name: "extracted, no view of the peers yet: it waits to hear", in: PhaseExtracted,
+			given: []func(*machine){approvedHeld, withPeers(nil), with(func(m *machine) { m.view = view{} })},
+			ev: evRetry{}, phase: PhaseExtracted, why: ReasonPeersUnheard, effs: []string{"save held"}},
+		{name: "the same wait again saves nothing", in: PhaseExtracted,
+			given: []func(*machine){approvedHeld, withPeers(nil), with(func(m *machine) {
+				m.view = view{}
+				m.records["held"].Condition = waiting(ReasonPeersUnheard, "waiting to hear from the peers")
+			})},
+			ev: evRetry{}, phase: PhaseExtracted, why: ReasonPeersUnheard},
+		{name: "the gate opens when every node is loaded: cluster-ready, the hook runs", in: PhaseLoaded, given: []func(*machine){withPeers(nil)},
+			ev: viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseClusterReady, effs: []string{"save held", "save held", "run hook held"}},
+		{name: "the gate stays shut while a peer is not loaded", in: PhaseLoaded, given: []func(*machine){withPeers(nil)},
+			ev: viewOf(peerIn(PhaseLoading, heldDigest)), phase: PhaseLoaded},
+		{name: "the gate on a peer never heard from stays shut", in: PhaseLoaded, given: []func(*machine){withPeers(nil)},
+			ev: viewOf(nil), phase: PhaseLoaded},
+		{name: "the gate opens on Manual without the hook", in: PhaseLoaded,
+			given: []func(*machine){withPeers(nil), with(func(m *machine) { m.cfg.Cluster.Schedule = "Manual" })},
+			ev: viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseClusterReady, effs: []string{"save held"}},
+		{name: "cluster-ready, another poll does not run the hook again", in: PhaseClusterReady,
+			given: []func(*machine){withPeers(nil), with(func(m *machine) { m.records["held"].Hook = &HookRun{Started: m.now()} })},
+			ev: viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseClusterReady},
+		{name: "a node that joins after the upgrade is upgraded at once", in: PhaseLoaded, given: []func(*machine){withPeers(nil)},
+			ev: viewOf(peerIn(PhaseUpgraded, heldDigest)), phase: PhaseUpgraded, why: ReasonCleaningUp,
+			effs: []string{"save held", "start retire unload retain"}},
+
+		// Requests from the local socket.
+		{name: "ferry load with no bundle is answered", in: PhaseIdle, ev: evRequest{kind: reqLoad, reply: reply},
+			phase: PhaseIdle, effs: []string{"reply error"}},
+		{name: "ferry load probes the file", in: PhaseIdle, ev: evRequest{kind: reqLoad, medium: &fakeMedium{}, reply: reply},
+			phase: PhaseIdle, effs: []string{"probe file"}},
+		{name: "ferry load of a bundle made from the registry approves it", in: PhaseIdle,
+			ev: evRequest{kind: reqLoad, medium: &fakeMedium{}, approve: otherDigest, reply: reply}, phase: PhaseIdle, effs: []string{"probe file"},
+			check: func(t *testing.T, m *machine) {
+				if !m.pol().Approves(otherDigest) {
+					t.Error("the registry's bundle is not approved")
+				}
+			}},
+		{name: "ferry load while busy closes the files and says busy", in: PhaseLoading, given: []func(*machine){running(jobLoad)},
+			ev: evRequest{kind: reqLoad, medium: &fakeMedium{f: &fakeMedia{}}, reply: reply}, phase: PhaseLoading, effs: []string{"close medium", "reply error"}},
+		{name: "ferry cleanup with nothing held is answered", in: PhaseIdle, ev: evRequest{kind: reqCleanup, reply: reply},
+			phase: PhaseIdle, effs: []string{"reply error"}},
+		{name: "ferry cleanup of an extracted bundle starts its cleanup", in: PhaseExtracted, ev: evRequest{kind: reqCleanup, reply: reply},
+			phase: PhaseExtracted, effs: []string{"start cleanup unload"}},
+		{name: "ferry cleanup while a job runs stops it first", in: PhaseLoading, given: []func(*machine){running(jobLoad)},
+			ev: evRequest{kind: reqCleanup, reply: reply}, phase: PhaseLoading, effs: []string{"stop job"}},
+		{name: "ferry cleanup of a loaded bundle without an API is the upgrade done", in: PhaseClusterReady,
+			ev: evRequest{kind: reqCleanup, reply: reply}, phase: PhaseUpgraded, why: ReasonCleaningUp, effs: []string{"save held", "start retire unload retain"}},
+		{name: "ferry cleanup while the cluster upgrades to it is refused", in: PhaseUpgrading, given: []func(*machine){withAPI},
+			ev: evRequest{kind: reqCleanup, reply: reply}, phase: PhaseUpgrading, effs: []string{"reply error"}},
+		{name: "a second ferry cleanup is answered", in: PhaseExtracted, given: []func(*machine){running(jobCleanup), cleanupAsked},
+			ev: evRequest{kind: reqCleanup, reply: reply}, phase: PhaseExtracted, effs: []string{"reply error"}},
+		{name: "ferry cleanup of an upgraded bundle waiting for the MCO retires it now", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
+			ev: evRequest{kind: reqCleanup, reply: reply}, phase: PhaseUpgraded, why: ReasonCleaningUp, effs: []string{"save held", "start retire unload retain"}},
+		{name: "ferry proceed before cluster-ready is refused", in: PhaseLoaded, ev: evRequest{kind: reqProceed, reply: reply},
+			phase: PhaseLoaded, effs: []string{"reply error"}},
+		{name: "ferry proceed at cluster-ready runs the hook", in: PhaseClusterReady, ev: evRequest{kind: reqProceed, reply: reply},
+			phase: PhaseClusterReady, effs: []string{"save held", "run hook held", "reply ok"}},
+		{name: "ferry proceed after the hook succeeded has nothing to do", in: PhaseClusterReady,
+			given: []func(*machine){with(func(m *machine) { m.records["held"].Hook = &HookRun{Started: m.now(), Finished: m.now()} })},
+			ev: evRequest{kind: reqProceed, reply: reply}, phase: PhaseClusterReady, effs: []string{"reply error"}},
+		{name: "ferry proceed after the hook failed runs it again", in: PhaseClusterReady,
+			given: []func(*machine){with(func(m *machine) { m.records["held"].Hook = &HookRun{Started: m.now(), Finished: m.now(), Exit: 1, Error: "exit 1"} })},
+			ev: evRequest{kind: reqProceed, reply: reply}, phase: PhaseClusterReady, effs: []string{"save held", "run hook held", "reply ok"}},
+		{name: "ferry proceed with an API asks the cluster for the upgrade", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev: evRequest{kind: reqProceed, reply: reply}, phase: PhaseClusterReady, effs: []string{"save held", "ask upgrade held", "reply ok"}},
+
+		// The cluster's approvals, sources and UpgradeBundle spec.
+		{name: "the cluster approving a waiting bundle loads it, no restart", in: PhaseExtracted, given: []func(*machine){approvalRequired},
+			ev: evClusterApprovals{digests: []string{heldDigest}}, phase: PhaseLoading, effs: []string{"save held", "start load"}},
+		{name: "the cluster approving another digest: it still waits", in: PhaseExtracted,
+			given: []func(*machine){approvalRequired, with(func(m *machine) { m.records["held"].Condition = waiting(ReasonAwaitingApproval, m.waitingForApproval(m.records["held"])) })},
+			ev: evClusterApprovals{digests: []string{otherDigest}}, phase: PhaseExtracted, why: ReasonAwaitingApproval},
+		{name: "the same approvals again do nothing", in: PhaseExtracted,
+			given: []func(*machine){approvalRequired, with(func(m *machine) { m.clusterApproved = []string{otherDigest} })},
+			ev: evClusterApprovals{digests: []string{otherDigest}}, phase: PhaseExtracted},
+		{name: "sources read: a bundle extracted unapproved still waits (a source approves at extraction, by what the tree holds)", in: PhaseExtracted,
+			given: []func(*machine){approvalRequired, with(func(m *machine) { m.records["held"].Condition = waiting(ReasonAwaitingApproval, m.waitingForApproval(m.records["held"])) })},
+			ev: evClusterSources{sources: []RegistrySource{{Bundle: "b", Release: meta137.Release}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval,
+			check: func(t *testing.T, m *machine) {
+				if len(m.pol().ApprovedSources) != 1 || m.pol().SourceFor(&meta137) == nil {
+					t.Errorf("sources %+v", m.pol().ApprovedSources)
+				}
+			}},
+		{name: "sources read while loaded do nothing", in: PhaseLoaded,
+			ev: evClusterSources{sources: []RegistrySource{{Bundle: "b", Release: meta137.Release}}}, phase: PhaseLoaded},
+		{name: "a spec approving another digest holds the load", in: PhaseExtracted, given: []func(*machine){approvedHeld, withAPI},
+			ev: evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: BundlePolicy{ApprovedDigest: otherDigest}},
+			phase: PhaseExtracted, why: ReasonOtherBundleApproved, effs: []string{"save held"}},
+		{name: "spec.cleanup takes a loaded bundle out", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev: evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: BundlePolicy{Cleanup: true}},
+			phase: PhaseClusterReady, effs: []string{"start cleanup unload"}},
+		{name: "spec.proceed on Manual asks for the upgrade", in: PhaseClusterReady,
+			given: []func(*machine){withAPI, with(func(m *machine) { m.cfg.Cluster.Schedule = "Manual" })},
+			ev: evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: BundlePolicy{Schedule: "Manual", Proceed: true}},
+			phase: PhaseClusterReady, effs: []string{"save held", "ask upgrade held"}},
+		{name: "another bundle's spec does nothing here", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev: evBundlePolicy{name: ResourceName("4.13.8", "x86_64"), policy: BundlePolicy{Cleanup: true}}, phase: PhaseClusterReady},
+
+		// Following the cluster's upgrade.
+		{name: "the ask refused is retried, said once", in: PhaseClusterReady,
+			given: []func(*machine){withAPI, with(func(m *machine) { m.asking = true; m.records["held"].Upgrade = &UpgradeRun{Requested: m.now()} })},
+			ev: evUpgradeAsked{id: "held", err: errors.New("connection refused")}, phase: PhaseClusterReady, why: ReasonUpgradeRequestFailed, effs: []string{"save held"}},
+		{name: "the ask accepted runs the hook", in: PhaseClusterReady,
+			given: []func(*machine){withAPI, with(func(m *machine) { m.asking = true; m.records["held"].Upgrade = &UpgradeRun{Requested: m.now()} })},
+			ev: evUpgradeAsked{id: "held"}, phase: PhaseClusterReady, effs: []string{"save held", "save held", "run hook held"}},
+		{name: "the operator at work: upgrading", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev: evUpgradeSeen{release: meta137.Release, st: UpgradeStatus{State: UpgradeRunning, Message: "Working towards 4.13.7"}},
+			phase: PhaseUpgrading, effs: []string{"save held"}},
+		{name: "the operator not started yet", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev: evUpgradeSeen{release: meta137.Release, st: UpgradeStatus{State: UpgradePending}}, phase: PhaseClusterReady, why: ReasonUpgradePending, effs: []string{"save held"}},
+		{name: "the release refused, in the operator's words", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev: evUpgradeSeen{release: meta137.Release, st: UpgradeStatus{State: UpgradeRefused, Reason: "cannot be verified"}},
+			phase: PhaseClusterReady, why: ReasonReleaseRefused, effs: []string{"save held"}},
+		{name: "another release's upgrade says nothing of this bundle", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev: evUpgradeSeen{release: meta138.Release, st: UpgradeStatus{State: UpgradeCompleted}}, phase: PhaseClusterReady},
+		{name: "completed, the node not read yet: it waits for its state", in: PhaseUpgrading, given: []func(*machine){withAPI},
+			ev: evUpgradeSeen{release: meta137.Release, st: UpgradeStatus{State: UpgradeCompleted}}, phase: PhaseUpgraded, why: ReasonNodeUnread, effs: []string{"save held"}},
+		{name: "cluster-ready: the node's config from before the upgrade is recorded", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev: evNodeSeen{managed("Done", "rendered-old", "rendered-old", "rendered-old", false)}, phase: PhaseClusterReady, effs: []string{"save held"},
+			check: func(t *testing.T, m *machine) {
+				if got := m.records["held"].MachineConfig; got != "rendered-old" {
+					t.Errorf("machine config %q", got)
+				}
+			}},
+		{name: "upgraded, the pool not at the node yet: it keeps the bundle", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
+			ev: evNodeSeen{managed("Done", "rendered-old", "rendered-old", "rendered-new", false)}, phase: PhaseUpgraded, why: ReasonNodeUpdating, effs: []string{"save held"}},
+		{name: "upgraded, the pool paused: it keeps the bundle", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
+			ev: evNodeSeen{managed("Done", "rendered-old", "rendered-old", "rendered-new", true)}, phase: PhaseUpgraded, why: ReasonPoolPaused, effs: []string{"save held"}},
+		{name: "upgraded, done on the config from before: not done", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
+			ev: evNodeSeen{managed("Done", "rendered-old", "rendered-old", "", false)}, phase: PhaseUpgraded, why: ReasonNodeUpdating, effs: []string{"save held"}},
+		{name: "upgraded, the MCO done with the node: retired", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
+			ev: evNodeSeen{managed("Done", "rendered-new", "rendered-new", "rendered-new", false)}, phase: PhaseUpgraded, why: ReasonCleaningUp,
+			effs: []string{"save held", "start retire unload retain"}},
+		{name: "upgraded, a node without the MCO is done at Completed", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
+			ev: evNodeSeen{NodeUpdate{}}, phase: PhaseUpgraded, why: ReasonCleaningUp, effs: []string{"save held", "start retire unload retain"}},
+
+		// The running release's kept tree.
+		{name: "a runtime check on an idle node restores the running release", in: PhaseIdle, given: []func(*machine){runningRelease},
+			ev: evRuntimeCheck{"CRI-O restarted"}, phase: PhaseIdle, effs: []string{"start restore"}},
+		{name: "a runtime check while a bundle loads waits for it", in: PhaseLoading, given: []func(*machine){runningRelease, running(jobLoad)},
+			ev: evRuntimeCheck{"periodic check"}, phase: PhaseLoading,
+			check: func(t *testing.T, m *machine) {
+				if m.restoreDue != "periodic check" {
+					t.Errorf("restore due %q", m.restoreDue)
+				}
+			}},
+		{name: "a runtime check without a kept tree does nothing", in: PhaseIdle, ev: evRuntimeCheck{"CRI-O restarted"}, phase: PhaseIdle},
+	})
 }
