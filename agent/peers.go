@@ -53,7 +53,7 @@ func (a *Agent) pollPeers(ctx context.Context, interval time.Duration, out chan<
 		}
 		wait := interval
 		if a.moving(st) {
-			wait = movingPoll
+			wait = min(wait, movingPoll)
 		}
 		t := time.NewTimer(wait)
 		select {

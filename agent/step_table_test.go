@@ -238,7 +238,7 @@ func TestStepTable_DevicesAndOffers(t *testing.T) {
 		{name: "a stick without a bundle is answered, nothing recorded", in: PhaseIdle,
 			ev: evOffer{origin: OriginFile, noBundle: true, err: errNoBundle, reply: reply}, phase: PhaseIdle, effs: []string{"reply error"}},
 		{name: "an unreadable bundle is rejected", in: PhaseIdle,
-			ev: evOffer{origin: OriginStick, device: "/dev/sdb", src: bundle.Source{Path: "/m/upgrade-x.tar"}, err: bundle.ErrInvalid},
+			ev:    evOffer{origin: OriginStick, device: "/dev/sdb", src: bundle.Source{Path: "/m/upgrade-x.tar"}, err: bundle.ErrInvalid},
 			phase: PhaseRejected, why: ReasonRefused, effs: []string{"save x-20261122T080000"}},
 		{name: "the same bundle offered again changes nothing", in: PhaseLoaded,
 			ev: stickOffer(&meta137, heldDigest), phase: PhaseLoaded, effs: []string{"close medium"},
@@ -257,10 +257,10 @@ func TestStepTable_DevicesAndOffers(t *testing.T) {
 		{name: "the interrupted bundle plugged again resumes its copy", in: PhaseDetected,
 			ev: stickOffer(&meta137, heldDigest), phase: PhaseDetected, effs: []string{"save held", "remove 4.13.7-x86_64", "start extract"}},
 		{name: "the bundle being read, offered again, is noted", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
-			ev: func() event { o := stickOffer(&meta137, heldDigest); o.reply = reply; return o }(),
+			ev:    func() event { o := stickOffer(&meta137, heldDigest); o.reply = reply; return o }(),
 			phase: PhaseDetected, effs: []string{"reply ok", "close medium"}},
 		{name: "a new bundle offered while a job runs is answered busy", in: PhaseIdle, given: []func(*machine){running(jobRestore)},
-			ev: func() event { o := stickOffer(&meta137, heldDigest); o.reply = reply; return o }(),
+			ev:    func() event { o := stickOffer(&meta137, heldDigest); o.reply = reply; return o }(),
 			phase: PhaseIdle, effs: []string{"reply error", "close medium"}},
 	})
 }
@@ -279,7 +279,7 @@ func TestStepTable_JobsEnd(t *testing.T) {
 			ev: evJobDone{kind: jobExtract, id: "held", res: extracted}, phase: PhaseLoading,
 			effs: []string{"save held", "share held", "save held", "start load"}},
 		{name: "extracted unapproved: it waits for approval, shared", in: PhaseDetected, given: []func(*machine){running(jobExtract), approvalRequired},
-			ev: evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, TarSize: 10, Approval: bundle.ApprovalNone, Metadata: &meta137}},
+			ev:    evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, TarSize: 10, Approval: bundle.ApprovalNone, Metadata: &meta137}},
 			phase: PhaseExtracted, why: ReasonAwaitingApproval, effs: []string{"save held", "share held"}},
 		{name: "extracted on a node that loads nothing: it says so", in: PhaseDetected, given: []func(*machine){running(jobExtract), noLoader},
 			ev: evJobDone{kind: jobExtract, id: "held", res: extracted}, phase: PhaseExtracted, why: ReasonLoadsNothing,
@@ -292,10 +292,10 @@ func TestStepTable_JobsEnd(t *testing.T) {
 				}
 			}},
 		{name: "an extraction cut short (stick pulled) waits for the stick", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
-			ev: evJobDone{kind: jobExtract, id: "held", stopped: true, err: errors.New("read: no such device")},
+			ev:    evJobDone{kind: jobExtract, id: "held", stopped: true, err: errors.New("read: no such device")},
 			phase: PhaseDetected, why: ReasonCopyInterrupted, effs: []string{"save held"}},
 		{name: "a tar whose metadata is not the one read before is rejected", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
-			ev: evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, Metadata: &meta138}},
+			ev:    evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, Metadata: &meta138}},
 			phase: PhaseRejected, why: ReasonRefused, effs: []string{"remove 4.13.7-x86_64", "save held"}},
 		{name: "a job's end for another phase is ignored", in: PhaseLoaded, given: []func(*machine){running(jobExtract)},
 			ev: evJobDone{kind: jobExtract, id: "held", res: extracted}, phase: PhaseLoaded},
@@ -334,7 +334,7 @@ func TestStepTable_JobsEnd(t *testing.T) {
 
 		{name: "a cleanup done: cleaned, the request answered", in: PhaseExtracted,
 			given: []func(*machine){running(jobCleanup), with(func(m *machine) { m.cleanupAsked, m.cleanupReply = true, make(chan error, 1) })},
-			ev: done(jobCleanup), phase: PhaseCleaned, effs: []string{"save held", "reply ok"},
+			ev:    done(jobCleanup), phase: PhaseCleaned, effs: []string{"save held", "reply ok"},
 			check: func(t *testing.T, m *machine) {
 				if m.active != nil || m.cleaned != m.records["held"] || m.cleanupAsked {
 					t.Errorf("active %v, cleaned %v, asked %v", m.active, m.cleaned, m.cleanupAsked)
@@ -342,7 +342,7 @@ func TestStepTable_JobsEnd(t *testing.T) {
 			}},
 		{name: "a cleanup that failed is answered, the bundle kept", in: PhaseExtracted,
 			given: []func(*machine){running(jobCleanup), with(func(m *machine) { m.cleanupAsked, m.cleanupReply = true, make(chan error, 1) })},
-			ev: doneErr(jobCleanup, errBoom), phase: PhaseExtracted, effs: []string{"reply error"}},
+			ev:    doneErr(jobCleanup, errBoom), phase: PhaseExtracted, effs: []string{"reply error"}},
 
 		{name: "a retirement done: retired, tree kept", in: PhaseUpgraded, given: []func(*machine){running(jobRetire), retiringHeld},
 			ev: done(jobRetire), phase: PhaseUpgraded, effs: []string{"save held"},
@@ -419,7 +419,11 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 	managed := func(st string, cur, des, target string, paused bool) NodeUpdate {
 		return NodeUpdate{Managed: true, State: st, Current: cur, Desired: des, Pool: "worker", Target: target, Paused: paused}
 	}
-	upgradedWaiting := with(func(m *machine) { m.hasAPI = true; m.records["held"].MachineConfig = "rendered-old"; m.active = m.records["held"] })
+	upgradedWaiting := with(func(m *machine) {
+		m.hasAPI = true
+		m.records["held"].MachineConfig = "rendered-old"
+		m.active = m.records["held"]
+	})
 	runRows(t, []stepRow{
 		// Peer views: offers, conflicts, the gate.
 		{name: "an idle node fetches the one bundle the peers offer", in: PhaseIdle,
@@ -436,7 +440,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 		{name: "extracted, a peer holding another bundle: a conflict, not loaded", in: PhaseExtracted, given: []func(*machine){approvedHeld, withPeers(nil)},
 			ev: viewOf(peerIn(PhaseExtracted, otherDigest)), phase: PhaseExtracted, why: ReasonPeerHoldsOther, effs: []string{"save held"}},
 		{name: "extracted, a peer refusing the bundle: it waits", in: PhaseExtracted, given: []func(*machine){approvedHeld, withPeers(nil)},
-			ev: viewOf(&peer.PeerStatus{Status: peer.Status{Node: "b", Phase: string(PhaseRejected), Digest: heldDigest, Error: "not approved"}}),
+			ev:    viewOf(&peer.PeerStatus{Status: peer.Status{Node: "b", Phase: string(PhaseRejected), Digest: heldDigest, Error: "not approved"}}),
 			phase: PhaseExtracted, why: ReasonPeerRefuses, effs: []string{"save held"}},
 		{name: "extracted, a peer unreachable: it waits for it", in: PhaseExtracted, given: []func(*machine){approvedHeld, withPeers(nil)},
 			ev: viewOf(&peer.PeerStatus{Err: errors.New("connection refused")}), phase: PhaseExtracted, why: ReasonPeersNotHolding, effs: []string{"save held"}},
@@ -444,7 +448,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			ev: viewOf(peerIn(PhaseExtracted, heldDigest)), phase: PhaseLoading, effs: []string{"save held", "start load"}},
 		{name: "extracted, no view of the peers yet: it waits to hear", in: PhaseExtracted,
 			given: []func(*machine){approvedHeld, withPeers(nil), with(func(m *machine) { m.view = view{} })},
-			ev: evRetry{}, phase: PhaseExtracted, why: ReasonPeersUnheard, effs: []string{"save held"}},
+			ev:    evRetry{}, phase: PhaseExtracted, why: ReasonPeersUnheard, effs: []string{"save held"}},
 		{name: "the same wait again saves nothing", in: PhaseExtracted,
 			given: []func(*machine){approvedHeld, withPeers(nil), with(func(m *machine) {
 				m.view = view{}
@@ -459,10 +463,10 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			ev: viewOf(nil), phase: PhaseLoaded},
 		{name: "the gate opens on Manual without the hook", in: PhaseLoaded,
 			given: []func(*machine){withPeers(nil), with(func(m *machine) { m.cfg.Cluster.Schedule = "Manual" })},
-			ev: viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseClusterReady, effs: []string{"save held"}},
+			ev:    viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseClusterReady, effs: []string{"save held"}},
 		{name: "cluster-ready, another poll does not run the hook again", in: PhaseClusterReady,
 			given: []func(*machine){withPeers(nil), with(func(m *machine) { m.records["held"].Hook = &HookRun{Started: m.now()} })},
-			ev: viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseClusterReady},
+			ev:    viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseClusterReady},
 		{name: "a node that joins after the upgrade is upgraded at once", in: PhaseLoaded, given: []func(*machine){withPeers(nil)},
 			ev: viewOf(peerIn(PhaseUpgraded, heldDigest)), phase: PhaseUpgraded, why: ReasonCleaningUp,
 			effs: []string{"save held", "start retire unload retain"}},
@@ -501,9 +505,11 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			phase: PhaseClusterReady, effs: []string{"save held", "run hook held", "reply ok"}},
 		{name: "ferry proceed after the hook succeeded has nothing to do", in: PhaseClusterReady,
 			given: []func(*machine){with(func(m *machine) { m.records["held"].Hook = &HookRun{Started: m.now(), Finished: m.now()} })},
-			ev: evRequest{kind: reqProceed, reply: reply}, phase: PhaseClusterReady, effs: []string{"reply error"}},
+			ev:    evRequest{kind: reqProceed, reply: reply}, phase: PhaseClusterReady, effs: []string{"reply error"}},
 		{name: "ferry proceed after the hook failed runs it again", in: PhaseClusterReady,
-			given: []func(*machine){with(func(m *machine) { m.records["held"].Hook = &HookRun{Started: m.now(), Finished: m.now(), Exit: 1, Error: "exit 1"} })},
+			given: []func(*machine){with(func(m *machine) {
+				m.records["held"].Hook = &HookRun{Started: m.now(), Finished: m.now(), Exit: 1, Error: "exit 1"}
+			})},
 			ev: evRequest{kind: reqProceed, reply: reply}, phase: PhaseClusterReady, effs: []string{"save held", "run hook held", "reply ok"}},
 		{name: "ferry proceed with an API asks the cluster for the upgrade", in: PhaseClusterReady, given: []func(*machine){withAPI},
 			ev: evRequest{kind: reqProceed, reply: reply}, phase: PhaseClusterReady, effs: []string{"save held", "ask upgrade held", "reply ok"}},
@@ -512,13 +518,17 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 		{name: "the cluster approving a waiting bundle loads it, no restart", in: PhaseExtracted, given: []func(*machine){approvalRequired},
 			ev: evClusterApprovals{digests: []string{heldDigest}}, phase: PhaseLoading, effs: []string{"save held", "start load"}},
 		{name: "the cluster approving another digest: it still waits", in: PhaseExtracted,
-			given: []func(*machine){approvalRequired, with(func(m *machine) { m.records["held"].Condition = waiting(ReasonAwaitingApproval, m.waitingForApproval(m.records["held"])) })},
+			given: []func(*machine){approvalRequired, with(func(m *machine) {
+				m.records["held"].Condition = waiting(ReasonAwaitingApproval, m.waitingForApproval(m.records["held"]))
+			})},
 			ev: evClusterApprovals{digests: []string{otherDigest}}, phase: PhaseExtracted, why: ReasonAwaitingApproval},
 		{name: "the same approvals again do nothing", in: PhaseExtracted,
 			given: []func(*machine){approvalRequired, with(func(m *machine) { m.clusterApproved = []string{otherDigest} })},
-			ev: evClusterApprovals{digests: []string{otherDigest}}, phase: PhaseExtracted},
+			ev:    evClusterApprovals{digests: []string{otherDigest}}, phase: PhaseExtracted},
 		{name: "sources read: a bundle extracted unapproved still waits (a source approves at extraction, by what the tree holds)", in: PhaseExtracted,
-			given: []func(*machine){approvalRequired, with(func(m *machine) { m.records["held"].Condition = waiting(ReasonAwaitingApproval, m.waitingForApproval(m.records["held"])) })},
+			given: []func(*machine){approvalRequired, with(func(m *machine) {
+				m.records["held"].Condition = waiting(ReasonAwaitingApproval, m.waitingForApproval(m.records["held"]))
+			})},
 			ev: evClusterSources{sources: []RegistrySource{{Bundle: "b", Release: meta137.Release}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval,
 			check: func(t *testing.T, m *machine) {
 				if len(m.pol().ApprovedSources) != 1 || m.pol().SourceFor(&meta137) == nil {
@@ -528,14 +538,14 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 		{name: "sources read while loaded do nothing", in: PhaseLoaded,
 			ev: evClusterSources{sources: []RegistrySource{{Bundle: "b", Release: meta137.Release}}}, phase: PhaseLoaded},
 		{name: "a spec approving another digest holds the load", in: PhaseExtracted, given: []func(*machine){approvedHeld, withAPI},
-			ev: evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: BundlePolicy{ApprovedDigest: otherDigest}},
+			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: BundlePolicy{ApprovedDigest: otherDigest}},
 			phase: PhaseExtracted, why: ReasonOtherBundleApproved, effs: []string{"save held"}},
 		{name: "spec.cleanup takes a loaded bundle out", in: PhaseClusterReady, given: []func(*machine){withAPI},
-			ev: evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: BundlePolicy{Cleanup: true}},
+			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: BundlePolicy{Cleanup: true}},
 			phase: PhaseClusterReady, effs: []string{"start cleanup unload"}},
 		{name: "spec.proceed on Manual asks for the upgrade", in: PhaseClusterReady,
 			given: []func(*machine){withAPI, with(func(m *machine) { m.cfg.Cluster.Schedule = "Manual" })},
-			ev: evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: BundlePolicy{Schedule: "Manual", Proceed: true}},
+			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: BundlePolicy{Schedule: "Manual", Proceed: true}},
 			phase: PhaseClusterReady, effs: []string{"save held", "ask upgrade held"}},
 		{name: "another bundle's spec does nothing here", in: PhaseClusterReady, given: []func(*machine){withAPI},
 			ev: evBundlePolicy{name: ResourceName("4.13.8", "x86_64"), policy: BundlePolicy{Cleanup: true}}, phase: PhaseClusterReady},
@@ -543,17 +553,17 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 		// Following the cluster's upgrade.
 		{name: "the ask refused is retried, said once", in: PhaseClusterReady,
 			given: []func(*machine){withAPI, with(func(m *machine) { m.asking = true; m.records["held"].Upgrade = &UpgradeRun{Requested: m.now()} })},
-			ev: evUpgradeAsked{id: "held", err: errors.New("connection refused")}, phase: PhaseClusterReady, why: ReasonUpgradeRequestFailed, effs: []string{"save held"}},
+			ev:    evUpgradeAsked{id: "held", err: errors.New("connection refused")}, phase: PhaseClusterReady, why: ReasonUpgradeRequestFailed, effs: []string{"save held"}},
 		{name: "the ask accepted runs the hook", in: PhaseClusterReady,
 			given: []func(*machine){withAPI, with(func(m *machine) { m.asking = true; m.records["held"].Upgrade = &UpgradeRun{Requested: m.now()} })},
-			ev: evUpgradeAsked{id: "held"}, phase: PhaseClusterReady, effs: []string{"save held", "save held", "run hook held"}},
+			ev:    evUpgradeAsked{id: "held"}, phase: PhaseClusterReady, effs: []string{"save held", "save held", "run hook held"}},
 		{name: "the operator at work: upgrading", in: PhaseClusterReady, given: []func(*machine){withAPI},
-			ev: evUpgradeSeen{release: meta137.Release, st: UpgradeStatus{State: UpgradeRunning, Message: "Working towards 4.13.7"}},
+			ev:    evUpgradeSeen{release: meta137.Release, st: UpgradeStatus{State: UpgradeRunning, Message: "Working towards 4.13.7"}},
 			phase: PhaseUpgrading, effs: []string{"save held"}},
 		{name: "the operator not started yet", in: PhaseClusterReady, given: []func(*machine){withAPI},
 			ev: evUpgradeSeen{release: meta137.Release, st: UpgradeStatus{State: UpgradePending}}, phase: PhaseClusterReady, why: ReasonUpgradePending, effs: []string{"save held"}},
 		{name: "the release refused, in the operator's words", in: PhaseClusterReady, given: []func(*machine){withAPI},
-			ev: evUpgradeSeen{release: meta137.Release, st: UpgradeStatus{State: UpgradeRefused, Reason: "cannot be verified"}},
+			ev:    evUpgradeSeen{release: meta137.Release, st: UpgradeStatus{State: UpgradeRefused, Reason: "cannot be verified"}},
 			phase: PhaseClusterReady, why: ReasonReleaseRefused, effs: []string{"save held"}},
 		{name: "another release's upgrade says nothing of this bundle", in: PhaseClusterReady, given: []func(*machine){withAPI},
 			ev: evUpgradeSeen{release: meta138.Release, st: UpgradeStatus{State: UpgradeCompleted}}, phase: PhaseClusterReady},
