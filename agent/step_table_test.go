@@ -584,7 +584,12 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			ev: evNodeSeen{managed("Done", "rendered-old", "rendered-old", "", false)}, phase: PhaseUpgraded, why: ReasonNodeUpdating, effs: []string{"save held"}},
 		{name: "upgraded, the MCO done with the node: retired", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
 			ev: evNodeSeen{managed("Done", "rendered-new", "rendered-new", "rendered-new", false)}, phase: PhaseUpgraded, why: ReasonCleaningUp,
-			effs: []string{"save held", "start retire unload retain"}},
+			effs: []string{"save held", "start retire unload retain"},
+			check: func(t *testing.T, m *machine) {
+				if m.readsNode() {
+					t.Error("the node's machine config state is still read once retiring")
+				}
+			}},
 		{name: "upgraded, a node without the MCO is done at Completed", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
 			ev: evNodeSeen{NodeUpdate{}}, phase: PhaseUpgraded, why: ReasonCleaningUp, effs: []string{"save held", "start retire unload retain"}},
 
