@@ -98,6 +98,13 @@ type Deps struct {
 	// when nothing woke them (a resync: ClusterAPI.Changes and the node's
 	// own changes wake them at once); 0 is a minute.
 	APIPoll time.Duration
+	// PeerPoll is how often the peers are asked when no bundle moves; 0
+	// is 2 s (tests ask more often, to wait on polls rather than sleep).
+	PeerPoll time.Duration
+	// RetryBase is the first wait before the cluster's API is tried
+	// again after a failure (asking for the upgrade, annotating the
+	// Node), doubled at each failure up to a minute; 0 is a second.
+	RetryBase time.Duration
 	// Warnings are lasting faults of the node's setup that do not stop it
 	// (e.g. a kubeconfig that does not check the API server's
 	// certificate): logged at start and shown in every status.

@@ -225,7 +225,7 @@ func (h *harness) start() {
 		api = h.api
 	}
 	a, err := New(h.cfg, Deps{Devices: h.dev, Media: h.media, Loader: h.loader, Notify: h.lines, Peers: h.peers,
-		API: api, APIPoll: 20 * time.Millisecond, Now: func() time.Time { return clock }, Admit: h.admit})
+		API: api, APIPoll: 20 * time.Millisecond, PeerPoll: 50 * time.Millisecond, RetryBase: 10 * time.Millisecond, Now: func() time.Time { return clock }, Admit: h.admit})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -421,11 +421,9 @@ func TestAgent_AnUnapprovedBundleIsExtractedButWaitsForApproval(t *testing.T) {
 			if s.Phase != string(PhaseExtracted) || !strings.Contains(s.Line, digest) || !strings.Contains(s.Line, "approved_digests") || s.ApprovalOff {
 				t.Fatalf("status %+v", s)
 			}
-			time.Sleep(300 * time.Millisecond) // a few turns of the loop: still not loaded
-			h.loader.mu.Lock()
-			loads := len(h.loader.loads)
-			h.loader.mu.Unlock()
-			if loads != 0 {
+			// The step that made it wait started no load (the reducer's
+			// table: "extracted unapproved: it waits for approval").
+			if h.loads() != 0 {
 				t.Fatal("an unapproved bundle was loaded")
 			}
 			if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64", bundle.MetadataName)); err != nil {

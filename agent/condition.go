@@ -91,26 +91,38 @@ func fault(reason, message string) Condition {
 type recordJSON Record
 
 // MarshalJSON writes the record with its condition's message also under
-// "reason", as versions before the typed condition wrote it: `ferry
-// status --json` readers and an older ferry find it there.
+// "reason", as versions before the typed condition wrote it, and its
+// retirement also as the booleans versions before Retirement wrote:
+// `ferry status --json` readers and an older ferry find them there.
 func (r Record) MarshalJSON() ([]byte, error) {
+	t := r.Retirement
 	return json.Marshal(struct {
 		recordJSON
-		Reason string `json:"reason,omitempty"`
-	}{recordJSON(r), r.Condition.Message})
+		Reason   string `json:"reason,omitempty"`
+		Retiring bool   `json:"retiring,omitempty"`
+		Retired  bool   `json:"retired,omitempty"`
+		Unpinned bool   `json:"unpinned,omitempty"`
+	}{recordJSON(r), r.Condition.Message, t >= RetirementStarted, t >= RetirementDone, t == RetirementUnpinned})
 }
 
 // UnmarshalJSON reads a record, and gives one written before the typed
-// condition (a "reason" text only) the condition its words meant.
+// condition (a "reason" text only) the condition its words meant, and
+// one written before Retirement (booleans only) the state they meant.
 func (r *Record) UnmarshalJSON(b []byte) error {
 	var v struct {
 		recordJSON
-		Reason string `json:"reason"`
+		Reason   string `json:"reason"`
+		Retiring bool   `json:"retiring"`
+		Retired  bool   `json:"retired"`
+		Unpinned bool   `json:"unpinned"`
 	}
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err
 	}
 	*r = Record(v.recordJSON)
+	if r.Retirement == RetirementNone {
+		r.Retirement = legacyRetirement(v.Retiring, v.Retired, v.Unpinned)
+	}
 	if r.Condition == (Condition{}) {
 		r.Condition = legacyCondition(r.Phase, v.Reason)
 	}

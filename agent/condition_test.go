@@ -148,3 +148,58 @@ func jsonString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
 }
+
+// A record written before Retirement (three booleans) loads in the
+// sub-phase they meant, and a record saved now round-trips its state and
+// still carries the booleans an older ferry reads.
+func TestStore_OldRetirementBooleansLoadAsTheirSubPhase(t *testing.T) {
+	for _, tc := range []struct {
+		flags string
+		want  Retirement
+	}{
+		{``, RetirementNone},
+		{`"retiring": true,`, RetirementStarted},
+		{`"retiring": true, "retired": true,`, RetirementDone},
+		{`"retired": true,`, RetirementDone},
+		{`"retiring": true, "retired": true, "unpinned": true, "retained": false,`, RetirementUnpinned},
+	} {
+		dir := t.TempDir()
+		st, err := OpenStore(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old := `{"id": "old", "name": "upgrade-4.13.7-x86_64.tar", "origin": "stick", "phase": "upgraded", ` + tc.flags +
+			` "progress": {"done": 0, "total": 0, "unit": ""}, "times": {}}`
+		if err := os.WriteFile(filepath.Join(dir, "bundles", "old.json"), []byte(old), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		recs, err := st.Load()
+		if err != nil || len(recs) != 1 {
+			t.Fatalf("%s: %d records, %v", tc.flags, len(recs), err)
+		}
+		if got := recs[0].Retirement; got != tc.want {
+			t.Errorf("%s: retirement %v, want %v", tc.flags, got, tc.want)
+		}
+
+		// Saved again: the state by name, and the booleans it means.
+		must(t, st.Save(recs[0]))
+		b, err := os.ReadFile(filepath.Join(dir, "bundles", "old.json"))
+		must(t, err)
+		var legacy struct {
+			Retirement                  string
+			Retiring, Retired, Unpinned bool
+		}
+		must(t, json.Unmarshal(b, &legacy))
+		if legacy.Retirement != tc.want.String() || legacyRetirement(legacy.Retiring, legacy.Retired, legacy.Unpinned) != tc.want {
+			t.Errorf("%s: saved as %s", tc.flags, b)
+		}
+		again, err := st.Load()
+		if err != nil || again[0].Retirement != tc.want {
+			t.Errorf("%s: reloaded %v, %v", tc.flags, again[0].Retirement, err)
+		}
+	}
+	var r Record
+	if err := json.Unmarshal([]byte(`{"id": "x", "retirement": "gone"}`), &r); err == nil {
+		t.Error("an unknown retirement state loaded")
+	}
+}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"os"
@@ -91,7 +92,7 @@ func (a *Agent) watchers(ctx context.Context) <-chan view {
 		go func() { defer a.bg.Done(); f() }()
 	}
 	if a.deps.Peers != nil {
-		goBG(func() { a.pollPeers(ctx, 2*time.Second, views) })
+		goBG(func() { a.pollPeers(ctx, cmp.Or(a.deps.PeerPoll, 2*time.Second), views) })
 	}
 	if a.deps.Loader != nil && a.cfg.Retention.KeepRunningRelease {
 		goBG(func() { a.watchRuntime(ctx, runtimePoll, time.Duration(a.cfg.Retention.CheckMinutes)*time.Minute) })

@@ -53,7 +53,7 @@ func (a *Agent) pollPeers(ctx context.Context, interval time.Duration, out chan<
 		}
 		wait := interval
 		if a.moving(st) {
-			wait = movingPoll
+			wait = min(wait, movingPoll)
 		}
 		// A node waiting for a peer to pull a release asks again as soon
 		// as the cluster's API changes: the puller's UpgradeBundle entry

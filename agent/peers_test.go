@@ -34,6 +34,7 @@ type fakePeers struct {
 	statuses map[string]peer.PeerStatus
 	tars     map[string]string // digest → tar path
 	fetched  int
+	polls    int // Discover calls: one per poll of the peers
 	shared   map[string]int64
 	held     map[string]heldBundle
 	pieces   map[string]*peer.PieceList
@@ -89,6 +90,7 @@ func (f *fakePeers) reachable(addr string) bool {
 func (f *fakePeers) Discover(context.Context) ([]peer.PeerOffer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.polls++
 	out := append([]peer.PeerOffer(nil), f.offers...)
 	for addr, o := range f.linked {
 		if !f.reachable(addr) {
@@ -271,6 +273,22 @@ func (h *harness) waitShared(p *fakePeers, digest string) {
 	})
 }
 
+// waitPolls waits until the loop has taken n more views of the peers:
+// the views go to the loop unbuffered, so once a poll has begun after
+// the n-th, the loop has stepped on that view and published its state.
+// A deterministic wait for "another poll changed nothing", not a sleep.
+func (h *harness) waitPolls(p *fakePeers, n int) {
+	h.t.Helper()
+	p.mu.Lock()
+	target := p.polls + n + 1
+	p.mu.Unlock()
+	h.waitFor(fmt.Sprintf("%d more polls of the peers", n), func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.polls >= target
+	})
+}
+
 func TestCluster_FetchesFromPeerThenWaitsForAgreementBeforeLoading(t *testing.T) {
 	h, p := clusterHarness(t)
 	tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
@@ -371,14 +389,11 @@ func TestCluster_GateRunsTheHookOnceWhereTheStickWasPlugged(t *testing.T) {
 	h.waitPhase(PhaseLoaded)
 	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "loaded", Digest: digest})
 	h.waitPhase(PhaseClusterReady)
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if b, _ := os.ReadFile(marker); len(b) > 0 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(2500 * time.Millisecond) // another poll must not run it again
+	h.waitFor("the hook run", func() bool { b, _ := os.ReadFile(marker); return len(b) > 0 })
+	// Other polls must not run it again: a second run would show in the
+	// record (published before its effects) and end before the check.
+	h.waitPolls(p, 2)
+	h.waitFor("no hook running", func() bool { return hookFinished(h.agent.Status()) })
 	b, _ := os.ReadFile(marker)
 	if got := strings.Count(string(b), "quay.io/openshift-release-dev/ocp-release@sha256:"); got != 1 {
 		t.Fatalf("hook ran %d times: %q", got, b)
@@ -390,7 +405,8 @@ func TestCluster_GateRunsTheHookOnceWhereTheStickWasPlugged(t *testing.T) {
 	h2.peers = p
 	h2.start()
 	h2.waitPhase(PhaseClusterReady)
-	time.Sleep(2500 * time.Millisecond)
+	h2.waitPolls(p, 2)
+	h2.waitFor("no hook running", func() bool { return hookFinished(h2.agent.Status()) })
 	b, _ = os.ReadFile(marker)
 	if got := strings.Count(string(b), "\n"); got != 1 {
 		t.Fatalf("hook ran %d times after a restart", got)
@@ -410,18 +426,14 @@ func TestCluster_ManualScheduleWaitsForProceed(t *testing.T) {
 	}
 	h.plug("/dev/sda", src)
 	h.waitPhase(PhaseClusterReady)
-	time.Sleep(2500 * time.Millisecond)
-	if _, err := os.Stat(marker); err == nil {
-		t.Fatal("Manual schedule ran the hook by itself")
+	h.waitPolls(p, 2) // the reducer's table proves the rule; here, the wiring
+	for _, r := range h.agent.Status().Bundles {
+		if r.Hook != nil {
+			t.Fatal("Manual schedule ran the hook by itself")
+		}
 	}
 	must(t, h.agent.Request(t.Context(), "proceed", nil))
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if b, _ := os.ReadFile(marker); string(b) == "ran\n" {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	h.waitFor("the hook's output", func() bool { b, _ := os.ReadFile(marker); return string(b) == "ran\n" })
 	if b, _ := os.ReadFile(marker); string(b) != "ran\n" {
 		t.Fatalf("hook output %q", b)
 	}
@@ -478,10 +490,7 @@ func TestCluster_PeerRefusingOurTokenIsShownInStatus(t *testing.T) {
 	p.statuses["10.0.0.2:8090"] = peer.PeerStatus{Err: fmt.Errorf("10.0.0.2:8090: %w", peer.ErrUnauthorized)}
 	p.mu.Unlock()
 	h.start()
-	deadline := time.Now().Add(10 * time.Second)
-	for h.agent.Status().Healthy && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	h.waitFor("the refusal in the status", func() bool { return !h.agent.Status().Healthy })
 	s := h.agent.Status()
 	if s.Healthy || !strings.Contains(s.Line, "refuses this node") {
 		t.Fatalf("status %+v", s)
@@ -510,10 +519,7 @@ func TestCluster_HookEndAndLoopSavesNeverLoseTheNewestRecord(t *testing.T) {
 			}
 		}()
 		h.waitPhase(PhaseClusterReady)
-		deadline := time.Now().Add(10 * time.Second)
-		for !hookFinished(h.agent.Status()) && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
-		}
+		h.waitFor("the hook finished", func() bool { return hookFinished(h.agent.Status()) })
 		close(stop)
 		h.stop()
 		store, err := OpenStore(h.cfg.Paths.StateDir)
@@ -664,8 +670,8 @@ func TestCluster_APeerThatRefusesTheBundleBlocksLoadingAndIsShown(t *testing.T) 
 	if s.Phase != string(PhaseExtracted) || !strings.Contains(s.Reason, "trusted_keys") {
 		t.Fatalf("%+v", s)
 	}
-	time.Sleep(1500 * time.Millisecond) // another peer poll
-	if len(h.loader.loads) != 0 {
+	h.waitPolls(p, 2) // other peer polls
+	if h.loads() != 0 {
 		t.Fatal("loaded although a node refuses the bundle")
 	}
 	// Once that node holds it, loading goes on.
@@ -685,7 +691,7 @@ func TestCluster_ARefusedPeerBundleIsTakenOnceThePolicyApprovesIt(t *testing.T) 
 	p.offer(t, "10.0.0.2:8090", tarPath, digest)
 	h.start()
 	h.waitPhase(PhaseRejected)
-	time.Sleep(1500 * time.Millisecond) // another poll: still refused, not fetched
+	h.waitPolls(p, 2) // other polls: still refused, not fetched
 	p.mu.Lock()
 	n := p.fetched
 	p.mu.Unlock()

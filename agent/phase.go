@@ -1,5 +1,7 @@
 package agent
 
+import "fmt"
+
 // Phase is where one bundle is on this node.
 type Phase string
 
@@ -52,4 +54,67 @@ const approvalOffWarning = "approval is off: any bundle whose sha256 checks is l
 // digest or trusted key approves waits with: it is not loaded.
 func WaitingForApproval(digest string) string {
 	return "waiting for approval: add its digest " + digest + " to approved_digests and restart ferry, or sign it with a trusted key (then 'ferry cleanup' and plug the stick again)"
+}
+
+// Retirement is how far an upgraded bundle's retirement has gone on this
+// node: each state implies the ones before it.
+type Retirement uint8
+
+const (
+	// RetirementNone: not being retired (not upgraded, or upgraded and
+	// waiting until this node no longer needs the bundle).
+	RetirementNone Retirement = iota
+	// RetirementStarted: this node no longer needs the bundle (the
+	// upgrade is done and the MCO is done with the node, or ferry
+	// cleanup said so): its registry and mirror (and its files unless
+	// kept) go, after a restart too.
+	RetirementStarted
+	// RetirementDone: they are gone; its pins stay until the next
+	// upgrade is done.
+	RetirementDone
+	// RetirementUnpinned: the next bundle's upgrade is done and this
+	// one's pins went.
+	RetirementUnpinned
+)
+
+var retirementNames = [...]string{"", "retiring", "retired", "unpinned"}
+
+func (t Retirement) String() string {
+	if int(t) < len(retirementNames) {
+		return retirementNames[t]
+	}
+	return fmt.Sprintf("Retirement(%d)", t)
+}
+
+// MarshalText writes the state's name, as records keep it.
+func (t Retirement) MarshalText() ([]byte, error) {
+	if int(t) >= len(retirementNames) {
+		return nil, fmt.Errorf("unknown retirement state %d", t)
+	}
+	return []byte(retirementNames[t]), nil
+}
+
+// UnmarshalText reads a state's name.
+func (t *Retirement) UnmarshalText(b []byte) error {
+	for i, n := range retirementNames {
+		if string(b) == n {
+			*t = Retirement(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown retirement state %q", b)
+}
+
+// legacyRetirement is the state that the booleans of records written
+// before Retirement (retiring, retired, unpinned) meant.
+func legacyRetirement(retiring, retired, unpinned bool) Retirement {
+	switch {
+	case unpinned:
+		return RetirementUnpinned
+	case retired:
+		return RetirementDone
+	case retiring:
+		return RetirementStarted
+	}
+	return RetirementNone
 }

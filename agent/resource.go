@@ -592,7 +592,7 @@ func (m *machine) bundlePolicySeen(ev evBundlePolicy) []effect {
 // UpgradeBundle's spec.cleanup: what 'ferry cleanup' does on the node,
 // asked once.
 func (m *machine) cleanupAskedByCluster(r *Record) []effect {
-	if m.cleanupAsked || r.Retiring || r.Phase == PhaseCleaned || r.Phase == PhaseRejected {
+	if m.cleanupAsked || r.Retirement >= RetirementStarted || r.Phase == PhaseCleaned || r.Phase == PhaseRejected {
 		return nil
 	}
 	m.log.Info("the UpgradeBundle asks for cleanup (spec.cleanup)", "bundle", r.Name, "phase", string(r.Phase))

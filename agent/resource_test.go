@@ -97,7 +97,7 @@ func TestResource_TheGateLeavesOutExcludedAndLongNotReadyNodes(t *testing.T) {
 			p.mu.Unlock()
 			h.plug("/dev/sda", src)
 			h.waitReason("waiting for 10.0.0.2:8090 (unreachable)")
-			time.Sleep(200 * time.Millisecond)
+			h.waitPolls(p, 2)
 			if s := h.agent.Status(); s.Phase != string(PhaseExtracted) {
 				t.Fatalf("went on without b before the administrator said so: %+v", s)
 			}
@@ -118,7 +118,7 @@ func TestResource_ManualScheduleAndProceedFromTheSpec(t *testing.T) {
 	src, _ := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
 	h.waitPhase(PhaseClusterReady)
-	time.Sleep(300 * time.Millisecond)
+	h.waitFor("the spec read", func() bool { return h.agent.Status().Bundles[0].Condition.Reason == "" })
 	api.mu.Lock()
 	asked := len(api.starts)
 	api.mu.Unlock()
@@ -189,7 +189,7 @@ func TestResource_ASpecApprovingAnotherDigestIsNotOverriddenLocally(t *testing.T
 		b, _ := api.bundle(resourceName)
 		return len(b.sum.Excluded) == 1 && b.sum.Excluded[0] == "b: listed in spec.excludedNodes"
 	})
-	time.Sleep(200 * time.Millisecond)
+	h.waitPolls(p, 2)
 	loads := h.loads()
 	if s := h.agent.Status(); loads != 0 || s.Phase != string(PhaseExtracted) {
 		t.Fatalf("the node's approval overrode the spec's: %d loads, status %+v", loads, s)
@@ -212,7 +212,7 @@ func TestResource_SpecCleanupTakesTheBundleOut(t *testing.T) {
 		h.waitPhase(PhaseClusterReady)
 		api.setPolicy(resourceName, BundlePolicy{Cleanup: true})
 		h.waitFor("the bundle unloaded", func() bool { return h.cleanups() == 1 })
-		time.Sleep(200 * time.Millisecond)
+		h.waitFor("the cleanup's end", func() bool { return h.record().Phase == PhaseCleaned })
 		if n, r := h.cleanups(), h.retires(); n != 1 || r != 0 {
 			t.Fatalf("unloaded %d times, retired %d times: want one unload and no retirement", n, r)
 		}

@@ -52,14 +52,11 @@ type Record struct {
 	// for before the upgrade (read at cluster-ready): the upgrade's own
 	// is another one.
 	MachineConfig string `json:"machineConfig,omitempty"`
-	// Retiring: this node no longer needs the bundle (the upgrade is done
-	// and the MCO is done with the node, or ferry cleanup said so): its
-	// files, registry and mirror go, after a restart too.
-	Retiring bool `json:"retiring,omitempty"`
-	// Retired: upgraded, and its files, registry and mirror are gone.
-	Retired bool `json:"retired,omitempty"`
-	// Unpinned: the next bundle's upgrade is done and this one's pins went.
-	Unpinned bool `json:"unpinned,omitempty"`
+	// Retirement is how far the bundle's retirement has gone, once
+	// upgraded (records before it kept three booleans: retiring, retired,
+	// unpinned, which still load, and are still written for an older
+	// ferry).
+	Retirement Retirement `json:"retirement,omitempty"`
 	// Retained: upgraded, and its extracted tree kept (Dir) as the running
 	// release's source until the next upgrade is done: its images are
 	// loaded again from it when CRI-O loses them, and it is served to the

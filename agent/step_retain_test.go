@@ -15,7 +15,7 @@ var bundleMeta = bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: "qu
 func upgradedMachine(t *testing.T, retained bool) (*machine, *Record) {
 	m := machineIn(t, PhaseIdle)
 	r := &Record{ID: "running", Digest: heldDigest, Name: "upgrade-4.13.7-x86_64.tar", Metadata: &bundleMeta,
-		Origin: OriginStick, Dir: "/nonexistent/4.13.7-x86_64", Retired: true, Retained: retained}
+		Origin: OriginStick, Dir: "/nonexistent/4.13.7-x86_64", Retirement: RetirementDone, Retained: retained}
 	m.move(r, PhaseUpgraded, Condition{}, Progress{})
 	m.done, m.previous = r, r
 	return m, r
@@ -170,7 +170,7 @@ func TestStep_RetentionTurnedOffRemovesTheKeptTreeAtStart(t *testing.T) {
 	m := machineIn(t, PhaseIdle)
 	m.cfg.Retention.KeepRunningRelease = false
 	r := &Record{ID: "running", Digest: heldDigest, Name: "upgrade-4.13.7-x86_64.tar", Metadata: &bundleMeta,
-		Dir: "/nonexistent/4.13.7-x86_64", Phase: PhaseUpgraded, Retired: true, Retained: true}
+		Dir: "/nonexistent/4.13.7-x86_64", Phase: PhaseUpgraded, Retirement: RetirementDone, Retained: true}
 	effs := m.step(evStart{records: []*Record{r}})
 	removed := false
 	for _, e := range effs {

@@ -124,7 +124,7 @@ func TestStep_EveryPhaseTimesEveryEvent(t *testing.T) {
 				if name == "load asked" && replies == 0 && countProbes(effs) != 1 {
 					t.Error("ferry load neither answered nor probed")
 				}
-				if m.active != nil && !m.active.Phase.Active() && !(m.active.Phase == PhaseUpgraded && !m.active.Retired) {
+				if m.active != nil && !m.active.Phase.Active() && !(m.active.Phase == PhaseUpgraded && m.active.Retirement < RetirementDone) {
 					t.Errorf("active bundle in phase %s, which does not hold the node", m.active.Phase)
 				}
 				if m.lastBad != nil && m.lastBad.Phase != PhaseRejected && m.lastBad.Phase != PhaseConflict {

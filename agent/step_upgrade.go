@@ -142,7 +142,7 @@ func (m *machine) upgraded(r *Record) []effect {
 // retireNow starts r's cleanup, persisting the decision first: a restart
 // finishes it without asking again.
 func (m *machine) retireNow(r *Record) []effect {
-	r.Retiring = true
+	r.Retirement = max(r.Retirement, RetirementStarted)
 	effs := m.move(r, PhaseUpgraded, retiring, r.Progress)
 	return append(effs, m.retire(r)...)
 }
@@ -225,7 +225,7 @@ func (m *machine) nodeSeen(ev evNodeSeen) []effect {
 			m.log.Info("this node's machine config before the upgrade", "bundle", r.Name, "config", r.MachineConfig)
 			return []effect{effSave{r}}
 		}
-	case r.Phase == PhaseUpgraded && !r.Retired && !r.Retiring && m.job == nil:
+	case r.Phase == PhaseUpgraded && r.Retirement == RetirementNone && m.job == nil:
 		return m.retireWhenDone(r)
 	}
 	return nil
@@ -240,15 +240,15 @@ func (m *machine) readsNode() bool {
 		return false
 	}
 	return r.Phase == PhaseClusterReady && r.MachineConfig == "" ||
-		r.Phase == PhaseUpgraded && !r.Retired && !r.Retiring
+		r.Phase == PhaseUpgraded && r.Retirement == RetirementNone
 }
 
 func (m *machine) retire(r *Record) []effect {
-	if m.job != nil || r.Retired {
+	if m.job != nil || r.Retirement >= RetirementDone {
 		return nil
 	}
 	prev := m.previous
-	if prev == r || prev != nil && prev.Unpinned {
+	if prev == r || prev != nil && prev.Retirement == RetirementUnpinned {
 		prev = nil
 	}
 	retain := m.cfg.Retention.KeepRunningRelease && r.Dir != "" && r.Metadata != nil
@@ -269,10 +269,10 @@ func (m *machine) retireDone(r *Record, j evJobDone) []effect {
 		return effs
 	}
 	if p := m.previous; p != nil && p != r {
-		p.Unpinned, p.Retained = true, false // its tree went with the retire job
+		p.Retirement, p.Retained = RetirementUnpinned, false // its tree went with the retire job
 		effs = append(effs, effSave{p})
 	}
-	r.Retired = true
+	r.Retirement = RetirementDone
 	r.Retained = m.cfg.Retention.KeepRunningRelease && r.Dir != "" && r.Metadata != nil
 	effs = append(effs, m.move(r, PhaseUpgraded, Condition{}, r.Progress)...)
 	m.previous, m.done, m.active, m.cleaned = r, r, nil, nil
@@ -287,4 +287,32 @@ func (m *machine) retireDone(r *Record, j evJobDone) []effect {
 		effs = append(effs, effReply{reply, nil})
 	}
 	return effs
+}
+
+// startHook marks the hook started (persisted first, so a crash never
+// runs it twice) and runs it.
+func (m *machine) startHook(r *Record) ([]effect, error) {
+	if len(m.cfg.Cluster.OnReady) == 0 {
+		return nil, errors.New("no on_ready hook is configured")
+	}
+	if r.Hook != nil {
+		return nil, errors.New("the on_ready hook already ran")
+	}
+	r.Hook = &HookRun{Started: m.now().UTC()}
+	return []effect{effSave{r}, effRunHook{r}}, nil
+}
+
+func (m *machine) hookDone(h evHookDone) []effect {
+	r := m.records[h.id]
+	if r == nil {
+		return nil
+	}
+	run := h.run
+	r.Hook = &run
+	if run.Error != "" {
+		m.log.Error("the on_ready hook failed", "bundle", r.Name, "err", run.Error)
+	} else {
+		m.log.Info("the on_ready hook succeeded", "bundle", r.Name)
+	}
+	return []effect{effSave{r}}
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -33,7 +34,7 @@ func (a *Agent) askUpgrade(ctx context.Context, r *Record) {
 	a.bg.Add(1)
 	go func() {
 		defer a.bg.Done()
-		wait := time.Second
+		wait := a.retryBase()
 		for {
 			cctx, cancel := context.WithTimeout(ctx, time.Minute)
 			err := a.deps.API.StartUpgrade(cctx, u)
@@ -147,7 +148,7 @@ func (a *Agent) annotate(ctx context.Context, progressEvery time.Duration) {
 	var written map[string]string
 	var lastWrite time.Time
 	var want map[string]string
-	wait := time.Second
+	wait := a.retryBase()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
@@ -174,17 +175,20 @@ func (a *Agent) annotate(ctx context.Context, progressEvery time.Duration) {
 			if ctx.Err() != nil {
 				return
 			}
-			if wait == time.Second {
+			if wait == a.retryBase() {
 				a.log.Warn("cannot annotate this node's Node object; retrying", "node", a.cfg.NodeName, "err", err)
 			}
 			timer.Reset(wait)
 			wait = min(2*wait, time.Minute)
 			continue
 		}
-		wait = time.Second
+		wait = a.retryBase()
 		written, lastWrite = want, time.Now()
 	}
 }
+
+// retryBase is the first wait before the cluster's API is tried again.
+func (a *Agent) retryBase() time.Duration { return cmp.Or(a.deps.RetryBase, time.Second) }
 
 func onlyProgress(a, b map[string]string) bool {
 	for k, v := range a {

@@ -302,7 +302,8 @@ func TestUpgrade_ManualScheduleAsksOnProceedAndAFailedHookRunsAgain(t *testing.T
 	src, _ := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
 	h.waitPhase(PhaseClusterReady)
-	time.Sleep(200 * time.Millisecond)
+	// That Manual asks only on proceed is the reducer's (its table: "the
+	// gate opens on Manual without the hook"); here, the wiring.
 	api.mu.Lock()
 	asked := len(api.starts)
 	api.mu.Unlock()

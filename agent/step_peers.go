@@ -1,0 +1,298 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/sha256digest"
+	"github.com/ferry-edge/ferry/peer"
+)
+
+// Transitions of the peers' view (evView): fetching an offer, refusing
+// one, a conflict between nodes, and the gate that moves a loaded node to
+// cluster-ready.
+
+// peersSeen acts on a fresh view of the peers.
+func (m *machine) peersSeen(v view) []effect {
+	old := m.view
+	m.view = v
+	for _, p := range m.peers {
+		now, was := v.statuses[p].Err, old.statuses[p].Err
+		if now != nil && (was == nil || was.Error() != now.Error()) {
+			m.log.Warn("a peer cannot be asked", "peer", p, "err", now)
+		} else if now == nil && was != nil {
+			m.log.Info("a peer answers again", "peer", p)
+		}
+	}
+	r := m.active
+	switch {
+	case r == nil && m.job == nil:
+		return m.maybeFetch(v)
+	case r == nil:
+	case r.Phase == PhaseExtracted && m.job == nil:
+		return m.next()
+	case r.Phase.Loaded():
+		return m.gate(r)
+	}
+	return nil
+}
+
+// runsAlready reports whether every other node (at least one) is done
+// with the upgrade to r and keeps it as the release it runs: this node
+// joined the cluster after that upgrade, or came back empty.
+func (m *machine) runsAlready(r *Record) bool {
+	n := 0
+	for _, st := range m.gatedStatuses() {
+		if st.Err != nil || Phase(st.Phase) != PhaseUpgraded || st.Digest != r.Digest {
+			return false
+		}
+		n++
+	}
+	return n > 0
+}
+
+// fresh are the offers this node may take: not a bundle it is done with
+// (upgraded or cleaned up here), and not the release the peers run and
+// keep (an upgraded peer's Digest) while another bundle is offered too.
+func (m *machine) fresh(v view) []peer.PeerOffer {
+	doneWith := map[string]bool{}
+	for _, r := range m.records {
+		if r.Phase == PhaseUpgraded || r.Phase == PhaseCleaned {
+			doneWith[r.Digest] = true
+		}
+	}
+	running := map[string]bool{}
+	for _, st := range v.statuses {
+		if st.Err == nil && Phase(st.Phase) == PhaseUpgraded && st.Digest != "" {
+			running[st.Digest] = true
+		}
+	}
+	var out, kept []peer.PeerOffer
+	for _, o := range v.offers {
+		switch {
+		case doneWith[o.Digest]:
+		case running[o.Digest]:
+			kept = append(kept, o)
+		default:
+			out = append(out, o)
+		}
+	}
+	if len(out) == 0 {
+		return kept
+	}
+	return out
+}
+
+// maybeFetch starts fetching the bundle the peers offer, after the same
+// checks a stick gets.
+func (m *machine) maybeFetch(v view) []effect {
+	o, conflict := oneOffer(m.fresh(v))
+	if conflict != "" {
+		return m.reportConflict(conflict)
+	}
+	if o == nil {
+		return nil
+	}
+	meta, err := bundle.ParseMetadata(o.Metadata)
+	for _, old := range m.records {
+		if old.Digest != o.Digest {
+			continue
+		}
+		switch old.Phase {
+		case PhaseCleaned, PhaseUpgraded:
+			return nil // done with before: not again
+		case PhaseRejected:
+			// Refused for its bytes (it was fetched), or still by this
+			// node's policy: not again. Refused by a policy since changed
+			// to approve it (a restart with the engineer's key): fetch it.
+			if old.Dir != "" || err != nil {
+				return nil
+			}
+			if _, perr := m.pol().ApproveOffer(meta, o.Digest, o.Signature); perr != nil {
+				return nil
+			}
+		}
+	}
+	name := "bundle from " + o.Peer
+	if meta != nil {
+		name = meta.Name() + ".tar"
+	}
+	r := &Record{Digest: o.Digest, Name: name, Metadata: meta, Origin: OriginPeer, Source: o.Peer, TarSize: o.Size}
+	if meta != nil {
+		r.ID = m.newID(meta.DirName())
+	} else {
+		r.ID = m.newID("peer")
+	}
+	if err == nil {
+		r.Approval, err = m.pol().ApproveOffer(meta, o.Digest, o.Signature)
+		r.Signature = o.Signature
+	}
+	if err != nil {
+		return m.refuseOffer(r, err)
+	}
+	r.Dir = filepath.Join(m.cfg.Paths.ExtractDir, meta.DirName())
+	m.active = r
+	effs := m.move(r, PhaseFetching, Condition{}, Progress{Unit: "bytes"})
+	m.log.Info("fetching the bundle from the peers", "phase", string(PhaseFetching), "bundle", r.Name, "digest", r.Digest)
+	return append(effs, m.fetch(r)...)
+}
+
+// Refused peer offers are kept, short, for a while: enough to say why
+// and not to refuse the same offer at every poll, never enough that
+// peers offering bundle after bundle grow the state or the status.
+const (
+	maxRefusedOffers = 8
+	refusedOfferTTL  = 24 * time.Hour
+	maxRefusedReason = 300 // bytes
+)
+
+// refuseOffer records an offer this node's policy refuses: no metadata,
+// no signature, a bounded reason; the oldest beyond maxRefusedOffers and
+// any older than refusedOfferTTL are forgotten.
+func (m *machine) refuseOffer(r *Record, err error) []effect {
+	r.Metadata, r.Signature = nil, nil
+	reason := err.Error()
+	if len(reason) > maxRefusedReason {
+		reason = strings.ToValidUTF8(reason[:maxRefusedReason], "") + "…"
+	}
+	effs := m.reject(r, errors.New(reason))
+	return append(effs, m.pruneRefused()...)
+}
+
+// isRefusedOffer reports whether r is an offer refused before any byte
+// of it was fetched.
+func isRefusedOffer(r *Record) bool {
+	return r.Origin == OriginPeer && r.Phase == PhaseRejected && r.Dir == ""
+}
+
+// pruneRefused forgets refused offers past their time or their number.
+func (m *machine) pruneRefused() []effect {
+	var refused []*Record
+	for _, r := range m.records {
+		if isRefusedOffer(r) {
+			refused = append(refused, r)
+		}
+	}
+	sort.Slice(refused, func(i, j int) bool {
+		return refused[i].Times[PhaseRejected].After(refused[j].Times[PhaseRejected])
+	})
+	var effs []effect
+	for i, r := range refused {
+		if i < maxRefusedOffers && m.now().Sub(r.Times[PhaseRejected]) < refusedOfferTTL {
+			continue
+		}
+		delete(m.records, r.ID)
+		if m.lastBad == r {
+			m.lastBad = nil
+		}
+		effs = append(effs, effForget{r.ID})
+	}
+	return effs
+}
+
+// fetch starts fetching r from the peers, extracting it as it arrives
+// (cut-through) under the policy its extraction gets: approved by this
+// node's own keys, the signature is verified over the bytes; approved by
+// digest, that digest. A tree left by an interrupted run is not trusted.
+func (m *machine) fetch(r *Record) []effect {
+	pol := m.extractPolicy(r)
+	return append(append(m.keepsDir(r.Dir), effRemove{r.Dir}), m.startJob(effStartJob{kind: jobFetch, rec: r, policy: pol}, "")...)
+}
+
+// oneOffer is the one bundle the peers offer, or why there is a conflict.
+func oneOffer(offers []peer.PeerOffer) (*peer.PeerOffer, string) {
+	var one *peer.PeerOffer
+	digests := map[string]bool{}
+	for i := range offers {
+		if !digests[offers[i].Digest] {
+			digests[offers[i].Digest] = true
+			one = &offers[i]
+		}
+	}
+	if len(digests) > 1 {
+		return nil, fmt.Sprintf("the peers hold different bundles (%s): two sticks were plugged; remove one and run 'ferry cleanup' on the nodes that hold it", shortDigests(digests))
+	}
+	return one, ""
+}
+
+// gate moves a loaded node to cluster-ready once every node is loaded with
+// the same bundle, and runs the hook once where the stick was plugged.
+func (m *machine) gate(r *Record) []effect {
+	d := Decision{Verdict: Ready, Digest: r.Digest}
+	if m.hasPeers() {
+		for _, p := range m.peers {
+			if _, heard := m.view.statuses[p]; !heard && !m.gateExcluded(p, "") {
+				return nil
+			}
+		}
+		if r.Phase == PhaseLoaded && m.runsAlready(r) {
+			m.log.Info("every other node runs this release already, upgraded: this node joins it", "bundle", r.Name, "digest", r.Digest)
+			return m.upgraded(r)
+		}
+		d = Decide(m.standing(), m.gatedStatuses())
+	}
+	var effs []effect
+	switch d.Verdict {
+	case Ready:
+		if r.Phase == PhaseLoaded {
+			effs = m.move(r, PhaseClusterReady, Condition{}, r.Progress)
+			m.log.Info("every node holds the bundle, loaded and pinned: the upgrade may proceed", "phase", string(PhaseClusterReady), "bundle", r.Name, "digest", r.Digest)
+		}
+		if r.Plugged && m.schedule() == "Automatic" && m.policyRead() {
+			effs = append(effs, m.proceed(r, false)...)
+		}
+	case Conflict:
+		effs = m.reportConflict(d.Reason)
+	}
+	return effs
+}
+
+func (m *machine) reportConflict(reason string) []effect {
+	why := fault(ReasonBundlesDiffer, reason)
+	if b := m.lastBad; b != nil && b.Phase == PhaseConflict && b.Condition == why {
+		return nil
+	}
+	m.log.Warn("conflict", "phase", string(PhaseConflict), "reason", reason)
+	r := &Record{ID: m.newID("cluster"), Name: "cluster", Origin: OriginPeer}
+	m.lastBad = r
+	return m.move(r, PhaseConflict, why, Progress{})
+}
+
+// peersDisagree is why not every peer holds the same bundle as r, which
+// must hold before anything is pinned; the zero Condition when they do.
+func (m *machine) peersDisagree(r *Record) Condition {
+	if !m.hasPeers() {
+		return Condition{}
+	}
+	if m.view.at.IsZero() {
+		return waiting(ReasonPeersUnheard, "waiting to hear from the peers")
+	}
+	self := m.standing()
+	var unheld []string
+	for _, p := range m.peers {
+		st, heard := m.view.statuses[p]
+		switch {
+		case m.gateExcluded(p, st.Node):
+			continue
+		case !heard:
+			unheld = append(unheld, p+" (not heard from yet)")
+		case st.Err != nil:
+			unheld = append(unheld, p+" (unreachable)")
+		case conflicting(self, st.Status):
+			return fault(ReasonPeerHoldsOther, fmt.Sprintf("conflict: node %s holds another bundle (%s, %s): remove the second stick and run 'ferry cleanup' there", nodeName(p, st.Status), st.Version, sha256digest.Short(st.Digest)))
+		case refuses(st.Status, r.Digest):
+			return waiting(ReasonPeerRefuses, fmt.Sprintf("node %s refuses this bundle (%s): every node must hold it before anything is pinned; approve it there (approved_digests or trusted_keys) or bring a bundle every node approves", nodeName(p, st.Status), st.Status.Error))
+		case st.Digest != r.Digest:
+			unheld = append(unheld, nodeName(p, st.Status))
+		}
+	}
+	if len(unheld) > 0 {
+		return waiting(ReasonPeersNotHolding, "waiting for "+strings.Join(unheld, ", ")+" to hold the bundle")
+	}
+	return Condition{}
+}

@@ -1,0 +1,608 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/peer"
+)
+
+// The reducer tested as a reducer: each row builds a machine in a given
+// state (machineIn: one bundle, "held", in a phase; a fixed clock), feeds
+// it one event, and compares what step did with the row: the subject's
+// phase and its condition's Reason (a typed constant, never English), and
+// the effects, each as effKey renders its type and key fields
+// (announcements, which only render the status, are left out).
+
+// stepRow is one transition.
+type stepRow struct {
+	name  string
+	in    Phase            // the held bundle's phase before (PhaseIdle: none)
+	given []func(*machine) // more of the state before: config, peers, a job…
+	ev    event
+	phase Phase    // the subject's phase after (PhaseIdle: no subject)
+	why   string   // its condition's Reason after ("": none)
+	effs  []string // effKey of each effect, in order
+	check func(t *testing.T, m *machine)
+}
+
+// subject is the record a row looks at after the step: the held bundle,
+// else the one that holds the node, else the newest refusal.
+func subject(m *machine) *Record {
+	if r := m.records["held"]; r != nil {
+		return r
+	}
+	if m.active != nil {
+		return m.active
+	}
+	return m.lastBad
+}
+
+// effKey names an effect by its type and key fields.
+func effKey(e effect) string {
+	switch e := e.(type) {
+	case effSave:
+		return "save " + e.rec.ID
+	case effForget:
+		return "forget " + e.id
+	case effProbe:
+		k := "probe " + string(e.origin)
+		if e.held != "" {
+			k += " held"
+		}
+		return k
+	case effStartJob:
+		k := "start " + string(e.kind)
+		if e.unload {
+			k += " unload"
+		}
+		if e.previous != nil {
+			k += " previous=" + e.previous.ID
+		}
+		if e.retain {
+			k += " retain"
+		}
+		return k
+	case effUnshare:
+		return "unshare"
+	case effStopJob:
+		return "stop job"
+	case effCloseMedium:
+		return "close medium"
+	case effShare:
+		return "share " + e.rec.ID
+	case effRemove:
+		return "remove " + filepath.Base(e.path)
+	case effResumeLoader:
+		return "resume loader " + e.rec.ID
+	case effRunHook:
+		return "run hook " + e.rec.ID
+	case effAskUpgrade:
+		return "ask upgrade " + e.rec.ID
+	case effRetryIn:
+		return "retry in " + e.after.String()
+	case effReply:
+		if e.err != nil {
+			return "reply error"
+		}
+		return "reply ok"
+	case effAnnounce:
+		return "announce"
+	}
+	return fmt.Sprintf("%T", e)
+}
+
+func runRows(t *testing.T, rows []stepRow) {
+	t.Helper()
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			m := machineIn(t, row.in)
+			for _, g := range row.given {
+				g(m)
+			}
+			var got []string
+			for _, e := range m.step(row.ev) {
+				if _, ok := e.(effAnnounce); !ok {
+					got = append(got, effKey(e))
+				}
+			}
+			if !slices.Equal(got, row.effs) {
+				t.Errorf("effects\n got %q\nwant %q", got, row.effs)
+			}
+			phase, why := PhaseIdle, ""
+			if r := subject(m); r != nil {
+				phase, why = r.Phase, r.Condition.Reason
+			}
+			if phase != row.phase || why != row.why {
+				t.Errorf("subject %s (%q), want %s (%q)", phase, why, row.phase, row.why)
+			}
+			if row.check != nil {
+				row.check(t, m)
+			}
+		})
+	}
+}
+
+// Givens: the state a row starts from, beyond the held bundle's phase.
+
+func running(k jobKind) func(*machine) {
+	return func(m *machine) { m.job = &job{kind: k, id: "held", device: "/dev/sdb"} }
+}
+
+func withAPI(m *machine) { m.hasAPI = true }
+
+func noLoader(m *machine) { m.hasLoader = false }
+
+func noHook(m *machine) { m.cfg.Cluster.OnReady = nil }
+
+// approvalRequired: approval = "required", nothing approved, and the
+// held bundle extracted unapproved.
+func approvalRequired(m *machine) {
+	m.policy.Required = true
+	if r := m.records["held"]; r != nil {
+		r.Approval = bundle.ApprovalNone
+	}
+}
+
+func approvedHeld(m *machine) {
+	if r := m.records["held"]; r != nil {
+		r.Approval = bundle.ApprovalDigest
+	}
+}
+
+// withPeers gives the machine one peer, b, last seen in st (nil: never
+// heard from).
+func withPeers(st *peer.PeerStatus) func(*machine) {
+	return func(m *machine) {
+		m.peersOn, m.peers = true, []string{peerB}
+		m.view = view{statuses: map[string]peer.PeerStatus{}, at: m.now()}
+		if st != nil {
+			m.view.statuses[peerB] = *st
+		}
+	}
+}
+
+func with(f func(*machine)) func(*machine) { return f }
+
+const peerB = "10.0.0.2:8090"
+
+// heldHex names the dir a fetched tar of the held bundle lands in.
+var heldHex = strings.TrimPrefix(heldDigest, "sha256:")
+
+func peerIn(p Phase, digest string) *peer.PeerStatus {
+	return &peer.PeerStatus{Status: peer.Status{Node: "b", Phase: string(p), Digest: digest, Version: "4.13.7"}}
+}
+
+func viewOf(st *peer.PeerStatus, offers ...peer.PeerOffer) evView {
+	v := view{statuses: map[string]peer.PeerStatus{}, offers: offers, at: time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)}
+	if st != nil {
+		v.statuses[peerB] = *st
+	}
+	return evView{v}
+}
+
+func offerOf(t *testing.T, digest string, meta bundle.Metadata) peer.PeerOffer {
+	t.Helper()
+	meta.FormatVersion, meta.Size, meta.SizeBytes, meta.Images = 1, "1 KiB", 1024, []string{"quay.io/x/app@" + heldDigest}
+	b, err := json.Marshal(meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return peer.PeerOffer{Peer: peerB, Offer: peer.Offer{Digest: digest, Metadata: b, Size: 10, Complete: true}}
+}
+
+var (
+	meta137 = bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: "quay.io/r@" + heldDigest}
+	meta138 = bundle.Metadata{Version: "4.13.8", Arch: "x86_64", Release: "quay.io/r@" + otherDigest}
+	errBoom = errors.New("crio is down")
+)
+
+func stickOffer(meta *bundle.Metadata, digest string) evOffer {
+	return evOffer{origin: OriginStick, device: "/dev/sdb", src: bundle.Source{Path: "/m/upgrade-" + meta.Version + "-x86_64.tar"},
+		medium: &fakeMedium{f: &fakeMedia{}}, meta: meta, digest: digest}
+}
+
+func TestStepTable_DevicesAndOffers(t *testing.T) {
+	reply := make(chan error, 1)
+	runRows(t, []stepRow{
+		{name: "a stick plugged on an idle node is probed", in: PhaseIdle,
+			ev: evDevice{DeviceEvent{Action: "add", Device: "/dev/sdb"}}, phase: PhaseIdle, effs: []string{"probe stick"}},
+		{name: "a stick plugged on a node holding a bundle is probed against it", in: PhaseLoaded,
+			ev: evDevice{DeviceEvent{Action: "add", Device: "/dev/sdb"}}, phase: PhaseLoaded, effs: []string{"probe stick held"}},
+		{name: "a change event for a stick being probed does nothing", in: PhaseIdle, given: []func(*machine){with(func(m *machine) { m.probing["/dev/sdb"] = true })},
+			ev: evDevice{DeviceEvent{Action: "change", Device: "/dev/sdb"}}, phase: PhaseIdle},
+		{name: "a change event for the stick being read does nothing", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
+			ev: evDevice{DeviceEvent{Action: "change", Device: "/dev/sdb"}}, phase: PhaseDetected},
+		{name: "without media, a stick is not looked at", in: PhaseIdle, given: []func(*machine){with(func(m *machine) { m.hasMedia = false })},
+			ev: evDevice{DeviceEvent{Action: "add", Device: "/dev/sdb"}}, phase: PhaseIdle},
+		{name: "the stick pulled while read stops the job", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
+			ev: evDevice{DeviceEvent{Action: "remove", Device: "/dev/sdb"}}, phase: PhaseDetected, effs: []string{"stop job"}},
+		{name: "another stick pulled does nothing", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
+			ev: evDevice{DeviceEvent{Action: "remove", Device: "/dev/sdc"}}, phase: PhaseDetected},
+
+		{name: "a bundle offered on an idle node is extracted, its medium kept open", in: PhaseIdle,
+			ev: stickOffer(&meta137, heldDigest), phase: PhaseDetected,
+			effs: []string{"save 4.13.7-x86_64-20261122T080000", "remove 4.13.7-x86_64", "start extract"},
+			check: func(t *testing.T, m *machine) {
+				if !m.active.Plugged || m.job.medium == nil || m.job.device != "/dev/sdb" {
+					t.Errorf("active %+v, job %+v", m.active, m.job)
+				}
+			}},
+		{name: "a stick without a bundle is answered, nothing recorded", in: PhaseIdle,
+			ev: evOffer{origin: OriginFile, noBundle: true, err: errNoBundle, reply: reply}, phase: PhaseIdle, effs: []string{"reply error"}},
+		{name: "an unreadable bundle is rejected", in: PhaseIdle,
+			ev:    evOffer{origin: OriginStick, device: "/dev/sdb", src: bundle.Source{Path: "/m/upgrade-x.tar"}, err: bundle.ErrInvalid},
+			phase: PhaseRejected, why: ReasonRefused, effs: []string{"save x-20261122T080000"}},
+		{name: "the same bundle offered again changes nothing", in: PhaseLoaded,
+			ev: stickOffer(&meta137, heldDigest), phase: PhaseLoaded, effs: []string{"close medium"},
+			check: func(t *testing.T, m *machine) {
+				if !strings.Contains(m.notice, "is the bundle already held") {
+					t.Errorf("notice %q", m.notice)
+				}
+			}},
+		{name: "another bundle offered while one is held is a conflict record", in: PhaseClusterReady,
+			ev: stickOffer(&meta138, otherDigest), phase: PhaseClusterReady, effs: []string{"save 4.13.8-x86_64-20261122T080000", "close medium"},
+			check: func(t *testing.T, m *machine) {
+				if m.lastBad == nil || m.lastBad.Phase != PhaseConflict || m.lastBad.Condition.Reason != ReasonBundlesDiffer {
+					t.Errorf("last refusal %+v", m.lastBad)
+				}
+			}},
+		{name: "the interrupted bundle plugged again resumes its copy", in: PhaseDetected,
+			ev: stickOffer(&meta137, heldDigest), phase: PhaseDetected, effs: []string{"save held", "remove 4.13.7-x86_64", "start extract"}},
+		{name: "the bundle being read, offered again, is noted", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
+			ev:    func() event { o := stickOffer(&meta137, heldDigest); o.reply = reply; return o }(),
+			phase: PhaseDetected, effs: []string{"reply ok", "close medium"}},
+		{name: "a new bundle offered while a job runs is answered busy", in: PhaseIdle, given: []func(*machine){running(jobRestore)},
+			ev:    func() event { o := stickOffer(&meta137, heldDigest); o.reply = reply; return o }(),
+			phase: PhaseIdle, effs: []string{"reply error", "close medium"}},
+	})
+}
+
+func done(k jobKind) evJobDone { return evJobDone{kind: k, id: "held"} }
+
+func doneErr(k jobKind, err error) evJobDone { return evJobDone{kind: k, id: "held", err: err} }
+
+var extracted = &bundle.Result{Digest: heldDigest, TarSize: 10, Approval: bundle.ApprovalDigest, Metadata: &meta137}
+
+func TestStepTable_JobsEnd(t *testing.T) {
+	permanent := permanentErr{errBoom}
+	diskFull := fmt.Errorf("writing the tar: %w", bundle.ErrDiskFilled)
+	runRows(t, []stepRow{
+		{name: "extracted and approved: loading starts", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
+			ev: evJobDone{kind: jobExtract, id: "held", res: extracted}, phase: PhaseLoading,
+			effs: []string{"save held", "share held", "save held", "start load"}},
+		{name: "extracted unapproved: it waits for approval, shared", in: PhaseDetected, given: []func(*machine){running(jobExtract), approvalRequired},
+			ev:    evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, TarSize: 10, Approval: bundle.ApprovalNone, Metadata: &meta137}},
+			phase: PhaseExtracted, why: ReasonAwaitingApproval, effs: []string{"save held", "share held"}},
+		{name: "extracted on a node that loads nothing: it says so", in: PhaseDetected, given: []func(*machine){running(jobExtract), noLoader},
+			ev: evJobDone{kind: jobExtract, id: "held", res: extracted}, phase: PhaseExtracted, why: ReasonLoadsNothing,
+			effs: []string{"save held", "share held", "save held"}},
+		{name: "an extraction refused rejects the bundle", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
+			ev: doneErr(jobExtract, fmt.Errorf("%w: sha256 mismatch", bundle.ErrMismatch)), phase: PhaseRejected, why: ReasonRefused,
+			effs: []string{"save held"}, check: func(t *testing.T, m *machine) {
+				if m.active != nil || m.lastBad != m.records["held"] {
+					t.Errorf("active %v, last refusal %v", m.active, m.lastBad)
+				}
+			}},
+		{name: "an extraction cut short (stick pulled) waits for the stick", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
+			ev:    evJobDone{kind: jobExtract, id: "held", stopped: true, err: errors.New("read: no such device")},
+			phase: PhaseDetected, why: ReasonCopyInterrupted, effs: []string{"save held"}},
+		{name: "a tar whose metadata is not the one read before is rejected", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
+			ev:    evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, Metadata: &meta138}},
+			phase: PhaseRejected, why: ReasonRefused, effs: []string{"remove 4.13.7-x86_64", "save held"}},
+		{name: "a job's end for another phase is ignored", in: PhaseLoaded, given: []func(*machine){running(jobExtract)},
+			ev: evJobDone{kind: jobExtract, id: "held", res: extracted}, phase: PhaseLoaded},
+		{name: "a job's end for a record gone is ignored", in: PhaseIdle, given: []func(*machine){running(jobLoad)},
+			ev: done(jobLoad), phase: PhaseIdle},
+
+		{name: "fetched and extracted in one pass", in: PhaseFetching, given: []func(*machine){running(jobFetch), fromPeer},
+			ev: evJobDone{kind: jobFetch, id: "held", res: extracted}, phase: PhaseLoading,
+			effs: []string{"remove 1111111111111111111111111111111111111111111111111111111111111111", "save held", "share held", "save held", "start load"}},
+		{name: "fetched whole (serial): extracted next", in: PhaseFetching, given: []func(*machine){running(jobFetch)},
+			ev: done(jobFetch), phase: PhaseFetching, effs: []string{"remove 4.13.7-x86_64", "start extract"}},
+		{name: "a fetch that failed is retried in 10s", in: PhaseFetching, given: []func(*machine){running(jobFetch)},
+			ev: doneErr(jobFetch, errors.New("peer gone")), phase: PhaseFetching, why: ReasonFetchFailed,
+			effs: []string{"save held", "retry in 10s"}},
+		{name: "a fetch that filled the disk is abandoned", in: PhaseFetching, given: []func(*machine){running(jobFetch), fromPeer},
+			ev: doneErr(jobFetch, diskFull), phase: PhaseFailed, why: ReasonFetchAbandoned,
+			effs: []string{"remove 1111111111111111111111111111111111111111111111111111111111111111", "remove .staging-4.13.7-x86_64", "remove 4.13.7-x86_64", "save held"}},
+		{name: "a fetched bundle with no room to extract is fetched again", in: PhaseFetching, given: []func(*machine){running(jobFetch), fromPeer},
+			ev: doneErr(jobFetch, fmt.Errorf("%w in /var", bundle.ErrNoSpace)), phase: PhaseFetching, why: ReasonNoRoomToExtract,
+			effs: []string{"remove 1111111111111111111111111111111111111111111111111111111111111111", "save held", "retry in 10s"}},
+		{name: "a fetch stopped does nothing", in: PhaseFetching, given: []func(*machine){running(jobFetch)},
+			ev: evJobDone{kind: jobFetch, id: "held", stopped: true}, phase: PhaseFetching},
+
+		{name: "loaded with no peers: cluster-ready, the hook runs where plugged", in: PhaseLoading, given: []func(*machine){running(jobLoad)},
+			ev: done(jobLoad), phase: PhaseClusterReady, effs: []string{"save held", "save held", "save held", "run hook held"}},
+		{name: "loaded with a peer not loaded yet: loaded", in: PhaseLoading, given: []func(*machine){running(jobLoad), withPeers(peerIn(PhaseExtracted, heldDigest))},
+			ev: done(jobLoad), phase: PhaseLoaded, effs: []string{"save held"}},
+		{name: "a load that failed is retried after 5s", in: PhaseLoading, given: []func(*machine){running(jobLoad)},
+			ev: doneErr(jobLoad, errBoom), phase: PhaseLoading, why: ReasonLoadFailed, effs: []string{"save held", "retry in 5s"}},
+		{name: "the backoff doubles", in: PhaseLoading, given: []func(*machine){running(jobLoad), with(func(m *machine) { m.backoff = 40 * time.Second })},
+			ev: doneErr(jobLoad, errBoom), phase: PhaseLoading, why: ReasonLoadFailed, effs: []string{"save held", "retry in 1m20s"}},
+		{name: "a load that cannot heal fails", in: PhaseLoading, given: []func(*machine){running(jobLoad)},
+			ev: doneErr(jobLoad, permanent), phase: PhaseFailed, why: ReasonLoadFailed, effs: []string{"save held"}},
+		{name: "a load stopped does nothing", in: PhaseLoading, given: []func(*machine){running(jobLoad)},
+			ev: evJobDone{kind: jobLoad, id: "held", stopped: true}, phase: PhaseLoading},
+
+		{name: "a cleanup done: cleaned, the request answered", in: PhaseExtracted,
+			given: []func(*machine){running(jobCleanup), with(func(m *machine) { m.cleanupAsked, m.cleanupReply = true, make(chan error, 1) })},
+			ev:    done(jobCleanup), phase: PhaseCleaned, effs: []string{"save held", "reply ok"},
+			check: func(t *testing.T, m *machine) {
+				if m.active != nil || m.cleaned != m.records["held"] || m.cleanupAsked {
+					t.Errorf("active %v, cleaned %v, asked %v", m.active, m.cleaned, m.cleanupAsked)
+				}
+			}},
+		{name: "a cleanup that failed is answered, the bundle kept", in: PhaseExtracted,
+			given: []func(*machine){running(jobCleanup), with(func(m *machine) { m.cleanupAsked, m.cleanupReply = true, make(chan error, 1) })},
+			ev:    doneErr(jobCleanup, errBoom), phase: PhaseExtracted, effs: []string{"reply error"}},
+
+		{name: "a retirement done: retired, tree kept", in: PhaseUpgraded, given: []func(*machine){running(jobRetire), retiringHeld},
+			ev: done(jobRetire), phase: PhaseUpgraded, effs: []string{"save held"},
+			check: func(t *testing.T, m *machine) {
+				r := m.records["held"]
+				if r.Retirement != RetirementDone || !r.Retained || m.active != nil || m.previous != r || m.done != r {
+					t.Errorf("retirement %v, retained %v; active %v, previous %v", r.Retirement, r.Retained, m.active, m.previous)
+				}
+			}},
+		{name: "a retirement done unpins the previous bundle", in: PhaseUpgraded, given: []func(*machine){running(jobRetire), retiringHeld, previousBundle},
+			ev: done(jobRetire), phase: PhaseUpgraded, effs: []string{"save prev", "save held"},
+			check: func(t *testing.T, m *machine) {
+				if p := m.records["prev"]; p.Retirement != RetirementUnpinned || p.Retained {
+					t.Errorf("previous: retirement %v, retained %v", p.Retirement, p.Retained)
+				}
+			}},
+		{name: "a retirement that failed is retried in 30s", in: PhaseUpgraded, given: []func(*machine){running(jobRetire), retiringHeld},
+			ev: doneErr(jobRetire, errBoom), phase: PhaseUpgraded, why: ReasonCleanupFailed, effs: []string{"save held", "retry in 30s"}},
+
+		{name: "a restore that loaded images again says so", in: PhaseIdle, given: []func(*machine){runningRelease, running(jobRestore)},
+			ev: evJobDone{kind: jobRestore, id: "running", restored: 3}, phase: PhaseIdle,
+			check: func(t *testing.T, m *machine) {
+				if !strings.Contains(m.notice, "CRI-O had lost 3 images") {
+					t.Errorf("notice %q", m.notice)
+				}
+			}},
+		{name: "a restore that failed is retried in 15s", in: PhaseIdle, given: []func(*machine){runningRelease, running(jobRestore)},
+			ev: evJobDone{kind: jobRestore, id: "running", err: errBoom}, phase: PhaseIdle, effs: []string{"retry in 15s"},
+			check: func(t *testing.T, m *machine) {
+				if m.restoreDue != "retry" {
+					t.Errorf("restore due %q", m.restoreDue)
+				}
+			}},
+		{name: "a restore stopped says nothing", in: PhaseIdle, given: []func(*machine){runningRelease, running(jobRestore)},
+			ev: evJobDone{kind: jobRestore, id: "running", stopped: true}, phase: PhaseIdle},
+	})
+}
+
+type permanentErr struct{ error }
+
+func (permanentErr) Permanent() bool { return true }
+
+// fromPeer: the held bundle came from the peers.
+func fromPeer(m *machine) { m.records["held"].Origin, m.records["held"].Source = OriginPeer, peerB }
+
+// runningRelease: the release the cluster runs, upgraded and retired
+// here, its tree kept (record "running").
+func runningRelease(m *machine) {
+	r := &Record{ID: "running", Digest: otherDigest, Name: "upgrade-4.13.6-x86_64.tar", Metadata: &bundle.Metadata{Version: "4.13.6", Arch: "x86_64", Release: "quay.io/r@" + otherDigest},
+		Origin: OriginStick, Dir: "/nonexistent/4.13.6-x86_64", Retirement: RetirementDone, Retained: true}
+	m.move(r, PhaseUpgraded, Condition{}, Progress{})
+	m.done, m.previous = r, r
+}
+
+// retiringHeld: the held bundle, upgraded, is being retired.
+func retiringHeld(m *machine) {
+	m.records["held"].Retirement = RetirementStarted
+	m.active = m.records["held"]
+}
+
+// previousBundle: the release before the held bundle, upgraded, retired,
+// its pins kept.
+func previousBundle(m *machine) {
+	old := bundle.Metadata{Version: "4.13.6", Arch: "x86_64", Release: "quay.io/r@" + otherDigest}
+	p := &Record{ID: "prev", Digest: otherDigest, Name: "upgrade-4.13.6-x86_64.tar", Metadata: &old, Origin: OriginStick,
+		Dir: "/nonexistent/4.13.6-x86_64", Retirement: RetirementDone, Retained: true}
+	m.move(p, PhaseUpgraded, Condition{}, Progress{})
+	m.previous, m.done = p, p
+}
+
+func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
+	reply := make(chan error, 1)
+	cleanupAsked := with(func(m *machine) { m.cleanupAsked, m.cleanupReply = true, make(chan error, 1) })
+	managed := func(st string, cur, des, target string, paused bool) NodeUpdate {
+		return NodeUpdate{Managed: true, State: st, Current: cur, Desired: des, Pool: "worker", Target: target, Paused: paused}
+	}
+	upgradedWaiting := with(func(m *machine) {
+		m.hasAPI = true
+		m.records["held"].MachineConfig = "rendered-old"
+		m.active = m.records["held"]
+	})
+	runRows(t, []stepRow{
+		// Peer views: offers, conflicts, the gate.
+		{name: "an idle node fetches the one bundle the peers offer", in: PhaseIdle,
+			ev: viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseFetching,
+			effs: []string{"save 4.13.7-x86_64-20261122T080000", "remove 4.13.7-x86_64", "start fetch"}},
+		{name: "two bundles offered is a conflict, nothing fetched", in: PhaseIdle,
+			ev: viewOf(nil, offerOf(t, heldDigest, meta137), offerOf(t, otherDigest, meta138)), phase: PhaseConflict, why: ReasonBundlesDiffer,
+			effs: []string{"save cluster-20261122T080000"}},
+		{name: "an offer this node's policy refuses is rejected before a byte is fetched", in: PhaseIdle, given: []func(*machine){approvalRequired},
+			ev: viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseRejected, why: ReasonRefused,
+			effs: []string{"save 4.13.7-x86_64-20261122T080000"}},
+		{name: "a bundle cleaned up here is not fetched again", in: PhaseCleaned,
+			ev: viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseCleaned},
+		{name: "extracted, a peer holding another bundle: a conflict, not loaded", in: PhaseExtracted, given: []func(*machine){approvedHeld, withPeers(nil)},
+			ev: viewOf(peerIn(PhaseExtracted, otherDigest)), phase: PhaseExtracted, why: ReasonPeerHoldsOther, effs: []string{"save held"}},
+		{name: "extracted, a peer refusing the bundle: it waits", in: PhaseExtracted, given: []func(*machine){approvedHeld, withPeers(nil)},
+			ev:    viewOf(&peer.PeerStatus{Status: peer.Status{Node: "b", Phase: string(PhaseRejected), Digest: heldDigest, Error: "not approved"}}),
+			phase: PhaseExtracted, why: ReasonPeerRefuses, effs: []string{"save held"}},
+		{name: "extracted, a peer unreachable: it waits for it", in: PhaseExtracted, given: []func(*machine){approvedHeld, withPeers(nil)},
+			ev: viewOf(&peer.PeerStatus{Err: errors.New("connection refused")}), phase: PhaseExtracted, why: ReasonPeersNotHolding, effs: []string{"save held"}},
+		{name: "extracted, the peer holding it too: loading starts", in: PhaseExtracted, given: []func(*machine){approvedHeld, withPeers(nil)},
+			ev: viewOf(peerIn(PhaseExtracted, heldDigest)), phase: PhaseLoading, effs: []string{"save held", "start load"}},
+		{name: "extracted, no view of the peers yet: it waits to hear", in: PhaseExtracted,
+			given: []func(*machine){approvedHeld, withPeers(nil), with(func(m *machine) { m.view = view{} })},
+			ev:    evRetry{}, phase: PhaseExtracted, why: ReasonPeersUnheard, effs: []string{"save held"}},
+		{name: "the same wait again saves nothing", in: PhaseExtracted,
+			given: []func(*machine){approvedHeld, withPeers(nil), with(func(m *machine) {
+				m.view = view{}
+				m.records["held"].Condition = waiting(ReasonPeersUnheard, "waiting to hear from the peers")
+			})},
+			ev: evRetry{}, phase: PhaseExtracted, why: ReasonPeersUnheard},
+		{name: "the gate opens when every node is loaded: cluster-ready, the hook runs", in: PhaseLoaded, given: []func(*machine){withPeers(nil)},
+			ev: viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseClusterReady, effs: []string{"save held", "save held", "run hook held"}},
+		{name: "the gate stays shut while a peer is not loaded", in: PhaseLoaded, given: []func(*machine){withPeers(nil)},
+			ev: viewOf(peerIn(PhaseLoading, heldDigest)), phase: PhaseLoaded},
+		{name: "the gate on a peer never heard from stays shut", in: PhaseLoaded, given: []func(*machine){withPeers(nil)},
+			ev: viewOf(nil), phase: PhaseLoaded},
+		{name: "the gate opens on Manual without the hook", in: PhaseLoaded,
+			given: []func(*machine){withPeers(nil), with(func(m *machine) { m.cfg.Cluster.Schedule = "Manual" })},
+			ev:    viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseClusterReady, effs: []string{"save held"}},
+		{name: "cluster-ready, another poll does not run the hook again", in: PhaseClusterReady,
+			given: []func(*machine){withPeers(nil), with(func(m *machine) { m.records["held"].Hook = &HookRun{Started: m.now()} })},
+			ev:    viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseClusterReady},
+		{name: "a node that joins after the upgrade is upgraded at once", in: PhaseLoaded, given: []func(*machine){withPeers(nil)},
+			ev: viewOf(peerIn(PhaseUpgraded, heldDigest)), phase: PhaseUpgraded, why: ReasonCleaningUp,
+			effs: []string{"save held", "start retire unload retain"}},
+
+		// Requests from the local socket.
+		{name: "ferry load with no bundle is answered", in: PhaseIdle, ev: evRequest{kind: reqLoad, reply: reply},
+			phase: PhaseIdle, effs: []string{"reply error"}},
+		{name: "ferry load probes the file", in: PhaseIdle, ev: evRequest{kind: reqLoad, medium: &fakeMedium{}, reply: reply},
+			phase: PhaseIdle, effs: []string{"probe file"}},
+		{name: "ferry load of a bundle made from the registry approves it", in: PhaseIdle,
+			ev: evRequest{kind: reqLoad, medium: &fakeMedium{}, approve: otherDigest, reply: reply}, phase: PhaseIdle, effs: []string{"probe file"},
+			check: func(t *testing.T, m *machine) {
+				if !m.pol().Approves(otherDigest) {
+					t.Error("the registry's bundle is not approved")
+				}
+			}},
+		{name: "ferry load while busy closes the files and says busy", in: PhaseLoading, given: []func(*machine){running(jobLoad)},
+			ev: evRequest{kind: reqLoad, medium: &fakeMedium{f: &fakeMedia{}}, reply: reply}, phase: PhaseLoading, effs: []string{"close medium", "reply error"}},
+		{name: "ferry cleanup with nothing held is answered", in: PhaseIdle, ev: evRequest{kind: reqCleanup, reply: reply},
+			phase: PhaseIdle, effs: []string{"reply error"}},
+		{name: "ferry cleanup of an extracted bundle starts its cleanup", in: PhaseExtracted, ev: evRequest{kind: reqCleanup, reply: reply},
+			phase: PhaseExtracted, effs: []string{"start cleanup unload"}},
+		{name: "ferry cleanup while a job runs stops it first", in: PhaseLoading, given: []func(*machine){running(jobLoad)},
+			ev: evRequest{kind: reqCleanup, reply: reply}, phase: PhaseLoading, effs: []string{"stop job"}},
+		{name: "ferry cleanup of a loaded bundle without an API is the upgrade done", in: PhaseClusterReady,
+			ev: evRequest{kind: reqCleanup, reply: reply}, phase: PhaseUpgraded, why: ReasonCleaningUp, effs: []string{"save held", "start retire unload retain"}},
+		{name: "ferry cleanup while the cluster upgrades to it is refused", in: PhaseUpgrading, given: []func(*machine){withAPI},
+			ev: evRequest{kind: reqCleanup, reply: reply}, phase: PhaseUpgrading, effs: []string{"reply error"}},
+		{name: "a second ferry cleanup is answered", in: PhaseExtracted, given: []func(*machine){running(jobCleanup), cleanupAsked},
+			ev: evRequest{kind: reqCleanup, reply: reply}, phase: PhaseExtracted, effs: []string{"reply error"}},
+		{name: "ferry cleanup of an upgraded bundle waiting for the MCO retires it now", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
+			ev: evRequest{kind: reqCleanup, reply: reply}, phase: PhaseUpgraded, why: ReasonCleaningUp, effs: []string{"save held", "start retire unload retain"}},
+		{name: "ferry proceed before cluster-ready is refused", in: PhaseLoaded, ev: evRequest{kind: reqProceed, reply: reply},
+			phase: PhaseLoaded, effs: []string{"reply error"}},
+		{name: "ferry proceed at cluster-ready runs the hook", in: PhaseClusterReady, ev: evRequest{kind: reqProceed, reply: reply},
+			phase: PhaseClusterReady, effs: []string{"save held", "run hook held", "reply ok"}},
+		{name: "ferry proceed after the hook succeeded has nothing to do", in: PhaseClusterReady,
+			given: []func(*machine){with(func(m *machine) { m.records["held"].Hook = &HookRun{Started: m.now(), Finished: m.now()} })},
+			ev:    evRequest{kind: reqProceed, reply: reply}, phase: PhaseClusterReady, effs: []string{"reply error"}},
+		{name: "ferry proceed after the hook failed runs it again", in: PhaseClusterReady,
+			given: []func(*machine){with(func(m *machine) {
+				m.records["held"].Hook = &HookRun{Started: m.now(), Finished: m.now(), Exit: 1, Error: "exit 1"}
+			})},
+			ev: evRequest{kind: reqProceed, reply: reply}, phase: PhaseClusterReady, effs: []string{"save held", "run hook held", "reply ok"}},
+		{name: "ferry proceed with an API asks the cluster for the upgrade", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev: evRequest{kind: reqProceed, reply: reply}, phase: PhaseClusterReady, effs: []string{"save held", "ask upgrade held", "reply ok"}},
+
+		// The cluster's approvals, sources and UpgradeBundle spec.
+		{name: "the cluster approving a waiting bundle loads it, no restart", in: PhaseExtracted, given: []func(*machine){approvalRequired},
+			ev: evClusterApprovals{digests: []string{heldDigest}}, phase: PhaseLoading, effs: []string{"save held", "start load"}},
+		{name: "the cluster approving another digest: it still waits", in: PhaseExtracted,
+			given: []func(*machine){approvalRequired, with(func(m *machine) {
+				m.records["held"].Condition = waiting(ReasonAwaitingApproval, m.waitingForApproval(m.records["held"]))
+			})},
+			ev: evClusterApprovals{digests: []string{otherDigest}}, phase: PhaseExtracted, why: ReasonAwaitingApproval},
+		{name: "the same approvals again do nothing", in: PhaseExtracted,
+			given: []func(*machine){approvalRequired, with(func(m *machine) { m.clusterApproved = []string{otherDigest} })},
+			ev:    evClusterApprovals{digests: []string{otherDigest}}, phase: PhaseExtracted},
+		{name: "sources read: a bundle extracted unapproved still waits (a source approves at extraction, by what the tree holds)", in: PhaseExtracted,
+			given: []func(*machine){approvalRequired, with(func(m *machine) {
+				m.records["held"].Condition = waiting(ReasonAwaitingApproval, m.waitingForApproval(m.records["held"]))
+			})},
+			ev: evClusterSources{sources: []RegistrySource{{Bundle: "b", Release: meta137.Release}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval,
+			check: func(t *testing.T, m *machine) {
+				if len(m.pol().ApprovedSources) != 1 || m.pol().SourceFor(&meta137) == nil {
+					t.Errorf("sources %+v", m.pol().ApprovedSources)
+				}
+			}},
+		{name: "sources read while loaded do nothing", in: PhaseLoaded,
+			ev: evClusterSources{sources: []RegistrySource{{Bundle: "b", Release: meta137.Release}}}, phase: PhaseLoaded},
+		{name: "a spec approving another digest holds the load", in: PhaseExtracted, given: []func(*machine){approvedHeld, withAPI},
+			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: BundlePolicy{ApprovedDigest: otherDigest}},
+			phase: PhaseExtracted, why: ReasonOtherBundleApproved, effs: []string{"save held"}},
+		{name: "spec.cleanup takes a loaded bundle out", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: BundlePolicy{Cleanup: true}},
+			phase: PhaseClusterReady, effs: []string{"start cleanup unload"}},
+		{name: "spec.proceed on Manual asks for the upgrade", in: PhaseClusterReady,
+			given: []func(*machine){withAPI, with(func(m *machine) { m.cfg.Cluster.Schedule = "Manual" })},
+			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: BundlePolicy{Schedule: "Manual", Proceed: true}},
+			phase: PhaseClusterReady, effs: []string{"save held", "ask upgrade held"}},
+		{name: "another bundle's spec does nothing here", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev: evBundlePolicy{name: ResourceName("4.13.8", "x86_64"), policy: BundlePolicy{Cleanup: true}}, phase: PhaseClusterReady},
+
+		// Following the cluster's upgrade.
+		{name: "the ask refused is retried, said once", in: PhaseClusterReady,
+			given: []func(*machine){withAPI, with(func(m *machine) { m.asking = true; m.records["held"].Upgrade = &UpgradeRun{Requested: m.now()} })},
+			ev:    evUpgradeAsked{id: "held", err: errors.New("connection refused")}, phase: PhaseClusterReady, why: ReasonUpgradeRequestFailed, effs: []string{"save held"}},
+		{name: "the ask accepted runs the hook", in: PhaseClusterReady,
+			given: []func(*machine){withAPI, with(func(m *machine) { m.asking = true; m.records["held"].Upgrade = &UpgradeRun{Requested: m.now()} })},
+			ev:    evUpgradeAsked{id: "held"}, phase: PhaseClusterReady, effs: []string{"save held", "save held", "run hook held"}},
+		{name: "the operator at work: upgrading", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev:    evUpgradeSeen{release: meta137.Release, st: UpgradeStatus{State: UpgradeRunning, Message: "Working towards 4.13.7"}},
+			phase: PhaseUpgrading, effs: []string{"save held"}},
+		{name: "the operator not started yet", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev: evUpgradeSeen{release: meta137.Release, st: UpgradeStatus{State: UpgradePending}}, phase: PhaseClusterReady, why: ReasonUpgradePending, effs: []string{"save held"}},
+		{name: "the release refused, in the operator's words", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev:    evUpgradeSeen{release: meta137.Release, st: UpgradeStatus{State: UpgradeRefused, Reason: "cannot be verified"}},
+			phase: PhaseClusterReady, why: ReasonReleaseRefused, effs: []string{"save held"}},
+		{name: "another release's upgrade says nothing of this bundle", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev: evUpgradeSeen{release: meta138.Release, st: UpgradeStatus{State: UpgradeCompleted}}, phase: PhaseClusterReady},
+		{name: "completed, the node not read yet: it waits for its state", in: PhaseUpgrading, given: []func(*machine){withAPI},
+			ev: evUpgradeSeen{release: meta137.Release, st: UpgradeStatus{State: UpgradeCompleted}}, phase: PhaseUpgraded, why: ReasonNodeUnread, effs: []string{"save held"}},
+		{name: "cluster-ready: the node's config from before the upgrade is recorded", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev: evNodeSeen{managed("Done", "rendered-old", "rendered-old", "rendered-old", false)}, phase: PhaseClusterReady, effs: []string{"save held"},
+			check: func(t *testing.T, m *machine) {
+				if got := m.records["held"].MachineConfig; got != "rendered-old" {
+					t.Errorf("machine config %q", got)
+				}
+			}},
+		{name: "upgraded, the pool not at the node yet: it keeps the bundle", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
+			ev: evNodeSeen{managed("Done", "rendered-old", "rendered-old", "rendered-new", false)}, phase: PhaseUpgraded, why: ReasonNodeUpdating, effs: []string{"save held"}},
+		{name: "upgraded, the pool paused: it keeps the bundle", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
+			ev: evNodeSeen{managed("Done", "rendered-old", "rendered-old", "rendered-new", true)}, phase: PhaseUpgraded, why: ReasonPoolPaused, effs: []string{"save held"}},
+		{name: "upgraded, done on the config from before: not done", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
+			ev: evNodeSeen{managed("Done", "rendered-old", "rendered-old", "", false)}, phase: PhaseUpgraded, why: ReasonNodeUpdating, effs: []string{"save held"}},
+		{name: "upgraded, the MCO done with the node: retired", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
+			ev: evNodeSeen{managed("Done", "rendered-new", "rendered-new", "rendered-new", false)}, phase: PhaseUpgraded, why: ReasonCleaningUp,
+			effs: []string{"save held", "start retire unload retain"},
+			check: func(t *testing.T, m *machine) {
+				if m.readsNode() {
+					t.Error("the node's machine config state is still read once retiring")
+				}
+			}},
+		{name: "upgraded, a node without the MCO is done at Completed", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
+			ev: evNodeSeen{NodeUpdate{}}, phase: PhaseUpgraded, why: ReasonCleaningUp, effs: []string{"save held", "start retire unload retain"}},
+
+		// The running release's kept tree.
+		{name: "a runtime check on an idle node restores the running release", in: PhaseIdle, given: []func(*machine){runningRelease},
+			ev: evRuntimeCheck{"CRI-O restarted"}, phase: PhaseIdle, effs: []string{"start restore"}},
+		{name: "a runtime check while a bundle loads waits for it", in: PhaseLoading, given: []func(*machine){runningRelease, running(jobLoad)},
+			ev: evRuntimeCheck{"periodic check"}, phase: PhaseLoading,
+			check: func(t *testing.T, m *machine) {
+				if m.restoreDue != "periodic check" {
+					t.Errorf("restore due %q", m.restoreDue)
+				}
+			}},
+		{name: "a runtime check without a kept tree does nothing", in: PhaseIdle, ev: evRuntimeCheck{"CRI-O restarted"}, phase: PhaseIdle},
+	})
+}
