@@ -37,7 +37,10 @@ type extraction struct {
 	resumeAt int64         // entries whose content ends by here are already in the tree; -1: none
 	hr       *hashingReader
 	tr       *tar.Reader
-	rec      []byte // the tar's bytes of the entry being read, for Options.Index
+	// rec holds the tar's bytes of the entry being read, for
+	// Options.Index: its own allocation, so that the hashing reader
+	// pointing at it holds nothing else of the extraction.
+	rec *[]byte
 
 	meta    *Metadata
 	approx  bool // meta's size is a seed's ("16 GiB"): bounds allow an eighth more
@@ -52,7 +55,7 @@ func newExtraction(ctx context.Context, src Source, dest string, opts Options) *
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &extraction{ctx: ctx, src: src, name: src.Name(), dest: dest, opts: opts, log: log, resumeAt: -1}
+	return &extraction{ctx: ctx, src: src, name: src.Name(), dest: dest, opts: opts, log: log, resumeAt: -1, rec: new([]byte)}
 }
 
 // open decides how the bundle can be approved, opens its bytes, reads
@@ -179,7 +182,7 @@ func (x *extraction) stage(hdr *tar.Header, metaBytes []byte) error {
 func (x *extraction) write() error {
 	bound := entryBound{entries: 1} // metadata.json
 	for {
-		x.rec = x.rec[:0]
+		*x.rec = (*x.rec)[:0]
 		x.record()
 		hdr, err := x.tr.Next()
 		x.hr.rec = nil
@@ -270,7 +273,7 @@ func (x *extraction) padding() error {
 	if padded := x.hr.digestWith(pad); isZeros(pad) && len(pad) > 0 && x.ap.approves(padded) && !x.ap.approves(digest) {
 		x.digest = padded
 		x.hr.consumed += int64(len(pad))
-		x.rec = append(x.rec, pad...)
+		*x.rec = append(*x.rec, pad...)
 		if x.opts.Tee != nil {
 			x.opts.Tee.Write(pad)
 		}
@@ -344,7 +347,7 @@ func (x *extraction) Close() {
 // the Index.
 func (x *extraction) record() {
 	if x.opts.Index != nil {
-		x.hr.rec = &x.rec
+		x.hr.rec = x.rec
 	}
 }
 
@@ -354,7 +357,7 @@ func (x *extraction) index(p string, size int64) error {
 	if x.opts.Index == nil {
 		return nil
 	}
-	return x.opts.Index.add(slices.Clone(x.rec), p, size)
+	return x.opts.Index.add(slices.Clone(*x.rec), p, size)
 }
 
 // tree is the tree check's view of the tree, for the checks of what it
