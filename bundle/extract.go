@@ -9,10 +9,8 @@ import (
 	"log/slog"
 	"math"
 	"os"
-	"path"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"aead.dev/minisign"
@@ -302,247 +300,20 @@ type approval struct {
 	expected string   // digest from .sha256, "" for none
 }
 
-func run(ctx context.Context, src Source, dest string, opts Options) (res *Result, err error) {
-	log := opts.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+// run verifies src in one pass and, with a destination, extracts it
+// (extraction.go).
+func run(ctx context.Context, src Source, dest string, opts Options) (*Result, error) {
+	x := newExtraction(ctx, src, dest, opts)
+	defer x.Close()
+	if err := x.open(); err != nil {
+		return nil, x.cancel(err)
 	}
-	name := src.Name()
-	refuse := func(e error) error { return fmt.Errorf("bundle %s: %w", name, e) }
-	if src.Refused != nil {
-		return nil, refuse(src.Refused)
+	if err := x.write(); err != nil {
+		return nil, x.cancel(err)
 	}
-
-	ap, err := decideApproval(src, opts.Policy)
+	res, err := x.commit()
 	if err != nil {
-		return nil, refuse(err)
-	}
-
-	f, total, length, err := openSource(src)
-	if err != nil {
-		return nil, refuse(err)
-	}
-	defer f.Close()
-	var meter *waitMeter
-	if opts.Pacer != nil {
-		meter = &waitMeter{p: opts.Pacer}
-	}
-	var resumeAt int64 = -1 // entries whose content ends by here are already in the tree
-	var in io.Reader = f
-	if file, ok := f.(*os.File); ok && meter != nil {
-		in = meteredReader{file, meter} // a stream's waits are the network's, not IO
-	}
-	if r := opts.Resume; r != nil && dest != "" {
-		resumeAt = r.Offset
-		in = io.MultiReader(io.NewSectionReader(r.Index.ReaderAt(StagingDir(dest)), 0, r.Offset), in)
-	}
-
-	var progress func(int64)
-	if opts.Progress != nil {
-		progress = func(done int64) { opts.Progress(done, total) }
-	}
-	hr := newHashingReader(ctx, in, ap.mode == ApprovalSignature, progress)
-	defer hr.close(false)
-	tr := tar.NewReader(hr)
-	var rec []byte
-	if opts.Index != nil {
-		hr.rec = &rec
-		*opts.Index = Index{}
-	}
-	hr.tee = opts.Tee
-
-	// First entry: metadata, then every check that can run before the pass.
-	hdr, err := tr.Next()
-	if err != nil {
-		return nil, refuse(fmt.Errorf("%w: cannot read the first tar entry (%v): not an upgrade bundle, or truncated", ErrInvalid, err))
-	}
-	hr.rec = nil
-	meta, metaBytes, err := readMetadataEntry(tr, hdr)
-	if err != nil {
-		return nil, refuse(err)
-	}
-	if opts.Expect != nil && !SameMetadata(meta, opts.Expect) {
-		return nil, refuse(fmt.Errorf("%w: the tar's metadata.json (%s, %s) is not what the offer it was fetched on said (%s, %s): a peer offering one bundle and sending another; nothing was written",
-			ErrInvalid, meta.Version, HumanSize(meta.SizeBytes), opts.Expect.Version, HumanSize(opts.Expect.SizeBytes)))
-	}
-	if src.Raw {
-		total = meta.SizeBytes
-	}
-	approxSize := meta.Shape == ShapeSeed && meta.SizeBytes > 0
-	if meta.Shape == ShapeSeed {
-		if meta.SizeBytes == 0 {
-			meta.SizeBytes = total // the tar's own length serves the space checks
-		}
-		if len(meta.Duplicates) > 0 {
-			log.Warn("metadata.json lists images more than once; each is counted once", "bundle", name, "images", strings.Join(meta.Duplicates, " "))
-		}
-	}
-	if opts.Arch != "" && meta.Arch != opts.Arch {
-		return nil, refuse(fmt.Errorf("%w: the bundle is for %s, this node is %s: bring the %s bundle of version %s",
-			ErrWrongArch, meta.Arch, opts.Arch, opts.Arch, meta.Version))
-	}
-	if ap.mode == ApprovalOff {
-		log.Warn("approval is off: accepting any bundle whose sha256 checks; set approved_digests or trusted_keys", "bundle", name)
-	}
-
-	w := &treeWriter{meta: meta, resuming: resumeAt >= 0, limit: writeBound(meta.SizeBytes, approxSize, length), writeBehind: opts.Sync}
-	if opts.MaxWrite > 0 && (w.limit <= 0 || opts.MaxWrite < w.limit) {
-		w.limit = opts.MaxWrite
-	}
-	if opts.Pacer != nil {
-		w.pace = func(n int) error { return opts.Pacer.Pace(ctx, n) }
-		w.wait = meter
-	}
-	defer w.close()
-	if dest != "" {
-		room := meta.SizeBytes
-		if meta.Shape == ShapeSeed && w.limit > 0 {
-			room = w.limit // what may be written is what needs room
-		}
-		if err := checkSpace(filepath.Dir(dest), room, opts.SpaceFactor); err != nil {
-			return nil, refuse(err)
-		}
-		w.root = StagingDir(dest)
-		if err := prepareStaging(w, metaBytes, resumeAt >= 0); err != nil {
-			return nil, refuse(err)
-		}
-		defer func() {
-			if err != nil && (opts.Checkpoint == nil || IsRefusal(err)) {
-				os.RemoveAll(w.root)
-			}
-		}()
-	}
-	if opts.Index != nil {
-		if err := opts.Index.add(slices.Clone(rec), MetadataName, hdr.Size); err != nil {
-			return nil, refuse(err)
-		}
-	}
-	w.total = hdr.Size
-	lastEnd := hr.consumed
-	bound := entryBound{entries: 1} // metadata.json
-
-	for {
-		if opts.Index != nil {
-			rec = rec[:0]
-			hr.rec = &rec
-		}
-		hdr, err = tr.Next()
-		hr.rec = nil
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, refuse(readErr(err))
-		}
-		if err := bound.count(hdr.Name); err != nil {
-			return nil, refuse(err)
-		}
-		w.replayed = hr.consumed <= resumeAt
-		if err := w.entry(tr, hdr); err != nil {
-			return nil, refuse(err)
-		}
-		if opts.Index != nil {
-			p := ""
-			if hdr.Typeflag == tar.TypeReg {
-				p = path.Clean(hdr.Name)
-			}
-			if err := opts.Index.add(slices.Clone(rec), p, hdr.Size); err != nil {
-				return nil, refuse(err)
-			}
-		}
-		lastEnd = hr.consumed
-		if opts.Checkpoint != nil && !w.replayed {
-			opts.Checkpoint(lastEnd)
-		}
-	}
-	if got := hr.consumed - align512(lastEnd); got != 1024 {
-		return nil, refuse(fmt.Errorf("%w: truncated: the end-of-archive marker is incomplete: the copy stopped early; copy the bundle again", ErrInvalid))
-	}
-	if !src.Raw && meta.Shape != ShapeSeed {
-		more, err := hr.trailing()
-		if err != nil {
-			return nil, refuse(readErr(err))
-		}
-		if more {
-			return nil, refuse(fmt.Errorf("%w: bytes follow the end-of-archive marker: the file was altered or badly copied; copy the bundle again", ErrInvalid))
-		}
-	}
-	if !src.Raw && meta.Shape == ShapeSeed {
-		// A seed-shaped bundle made with GNU tar: its record padding
-		// (zeros) is part of the file and of its sha256sum, so it is
-		// consumed, and digest, pieces and index include it.
-		if opts.Index != nil {
-			hr.rec = &rec
-		}
-		pad, ok, err := hr.consumeZeroPadding()
-		hr.rec = nil
-		if err != nil {
-			return nil, refuse(readErr(err))
-		}
-		if !ok {
-			return nil, refuse(fmt.Errorf("%w: bytes follow the end-of-archive marker: the file was altered or badly copied; copy the bundle again", ErrInvalid))
-		}
-		if pad > 0 {
-			log.Info("zero record padding after the end-of-archive marker (GNU tar) is part of the bundle", "bundle", name, "bytes", pad)
-		}
-	}
-	var digest string
-	if src.Raw && meta.Shape == ShapeSeed {
-		// The stick may hold a GNU tar's zero record padding: it is the
-		// bundle's when the digest with it is the approved one.
-		var pad []byte
-		digest, pad, err = hr.finishPeek(int(align(hr.consumed, gnuRecord) - hr.consumed))
-		if err != nil {
-			return nil, refuse(readErr(err))
-		}
-		if padded := hr.digestWith(pad); isZeros(pad) && len(pad) > 0 && ap.approves(padded) && !ap.approves(digest) {
-			digest = padded
-			hr.consumed += int64(len(pad))
-			rec = append(rec, pad...)
-			if opts.Tee != nil {
-				opts.Tee.Write(pad)
-			}
-			log.Info("zero record padding after the end-of-archive marker (GNU tar) is part of the bundle", "bundle", name, "bytes", len(pad))
-		}
-	}
-	if opts.Index != nil {
-		if err := opts.Index.add(slices.Clone(rec), "", 0); err != nil {
-			return nil, refuse(err)
-		}
-	}
-	if digest == "" {
-		digest = hr.finish()
-	}
-	if err := ap.check(digest, hr); err != nil {
-		return nil, refuse(err)
-	}
-	if w.ix == nil {
-		w.ix = newTreeIndex() // no entry after metadata.json
-	}
-	if err := w.ix.check(meta); err != nil {
-		return nil, refuse(err)
-	}
-	if opts.Payload != nil && dest != "" {
-		if err := checkPayload(w.root, meta, Tree{ix: w.ix, repos: RepoPaths(meta.AllImages())}, *opts.Payload); err != nil {
-			return nil, refuse(err)
-		}
-	}
-	var adm Admission
-	if opts.Admit != nil {
-		if adm, err = opts.Admit(meta, Tree{ix: w.ix, repos: RepoPaths(meta.AllImages())}); err != nil {
-			return nil, refuse(err)
-		}
-	}
-	res = &Result{Metadata: meta, Digest: digest, TarSize: hr.consumed, Approval: ap.mode, Signature: ap.travels, Admission: adm}
-	if opts.Index != nil {
-		opts.Index.Size = hr.consumed
-		opts.Index.Digest = digest
-	}
-	if dest == "" {
-		return res, nil
-	}
-	if err := w.publish(dest, opts.Sync); err != nil {
-		return nil, refuse(err)
+		return nil, x.cancel(err)
 	}
 	return res, nil
 }

@@ -1,5 +1,6 @@
 // Package bundle holds ferry's upgrade bundle format: metadata.json, the tar
-// layout, verification with extraction in one pass, creation and signing.
+// layout, verification with extraction in one pass, and signing. Making a
+// bundle from a registry is bundle/create's job.
 package bundle
 
 import (

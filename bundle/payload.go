@@ -114,20 +114,20 @@ func treeReleaseImages(root string, meta *Metadata, tree Tree) ([]string, error)
 		}
 	}
 	files := map[string][]byte{}
-	for i := len(m.Layers) - 1; i >= 0 && files[imageReferencesPath] == nil; i-- {
+	for i := len(m.Layers) - 1; i >= 0 && files[ImageReferencesPath] == nil; i-- {
 		d, err := digest.Parse(m.Layers[i].Digest)
 		if err != nil {
 			return nil, fmt.Errorf("%w: the release image names layer %q", ErrInvalid, m.Layers[i].Digest)
 		}
-		if err := readBlobFiles(filepath.Join(root, filepath.FromSlash(RegistryRoot), filepath.FromSlash(blobDataPath(d))), files); err != nil {
+		if err := readBlobFiles(filepath.Join(root, filepath.FromSlash(RegistryRoot), filepath.FromSlash(BlobDataPath(d))), files); err != nil {
 			return nil, fmt.Errorf("%w: layer %d of the release image: %v", ErrInvalid, i+1, err)
 		}
 	}
-	b, ok := files[imageReferencesPath]
+	b, ok := files[ImageReferencesPath]
 	if !ok {
-		return nil, fmt.Errorf("%w: the release image has no %s", ErrRelease, imageReferencesPath)
+		return nil, fmt.Errorf("%w: the release image has no %s", ErrRelease, ImageReferencesPath)
 	}
-	return parseImageReferences(b)
+	return ParseImageReferences(b)
 }
 
 // readBlobFiles reads the release's files from a layer blob on disk,
@@ -148,5 +148,5 @@ func readBlobFiles(path string, files map[string][]byte) error {
 		defer zr.Close()
 		r = zr
 	}
-	return readTarFiles(r, files)
+	return ReadReleaseFiles(r, files)
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/create"
 	"github.com/ferry-edge/ferry/internal/atomicfile"
 )
 
@@ -170,7 +171,7 @@ type Options struct {
 	Arch string // uname -m
 	// Mirrors are the node's registries configuration as bundle create
 	// takes it; called for each run, so a changed configuration counts.
-	Mirrors func() ([]bundle.Mirror, error)
+	Mirrors func() ([]create.Mirror, error)
 	// Transport is made for each run, so that CAs added to the node's
 	// certs.d since count.
 	Transport  func() (http.RoundTripper, error)
@@ -181,13 +182,13 @@ type Options struct {
 	// for ("" none: the sigstore signatures in the registry still come).
 	SignatureStore string
 	// CheckRoom, when set, is asked once the images are resolved and
-	// before any blob is fetched (bundle.CreateOptions.BeforeCopy): a node
+	// before any blob is fetched (create.Options.BeforeCopy): a node
 	// without room to extract and load the release is told so before the
 	// link carries a byte of it, not hours later.
 	CheckRoom func(meta *bundle.Metadata, fetch, total int64) error
 	// Deliver hands a bundle made to the agent, as approved by the
 	// request (it names the release by digest).
-	Deliver func(ctx context.Context, res *bundle.CreateResult) error
+	Deliver func(ctx context.Context, res *create.Result) error
 	// Delivered says whether the agent holds the bundle (verified and
 	// extracted): then its tar goes; an error is the agent's refusal.
 	Delivered func(digest string) (bool, error)
@@ -365,7 +366,7 @@ func (p *Puller) run(ctx context.Context, req Request) {
 // permanent reports whether another try cannot help: the request names
 // what the registry does not have, or what is not a release.
 func permanent(err error) bool {
-	return errors.Is(err, bundle.ErrNotFound) || errors.Is(err, bundle.ErrBadReference) || errors.Is(err, bundle.ErrRelease) ||
+	return errors.Is(err, create.ErrNotFound) || errors.Is(err, create.ErrBadReference) || errors.Is(err, create.ErrRelease) ||
 		errors.Is(err, errRefused)
 }
 
@@ -373,7 +374,7 @@ var errRefused = errors.New("refused by the agent")
 
 // fetch makes the bundle, within the window: a run the window's end
 // stops resumes at its next opening from what the work tree holds.
-func (p *Puller) fetch(ctx context.Context, req Request) (*bundle.CreateResult, error) {
+func (p *Puller) fetch(ctx context.Context, req Request) (*create.Result, error) {
 	if res := p.made(req); res != nil {
 		return res, nil // made before a restart, not yet taken
 	}
@@ -392,7 +393,7 @@ func (p *Puller) fetch(ctx context.Context, req Request) (*bundle.CreateResult, 
 		if !change.IsZero() {
 			wctx, cancel = context.WithDeadline(ctx, change)
 		}
-		res, err := p.create(wctx, req)
+		res, err := p.createBundle(wctx, req)
 		closed := ctx.Err() == nil && wctx.Err() != nil
 		cancel()
 		if closed {
@@ -403,9 +404,9 @@ func (p *Puller) fetch(ctx context.Context, req Request) (*bundle.CreateResult, 
 	}
 }
 
-// create runs bundle create into the pull's directory.
-func (p *Puller) create(ctx context.Context, req Request) (*bundle.CreateResult, error) {
-	var mirrors []bundle.Mirror
+// createBundle runs bundle create into the pull's directory.
+func (p *Puller) createBundle(ctx context.Context, req Request) (*create.Result, error) {
+	var mirrors []create.Mirror
 	if p.o.Mirrors != nil {
 		var err error
 		if mirrors, err = p.o.Mirrors(); err != nil {
@@ -415,7 +416,7 @@ func (p *Puller) create(ctx context.Context, req Request) (*bundle.CreateResult,
 	var keychain authn.Keychain
 	if p.o.PullSecret != "" {
 		if _, err := os.Stat(p.o.PullSecret); err == nil {
-			k, err := bundle.LoadPullSecret(p.o.PullSecret)
+			k, err := create.LoadPullSecret(p.o.PullSecret)
 			if err != nil {
 				return nil, err
 			}
@@ -432,13 +433,13 @@ func (p *Puller) create(ctx context.Context, req Request) (*bundle.CreateResult,
 	rate, _ := p.limits(req)
 	p.set(func(s *Status) { s.State, s.Error, s.NextTry = StateFetching, "", time.Time{} })
 	p.log.Info("pulling from the registry", "release", req.Release, "extras", len(req.Extras), "mirrors", len(mirrors))
-	return bundle.Create(ctx, bundle.CreateOptions{
+	return create.Run(ctx, create.Options{
 		Release: req.Release, ExtraImages: req.Extras, Arch: p.o.Arch,
 		Mirrors: mirrors, Keychain: keychain, Transport: tr,
 		OutputDir: p.outDir(), WorkDir: p.workDir(),
 		RateLimit: rate, SignatureStore: p.o.SignatureStore, BeforeCopy: p.o.CheckRoom,
 		Log: p.log,
-		Progress: func(pr bundle.Progress) {
+		Progress: func(pr create.Progress) {
 			p.set(func(s *Status) {
 				s.Images, s.Total, s.Bytes, s.ToFetch = pr.Images, pr.ImagesTotal, pr.Bytes, pr.BytesTotal
 				s.Rate, s.ETA = pr.Rate(), pr.ETA()
@@ -449,14 +450,14 @@ func (p *Puller) create(ctx context.Context, req Request) (*bundle.CreateResult,
 
 // made is the bundle an earlier run made for req and the agent has not
 // taken yet, or nil.
-func (p *Puller) made(req Request) *bundle.CreateResult {
+func (p *Puller) made(req Request) *create.Result {
 	b, err := os.ReadFile(filepath.Join(p.outDir(), "made.json"))
 	if err != nil {
 		return nil
 	}
 	var m struct {
 		Request Request
-		Result  bundle.CreateResult
+		Result  create.Result
 	}
 	if json.Unmarshal(b, &m) != nil || !m.Request.same(req) {
 		return nil
@@ -469,10 +470,10 @@ func (p *Puller) made(req Request) *bundle.CreateResult {
 
 // deliver hands the bundle to the agent and waits until it holds it;
 // then the pull's files go.
-func (p *Puller) deliver(ctx context.Context, req Request, res *bundle.CreateResult) error {
+func (p *Puller) deliver(ctx context.Context, req Request, res *create.Result) error {
 	b, _ := json.Marshal(struct {
 		Request Request
-		Result  *bundle.CreateResult
+		Result  *create.Result
 	}{req, res})
 	if err := atomicfile.WriteFile(filepath.Join(p.outDir(), "made.json"), b, 0o600); err != nil {
 		return err

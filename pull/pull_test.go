@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/create"
 	"github.com/ferry-edge/ferry/pull"
 	"github.com/ferry-edge/ferry/test/fixture"
 )
@@ -70,7 +70,7 @@ type harness struct {
 	p         *pull.Puller
 	dir       string
 	mu        sync.Mutex
-	delivered []*bundle.CreateResult
+	delivered []*create.Result
 	hold      bool // the agent holds what it was given
 }
 
@@ -82,14 +82,14 @@ func newHarness(t *testing.T, reg *fixture.Registry, o pull.Options) *harness {
 	h := &harness{dir: o.Dir, hold: true}
 	o.Arch = "x86_64"
 	if o.Mirrors == nil {
-		m, err := bundle.ParseMirror(reg.Mirror())
+		m, err := create.ParseMirror(reg.Mirror())
 		if err != nil {
 			t.Fatal(err)
 		}
-		o.Mirrors = func() ([]bundle.Mirror, error) { return []bundle.Mirror{m}, nil }
+		o.Mirrors = func() ([]create.Mirror, error) { return []create.Mirror{m}, nil }
 	}
-	o.Transport = func() (http.RoundTripper, error) { return bundle.NewTransport(reg.CertsDir, true) }
-	o.Deliver = func(_ context.Context, res *bundle.CreateResult) error {
+	o.Transport = func() (http.RoundTripper, error) { return create.NewTransport(reg.CertsDir, true) }
+	o.Deliver = func(_ context.Context, res *create.Result) error {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		h.delivered = append(h.delivered, res)
@@ -133,8 +133,8 @@ func TestPuller_AnUnreachableRegistryIsReportedAndRetried(t *testing.T) {
 	reg := fixture.NewRegistry(t)
 	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 1})
 	h := newHarness(t, reg, pull.Options{Backoff: 50 * time.Millisecond,
-		Mirrors: func() ([]bundle.Mirror, error) {
-			return []bundle.Mirror{{Prefix: "quay.io/", Location: "127.0.0.1:1/"}}, nil
+		Mirrors: func() ([]create.Mirror, error) {
+			return []create.Mirror{{Prefix: "quay.io/", Location: "127.0.0.1:1/"}}, nil
 		}})
 	h.run(t)
 	if err := h.p.Start(pull.Request{Release: release}); err != nil {
@@ -194,7 +194,7 @@ func TestPuller_ARequestOnDiskIsResumedAndEndsOnceHeld(t *testing.T) {
 	h.wait(t, "the pull's end", func(s *pull.Status) bool { return s.State == pull.StateDone })
 	h.mu.Lock()
 	n := len(h.delivered)
-	var res *bundle.CreateResult
+	var res *create.Result
 	if n > 0 {
 		res = h.delivered[0]
 	}

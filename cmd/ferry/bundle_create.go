@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/create"
 	"github.com/spf13/cobra"
 )
 
@@ -40,8 +41,8 @@ func newBundleCreateCmd() *cobra.Command {
 	f.BoolVar(&o.tlsVerify, "tls-verify", true, "verify registries' TLS certificates (false also allows plain HTTP)")
 	f.StringVar(&o.output, "output", ".", "directory for upgrade-<version>-<arch>.tar, .sha256 and .tar.minisig")
 	f.StringVar(&o.signKey, "sign-key", "", "minisign secret key to sign the bundle with (password from $FERRY_SIGN_PASSWORD if it has one)")
-	f.StringVar(&o.platforms, "platforms", bundle.PlatformsArch, "manifest lists: 'arch' keeps the list but copies only its linux/<arch> images; 'all' copies every platform")
-	f.StringVar(&o.signatures, "signatures", bundle.SignaturesAll, "sigstore signatures (cosign's sha256-<hex>.sig tags) to copy: 'all' images that have any, or only the 'release' image's")
+	f.StringVar(&o.platforms, "platforms", create.PlatformsArch, "manifest lists: 'arch' keeps the list but copies only its linux/<arch> images; 'all' copies every platform")
+	f.StringVar(&o.signatures, "signatures", create.SignaturesAll, "sigstore signatures (cosign's sha256-<hex>.sig tags) to copy: 'all' images that have any, or only the 'release' image's")
 	f.StringVar(&o.workDir, "work-dir", "", "where the registry tree is built (default <output>/.ferry-work-<version>-<arch>); a rerun after an interruption reuses it")
 	f.BoolVar(&o.keepWork, "keep-work-dir", false, "keep the work directory after success")
 	f.IntVar(&o.jobs, "jobs", 4, "images copied at once")
@@ -52,8 +53,8 @@ func newBundleCreateCmd() *cobra.Command {
 	f.StringArrayVar(&o.sigFiles, "release-signature", nil, "a signature file of the release image, as a signature store serves it (repeatable)")
 	f.StringArrayVar(&o.mirrors, "mirror", nil, "PREFIX=LOCATION: fetch images whose name starts with PREFIX from LOCATION, keep the original name (repeatable)")
 	c.RegisterFlagCompletionFunc("arch", choices(archs...))
-	c.RegisterFlagCompletionFunc("platforms", choices(bundle.PlatformsArch, bundle.PlatformsAll))
-	c.RegisterFlagCompletionFunc("signatures", choices(bundle.SignaturesAll, bundle.SignaturesRelease))
+	c.RegisterFlagCompletionFunc("platforms", choices(create.PlatformsArch, create.PlatformsAll))
+	c.RegisterFlagCompletionFunc("signatures", choices(create.SignaturesAll, create.SignaturesRelease))
 	for _, d := range []string{"output", "work-dir", "cert-dir"} {
 		c.MarkFlagDirname(d)
 	}
@@ -69,7 +70,7 @@ func signatureStoreDefault() string {
 	if v, ok := os.LookupEnv("FERRY_SIGNATURE_STORE"); ok {
 		return v
 	}
-	return bundle.DefaultSignatureStore
+	return create.DefaultSignatureStore
 }
 
 func runBundleCreate(ctx context.Context, f *createOptions) error {
@@ -80,7 +81,7 @@ func runBundleCreate(ctx context.Context, f *createOptions) error {
 		f.release = bundle.ReleaseImage(f.version, f.arch)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	o := bundle.CreateOptions{
+	o := create.Options{
 		Release:     f.release,
 		Version:     f.version,
 		Arch:        f.arch,
@@ -97,10 +98,10 @@ func runBundleCreate(ctx context.Context, f *createOptions) error {
 	if o.Arch != "" && bundle.UnameArch(o.Arch) == "" {
 		return usageError("--arch %q: want x86_64, aarch64, ppc64le or s390x", o.Arch)
 	}
-	if o.Platforms != bundle.PlatformsArch && o.Platforms != bundle.PlatformsAll {
+	if o.Platforms != create.PlatformsArch && o.Platforms != create.PlatformsAll {
 		return usageError("--platforms %q: want arch or all", o.Platforms)
 	}
-	if o.Signatures != bundle.SignaturesAll && o.Signatures != bundle.SignaturesRelease {
+	if o.Signatures != create.SignaturesAll && o.Signatures != create.SignaturesRelease {
 		return usageError("--signatures %q: want all or release", o.Signatures)
 	}
 	if f.rateLimit != "" {
@@ -111,25 +112,25 @@ func runBundleCreate(ctx context.Context, f *createOptions) error {
 		o.RateLimit = n
 	}
 	if f.extraFile != "" {
-		more, err := bundle.ReadImageList(f.extraFile)
+		more, err := create.ReadImageList(f.extraFile)
 		if err != nil {
 			return usageError("--extra-images-file: %v", err)
 		}
 		o.ExtraImages = append(o.ExtraImages, more...)
 	}
 	for _, m := range f.mirrors {
-		mm, err := bundle.ParseMirror(m)
+		mm, err := create.ParseMirror(m)
 		if err != nil {
 			return usageError("--mirror: %v", err)
 		}
 		o.Mirrors = append(o.Mirrors, mm)
 	}
 	var err error
-	if o.Transport, err = bundle.NewTransport(f.certDir, f.tlsVerify); err != nil {
+	if o.Transport, err = create.NewTransport(f.certDir, f.tlsVerify); err != nil {
 		return usageError("%v", err)
 	}
 	if f.pullSecret != "" {
-		if o.Keychain, err = bundle.LoadPullSecret(f.pullSecret); err != nil {
+		if o.Keychain, err = create.LoadPullSecret(f.pullSecret); err != nil {
 			return usageError("%v", err)
 		}
 	}
@@ -158,13 +159,13 @@ func runBundleCreate(ctx context.Context, f *createOptions) error {
 	if !f.quiet {
 		fi, err := os.Stderr.Stat()
 		terminal := err == nil && fi.Mode()&os.ModeCharDevice != 0
-		o.Progress = bundle.ProgressPrinter(os.Stderr, terminal, log, 5*time.Second)
+		o.Progress = create.ProgressPrinter(os.Stderr, terminal, log, 5*time.Second)
 		if terminal {
 			// Log lines would break the progress line: only warnings.
 			o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 		}
 	}
-	res, err := bundle.Create(ctx, o)
+	res, err := create.Run(ctx, o)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/create"
 	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/pull"
 )
@@ -34,7 +35,7 @@ func newPuller(cfg agent.Config, loader agent.Loader, log *slog.Logger) (*pull.P
 		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 			dir = ""
 		}
-		return bundle.NewTransport(dir, true)
+		return create.NewTransport(dir, true)
 	}
 	site := &crio.Dropins{RegistriesConfDir: cfg.Paths.RegistriesConfDir}
 	var a *agent.Agent
@@ -53,23 +54,23 @@ func newPuller(cfg agent.Config, loader agent.Loader, log *slog.Logger) (*pull.P
 		Dir:       dir,
 		CheckRoom: room,
 		Arch:      cfg.Arch,
-		Mirrors: func() ([]bundle.Mirror, error) {
+		Mirrors: func() ([]create.Mirror, error) {
 			s, err := site.SiteRegistries()
 			if err != nil {
 				return nil, err
 			}
-			var ms []bundle.Mirror
+			var ms []create.Mirror
 			for _, src := range s.PullSources() {
 				if src.Insecure {
 					log.Warn("registry mode verifies TLS: the mirror's insecure = true is not followed", "prefix", src.Prefix, "mirror", src.Location)
 				}
-				ms = append(ms, bundle.Mirror{Prefix: src.Prefix, Location: src.Location})
+				ms = append(ms, create.Mirror{Prefix: src.Prefix, Location: src.Location})
 			}
 			return ms, nil
 		},
 		Transport: transport, PullSecret: cfg.Pull.PullSecret, RateLimit: rate, Window: window,
 		SignatureStore: cfg.Pull.SignatureStore,
-		Deliver: func(ctx context.Context, res *bundle.CreateResult) error {
+		Deliver: func(ctx context.Context, res *create.Result) error {
 			return a.RequestPulled(ctx, pulledBundle{res}, res.Digest)
 		},
 		Delivered: func(digest string) (bool, error) { return delivered(a.Status(), digest) },
@@ -98,7 +99,7 @@ func delivered(s agent.Status, digest string) (bool, error) {
 
 // pulledBundle is a bundle the puller made, as the agent takes a file
 // given to ferry load; its files are the puller's own.
-type pulledBundle struct{ res *bundle.CreateResult }
+type pulledBundle struct{ res *create.Result }
 
 func (p pulledBundle) Bundles() []bundle.Source {
 	return []bundle.Source{{Path: p.res.TarPath, SHA256Path: p.res.SHA256Path}}

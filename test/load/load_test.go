@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/create"
 	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/registry"
 	"github.com/ferry-edge/ferry/test/bigbundle"
@@ -318,7 +319,7 @@ func get(ctx context.Context, hc *http.Client, url, digest string) ([]byte, erro
 }
 
 // extractedBundle pushes a release of images payload images to the
-// fixture registry, makes a bundle of it with bundle.Create, and extracts
+// fixture registry, makes a bundle of it with create.Run, and extracts
 // it; it returns the extracted dir and the metadata.
 func extractedBundle(t *testing.T, images int, size int64) (string, *bundle.Metadata) {
 	t.Helper()
@@ -326,16 +327,16 @@ func extractedBundle(t *testing.T, images int, size int64) (string, *bundle.Meta
 	reg := fixture.NewRegistry(t)
 	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{Version: "4.13.7", Arch: "x86_64", PayloadImages: images, ImageSize: size})
 	reg.PushImage(t, "my-company/my-workload", "v1")
-	tr, err := bundle.NewTransport(reg.CertsDir, true)
+	tr, err := create.NewTransport(reg.CertsDir, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := t.TempDir()
-	res, err := bundle.Create(ctx, bundle.CreateOptions{
+	res, err := create.Run(ctx, create.Options{
 		WorkDir:     t.TempDir(),
 		Release:     release,
 		ExtraImages: []string{fixture.Upstream + "/my-company/my-workload:v1"},
-		Mirrors:     []bundle.Mirror{{Prefix: fixture.Upstream + "/", Location: reg.Host + "/"}},
+		Mirrors:     []create.Mirror{{Prefix: fixture.Upstream + "/", Location: reg.Host + "/"}},
 		Transport:   tr,
 		OutputDir:   out,
 		Log:         slog.New(slog.DiscardHandler),

@@ -1,4 +1,12 @@
-package bundle
+// Package create makes bundles on the engineer's workstation (ferry bundle
+// create) and on a node in registry mode (pull): it resolves a release and
+// extra images through mirrors, a pull secret and a certs.d directory,
+// copies them and their sigstore attachments into a registry tree with
+// resumable, rate-limited blob fetches, fetches the release signatures,
+// and writes the tar in bundle's format, its .sha256 and its .minisig:
+//
+//	res, err := create.Run(ctx, create.Options{Release: ref, OutputDir: dir})
+package create
 
 import (
 	"bufio"
@@ -26,11 +34,12 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/atomicfile"
 	"github.com/ferry-edge/ferry/internal/diskspace"
 )
 
-// Platform choices for manifest lists (CreateOptions.Platforms).
+// Platform choices for manifest lists (Options.Platforms).
 const (
 	// PlatformsArch (the default) keeps a manifest list's own bytes, so its
 	// digest still resolves, but copies only its linux/<arch> images: a node
@@ -40,8 +49,8 @@ const (
 	PlatformsAll = "all"
 )
 
-// CreateOptions are the inputs of Create (ferry bundle create's flags).
-type CreateOptions struct {
+// Options are the inputs of Run (ferry bundle create's flags).
+type Options struct {
 	Release     string   // release image reference (tag or digest)
 	Version     string   // overrides or fills release-metadata's version
 	Arch        string   // uname -m (or GOARCH) name; overrides or fills the image config's
@@ -76,7 +85,7 @@ type CreateOptions struct {
 	// before any blob is fetched, with the bundle's metadata (SizeBytes
 	// from its blobs), the bytes to fetch and the bytes of the whole: its
 	// error stops the run (a node without room for the load).
-	BeforeCopy func(meta *Metadata, fetch, total int64) error
+	BeforeCopy func(meta *bundle.Metadata, fetch, total int64) error
 	Created    time.Time // metadata.created; default now
 	Log        *slog.Logger
 	// Progress, when set, receives snapshots a few times a second and once
@@ -84,9 +93,9 @@ type CreateOptions struct {
 	Progress func(Progress)
 }
 
-// CreateResult is what Create made.
-type CreateResult struct {
-	Metadata      *Metadata
+// Result is what Run made.
+type Result struct {
+	Metadata      *bundle.Metadata
 	TarPath       string
 	SHA256Path    string
 	SignaturePath string // "" without a key
@@ -98,12 +107,12 @@ type CreateResult struct {
 	WorkDir       string
 }
 
-// Create copies a release's images and extra images into a registry tree
+// Run copies a release's images and extra images into a registry tree
 // and writes the bundle: <OutputDir>/upgrade-<version>-<arch>.tar, its
 // .sha256 and, with a key, its .tar.minisig. The tar is written as
 // .tar.partial and renamed only when complete; the .sha256 and signature
 // follow, each written atomically.
-func Create(ctx context.Context, o CreateOptions) (*CreateResult, error) {
+func Run(ctx context.Context, o Options) (*Result, error) {
 	c, err := newCreator(ctx, o)
 	if err != nil {
 		return nil, err
@@ -113,7 +122,7 @@ func Create(ctx context.Context, o CreateOptions) (*CreateResult, error) {
 }
 
 type creator struct {
-	o      CreateOptions
+	o      Options
 	log    *slog.Logger
 	puller *remote.Puller
 	blobs  *blobFetcher // resumable blob fetches
@@ -128,7 +137,7 @@ type creator struct {
 	progDone chan struct{}
 }
 
-func newCreator(ctx context.Context, o CreateOptions) (*creator, error) {
+func newCreator(ctx context.Context, o Options) (*creator, error) {
 	if o.Release == "" {
 		return nil, fmt.Errorf("%w: no release image given", ErrBadReference)
 	}
@@ -150,9 +159,9 @@ func newCreator(ctx context.Context, o CreateOptions) (*creator, error) {
 		return nil, fmt.Errorf("signatures %q: want %q or %q", o.Signatures, SignaturesAll, SignaturesRelease)
 	}
 	if o.Arch != "" {
-		a := UnameArch(o.Arch)
+		a := bundle.UnameArch(o.Arch)
 		if a == "" {
-			return nil, fmt.Errorf("arch %q: want one of %s", o.Arch, strings.Join(Arches, ", "))
+			return nil, fmt.Errorf("arch %q: want one of %s", o.Arch, strings.Join(bundle.Arches, ", "))
 		}
 		o.Arch = a
 	}
@@ -254,7 +263,7 @@ func (r *imageRef) remoteRef() name.Reference {
 
 func (c *creator) parseRef(s string) (*imageRef, error) {
 	s = strings.TrimSpace(s)
-	n, tag, dig := SplitRef(s)
+	n, tag, dig := bundle.SplitRef(s)
 	bad := func(err error) error { return fmt.Errorf("%w: %q: %v", ErrBadReference, s, err) }
 	repo, err := name.NewRepository(n, name.StrictValidation)
 	if err != nil {
@@ -284,7 +293,7 @@ func (c *creator) parseRef(s string) (*imageRef, error) {
 	return &imageRef{name: orig, tag: tag, digest: dig, fetch: fetch}, nil
 }
 
-func (c *creator) run(ctx context.Context) (*CreateResult, error) {
+func (c *creator) run(ctx context.Context) (*Result, error) {
 	o := c.o
 	// The release: what it is, its version and arch, its payload.
 	rel, err := c.parseRef(o.Release)
@@ -298,7 +307,7 @@ func (c *creator) run(ctx context.Context) (*CreateResult, error) {
 	version := o.Version
 	switch {
 	case version == "" && info.Version == "":
-		return nil, fmt.Errorf("%w: %s has no version in %s: pass --version", ErrRelease, rel, releaseMetadataPath)
+		return nil, fmt.Errorf("%w: %s has no version in %s: pass --version", ErrRelease, rel, bundle.ReleaseMetadataPath)
 	case version == "":
 		version = info.Version
 	case info.Version != "" && info.Version != version:
@@ -324,7 +333,7 @@ func (c *creator) run(ctx context.Context) (*CreateResult, error) {
 	for _, r := range refs {
 		names = append(names, r.name)
 	}
-	c.paths = RepoPaths(names)
+	c.paths = bundle.RepoPaths(names)
 
 	workDir := o.WorkDir
 	if workDir == "" {
@@ -355,7 +364,7 @@ func (c *creator) run(ctx context.Context) (*CreateResult, error) {
 		return nil, err
 	}
 	// One entry per distinct reference; the release is not in images.
-	meta := &Metadata{FormatVersion: FormatVersion, Version: version, Arch: c.arch, Release: rel.String(), Created: o.Created}
+	meta := &bundle.Metadata{FormatVersion: bundle.FormatVersion, Version: version, Arch: c.arch, Release: rel.String(), Created: o.Created}
 	meta.ReleaseSignatures = c.releaseSignatures(ctx, rel.digest)
 	seen := map[string]bool{rel.String(): true}
 	for _, p := range plans[1:] {
@@ -418,10 +427,10 @@ func (c *creator) run(ctx context.Context) (*CreateResult, error) {
 
 	// Each image's bytes: a node sizes its load with them before it
 	// extracts the bundle. Without them it counts the whole bundle.
-	if blobs, err := ImageBlobs(workDir, meta.AllImages(), GoArch(c.arch)); err != nil {
+	if blobs, err := bundle.ImageBlobs(workDir, meta.AllImages(), bundle.GoArch(c.arch)); err != nil {
 		c.log.Warn("the bundle goes without its per-image sizes", "err", err)
 	} else {
-		meta.ImageBytes = ImageSizes(blobs)
+		meta.ImageBytes = bundle.ImageSizes(blobs)
 	}
 
 	// Write.
@@ -470,13 +479,13 @@ func (c *creator) inspectRelease(ctx context.Context, rel *imageRef) (*releaseIn
 		}
 		var child *v1.Descriptor
 		for i, m := range im.Manifests {
-			if m.Platform != nil && m.Platform.OS == "linux" && m.Platform.Architecture == GoArch(c.arch) {
+			if m.Platform != nil && m.Platform.OS == "linux" && m.Platform.Architecture == bundle.GoArch(c.arch) {
 				child = &im.Manifests[i]
 				break
 			}
 		}
 		if child == nil {
-			return nil, fmt.Errorf("%w: %s has no linux/%s image", ErrRelease, rel, GoArch(c.arch))
+			return nil, fmt.Errorf("%w: %s has no linux/%s image", ErrRelease, rel, bundle.GoArch(c.arch))
 		}
 		if img, err = idx.Image(child.Digest); err != nil {
 			return nil, explain(err, rel.host(), "release "+rel.String())
@@ -624,7 +633,7 @@ func (c *creator) walk(ctx context.Context, p *imagePlan, src manifestSource, m 
 			}
 		}
 		if kept == 0 {
-			return fmt.Errorf("%w: %s has no linux/%s image (--platforms %s)", ErrNotFound, p.ref, GoArch(c.arch), c.o.Platforms)
+			return fmt.Errorf("%w: %s has no linux/%s image (--platforms %s)", ErrNotFound, p.ref, bundle.GoArch(c.arch), c.o.Platforms)
 		}
 	case mt.IsImage():
 		im, err := v1.ParseManifest(strings.NewReader(string(m.body)))
@@ -648,7 +657,7 @@ func (c *creator) keepChild(d v1.Descriptor) bool {
 	if c.o.Platforms == PlatformsAll {
 		return true
 	}
-	return d.Platform != nil && d.Platform.OS == "linux" && d.Platform.Architecture == GoArch(c.arch)
+	return d.Platform != nil && d.Platform.OS == "linux" && d.Platform.Architecture == bundle.GoArch(c.arch)
 }
 
 func (c *creator) copyImage(ctx context.Context, p *imagePlan) error {
@@ -691,7 +700,7 @@ func (c *creator) checkSpace(plans []*imagePlan, workDir string) (missing, total
 	}
 	for d, n := range sizes {
 		total += n
-		if _, err := os.Stat(filepath.Join(workDir, filepath.FromSlash(RegistryRoot), filepath.FromSlash(blobDataPath(d)))); err != nil {
+		if _, err := os.Stat(filepath.Join(workDir, filepath.FromSlash(bundle.RegistryRoot), filepath.FromSlash(bundle.BlobDataPath(d)))); err != nil {
 			missing += n
 		}
 	}
@@ -713,7 +722,7 @@ func (c *creator) checkSpace(plans []*imagePlan, workDir string) (missing, total
 	for dev, n := range need {
 		if n+n/100 > free[dev] {
 			return missing, total, fmt.Errorf("%w (disk full): the bundle needs about %s more (%s of images to fetch into %s, a %s tar in %s) and only %s is free: free space or choose other --work-dir/--output",
-				ErrDiskFull, HumanSize(n), HumanSize(missing), workDir, HumanSize(total), c.o.OutputDir, HumanSize(free[dev]))
+				ErrDiskFull, bundle.HumanSize(n), bundle.HumanSize(missing), workDir, bundle.HumanSize(total), c.o.OutputDir, bundle.HumanSize(free[dev]))
 		}
 	}
 	return missing, total, nil
@@ -721,7 +730,7 @@ func (c *creator) checkSpace(plans []*imagePlan, workDir string) (missing, total
 
 // writeBundle writes the tar as .tar.partial, renames it, then writes the
 // .sha256 and the signature, each atomically.
-func (c *creator) writeBundle(meta *Metadata, workDir string) (*CreateResult, error) {
+func (c *creator) writeBundle(meta *bundle.Metadata, workDir string) (*Result, error) {
 	base := meta.Name() + ".tar"
 	tarPath := filepath.Join(c.o.OutputDir, base)
 	partial := tarPath + ".partial"
@@ -729,7 +738,7 @@ func (c *creator) writeBundle(meta *Metadata, workDir string) (*CreateResult, er
 	if err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
-	fail := func(err error) (*CreateResult, error) {
+	fail := func(err error) (*Result, error) {
 		f.Close()
 		os.Remove(partial)
 		if errors.Is(err, syscall.ENOSPC) {
@@ -739,11 +748,11 @@ func (c *creator) writeBundle(meta *Metadata, workDir string) (*CreateResult, er
 	}
 	bw := bufio.NewWriterSize(f, 1<<20)
 	var w io.Writer = bw
-	sh := NewSignHash()
+	sh := bundle.NewSignHash()
 	if c.o.SignKey != nil {
 		w = io.MultiWriter(bw, sh)
 	}
-	dgst, size, err := WriteTar(w, meta, workDir)
+	dgst, size, err := bundle.WriteTar(w, meta, workDir)
 	if err != nil {
 		return fail(err)
 	}
@@ -756,7 +765,7 @@ func (c *creator) writeBundle(meta *Metadata, workDir string) (*CreateResult, er
 	if err := f.Close(); err != nil {
 		return fail(err)
 	}
-	res := &CreateResult{Metadata: meta, TarPath: tarPath, Digest: dgst, TarSize: size,
+	res := &Result{Metadata: meta, TarPath: tarPath, Digest: dgst, TarSize: size,
 		SHA256Path: filepath.Join(c.o.OutputDir, meta.Name()+".sha256")}
 	sigPath := tarPath + ".minisig"
 	// Old sidecars would describe the old tar.
@@ -770,11 +779,11 @@ func (c *creator) writeBundle(meta *Metadata, workDir string) (*CreateResult, er
 		os.Remove(partial)
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
-	if err := atomicfile.WriteFile(res.SHA256Path, []byte(FormatSHA256File(dgst, base)), 0o644); err != nil {
+	if err := atomicfile.WriteFile(res.SHA256Path, []byte(bundle.FormatSHA256File(dgst, base)), 0o644); err != nil {
 		return nil, err
 	}
 	if c.o.SignKey != nil {
-		sig, err := SignHash(*c.o.SignKey, sh.Sum(nil), dgst)
+		sig, err := bundle.SignHash(*c.o.SignKey, sh.Sum(nil), dgst)
 		if err != nil {
 			return nil, err
 		}
@@ -784,7 +793,7 @@ func (c *creator) writeBundle(meta *Metadata, workDir string) (*CreateResult, er
 		res.SignaturePath = sigPath
 	}
 	atomicfile.SyncDir(c.o.OutputDir)
-	c.log.Info("bundle written", "tar", tarPath, "digest", dgst, "size", HumanSize(size), "images", len(meta.AllImages()))
+	c.log.Info("bundle written", "tar", tarPath, "digest", dgst, "size", bundle.HumanSize(size), "images", len(meta.AllImages()))
 	return res, nil
 }
 

@@ -1,4 +1,4 @@
-package bundle_test
+package create_test
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/create"
 	"github.com/ferry-edge/ferry/test/fixture"
 )
 
@@ -36,11 +37,11 @@ func store(t *testing.T, hex string, sigs ...string) (*httptest.Server, *int) {
 func TestFetchSignatures_UntilTheFirst404(t *testing.T) {
 	hex := strings.Repeat("ab", 32)
 	srv, asked := store(t, hex, "one", "two")
-	sigs, err := bundle.FetchSignatures(t.Context(), srv.Client(), srv.URL, "sha256:"+hex)
+	sigs, err := create.FetchSignatures(t.Context(), srv.Client(), srv.URL, "sha256:"+hex)
 	if err != nil || len(sigs) != 2 || string(sigs[0]) != "one" || string(sigs[1]) != "two" || *asked != 3 {
 		t.Fatalf("sigs %q, err %v, %d requests", sigs, err, *asked)
 	}
-	if _, err := bundle.FetchSignatures(t.Context(), srv.Client(), srv.URL, "latest"); err == nil {
+	if _, err := create.FetchSignatures(t.Context(), srv.Client(), srv.URL, "latest"); err == nil {
 		t.Fatal("a non-digest was accepted")
 	}
 }
@@ -53,7 +54,7 @@ func TestCreate_CarriesTheReleaseSignaturesOrSaysLoudlyItHasNone(t *testing.T) {
 
 	o := createFrom(t, reg, release)
 	o.SignatureStore = srv.URL
-	res, err := bundle.Create(t.Context(), o)
+	res, err := create.Run(t.Context(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +70,7 @@ func TestCreate_CarriesTheReleaseSignaturesOrSaysLoudlyItHasNone(t *testing.T) {
 	o = createFrom(t, reg, release)
 	o.SignatureStore = srv.URL
 	o.ReleaseSignatures = [][]byte{[]byte("given-1"), []byte("given-2")}
-	if res, err = bundle.Create(t.Context(), o); err != nil || len(res.Metadata.ReleaseSignatures) != 2 {
+	if res, err = create.Run(t.Context(), o); err != nil || len(res.Metadata.ReleaseSignatures) != 2 {
 		t.Fatalf("given: %v, %v", res, err)
 	}
 
@@ -78,7 +79,7 @@ func TestCreate_CarriesTheReleaseSignaturesOrSaysLoudlyItHasNone(t *testing.T) {
 	o = createFrom(t, reg, release)
 	o.SignatureStore = "http://127.0.0.1:1"
 	o.Log = slog.New(slog.NewTextHandler(&logs, nil))
-	res, err = bundle.Create(t.Context(), o)
+	res, err = create.Run(t.Context(), o)
 	if err != nil {
 		t.Fatal(err)
 	}

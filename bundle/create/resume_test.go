@@ -1,4 +1,4 @@
-package bundle_test
+package create_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/create"
 	"github.com/ferry-edge/ferry/test/fixture"
 )
 
@@ -19,8 +20,8 @@ func TestCreate_AStoppedRunResumesMidBlob(t *testing.T) {
 	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 1, ImageSize: 6 << 20})
 	link := fixture.NewLink(t, reg, fixture.LinkOptions{Rate: 4 << 20})
 	o := createFrom(t, reg, release)
-	o.Mirrors = []bundle.Mirror{{Prefix: "quay.io/", Location: link.Host() + "/"}}
-	tr, err := bundle.NewTransport(link.TrustIn(t, t.TempDir()), true)
+	o.Mirrors = []create.Mirror{{Prefix: "quay.io/", Location: link.Host() + "/"}}
+	tr, err := create.NewTransport(link.TrustIn(t, t.TempDir()), true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +30,7 @@ func TestCreate_AStoppedRunResumesMidBlob(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 1200*time.Millisecond)
 	defer cancel()
-	if _, err := bundle.Create(ctx, o); err == nil {
+	if _, err := create.Run(ctx, o); err == nil {
 		t.Fatal("the first run finished: the link is too fast to stop it mid-blob")
 	}
 	parts, _ := filepath.Glob(filepath.Join(o.WorkDir, ".partial", "*"))
@@ -44,7 +45,7 @@ func TestCreate_AStoppedRunResumesMidBlob(t *testing.T) {
 	}
 	first := link.Sent()
 
-	res, err := bundle.Create(t.Context(), o)
+	res, err := create.Run(t.Context(), o)
 	if err != nil {
 		t.Fatal(err)
 	}

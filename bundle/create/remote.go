@@ -1,4 +1,4 @@
-package bundle
+package create
 
 import (
 	"crypto/tls"
@@ -16,9 +16,11 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/ferry-edge/ferry/internal/diskspace"
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/diskspace"
 )
 
 // Reasons bundle create fails; errors.Is finds them in its errors.
@@ -30,7 +32,8 @@ var (
 	ErrUntrusted    = errors.New("registry certificate not trusted")
 	// ErrDiskFull is ErrNoSpace: the output or work dir filled up.
 	ErrDiskFull = diskspace.ErrNoSpace
-	ErrRelease  = errors.New("bad release image")
+	// ErrRelease: the release image is not one ferry can read.
+	ErrRelease = bundle.ErrRelease
 )
 
 // Mirror makes bundle create fetch images whose name starts with Prefix

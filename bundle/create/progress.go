@@ -1,4 +1,4 @@
-package bundle
+package create
 
 import (
 	"fmt"
@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"time"
+
+	"github.com/ferry-edge/ferry/bundle"
 )
 
 // Progress is a snapshot of bundle create's copy.
@@ -41,10 +43,10 @@ func (p Progress) String() string {
 		eta = e.String()
 	}
 	return fmt.Sprintf("%s: images %d/%d  %s/%s  %.1f MB/s  ETA %s", p.Phase, p.Images, p.ImagesTotal,
-		HumanSize(p.Bytes), HumanSize(p.BytesTotal), p.Rate()/1e6, eta)
+		bundle.HumanSize(p.Bytes), bundle.HumanSize(p.BytesTotal), p.Rate()/1e6, eta)
 }
 
-// ProgressPrinter returns a CreateOptions.Progress function. On a terminal
+// ProgressPrinter returns a Options.Progress function. On a terminal
 // it redraws one line on w; otherwise it logs a line to log at most every
 // interval (and at each phase change).
 func ProgressPrinter(w io.Writer, terminal bool, log *slog.Logger, interval time.Duration) func(Progress) {
@@ -63,7 +65,7 @@ func ProgressPrinter(w io.Writer, terminal bool, log *slog.Logger, interval time
 		}
 		last, lastPhase = time.Now(), p.Phase
 		log.Info("bundle create", "phase", p.Phase, "images", fmt.Sprintf("%d/%d", p.Images, p.ImagesTotal),
-			"bytes", HumanSize(p.Bytes), "total", HumanSize(p.BytesTotal),
+			"bytes", bundle.HumanSize(p.Bytes), "total", bundle.HumanSize(p.BytesTotal),
 			"rate", fmt.Sprintf("%.1f MB/s", p.Rate()/1e6), "eta", p.ETA().String())
 	}
 }

@@ -1,4 +1,4 @@
-package bundle
+package create
 
 import (
 	"context"
@@ -27,6 +27,8 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/ferry-edge/ferry/bundle"
 )
 
 // treeStore writes images into a registry tree through distribution's own
@@ -67,12 +69,6 @@ func (s *treeStore) repository(ctx context.Context, repo string) (distribution.R
 	return s.reg.Repository(ctx, named)
 }
 
-// blobDataPath is where distribution keeps a blob's bytes.
-func blobDataPath(d digest.Digest) string {
-	h := d.Encoded()
-	return path.Join("blobs", d.Algorithm().String(), h[:2], h, "data")
-}
-
 func (s *treeStore) need(p string) {
 	s.mu.Lock()
 	s.keep[p] = true
@@ -97,7 +93,7 @@ func (s *treeStore) hasManifest(ctx context.Context, repo string, d digest.Diges
 // downloading it with open only when the tree does not hold it already.
 // Concurrent calls for one digest download it once.
 func (s *treeStore) ensureBlob(ctx context.Context, repo string, desc ocispec.Descriptor, open func(off int64) (io.ReadCloser, error)) error {
-	s.need(blobDataPath(desc.Digest))
+	s.need(bundle.BlobDataPath(desc.Digest))
 	s.need(path.Join("repositories", repo, "_layers", desc.Digest.Algorithm().String(), desc.Digest.Encoded(), "link"))
 	_, err, _ := s.flights.Do("data "+desc.Digest.String(), func() (any, error) {
 		s.mu.Lock()
@@ -135,7 +131,7 @@ func (s *treeStore) ensureBlob(ctx context.Context, repo string, desc ocispec.De
 // checkData reports whether the tree holds desc's bytes, hashing them. A
 // file with the wrong bytes is removed.
 func (s *treeStore) checkData(desc ocispec.Descriptor) (bool, error) {
-	p := filepath.Join(s.root, filepath.FromSlash(RegistryRoot), filepath.FromSlash(blobDataPath(desc.Digest)))
+	p := filepath.Join(s.root, filepath.FromSlash(bundle.RegistryRoot), filepath.FromSlash(bundle.BlobDataPath(desc.Digest)))
 	f, err := os.Open(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
@@ -218,7 +214,7 @@ func (s *treeStore) fetch(desc ocispec.Descriptor, open func(off int64) (io.Read
 	if err := f.Sync(); err != nil {
 		return err
 	}
-	data := filepath.Join(s.root, filepath.FromSlash(RegistryRoot), filepath.FromSlash(blobDataPath(desc.Digest)))
+	data := filepath.Join(s.root, filepath.FromSlash(bundle.RegistryRoot), filepath.FromSlash(bundle.BlobDataPath(desc.Digest)))
 	if err := os.MkdirAll(filepath.Dir(data), 0o755); err != nil {
 		return err
 	}
@@ -301,7 +297,7 @@ func (s *treeStore) putManifest(ctx context.Context, repo, mediaType string, pay
 			return "", fmt.Errorf("store manifest %s in %s: %w", desc.Digest, repo, err)
 		}
 	}
-	s.need(blobDataPath(desc.Digest))
+	s.need(bundle.BlobDataPath(desc.Digest))
 	s.need(path.Join("repositories", repo, "_manifests/revisions", desc.Digest.Algorithm().String(), desc.Digest.Encoded(), "link"))
 	if tag != "" {
 		if err := r.Tags(ctx).Tag(ctx, tag, ocispec.Descriptor{MediaType: mediaType, Digest: desc.Digest, Size: int64(len(payload))}); err != nil {
@@ -317,7 +313,7 @@ func (s *treeStore) putManifest(ctx context.Context, repo, mediaType string, pay
 // leftovers, images of an earlier run with other inputs) and then empty
 // directories. It fails if a needed file is missing.
 func (s *treeStore) prune() (removed int, err error) {
-	top := filepath.Join(s.root, filepath.FromSlash(strings.TrimSuffix(RegistryRoot, "/")))
+	top := filepath.Join(s.root, filepath.FromSlash(strings.TrimSuffix(bundle.RegistryRoot, "/")))
 	var dirs []string
 	found := map[string]bool{}
 	err = filepath.WalkDir(top, func(p string, d fs.DirEntry, err error) error {

@@ -1,4 +1,4 @@
-package bundle_test
+package create_test
 
 import (
 	"archive/tar"
@@ -15,21 +15,22 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/create"
 	"github.com/ferry-edge/ferry/internal/imagetree"
 	"github.com/ferry-edge/ferry/test/fixture"
 )
 
 // createFrom makes CreateOptions that fetch reg's quay.io/... images.
-func createFrom(t *testing.T, reg *fixture.Registry, release string, extra ...string) bundle.CreateOptions {
+func createFrom(t *testing.T, reg *fixture.Registry, release string, extra ...string) create.Options {
 	t.Helper()
-	tr, err := bundle.NewTransport(reg.CertsDir, true)
+	tr, err := create.NewTransport(reg.CertsDir, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return bundle.CreateOptions{
+	return create.Options{
 		Release:     release,
 		ExtraImages: extra,
-		Mirrors:     []bundle.Mirror{{Prefix: "quay.io/", Location: reg.Host + "/"}},
+		Mirrors:     []create.Mirror{{Prefix: "quay.io/", Location: reg.Host + "/"}},
 		Transport:   tr,
 		OutputDir:   t.TempDir(),
 		Created:     time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC),
@@ -63,7 +64,7 @@ func TestCreate_WritesBundleOfReleaseAndExtras(t *testing.T) {
 	byDigest := reg.PushImage(t, "my-company/agent", "")
 	reg.PushImage(t, "my-company/app", "v1")
 	o := createFrom(t, reg, release, "quay.io/my-company/app:v1", byDigest)
-	res, err := bundle.Create(t.Context(), o)
+	res, err := create.Run(t.Context(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +119,7 @@ func TestCreate_ResumeReusesBlobsInWorkTree(t *testing.T) {
 	release, payload := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 6})
 	o := createFrom(t, reg, release)
 	o.KeepWork = true
-	first, err := bundle.Create(t.Context(), o)
+	first, err := create.Run(t.Context(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +156,7 @@ func TestCreate_ResumeReusesBlobsInWorkTree(t *testing.T) {
 	}
 
 	reg.ResetRequests()
-	second, err := bundle.Create(t.Context(), o)
+	second, err := create.Run(t.Context(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,11 +195,11 @@ func TestCreate_SameInputsSameBundle(t *testing.T) {
 	reg := fixture.NewRegistry(t)
 	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 4})
 	reg.PushImage(t, "my-company/app", "v1")
-	a, err := bundle.Create(t.Context(), createFrom(t, reg, release, "quay.io/my-company/app:v1"))
+	a, err := create.Run(t.Context(), createFrom(t, reg, release, "quay.io/my-company/app:v1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := bundle.Create(t.Context(), createFrom(t, reg, release, "quay.io/my-company/app:v1"))
+	b, err := create.Run(t.Context(), createFrom(t, reg, release, "quay.io/my-company/app:v1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,15 +214,15 @@ func TestCreate_StaleWorkTreeIsPruned(t *testing.T) {
 	reg.PushImage(t, "my-company/old", "v1")
 	o := createFrom(t, reg, release, "quay.io/my-company/old:v1")
 	o.KeepWork = true
-	if _, err := bundle.Create(t.Context(), o); err != nil {
+	if _, err := create.Run(t.Context(), o); err != nil {
 		t.Fatal(err)
 	}
-	fresh, err := bundle.Create(t.Context(), createFrom(t, reg, release))
+	fresh, err := create.Run(t.Context(), createFrom(t, reg, release))
 	if err != nil {
 		t.Fatal(err)
 	}
 	o.ExtraImages = nil
-	reused, err := bundle.Create(t.Context(), o)
+	reused, err := create.Run(t.Context(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,13 +244,13 @@ func TestCreate_ManifestListPlatforms(t *testing.T) {
 		platforms string
 		want      map[string]bool
 	}{
-		{bundle.PlatformsArch, map[string]bool{"amd64": true}},
-		{bundle.PlatformsAll, map[string]bool{"amd64": true, "arm64": true, "s390x": true}},
+		{create.PlatformsArch, map[string]bool{"amd64": true}},
+		{create.PlatformsAll, map[string]bool{"amd64": true, "arm64": true, "s390x": true}},
 	} {
 		t.Run(tc.platforms, func(t *testing.T) {
 			o := createFrom(t, reg, release, index)
 			o.Platforms, o.KeepWork = tc.platforms, true
-			res, err := bundle.Create(t.Context(), o)
+			res, err := create.Run(t.Context(), o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -275,13 +276,13 @@ func TestCreate_PullSecretAuthenticates(t *testing.T) {
 	secret := filepath.Join(t.TempDir(), "pull-secret.json")
 	auth := base64.StdEncoding.EncodeToString([]byte("robot:hunter2"))
 	os.WriteFile(secret, []byte(`{"auths":{"`+reg.Host+`":{"auth":"`+auth+`","email":"x@example.com"},"quay.io":{"auth":"bm9wZTpub3Bl"}}}`), 0o600)
-	kc, err := bundle.LoadPullSecret(secret)
+	kc, err := create.LoadPullSecret(secret)
 	if err != nil {
 		t.Fatal(err)
 	}
 	o := createFrom(t, reg, release)
 	o.Keychain = kc
-	if _, err := bundle.Create(t.Context(), o); err != nil {
+	if _, err := create.Run(t.Context(), o); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -301,37 +302,37 @@ func TestCreate_FailsClearlyAndLeavesNoTar(t *testing.T) {
 
 	for _, tc := range []struct {
 		name   string
-		opts   func(o *bundle.CreateOptions)
+		opts   func(o *create.Options)
 		is     error
 		reason string
 	}{
-		{"bad release reference", func(o *bundle.CreateOptions) { o.Release = "quay.io/Bad Name:1" }, bundle.ErrBadReference, "bad image reference"},
-		{"bad extra reference", func(o *bundle.CreateOptions) { o.ExtraImages = []string{"quay.io/x/y@sha256:123"} }, bundle.ErrBadReference, "bad image reference"},
-		{"missing release", func(o *bundle.CreateOptions) {
+		{"bad release reference", func(o *create.Options) { o.Release = "quay.io/Bad Name:1" }, create.ErrBadReference, "bad image reference"},
+		{"bad extra reference", func(o *create.Options) { o.ExtraImages = []string{"quay.io/x/y@sha256:123"} }, create.ErrBadReference, "bad image reference"},
+		{"missing release", func(o *create.Options) {
 			o.Release = "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat("0", 64)
-		}, bundle.ErrNotFound, "not in registry"},
-		{"missing extra tag", func(o *bundle.CreateOptions) { o.ExtraImages = []string{"quay.io/my-company/none:v9"} }, bundle.ErrNotFound, "not in registry"},
-		{"not a release image", func(o *bundle.CreateOptions) { o.Release = payload[0] }, bundle.ErrRelease, "release-manifests/image-references"},
-		{"registry refuses credentials", func(o *bundle.CreateOptions) {
+		}, create.ErrNotFound, "not in registry"},
+		{"missing extra tag", func(o *create.Options) { o.ExtraImages = []string{"quay.io/my-company/none:v9"} }, create.ErrNotFound, "not in registry"},
+		{"not a release image", func(o *create.Options) { o.Release = payload[0] }, create.ErrRelease, "release-manifests/image-references"},
+		{"registry refuses credentials", func(o *create.Options) {
 			o.Release = lockedRelease
-			o.Mirrors = []bundle.Mirror{{Prefix: "quay.io/", Location: locked.Host + "/"}}
-			o.Transport, _ = bundle.NewTransport(locked.CertsDir, true)
-		}, bundle.ErrAuth, "check --pull-secret"},
-		{"registry unreachable", func(o *bundle.CreateOptions) {
-			o.Mirrors = []bundle.Mirror{{Prefix: "quay.io/", Location: "127.0.0.1:1/"}}
-		}, bundle.ErrUnreachable, "cannot reach registry 127.0.0.1:1"},
-		{"certificate not trusted", func(o *bundle.CreateOptions) { o.Transport = nil }, bundle.ErrUntrusted, "--cert-dir"},
-		{"blob missing upstream", func(o *bundle.CreateOptions) {
+			o.Mirrors = []create.Mirror{{Prefix: "quay.io/", Location: locked.Host + "/"}}
+			o.Transport, _ = create.NewTransport(locked.CertsDir, true)
+		}, create.ErrAuth, "check --pull-secret"},
+		{"registry unreachable", func(o *create.Options) {
+			o.Mirrors = []create.Mirror{{Prefix: "quay.io/", Location: "127.0.0.1:1/"}}
+		}, create.ErrUnreachable, "cannot reach registry 127.0.0.1:1"},
+		{"certificate not trusted", func(o *create.Options) { o.Transport = nil }, create.ErrUntrusted, "--cert-dir"},
+		{"blob missing upstream", func(o *create.Options) {
 			o.Release = brokenRelease
-			o.Mirrors = []bundle.Mirror{{Prefix: "quay.io/", Location: broken.Host + "/"}}
-			o.Transport, _ = bundle.NewTransport(broken.CertsDir, true)
-		}, bundle.ErrNotFound, "not in registry"},
-		{"arch nobody knows", func(o *bundle.CreateOptions) { o.Arch = "riscv64" }, nil, "arch \"riscv64\""},
+			o.Mirrors = []create.Mirror{{Prefix: "quay.io/", Location: broken.Host + "/"}}
+			o.Transport, _ = create.NewTransport(broken.CertsDir, true)
+		}, create.ErrNotFound, "not in registry"},
+		{"arch nobody knows", func(o *create.Options) { o.Arch = "riscv64" }, nil, "arch \"riscv64\""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := createFrom(t, reg, release)
 			tc.opts(&o)
-			_, err := bundle.Create(t.Context(), o)
+			_, err := create.Run(t.Context(), o)
 			if err == nil {
 				t.Fatal("no error")
 			}
@@ -356,10 +357,10 @@ func TestCreate_ProgressEndsDone(t *testing.T) {
 	reg := fixture.NewRegistry(t)
 	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 3, ImageSize: 100 << 10})
 	o := createFrom(t, reg, release)
-	var last bundle.Progress
+	var last create.Progress
 	var mu sync.Mutex
-	o.Progress = func(p bundle.Progress) { mu.Lock(); last = p; mu.Unlock() }
-	if _, err := bundle.Create(t.Context(), o); err != nil {
+	o.Progress = func(p create.Progress) { mu.Lock(); last = p; mu.Unlock() }
+	if _, err := create.Run(t.Context(), o); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()
@@ -375,7 +376,7 @@ func TestCreate_ReleaseByTagKeepsTagAndFlagsOverride(t *testing.T) {
 	o := createFrom(t, reg, "quay.io/openshift-release-dev/ocp-release:4.14.1-x86_64")
 	o.Version = "4.14.1-hotfix"
 	o.KeepWork = true
-	res, err := bundle.Create(t.Context(), o)
+	res, err := create.Run(t.Context(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,7 +401,7 @@ func TestCreate_CopiesSigstoreSignaturesAndTheTreeCheckWalksThem(t *testing.T) {
 	imgSig := reg.Sign(t, payload[1], key, "")
 
 	t.Run("All", func(t *testing.T) {
-		res, err := bundle.Create(t.Context(), createFrom(t, reg, release))
+		res, err := create.Run(t.Context(), createFrom(t, reg, release))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -420,8 +421,8 @@ func TestCreate_CopiesSigstoreSignaturesAndTheTreeCheckWalksThem(t *testing.T) {
 	})
 	t.Run("ReleaseOnly", func(t *testing.T) {
 		o := createFrom(t, reg, release)
-		o.Signatures = bundle.SignaturesRelease
-		res, err := bundle.Create(t.Context(), o)
+		o.Signatures = create.SignaturesRelease
+		res, err := create.Run(t.Context(), o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -438,7 +439,7 @@ func TestVerify_AListedSignatureMissingFromTheTreeIsRefused(t *testing.T) {
 	relSig := reg.Sign(t, release, key, "")
 	o := createFrom(t, reg, release)
 	o.KeepWork = true
-	res, err := bundle.Create(t.Context(), o)
+	res, err := create.Run(t.Context(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -478,7 +479,7 @@ func TestCreate_CopiesSigstoreReferrersByTheTagSchema(t *testing.T) {
 	release, payload := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 2})
 	art := reg.AttachReferrer(t, release, fixture.SigstoreBundleType, []byte(`{"mediaType":"application/vnd.dev.sigstore.bundle.v0.3+json"}`))
 	reg.AttachReferrer(t, payload[0], "application/spdx+json", []byte(`{"spdxVersion":"SPDX-2.3"}`)) // an SBOM stays behind
-	res, err := bundle.Create(t.Context(), createFrom(t, reg, release))
+	res, err := create.Run(t.Context(), createFrom(t, reg, release))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package bundle_test
+package create_test
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/create"
 	"github.com/ferry-edge/ferry/test/fixture"
 )
 
@@ -22,7 +23,7 @@ func TestSource_ApprovesTheReleaseAskedForAndNothingMore(t *testing.T) {
 	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 3})
 	other, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 3, Seed: 9})
 	extra := "quay.io/my-company/my-workload:v1"
-	res, err := bundle.Create(t.Context(), createFrom(t, reg, release, extra))
+	res, err := create.Run(t.Context(), createFrom(t, reg, release, extra))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package bundle
+package create
 
 import (
 	"context"
@@ -11,12 +11,13 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/opencontainers/go-digest"
-
 	"golang.org/x/sync/errgroup"
+
+	"github.com/ferry-edge/ferry/bundle"
 )
 
-// Which images' sigstore attachments Create copies
-// (CreateOptions.Signatures). The release's are always copied: OpenShift
+// Which images' sigstore attachments Run copies
+// (Options.Signatures). The release's are always copied: OpenShift
 // 4.21+ nodes refuse the release image without one.
 const (
 	// SignaturesAll copies the attachments of every image that has any.
@@ -43,10 +44,10 @@ func (c *creator) planSignatures(ctx context.Context, plans []*imagePlan) ([]*im
 			break
 		}
 		for _, m := range p.manifests {
-			key := p.ref.name + ":" + SignatureTag(m.digest.String())
+			key := p.ref.name + ":" + bundle.SignatureTag(m.digest.String())
 			if !seen[key] {
 				seen[key] = true
-				probes = append(probes, probe{of: p, tag: SignatureTag(m.digest.String())})
+				probes = append(probes, probe{of: p, tag: bundle.SignatureTag(m.digest.String())})
 			}
 		}
 	}
@@ -75,7 +76,7 @@ func (c *creator) planSignatures(ctx context.Context, plans []*imagePlan) ([]*im
 	g.SetLimit(8)
 	for i, pr := range probes {
 		g.Go(func() error {
-			d, _ := SignedDigest(pr.tag)
+			d, _ := bundle.SignedDigest(pr.tag)
 			rp, err := c.planReferrers(gctx, pr.of, d)
 			refs[i] = rp
 			return err
@@ -109,7 +110,7 @@ func (c *creator) planReferrers(ctx context.Context, of *imagePlan, d string) (*
 	if err != nil {
 		return nil, nil
 	}
-	plan := &imagePlan{ref: &imageRef{name: of.ref.name, tag: ReferrersTag(d), fetch: of.ref.fetch}, repo: of.repo}
+	plan := &imagePlan{ref: &imageRef{name: of.ref.name, tag: bundle.ReferrersTag(d), fetch: of.ref.fetch}, repo: of.repo}
 	var kept []v1.Descriptor
 	for _, desc := range im.Manifests {
 		t := desc.ArtifactType
