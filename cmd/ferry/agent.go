@@ -174,7 +174,7 @@ func runAgent(ctx context.Context, cfg agent.Config) error {
 	if loader != nil {
 		g.Go(func() error { return loader.Run(ctx) })
 		// ferry's drop-ins follow the node's own (the MCO's pins, IDMS).
-		if rt, ok := loader.Runtime.(*crio.Loader); ok {
+		if rt, ok := loader.Runtime.(*crio.Runtime); ok {
 			g.Go(func() error { return rt.WatchConf(ctx) })
 		}
 	}
