@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -377,7 +378,7 @@ func clusterStatus(ctx context.Context, cfg agent.Config, asJSON bool) error {
 			if s.Digest != "" {
 				digest = sha256digest.Short(s.Digest)
 			}
-			fmt.Printf("%-24s %-14s %-20s %-22s %s\n", name, s.Phase, digest, or(s.Progress, "-"), note)
+			fmt.Printf("%-24s %-14s %-20s %-22s %s\n", name, s.Phase, digest, cmp.Or(s.Progress, "-"), note)
 		}
 		row(cs.Self.Node+" (this node)", cs.Self, cs.Self.Error)
 		for addr, p := range cs.Peers {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -158,18 +159,11 @@ func printNodeAnnotations(ctx context.Context, cfg agent.Config) {
 			fmt.Printf("\nin the cluster's API (%s):\n%-24s %-14s %-16s %-24s %s\n", c.Server(), "NODE", "PHASE", "BUNDLE", "PROGRESS", "REASON")
 			for _, n := range names {
 				a := nodes[n]
-				fmt.Printf("%-24s %-14s %-16s %-24s %s\n", n, or(a[agent.AnnotationPhase], "-"), or(a[agent.AnnotationBundle], "-"),
-					or(a[agent.AnnotationProgress], "-"), a[agent.AnnotationReason])
+				fmt.Printf("%-24s %-14s %-16s %-24s %s\n", n, cmp.Or(a[agent.AnnotationPhase], "-"), cmp.Or(a[agent.AnnotationBundle], "-"),
+					cmp.Or(a[agent.AnnotationProgress], "-"), a[agent.AnnotationReason])
 			}
 			return
 		}
 	}
 	fmt.Printf("\nthe cluster's API cannot be read: %v\n", err)
-}
-
-func or(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -79,7 +80,7 @@ func newNodeTLS(cfg agent.Config, log *slog.Logger) (*peer.NodeTLS, error) {
 	if !ok {
 		return nil, usageError("peer.identity = \"node\": cluster.kubeconfig %s holds no node's client certificate (CN system:node:NAME, O system:nodes); name the kubelet's, /var/lib/kubelet/kubeconfig", cfg.Cluster.Kubeconfig)
 	}
-	certFile := or(cfg.Peer.Cert, agent.DefaultPeerCert)
+	certFile := cmp.Or(cfg.Peer.Cert, agent.DefaultPeerCert)
 	serving, err := kube.LoadKeyPair(certFile, cfg.Peer.Key)
 	if err != nil {
 		return nil, usageError("peer.cert: %v (the kubelet's serving certificate; on OpenShift %s)", err, agent.DefaultPeerCert)
