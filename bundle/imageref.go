@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+
+	"github.com/ferry-edge/ferry/internal/imageref"
 )
 
 // Image references, in one place: how metadata.json writes them, how a
@@ -23,13 +25,7 @@ func checkDigestRef(ref string) error {
 
 // SplitRef splits name[:tag]@sha256:hex into its name, tag ("" if none)
 // and digest.
-func SplitRef(ref string) (name, tag, digest string) {
-	name, digest, _ = strings.Cut(ref, "@")
-	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
-		name, tag = name[:i], name[i+1:]
-	}
-	return name, tag, digest
-}
+func SplitRef(ref string) (name, tag, digest string) { return imageref.Split(ref) }
 
 // PullRefs are the references to pull for a bundle's images: each by
 // digest (name@sha256:…, the tag dropped) and, for an image that kept its

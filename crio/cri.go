@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -137,7 +138,7 @@ func (c *Client) wrap(op, ref string, err error) error {
 		return fmt.Errorf("%s: %w on %s (is crio running? systemctl status crio): %v", what, ErrUnavailable, c.socket, status.Convert(err).Message())
 	}
 	if s, ok := status.FromError(err); ok {
-		return &CRIError{Op: what, Code: s.Code(), Msg: s.Message()}
+		return &CRIError{Op: what, Code: s.Code(), Msg: s.Message(), Kind: pullFailure(s.Message())}
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }
@@ -147,9 +148,59 @@ type CRIError struct {
 	Op   string
 	Code codes.Code
 	Msg  string
+	// Kind is why a pull failed, when retrying cannot fix it:
+	// ErrImageMissing, ErrImageDenied, ErrImageDamaged, ErrImageRejected;
+	// nil otherwise. errors.Is sees it.
+	Kind error
 }
 
 func (e *CRIError) Error() string { return fmt.Sprintf("%s: CRI-O: %s", e.Op, e.Msg) }
+
+// Is reports whether target is e's Kind.
+func (e *CRIError) Is(target error) bool { return e.Kind != nil && target == e.Kind }
+
+// Why a pull failed, where pulling again pulls the same. CRI-O answers
+// every pull failure with codes.Unknown and containers/image's words;
+// the Client reads them once (pullFailure), and the Runtime decides from
+// these with errors.Is.
+var (
+	// ErrImageMissing: the registry lacks a manifest, blob or repository
+	// the reference names.
+	ErrImageMissing = errors.New("the registry lacks the image")
+	// ErrImageDenied: the registry refuses access to the image.
+	ErrImageDenied = errors.New("the registry refuses the image")
+	// ErrImageDamaged: the registry served bytes that do not match their
+	// digest.
+	ErrImageDamaged = errors.New("the image does not match its digest")
+	// ErrImageRejected: the node's signature policy (policy.json) rejects
+	// the image ("Source image rejected").
+	ErrImageRejected = errors.New("the node's signature policy rejects the image")
+)
+
+// pullFailures map containers/image's words, as CRI-O passes them on, to
+// the kinds of failure above.
+var pullFailures = []struct {
+	words []string
+	kind  error
+}{
+	{[]string{"source image rejected"}, ErrImageRejected},
+	{[]string{"manifest unknown", "blob unknown", "name unknown"}, ErrImageMissing},
+	{[]string{"digest did not match", "does not match", "digest mismatch", "invalid checksum"}, ErrImageDamaged},
+	{[]string{"unauthorized", "denied"}, ErrImageDenied},
+}
+
+// pullFailure is the kind of failure CRI-O's message msg says, or nil.
+func pullFailure(msg string) error {
+	msg = strings.ToLower(msg)
+	for _, f := range pullFailures {
+		for _, w := range f.words {
+			if strings.Contains(msg, w) {
+				return f.kind
+			}
+		}
+	}
+	return nil
+}
 
 // GRPCStatus lets status.Code see the code through wrapping.
 func (e *CRIError) GRPCStatus() *status.Status { return status.New(e.Code, e.Msg) }

@@ -17,8 +17,8 @@ import (
 
 	"github.com/BurntSushi/toml"
 
-	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/atomicfile"
+	"github.com/ferry-edge/ferry/internal/imageref"
 )
 
 // DropinName is the name of ferry's files in crio.conf.d and
@@ -390,7 +390,7 @@ func MirrorsConf(r Request, site *SiteRegistries) ([]byte, error) {
 	}
 	tagged, byDigest := map[string]bool{}, map[string]bool{}
 	for _, ref := range r.Pull {
-		name, tag, digest := bundle.SplitRef(ref)
+		name, tag, digest := imageref.Split(ref)
 		if digest == "" && tag == "" || !strings.Contains(name, "/") {
 			return nil, fmt.Errorf("%w: %q is not a registry/name@sha256:… or registry/name:tag reference", ErrDropin, ref)
 		}

@@ -140,7 +140,7 @@ func TestSync_TakesInADropinFromBeforeTheLedger(t *testing.T) {
 // WatchConf: the MCO writes its file and reloads CRI-O; ferry follows
 // within seconds and reloads CRI-O again.
 func TestWatchConf_RewritesAndReloadsWhenTheMCOsFileChanges(t *testing.T) {
-	l, f, ds := newLoader(t)
+	l, f, ds := newRuntime(t)
 	req := request(t, manyImages(3))
 	if _, err := l.Load(t.Context(), req); err != nil {
 		t.Fatal(err)
@@ -188,7 +188,7 @@ func TestWatchConf_RewritesAndReloadsWhenTheMCOsFileChanges(t *testing.T) {
 // replaces the node's, is written again with the new mirror after ferry's
 // own; once ferry's mirror is gone, nothing of the node's is touched.
 func TestWatchConf_TheNodesNewMirrorsAreKeptBehindFerrysMirror(t *testing.T) {
-	l, _, ds := newLoader(t)
+	l, _, ds := newRuntime(t)
 	ds.write(t, "containers/registries.conf", "")
 	req := request(t, manyImages(3))
 	if _, err := l.Load(t.Context(), req); err != nil {

@@ -56,7 +56,7 @@ func (d *Dropins) Unpin(drop []string, label string) (Change, error) {
 
 // Retire removes the mirror and CA of the registry at req.Addr and
 // reloads CRI-O; the pins stay.
-func (l *Loader) Retire(ctx context.Context, req Request) error {
+func (l *Runtime) Retire(ctx context.Context, req Request) error {
 	ch, err := l.Dropins.RemoveMirror(req.Addr)
 	if err != nil {
 		return err
@@ -70,7 +70,7 @@ func (l *Loader) Retire(ctx context.Context, req Request) error {
 
 // Unpin takes req.Pull out of ferry's pins, reloads CRI-O and waits
 // until they are no longer pinned (except those still pinned elsewhere).
-func (l *Loader) Unpin(ctx context.Context, req Request) error {
+func (l *Runtime) Unpin(ctx context.Context, req Request) error {
 	ch, err := l.Dropins.Unpin(req.Pull, req.Label)
 	if err != nil {
 		return err
@@ -79,7 +79,7 @@ func (l *Loader) Unpin(ctx context.Context, req Request) error {
 }
 
 // stillPinned is what ferry's own drop-in still pins (after Unpin).
-func (l *Loader) stillPinned() []string {
+func (l *Runtime) stillPinned() []string {
 	pins, _ := l.Dropins.PinnedBy()
 	return pins
 }

@@ -15,7 +15,7 @@ import (
 // (its mirror and CA go), bundle N+1 loads keeping them, and N+1's end
 // unpins what only N held.
 func TestRetireThenUnpin_PinsLiveUntilTheNextUpgradeIsDone(t *testing.T) {
-	l, f, ds := newLoader(t)
+	l, f, ds := newRuntime(t)
 	first := manyImages(4)
 	shared := first[1]
 	second := []string{fmt.Sprintf("quay.io/openshift-release-dev/ocp-release@sha256:%064x", 99), shared}

@@ -23,7 +23,7 @@ const settle = 250 * time.Millisecond
 // at start too: a change made while ferry was stopped. It returns when
 // ctx ends; a directory that does not exist yet is looked for again
 // every minute.
-func (l *Loader) WatchConf(ctx context.Context) error {
+func (l *Runtime) WatchConf(ctx context.Context) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return err
@@ -72,7 +72,7 @@ func (l *Loader) WatchConf(ctx context.Context) error {
 // concerns reports whether a change to path may change what ferry's
 // drop-ins must hold: another file in crio.conf.d or registries.conf.d,
 // or registries.conf; not ferry's own files and temporary files.
-func (l *Loader) concerns(path string) bool {
+func (l *Runtime) concerns(path string) bool {
 	d := l.Dropins
 	base := filepath.Base(path)
 	if base == DropinName || strings.HasPrefix(base, ".") {
@@ -85,7 +85,7 @@ func (l *Loader) concerns(path string) bool {
 // Resync renders ferry's drop-ins again and reloads CRI-O when they
 // changed, saying why in the journal. Failures are logged: the next change
 // or restart tries again.
-func (l *Loader) Resync(ctx context.Context, why string) {
+func (l *Runtime) Resync(ctx context.Context, why string) {
 	ch, err := l.Dropins.Sync()
 	log := l.log().With("cause", why)
 	if err != nil {

@@ -1,9 +1,9 @@
 // Package load puts an extracted bundle into CRI-O: it serves the bundle's
 // tree with the embedded registry, asks CRI-O to pull and pin its images
 // through it, and checks first that the image store has room. It is the
-// agent's Loader (agent.Loader), wired in cmd/ferry. The registry and
-// CRI-O each stay behind a narrow seam (BundleServer, Runtime); the one
-// piece that knows bundles is this one.
+// agent's Loader (agent.Loader), wired in cmd/ferry. The registry, CRI-O
+// and its image store each stay behind a narrow seam (BundleServer,
+// Runtime, Store); the one piece that knows bundles is this one.
 package load
 
 import (
@@ -27,7 +27,7 @@ type BundleServer interface {
 	Close() error
 }
 
-// Runtime is CRI-O as loading needs it (crio.Loader): it takes image
+// Runtime is CRI-O as loading needs it (crio.Runtime): it takes image
 // references and a registry address, and no bundle conventions.
 type Runtime interface {
 	// Load writes the drop-ins (mirror to r.Addr, pins), reloads, pulls
@@ -41,15 +41,9 @@ type Runtime interface {
 	Unpin(ctx context.Context, r crio.Request) error
 	// Present tells which of refs the runtime holds.
 	Present(ctx context.Context, refs []string) (map[string]bool, error)
-	// SameFilesystem tells whether dir is on the image store's filesystem.
-	SameFilesystem(dir string) bool
-	// CheckRoom fails (diskspace.ErrNoSpace) when writing need bytes
-	// (what, in words) to the image store would cross what the kubelet
-	// tolerates there.
-	CheckRoom(need int64, what string) error
 }
 
-var _ Runtime = (*crio.Loader)(nil)
+var _ Runtime = (*crio.Runtime)(nil)
 
 // RequestFor is what CRI-O is asked for images (a bundle's, as
 // metadata.json names them: name[:tag]@sha256:…, in the order to pull
@@ -61,14 +55,18 @@ func RequestFor(images []string) crio.Request {
 	return crio.Request{Pull: bundle.PullRefs(images), Mirrors: bundle.RepoPaths(images)}
 }
 
-// Loader is the agent's Loader on a BundleServer and a Runtime. Its registry
-// runs under the context given to Run, which the caller runs with its
-// other servers: nothing of it outlives the agent.
+// Loader is the agent's Loader on a BundleServer, a Runtime and the
+// runtime's image Store. Its registry runs under the context given to
+// Run, which the caller runs with its other servers: nothing of it
+// outlives the agent.
 type Loader struct {
 	// OpenRegistry binds the registry (its port and certificate are kept
 	// across restarts).
 	OpenRegistry func() (BundleServer, error)
 	Runtime      Runtime
+	// Store is where the runtime keeps images: its room is checked before
+	// a bundle is written and again before it is loaded (ImageStore).
+	Store Store
 	// RoomFloor is kept free in the image store beyond what a load writes.
 	RoomFloor int64
 	Log       *slog.Logger

@@ -23,7 +23,7 @@ import (
 	"github.com/ferry-edge/ferry/registry/registrytest"
 )
 
-// fakeRuntime records what the loading asks of CRI-O.
+// fakeRuntime records what the loading asks of CRI-O and its image store.
 type fakeRuntime struct {
 	mu      sync.Mutex
 	calls   []string
@@ -71,7 +71,7 @@ func (f *fakeRuntime) Present(_ context.Context, refs []string) (map[string]bool
 func newLoader(t *testing.T) (*Loader, *fakeRuntime) {
 	rt := &fakeRuntime{}
 	state := t.TempDir()
-	l := &Loader{OpenRegistry: func() (BundleServer, error) { return registry.New(state, 0, nil) }, Runtime: rt}
+	l := &Loader{OpenRegistry: func() (BundleServer, error) { return registry.New(state, 0, nil) }, Runtime: rt, Store: rt}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() { l.Run(ctx); close(done) }()

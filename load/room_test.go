@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/diskspace"
 	"github.com/ferry-edge/ferry/internal/imagetree"
 )
 
@@ -118,5 +120,36 @@ func TestLoader_CheckRoomBeforeCountsTheWritesAndTheImagesCRIOLacks(t *testing.T
 	rt.room = bundle.ErrNoSpace
 	if err := l.CheckRoomBefore(t.Context(), meta(), nil); !errors.Is(err, bundle.ErrNoSpace) {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// The image store's room check holds a load to what the kubelet tolerates on the image
+// store, and says how much to free there.
+func TestImageStore_CheckRoomKeepsTheKubeletsThresholds(t *testing.T) {
+	dir := t.TempDir()
+	l := ImageStore{Dir: dir}
+	if err := l.CheckRoom(1, "one byte"); err != nil {
+		t.Errorf("1 byte: %v", err)
+	}
+	total, free, err := diskspace.Usage(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Up to the image GC threshold fits; one byte more crosses it (or the
+	// eviction threshold, whichever is nearer).
+	l.Limits = diskspace.Limits{GCHighPercent: 100}
+	if err := l.CheckRoom(free/2, "half the free space"); err != nil {
+		t.Errorf("half the free space with GC at 100%%: %v", err)
+	}
+	used := total - free
+	l.Limits = diskspace.Limits{GCHighPercent: float64(used+free/2) * 100 / float64(total)}
+	err = l.CheckRoom(free-free/4, "three quarters of the free space")
+	if !errors.Is(err, diskspace.ErrNoSpace) || !strings.Contains(err.Error(), "imageGCHighThresholdPercent") ||
+		!strings.Contains(err.Error(), dir) || !strings.Contains(err.Error(), "crictl rmi --prune") || !strings.Contains(err.Error(), "free ") {
+		t.Fatalf("got %v", err)
+	}
+	t.Log(err)
+	if err := (ImageStore{Dir: filepath.Join(dir, "none")}).CheckRoom(1<<62, "anything"); err != nil {
+		t.Errorf("no store yet: %v", err)
 	}
 }

@@ -1,7 +1,6 @@
-// Package udev watches block devices (udev events over netlink, plus a scan
-// of the devices present at start) and opens the media on them: a
-// filesystem mounted read-only in a private directory, or a raw tar on the
-// bare device.
+// Package udev watches block devices: udev's events over netlink, a scan
+// of the devices present at start, and what kind of device each is
+// (Kinds). Opening what a device holds is package media's.
 package udev
 
 import (

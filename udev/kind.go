@@ -1,72 +1,21 @@
 package udev
 
 import (
-	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
-// ErrNotRemovable: the device is not a stick (removable, USB or MMC) nor
-// of a kind the config allows: a network LUN, a hot-plugged virtio or
-// NVMe disk, a tenant's raw block volume. Nothing on it is read.
-var ErrNotRemovable = errors.New("not a removable, USB or MMC device")
-
-// StickKinds are read whatever the config says.
-var StickKinds = []string{"removable", "usb", "mmc"}
-
-// DeviceKinds are the kinds media.allow_devices may name besides
-// StickKinds; "any" is every block device (ferry before it told them
-// apart).
-var DeviceKinds = []string{"loop", "virtio", "nvme", "scsi", "ata", "any"}
-
-// CheckKind refuses (ErrNotRemovable) dev unless one of its kinds
-// (removable, usb, mmc, loop, …: see kinds) is in StickKinds or
-// AllowDevices.
-func (m *Media) CheckKind(dev string) error {
-	if slices.Contains(m.AllowDevices, "any") {
-		return nil
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(dev, &st); err != nil {
-		return fmt.Errorf("%s: %w", dev, ErrNoMedium)
-	}
-	return m.checkKind(dev, fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev)))
-}
-
-// checkKind is CheckKind for the device numbered num ("major:minor").
-func (m *Media) checkKind(dev, num string) error {
-	if slices.Contains(m.AllowDevices, "any") {
-		return nil
-	}
-	kinds := m.kinds(num)
-	for _, k := range kinds {
-		if slices.Contains(StickKinds, k) || slices.Contains(m.AllowDevices, k) {
-			return nil
-		}
-	}
-	what := "of no kind ferry knows"
-	if len(kinds) > 0 {
-		what = "a " + strings.Join(kinds, "/") + " device"
-	}
-	hint := "media.allow_devices (\"any\" for every kind)"
-	if len(kinds) > 0 {
-		hint = fmt.Sprintf("%q to media.allow_devices", kinds[0])
-	}
-	return fmt.Errorf("%s: %w (%s): to read such devices too, add %s", dev, ErrNotRemovable, what, hint)
-}
-
-// kinds says what the block device numbered num ("major:minor") is, from
-// sysfs (its place in the device tree, its disk's removable flag) and
-// udev's database (ID_BUS, ID_USB_DRIVER, ID_PATH, ID_DRIVE_FLASH_SD):
-// "removable", "usb", "mmc", "loop", "virtio", "nvme", "scsi", "ata";
-// several may hold (a USB disk is scsi too), none for an unknown device.
-func (m *Media) kinds(num string) []string {
-	sysDir, err := filepath.EvalSymlinks(filepath.Join(m.sys(), "dev", "block", num))
+// Kinds says what the block device numbered num ("major:minor") is, from
+// sysfs under sys (its place in the device tree, its disk's removable
+// flag) and udev's database in udevData (ID_BUS, ID_USB_DRIVER, ID_PATH,
+// ID_DRIVE_FLASH_SD): "removable", "usb", "mmc", "loop", "virtio",
+// "nvme", "scsi", "ata"; several may hold (a USB disk is scsi too), none
+// for an unknown device. Which kinds count as sticks is package media's
+// decision.
+func Kinds(sys, udevData, num string) []string {
+	sysDir, err := filepath.EvalSymlinks(filepath.Join(sys, "dev", "block", num))
 	if err != nil {
 		return nil
 	}
@@ -74,7 +23,7 @@ func (m *Media) kinds(num string) []string {
 	if _, err := os.Stat(filepath.Join(sysDir, "partition")); err == nil {
 		disk = filepath.Dir(sysDir)
 	}
-	props, _ := readProps(filepath.Join(m.udevData(), "b"+num), "E:")
+	props, _ := readProps(filepath.Join(udevData, "b"+num), "E:")
 	if props == nil {
 		props = map[string]string{}
 	}
@@ -82,7 +31,7 @@ func (m *Media) kinds(num string) []string {
 		// A partition's record usually repeats its disk's; take the
 		// disk's for what the partition's lacks.
 		if b, err := os.ReadFile(filepath.Join(disk, "dev")); err == nil {
-			dp, _ := readProps(filepath.Join(m.udevData(), "b"+strings.TrimSpace(string(b))), "E:")
+			dp, _ := readProps(filepath.Join(udevData, "b"+strings.TrimSpace(string(b))), "E:")
 			for k, v := range dp {
 				if _, ok := props[k]; !ok {
 					props[k] = v

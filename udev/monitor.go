@@ -266,7 +266,7 @@ func eventFromEnv(env map[string]string, sys string) (Event, bool, error) {
 	ev.DiskSeq, _ = strconv.ParseUint(env["DISKSEQ"], 10, 64)
 	if a != Remove && env["DEVPATH"] != "" {
 		dir := filepath.Join(sys, env["DEVPATH"])
-		ev.Size = readSize(dir)
+		ev.Size = Size(dir)
 		// The size is read now, not when the event was made: if the
 		// device already holds another medium (a loop device detached and
 		// reused), this event's medium is gone.
@@ -293,9 +293,9 @@ func readUint(path string) uint64 {
 	return v
 }
 
-// readSize is the size in bytes of the block device whose sysfs directory
-// is dir (0 when unknown).
-func readSize(dir string) int64 {
+// Size is the size in bytes of the block device whose sysfs directory
+// is dir (0 when unknown or empty).
+func Size(dir string) int64 {
 	b, err := os.ReadFile(filepath.Join(dir, "size"))
 	if err != nil {
 		return 0

@@ -39,7 +39,7 @@ func Scan(sys, udevData string) ([]Event, error) {
 }
 
 func scanOne(devDir, udevData string) (Event, bool, error) {
-	size := readSize(devDir)
+	size := Size(devDir)
 	if size == 0 {
 		return Event{}, false, nil
 	}

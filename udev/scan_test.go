@@ -4,20 +4,22 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/ferry-edge/ferry/internal/fakesys"
 )
 
 func TestScan_ReportsPresentDevicesWithUdevProperties(t *testing.T) {
 	sys, data := t.TempDir(), t.TempDir()
 	dev := func(devpath, uevent, size string) {
 		dir := filepath.Join(sys, devpath)
-		writeFiles(t, dir, map[string]string{"uevent": uevent, "size": size})
-		link(t, dir, filepath.Join(sys, "class/block", filepath.Base(devpath)))
+		fakesys.Write(t, dir, map[string]string{"uevent": uevent, "size": size})
+		fakesys.Link(t, dir, filepath.Join(sys, "class/block", filepath.Base(devpath)))
 	}
 	dev("devices/virtual/block/loop3", "MAJOR=7\nMINOR=3\nDEVNAME=loop3\nDEVTYPE=disk\nDISKSEQ=19\n", "16384\n")
 	dev("devices/virtual/block/loop4", "MAJOR=7\nMINOR=4\nDEVNAME=loop4\nDEVTYPE=disk\n", "0\n") // detached
 	dev("devices/pci/block/sdb", "MAJOR=8\nMINOR=16\nDEVNAME=sdb\nDEVTYPE=disk\n", "4096\n")
 	dev("devices/pci/block/sdb/sdb1", "MAJOR=8\nMINOR=17\nDEVNAME=sdb1\nDEVTYPE=partition\n", "2048\n")
-	writeFiles(t, data, map[string]string{
+	fakesys.Write(t, data, map[string]string{
 		"b7:3":  "S:disk/by-label/STICK\nE:ID_FS_TYPE=vfat\nE:ID_FS_LABEL=STICK\nE:ID_FS_USAGE=filesystem\nG:systemd\n",
 		"b8:17": "E:ID_FS_TYPE=ext4\nE:ID_FS_LABEL=a=b\n",
 		// b8:16: udev has not processed it yet.
@@ -51,8 +53,8 @@ func TestScan_FailsWithoutSysfs(t *testing.T) {
 func TestMonitor_ScansFirst(t *testing.T) {
 	sys := t.TempDir()
 	dir := filepath.Join(sys, "devices/virtual/block/loop3")
-	writeFiles(t, dir, map[string]string{"uevent": "MAJOR=7\nMINOR=3\nDEVNAME=loop3\n", "size": "8\n"})
-	link(t, dir, filepath.Join(sys, "class/block/loop3"))
+	fakesys.Write(t, dir, map[string]string{"uevent": "MAJOR=7\nMINOR=3\nDEVNAME=loop3\n", "size": "8\n"})
+	fakesys.Link(t, dir, filepath.Join(sys, "class/block/loop3"))
 	if err := os.MkdirAll(filepath.Join(sys, "class/block"), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
+	"github.com/ferry-edge/ferry/media"
 	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/pull"
 	"github.com/ferry-edge/ferry/systemd"
@@ -124,8 +125,8 @@ func loadConfig(path string) (agent.Config, error) {
 
 func runAgent(ctx context.Context, cfg agent.Config) error {
 	log := systemd.NewLogger(nil)
-	media := &udev.Media{MountDir: cfg.Paths.MountDir, AllowDevices: cfg.Media.AllowDevices, ExtraFilesystems: cfg.Media.ExtraFilesystems, Log: log}
-	if err := media.Sweep(); err != nil { // mounts a crashed agent left behind
+	sticks := &media.Media{MountDir: cfg.Paths.MountDir, AllowDevices: cfg.Media.AllowDevices, ExtraFilesystems: cfg.Media.ExtraFilesystems, Log: log}
+	if err := sticks.Sweep(); err != nil { // mounts a crashed agent left behind
 		log.Warn("cleaning the mount dir", "err", err)
 	}
 	deps := agent.Deps{Notify: notifier{}, Log: log, Admit: imagepolicy.Checker{Path: cfg.Paths.SignaturePolicy}.Admit}
@@ -135,7 +136,7 @@ func runAgent(ctx context.Context, cfg agent.Config) error {
 		deps.Pacer = gov
 	}
 	if cfg.Media.Automatic() {
-		deps.Devices, deps.Media = udevSource{udev.NewMonitor(log)}, udevMedia{media}
+		deps.Devices, deps.Media = udevSource{udev.NewMonitor(log)}, mediaOpener{sticks}
 	} else {
 		log.Info("media.detect is manual: plugged devices are not read; give bundles with ferry load")
 	}
@@ -174,7 +175,7 @@ func runAgent(ctx context.Context, cfg agent.Config) error {
 	if loader != nil {
 		g.Go(func() error { return loader.Run(ctx) })
 		// ferry's drop-ins follow the node's own (the MCO's pins, IDMS).
-		if rt, ok := loader.Runtime.(*crio.Loader); ok {
+		if rt, ok := loader.Runtime.(*crio.Runtime); ok {
 			g.Go(func() error { return rt.WatchConf(ctx) })
 		}
 	}
@@ -219,9 +220,11 @@ func (s udevSource) Events(ctx context.Context) (<-chan agent.DeviceEvent, error
 	return out, nil
 }
 
-type udevMedia struct{ m *udev.Media }
+// mediaOpener adapts media to the agent's MediaOpener: a device event
+// of the agent's opened as udev reported it.
+type mediaOpener struct{ m *media.Media }
 
-func (u udevMedia) Open(ctx context.Context, ev agent.DeviceEvent) (agent.Medium, error) {
+func (u mediaOpener) Open(ctx context.Context, ev agent.DeviceEvent) (agent.Medium, error) {
 	m, err := u.m.Open(ctx, udev.Event{Action: udev.Action(ev.Action), DevPath: ev.Device, FSType: ev.FSType})
 	if err != nil {
 		return nil, err
@@ -229,11 +232,11 @@ func (u udevMedia) Open(ctx context.Context, ev agent.DeviceEvent) (agent.Medium
 	return medium{m}, nil
 }
 
-type medium struct{ m *udev.Medium }
+type medium struct{ m *media.Medium }
 
 func (m medium) Close() error { return m.m.Close() }
 
-// Bundles are read through the files udev opened on the stick (their
+// Bundles are read through the files media opened on the stick (their
 // /proc/self/fd paths, valid until Close), never by their paths on it;
 // a bundle the stick's files make unreadable comes Refused.
 func (m medium) Bundles() []bundle.Source {

@@ -12,7 +12,8 @@ import (
 	"github.com/ferry-edge/ferry/systemd"
 )
 
-// The agent's Loader is load's, on the embedded registry and CRI-O.
+// The agent's Loader is load's, on the embedded registry, CRI-O
+// (crio.Runtime) and its image store (load.ImageStore).
 var _ agent.Loader = (*load.Loader)(nil)
 
 // newLoader wires the embedded registry and CRI-O, or nothing when no CRI
@@ -47,10 +48,10 @@ func newLoader(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (*load.
 			}
 			return reg, err
 		},
-		Runtime: &crio.Loader{CRI: cl, Reloader: rl, Log: log, Workers: cfg.CRIO.PullWorkers, Pacer: pacer, StorageDir: cfg.CRIO.StorageDir,
-			KubeletConfig: cfg.CRIO.KubeletConfig,
+		Runtime: &crio.Runtime{CRI: cl, Reloader: rl, Log: log, Workers: cfg.CRIO.PullWorkers, Pacer: pacer,
 			Dropins: &crio.Dropins{CRIOConfDir: cfg.Paths.CRIOConfDir, RegistriesConfDir: cfg.Paths.RegistriesConfDir, CertsDir: cfg.Paths.CertsDir,
 				RegistriesD: cfg.Paths.RegistriesD, Ledger: filepath.Join(cfg.Paths.StateDir, crio.LedgerName)}},
+		Store:     load.ImageStore{Dir: cfg.CRIO.StorageDir, KubeletConfig: cfg.CRIO.KubeletConfig, Log: log},
 		RoomFloor: cfg.CRIO.StorageFloorBytes,
 		Log:       log,
 	}, nil

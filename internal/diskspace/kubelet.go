@@ -129,9 +129,9 @@ func Usage(path string) (total, free int64, err error) {
 	return int64(st.Blocks) * int64(st.Bsize), int64(st.Bavail) * int64(st.Bsize), nil
 }
 
-// Headroom is how much can be written to a filesystem of total bytes with
+// Room is how much can be written to a filesystem of total bytes with
 // free bytes left before the kubelet acts (l), and which limit binds.
-func (l Limits) Headroom(total, free int64) (int64, string) {
+func (l Limits) Room(total, free int64) (int64, string) {
 	evict := max(l.EvictBelowBytes, int64(float64(total)*l.EvictBelowPercent/100))
 	byEvict := free - evict
 	byGC := int64(float64(total)*l.GCHighPercent/100) - (total - free)
@@ -160,16 +160,16 @@ func percent(p float64) string {
 	return strings.TrimSuffix(strconv.FormatFloat(p, 'f', 1, 64), ".0") + "%"
 }
 
-// CheckKubelet returns ErrNoSpace when writing need bytes to the
-// filesystem holding path would cross what the kubelet tolerates (l); the
-// error says how much to free on which filesystem, why, and what to do
-// (fix).
-func CheckKubelet(path string, need int64, l Limits, what, fix string) error {
+// CheckRoom returns ErrNoSpace when writing need bytes (what, in words)
+// to the filesystem holding path would cross what the kubelet tolerates
+// (l); the error says how much to free on which filesystem, why, and what
+// to do (fix).
+func (l Limits) CheckRoom(path string, need int64, what, fix string) error {
 	total, free, err := Usage(path)
 	if err != nil {
 		return err
 	}
-	room, why := l.Headroom(total, free)
+	room, why := l.Room(total, free)
 	if need <= room {
 		return nil
 	}

@@ -56,7 +56,7 @@ func TestReadKubeletLimits(t *testing.T) {
 	}
 }
 
-func TestHeadroom_TheNearerThresholdBinds(t *testing.T) {
+func TestRoom_TheNearerThresholdBinds(t *testing.T) {
 	const gib = 1 << 30
 	for _, tc := range []struct {
 		name        string
@@ -75,7 +75,7 @@ func TestHeadroom_TheNearerThresholdBinds(t *testing.T) {
 		{"already over", DefaultLimits, 100 * gib, 10 * gib, 0, "the kubelet"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			room, why := tc.l.Headroom(tc.total, tc.free)
+			room, why := tc.l.Room(tc.total, tc.free)
 			if room != tc.room || !strings.Contains(why, tc.why) {
 				t.Fatalf("room %s (%s), want %s (%s)", Human(room), why, Human(tc.room), tc.why)
 			}
@@ -84,12 +84,12 @@ func TestHeadroom_TheNearerThresholdBinds(t *testing.T) {
 }
 
 // A refusal names the filesystem, how much to free there and why.
-func TestCheckKubelet_SaysHowMuchToFreeWhere(t *testing.T) {
+func TestCheckRoom_SaysHowMuchToFreeWhere(t *testing.T) {
 	dir := t.TempDir()
-	if err := CheckKubelet(dir, 1, Limits{GCHighPercent: 100}, "one byte", "do this"); err != nil {
+	if err := (Limits{GCHighPercent: 100}).CheckRoom(dir, 1, "one byte", "do this"); err != nil {
 		t.Fatal(err)
 	}
-	err := CheckKubelet(dir, 1<<62, DefaultLimits, "loading everything", "do this")
+	err := DefaultLimits.CheckRoom(dir, 1<<62, "loading everything", "do this")
 	for _, want := range []string{"not enough space in " + dir, "loading everything needs 4 EiB", "free ", " there: do this", "the kubelet"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%v does not say %q", err, want)

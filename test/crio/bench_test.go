@@ -55,7 +55,7 @@ func BenchmarkLoad(b *testing.B) {
 	}
 
 	// The mirror for the raw pulls: ferry's own drop-ins, applied once.
-	setup := &crio.Loader{CRI: cl, Dropins: c.Dropins, Reloader: c.Reloader()}
+	setup := &crio.Runtime{CRI: cl, Dropins: c.Dropins, Reloader: c.Reloader()}
 	if _, err := setup.Load(ctx, tb.request()); err != nil {
 		b.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func BenchmarkLoad(b *testing.B) {
 		rctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- reg.Serve(rctx, tb.Fixture.Dir) }()
-		l := &crio.Loader{CRI: cl, Dropins: c.Dropins, Reloader: c.Reloader()}
+		l := &crio.Runtime{CRI: cl, Dropins: c.Dropins, Reloader: c.Reloader()}
 		req := requestFor(tb.Images, reg, "bench")
 		if _, err := l.Load(ctx, req); err != nil {
 			b.Fatal(err)

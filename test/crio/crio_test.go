@@ -149,7 +149,7 @@ func TestRealCRIO_LoadPinsEveryImageThroughTheMirror(t *testing.T) {
 	}
 
 	log, _ := newTestLog(t)
-	l := &crio.Loader{CRI: cl, Dropins: c.Dropins, Reloader: c.Reloader(), Log: log}
+	l := &crio.Runtime{CRI: cl, Dropins: c.Dropins, Reloader: c.Reloader(), Log: log}
 	req := b.request()
 	var last [2]int
 	req.Progress = func(done, total int) { last = [2]int{done, total} }
@@ -252,7 +252,7 @@ func TestRealCRIO_LoaderWaitsForCRIOKilledMidLoad(t *testing.T) {
 	c := crioenv.Start(t)
 	b := makeBundle(t, 40, 64<<10)
 	log, tl := newTestLog(t)
-	l := &crio.Loader{CRI: c.Client(t), Dropins: c.Dropins, Reloader: c.Reloader(), Log: log, Workers: 2, CRIOWait: 2 * time.Minute}
+	l := &crio.Runtime{CRI: c.Client(t), Dropins: c.Dropins, Reloader: c.Reloader(), Log: log, Workers: 2, CRIOWait: 2 * time.Minute}
 	req := b.request()
 	kill := make(chan struct{})
 	var once sync.Once

@@ -66,7 +66,7 @@ location = "%s/my-company/app"
 	before := snapshot(t, filepath.Join(c.Root, "etc", "containers"))
 
 	log, _ := newTestLog(t)
-	l := &crio.Loader{CRI: cl, Dropins: c.Dropins, Reloader: c.Reloader(), Log: log}
+	l := &crio.Runtime{CRI: cl, Dropins: c.Dropins, Reloader: c.Reloader(), Log: log}
 	if _, err := l.Load(ctx, b.request()); err != nil {
 		t.Fatal(err)
 	}

@@ -97,7 +97,7 @@ func TestHost_ALoadThatWouldCrossTheKubeletsThresholdsIsRefused(t *testing.T) {
 //  3. after that upgrade is done, the next bundle shares its payload
 //     images with what CRI-O already holds: room is asked for the images
 //     CRI-O lacks only (from the sizes bundle create wrote), and it loads
-//     with a headroom in which the whole bundle twice over would not fit.
+//     with room in which the whole bundle twice over would not fit.
 func TestHost_RoomOnOneFilesystemAsOnRHCOS(t *testing.T) {
 	const mib = 1 << 20
 	fs := smallFS(t, 256*mib)

@@ -110,7 +110,7 @@ func TestUnit_GrantsWhatTheAgentUses(t *testing.T) {
 		t.Errorf("PrivateDevices=%s hides the sticks from ferry", v)
 	}
 	if v := u.last(s, "ProcSubset"); v == "pid" {
-		t.Errorf("ProcSubset=pid hides /proc/swaps, which udev.Media reads to refuse a swap device")
+		t.Errorf("ProcSubset=pid hides /proc/swaps, which media.Media reads to refuse a swap device")
 	}
 
 	// Directories systemd makes for ferry: /var/lib/<StateDirectory>, /run/<RuntimeDirectory>.

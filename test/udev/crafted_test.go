@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ferry-edge/ferry/media"
 	"github.com/ferry-edge/ferry/test/udevenv"
 	"github.com/ferry-edge/ferry/udev"
 )
@@ -113,7 +114,7 @@ func craftedStick(t *testing.T, tarData []byte, file, what string) {
 	ev := waitFor(t, events, l, func(e udev.Event) bool { return e.FSType == "ext4" })
 
 	type result struct {
-		med *udev.Medium
+		med *media.Medium
 		err error
 	}
 	done := make(chan result, 1)
@@ -145,7 +146,7 @@ func craftedStick(t *testing.T, tarData []byte, file, what string) {
 		t.Fatalf("candidates %+v, want the one bundle, refused", med.Candidates)
 	}
 	c := med.Candidates[0]
-	if !errors.Is(c.Err, udev.ErrUnsafeFile) || c.Tar != nil || c.SHA256 != nil || c.Sig != nil {
+	if !errors.Is(c.Err, media.ErrUnsafeFile) || c.Tar != nil || c.SHA256 != nil || c.Sig != nil {
 		t.Fatalf("candidate %+v: want refused (ErrUnsafeFile) with no file open", c)
 	}
 	reason := c.Err.Error()
@@ -191,8 +192,8 @@ func TestLoopDevice_RefusedByDefault(t *testing.T) {
 	events := watch(t, false)
 	l := udevenv.Attach(t, udevenv.RawImage(t, udevenv.File{Data: udevenv.SmallBundleTar(t, "1.0.0")}))
 	ev := waitFor(t, events, l, func(e udev.Event) bool { return e.Size > 0 })
-	_, err := udev.Open(t.Context(), ev, t.TempDir())
-	if !errors.Is(err, udev.ErrNotRemovable) || !strings.Contains(err.Error(), fmt.Sprintf("%q to media.allow_devices", "loop")) {
+	_, err := media.Open(t.Context(), ev, t.TempDir())
+	if !errors.Is(err, media.ErrNotRemovable) || !strings.Contains(err.Error(), fmt.Sprintf("%q to media.allow_devices", "loop")) {
 		t.Fatalf("Open of a loop device by default: err = %v, want ErrNotRemovable naming media.allow_devices", err)
 	}
 }

@@ -1,5 +1,6 @@
-// Package udevtest runs ferry's udev package against the host's real
-// kernel and systemd-udevd: loop devices stand in for USB sticks.
+// Package udevtest runs ferry's udev and media packages against the
+// host's real kernel and systemd-udevd: loop devices stand in for USB
+// sticks.
 //
 // Needs root and the packages of test/setup/install-deps.sh (udev,
 // util-linux, dosfstools, mtools, e2fsprogs). Run: go test ./test/udev/
@@ -21,6 +22,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ferry-edge/ferry/media"
 	"github.com/ferry-edge/ferry/test/udevenv"
 	"github.com/ferry-edge/ferry/udev"
 	"golang.org/x/sys/unix"
@@ -78,11 +80,11 @@ func waitFor(t testing.TB, ch <-chan udev.Event, l *udevenv.Loop, ok func(udev.E
 	}
 }
 
-// openStick is udev.Open for the loop devices that stand in for sticks
+// openStick is media.Open for the loop devices that stand in for sticks
 // here: ferry reads only removable, USB and MMC devices unless
 // media.allow_devices names other kinds.
-func openStick(ctx context.Context, ev udev.Event, mountDir string) (*udev.Medium, error) {
-	return (&udev.Media{MountDir: mountDir, AllowDevices: []string{"loop"}, ExtraFilesystems: []string{"ext4"}}).Open(ctx, ev)
+func openStick(ctx context.Context, ev udev.Event, mountDir string) (*media.Medium, error) {
+	return (&media.Media{MountDir: mountDir, AllowDevices: []string{"loop"}, ExtraFilesystems: []string{"ext4"}}).Open(ctx, ev)
 }
 
 func stickFiles(t testing.TB, tarData []byte) []udevenv.File {
@@ -120,7 +122,7 @@ func TestStickWithFilesystem_EventMountFindClose(t *testing.T) {
 			med, err := openStick(t.Context(), ev, mountDir)
 			if !udevenv.CanMount(tt.fstype) {
 				// Some VM kernels lack the driver; Open must say so.
-				if !errors.Is(err, udev.ErrUnsupportedFS) {
+				if !errors.Is(err, media.ErrUnsupportedFS) {
 					t.Fatalf("Open on a kernel without %s: err = %v, want ErrUnsupportedFS", tt.fstype, err)
 				}
 				t.Logf("this kernel has no %s driver; Open said: %v", tt.fstype, err)
@@ -239,7 +241,7 @@ func TestBlankDevice_IsNotABundle(t *testing.T) {
 	events := watch(t, false)
 	l := udevenv.Attach(t, udevenv.BlankImage(t, 4<<20))
 	ev := waitFor(t, events, l, func(e udev.Event) bool { return e.Size > 0 })
-	if _, err := openStick(t.Context(), ev, t.TempDir()); !errors.Is(err, udev.ErrNotBundle) {
+	if _, err := openStick(t.Context(), ev, t.TempDir()); !errors.Is(err, media.ErrNotBundle) {
 		t.Fatalf("Open on a blank stick: err = %v, want ErrNotBundle", err)
 	}
 }
@@ -252,7 +254,7 @@ func TestDetach_EmitsGoneEvent(t *testing.T) {
 	l.Detach()
 	ev := waitFor(t, events, l, udev.Event.Gone)
 	t.Logf("detach event: %s", ev)
-	if _, err := openStick(t.Context(), ev, t.TempDir()); !errors.Is(err, udev.ErrNoMedium) {
+	if _, err := openStick(t.Context(), ev, t.TempDir()); !errors.Is(err, media.ErrNoMedium) {
 		t.Errorf("Open after detach: err = %v, want ErrNoMedium", err)
 	}
 }
@@ -393,7 +395,7 @@ func TestOwnDevices_AreRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	if root := blockDevOf(t, st.Dev); root != "" {
-		if _, err := openStick(t.Context(), udev.Event{Action: udev.Add, DevPath: root, FSType: "ext4"}, t.TempDir()); !errors.Is(err, udev.ErrSystemDevice) {
+		if _, err := openStick(t.Context(), udev.Event{Action: udev.Add, DevPath: root, FSType: "ext4"}, t.TempDir()); !errors.Is(err, media.ErrSystemDevice) {
 			t.Errorf("Open(%s, the root device): err = %v, want ErrSystemDevice", root, err)
 		}
 	} else {
@@ -410,7 +412,7 @@ func TestOwnDevices_AreRefused(t *testing.T) {
 	}
 	t.Cleanup(func() { unix.Unmount(elsewhere, unix.MNT_DETACH) })
 	_, err := openStick(t.Context(), ev, t.TempDir())
-	if !errors.Is(err, udev.ErrSystemDevice) || !strings.Contains(err.Error(), elsewhere) {
+	if !errors.Is(err, media.ErrSystemDevice) || !strings.Contains(err.Error(), elsewhere) {
 		t.Fatalf("Open of a device mounted at %s: err = %v, want ErrSystemDevice naming the mount", elsewhere, err)
 	}
 }
@@ -429,13 +431,13 @@ func TestSweep_UnmountsWhatACrashLeft(t *testing.T) {
 	events := watch(t, false)
 	l := udevenv.Attach(t, udevenv.Ext4Image(t, "STICK", stickFiles(t, []byte("x"))...))
 	ev := waitFor(t, events, l, func(e udev.Event) bool { return e.FSType == "ext4" })
-	media := &udev.Media{MountDir: t.TempDir(), AllowDevices: []string{"loop"}, ExtraFilesystems: []string{"ext4"}}
-	med, err := media.Open(t.Context(), ev)
+	stick := &media.Media{MountDir: t.TempDir(), AllowDevices: []string{"loop"}, ExtraFilesystems: []string{"ext4"}}
+	med, err := stick.Open(t.Context(), ev)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The agent dies here without Close; the next one sweeps at start.
-	if err := media.Sweep(); err != nil {
+	if err := stick.Sweep(); err != nil {
 		t.Fatalf("Sweep: %v", err)
 	}
 	if mountOptions(t, med.Dir) != nil {
@@ -459,8 +461,8 @@ func TestStickWithExt4_IgnoredByDefault(t *testing.T) {
 	l := udevenv.Attach(t, img)
 	ev := waitFor(t, events, l, func(e udev.Event) bool { return e.FSType == "ext4" })
 	mountDir := t.TempDir()
-	_, err := (&udev.Media{MountDir: mountDir, AllowDevices: []string{"loop"}}).Open(t.Context(), ev)
-	if !errors.Is(err, udev.ErrUnsupportedFS) || !strings.Contains(err.Error(), "media.extra_filesystems") {
+	_, err := (&media.Media{MountDir: mountDir, AllowDevices: []string{"loop"}}).Open(t.Context(), ev)
+	if !errors.Is(err, media.ErrUnsupportedFS) || !strings.Contains(err.Error(), "media.extra_filesystems") {
 		t.Fatalf("Open of an ext4 stick by default: %v, want ErrUnsupportedFS naming media.extra_filesystems", err)
 	}
 	mi, err := os.ReadFile("/proc/self/mountinfo")

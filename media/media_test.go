@@ -1,4 +1,4 @@
-package udev
+package media
 
 import (
 	"archive/tar"
@@ -15,24 +15,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-)
 
-func writeFiles(t *testing.T, dir string, files map[string]string) {
-	t.Helper()
-	for name, content := range files {
-		p := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
+	"github.com/ferry-edge/ferry/internal/fakesys"
+	"github.com/ferry-edge/ferry/udev"
+)
 
 func TestFindCandidates(t *testing.T) {
 	dir := t.TempDir()
-	writeFiles(t, dir, map[string]string{
+	fakesys.Write(t, dir, map[string]string{
 		"upgrade-4.13.7-x86_64.tar":         "t",
 		"upgrade-4.13.7-x86_64.sha256":      "s",
 		"upgrade-4.13.7-x86_64.tar.minisig": "m",
@@ -86,7 +76,7 @@ const secretMarker = "SECRET-MARKER-4f1d"
 // and never holds the host file's bytes; nothing blocks.
 func TestFindCandidates_RefusesWhatIsNotARegularFile(t *testing.T) {
 	host := filepath.Join(t.TempDir(), "shadow")
-	writeFiles(t, filepath.Dir(host), map[string]string{"shadow": "root:" + secretMarker + ":19000::::::\n"})
+	fakesys.Write(t, filepath.Dir(host), map[string]string{"shadow": "root:" + secretMarker + ":19000::::::\n"})
 	tests := []struct {
 		name  string
 		make  func(t *testing.T, dir string)
@@ -94,15 +84,15 @@ func TestFindCandidates_RefusesWhatIsNotARegularFile(t *testing.T) {
 		wants string // the file named
 	}{
 		{"sha256 is a symlink to a host file", func(t *testing.T, dir string) {
-			writeFiles(t, dir, map[string]string{"upgrade-1.0-x86_64.tar": "t"})
-			link(t, host, filepath.Join(dir, "upgrade-1.0-x86_64.sha256"))
+			fakesys.Write(t, dir, map[string]string{"upgrade-1.0-x86_64.tar": "t"})
+			fakesys.Link(t, host, filepath.Join(dir, "upgrade-1.0-x86_64.sha256"))
 		}, "symbolic link", "upgrade-1.0-x86_64.sha256"},
 		{"minisig is a symlink to a host file", func(t *testing.T, dir string) {
-			writeFiles(t, dir, map[string]string{"upgrade-1.0-x86_64.tar": "t", "upgrade-1.0-x86_64.sha256": "s"})
-			link(t, host, filepath.Join(dir, "upgrade-1.0-x86_64.tar.minisig"))
+			fakesys.Write(t, dir, map[string]string{"upgrade-1.0-x86_64.tar": "t", "upgrade-1.0-x86_64.sha256": "s"})
+			fakesys.Link(t, host, filepath.Join(dir, "upgrade-1.0-x86_64.tar.minisig"))
 		}, "symbolic link", "upgrade-1.0-x86_64.tar.minisig"},
 		{"tar is a symlink", func(t *testing.T, dir string) {
-			link(t, host, filepath.Join(dir, "upgrade-1.0-x86_64.tar"))
+			fakesys.Link(t, host, filepath.Join(dir, "upgrade-1.0-x86_64.tar"))
 		}, "symbolic link", "upgrade-1.0-x86_64.tar"},
 		{"tar is a FIFO", func(t *testing.T, dir string) {
 			if err := unix.Mkfifo(filepath.Join(dir, "upgrade-1.0-x86_64.tar"), 0o644); err != nil {
@@ -110,7 +100,7 @@ func TestFindCandidates_RefusesWhatIsNotARegularFile(t *testing.T) {
 			}
 		}, "FIFO", "upgrade-1.0-x86_64.tar"},
 		{"sha256 is a FIFO", func(t *testing.T, dir string) {
-			writeFiles(t, dir, map[string]string{"upgrade-1.0-x86_64.tar": "t"})
+			fakesys.Write(t, dir, map[string]string{"upgrade-1.0-x86_64.tar": "t"})
 			if err := unix.Mkfifo(filepath.Join(dir, "upgrade-1.0-x86_64.sha256"), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -119,7 +109,7 @@ func TestFindCandidates_RefusesWhatIsNotARegularFile(t *testing.T) {
 			os.Mkdir(filepath.Join(dir, "upgrade-1.0-x86_64.tar"), 0o755)
 		}, "directory", "upgrade-1.0-x86_64.tar"},
 		{"minisig over the cap", func(t *testing.T, dir string) {
-			writeFiles(t, dir, map[string]string{"upgrade-1.0-x86_64.tar": "t",
+			fakesys.Write(t, dir, map[string]string{"upgrade-1.0-x86_64.tar": "t",
 				"upgrade-1.0-x86_64.tar.minisig": strings.Repeat(secretMarker, MaxSidecar/len(secretMarker)+1)})
 		}, "over 4096 bytes", "upgrade-1.0-x86_64.tar.minisig"},
 	}
@@ -161,8 +151,8 @@ func TestFindCandidates_RefusesWhatIsNotARegularFile(t *testing.T) {
 // that can be read comes first.
 func TestFindCandidates_ReadableFirst(t *testing.T) {
 	dir := t.TempDir()
-	writeFiles(t, dir, map[string]string{"upgrade-2.0-x86_64.tar": "t"})
-	link(t, "/etc/passwd", filepath.Join(dir, "upgrade-1.0-x86_64.tar"))
+	fakesys.Write(t, dir, map[string]string{"upgrade-2.0-x86_64.tar": "t"})
+	fakesys.Link(t, "/etc/passwd", filepath.Join(dir, "upgrade-1.0-x86_64.tar"))
 	got, err := findCandidates(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -239,22 +229,14 @@ func TestIsBundleTar_ReportsReadErrors(t *testing.T) {
 func fakeDisk(t *testing.T, sys, name string, minor int, parts ...string) {
 	t.Helper()
 	disk := filepath.Join(sys, "devices/pci/block", name)
-	writeFiles(t, disk, map[string]string{"size": "2048\n", "dev": "8:" + strconv.Itoa(minor) + "\n"})
+	fakesys.Write(t, disk, map[string]string{"size": "2048\n", "dev": "8:" + strconv.Itoa(minor) + "\n"})
 	os.MkdirAll(filepath.Join(disk, "holders"), 0o755)
-	link(t, disk, filepath.Join(sys, "dev/block", "8:"+strconv.Itoa(minor)))
+	fakesys.Link(t, disk, filepath.Join(sys, "dev/block", "8:"+strconv.Itoa(minor)))
 	for i, p := range parts {
 		pd := filepath.Join(disk, p)
-		writeFiles(t, pd, map[string]string{"size": "1024\n", "dev": "8:" + strconv.Itoa(minor+i+1) + "\n", "partition": strconv.Itoa(i+1) + "\n"})
+		fakesys.Write(t, pd, map[string]string{"size": "1024\n", "dev": "8:" + strconv.Itoa(minor+i+1) + "\n", "partition": strconv.Itoa(i+1) + "\n"})
 		os.MkdirAll(filepath.Join(pd, "holders"), 0o755)
-		link(t, pd, filepath.Join(sys, "dev/block", "8:"+strconv.Itoa(minor+i+1)))
-	}
-}
-
-func link(t *testing.T, target, name string) {
-	t.Helper()
-	os.MkdirAll(filepath.Dir(name), 0o755)
-	if err := os.Symlink(target, name); err != nil {
-		t.Fatal(err)
+		fakesys.Link(t, pd, filepath.Join(sys, "dev/block", "8:"+strconv.Itoa(minor+i+1)))
 	}
 }
 
@@ -264,11 +246,11 @@ func TestCheckDisk(t *testing.T) {
 	fakeDisk(t, sys, "sdb", 16, "sdb1")                // the stick
 	fakeDisk(t, sys, "sdc", 32, "sdc1")                // sdc1 swap-free LVM member
 	fakeDisk(t, sys, "sdd", 48)                        // empty card reader
-	writeFiles(t, filepath.Join(sys, "devices/pci/block/sdc/sdc1/holders"), map[string]string{"dm-0": ""})
-	writeFiles(t, filepath.Join(sys, "devices/pci/block/sdd"), map[string]string{"size": "0\n"})
+	fakesys.Write(t, filepath.Join(sys, "devices/pci/block/sdc/sdc1/holders"), map[string]string{"dm-0": ""})
+	fakesys.Write(t, filepath.Join(sys, "devices/pci/block/sdd"), map[string]string{"size": "0\n"})
 	mountDir := "/run/ferry/media"
 	mi := filepath.Join(t.TempDir(), "mountinfo")
-	writeFiles(t, filepath.Dir(mi), map[string]string{"mountinfo": strings.Join([]string{
+	fakesys.Write(t, filepath.Dir(mi), map[string]string{"mountinfo": strings.Join([]string{
 		"27 1 8:2 / / rw,relatime - ext4 /dev/sda2 rw",
 		"30 27 8:17 / /run/ferry/media/sdb1-123 ro,nosuid,nodev,noexec - vfat /dev/sdb1 ro",
 		"31 27 0:25 / /tmp rw - tmpfs tmpfs rw",
@@ -305,7 +287,7 @@ func TestCheckDisk(t *testing.T) {
 
 func TestReadMountInfo_UnescapesPaths(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "mountinfo")
-	writeFiles(t, filepath.Dir(p), map[string]string{"mountinfo": "36 35 7:3 / /media/my\\040stick ro shared:1 - vfat /dev/loop3 ro\n"})
+	fakesys.Write(t, filepath.Dir(p), map[string]string{"mountinfo": "36 35 7:3 / /media/my\\040stick ro shared:1 - vfat /dev/loop3 ro\n"})
 	got, err := readMountInfo(p)
 	if err != nil {
 		t.Fatal(err)
@@ -334,15 +316,15 @@ func TestWithin(t *testing.T) {
 
 func TestOpen_RefusesWithoutOpening(t *testing.T) {
 	ctx := t.Context()
-	if _, err := Open(ctx, Event{Action: Remove, DevPath: "/dev/sdz"}, t.TempDir()); !errors.Is(err, ErrNoMedium) {
+	if _, err := Open(ctx, udev.Event{Action: udev.Remove, DevPath: "/dev/sdz"}, t.TempDir()); !errors.Is(err, ErrNoMedium) {
 		t.Errorf("remove event: err = %v, want ErrNoMedium", err)
 	}
-	if _, err := Open(ctx, Event{Action: Add, DevPath: "/dev/ferry-no-such-device"}, t.TempDir()); !errors.Is(err, ErrNoMedium) {
+	if _, err := Open(ctx, udev.Event{Action: udev.Add, DevPath: "/dev/ferry-no-such-device"}, t.TempDir()); !errors.Is(err, ErrNoMedium) {
 		t.Errorf("missing node: err = %v, want ErrNoMedium", err)
 	}
 	f := filepath.Join(t.TempDir(), "image")
-	writeFiles(t, filepath.Dir(f), map[string]string{"image": "x"})
-	if _, err := Open(ctx, Event{Action: Add, DevPath: f}, t.TempDir()); !errors.Is(err, ErrNotBundle) {
+	fakesys.Write(t, filepath.Dir(f), map[string]string{"image": "x"})
+	if _, err := Open(ctx, udev.Event{Action: udev.Add, DevPath: f}, t.TempDir()); !errors.Is(err, ErrNotBundle) {
 		t.Errorf("regular file: err = %v, want ErrNotBundle", err)
 	}
 }
@@ -353,7 +335,7 @@ func TestOpen_RefusesWithoutOpening(t *testing.T) {
 // it, in the error and the log. vfat, exFAT and iso9660 are tried always.
 func TestMount_OnlyDefaultFilesystemsUnlessTheConfigAllows(t *testing.T) {
 	dev := filepath.Join(t.TempDir(), "sdz1") // not a device: a mount tried fails
-	writeFiles(t, filepath.Dir(dev), map[string]string{"sdz1": "x"})
+	fakesys.Write(t, filepath.Dir(dev), map[string]string{"sdz1": "x"})
 	for _, tc := range []struct {
 		fstype  string
 		extra   []string
@@ -373,7 +355,7 @@ func TestMount_OnlyDefaultFilesystemsUnlessTheConfigAllows(t *testing.T) {
 			var logs bytes.Buffer
 			mountDir := filepath.Join(t.TempDir(), "mnt")
 			m := &Media{MountDir: mountDir, ExtraFilesystems: tc.extra, Log: slog.New(slog.NewTextHandler(&logs, nil))}
-			_, err := m.mount(Event{Action: Add, DevPath: dev, FSType: tc.fstype})
+			_, err := m.mount(udev.Event{Action: udev.Add, DevPath: dev, FSType: tc.fstype})
 			if err == nil {
 				t.Fatal("a regular file was mounted")
 			}
@@ -413,46 +395,13 @@ func TestMediumClose_RawIsANoOp(t *testing.T) {
 func fakeKindDisk(t *testing.T, sys, data, devPath, num, removable string, props ...string) {
 	t.Helper()
 	dir := filepath.Join(sys, devPath)
-	writeFiles(t, dir, map[string]string{"size": "2048\n", "dev": num + "\n", "removable": removable + "\n"})
-	link(t, dir, filepath.Join(sys, "dev/block", num))
+	fakesys.Write(t, dir, map[string]string{"size": "2048\n", "dev": num + "\n", "removable": removable + "\n"})
+	fakesys.Link(t, dir, filepath.Join(sys, "dev/block", num))
 	var rec strings.Builder
 	for _, p := range props {
 		rec.WriteString("E:" + p + "\n")
 	}
-	writeFiles(t, data, map[string]string{"b" + num: rec.String()})
-}
-
-// udev's ID_PATH counts for a bus only as a segment of its own, before
-// any network transport; the sysfs path only by a USB root hub (usbN).
-func TestPathThrough(t *testing.T) {
-	for _, tt := range []struct {
-		path, bus string
-		want      bool
-	}{
-		{"pci-0000:00:14.0-usb-0:1:1.0-scsi-0:0:0:0", "usb", true},
-		{"platform-xhci-hcd.0.auto-usb-0:1:1.0-scsi-0:0:0:0", "usb", true},
-		{"pci-0000:00:14.0-usbv2-0:1:1.0-scsi-0:0:0:0", "usb", false},
-		{"ip-10.0.0.1:3260-iscsi-iqn.2001-04.com.example:usb-lun-1", "usb", false},
-		{"ip-10.0.0.1:3260-iscsi-iqn.2001-04.com.example:disk-usb-2-lun-2", "usb", false},
-		{"pci-0000:00:1f.2-ata-1", "usb", false},
-		{"virtio-pci-0000:00:05.0", "virtio", true},
-		{"ip-10.0.0.1:3260-iscsi-iqn.2001-04.com.example:a-virtio-lun-1", "virtio", false},
-		{"", "usb", false},
-	} {
-		if got := pathThrough(tt.path, tt.bus); got != tt.want {
-			t.Errorf("pathThrough(%q, %q) = %v, want %v", tt.path, tt.bus, got, tt.want)
-		}
-	}
-	for dev, want := range map[string]bool{
-		"/sys/devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1:1.0/host6/target6:0:0/6:0:0:0/block/sdb":   true,
-		"/sys/devices/platform/soc/3f980000.usb/usb1/1-1/1-1:1.0/host0/target0:0:0/0:0:0:0/block/sda": true,
-		"/sys/devices/platform/host3/session1/target3:0:0/3:0:0:1/block/sdd":                          false,
-		"/sys/devices/platform/usbfake/host3/block/sdd":                                               false,
-	} {
-		if got := underUSBBus(dev); got != want {
-			t.Errorf("underUSBBus(%q) = %v, want %v", dev, got, want)
-		}
-	}
+	fakesys.Write(t, data, map[string]string{"b" + num: rec.String()})
 }
 
 func TestCheckKind(t *testing.T) {
@@ -460,9 +409,9 @@ func TestCheckKind(t *testing.T) {
 	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1:1.0/host6/target6:0:0/6:0:0:0/block/sdb", "8:16", "1",
 		"ID_BUS=usb", "ID_USB_DRIVER=usb-storage", "ID_PATH=pci-0000:00:14.0-usb-0:1:1.0-scsi-0:0:0:0")
 	// The same USB stick as a partition whose udev record lacks the bus.
-	writeFiles(t, filepath.Join(sys, "devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1:1.0/host6/target6:0:0/6:0:0:0/block/sdb/sdb1"),
+	fakesys.Write(t, filepath.Join(sys, "devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1:1.0/host6/target6:0:0/6:0:0:0/block/sdb/sdb1"),
 		map[string]string{"partition": "1\n", "dev": "8:17\n", "size": "1024\n"})
-	link(t, filepath.Join(sys, "devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1:1.0/host6/target6:0:0/6:0:0:0/block/sdb/sdb1"), filepath.Join(sys, "dev/block/8:17"))
+	fakesys.Link(t, filepath.Join(sys, "devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1:1.0/host6/target6:0:0/6:0:0:0/block/sdb/sdb1"), filepath.Join(sys, "dev/block/8:17"))
 	// A USB disk that says it is not removable (many do): still USB.
 	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:14.0/usb2/2-2/2-2:1.0/host7/target7:0:0/7:0:0:0/block/sdc", "8:32", "0", "ID_BUS=usb")
 	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:1c.0/mmc_host/mmc0/mmc0:0001/block/mmcblk0", "179:0", "0", "ID_DRIVE_FLASH_SD=1")
@@ -512,12 +461,12 @@ func TestCheckKind(t *testing.T) {
 			err := m.checkKind("/dev/x", tt.num)
 			if tt.ok {
 				if err != nil {
-					t.Fatalf("refused (kinds %v): %v", m.kinds(tt.num), err)
+					t.Fatalf("refused (kinds %v): %v", udev.Kinds(sys, data, tt.num), err)
 				}
 				return
 			}
 			if !errors.Is(err, ErrNotRemovable) || !strings.Contains(err.Error(), tt.says) {
-				t.Fatalf("err = %v (kinds %v), want ErrNotRemovable saying %q", err, m.kinds(tt.num), tt.says)
+				t.Fatalf("err = %v (kinds %v), want ErrNotRemovable saying %q", err, udev.Kinds(sys, data, tt.num), tt.says)
 			}
 		})
 	}

@@ -24,7 +24,6 @@ import (
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/crio/critest"
-	"github.com/ferry-edge/ferry/internal/diskspace"
 )
 
 // fakeCRIO is an in-memory CRI-O: images by name, pins applied from the
@@ -174,10 +173,10 @@ func manyImages(n int) []string {
 	return append(out, fmt.Sprintf("quay.io/my-company/app:v1@sha256:%064x", n+1))
 }
 
-func newLoader(t *testing.T) (*crio.Loader, *fakeCRIO, dirs) {
+func newRuntime(t *testing.T) (*crio.Runtime, *fakeCRIO, dirs) {
 	ds := newDirs(t)
 	f := newFakeCRIO(t, ds.d.CRIOConfDir)
-	return &crio.Loader{CRI: f, Dropins: ds.d, Reloader: f, Log: testLog(t), Workers: 4,
+	return &crio.Runtime{CRI: f, Dropins: ds.d, Reloader: f, Log: testLog(t), Workers: 4,
 		Backoff: time.Millisecond, Poll: time.Millisecond, PinWait: 10 * time.Second, CRIOWait: 10 * time.Second}, f, ds
 }
 
@@ -196,7 +195,7 @@ func request(t *testing.T, images []string) crio.Request {
 func TestLoad_PullsEveryImageAndEndsPinned(t *testing.T) {
 	for _, live := range []bool{false, true} {
 		t.Run(fmt.Sprintf("PinLister=%v", live), func(t *testing.T) {
-			l, f, _ := newLoader(t)
+			l, f, _ := newRuntime(t)
 			if live {
 				l.CRI = pinLister{f}
 			}
@@ -236,7 +235,7 @@ func TestLoad_PullsEveryImageAndEndsPinned(t *testing.T) {
 func TestLoad_ImageAdmittedByDigestOnlyIsPulledAndPinnedWithoutItsTag(t *testing.T) {
 	// The node's signature policy admits the tagged image by digest only
 	// (imagepolicy): the agent hands its images with that tag dropped.
-	l, f, ds := newLoader(t)
+	l, f, ds := newRuntime(t)
 	images := manyImages(3)
 	tagged := images[len(images)-1] // quay.io/my-company/app:v1@sha256:…
 	name, tag, digest := bundle.SplitRef(tagged)
@@ -262,7 +261,7 @@ func TestLoad_ImageAdmittedByDigestOnlyIsPulledAndPinnedWithoutItsTag(t *testing
 }
 
 func TestLoad_AgainSkipsPresentPinnedAndDoesNotReload(t *testing.T) {
-	l, f, _ := newLoader(t)
+	l, f, _ := newRuntime(t)
 	req := request(t, manyImages(10))
 	if _, err := l.Load(t.Context(), req); err != nil {
 		t.Fatal(err)
@@ -277,7 +276,7 @@ func TestLoad_AgainSkipsPresentPinnedAndDoesNotReload(t *testing.T) {
 }
 
 func TestLoad_RetriesTransientPullErrors(t *testing.T) {
-	l, f, _ := newLoader(t)
+	l, f, _ := newRuntime(t)
 	images := manyImages(5)
 	ref := bundle.PullRefs(images)[2]
 	f.failPulls[ref] = []error{status.Error(codes.Unknown, "pinging container registry: connection reset"), status.Error(codes.Unknown, "EOF")}
@@ -290,7 +289,7 @@ func TestLoad_RetriesTransientPullErrors(t *testing.T) {
 }
 
 func TestLoad_FailsNamingImagesThatNeverPull(t *testing.T) {
-	l, f, _ := newLoader(t)
+	l, f, _ := newRuntime(t)
 	l.Attempts = 3
 	images := manyImages(5)
 	bad := []string{bundle.PullRefs(images)[1], bundle.PullRefs(images)[3]}
@@ -314,7 +313,7 @@ func TestLoad_FailsNamingImagesThatNeverPull(t *testing.T) {
 }
 
 func TestLoad_InvalidArgumentIsNotRetried(t *testing.T) {
-	l, f, _ := newLoader(t)
+	l, f, _ := newRuntime(t)
 	images := manyImages(3)
 	r := bundle.PullRefs(images)[0]
 	f.failPulls[r] = []error{status.Error(codes.InvalidArgument, "bad ref"), nil}
@@ -327,7 +326,7 @@ func TestLoad_InvalidArgumentIsNotRetried(t *testing.T) {
 }
 
 func TestLoad_WaitsForCRIOToComeBack(t *testing.T) {
-	l, f, _ := newLoader(t)
+	l, f, _ := newRuntime(t)
 	f.down = 40 // spread over reload probe, pulls and status calls
 	if _, err := l.Load(t.Context(), request(t, manyImages(12))); err != nil {
 		t.Fatal(err)
@@ -340,7 +339,7 @@ func TestLoad_WaitsForCRIOToComeBack(t *testing.T) {
 // A CRI-O that is starting (its pid known, its socket not yet answering)
 // dies of a SIGHUP: the loader reloads only a CRI-O that answers.
 func TestLoad_ReloadsOnlyACRIOThatAnswers(t *testing.T) {
-	l, f, _ := newLoader(t)
+	l, f, _ := newRuntime(t)
 	f.down = 6
 	if _, err := l.Load(t.Context(), request(t, manyImages(3))); err != nil {
 		t.Fatal(err)
@@ -351,7 +350,7 @@ func TestLoad_ReloadsOnlyACRIOThatAnswers(t *testing.T) {
 }
 
 func TestLoad_GivesUpWhenCRIOStaysDown(t *testing.T) {
-	l, f, _ := newLoader(t)
+	l, f, _ := newRuntime(t)
 	l.CRIOWait = 300 * time.Millisecond
 	f.down = 1 << 30
 	_, err := l.Load(t.Context(), request(t, manyImages(4)))
@@ -364,7 +363,7 @@ func TestLoad_GivesUpWhenCRIOStaysDown(t *testing.T) {
 func TestLoad_ReportsPinsNotApplied(t *testing.T) {
 	for _, live := range []bool{false, true} {
 		t.Run(fmt.Sprintf("PinLister=%v", live), func(t *testing.T) {
-			l, f, _ := newLoader(t)
+			l, f, _ := newRuntime(t)
 			l.Reloader = crio.NoReload{} // the reload never reaches CRI-O
 			l.PinWait = 200 * time.Millisecond
 			want := crio.ErrNotLoaded
@@ -385,7 +384,7 @@ type failingReloader struct{ err error }
 func (r failingReloader) Reload(context.Context) error { return r.err }
 
 func TestLoad_ReloadErrorWithCRIOUpFailsAtOnce(t *testing.T) {
-	l, _, _ := newLoader(t)
+	l, _, _ := newRuntime(t)
 	l.Reloader = failingReloader{errors.New("unit reload failed: crio.service: job failed")}
 	_, err := l.Load(t.Context(), request(t, manyImages(3)))
 	if err == nil || !strings.Contains(err.Error(), "job failed") {
@@ -394,7 +393,7 @@ func TestLoad_ReloadErrorWithCRIOUpFailsAtOnce(t *testing.T) {
 }
 
 func TestLoad_ContextCancelStops(t *testing.T) {
-	l, _, _ := newLoader(t)
+	l, _, _ := newRuntime(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	req := request(t, manyImages(50))
 	req.Progress = func(done, total int) {
@@ -408,7 +407,7 @@ func TestLoad_ContextCancelStops(t *testing.T) {
 }
 
 func TestUnload_UnpinsBundleButKeepsOtherDropinsPins(t *testing.T) {
-	l, f, ds := newLoader(t)
+	l, f, ds := newRuntime(t)
 	images := manyImages(6)
 	refs := bundle.PullRefs(images)
 	ds.write(t, "crio/crio.conf.d/50-pinned-images", "[crio.image]\npinned_images = [\""+refs[2]+"\", \"quay.io/my-company/*\"]\n")
@@ -492,37 +491,6 @@ func TestSignalReloader_SendsSIGHUPToCrio(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-// CheckRoom holds a load to what the kubelet tolerates on the image
-// store, and says how much to free there.
-func TestCheckRoom_KeepsTheKubeletsThresholds(t *testing.T) {
-	dir := t.TempDir()
-	l := &crio.Loader{StorageDir: dir}
-	if err := l.CheckRoom(1, "one byte"); err != nil {
-		t.Errorf("1 byte: %v", err)
-	}
-	total, free, err := diskspace.Usage(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Up to the image GC threshold fits; one byte more crosses it (or the
-	// eviction threshold, whichever is nearer).
-	l.Limits = diskspace.Limits{GCHighPercent: 100}
-	if err := l.CheckRoom(free/2, "half the free space"); err != nil {
-		t.Errorf("half the free space with GC at 100%%: %v", err)
-	}
-	used := total - free
-	l.Limits = diskspace.Limits{GCHighPercent: float64(used+free/2) * 100 / float64(total)}
-	err = l.CheckRoom(free-free/4, "three quarters of the free space")
-	if !errors.Is(err, diskspace.ErrNoSpace) || !strings.Contains(err.Error(), "imageGCHighThresholdPercent") ||
-		!strings.Contains(err.Error(), dir) || !strings.Contains(err.Error(), "crictl rmi --prune") || !strings.Contains(err.Error(), "free ") {
-		t.Fatalf("got %v", err)
-	}
-	t.Log(err)
-	if err := (&crio.Loader{StorageDir: filepath.Join(dir, "none")}).CheckRoom(1<<62, "anything"); err != nil {
-		t.Errorf("no store yet: %v", err)
-	}
-}
-
 // vanishing drops an image right after its first pull, as CRI-O's storage
 // repair after an unclean stop may.
 type vanishing struct {
@@ -540,7 +508,7 @@ func (v *vanishing) Pull(ctx context.Context, ref string) (string, error) {
 }
 
 func TestLoad_PullsAgainAnImageThatVanished(t *testing.T) {
-	l, f, _ := newLoader(t)
+	l, f, _ := newRuntime(t)
 	images := manyImages(4)
 	ref := bundle.PullRefs(images)[1]
 	l.CRI = &vanishing{fakeCRIO: f, ref: ref}
@@ -553,7 +521,7 @@ func TestLoad_PullsAgainAnImageThatVanished(t *testing.T) {
 }
 
 func TestLoad_ReloadsWhenUnchangedFilesAreNotInEffect(t *testing.T) {
-	l, f, _ := newLoader(t)
+	l, f, _ := newRuntime(t)
 	l.CRI = pinLister{f}
 	req := request(t, manyImages(3))
 	// An earlier run wrote the files and stopped before reloading.
@@ -569,8 +537,8 @@ func TestLoad_ReloadsWhenUnchangedFilesAreNotInEffect(t *testing.T) {
 	}
 }
 
-// The loader's in-memory CRI-O is held to the same suite as the real one
-// (test/crio) and the gRPC fake: what the loader tests assume of it, a
+// The runtime's in-memory CRI-O is held to the same suite as the real one
+// (test/crio) and the gRPC fake: what the runtime tests assume of it, a
 // real CRI-O does.
 func TestFakeCRIO_ConformsToTheImageServiceSuite(t *testing.T) {
 	f := newFakeCRIO(t, t.TempDir())
@@ -587,7 +555,7 @@ func TestFakeCRIO_ConformsToTheImageServiceSuite(t *testing.T) {
 }
 
 func TestLoad_APullThatCannotHealIsPermanentAndNamesTheImages(t *testing.T) {
-	l, f, _ := newLoader(t)
+	l, f, _ := newRuntime(t)
 	images := manyImages(5)
 	broken := images[2]
 	f.failPulls[broken] = []error{
@@ -608,7 +576,7 @@ func TestLoad_APullThatCannotHealIsPermanentAndNamesTheImages(t *testing.T) {
 }
 
 func TestLoad_ATransientPullFailureIsNotPermanent(t *testing.T) {
-	l, f, _ := newLoader(t)
+	l, f, _ := newRuntime(t)
 	l.Attempts = 2
 	images := manyImages(3)
 	f.failPulls[images[1]] = []error{errors.New("connection reset by peer"), errors.New("connection reset by peer")}
@@ -616,5 +584,20 @@ func TestLoad_ATransientPullFailureIsNotPermanent(t *testing.T) {
 	var p interface{ Permanent() bool }
 	if err == nil || errors.As(err, &p) {
 		t.Fatalf("got %v, want a failure that may heal", err)
+	}
+}
+
+// A pull the node's signature policy rejects is permanent, and the error
+// points at the policy, not at the bundle.
+func TestLoad_ARejectedImageIsPermanentAndPointsAtThePolicy(t *testing.T) {
+	l, f, _ := newRuntime(t)
+	images := manyImages(3)
+	ref := bundle.PullRefs(images)[1]
+	f.failPulls[ref] = []error{&crio.CRIError{Op: "pull " + ref, Code: codes.Unknown,
+		Msg: "Source image rejected: A signature was required, but no signature exists", Kind: crio.ErrImageRejected}}
+	_, err := l.Load(t.Context(), request(t, images))
+	var p interface{ Permanent() bool }
+	if !errors.As(err, &p) || !p.Permanent() || !strings.Contains(err.Error(), "signature policy (policy.json)") {
+		t.Fatalf("got %v, want a permanent error pointing at policy.json", err)
 	}
 }
