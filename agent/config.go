@@ -123,11 +123,11 @@ type Media struct {
 }
 
 // StickFilesystems are the filesystems media.extra_filesystems may name
-// (udev.ExtraFilesystems).
+// (media.ExtraFilesystems).
 var StickFilesystems = []string{"ext2", "ext3", "ext4", "xfs"}
 
-// DeviceKinds are the kinds media.allow_devices may name (udev.DeviceKinds
-// and udev.StickKinds).
+// DeviceKinds are the kinds media.allow_devices may name (media.DeviceKinds
+// and media.StickKinds).
 var DeviceKinds = []string{"loop", "virtio", "nvme", "scsi", "ata", "any", "removable", "usb", "mmc"}
 
 // Automatic reports whether plugged devices are watched.

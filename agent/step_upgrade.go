@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -191,7 +192,7 @@ func (m *machine) nodeWaits(r *Record) Condition {
 	case n.Paused:
 		return waiting(ReasonPoolPaused, fmt.Sprintf("waiting: pool %s is paused; the machine config operator updates this node once it is unpaused (the bundle's registry and mirror stay until then)", n.Pool))
 	case n.State != "Done" || n.Current != n.Desired:
-		why := fmt.Sprintf("waiting for the machine config operator to update this node (state %s, %s → %s)", or(n.State, "unknown"), or(n.Current, "none"), or(n.Desired, "none"))
+		why := fmt.Sprintf("waiting for the machine config operator to update this node (state %s, %s → %s)", cmp.Or(n.State, "unknown"), cmp.Or(n.Current, "none"), cmp.Or(n.Desired, "none"))
 		if n.Reason != "" {
 			why += ": " + n.Reason
 		}
@@ -200,13 +201,6 @@ func (m *machine) nodeWaits(r *Record) Condition {
 		return waiting(ReasonNodeUpdating, fmt.Sprintf("waiting for the machine config operator to update this node (pool %s goes to %s, the node is on %s)", n.Pool, n.Target, n.Current))
 	}
 	return waiting(ReasonNodeUpdating, fmt.Sprintf("waiting for the machine config operator to update this node (still on %s, its config from before the upgrade)", n.Current))
-}
-
-func or(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // nodeSeen takes a reading of the machine config operator's state of
@@ -220,7 +214,7 @@ func (m *machine) nodeSeen(ev evNodeSeen) []effect {
 	switch {
 	case r == nil:
 	case r.Phase == PhaseClusterReady && r.MachineConfig == "" && n.Managed:
-		r.MachineConfig = or(n.Desired, n.Current)
+		r.MachineConfig = cmp.Or(n.Desired, n.Current)
 		if r.MachineConfig != "" {
 			m.log.Info("this node's machine config before the upgrade", "bundle", r.Name, "config", r.MachineConfig)
 			return []effect{effSave{r}}
