@@ -119,11 +119,18 @@ func TestHost_TheUpgradeLoopThroughARealAPI(t *testing.T) {
 	}
 	checkPinned(t, cl, refsOf(first), true)
 
-	// Nothing changes: nothing is written to the Node (resourceVersion).
-	rv := nodeVersion(t, e)
+	// Nothing changes: nothing is written to the Node (resourceVersion),
+	// once its annotations say the upgrade is done and cleaned up (the
+	// cleanup's end is the last change; under load it may come after the
+	// status line's).
+	waitUntil(t, "node-a annotated upgraded, with no reason left", func() bool {
+		ann := e.Annotations("node-a")
+		return ann["ferry.io/phase"] == "upgraded" && ann["ferry.io/reason"] == "" && ann["ferry.io/progress"] == ""
+	})
+	rv, before := nodeVersion(t, e), e.Annotations("node-a")
 	time.Sleep(12 * time.Second)
 	if now := nodeVersion(t, e); now != rv {
-		t.Errorf("the Node was written while nothing changed (resourceVersion %s → %s)", rv, now)
+		t.Errorf("the Node was written while nothing changed (resourceVersion %s → %s; annotations %v → %v)", rv, now, before, e.Annotations("node-a"))
 	}
 
 	// The registry is gone: nothing listens where it served.
