@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/peer"
 )
 
@@ -88,11 +89,11 @@ type evUpgradeAsked struct {
 // evUpgradeSeen: how the cluster's upgrade to release stands.
 type evUpgradeSeen struct {
 	release string
-	st      UpgradeStatus
+	st      cluster.UpgradeStatus
 }
 
 // evNodeSeen: how the machine config operator stands with this node.
-type evNodeSeen struct{ st NodeUpdate }
+type evNodeSeen struct{ st cluster.NodeUpdate }
 
 // evPreflight: the cluster's preflight warnings on the bundle being read.
 type evPreflight struct {

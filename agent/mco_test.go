@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/ferry-edge/ferry/bundle/bundletest"
+	"github.com/ferry-edge/ferry/cluster"
 )
 
 // The test plays the machine config operator (api.setNode) as well as
@@ -22,10 +23,10 @@ const (
 // upgradedWhileTheMCOIsAtWork takes a bundle to ClusterVersion Completed
 // on a node the MCO manages, which was Done on oldConfig before the
 // upgrade; before stays the node's state until the test changes it.
-func upgradedWhileTheMCOIsAtWork(t *testing.T, before NodeUpdate) (*harness, *fakeAPI) {
+func upgradedWhileTheMCOIsAtWork(t *testing.T, before cluster.NodeUpdate) (*harness, *fakeAPI) {
 	t.Helper()
 	h, api := apiHarness(t)
-	api.setNode("node-a", NodeUpdate{Managed: true, State: "Done", Current: oldConfig, Desired: oldConfig, Pool: "worker", Target: oldConfig})
+	api.setNode("node-a", cluster.NodeUpdate{Managed: true, State: "Done", Current: oldConfig, Desired: oldConfig, Pool: "worker", Target: oldConfig})
 	h.start()
 	src, _ := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
@@ -33,9 +34,9 @@ func upgradedWhileTheMCOIsAtWork(t *testing.T, before NodeUpdate) (*harness, *fa
 	h.waitFor("the config from before the upgrade recorded", func() bool { return h.record().MachineConfig == oldConfig })
 	api.setNode("node-a", before)
 	release := h.agent.Status().Release
-	api.set(release, UpgradeStatus{State: UpgradeRunning, Message: "Working towards 4.13.7"})
+	api.set(release, cluster.UpgradeStatus{State: cluster.UpgradeRunning, Message: "Working towards 4.13.7"})
 	h.waitPhase(PhaseUpgrading)
-	api.set(release, UpgradeStatus{State: UpgradeCompleted, Message: "Cluster version is 4.13.7"})
+	api.set(release, cluster.UpgradeStatus{State: cluster.UpgradeCompleted, Message: "Cluster version is 4.13.7"})
 	h.waitPhase(PhaseUpgraded)
 	return h, api
 }
@@ -111,15 +112,15 @@ func (h *harness) retiresOnce() {
 func TestUpgrade_CompletedWhileTheMCOUpdatesTheNodeKeepsTheBundleUntilDone(t *testing.T) {
 	// Completed: the control plane is done; the worker pool goes to the
 	// new config, this node not picked yet (Done on the old one).
-	h, api := upgradedWhileTheMCOIsAtWork(t, NodeUpdate{Managed: true, State: "Done", Current: oldConfig, Desired: oldConfig, Pool: "worker", Target: newConfig})
+	h, api := upgradedWhileTheMCOIsAtWork(t, cluster.NodeUpdate{Managed: true, State: "Done", Current: oldConfig, Desired: oldConfig, Pool: "worker", Target: newConfig})
 	h.keepsTheBundle(api, "waiting for the machine config operator to update this node (pool worker goes to "+newConfig+", the node is on "+oldConfig+")")
 
 	// Picked: the daemon works on it.
-	api.setNode("node-a", NodeUpdate{Managed: true, State: "Working", Current: oldConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
+	api.setNode("node-a", cluster.NodeUpdate{Managed: true, State: "Working", Current: oldConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
 	h.keepsTheBundle(api, "waiting for the machine config operator to update this node (state Working, "+oldConfig+" → "+newConfig+")")
 
 	// Done on the new rendered config: the bundle goes, its pins stay.
-	api.setNode("node-a", NodeUpdate{Managed: true, State: "Done", Current: newConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
+	api.setNode("node-a", cluster.NodeUpdate{Managed: true, State: "Done", Current: newConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
 	h.retiresOnce()
 	h.waitFor("the reason cleared on the Node", func() bool { return api.annotation("node-a", AnnotationReason) == "" })
 	if h.agent.snap.Load().readNode { // the follower reads what the snapshot says
@@ -130,14 +131,14 @@ func TestUpgrade_CompletedWhileTheMCOUpdatesTheNodeKeepsTheBundleUntilDone(t *te
 func TestUpgrade_DoneOnTheConfigFromBeforeTheUpgradeIsNotDone(t *testing.T) {
 	// No pool target known (no pool matches): the config recorded at
 	// cluster-ready alone says the MCO has not reached the node.
-	h, api := upgradedWhileTheMCOIsAtWork(t, NodeUpdate{Managed: true, State: "Done", Current: oldConfig, Desired: oldConfig})
+	h, api := upgradedWhileTheMCOIsAtWork(t, cluster.NodeUpdate{Managed: true, State: "Done", Current: oldConfig, Desired: oldConfig})
 	h.keepsTheBundle(api, "still on "+oldConfig+", its config from before the upgrade")
-	api.setNode("node-a", NodeUpdate{Managed: true, State: "Done", Current: newConfig, Desired: newConfig})
+	api.setNode("node-a", cluster.NodeUpdate{Managed: true, State: "Done", Current: newConfig, Desired: newConfig})
 	h.retiresOnce()
 }
 
 func TestUpgrade_APausedPoolKeepsTheBundleAndFerryCleanupStillCleansUp(t *testing.T) {
-	h, api := upgradedWhileTheMCOIsAtWork(t, NodeUpdate{Managed: true, State: "Done", Current: oldConfig, Desired: oldConfig, Pool: "worker", Paused: true, Target: newConfig})
+	h, api := upgradedWhileTheMCOIsAtWork(t, cluster.NodeUpdate{Managed: true, State: "Done", Current: oldConfig, Desired: oldConfig, Pool: "worker", Paused: true, Target: newConfig})
 	h.keepsTheBundle(api, "waiting: pool worker is paused")
 
 	// The technician says the node no longer needs it: at once.
@@ -158,7 +159,7 @@ func TestUpgrade_ANodeWithoutTheMCOIsDoneAtCompleted(t *testing.T) {
 	h.plug("/dev/sda", src)
 	h.waitPhase(PhaseClusterReady)
 	release := h.agent.Status().Release
-	api.set(release, UpgradeStatus{State: UpgradeCompleted, Message: "Cluster version is 4.13.7"})
+	api.set(release, cluster.UpgradeStatus{State: cluster.UpgradeCompleted, Message: "Cluster version is 4.13.7"})
 	h.retiresOnce()
 	if r := h.record(); r.MachineConfig != "" {
 		t.Errorf("a config recorded for a node without the MCO: %q", r.MachineConfig)
@@ -173,11 +174,11 @@ func TestUpgrade_ANodeWithoutTheMCOIsDoneAtCompleted(t *testing.T) {
 }
 
 func TestUpgrade_ARestartWhileWaitingForTheMCOWaitsAgain(t *testing.T) {
-	h, api := upgradedWhileTheMCOIsAtWork(t, NodeUpdate{Managed: true, State: "Working", Current: oldConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
+	h, api := upgradedWhileTheMCOIsAtWork(t, cluster.NodeUpdate{Managed: true, State: "Working", Current: oldConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
 	h.keepsTheBundle(api, "state Working")
 	h.stop()
 	h.start()
 	h.keepsTheBundle(api, "state Working")
-	api.setNode("node-a", NodeUpdate{Managed: true, State: "Done", Current: newConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
+	api.setNode("node-a", cluster.NodeUpdate{Managed: true, State: "Done", Current: newConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
 	h.retiresOnce()
 }

@@ -8,11 +8,12 @@ import (
 	"testing"
 
 	"github.com/ferry-edge/ferry/bundle/bundletest"
+	"github.com/ferry-edge/ferry/cluster"
 )
 
 func TestPreflight_ARefusalRejectsTheStickBeforeItIsRead(t *testing.T) {
 	h, api := apiHarness(t)
-	api.pre = Preflight{Current: "4.13.7", Refusals: []string{"the cluster is at 4.13.7 already: this bundle would change nothing"}}
+	api.pre = cluster.Preflight{Current: "4.13.7", Refusals: []string{"the cluster is at 4.13.7 already: this bundle would change nothing"}}
 	h.start()
 	src, _ := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
@@ -41,7 +42,7 @@ func TestPreflight_ARefusalRejectsTheStickBeforeItIsRead(t *testing.T) {
 // technician learns of them on this visit, not the next.
 func TestPreflight_ARefusalShowsTheWarningsFoundBesideIt(t *testing.T) {
 	h, api := apiHarness(t)
-	api.pre = Preflight{Current: "4.12.9",
+	api.pre = cluster.Preflight{Current: "4.12.9",
 		Refusals: []string{"the cluster is not upgradeable to a new minor version (Upgradeable=False, AdminAckRequired): Kubernetes 1.27 removes APIs in use"},
 		Warnings: []string{"workloads pull with imagePullPolicy Always an image the bundle does not carry, and fail to start if restarted without a registry: shop/front/main (quay.io/my-company/front:latest)",
 			"machine config pool worker is paused: …"}}
@@ -62,7 +63,7 @@ func TestPreflight_ARefusalShowsTheWarningsFoundBesideIt(t *testing.T) {
 
 func TestPreflight_WarningsAreShownAndDoNotBlock(t *testing.T) {
 	h, api := apiHarness(t)
-	api.pre = Preflight{Current: "4.13.6", Warnings: []string{"machine config pool worker is paused: …"}}
+	api.pre = cluster.Preflight{Current: "4.13.6", Warnings: []string{"machine config pool worker is paused: …"}}
 	h.start()
 	src, _ := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/pull"
 )
 
@@ -15,19 +16,9 @@ import (
 // registry (pull.Puller); that node's bundle reaches the others through
 // the peers, approved on each by what it holds (bundle.ApprovalSource).
 
-// RegistrySource is an UpgradeBundle's spec.source.
-type RegistrySource struct {
-	Bundle    string // the resource's name
-	Release   string // by digest
-	Extras    []string
-	Node      string // the node that pulls; "" the first Ready node by name
-	RateLimit string
-	Window    string
-}
-
 // evClusterSources: the releases the cluster's UpgradeBundles ask for
 // from the registry.
-type evClusterSources struct{ sources []RegistrySource }
+type evClusterSources struct{ sources []cluster.RegistrySource }
 
 func (evClusterSources) isEvent() {}
 
@@ -46,7 +37,7 @@ func (m *machine) clusterSourcesSeen(ev evClusterSources) []effect {
 
 // readSources keeps the loop's view of the cluster's sources and has
 // this node pull those it is the one to pull.
-func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]RegistrySource, nodes *nodesRead) error {
+func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.RegistrySource, nodes *nodesRead) error {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	srcs, err := api.Sources(cctx)
@@ -84,7 +75,7 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]Registry
 	return nil
 }
 
-func sameSource(a, b RegistrySource) bool {
+func sameSource(a, b cluster.RegistrySource) bool {
 	return a.Bundle == b.Bundle && a.Release == b.Release && slices.Equal(a.Extras, b.Extras) &&
 		a.Node == b.Node && a.RateLimit == b.RateLimit && a.Window == b.Window
 }
@@ -92,7 +83,7 @@ func sameSource(a, b RegistrySource) bool {
 // pullerOf is the node that pulls s: the one it names, else the first
 // Ready node by name, else (no Node says it is Ready) the first by name:
 // every node decides alike from the same list.
-func pullerOf(s RegistrySource, ready map[string]NodeReady) string {
+func pullerOf(s cluster.RegistrySource, ready map[string]cluster.NodeReady) string {
 	if s.Node != "" {
 		return s.Node
 	}
@@ -128,6 +119,6 @@ func pullReport(s Status) *bundleReport {
 	}
 	const phase = "pulling"
 	return &bundleReport{name: p.Bundle, line: s.Line, healthy: s.Healthy,
-		sum:   BundleSummary{Release: SanitizeReason(p.Release), Phase: phase},
-		entry: BundleNodeEntry{Phase: phase, Reason: SanitizeReason(p.Coarse())}}
+		sum:   cluster.BundleSummary{Release: SanitizeReason(p.Release), Phase: phase},
+		entry: cluster.BundleNodeEntry{Phase: phase, Reason: SanitizeReason(p.Coarse())}}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/peer"
 )
 
@@ -38,71 +39,27 @@ func ResourceName(version, arch string) string {
 	return strings.Trim(string(b), "-.")
 }
 
-// BundlePolicy is an UpgradeBundle's spec: the administrator's word.
-type BundlePolicy struct {
-	ApprovedDigest  string
-	Schedule        string // Automatic | Manual | "" (the node's config)
-	Proceed         bool
-	ExcludedNodes   []string
-	NotReadyTimeout time.Duration // 0: never
-	Cleanup         bool          // take the bundle out, as ferry cleanup does
-}
-
-// BundleNodeEntry is one node's entry in the resource's status.
-type BundleNodeEntry struct {
-	Phase, Digest, Reason, Excluded string
-	Conditions                      []BundleCondition
-}
-
-// BundleCondition is one of Extracted, Loaded, Updated.
-type BundleCondition struct {
-	Type, Status, Reason, Message string
-	Since                         time.Time
-}
-
-// BundleView is the resource as read: its spec and every node's entry.
-type BundleView struct {
-	UID    string
-	Policy BundlePolicy
-	Nodes  map[string]BundleNodeEntry
-}
-
-// BundleSummary is what every node writes alike into the status.
-type BundleSummary struct {
-	Version, Arch, Release, Digest, Size string
-	Images                               int
-	Phase, NodesReady, Approved          string
-	Warnings                             []string
-	Excluded                             []string // "node: why", sorted
-}
-
-// NodeReady is a Node's Ready condition and since when it holds.
-type NodeReady struct {
-	Ready bool
-	Since time.Time
-}
-
 // BundleAPI is the part of the cluster's API the resource needs.
 type BundleAPI interface {
-	UpgradeBundle(ctx context.Context, name string) (BundleView, bool, error)
+	UpgradeBundle(ctx context.Context, name string) (cluster.BundleView, bool, error)
 	CreateUpgradeBundle(ctx context.Context, name string) error
 	// PublishBundle writes node's entry, and the summary when sum is not
 	// nil (this node is the summary's one writer, summaryWriter).
-	PublishBundle(ctx context.Context, name string, sum *BundleSummary, node string, entry BundleNodeEntry) error
+	PublishBundle(ctx context.Context, name string, sum *cluster.BundleSummary, node string, entry cluster.BundleNodeEntry) error
 	BundleEvent(ctx context.Context, name, uid, node, eventType, reason, message string) error
-	NodeReadiness(ctx context.Context) (map[string]NodeReady, error)
+	NodeReadiness(ctx context.Context) (map[string]cluster.NodeReady, error)
 	// ApprovedDigests is every UpgradeBundle's spec.approvedDigest.
 	ApprovedDigests(ctx context.Context) ([]string, error)
 	// Sources is every UpgradeBundle's spec.source (registry.go).
-	Sources(ctx context.Context) ([]RegistrySource, error)
+	Sources(ctx context.Context) ([]cluster.RegistrySource, error)
 }
 
 // bundleReport is this node's part of the active bundle's resource, as
 // the loop last published it.
 type bundleReport struct {
 	name    string // <version>-<arch>: the resource's name
-	sum     BundleSummary
-	entry   BundleNodeEntry
+	sum     cluster.BundleSummary
+	entry   cluster.BundleNodeEntry
 	line    string // the status line, for Events
 	healthy bool
 	phases  []phaseAt // every phase reached, for Events
@@ -112,7 +69,7 @@ type bundleReport struct {
 // nodes the gate leaves out (node name → why; their peer addresses too).
 type evBundlePolicy struct {
 	name     string
-	policy   BundlePolicy
+	policy   cluster.BundlePolicy
 	excluded map[string]string
 	hosts    map[string]string // node name → InternalIP
 }
@@ -137,9 +94,9 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 	}
 	md := r.Metadata
 	rep := &bundleReport{name: ResourceName(md.Version, md.Arch), line: s.Line, healthy: s.Healthy, phases: reached(r)}
-	rep.sum = BundleSummary{Version: md.Version, Arch: md.Arch, Release: SanitizeReason(md.Release), Digest: r.Digest, Size: sanitizeText(md.Size, maxSummarySize),
+	rep.sum = cluster.BundleSummary{Version: md.Version, Arch: md.Arch, Release: SanitizeReason(md.Release), Digest: r.Digest, Size: sanitizeText(md.Size, maxSummarySize),
 		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: boundList(slices.Concat(r.Warnings, r.SignaturePolicy), maxSummaryWarnings)}
-	rep.entry = BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Condition.Message), Conditions: conditions(r)}
+	rep.entry = cluster.BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Condition.Message), Conditions: conditions(r)}
 	return rep
 }
 
@@ -148,7 +105,7 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 // one), leaving out those the gate leaves out and those whose Node is not
 // Ready. Every node picks alike from the same resource; when the writer
 // stops (its Node goes NotReady or is excluded) the next one takes over.
-func summaryWriter(view BundleView, ready map[string]NodeReady, excluded map[string]string, self string) string {
+func summaryWriter(view cluster.BundleView, ready map[string]cluster.NodeReady, excluded map[string]string, self string) string {
 	writer := self
 	for n, e := range view.Nodes {
 		if e.Phase == "" || n >= writer {
@@ -189,7 +146,7 @@ func boundList(l []string, max int) []string {
 }
 
 // conditions are the Extracted, Loaded and Updated conditions of r.
-func conditions(r *Record) []BundleCondition {
+func conditions(r *Record) []cluster.BundleCondition {
 	p := r.Phase
 	at := func(ps ...Phase) time.Time {
 		for _, q := range ps {
@@ -199,15 +156,15 @@ func conditions(r *Record) []BundleCondition {
 		}
 		return time.Time{}
 	}
-	cond := func(t string, ok bool, okSince time.Time) BundleCondition {
-		c := BundleCondition{Type: t, Status: "False", Reason: phaseReason(p), Message: SanitizeReason(r.Condition.Message), Since: at(p)}
+	cond := func(t string, ok bool, okSince time.Time) cluster.BundleCondition {
+		c := cluster.BundleCondition{Type: t, Status: "False", Reason: phaseReason(p), Message: SanitizeReason(r.Condition.Message), Since: at(p)}
 		if ok {
-			c = BundleCondition{Type: t, Status: "True", Reason: phaseReason(p), Since: okSince}
+			c = cluster.BundleCondition{Type: t, Status: "True", Reason: phaseReason(p), Since: okSince}
 		}
 		return c
 	}
 	past := func(ps ...Phase) bool { return slices.Contains(ps, p) }
-	return []BundleCondition{
+	return []cluster.BundleCondition{
 		cond("Extracted", past(PhaseExtracted, PhaseLoading, PhaseLoaded, PhaseClusterReady, PhaseUpgrading, PhaseUpgraded), at(PhaseExtracted)),
 		cond("Loaded", past(PhaseLoaded, PhaseClusterReady, PhaseUpgrading, PhaseUpgraded), at(PhaseLoaded)),
 		cond("Updated", p == PhaseUpgraded, at(PhaseUpgraded)),
@@ -239,16 +196,16 @@ func phaseRank(p string) int {
 // summarize fills the cluster's phase and nodes-ready count from every
 // node's entry (this one's as it is now), leaving out the excluded nodes;
 // nodes lists the cluster's Nodes (nil when unknown).
-func summarize(rep *bundleReport, view BundleView, self string, nodes []string, excluded map[string]string) BundleSummary {
+func summarize(rep *bundleReport, view cluster.BundleView, self string, nodes []string, excluded map[string]string) cluster.BundleSummary {
 	sum := rep.sum
-	entries := map[string]BundleNodeEntry{}
+	entries := map[string]cluster.BundleNodeEntry{}
 	for n, e := range view.Nodes {
 		entries[n] = e
 	}
 	entries[self] = rep.entry
 	for _, n := range nodes {
 		if _, ok := entries[n]; !ok {
-			entries[n] = BundleNodeEntry{Phase: string(PhaseIdle)}
+			entries[n] = cluster.BundleNodeEntry{Phase: string(PhaseIdle)}
 		}
 	}
 	waited, ready, phase := 0, 0, ""
@@ -288,7 +245,7 @@ const ApprovedDisagree = "digests disagree"
 
 // disagreement says which nodes name which digest when the entries name
 // more than one ("" when they agree).
-func disagreement(entries map[string]BundleNodeEntry) string {
+func disagreement(entries map[string]cluster.BundleNodeEntry) string {
 	by := map[string][]string{}
 	for n, e := range entries {
 		if e.Digest != "" {
@@ -316,14 +273,14 @@ func disagreement(entries map[string]BundleNodeEntry) string {
 func (a *Agent) followBundle(ctx context.Context, api ClusterAPI) {
 	var written struct {
 		name  string
-		sum   BundleSummary
-		entry BundleNodeEntry
+		sum   cluster.BundleSummary
+		entry cluster.BundleNodeEntry
 	}
 	var nodes nodesRead
 	lastPhase, lastErr := map[string]string{}, ""
 	var approved []string
 	var approvalsErr string
-	var sources []RegistrySource
+	var sources []cluster.RegistrySource
 	retry := time.Duration(0)
 	for {
 		// Taken before reading: a change while reading wakes the next round.
@@ -384,7 +341,7 @@ func awaitChange(ctx context.Context, wait time.Duration, changes, followed <-ch
 // are not watched (every node would see every Node's every change), so a
 // sync lists them at most once a nodesEvery.
 type nodesRead struct {
-	ready map[string]NodeReady
+	ready map[string]cluster.NodeReady
 	at    time.Time
 }
 
@@ -392,8 +349,8 @@ const nodesEvery = time.Minute
 
 func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *bundleReport, written *struct {
 	name  string
-	sum   BundleSummary
-	entry BundleNodeEntry
+	sum   cluster.BundleSummary
+	entry cluster.BundleNodeEntry
 }, nodes *nodesRead, lastPhase map[string]string) error {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -437,8 +394,8 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *bundleRepor
 	// Each node writes its own entry; the summary, derived from every
 	// entry, has one writer, so that no node's write changes what another
 	// wrote (summaryWriter).
-	var sum BundleSummary
-	var sump *BundleSummary
+	var sum cluster.BundleSummary
+	var sump *cluster.BundleSummary
 	if summaryWriter(view, ready, excluded, a.cfg.NodeName) == a.cfg.NodeName {
 		sum = summarize(&rep2, view, a.cfg.NodeName, slices.Collect(maps.Keys(ready)), excluded)
 		sump = &sum
@@ -494,7 +451,7 @@ func reached(r *Record) []phaseAt {
 
 // excludedNodes are the nodes the gate leaves out, with why: those the
 // policy names, and those NotReady for longer than its timeout.
-func excludedNodes(p BundlePolicy, ready map[string]NodeReady, now time.Time, self string) map[string]string {
+func excludedNodes(p cluster.BundlePolicy, ready map[string]cluster.NodeReady, now time.Time, self string) map[string]string {
 	out := map[string]string{}
 	for _, n := range p.ExcludedNodes {
 		out[n] = "listed in spec.excludedNodes"

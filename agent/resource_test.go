@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle/bundletest"
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/peer"
 )
 
@@ -62,7 +63,7 @@ func TestResource_ANodeCreatesItAndReportsEachPhaseWithConditionsEventsAndLabel(
 
 func TestResource_ARefusalIsAWarningEvent(t *testing.T) {
 	h, api := apiHarness(t)
-	api.pre = Preflight{Refusals: []string{"the cluster is at 4.13.7 already"}}
+	api.pre = cluster.Preflight{Refusals: []string{"the cluster is at 4.13.7 already"}}
 	h.start()
 	src, _ := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
@@ -77,12 +78,12 @@ func TestResource_ARefusalIsAWarningEvent(t *testing.T) {
 func TestResource_TheGateLeavesOutExcludedAndLongNotReadyNodes(t *testing.T) {
 	for _, c := range []struct {
 		name   string
-		policy BundlePolicy
-		ready  map[string]NodeReady
+		policy cluster.BundlePolicy
+		ready  map[string]cluster.NodeReady
 	}{
-		{"excludedNodes", BundlePolicy{ExcludedNodes: []string{"b"}}, nil},
-		{"notReadyTimeout", BundlePolicy{NotReadyTimeout: time.Minute},
-			map[string]NodeReady{"node-a": {Ready: true}, "b": {Ready: false, Since: time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)}}},
+		{"excludedNodes", cluster.BundlePolicy{ExcludedNodes: []string{"b"}}, nil},
+		{"notReadyTimeout", cluster.BundlePolicy{NotReadyTimeout: time.Minute},
+			map[string]cluster.NodeReady{"node-a": {Ready: true}, "b": {Ready: false, Since: time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h, p := clusterHarness(t)
@@ -114,7 +115,7 @@ func TestResource_TheGateLeavesOutExcludedAndLongNotReadyNodes(t *testing.T) {
 func TestResource_ManualScheduleAndProceedFromTheSpec(t *testing.T) {
 	h, api := apiHarness(t)
 	h.start()
-	api.setPolicy(resourceName, BundlePolicy{Schedule: "Manual"})
+	api.setPolicy(resourceName, cluster.BundlePolicy{Schedule: "Manual"})
 	src, _ := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
 	h.waitPhase(PhaseClusterReady)
@@ -125,7 +126,7 @@ func TestResource_ManualScheduleAndProceedFromTheSpec(t *testing.T) {
 	if asked != 0 {
 		t.Fatal("a Manual schedule in the spec asked for the upgrade by itself")
 	}
-	api.setPolicy(resourceName, BundlePolicy{Schedule: "Manual", Proceed: true})
+	api.setPolicy(resourceName, cluster.BundlePolicy{Schedule: "Manual", Proceed: true})
 	h.waitFor("the upgrade asked for after spec.proceed", func() bool { api.mu.Lock(); defer api.mu.Unlock(); return len(api.starts) == 1 })
 }
 
@@ -153,7 +154,7 @@ func TestResource_ApprovedInTheSpecLoadsWithNoRestart(t *testing.T) {
 	if loads != 0 {
 		t.Fatal("an unapproved bundle was loaded")
 	}
-	api.setPolicy(resourceName, BundlePolicy{ApprovedDigest: digest})
+	api.setPolicy(resourceName, cluster.BundlePolicy{ApprovedDigest: digest})
 	h.waitPhase(PhaseClusterReady)
 	h.waitFor("the resource to say approved", func() bool {
 		b, _ := api.bundle(resourceName)
@@ -178,13 +179,13 @@ func TestResource_ASpecApprovingAnotherDigestIsNotOverriddenLocally(t *testing.T
 	p.statuses["10.0.0.2:8090"] = peer.PeerStatus{Err: errors.New("connection refused")} // b holds the gate
 	p.mu.Unlock()
 	other := "sha256:" + strings.Repeat("ab", 32)
-	api.setPolicy(resourceName, BundlePolicy{ApprovedDigest: other})
+	api.setPolicy(resourceName, cluster.BundlePolicy{ApprovedDigest: other})
 	h.plug("/dev/sda", src)
 	s := h.waitReason("approves " + other + ", not this bundle (" + digest + ")")
 	if s.Phase != string(PhaseExtracted) {
 		t.Fatalf("status %+v", s)
 	}
-	api.setPolicy(resourceName, BundlePolicy{ApprovedDigest: other, ExcludedNodes: []string{"b"}})
+	api.setPolicy(resourceName, cluster.BundlePolicy{ApprovedDigest: other, ExcludedNodes: []string{"b"}})
 	h.waitFor("the summary to leave b out, and say why", func() bool {
 		b, _ := api.bundle(resourceName)
 		return len(b.sum.Excluded) == 1 && b.sum.Excluded[0] == "b: listed in spec.excludedNodes"
@@ -194,7 +195,7 @@ func TestResource_ASpecApprovingAnotherDigestIsNotOverriddenLocally(t *testing.T
 	if s := h.agent.Status(); loads != 0 || s.Phase != string(PhaseExtracted) {
 		t.Fatalf("the node's approval overrode the spec's: %d loads, status %+v", loads, s)
 	}
-	api.setPolicy(resourceName, BundlePolicy{ApprovedDigest: digest, ExcludedNodes: []string{"b"}})
+	api.setPolicy(resourceName, cluster.BundlePolicy{ApprovedDigest: digest, ExcludedNodes: []string{"b"}})
 	h.waitPhase(PhaseClusterReady)
 }
 
@@ -210,7 +211,7 @@ func TestResource_SpecCleanupTakesTheBundleOut(t *testing.T) {
 		src, _ := stick(t, bundletest.Options{})
 		h.plug("/dev/sda", src)
 		h.waitPhase(PhaseClusterReady)
-		api.setPolicy(resourceName, BundlePolicy{Cleanup: true})
+		api.setPolicy(resourceName, cluster.BundlePolicy{Cleanup: true})
 		h.waitFor("the bundle unloaded", func() bool { return h.cleanups() == 1 })
 		h.waitFor("the cleanup's end", func() bool { return h.record().Phase == PhaseCleaned })
 		if n, r := h.cleanups(), h.retires(); n != 1 || r != 0 {
@@ -227,7 +228,7 @@ func TestResource_SpecCleanupTakesTheBundleOut(t *testing.T) {
 		src, _ := stick(t, bundletest.Options{})
 		h.plug("/dev/sda", src)
 		h.waitReason("waiting for approval")
-		api.setPolicy(resourceName, BundlePolicy{Cleanup: true})
+		api.setPolicy(resourceName, cluster.BundlePolicy{Cleanup: true})
 		h.waitFor("the bundle cleaned up, and said so in the resource", func() bool {
 			b, _ := api.bundle(resourceName)
 			return h.record().Phase == PhaseCleaned && b.nodes["node-a"].Phase == string(PhaseCleaned)
@@ -244,8 +245,8 @@ func TestResource_SpecCleanupTakesTheBundleOut(t *testing.T) {
 
 func TestSummarize_UpgradedNodesCountAsReady(t *testing.T) {
 	const d = "sha256:aa"
-	rep := &bundleReport{entry: BundleNodeEntry{Phase: string(PhaseUpgraded), Digest: d}}
-	view := BundleView{Nodes: map[string]BundleNodeEntry{
+	rep := &bundleReport{entry: cluster.BundleNodeEntry{Phase: string(PhaseUpgraded), Digest: d}}
+	view := cluster.BundleView{Nodes: map[string]cluster.BundleNodeEntry{
 		"b": {Phase: string(PhaseUpgrading), Digest: d},
 		"c": {Phase: string(PhaseExtracted), Digest: d},
 		"d": {Phase: string(PhaseCleaned), Digest: d},
@@ -257,12 +258,12 @@ func TestSummarize_UpgradedNodesCountAsReady(t *testing.T) {
 }
 
 func TestSummarize_FitsTheCRDsBounds(t *testing.T) {
-	rep := &bundleReport{sum: BundleSummary{Warnings: boundList(slices.Repeat([]string{strings.Repeat("w", 4096)}, 40), maxSummaryWarnings)}}
+	rep := &bundleReport{sum: cluster.BundleSummary{Warnings: boundList(slices.Repeat([]string{strings.Repeat("w", 4096)}, 40), maxSummaryWarnings)}}
 	excluded := map[string]string{}
 	for i := range 300 {
 		excluded[fmt.Sprintf("node-%03d", i)] = "listed in spec.excludedNodes"
 	}
-	sum := summarize(rep, BundleView{}, "a", nil, excluded)
+	sum := summarize(rep, cluster.BundleView{}, "a", nil, excluded)
 	if len(sum.Warnings) != maxSummaryWarnings || !strings.HasPrefix(sum.Warnings[maxSummaryWarnings-1], "… and 25 more") {
 		t.Errorf("warnings: %d, last %q", len(sum.Warnings), sum.Warnings[len(sum.Warnings)-1])
 	}
@@ -281,8 +282,8 @@ func TestSummarize_FitsTheCRDsBounds(t *testing.T) {
 
 func TestSummarize_DisagreeingDigestsAreShownLoudly(t *testing.T) {
 	const own, other = "sha256:aa", "sha256:ff"
-	rep := &bundleReport{sum: BundleSummary{Digest: own, Approved: "digest", Warnings: []string{"paused pool"}}, entry: BundleNodeEntry{Phase: string(PhaseLoaded), Digest: own}}
-	view := BundleView{Nodes: map[string]BundleNodeEntry{"b": {Phase: string(PhaseLoaded), Digest: own}, "c": {Phase: string(PhaseExtracted), Digest: other}, "d": {Phase: string(PhaseFetching)}}}
+	rep := &bundleReport{sum: cluster.BundleSummary{Digest: own, Approved: "digest", Warnings: []string{"paused pool"}}, entry: cluster.BundleNodeEntry{Phase: string(PhaseLoaded), Digest: own}}
+	view := cluster.BundleView{Nodes: map[string]cluster.BundleNodeEntry{"b": {Phase: string(PhaseLoaded), Digest: own}, "c": {Phase: string(PhaseExtracted), Digest: other}, "d": {Phase: string(PhaseFetching)}}}
 	sum := summarize(rep, view, "a", nil, nil)
 	if sum.Digest != "" || sum.Approved != ApprovedDisagree || sum.NodesReady != "2/4" || len(sum.Warnings) != 2 ||
 		sum.Warnings[0] != "the nodes read different digests for this bundle (sha256:aa: a, b; sha256:ff: c): approve only the digest the engineer gave you (the bundle's .sha256 file), and find out why a node reads another" {

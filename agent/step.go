@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/cluster"
 )
 
 // The machine and its transition table. step dispatches each event to
@@ -45,7 +46,7 @@ type machine struct {
 	// node is the machine config operator's state of this node, as last
 	// read (nil: none, or none since the upgrade was done on a node the
 	// MCO manages).
-	node    *NodeUpdate
+	node    *cluster.NodeUpdate
 	job     *job // the running job, nil when idle
 	probing map[string]bool
 	view    view // the peers, as last polled
@@ -59,7 +60,7 @@ type machine struct {
 	// bundlePolicy is the administrator's UpgradeBundle spec for the
 	// bundle named bundleName (nil: none read); excluded are the nodes
 	// the gate leaves out (name → why), excludedHosts their addresses.
-	bundlePolicy *BundlePolicy
+	bundlePolicy *cluster.BundlePolicy
 	bundleName   string
 	// clusterApproved are the digests the cluster's UpgradeBundles
 	// approve (spec.approvedDigest): they add to the config's.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/peer"
 )
 
@@ -416,8 +417,8 @@ func previousBundle(m *machine) {
 func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 	reply := make(chan error, 1)
 	cleanupAsked := with(func(m *machine) { m.cleanupAsked, m.cleanupReply = true, make(chan error, 1) })
-	managed := func(st string, cur, des, target string, paused bool) NodeUpdate {
-		return NodeUpdate{Managed: true, State: st, Current: cur, Desired: des, Pool: "worker", Target: target, Paused: paused}
+	managed := func(st string, cur, des, target string, paused bool) cluster.NodeUpdate {
+		return cluster.NodeUpdate{Managed: true, State: st, Current: cur, Desired: des, Pool: "worker", Target: target, Paused: paused}
 	}
 	upgradedWaiting := with(func(m *machine) {
 		m.hasAPI = true
@@ -529,26 +530,26 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			given: []func(*machine){approvalRequired, with(func(m *machine) {
 				m.records["held"].Condition = waiting(ReasonAwaitingApproval, m.waitingForApproval(m.records["held"]))
 			})},
-			ev: evClusterSources{sources: []RegistrySource{{Bundle: "b", Release: meta137.Release}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval,
+			ev: evClusterSources{sources: []cluster.RegistrySource{{Bundle: "b", Release: meta137.Release}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval,
 			check: func(t *testing.T, m *machine) {
 				if len(m.pol().ApprovedSources) != 1 || m.pol().SourceFor(&meta137) == nil {
 					t.Errorf("sources %+v", m.pol().ApprovedSources)
 				}
 			}},
 		{name: "sources read while loaded do nothing", in: PhaseLoaded,
-			ev: evClusterSources{sources: []RegistrySource{{Bundle: "b", Release: meta137.Release}}}, phase: PhaseLoaded},
+			ev: evClusterSources{sources: []cluster.RegistrySource{{Bundle: "b", Release: meta137.Release}}}, phase: PhaseLoaded},
 		{name: "a spec approving another digest holds the load", in: PhaseExtracted, given: []func(*machine){approvedHeld, withAPI},
-			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: BundlePolicy{ApprovedDigest: otherDigest}},
+			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{ApprovedDigest: otherDigest}},
 			phase: PhaseExtracted, why: ReasonOtherBundleApproved, effs: []string{"save held"}},
 		{name: "spec.cleanup takes a loaded bundle out", in: PhaseClusterReady, given: []func(*machine){withAPI},
-			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: BundlePolicy{Cleanup: true}},
+			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Cleanup: true}},
 			phase: PhaseClusterReady, effs: []string{"start cleanup unload"}},
 		{name: "spec.proceed on Manual asks for the upgrade", in: PhaseClusterReady,
 			given: []func(*machine){withAPI, with(func(m *machine) { m.cfg.Cluster.Schedule = "Manual" })},
-			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: BundlePolicy{Schedule: "Manual", Proceed: true}},
+			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Schedule: "Manual", Proceed: true}},
 			phase: PhaseClusterReady, effs: []string{"save held", "ask upgrade held"}},
 		{name: "another bundle's spec does nothing here", in: PhaseClusterReady, given: []func(*machine){withAPI},
-			ev: evBundlePolicy{name: ResourceName("4.13.8", "x86_64"), policy: BundlePolicy{Cleanup: true}}, phase: PhaseClusterReady},
+			ev: evBundlePolicy{name: ResourceName("4.13.8", "x86_64"), policy: cluster.BundlePolicy{Cleanup: true}}, phase: PhaseClusterReady},
 
 		// Following the cluster's upgrade.
 		{name: "the ask refused is retried, said once", in: PhaseClusterReady,
@@ -558,17 +559,17 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			given: []func(*machine){withAPI, with(func(m *machine) { m.asking = true; m.records["held"].Upgrade = &UpgradeRun{Requested: m.now()} })},
 			ev:    evUpgradeAsked{id: "held"}, phase: PhaseClusterReady, effs: []string{"save held", "save held", "run hook held"}},
 		{name: "the operator at work: upgrading", in: PhaseClusterReady, given: []func(*machine){withAPI},
-			ev:    evUpgradeSeen{release: meta137.Release, st: UpgradeStatus{State: UpgradeRunning, Message: "Working towards 4.13.7"}},
+			ev:    evUpgradeSeen{release: meta137.Release, st: cluster.UpgradeStatus{State: cluster.UpgradeRunning, Message: "Working towards 4.13.7"}},
 			phase: PhaseUpgrading, effs: []string{"save held"}},
 		{name: "the operator not started yet", in: PhaseClusterReady, given: []func(*machine){withAPI},
-			ev: evUpgradeSeen{release: meta137.Release, st: UpgradeStatus{State: UpgradePending}}, phase: PhaseClusterReady, why: ReasonUpgradePending, effs: []string{"save held"}},
+			ev: evUpgradeSeen{release: meta137.Release, st: cluster.UpgradeStatus{State: cluster.UpgradePending}}, phase: PhaseClusterReady, why: ReasonUpgradePending, effs: []string{"save held"}},
 		{name: "the release refused, in the operator's words", in: PhaseClusterReady, given: []func(*machine){withAPI},
-			ev:    evUpgradeSeen{release: meta137.Release, st: UpgradeStatus{State: UpgradeRefused, Reason: "cannot be verified"}},
+			ev:    evUpgradeSeen{release: meta137.Release, st: cluster.UpgradeStatus{State: cluster.UpgradeRefused, Reason: "cannot be verified"}},
 			phase: PhaseClusterReady, why: ReasonReleaseRefused, effs: []string{"save held"}},
 		{name: "another release's upgrade says nothing of this bundle", in: PhaseClusterReady, given: []func(*machine){withAPI},
-			ev: evUpgradeSeen{release: meta138.Release, st: UpgradeStatus{State: UpgradeCompleted}}, phase: PhaseClusterReady},
+			ev: evUpgradeSeen{release: meta138.Release, st: cluster.UpgradeStatus{State: cluster.UpgradeCompleted}}, phase: PhaseClusterReady},
 		{name: "completed, the node not read yet: it waits for its state", in: PhaseUpgrading, given: []func(*machine){withAPI},
-			ev: evUpgradeSeen{release: meta137.Release, st: UpgradeStatus{State: UpgradeCompleted}}, phase: PhaseUpgraded, why: ReasonNodeUnread, effs: []string{"save held"}},
+			ev: evUpgradeSeen{release: meta137.Release, st: cluster.UpgradeStatus{State: cluster.UpgradeCompleted}}, phase: PhaseUpgraded, why: ReasonNodeUnread, effs: []string{"save held"}},
 		{name: "cluster-ready: the node's config from before the upgrade is recorded", in: PhaseClusterReady, given: []func(*machine){withAPI},
 			ev: evNodeSeen{managed("Done", "rendered-old", "rendered-old", "rendered-old", false)}, phase: PhaseClusterReady, effs: []string{"save held"},
 			check: func(t *testing.T, m *machine) {
@@ -591,7 +592,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 				}
 			}},
 		{name: "upgraded, a node without the MCO is done at Completed", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
-			ev: evNodeSeen{NodeUpdate{}}, phase: PhaseUpgraded, why: ReasonCleaningUp, effs: []string{"save held", "start retire unload retain"}},
+			ev: evNodeSeen{cluster.NodeUpdate{}}, phase: PhaseUpgraded, why: ReasonCleaningUp, effs: []string{"save held", "start retire unload retain"}},
 
 		// The running release's kept tree.
 		{name: "a runtime check on an idle node restores the running release", in: PhaseIdle, given: []func(*machine){runningRelease},

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/ferry-edge/ferry/cluster"
 )
 
 // retireRetry is the wait before a failed cleanup after an upgrade is
@@ -84,11 +86,11 @@ func (m *machine) upgradeSeen(ev evUpgradeSeen) []effect {
 	}
 	st := ev.st
 	switch st.State {
-	case UpgradeCompleted:
+	case cluster.UpgradeCompleted:
 		m.log.Info("the cluster upgrade is done", "phase", string(PhaseUpgraded), "bundle", r.Name, "message", st.Message)
 		r.Message = st.Message
 		return m.upgraded(r)
-	case UpgradeRunning:
+	case cluster.UpgradeRunning:
 		var why Condition
 		if st.Reason != "" {
 			why = underway(ReasonUpgrading, st.Reason)
@@ -101,7 +103,7 @@ func (m *machine) upgradeSeen(ev evUpgradeSeen) []effect {
 		}
 		r.Message = st.Message
 		return m.move(r, PhaseUpgrading, why, r.Progress)
-	case UpgradeRefused:
+	case cluster.UpgradeRefused:
 		why := fault(ReasonReleaseRefused, "the cluster refuses the release: "+st.Reason)
 		if r.Condition == why {
 			return nil
@@ -109,7 +111,7 @@ func (m *machine) upgradeSeen(ev evUpgradeSeen) []effect {
 		m.log.Error("the cluster refuses the release", "phase", string(r.Phase), "bundle", r.Name, "reason", st.Reason)
 		r.Message = st.Message
 		return m.move(r, r.Phase, why, r.Progress)
-	case UpgradePending:
+	case cluster.UpgradePending:
 		msg := "waiting for the cluster version operator to start"
 		if st.Reason != "" {
 			msg += ": " + st.Reason

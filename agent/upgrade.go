@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/ferry-edge/ferry/cluster"
 )
 
 // The agent's side of the Kubernetes API: the calls run off the loop and
@@ -26,7 +28,7 @@ func (a *Agent) post(ev event) {
 // askUpgrade asks the cluster for r's upgrade, with backoff, until it is
 // accepted or the agent stops; each failed try is reported.
 func (a *Agent) askUpgrade(ctx context.Context, r *Record) {
-	u := Upgrade{Release: r.Metadata.Release, Version: r.Metadata.Version, Force: a.cfg.Cluster.ForceUnsigned}
+	u := cluster.Upgrade{Release: r.Metadata.Release, Version: r.Metadata.Version, Force: a.cfg.Cluster.ForceUnsigned}
 	u.Signatures = r.Metadata.ReleaseSignatures
 	if len(u.Signatures) == 0 && !u.Force {
 		a.log.Warn("the bundle carries no release signature: a disconnected cluster will refuse the release unless it can verify it otherwise (set cluster.force_unsigned only if you trust the bundle)", "bundle", r.Name)

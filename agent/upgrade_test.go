@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle/bundletest"
+	"github.com/ferry-edge/ferry/cluster"
 )
 
 // fakeAPI is the cluster's API as the agent sees it: the test plays the
@@ -21,21 +22,21 @@ type fakeAPI struct {
 	mu       sync.Mutex
 	nodes    map[string]map[string]string // node → annotations
 	writes   int
-	starts   []Upgrade
+	starts   []cluster.Upgrade
 	failN    int // fail this many more StartUpgrade calls
-	status   map[string]UpgradeStatus
+	status   map[string]cluster.UpgradeStatus
 	history  []map[string]string // every annotation write, in order
 	annoFail int
 	addrs    map[string]string
-	mco      map[string]NodeUpdate // node → the MCO's state (zero: no MCO)
+	mco      map[string]cluster.NodeUpdate // node → the MCO's state (zero: no MCO)
 	mcoReads int
 	labels   map[string]map[string]string // node → labels
-	sources  []RegistrySource             // the UpgradeBundles' spec.source
+	sources  []cluster.RegistrySource     // the UpgradeBundles' spec.source
 	// the UpgradeBundle resources, by name; readiness of the Nodes
 	bundles   map[string]*fakeBundle
-	readiness map[string]NodeReady
-	events    []string  // type/reason/message of each Event
-	pre       Preflight // what Preflight answers
+	readiness map[string]cluster.NodeReady
+	events    []string          // type/reason/message of each Event
+	pre       cluster.Preflight // what Preflight answers
 	preErr    error
 	preAsked  []string // the versions asked about
 	changed   signal   // fired as a watch would: the test changed the cluster
@@ -44,10 +45,10 @@ type fakeAPI struct {
 func (f *fakeAPI) Changes() <-chan struct{} { return f.changed.c() }
 
 func newFakeAPI() *fakeAPI {
-	return &fakeAPI{nodes: map[string]map[string]string{}, status: map[string]UpgradeStatus{}}
+	return &fakeAPI{nodes: map[string]map[string]string{}, status: map[string]cluster.UpgradeStatus{}}
 }
 
-func (f *fakeAPI) Preflight(_ context.Context, version string, _ []string) (Preflight, error) {
+func (f *fakeAPI) Preflight(_ context.Context, version string, _ []string) (cluster.Preflight, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.preAsked = append(f.preAsked, version)
@@ -85,7 +86,7 @@ func (f *fakeAPI) Annotate(_ context.Context, node string, ann, labels map[strin
 	return nil
 }
 
-func (f *fakeAPI) StartUpgrade(_ context.Context, u Upgrade) error {
+func (f *fakeAPI) StartUpgrade(_ context.Context, u cluster.Upgrade) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.failN > 0 {
@@ -94,12 +95,12 @@ func (f *fakeAPI) StartUpgrade(_ context.Context, u Upgrade) error {
 	}
 	f.starts = append(f.starts, u)
 	if _, ok := f.status[u.Release]; !ok {
-		f.status[u.Release] = UpgradeStatus{State: UpgradePending}
+		f.status[u.Release] = cluster.UpgradeStatus{State: cluster.UpgradePending}
 	}
 	return nil
 }
 
-func (f *fakeAPI) UpgradeStatus(_ context.Context, release string) (UpgradeStatus, error) {
+func (f *fakeAPI) UpgradeStatus(_ context.Context, release string) (cluster.UpgradeStatus, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.status[release], nil
@@ -111,7 +112,7 @@ func (f *fakeAPI) NodeAddresses(context.Context) (map[string]string, error) {
 	return maps.Clone(f.addrs), nil
 }
 
-func (f *fakeAPI) NodeUpdate(_ context.Context, node string) (NodeUpdate, error) {
+func (f *fakeAPI) NodeUpdate(_ context.Context, node string) (cluster.NodeUpdate, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.mcoReads++
@@ -119,17 +120,17 @@ func (f *fakeAPI) NodeUpdate(_ context.Context, node string) (NodeUpdate, error)
 }
 
 // setNode plays the machine config operator on node.
-func (f *fakeAPI) setNode(node string, st NodeUpdate) {
+func (f *fakeAPI) setNode(node string, st cluster.NodeUpdate) {
 	f.mu.Lock()
 	if f.mco == nil {
-		f.mco = map[string]NodeUpdate{}
+		f.mco = map[string]cluster.NodeUpdate{}
 	}
 	f.mco[node] = st
 	f.mu.Unlock()
 	f.changed.fire()
 }
 
-func (f *fakeAPI) set(release string, st UpgradeStatus) {
+func (f *fakeAPI) set(release string, st cluster.UpgradeStatus) {
 	f.mu.Lock()
 	f.status[release] = st
 	f.mu.Unlock()
@@ -186,7 +187,7 @@ func TestUpgrade_StartsFollowsAndCleansUpThroughTheAPI(t *testing.T) {
 	}
 	h.waitFor("the hook after the API", func() bool { b, _ := os.ReadFile(marker); return string(b) == "4.13.7\n" })
 
-	api.set(release, UpgradeStatus{State: UpgradeRunning, Message: "Working towards 4.13.7: 106 of 841 done (12% complete)"})
+	api.set(release, cluster.UpgradeStatus{State: cluster.UpgradeRunning, Message: "Working towards 4.13.7: 106 of 841 done (12% complete)"})
 	s := h.waitPhase(PhaseUpgrading)
 	if !strings.Contains(s.Line, "106 of 841 done") {
 		t.Fatalf("line %q", s.Line)
@@ -194,7 +195,7 @@ func TestUpgrade_StartsFollowsAndCleansUpThroughTheAPI(t *testing.T) {
 	h.waitFor("the progress annotated", func() bool {
 		return strings.Contains(api.annotation("node-a", AnnotationProgress), "106 of 841")
 	})
-	api.set(release, UpgradeStatus{State: UpgradeCompleted, Message: "Cluster version is 4.13.7"})
+	api.set(release, cluster.UpgradeStatus{State: cluster.UpgradeCompleted, Message: "Cluster version is 4.13.7"})
 	s = h.waitPhase(PhaseUpgraded)
 	h.waitFor("the bundle retired", func() bool { s := h.agent.Status(); return s.Phase == "upgraded" && s.Reason == "" })
 	h.loader.mu.Lock()
@@ -282,7 +283,7 @@ func TestUpgrade_AReleaseTheClusterRefusesIsShownWithTheOperatorsWords(t *testin
 	h.plug("/dev/sda", src)
 	h.waitPhase(PhaseClusterReady)
 	release := h.agent.Status().Release
-	api.set(release, UpgradeStatus{State: UpgradeRefused, Reason: "The update cannot be verified: unable to verify sha256:abab… against keyrings: verifier-public-key-redhat"})
+	api.set(release, cluster.UpgradeStatus{State: cluster.UpgradeRefused, Reason: "The update cannot be verified: unable to verify sha256:abab… against keyrings: verifier-public-key-redhat"})
 	s := h.waitReason("the cluster refuses the release")
 	if s.Healthy || !strings.Contains(s.Line, "cannot be verified") {
 		t.Fatalf("status %+v", s)
@@ -342,7 +343,7 @@ func TestUpgrade_AnUpgradeFoundDoneIsCleanedUpAtOnce(t *testing.T) {
 	h.plug("/dev/sda", src)
 	h.waitPhase(PhaseClusterReady)
 	release := h.agent.Status().Release
-	api.set(release, UpgradeStatus{State: UpgradeCompleted, Message: "Cluster version is 4.13.7"})
+	api.set(release, cluster.UpgradeStatus{State: cluster.UpgradeCompleted, Message: "Cluster version is 4.13.7"})
 	h.waitPhase(PhaseUpgraded)
 	h.waitFor("retired", func() bool { h.loader.mu.Lock(); defer h.loader.mu.Unlock(); return len(h.loader.retires) == 1 })
 }
@@ -370,19 +371,19 @@ func TestUpgrade_PeersComeFromTheAPIWhenTheConfigNamesNone(t *testing.T) {
 
 // fakeBundle is an UpgradeBundle as the fake API holds it.
 type fakeBundle struct {
-	policy BundlePolicy
-	sum    BundleSummary
-	nodes  map[string]BundleNodeEntry
+	policy cluster.BundlePolicy
+	sum    cluster.BundleSummary
+	nodes  map[string]cluster.BundleNodeEntry
 }
 
-func (f *fakeAPI) UpgradeBundle(_ context.Context, name string) (BundleView, bool, error) {
+func (f *fakeAPI) UpgradeBundle(_ context.Context, name string) (cluster.BundleView, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b := f.bundles[name]
 	if b == nil {
-		return BundleView{}, false, nil
+		return cluster.BundleView{}, false, nil
 	}
-	return BundleView{UID: "uid-" + name, Policy: b.policy, Nodes: maps.Clone(b.nodes)}, true, nil
+	return cluster.BundleView{UID: "uid-" + name, Policy: b.policy, Nodes: maps.Clone(b.nodes)}, true, nil
 }
 
 func (f *fakeAPI) CreateUpgradeBundle(_ context.Context, name string) error {
@@ -392,12 +393,12 @@ func (f *fakeAPI) CreateUpgradeBundle(_ context.Context, name string) error {
 		f.bundles = map[string]*fakeBundle{}
 	}
 	if f.bundles[name] == nil {
-		f.bundles[name] = &fakeBundle{nodes: map[string]BundleNodeEntry{}}
+		f.bundles[name] = &fakeBundle{nodes: map[string]cluster.BundleNodeEntry{}}
 	}
 	return nil
 }
 
-func (f *fakeAPI) PublishBundle(_ context.Context, name string, sum *BundleSummary, node string, e BundleNodeEntry) error {
+func (f *fakeAPI) PublishBundle(_ context.Context, name string, sum *cluster.BundleSummary, node string, e cluster.BundleNodeEntry) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b := f.bundles[name]
@@ -418,17 +419,17 @@ func (f *fakeAPI) BundleEvent(_ context.Context, name, uid, node, typ, reason, m
 	return nil
 }
 
-func (f *fakeAPI) NodeReadiness(context.Context) (map[string]NodeReady, error) {
+func (f *fakeAPI) NodeReadiness(context.Context) (map[string]cluster.NodeReady, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.readiness == nil {
-		return map[string]NodeReady{"node-a": {Ready: true}}, nil
+		return map[string]cluster.NodeReady{"node-a": {Ready: true}}, nil
 	}
 	return maps.Clone(f.readiness), nil
 }
 
 // setPolicy plays the administrator writing an UpgradeBundle's spec.
-func (f *fakeAPI) setPolicy(name string, p BundlePolicy) {
+func (f *fakeAPI) setPolicy(name string, p cluster.BundlePolicy) {
 	defer f.changed.fire()
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -436,7 +437,7 @@ func (f *fakeAPI) setPolicy(name string, p BundlePolicy) {
 		f.bundles = map[string]*fakeBundle{}
 	}
 	if f.bundles[name] == nil {
-		f.bundles[name] = &fakeBundle{nodes: map[string]BundleNodeEntry{}}
+		f.bundles[name] = &fakeBundle{nodes: map[string]cluster.BundleNodeEntry{}}
 	}
 	f.bundles[name].policy = p
 }
@@ -453,7 +454,7 @@ func (f *fakeAPI) bundle(name string) (fakeBundle, bool) {
 	return c, true
 }
 
-func (f *fakeAPI) Sources(context.Context) ([]RegistrySource, error) {
+func (f *fakeAPI) Sources(context.Context) ([]cluster.RegistrySource, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.sources), nil

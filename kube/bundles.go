@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/url"
 	"time"
+
+	"github.com/ferry-edge/ferry/cluster"
 )
 
 // The UpgradeBundle resource (group ferry.io, packaging/
@@ -13,8 +15,8 @@ import (
 
 const bundlesPath = "/apis/ferry.io/v1alpha1/upgradebundles"
 
-// BundleSpec is an UpgradeBundle's spec.
-type BundleSpec struct {
+// bundleSpec is an UpgradeBundle's spec as the API holds it.
+type bundleSpec struct {
 	ApprovedDigest  string   `json:"approvedDigest,omitempty"`
 	Schedule        string   `json:"schedule,omitempty"`
 	Proceed         bool     `json:"proceed,omitempty"`
@@ -23,67 +25,34 @@ type BundleSpec struct {
 	Cleanup         bool     `json:"cleanup,omitempty"`
 	// Source, when set, has the release pulled from the site's registry
 	// (registry mode) instead of brought on a stick.
-	Source *BundleSource `json:"source,omitempty"`
+	Source *bundleSource `json:"source,omitempty"`
 }
 
-// BundleSource is an UpgradeBundle's spec.source: a release by digest and
-// extra images, pulled once from the registry by one node.
-type BundleSource struct {
+// bundleSource is an UpgradeBundle's spec.source.
+type bundleSource struct {
 	Release     string   `json:"release"`
 	ExtraImages []string `json:"extraImages,omitempty"`
-	// Node pulls; "" the first Ready node by name.
-	Node      string `json:"node,omitempty"`
-	RateLimit string `json:"rateLimit,omitempty"` // bytes per second over the link ("2MiB")
-	Window    string `json:"window,omitempty"`    // local time, "22:00-06:00"
+	Node        string   `json:"node,omitempty"`
+	RateLimit   string   `json:"rateLimit,omitempty"`
+	Window      string   `json:"window,omitempty"`
 }
 
-// Source is one UpgradeBundle's spec.source, with the resource's name.
-type Source struct {
-	Bundle string
-	BundleSource
+// bundleNode is one node's entry in an UpgradeBundle's status.
+type bundleNode struct {
+	Phase      string            `json:"phase,omitempty"`
+	Digest     string            `json:"digest,omitempty"`
+	Reason     string            `json:"reason,omitempty"`
+	Excluded   string            `json:"excluded,omitempty"`
+	Conditions []bundleCondition `json:"conditions,omitempty"`
 }
 
-// BundleCondition is one of a node's conditions (Extracted, Loaded,
-// Updated).
-type BundleCondition struct {
+// bundleCondition is one of a node's conditions.
+type bundleCondition struct {
 	Type               string `json:"type"`
 	Status             string `json:"status"`
 	Reason             string `json:"reason,omitempty"`
 	Message            string `json:"message,omitempty"`
 	LastTransitionTime string `json:"lastTransitionTime,omitempty"`
-}
-
-// BundleNode is one node's entry in an UpgradeBundle's status.
-type BundleNode struct {
-	Phase      string            `json:"phase,omitempty"`
-	Digest     string            `json:"digest,omitempty"`
-	Reason     string            `json:"reason,omitempty"`
-	Excluded   string            `json:"excluded,omitempty"`
-	Conditions []BundleCondition `json:"conditions,omitempty"`
-}
-
-// BundleSummary is the part of an UpgradeBundle's status every node
-// writes alike: the bundle and the cluster's view of it.
-type BundleSummary struct {
-	Version    string   `json:"version,omitempty"`
-	Arch       string   `json:"arch,omitempty"`
-	Release    string   `json:"release,omitempty"`
-	Digest     string   `json:"digest,omitempty"`
-	Size       string   `json:"size,omitempty"`
-	Images     int      `json:"images,omitempty"`
-	Phase      string   `json:"phase,omitempty"`
-	NodesReady string   `json:"nodesReady,omitempty"`
-	Approved   string   `json:"approved,omitempty"`
-	Warnings   []string `json:"warnings,omitempty"`
-	Excluded   []string `json:"excluded,omitempty"`
-}
-
-// UpgradeBundle is the resource as ferry reads it.
-type UpgradeBundle struct {
-	Name  string
-	UID   string
-	Spec  BundleSpec
-	Nodes map[string]BundleNode
 }
 
 type upgradeBundle struct {
@@ -93,28 +62,57 @@ type upgradeBundle struct {
 		Name string `json:"name"`
 		UID  string `json:"uid,omitempty"`
 	} `json:"metadata"`
-	Spec   BundleSpec `json:"spec"`
+	Spec   bundleSpec `json:"spec"`
 	Status struct {
-		Nodes map[string]BundleNode `json:"nodes"`
+		Nodes map[string]bundleNode `json:"nodes"`
 	} `json:"status"`
 }
 
 // UpgradeBundle reads the UpgradeBundle name; ok is false when there is
 // none (or no CRD).
-func (c *Client) UpgradeBundle(ctx context.Context, name string) (ub UpgradeBundle, ok bool, err error) {
+func (c *Client) UpgradeBundle(ctx context.Context, name string) (cluster.BundleView, bool, error) {
 	var o upgradeBundle
-	err = c.do(ctx, "GET", bundlesPath+"/"+url.PathEscape(name), "", nil, &o)
+	err := c.do(ctx, "GET", bundlesPath+"/"+url.PathEscape(name), "", nil, &o)
 	if IsNotFound(err) {
-		return UpgradeBundle{Name: name}, false, nil
+		return cluster.BundleView{}, false, nil
 	}
 	if err != nil {
-		return UpgradeBundle{Name: name}, false, fmt.Errorf("reading upgradebundle %s: %w", name, err)
+		return cluster.BundleView{}, false, fmt.Errorf("reading upgradebundle %s: %w", name, err)
 	}
 	return o.view(), true, nil
 }
 
-func (o *upgradeBundle) view() UpgradeBundle {
-	return UpgradeBundle{Name: o.Metadata.Name, UID: o.Metadata.UID, Spec: o.Spec, Nodes: o.Status.Nodes}
+// view is the resource as ferry reads it.
+func (o *upgradeBundle) view() cluster.BundleView {
+	s := o.Spec
+	v := cluster.BundleView{UID: o.Metadata.UID, Nodes: map[string]cluster.BundleNodeEntry{}, Policy: cluster.BundlePolicy{
+		ApprovedDigest: s.ApprovedDigest, Schedule: s.Schedule, Proceed: s.Proceed, ExcludedNodes: s.ExcludedNodes, Cleanup: s.Cleanup}}
+	if s.NotReadyTimeout != "" {
+		// The CRD's pattern admits only Go durations.
+		v.Policy.NotReadyTimeout, _ = time.ParseDuration(s.NotReadyTimeout)
+	}
+	for n, e := range o.Status.Nodes {
+		entry := cluster.BundleNodeEntry{Phase: e.Phase, Digest: e.Digest, Reason: e.Reason, Excluded: e.Excluded}
+		for _, c := range e.Conditions {
+			since, _ := time.Parse(time.RFC3339, c.LastTransitionTime)
+			entry.Conditions = append(entry.Conditions, cluster.BundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message, Since: since})
+		}
+		v.Nodes[n] = entry
+	}
+	return v
+}
+
+// entryOf is a node's entry as the API holds it.
+func entryOf(e cluster.BundleNodeEntry) bundleNode {
+	out := bundleNode{Phase: e.Phase, Digest: e.Digest, Reason: e.Reason, Excluded: e.Excluded}
+	for _, c := range e.Conditions {
+		bc := bundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
+		if !c.Since.IsZero() {
+			bc.LastTransitionTime = c.Since.UTC().Format(time.RFC3339)
+		}
+		out.Conditions = append(out.Conditions, bc)
+	}
+	return out
 }
 
 // CreateUpgradeBundle creates the UpgradeBundle name with an empty spec
@@ -131,17 +129,18 @@ func (c *Client) CreateUpgradeBundle(ctx context.Context, name string) error {
 
 // PublishBundleStatus writes the summary and node's own entry into the
 // UpgradeBundle's status with one merge patch: other nodes' entries stay.
-func (c *Client) PublishBundleStatus(ctx context.Context, name string, sum BundleSummary, node string, entry BundleNode) error {
+func (c *Client) PublishBundleStatus(ctx context.Context, name string, sum cluster.BundleSummary, node string, entry cluster.BundleNodeEntry) error {
 	return c.publishBundle(ctx, name, &sum, node, entry)
 }
 
 // PublishBundleEntry writes node's own entry only: the summary is one
 // other node's to write.
-func (c *Client) PublishBundleEntry(ctx context.Context, name, node string, entry BundleNode) error {
+func (c *Client) PublishBundleEntry(ctx context.Context, name, node string, entry cluster.BundleNodeEntry) error {
 	return c.publishBundle(ctx, name, nil, node, entry)
 }
 
-func (c *Client) publishBundle(ctx context.Context, name string, sum *BundleSummary, node string, entry BundleNode) error {
+func (c *Client) publishBundle(ctx context.Context, name string, sum *cluster.BundleSummary, node string, e cluster.BundleNodeEntry) error {
+	entry := entryOf(e)
 	// A merge patch keeps what it does not name: a field now empty is
 	// sent as null, or a reason from an earlier phase would stay.
 	own := map[string]any{"phase": entry.Phase, "digest": entry.Digest, "reason": entry.Reason, "excluded": entry.Excluded, "conditions": entry.Conditions}
@@ -183,26 +182,20 @@ func (c *Client) BundleEvent(ctx context.Context, name, uid, node, eventType, re
 	return nil
 }
 
-// NodeReady is one Node's Ready condition.
-type NodeReady struct {
-	Ready bool
-	Since time.Time // when the condition last changed
-}
-
 // NodeReadiness returns every Node's Ready condition, by node name (a
 // Node without one is not ready, since its creation).
-func (c *Client) NodeReadiness(ctx context.Context) (map[string]NodeReady, error) {
+func (c *Client) NodeReadiness(ctx context.Context) (map[string]cluster.NodeReady, error) {
 	nodes, err := c.listNodes(ctx)
 	return readinessOf(nodes), err
 }
 
-func readinessOf(nodes []node) map[string]NodeReady {
-	out := map[string]NodeReady{}
+func readinessOf(nodes []node) map[string]cluster.NodeReady {
+	out := map[string]cluster.NodeReady{}
 	for _, n := range nodes {
-		r := NodeReady{Since: n.Metadata.CreationTimestamp}
+		r := cluster.NodeReady{Since: n.Metadata.CreationTimestamp}
 		for _, cond := range n.Status.Conditions {
 			if cond.Type == "Ready" {
-				r = NodeReady{Ready: cond.Status == "True", Since: cond.LastTransitionTime}
+				r = cluster.NodeReady{Ready: cond.Status == "True", Since: cond.LastTransitionTime}
 			}
 		}
 		out[n.Metadata.Name] = r
@@ -218,7 +211,7 @@ func (c *Client) ApprovedDigests(ctx context.Context) ([]string, error) {
 }
 
 // Sources is every UpgradeBundle's spec.source (none without the CRD).
-func (c *Client) Sources(ctx context.Context) ([]Source, error) {
+func (c *Client) Sources(ctx context.Context) ([]cluster.RegistrySource, error) {
 	bs, err := c.listBundles(ctx)
 	return sourcesOf(bs), err
 }
@@ -238,11 +231,12 @@ func (c *Client) listBundles(ctx context.Context) ([]upgradeBundle, error) {
 	return list.Items, nil
 }
 
-func sourcesOf(bundles []upgradeBundle) []Source {
-	var out []Source
+func sourcesOf(bundles []upgradeBundle) []cluster.RegistrySource {
+	var out []cluster.RegistrySource
 	for _, b := range bundles {
-		if b.Spec.Source != nil && b.Spec.Source.Release != "" && !b.Spec.Cleanup {
-			out = append(out, Source{Bundle: b.Metadata.Name, BundleSource: *b.Spec.Source})
+		if s := b.Spec.Source; s != nil && s.Release != "" && !b.Spec.Cleanup {
+			out = append(out, cluster.RegistrySource{Bundle: b.Metadata.Name, Release: s.Release, Extras: s.ExtraImages,
+				Node: s.Node, RateLimit: s.RateLimit, Window: s.Window})
 		}
 	}
 	return out

@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"sync"
 	"time"
+
+	"github.com/ferry-edge/ferry/cluster"
 )
 
 // Follower keeps, with watches (watch.go), what one node's agent follows
@@ -61,17 +63,17 @@ func (f *Follower) Run(ctx context.Context) error {
 func (f *Follower) Changes() <-chan struct{} { return f.changed.C() }
 
 // UpgradeBundle is Client.UpgradeBundle, from the copy.
-func (f *Follower) UpgradeBundle(ctx context.Context, name string) (UpgradeBundle, bool, error) {
+func (f *Follower) UpgradeBundle(ctx context.Context, name string) (cluster.BundleView, bool, error) {
 	raw, found, synced := f.bundles.Get(name)
 	if !synced {
 		return f.c.UpgradeBundle(ctx, name)
 	}
 	if !found {
-		return UpgradeBundle{Name: name}, false, nil
+		return cluster.BundleView{}, false, nil
 	}
 	var o upgradeBundle
 	if err := json.Unmarshal(raw, &o); err != nil {
-		return UpgradeBundle{Name: name}, false, fmt.Errorf("reading upgradebundle %s: %w", name, err)
+		return cluster.BundleView{}, false, fmt.Errorf("reading upgradebundle %s: %w", name, err)
 	}
 	return o.view(), true, nil
 }
@@ -86,7 +88,7 @@ func (f *Follower) ApprovedDigests(ctx context.Context) ([]string, error) {
 }
 
 // Sources is Client.Sources, from the copy.
-func (f *Follower) Sources(ctx context.Context) ([]Source, error) {
+func (f *Follower) Sources(ctx context.Context) ([]cluster.RegistrySource, error) {
 	bs, err := f.bundleList()
 	if bs == nil && err == nil {
 		return f.c.Sources(ctx)
@@ -113,17 +115,17 @@ func (f *Follower) bundleList() ([]upgradeBundle, error) {
 }
 
 // UpgradeStatus is Client.UpgradeStatus, from the copy.
-func (f *Follower) UpgradeStatus(ctx context.Context, release string) (Upgrade, error) {
+func (f *Follower) UpgradeStatus(ctx context.Context, release string) (cluster.UpgradeStatus, error) {
 	raw, found, synced := f.version.Get("version")
 	if !synced {
 		return f.c.UpgradeStatus(ctx, release)
 	}
 	if !found {
-		return Upgrade{}, fmt.Errorf("the cluster has no clusterversion/version")
+		return cluster.UpgradeStatus{}, fmt.Errorf("the cluster has no clusterversion/version")
 	}
 	var cv clusterVersion
 	if err := json.Unmarshal(raw, &cv); err != nil {
-		return Upgrade{}, fmt.Errorf("reading clusterversion/version: %w", err)
+		return cluster.UpgradeStatus{}, fmt.Errorf("reading clusterversion/version: %w", err)
 	}
 	return upgradeOf(&cv, release), nil
 }
@@ -138,7 +140,7 @@ func (f *Follower) NodeAddresses(ctx context.Context) (map[string]string, error)
 }
 
 // NodeReadiness is Client.NodeReadiness, from the copy.
-func (f *Follower) NodeReadiness(ctx context.Context) (map[string]NodeReady, error) {
+func (f *Follower) NodeReadiness(ctx context.Context) (map[string]cluster.NodeReady, error) {
 	nodes, err := f.nodeList()
 	if nodes == nil && err == nil {
 		return f.c.NodeReadiness(ctx)
@@ -166,17 +168,17 @@ func (f *Follower) nodeList() ([]node, error) {
 // MachineConfigState is Client.MachineConfigState, the Node from the
 // copy (for the follower's own node) and the pools as read in the last
 // poolsFor.
-func (f *Follower) MachineConfigState(ctx context.Context, node string) (MachineConfigState, error) {
+func (f *Follower) MachineConfigState(ctx context.Context, node string) (cluster.NodeUpdate, error) {
 	raw, found, synced := f.nodes.Get(node)
 	if node != f.node || !synced {
 		return f.c.MachineConfigState(ctx, node)
 	}
 	if !found {
-		return MachineConfigState{}, fmt.Errorf("reading node %s: %w", node, &APIError{Code: 404, Reason: "NotFound", Message: "nodes " + url.PathEscape(node) + " not found"})
+		return cluster.NodeUpdate{}, fmt.Errorf("reading node %s: %w", node, &APIError{Code: 404, Reason: "NotFound", Message: "nodes " + url.PathEscape(node) + " not found"})
 	}
 	var n mcoNode
 	if err := json.Unmarshal(raw, &n); err != nil {
-		return MachineConfigState{}, fmt.Errorf("reading node %s: %w", node, err)
+		return cluster.NodeUpdate{}, fmt.Errorf("reading node %s: %w", node, err)
 	}
 	return n.state(ctx, f.cachedPools)
 }

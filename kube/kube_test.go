@@ -16,6 +16,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ferry-edge/ferry/cluster"
 )
 
 func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
@@ -115,17 +117,17 @@ func TestUpgradeOf_ReadsHistoryAndConditionsAsTheOperatorWritesThem(t *testing.T
 	tests := []struct {
 		name   string
 		cv     *clusterVersion
-		state  string
+		state  cluster.UpgradeState
 		reason string
 	}{
-		{"another release desired", cv(old, [][2]string{{old, "Completed"}}), NotAsked, ""},
-		{"asked, not started", cv(rel, [][2]string{{old, "Completed"}}, progressing), Pending, ""},
-		{"asked, not an allowed update", cv(rel, [][2]string{{old, "Completed"}}, condition{Type: "ReleaseAccepted", Status: "False", Message: "not signed"}), Refused, "not signed"},
-		{"partial", cv(rel, [][2]string{{rel, "Partial"}, {old, "Completed"}}, progressing), Upgrading, ""},
-		{"partial and failing", cv(rel, [][2]string{{rel, "Partial"}}, condition{Type: "Failing", Status: "True", Message: "etcd degraded"}), Upgrading, "etcd degraded"},
-		{"completed", cv(rel, [][2]string{{rel, "Completed"}, {old, "Completed"}}), Upgraded, ""},
-		{"completed, then another started", cv(old, [][2]string{{old, "Partial"}, {rel, "Completed"}}), Upgraded, ""},
-		{"blocked by Upgradeable=False", cv(rel, [][2]string{{old, "Completed"}}, condition{Type: "Upgradeable", Status: "False", Message: "admin ack required"}), Pending, "admin ack required"},
+		{"another release desired", cv(old, [][2]string{{old, "Completed"}}), cluster.UpgradeNotAsked, ""},
+		{"asked, not started", cv(rel, [][2]string{{old, "Completed"}}, progressing), cluster.UpgradePending, ""},
+		{"asked, not an allowed update", cv(rel, [][2]string{{old, "Completed"}}, condition{Type: "ReleaseAccepted", Status: "False", Message: "not signed"}), cluster.UpgradeRefused, "not signed"},
+		{"partial", cv(rel, [][2]string{{rel, "Partial"}, {old, "Completed"}}, progressing), cluster.UpgradeRunning, ""},
+		{"partial and failing", cv(rel, [][2]string{{rel, "Partial"}}, condition{Type: "Failing", Status: "True", Message: "etcd degraded"}), cluster.UpgradeRunning, "etcd degraded"},
+		{"completed", cv(rel, [][2]string{{rel, "Completed"}, {old, "Completed"}}), cluster.UpgradeCompleted, ""},
+		{"completed, then another started", cv(old, [][2]string{{old, "Partial"}, {rel, "Completed"}}), cluster.UpgradeCompleted, ""},
+		{"blocked by Upgradeable=False", cv(rel, [][2]string{{old, "Completed"}}, condition{Type: "Upgradeable", Status: "False", Message: "admin ack required"}), cluster.UpgradePending, "admin ack required"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

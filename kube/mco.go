@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+
+	"github.com/ferry-edge/ferry/cluster"
 )
 
 // The machine config operator's annotations on a Node, written by its
@@ -18,26 +20,13 @@ const (
 	poolsPath        = "/apis/machineconfiguration.openshift.io/v1/machineconfigpools"
 )
 
-// MachineConfigState is how the machine config operator stands with one
-// node: its Node's annotations and the MachineConfigPool it is in.
-type MachineConfigState struct {
-	Managed bool   // the Node carries the MCO's annotations
-	State   string // Done, Working, Degraded, …
-	Current string // currentConfig
-	Desired string // desiredConfig
-	Reason  string
-	Pool    string // the pool whose nodeSelector matches the Node, "" for none
-	Paused  bool   // the pool's spec.paused
-	Target  string // the pool's spec.configuration.name
-}
-
 // MachineConfigState reads the Node named node and, when the machine
 // config operator manages it, the MachineConfigPools (a cluster without
 // their CRD has no pool).
-func (c *Client) MachineConfigState(ctx context.Context, node string) (MachineConfigState, error) {
+func (c *Client) MachineConfigState(ctx context.Context, node string) (cluster.NodeUpdate, error) {
 	var n mcoNode
 	if err := c.do(ctx, "GET", "/api/v1/nodes/"+url.PathEscape(node), "", nil, &n); err != nil {
-		return MachineConfigState{}, fmt.Errorf("reading node %s: %w", node, err)
+		return cluster.NodeUpdate{}, fmt.Errorf("reading node %s: %w", node, err)
 	}
 	return n.state(ctx, c.pools)
 }
@@ -52,9 +41,9 @@ type mcoNode struct {
 
 // state is the MCO's state of n, with the pools from pools when the MCO
 // manages it.
-func (n *mcoNode) state(ctx context.Context, pools func(context.Context) ([]pool, error)) (MachineConfigState, error) {
+func (n *mcoNode) state(ctx context.Context, pools func(context.Context) ([]pool, error)) (cluster.NodeUpdate, error) {
 	a := n.Metadata.Annotations
-	var st MachineConfigState
+	var st cluster.NodeUpdate
 	for _, k := range []string{MCOCurrentConfig, MCODesiredConfig, MCOState} {
 		if _, ok := a[k]; ok {
 			st.Managed = true

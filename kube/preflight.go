@@ -7,25 +7,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/ferry-edge/ferry/cluster"
 )
-
-// Preflight is what the cluster says of an upgrade to one bundle before
-// anything is spread over the nodes: Refusals stop it (the version
-// operator would refuse it too, hours later), Warnings are shown and do
-// not block.
-type Preflight struct {
-	Current  string // the cluster's version now ("" when unknown)
-	Refusals []string
-	Warnings []string
-}
-
-// PreflightRequest is the bundle the cluster is asked about.
-type PreflightRequest struct {
-	Version string
-	// Images are every reference the bundle holds (name[:tag]@sha256:…),
-	// the release included.
-	Images []string
-}
 
 const (
 	clusterOperatorsPath = "/apis/config.openshift.io/v1/clusteroperators"
@@ -35,21 +19,23 @@ const (
 	maxListed = 10
 )
 
-// Preflight checks the bundle's version against ClusterVersion (a
+// Preflight checks the bundle's version, target, against ClusterVersion (a
 // downgrade, the same version and a skipped minor are refused; a minor
 // update is refused while Upgradeable=False or an admin-ack the cluster
 // requires is not given) and warns of paused pools, degraded or
 // unavailable cluster operators, and workloads that pull, with
 // imagePullPolicy Always, images the bundle does not carry. A resource a
-// cluster lacks (no MCO, no ClusterOperator CRD) is skipped.
-func (c *Client) Preflight(ctx context.Context, req PreflightRequest) (Preflight, error) {
-	var p Preflight
+// cluster lacks (no MCO, no ClusterOperator CRD) is skipped. images are
+// every reference the bundle holds (name[:tag]@sha256:…), the release
+// included.
+func (c *Client) Preflight(ctx context.Context, target string, images []string) (cluster.Preflight, error) {
+	var p cluster.Preflight
 	cv, err := c.clusterVersion(ctx)
 	if err != nil {
 		return p, fmt.Errorf("reading clusterversion/version: %w", err)
 	}
 	p.Current = cv.current()
-	if err := c.checkVersion(ctx, &p, cv, req.Version); err != nil {
+	if err := c.checkVersion(ctx, &p, cv, target); err != nil {
 		return p, err
 	}
 	if err := c.checkPools(ctx, &p); err != nil {
@@ -58,7 +44,7 @@ func (c *Client) Preflight(ctx context.Context, req PreflightRequest) (Preflight
 	if err := c.checkOperators(ctx, &p); err != nil {
 		return p, err
 	}
-	if err := c.checkAlwaysPull(ctx, &p, req.Images); err != nil {
+	if err := c.checkAlwaysPull(ctx, &p, images); err != nil {
 		return p, err
 	}
 	return p, nil
@@ -75,7 +61,7 @@ func (cv *clusterVersion) current() string {
 	return cv.Status.Desired.Version
 }
 
-func (c *Client) checkVersion(ctx context.Context, p *Preflight, cv *clusterVersion, target string) error {
+func (c *Client) checkVersion(ctx context.Context, p *cluster.Preflight, cv *clusterVersion, target string) error {
 	cur, okCur := parseVersion(p.Current)
 	to, okTo := parseVersion(target)
 	if !okCur || !okTo {
@@ -109,7 +95,7 @@ var adminGateRE = regexp.MustCompile(`^ack-([4-5][.][0-9]{1,})-[^-]`)
 
 // checkAdminAcks refuses a minor update while an admin gate of the
 // cluster's current minor is not acknowledged ("true" in admin-acks).
-func (c *Client) checkAdminAcks(ctx context.Context, p *Preflight, cur version) error {
+func (c *Client) checkAdminAcks(ctx context.Context, p *cluster.Preflight, cur version) error {
 	var gates, acks configMapData
 	if err := c.do(ctx, "GET", adminGatesPath, "", nil, &gates); err != nil && !IsNotFound(err) {
 		return fmt.Errorf("reading openshift-config-managed/admin-gates: %w", err)
@@ -137,7 +123,7 @@ type configMapData struct {
 	Data map[string]string `json:"data"`
 }
 
-func (c *Client) checkPools(ctx context.Context, p *Preflight) error {
+func (c *Client) checkPools(ctx context.Context, p *cluster.Preflight) error {
 	var list struct {
 		Items []pool `json:"items"`
 	}
@@ -160,7 +146,7 @@ func (c *Client) checkPools(ctx context.Context, p *Preflight) error {
 	return nil
 }
 
-func (c *Client) checkOperators(ctx context.Context, p *Preflight) error {
+func (c *Client) checkOperators(ctx context.Context, p *cluster.Preflight) error {
 	var list struct {
 		Items []struct {
 			Metadata struct {
@@ -201,7 +187,7 @@ func (c *Client) checkOperators(ctx context.Context, p *Preflight) error {
 // imagePullPolicy Always an image the bundle does not carry: with no
 // registry reachable, they fail to start wherever they are restarted
 // during the upgrade.
-func (c *Client) checkAlwaysPull(ctx context.Context, p *Preflight, images []string) error {
+func (c *Client) checkAlwaysPull(ctx context.Context, p *cluster.Preflight, images []string) error {
 	carried := map[string]bool{}
 	for _, ref := range images {
 		name, rest, _ := strings.Cut(ref, "@")

@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"time"
+
+	"github.com/ferry-edge/ferry/cluster"
 )
 
 // Where a disconnected cluster's version operator reads release
@@ -18,19 +20,11 @@ const (
 	clusterVersionPath = "/apis/config.openshift.io/v1/clusterversions/version"
 )
 
-// UpgradeRequest is the update ferry asks for.
-type UpgradeRequest struct {
-	Release    string // name@sha256:<hex>
-	Version    string
-	Signatures [][]byte
-	Force      bool
-}
-
 // StartUpgrade writes the release's signatures as the ConfigMap the
 // cluster version operator reads, then merge-patches ClusterVersion's
 // spec.desiredUpdate. It does nothing to desiredUpdate when it already
 // names the release; calling it again is harmless.
-func (c *Client) StartUpgrade(ctx context.Context, u UpgradeRequest) error {
+func (c *Client) StartUpgrade(ctx context.Context, u cluster.Upgrade) error {
 	hex, ok := strings.CutPrefix(u.Release[strings.LastIndex(u.Release, "@")+1:], "sha256:")
 	if !ok || len(hex) != 64 {
 		return fmt.Errorf("release %q is not a digest reference (name@sha256:…)", u.Release)
@@ -156,28 +150,11 @@ func (cv *clusterVersion) condition(t string) *condition {
 	return nil
 }
 
-// Upgrade states, as UpgradeStatus reports them.
-const (
-	NotAsked  = ""          // desiredUpdate names another release, or none
-	Pending   = "pending"   // asked; the operator has not started it
-	Upgrading = "upgrading" // history[0] is the release, Partial
-	Upgraded  = "upgraded"  // a history entry for the release is Completed
-	Refused   = "refused"   // ReleaseAccepted=False, or Failing while asked
-)
-
-// Upgrade is how the cluster's upgrade to one release stands, in the
-// cluster version operator's own words.
-type Upgrade struct {
-	State   string
-	Message string // the Progressing condition's message
-	Reason  string // Failing, ReleaseAccepted=False, Upgradeable=False messages
-}
-
 // UpgradeStatus reads ClusterVersion for release.
-func (c *Client) UpgradeStatus(ctx context.Context, release string) (Upgrade, error) {
+func (c *Client) UpgradeStatus(ctx context.Context, release string) (cluster.UpgradeStatus, error) {
 	cv, err := c.clusterVersion(ctx)
 	if err != nil {
-		return Upgrade{}, err
+		return cluster.UpgradeStatus{}, err
 	}
 	return upgradeOf(cv, release), nil
 }
@@ -185,8 +162,8 @@ func (c *Client) UpgradeStatus(ctx context.Context, release string) (Upgrade, er
 // upgradeOf reads ClusterVersion as the cluster version operator writes
 // it: history newest first, conditions Progressing, Failing,
 // ReleaseAccepted, Upgradeable.
-func upgradeOf(cv *clusterVersion, release string) Upgrade {
-	var u Upgrade
+func upgradeOf(cv *clusterVersion, release string) cluster.UpgradeStatus {
+	var u cluster.UpgradeStatus
 	if p := cv.condition("Progressing"); p != nil {
 		u.Message = p.Message
 	}
@@ -207,22 +184,22 @@ func upgradeOf(cv *clusterVersion, release string) Upgrade {
 			continue
 		}
 		if h.State == "Completed" {
-			u.State = Upgraded
+			u.State = cluster.UpgradeCompleted
 			return u
 		}
 		if i == 0 {
-			u.State = Upgrading
+			u.State = cluster.UpgradeRunning
 			return u
 		}
 	}
 	desired := cv.Spec.DesiredUpdate
 	switch {
 	case desired == nil || desired.Image != release:
-		u.State = NotAsked
+		u.State = cluster.UpgradeNotAsked
 	case accepted != nil && accepted.Status == "False":
-		u.State = Refused
+		u.State = cluster.UpgradeRefused
 	default:
-		u.State = Pending
+		u.State = cluster.UpgradePending
 	}
 	return u
 }

@@ -8,14 +8,15 @@ import (
 	"maps"
 	"os"
 	"slices"
-	"time"
 
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/kube"
 )
 
-// clusterAPI is the agent's ClusterAPI on the kube client, what the agent
-// follows read from the Follower's watches: type conversions only.
+// clusterAPI is the agent's ClusterAPI on the kube client: what the agent
+// follows is read from the Follower's copy (kept by its watches), the
+// rest (the writes, the preflight) is the Client's.
 type clusterAPI struct {
 	*kube.Client
 	f *kube.Follower
@@ -27,78 +28,37 @@ func (k clusterAPI) ApprovedDigests(ctx context.Context) ([]string, error) {
 	return k.f.ApprovedDigests(ctx)
 }
 
-func (k clusterAPI) Sources(ctx context.Context) ([]agent.RegistrySource, error) {
-	srcs, err := k.f.Sources(ctx)
-	var out []agent.RegistrySource
-	for _, s := range srcs {
-		out = append(out, agent.RegistrySource{Bundle: s.Bundle, Release: s.Release, Extras: s.ExtraImages,
-			Node: s.Node, RateLimit: s.RateLimit, Window: s.Window})
-	}
-	return out, err
+func (k clusterAPI) Sources(ctx context.Context) ([]cluster.RegistrySource, error) {
+	return k.f.Sources(ctx)
 }
 
-func (k clusterAPI) StartUpgrade(ctx context.Context, u agent.Upgrade) error {
-	return k.Client.StartUpgrade(ctx, kube.UpgradeRequest(u))
+func (k clusterAPI) UpgradeStatus(ctx context.Context, release string) (cluster.UpgradeStatus, error) {
+	return k.f.UpgradeStatus(ctx, release)
 }
 
-func (k clusterAPI) UpgradeStatus(ctx context.Context, release string) (agent.UpgradeStatus, error) {
-	u, err := k.f.UpgradeStatus(ctx, release)
-	return agent.UpgradeStatus{State: agent.UpgradeState(u.State), Message: u.Message, Reason: u.Reason}, err
+func (k clusterAPI) NodeUpdate(ctx context.Context, node string) (cluster.NodeUpdate, error) {
+	return k.f.MachineConfigState(ctx, node)
 }
 
-func (k clusterAPI) NodeUpdate(ctx context.Context, node string) (agent.NodeUpdate, error) {
-	st, err := k.f.MachineConfigState(ctx, node)
-	return agent.NodeUpdate(st), err
-}
-
-func (k clusterAPI) Preflight(ctx context.Context, version string, images []string) (agent.Preflight, error) {
-	p, err := k.Client.Preflight(ctx, kube.PreflightRequest{Version: version, Images: images})
-	return agent.Preflight(p), err
-}
-
-func (k clusterAPI) UpgradeBundle(ctx context.Context, name string) (agent.BundleView, bool, error) {
-	ub, ok, err := k.f.UpgradeBundle(ctx, name)
-	if err != nil || !ok {
-		return agent.BundleView{}, ok, err
-	}
-	v := agent.BundleView{UID: ub.UID, Nodes: map[string]agent.BundleNodeEntry{}, Policy: agent.BundlePolicy{
-		ApprovedDigest: ub.Spec.ApprovedDigest, Schedule: ub.Spec.Schedule, Proceed: ub.Spec.Proceed, ExcludedNodes: ub.Spec.ExcludedNodes, Cleanup: ub.Spec.Cleanup}}
-	if ub.Spec.NotReadyTimeout != "" {
-		// The CRD's pattern admits only Go durations.
-		v.Policy.NotReadyTimeout, _ = time.ParseDuration(ub.Spec.NotReadyTimeout)
-	}
-	for n, e := range ub.Nodes {
-		v.Nodes[n] = agent.BundleNodeEntry{Phase: e.Phase, Digest: e.Digest, Reason: e.Reason, Excluded: e.Excluded}
-	}
-	return v, true, nil
-}
-
-func (k clusterAPI) PublishBundle(ctx context.Context, name string, s *agent.BundleSummary, node string, e agent.BundleNodeEntry) error {
-	entry := kube.BundleNode{Phase: e.Phase, Digest: e.Digest, Reason: e.Reason, Excluded: e.Excluded}
-	for _, c := range e.Conditions {
-		bc := kube.BundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
-		if !c.Since.IsZero() {
-			bc.LastTransitionTime = c.Since.UTC().Format(time.RFC3339)
-		}
-		entry.Conditions = append(entry.Conditions, bc)
-	}
-	if s == nil {
-		return k.Client.PublishBundleEntry(ctx, name, node, entry)
-	}
-	return k.Client.PublishBundleStatus(ctx, name, kube.BundleSummary(*s), node, entry)
+func (k clusterAPI) UpgradeBundle(ctx context.Context, name string) (cluster.BundleView, bool, error) {
+	return k.f.UpgradeBundle(ctx, name)
 }
 
 func (k clusterAPI) NodeAddresses(ctx context.Context) (map[string]string, error) {
 	return k.f.NodeAddresses(ctx)
 }
 
-func (k clusterAPI) NodeReadiness(ctx context.Context) (map[string]agent.NodeReady, error) {
-	rs, err := k.f.NodeReadiness(ctx)
-	out := map[string]agent.NodeReady{}
-	for n, r := range rs {
-		out[n] = agent.NodeReady(r)
+func (k clusterAPI) NodeReadiness(ctx context.Context) (map[string]cluster.NodeReady, error) {
+	return k.f.NodeReadiness(ctx)
+}
+
+// PublishBundle writes the summary with node's entry when this node is
+// the summary's writer (sum not nil), else the entry alone.
+func (k clusterAPI) PublishBundle(ctx context.Context, name string, sum *cluster.BundleSummary, node string, e cluster.BundleNodeEntry) error {
+	if sum == nil {
+		return k.Client.PublishBundleEntry(ctx, name, node, e)
 	}
-	return out, err
+	return k.Client.PublishBundleStatus(ctx, name, *sum, node, e)
 }
 
 // newClusterAPI is the Kubernetes API when a kubeconfig is configured: the

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
@@ -83,7 +84,7 @@ func TestPolicy_SignatureConfigMapsAreBoundedAndNeverImmutable(t *testing.T) {
 	for i := range sigs {
 		sigs[i] = []byte(strings.Repeat(fmt.Sprint(i%10), 16<<10))
 	}
-	if err := a.StartUpgrade(ctx, kube.UpgradeRequest{Release: next, Version: "4.13.7", Signatures: sigs}); err != nil {
+	if err := a.StartUpgrade(ctx, cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: sigs}); err != nil {
 		t.Fatalf("ferry's own signatures: %v", err)
 	}
 	// Made immutable afterwards, or grown, by a node: refused too.
@@ -95,7 +96,7 @@ func TestPolicy_SignatureConfigMapsAreBoundedAndNeverImmutable(t *testing.T) {
 	denied(t, "making it immutable", put(cm(keys(1, 600), map[string]any{"immutable": true}, map[string]any{"resourceVersion": rv})), "ferry-release-signatures")
 	denied(t, "growing a signature past 16 KiB", put(cm(keys(1, 16<<10+3), nil, map[string]any{"resourceVersion": rv})), "ferry-release-signatures")
 	// ferry writes the release's signatures again, as on a retry.
-	if err := a.StartUpgrade(ctx, kube.UpgradeRequest{Release: next, Version: "4.13.7", Signatures: sigs[:2]}); err != nil {
+	if err := a.StartUpgrade(ctx, cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: sigs[:2]}); err != nil {
 		t.Fatalf("ferry writing the signatures again: %v", err)
 	}
 	if _, data, _ := e.ConfigMap(managed, name); len(data) != 2 {
@@ -135,34 +136,36 @@ func TestPolicy_UpgradeBundlesAreBoundedByNameAndSize(t *testing.T) {
 	for i := range warnings {
 		warnings[i] = long
 	}
-	sum := kube.BundleSummary{Version: "4.13.7", Arch: "x86_64", Release: "quay.io/" + strings.Repeat("r", 900) + "@sha256:" + sigHex,
+	sum := cluster.BundleSummary{Version: "4.13.7", Arch: "x86_64", Release: "quay.io/" + strings.Repeat("r", 900) + "@sha256:" + sigHex,
 		Digest: "sha256:" + sigHex, Size: "14.2 GiB", Images: 190, Phase: "loading", NodesReady: "0/1", Approved: "waiting for approval", Warnings: warnings}
-	entry := kube.BundleNode{Phase: "loading", Digest: "sha256:" + sigHex, Reason: long, Conditions: []kube.BundleCondition{
+	entry := cluster.BundleNodeEntry{Phase: "loading", Digest: "sha256:" + sigHex, Reason: long, Conditions: []cluster.BundleCondition{
 		{Type: "Extracted", Status: "True", Reason: "Loading"}, {Type: "Loaded", Status: "False", Reason: "Loading", Message: long}, {Type: "Updated", Status: "False", Reason: "Loading", Message: long}}}
 	const name = bundleName
 	if err := a.PublishBundleStatus(ctx, name, sum, "node-a", entry); err != nil {
 		t.Fatalf("ferry's largest status: %v", err)
 	}
-	grown := func(f func(s *kube.BundleSummary, n *kube.BundleNode)) error {
+	grown := func(f func(s *cluster.BundleSummary, n *cluster.BundleNodeEntry)) error {
 		s, n := sum, entry
 		s.Warnings = append([]string(nil), sum.Warnings...)
-		n.Conditions = append([]kube.BundleCondition(nil), entry.Conditions...)
+		n.Conditions = append([]cluster.BundleCondition(nil), entry.Conditions...)
 		f(&s, &n)
 		return a.PublishBundleStatus(ctx, name, s, "node-a", n)
 	}
-	invalid(t, "a 17th warning", grown(func(s *kube.BundleSummary, _ *kube.BundleNode) { s.Warnings = append(s.Warnings, "w") }), "status.warnings")
-	invalid(t, "a warning of 1 MiB", grown(func(s *kube.BundleSummary, _ *kube.BundleNode) { s.Warnings[0] = strings.Repeat("w", 1<<20) }), "status.warnings")
-	invalid(t, "a size string of 64 KiB", grown(func(s *kube.BundleSummary, _ *kube.BundleNode) { s.Size = strings.Repeat("9", 64<<10) }), "status.size")
-	invalid(t, "a release of 64 KiB", grown(func(s *kube.BundleSummary, _ *kube.BundleNode) { s.Release = strings.Repeat("r", 64<<10) }), "status.release")
-	invalid(t, "257 excluded nodes", grown(func(s *kube.BundleSummary, _ *kube.BundleNode) {
+	invalid(t, "a 17th warning", grown(func(s *cluster.BundleSummary, _ *cluster.BundleNodeEntry) { s.Warnings = append(s.Warnings, "w") }), "status.warnings")
+	invalid(t, "a warning of 1 MiB", grown(func(s *cluster.BundleSummary, _ *cluster.BundleNodeEntry) { s.Warnings[0] = strings.Repeat("w", 1<<20) }), "status.warnings")
+	invalid(t, "a size string of 64 KiB", grown(func(s *cluster.BundleSummary, _ *cluster.BundleNodeEntry) { s.Size = strings.Repeat("9", 64<<10) }), "status.size")
+	invalid(t, "a release of 64 KiB", grown(func(s *cluster.BundleSummary, _ *cluster.BundleNodeEntry) { s.Release = strings.Repeat("r", 64<<10) }), "status.release")
+	invalid(t, "257 excluded nodes", grown(func(s *cluster.BundleSummary, _ *cluster.BundleNodeEntry) {
 		for i := range 257 {
 			s.Excluded = append(s.Excluded, fmt.Sprintf("node-%d: listed in spec.excludedNodes", i))
 		}
 	}), "status.excluded")
-	invalid(t, "its own reason of 64 KiB", grown(func(_ *kube.BundleSummary, n *kube.BundleNode) { n.Reason = strings.Repeat("r", 64<<10) }), "reason")
-	invalid(t, "its own excluded of 64 KiB", grown(func(_ *kube.BundleSummary, n *kube.BundleNode) { n.Excluded = strings.Repeat("r", 64<<10) }), "excluded")
-	invalid(t, "a condition message of 64 KiB", grown(func(_ *kube.BundleSummary, n *kube.BundleNode) { n.Conditions[1].Message = strings.Repeat("m", 64<<10) }), "message")
-	invalid(t, "a digest that is not one", grown(func(_ *kube.BundleSummary, n *kube.BundleNode) { n.Digest = strings.Repeat("d", 4096) }), "digest")
+	invalid(t, "its own reason of 64 KiB", grown(func(_ *cluster.BundleSummary, n *cluster.BundleNodeEntry) { n.Reason = strings.Repeat("r", 64<<10) }), "reason")
+	invalid(t, "its own excluded of 64 KiB", grown(func(_ *cluster.BundleSummary, n *cluster.BundleNodeEntry) { n.Excluded = strings.Repeat("r", 64<<10) }), "excluded")
+	invalid(t, "a condition message of 64 KiB", grown(func(_ *cluster.BundleSummary, n *cluster.BundleNodeEntry) {
+		n.Conditions[1].Message = strings.Repeat("m", 64<<10)
+	}), "message")
+	invalid(t, "a digest that is not one", grown(func(_ *cluster.BundleSummary, n *cluster.BundleNodeEntry) { n.Digest = strings.Repeat("d", 4096) }), "digest")
 	if ub, _, err := a.UpgradeBundle(ctx, name); err != nil || ub.Nodes["node-a"].Reason != long {
 		t.Errorf("after the refusals: %+v, %v", ub.Nodes["node-a"], err)
 	}
@@ -184,12 +187,12 @@ func TestPolicy_ANodeCannotForgeTheSummaryOrAnotherNodesEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	real, forged := "sha256:"+strings.Repeat("a", 64), "sha256:"+strings.Repeat("f", 64)
-	honest := kube.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: real, Phase: "loaded", NodesReady: "1/2", Approved: "digest"}
-	if err := b.PublishBundleStatus(ctx, name, honest, "node-b", kube.BundleNode{Phase: "loaded", Digest: real}); err != nil {
+	honest := cluster.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: real, Phase: "loaded", NodesReady: "1/2", Approved: "digest"}
+	if err := b.PublishBundleStatus(ctx, name, honest, "node-b", cluster.BundleNodeEntry{Phase: "loaded", Digest: real}); err != nil {
 		t.Fatalf("node-b's honest status: %v", err)
 	}
-	publish := func(f func(s *kube.BundleSummary, n *kube.BundleNode)) error {
-		s, n := honest, kube.BundleNode{Phase: "extracted", Digest: forged}
+	publish := func(f func(s *cluster.BundleSummary, n *cluster.BundleNodeEntry)) error {
+		s, n := honest, cluster.BundleNodeEntry{Phase: "extracted", Digest: forged}
 		f(&s, &n)
 		return a.PublishBundleStatus(ctx, name, s, "node-a", n)
 	}
@@ -197,22 +200,22 @@ func TestPolicy_ANodeCannotForgeTheSummaryOrAnotherNodesEvents(t *testing.T) {
 		return merge(t, a, "/apis/ferry.io/v1alpha1/upgradebundles/"+name+"/status", map[string]any{"status": st})
 	}
 	const policy = "ferry-upgradebundle"
-	denied(t, "the summary's digest, forged with its own entry", publish(func(s *kube.BundleSummary, _ *kube.BundleNode) { s.Digest = forged }), policy)
+	denied(t, "the summary's digest, forged with its own entry", publish(func(s *cluster.BundleSummary, _ *cluster.BundleNodeEntry) { s.Digest = forged }), policy)
 	denied(t, "the summary's digest with no entry of its own", status(map[string]any{"digest": forged}), policy)
 	denied(t, "the summary's approved with no entry of its own", status(map[string]any{"approved": "signature"}), policy)
 	// The summary has one writer: an entry-only write leaves it as its
 	// writer wrote it (who then says the disagreement), but a write that
 	// changes it must agree with every entry.
-	denied(t, "the real digest beside its own other one", publish(func(s *kube.BundleSummary, _ *kube.BundleNode) { s.Phase = "extracted" }), policy)
-	denied(t, "an empty digest with the disagreement hidden", publish(func(s *kube.BundleSummary, _ *kube.BundleNode) { s.Digest = "" }), policy)
-	agreeing := func(f func(s *kube.BundleSummary)) func(*kube.BundleSummary, *kube.BundleNode) {
-		return func(s *kube.BundleSummary, n *kube.BundleNode) { n.Digest = real; f(s) }
+	denied(t, "the real digest beside its own other one", publish(func(s *cluster.BundleSummary, _ *cluster.BundleNodeEntry) { s.Phase = "extracted" }), policy)
+	denied(t, "an empty digest with the disagreement hidden", publish(func(s *cluster.BundleSummary, _ *cluster.BundleNodeEntry) { s.Digest = "" }), policy)
+	agreeing := func(f func(s *cluster.BundleSummary)) func(*cluster.BundleSummary, *cluster.BundleNodeEntry) {
+		return func(s *cluster.BundleSummary, n *cluster.BundleNodeEntry) { n.Digest = real; f(s) }
 	}
-	denied(t, "more nodes ready than the entries say", publish(agreeing(func(s *kube.BundleSummary) { s.NodesReady = "2/2" })), policy)
-	denied(t, "more ready than waited for", publish(agreeing(func(s *kube.BundleSummary) { s.NodesReady = "1/0" })), policy)
-	denied(t, "a phase no node is in", publish(agreeing(func(s *kube.BundleSummary) { s.Phase = "upgraded" })), policy)
-	denied(t, "another version", publish(agreeing(func(s *kube.BundleSummary) { s.Version = "4.13.9" })), policy)
-	invalid(t, "an approval the CRD does not know", publish(agreeing(func(s *kube.BundleSummary) { s.Approved = "approved by the administrator" })), "status.approved")
+	denied(t, "more nodes ready than the entries say", publish(agreeing(func(s *cluster.BundleSummary) { s.NodesReady = "2/2" })), policy)
+	denied(t, "more ready than waited for", publish(agreeing(func(s *cluster.BundleSummary) { s.NodesReady = "1/0" })), policy)
+	denied(t, "a phase no node is in", publish(agreeing(func(s *cluster.BundleSummary) { s.Phase = "upgraded" })), policy)
+	denied(t, "another version", publish(agreeing(func(s *cluster.BundleSummary) { s.Version = "4.13.9" })), policy)
+	invalid(t, "an approval the CRD does not know", publish(agreeing(func(s *cluster.BundleSummary) { s.Approved = "approved by the administrator" })), "status.approved")
 	got := e.Bundle(name)["status"].(map[string]any)
 	if got["digest"] != real || got["nodesReady"] != "1/2" || got["approved"] != "digest" {
 		t.Fatalf("the summary after the refusals: %v", got)
@@ -220,12 +223,12 @@ func TestPolicy_ANodeCannotForgeTheSummaryOrAnotherNodesEvents(t *testing.T) {
 
 	// What a node may write: its own entry, and the disagreement said
 	// loudly; then the real digest is no longer in the summary.
-	if err := publish(func(s *kube.BundleSummary, _ *kube.BundleNode) {
+	if err := publish(func(s *cluster.BundleSummary, _ *cluster.BundleNodeEntry) {
 		s.Digest, s.Approved, s.Phase, s.NodesReady = "", "digests disagree", "extracted", "0/2"
 	}); err != nil {
 		t.Fatalf("node-a's own entry with the disagreement said: %v", err)
 	}
-	denied(t, "node-b's summary hiding the disagreement", b.PublishBundleStatus(ctx, name, honest, "node-b", kube.BundleNode{Phase: "loaded", Digest: real}), policy)
+	denied(t, "node-b's summary hiding the disagreement", b.PublishBundleStatus(ctx, name, honest, "node-b", cluster.BundleNodeEntry{Phase: "loaded", Digest: real}), policy)
 	if got := e.Bundle(name)["status"].(map[string]any); got["approved"] != "digests disagree" || got["digest"] != nil && got["digest"] != "" {
 		t.Errorf("the summary with the entries disagreeing: %v", got)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/test/crioenv"
 	"github.com/ferry-edge/ferry/test/ferryenv"
@@ -45,21 +46,21 @@ func TestClient_UpgradeBundleStatusIsFerrysAndSpecTheAdministrators(t *testing.T
 	if err := c.CreateUpgradeBundle(ctx, bundleName); err != nil {
 		t.Fatalf("created twice: %v", err)
 	}
-	sum := kube.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: "sha256:" + strings.Repeat("a", 64), Phase: "loading", NodesReady: "0/2"}
+	sum := cluster.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: "sha256:" + strings.Repeat("a", 64), Phase: "loading", NodesReady: "0/2"}
 	// The entry names the summary's digest, as ferry writes them (the
 	// admission policy refuses a summary its own entry does not back).
-	entry := kube.BundleNode{Phase: "loading", Digest: sum.Digest, Conditions: []kube.BundleCondition{{Type: "Extracted", Status: "True", Reason: "Extracted"}}}
+	entry := cluster.BundleNodeEntry{Phase: "loading", Digest: sum.Digest, Conditions: []cluster.BundleCondition{{Type: "Extracted", Status: "True", Reason: "Extracted"}}}
 	for n, cl := range map[string]*kube.Client{"node-a": c, "node-b": cb} {
 		if err := cl.PublishBundleStatus(ctx, bundleName, sum, n, entry); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// A node's credential writes its own entry only.
-	if err := c.PublishBundleStatus(ctx, bundleName, sum, "node-b", kube.BundleNode{Phase: "failed"}); err == nil || !strings.Contains(err.Error(), "its own entry of status.nodes only") {
+	if err := c.PublishBundleStatus(ctx, bundleName, sum, "node-b", cluster.BundleNodeEntry{Phase: "failed"}); err == nil || !strings.Contains(err.Error(), "its own entry of status.nodes only") {
 		t.Errorf("node-a writing node-b's entry: %v, want the admission policy's refusal", err)
 	}
 	ub, ok, err := c.UpgradeBundle(ctx, bundleName)
-	if err != nil || !ok || len(ub.Nodes) != 2 || ub.Nodes["node-a"].Phase != "loading" || ub.Spec.ApprovedDigest != "" {
+	if err != nil || !ok || len(ub.Nodes) != 2 || ub.Nodes["node-a"].Phase != "loading" || ub.Policy.ApprovedDigest != "" {
 		t.Fatalf("read back: %+v %v %v", ub, ok, err)
 	}
 	if err := c.BundleEvent(ctx, bundleName, ub.UID, "node-a", "Normal", "Loading", "node-a: loading 3/7 images"); err != nil {
@@ -73,8 +74,8 @@ func TestClient_UpgradeBundleStatusIsFerrysAndSpecTheAdministrators(t *testing.T
 	digest := "sha256:" + strings.Repeat("b", 64)
 	e.PatchBundleSpec(bundleName, map[string]any{"approvedDigest": digest, "schedule": "Manual", "excludedNodes": []string{"node-c"}})
 	ub, _, err = c.UpgradeBundle(ctx, bundleName)
-	if err != nil || ub.Spec.ApprovedDigest != digest || ub.Spec.Schedule != "Manual" || len(ub.Spec.ExcludedNodes) != 1 {
-		t.Fatalf("spec as ferry reads it: %+v %v", ub.Spec, err)
+	if err != nil || ub.Policy.ApprovedDigest != digest || ub.Policy.Schedule != "Manual" || len(ub.Policy.ExcludedNodes) != 1 {
+		t.Fatalf("spec as ferry reads it: %+v %v", ub.Policy, err)
 	}
 
 	// ferry's identity cannot approve: patching the spec is not in its
@@ -94,8 +95,8 @@ func TestClient_UpgradeBundleStatusIsFerrysAndSpecTheAdministrators(t *testing.T
 	// Nor through the status subresource (the spec stays as it was).
 	c.Raw(ctx, "PATCH", "/apis/ferry.io/v1alpha1/upgradebundles/"+bundleName+"/status", "application/merge-patch+json",
 		map[string]any{"spec": map[string]any{"approvedDigest": "sha256:" + strings.Repeat("d", 64)}}, nil)
-	if ub, _, _ = c.UpgradeBundle(ctx, bundleName); ub.Spec.ApprovedDigest != digest {
-		t.Errorf("the spec after ferry wrote it through /status: %+v", ub.Spec)
+	if ub, _, _ = c.UpgradeBundle(ctx, bundleName); ub.Policy.ApprovedDigest != digest {
+		t.Errorf("the spec after ferry wrote it through /status: %+v", ub.Policy)
 	}
 }
 
@@ -247,11 +248,11 @@ func TestClient_EachNodeWritesOnlyItsOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := "sha256:" + strings.Repeat("a", 64)
-	sum := kube.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: d, Phase: "loading", NodesReady: "0/2"}
-	if err := ca.PublishBundleStatus(ctx, bundleName, sum, "node-a", kube.BundleNode{Phase: "loading", Digest: d}); err != nil {
+	sum := cluster.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: d, Phase: "loading", NodesReady: "0/2"}
+	if err := ca.PublishBundleStatus(ctx, bundleName, sum, "node-a", cluster.BundleNodeEntry{Phase: "loading", Digest: d}); err != nil {
 		t.Fatal(err)
 	}
-	if err := cb.PublishBundleEntry(ctx, bundleName, "node-b", kube.BundleNode{Phase: "loaded", Digest: d}); err != nil {
+	if err := cb.PublishBundleEntry(ctx, bundleName, "node-b", cluster.BundleNodeEntry{Phase: "loaded", Digest: d}); err != nil {
 		t.Fatal(err)
 	}
 	o := e.Bundle(bundleName)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
@@ -53,8 +54,8 @@ func whoami(t *testing.T, c *kube.Client) (string, []string) {
 func refusesWhatIsNotNodeAs(t *testing.T, e *kubeenv.Env, c *kube.Client, bundle string) {
 	t.Helper()
 	ctx := t.Context()
-	sum := kube.BundleSummary{Version: "4.13.7", Arch: "x86_64"}
-	err := c.PublishBundleStatus(ctx, bundle, sum, "node-b", kube.BundleNode{Phase: "failed", Reason: "forged"})
+	sum := cluster.BundleSummary{Version: "4.13.7", Arch: "x86_64"}
+	err := c.PublishBundleStatus(ctx, bundle, sum, "node-b", cluster.BundleNodeEntry{Phase: "failed", Reason: "forged"})
 	denied(t, "writing node-b's entry", err, "ferry-upgradebundle")
 	if err != nil && !strings.Contains(err.Error(), "node node-a may write its own entry of status.nodes only") {
 		t.Errorf("writing node-b's entry: %v, want the policy to name node-a", err)
@@ -115,14 +116,14 @@ func TestPolicy_AKubeletCertificateActsForItsOwnNodeOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	digest := "sha256:" + strings.Repeat("a", 64)
-	sum := kube.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: digest, Phase: "loaded", NodesReady: "1/2"}
-	if err := a.PublishBundleStatus(ctx, bundleName, sum, "node-a", kube.BundleNode{Phase: "loaded", Digest: digest}); err != nil {
+	sum := cluster.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: digest, Phase: "loaded", NodesReady: "1/2"}
+	if err := a.PublishBundleStatus(ctx, bundleName, sum, "node-a", cluster.BundleNodeEntry{Phase: "loaded", Digest: digest}); err != nil {
 		t.Fatalf("its own entry: %v", err)
 	}
 	if err := a.BundleEvent(ctx, bundleName, "", "node-a", "Normal", "Loaded", "node-a: loaded"); err != nil {
 		t.Fatalf("its own Event: %v", err)
 	}
-	if err := a.StartUpgrade(ctx, kube.UpgradeRequest{Release: next, Version: "4.13.7", Signatures: [][]byte{[]byte("s")}}); err != nil {
+	if err := a.StartUpgrade(ctx, cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: [][]byte{[]byte("s")}}); err != nil {
 		t.Fatalf("starting the upgrade: %v", err)
 	}
 

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
@@ -64,11 +65,11 @@ func TestClient_TheUpgradeLoopWithOnlyFerrysRBAC(t *testing.T) {
 	}
 
 	// Not asked yet.
-	if u, err := c.UpgradeStatus(ctx, next); err != nil || u.State != kube.NotAsked {
+	if u, err := c.UpgradeStatus(ctx, next); err != nil || u.State != cluster.UpgradeNotAsked {
 		t.Fatalf("before: %+v, %v", u, err)
 	}
 	sigs := [][]byte{[]byte("signature one\x00\xff"), []byte("signature two")}
-	req := kube.UpgradeRequest{Release: next, Version: "4.13.7", Signatures: sigs}
+	req := cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: sigs}
 	if err := c.StartUpgrade(ctx, req); err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +96,7 @@ func TestClient_TheUpgradeLoopWithOnlyFerrysRBAC(t *testing.T) {
 	if g := e.Generation(); g != gen {
 		t.Errorf("asking again patched ClusterVersion (generation %d → %d)", gen, g)
 	}
-	if u, _ := c.UpgradeStatus(ctx, next); u.State != kube.Pending {
+	if u, _ := c.UpgradeStatus(ctx, next); u.State != cluster.UpgradePending {
 		t.Errorf("after the request: %+v", u)
 	}
 
@@ -103,12 +104,12 @@ func TestClient_TheUpgradeLoopWithOnlyFerrysRBAC(t *testing.T) {
 	e.SetHistory(kubeenv.History{State: "Partial", Image: next, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
 	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "True", Reason: "", Message: "Working towards 4.13.7: 106 of 841 done (12% complete)"})
 	u, err := c.UpgradeStatus(ctx, next)
-	if err != nil || u.State != kube.Upgrading || !strings.Contains(u.Message, "106 of 841") {
+	if err != nil || u.State != cluster.UpgradeRunning || !strings.Contains(u.Message, "106 of 841") {
 		t.Fatalf("upgrading: %+v, %v", u, err)
 	}
 	e.SetHistory(kubeenv.History{State: "Completed", Image: next, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
 	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "False", Message: "Cluster version is 4.13.7"})
-	if u, _ := c.UpgradeStatus(ctx, next); u.State != kube.Upgraded {
+	if u, _ := c.UpgradeStatus(ctx, next); u.State != cluster.UpgradeCompleted {
 		t.Fatalf("completed: %+v", u)
 	}
 }
@@ -116,13 +117,13 @@ func TestClient_TheUpgradeLoopWithOnlyFerrysRBAC(t *testing.T) {
 func TestClient_ARefusedReleaseSaysWhyInTheOperatorsWords(t *testing.T) {
 	e := kubeenv.Start(t, current)
 	c := ferryClient(t, e)
-	if err := c.StartUpgrade(t.Context(), kube.UpgradeRequest{Release: next, Version: "4.13.7"}); err != nil {
+	if err := c.StartUpgrade(t.Context(), cluster.Upgrade{Release: next, Version: "4.13.7"}); err != nil {
 		t.Fatal(err)
 	}
 	e.SetConditions(kubeenv.Condition{Type: "ReleaseAccepted", Status: "False", Reason: "RetrievePayload",
 		Message: "Retrieving payload failed version=\"4.13.7\" image=\"" + next + "\" failure=The update cannot be verified: unable to verify sha256:2222 against keyrings: verifier-public-key-redhat"})
 	u, err := c.UpgradeStatus(t.Context(), next)
-	if err != nil || u.State != kube.Refused || !strings.Contains(u.Reason, "cannot be verified") {
+	if err != nil || u.State != cluster.UpgradeRefused || !strings.Contains(u.Reason, "cannot be verified") {
 		t.Fatalf("%+v, %v", u, err)
 	}
 }
@@ -138,7 +139,7 @@ func TestClient_WithoutRightsFailsNamingWhatIsMissing(t *testing.T) {
 	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), `cannot patch resource "nodes"`) || !strings.Contains(err.Error(), "rbac.yaml") {
 		t.Fatalf("annotate without rights: %v", err)
 	}
-	err = c.StartUpgrade(t.Context(), kube.UpgradeRequest{Release: next, Version: "4.13.7", Signatures: [][]byte{[]byte("s")}})
+	err = c.StartUpgrade(t.Context(), cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: [][]byte{[]byte("s")}})
 	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "configmaps") {
 		t.Fatalf("start without rights: %v", err)
 	}

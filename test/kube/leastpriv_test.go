@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
@@ -115,7 +116,7 @@ func TestPolicy_ANodesCredentialChangesOnlyItsOwnNodesFerryMetadata(t *testing.T
 	}
 	loose.Attempts = 1
 	denied(t, "a token bound to no Node", loose.Annotate(ctx, "node-a", map[string]string{"ferry.io/phase": "x"}, nil), "ferry-node")
-	denied(t, "a token bound to no Node starting an upgrade", loose.StartUpgrade(ctx, kube.UpgradeRequest{Release: next, Version: "4.13.7", Signatures: [][]byte{[]byte("s")}}), "ferry-release-signatures")
+	denied(t, "a token bound to no Node starting an upgrade", loose.StartUpgrade(ctx, cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: [][]byte{[]byte("s")}}), "ferry-release-signatures")
 }
 
 const cvPath = "/apis/config.openshift.io/v1/clusterversions/version"
@@ -134,7 +135,7 @@ func TestPolicy_ClusterVersionTakesADesiredUpdateByDigestAndNothingElse(t *testi
 	denied(t, "a release by tag", merge(t, a, cvPath, desired("quay.io/openshift-release-dev/ocp-release:4.13.7-x86_64", false)), "ferry-clusterversion")
 	denied(t, "a digest and a tag", merge(t, a, cvPath, desired("quay.io/openshift-release-dev/ocp-release:4.13.7@sha256:"+sigHex[:63], false)), "ferry-clusterversion")
 	denied(t, "force: true", merge(t, a, cvPath, desired(next, true)), "ferry-clusterversion")
-	denied(t, "force through ferry's own call", a.StartUpgrade(ctx, kube.UpgradeRequest{Release: next, Version: "4.13.7", Force: true}), "ferry-clusterversion")
+	denied(t, "force through ferry's own call", a.StartUpgrade(ctx, cluster.Upgrade{Release: next, Version: "4.13.7", Force: true}), "ferry-clusterversion")
 	denied(t, "the channel", merge(t, a, cvPath, map[string]any{"spec": map[string]any{"channel": "fast-4.14"}}), "ferry-clusterversion")
 	denied(t, "an upstream", merge(t, a, cvPath, map[string]any{"spec": map[string]any{"upstream": "https://evil.example/graph"}}), "ferry-clusterversion")
 	denied(t, "overrides", merge(t, a, cvPath, map[string]any{"spec": map[string]any{"overrides": []any{map[string]any{
@@ -151,7 +152,7 @@ func TestPolicy_ClusterVersionTakesADesiredUpdateByDigestAndNothingElse(t *testi
 	}
 
 	// What ferry does is allowed.
-	if err := a.StartUpgrade(ctx, kube.UpgradeRequest{Release: next, Version: "4.13.7", Signatures: [][]byte{[]byte("sig")}}); err != nil {
+	if err := a.StartUpgrade(ctx, cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: [][]byte{[]byte("sig")}}); err != nil {
 		t.Fatalf("ferry's own upgrade: %v", err)
 	}
 	if du := e.DesiredUpdate(); du["image"] != next || du["force"] != false {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/test/crioenv"
@@ -55,7 +56,7 @@ func TestClient_TheMachineConfigStateWithOnlyFerrysRBAC(t *testing.T) {
 	e.SetMachineConfig("infra-a", "Done", "rendered-infra-1", "rendered-infra-1")
 
 	st, err = c.MachineConfigState(ctx, "node-a")
-	want := kube.MachineConfigState{Managed: true, State: "Working", Current: oldConfig, Desired: newConfig, Pool: "worker", Target: newConfig}
+	want := cluster.NodeUpdate{Managed: true, State: "Working", Current: oldConfig, Desired: newConfig, Pool: "worker", Target: newConfig}
 	if err != nil || st != want {
 		t.Fatalf("node-a: %+v, %v; want %+v", st, err, want)
 	}

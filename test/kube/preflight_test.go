@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/ferry-edge/ferry/agent"
-	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
 
@@ -32,7 +31,7 @@ func TestClient_PreflightWithOnlyFerrysRBAC(t *testing.T) {
 	e.CreatePod("shop", "cache", "quay.io/my-company/cache:v2", "IfNotPresent")
 
 	// A z-stream update (4.13.6 → 4.13.7): no refusal, three warnings.
-	p, err := c.Preflight(ctx, kube.PreflightRequest{Version: "4.13.7", Images: []string{next, carried}})
+	p, err := c.Preflight(ctx, "4.13.7", []string{next, carried})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +56,7 @@ func TestClient_PreflightWithOnlyFerrysRBAC(t *testing.T) {
 	e.SetConditions(kubeenv.Condition{Type: "Upgradeable", Status: "False", Reason: "AdminAckRequired", Message: "Kubernetes 1.27 removes APIs in use"})
 	e.SetConfigMap("openshift-config-managed", "admin-gates", map[string]string{"ack-4.13-kube-1.27-api-removals-in-4.14": "Kubernetes 1.27 removes v1beta1 APIs"})
 	e.SetConfigMap("openshift-config", "admin-acks", map[string]string{})
-	p, err = c.Preflight(ctx, kube.PreflightRequest{Version: "4.14.1", Images: []string{next}})
+	p, err = c.Preflight(ctx, "4.14.1", []string{next})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +71,7 @@ func TestClient_PreflightWithOnlyFerrysRBAC(t *testing.T) {
 	}
 	// A downgrade and a skipped minor.
 	for v, want := range map[string]string{"4.13.2": "does not downgrade", "4.15.0": "update to 4.14 first"} {
-		if p, err := c.Preflight(ctx, kube.PreflightRequest{Version: v}); err != nil || !strings.Contains(strings.Join(p.Refusals, " "), want) {
+		if p, err := c.Preflight(ctx, v, nil); err != nil || !strings.Contains(strings.Join(p.Refusals, " "), want) {
 			t.Errorf("%s: %+v %v, want %q", v, p, err, want)
 		}
 	}

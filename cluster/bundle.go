@@ -1,0 +1,59 @@
+package cluster
+
+import "time"
+
+// The UpgradeBundle resource (group ferry.io, packaging/
+// upgradebundle-crd.yaml): its spec is the administrator's, its status
+// ferry's, each node writing its own entry.
+
+// BundleView is the resource as read: its spec and every node's entry.
+type BundleView struct {
+	UID    string
+	Policy BundlePolicy
+	Nodes  map[string]BundleNodeEntry
+}
+
+// BundlePolicy is an UpgradeBundle's spec: the administrator's word.
+type BundlePolicy struct {
+	ApprovedDigest  string
+	Schedule        string // Automatic | Manual | "" (the node's config)
+	Proceed         bool
+	ExcludedNodes   []string
+	NotReadyTimeout time.Duration // 0: never
+	Cleanup         bool          // take the bundle out, as ferry cleanup does
+}
+
+// BundleNodeEntry is one node's entry in the resource's status.
+type BundleNodeEntry struct {
+	Phase, Digest, Reason, Excluded string
+	Conditions                      []BundleCondition
+}
+
+// BundleCondition is one of a node's conditions: Extracted, Loaded,
+// Updated.
+type BundleCondition struct {
+	Type, Status, Reason, Message string
+	Since                         time.Time // the last transition; zero when unknown
+}
+
+// BundleSummary is the part of the status every node writes alike: the
+// bundle and the cluster's view of it.
+type BundleSummary struct {
+	Version, Arch, Release, Digest, Size string
+	Images                               int
+	Phase, NodesReady, Approved          string
+	Warnings                             []string
+	Excluded                             []string // "node: why", sorted
+}
+
+// RegistrySource is an UpgradeBundle's spec.source (registry mode): a
+// release by digest and extra images, pulled once from the site's
+// registry by one node.
+type RegistrySource struct {
+	Bundle    string // the resource's name
+	Release   string // by digest
+	Extras    []string
+	Node      string // the node that pulls; "" the first Ready node by name
+	RateLimit string // bytes per second over the link ("2MiB")
+	Window    string // local time, "22:00-06:00"
+}

@@ -1,0 +1,38 @@
+package kube
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/ferry-edge/ferry/cluster"
+)
+
+// The resource's JSON becomes ferry's types here: a duration parsed, a
+// condition's lastTransitionTime a time, and back the same way.
+func TestUpgradeBundle_TheWireFormatStaysInKube(t *testing.T) {
+	var o upgradeBundle
+	if err := json.Unmarshal([]byte(`{"metadata":{"name":"4.13.7-x86-64","uid":"u1"},
+	 "spec":{"approvedDigest":"sha256:aa","schedule":"Manual","proceed":true,"excludedNodes":["b"],"notReadyTimeout":"90s","cleanup":true},
+	 "status":{"nodes":{"a":{"phase":"loaded","digest":"sha256:aa","reason":"r","excluded":"x",
+	  "conditions":[{"type":"Loaded","status":"True","reason":"Loaded","lastTransitionTime":"2026-11-22T07:00:00Z"}]}}}}`), &o); err != nil {
+		t.Fatal(err)
+	}
+	since := time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)
+	want := cluster.BundleView{UID: "u1",
+		Policy: cluster.BundlePolicy{ApprovedDigest: "sha256:aa", Schedule: "Manual", Proceed: true, ExcludedNodes: []string{"b"}, NotReadyTimeout: 90 * time.Second, Cleanup: true},
+		Nodes: map[string]cluster.BundleNodeEntry{"a": {Phase: "loaded", Digest: "sha256:aa", Reason: "r", Excluded: "x",
+			Conditions: []cluster.BundleCondition{{Type: "Loaded", Status: "True", Reason: "Loaded", Since: since}}}}}
+	if got := o.view(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("view\n%+v, want\n%+v", got, want)
+	}
+	local := since.In(time.FixedZone("CET", 3600))
+	e := entryOf(cluster.BundleNodeEntry{Phase: "loaded", Conditions: []cluster.BundleCondition{{Type: "Loaded", Status: "True", Since: local}, {Type: "Updated", Status: "False"}}})
+	if c := e.Conditions; len(c) != 2 || c[0].LastTransitionTime != "2026-11-22T07:00:00Z" || c[1].LastTransitionTime != "" {
+		t.Fatalf("conditions as written: %+v", c)
+	}
+	if e := entryOf(cluster.BundleNodeEntry{Phase: "idle"}); e.Conditions != nil {
+		t.Fatalf("no conditions written as %+v, want null (a merge patch removes them)", e.Conditions)
+	}
+}
