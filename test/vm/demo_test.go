@@ -232,8 +232,10 @@ func TestDemo(t *testing.T) {
 	api.env.SetHistory(kubeenv.History{State: "Partial", Image: b.Meta.Release, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: demoRunning, Version: "4.13.6"})
 	api.env.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "True", Message: "Working towards 4.13.7: 412 of 841 done (48% complete)"})
 	follow(func(s ferryStatus) bool { return s.Phase == "upgrading" && strings.Contains(s.Line, "412 of 841") })
-	api.env.SetHistory(kubeenv.History{State: "Completed", Image: b.Meta.Release, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: demoRunning, Version: "4.13.6"})
+	// The operator's last word first, then the history's: the node takes
+	// the message it sees with the completed entry.
 	api.env.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "False", Message: "Cluster version is 4.13.7"})
+	api.env.SetHistory(kubeenv.History{State: "Completed", Image: b.Meta.Release, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: demoRunning, Version: "4.13.6"})
 	follow(func(s ferryStatus) bool { return s.Phase == "upgraded" })
 	fmt.Println("    $ oc get upgradebundles")
 	show(api.getUpgradeBundles())
