@@ -56,12 +56,8 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 	if len(srcs) == 0 || a.deps.Puller == nil {
 		return nil
 	}
-	if nodes.ready == nil || time.Since(nodes.at) >= min(nodesEvery, a.resync()) {
-		if nodes.ready, err = api.NodeReadiness(cctx); err != nil {
-			nodes.ready = nil
-			return err
-		}
-		nodes.at = time.Now()
+	if err := nodes.refresh(cctx, api, a.resync()); err != nil {
+		return err
 	}
 	for _, s := range srcs {
 		if pullerOf(s, nodes.ready) != a.cfg.NodeName || a.holdsRelease(s.Release) {

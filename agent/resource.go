@@ -347,6 +347,21 @@ type nodesRead struct {
 
 const nodesEvery = time.Minute
 
+// refresh reads the Nodes' readiness again when the last reading is older
+// than nodesEvery (or the resync, when shorter).
+func (n *nodesRead) refresh(ctx context.Context, api BundleAPI, resync time.Duration) error {
+	if n.ready != nil && time.Since(n.at) < min(nodesEvery, resync) {
+		return nil
+	}
+	ready, err := api.NodeReadiness(ctx)
+	if err != nil {
+		n.ready = nil
+		return err
+	}
+	n.ready, n.at = ready, time.Now()
+	return nil
+}
+
 func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *bundleReport, written *struct {
 	name  string
 	sum   cluster.BundleSummary
@@ -370,12 +385,8 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *bundleRepor
 			return err
 		}
 	}
-	if nodes.ready == nil || time.Since(nodes.at) >= min(nodesEvery, a.resync()) {
-		if nodes.ready, err = api.NodeReadiness(cctx); err != nil {
-			nodes.ready = nil
-			return err
-		}
-		nodes.at = time.Now()
+	if err := nodes.refresh(cctx, api, a.resync()); err != nil {
+		return err
 	}
 	ready := nodes.ready
 	excluded := excludedNodes(view.Policy, ready, a.deps.Now(), a.cfg.NodeName)

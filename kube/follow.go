@@ -99,19 +99,25 @@ func (f *Follower) Sources(ctx context.Context) ([]cluster.RegistrySource, error
 // bundleList is every UpgradeBundle of the copy; nil, nil before the
 // watch has synced.
 func (f *Follower) bundleList() ([]upgradeBundle, error) {
-	raws, synced := f.bundles.List()
+	return decodeAll[upgradeBundle](f.bundles, "upgradebundles")
+}
+
+// decodeAll decodes every object of i's copy; nil, nil before its watch
+// has synced.
+func decodeAll[T any](i *Informer, what string) ([]T, error) {
+	raws, synced := i.List()
 	if !synced {
 		return nil, nil
 	}
-	bs := []upgradeBundle{}
+	out := []T{}
 	for _, raw := range raws {
-		var o upgradeBundle
+		var o T
 		if err := json.Unmarshal(raw, &o); err != nil {
-			return nil, fmt.Errorf("reading the upgradebundles: %w", err)
+			return nil, fmt.Errorf("reading the %s: %w", what, err)
 		}
-		bs = append(bs, o)
+		out = append(out, o)
 	}
-	return bs, nil
+	return out, nil
 }
 
 // UpgradeStatus is Client.UpgradeStatus, from the copy.
@@ -149,21 +155,7 @@ func (f *Follower) NodeReadiness(ctx context.Context) (map[string]cluster.NodeRe
 }
 
 // nodeList is every Node of the copy; nil, nil before the watch synced.
-func (f *Follower) nodeList() ([]node, error) {
-	raws, synced := f.nodes.List()
-	if !synced {
-		return nil, nil
-	}
-	nodes := []node{}
-	for _, raw := range raws {
-		var n node
-		if err := json.Unmarshal(raw, &n); err != nil {
-			return nil, fmt.Errorf("reading the nodes: %w", err)
-		}
-		nodes = append(nodes, n)
-	}
-	return nodes, nil
-}
+func (f *Follower) nodeList() ([]node, error) { return decodeAll[node](f.nodes, "nodes") }
 
 // MachineConfigState is Client.MachineConfigState, the Node from the
 // copy (for the follower's own node) and the pools as read in the last

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ferry-edge/ferry/internal/mountinfo"
 	"github.com/ferry-edge/ferry/udev"
 )
 
@@ -166,7 +167,7 @@ func (m *Media) swapDevs() map[string]bool {
 			continue
 		}
 		var st unix.Stat_t
-		if unix.Stat(unescapeMount(fields[0]), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFBLK {
+		if unix.Stat(mountinfo.Unescape(fields[0]), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFBLK {
 			out[fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))] = true
 		}
 	}

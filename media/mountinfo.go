@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
+
+	"github.com/ferry-edge/ferry/internal/mountinfo"
 )
 
 func within(path, dir string) bool {
@@ -34,7 +35,7 @@ func readMountInfo(path string) ([]mountEntry, error) {
 		if len(fields) < 5 {
 			continue
 		}
-		e := mountEntry{dev: fields[2], point: unescapeMount(fields[4])}
+		e := mountEntry{dev: fields[2], point: mountinfo.Unescape(fields[4])}
 		for i := 5; i < len(fields)-1; i++ {
 			if fields[i] == "-" {
 				e.fstype = fields[i+1]
@@ -47,24 +48,4 @@ func readMountInfo(path string) ([]mountEntry, error) {
 		return nil, fmt.Errorf("reading mounts: %w", err)
 	}
 	return out, nil
-}
-
-// unescapeMount undoes the kernel's \ooo escapes of space, tab, newline and
-// backslash in mount paths.
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -11,6 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"gopkg.in/yaml.v3"
+
+	"github.com/ferry-edge/ferry/internal/mountinfo"
 )
 
 // Limits are what the kubelet tolerates on its image filesystem before it
@@ -202,29 +204,10 @@ func MountPoint(path string) string {
 		if len(f) < 5 {
 			continue
 		}
-		mp := unescapeMount(f[4])
+		mp := mountinfo.Unescape(f[4])
 		if (p == mp || mp == "/" || strings.HasPrefix(p, mp+"/")) && len(mp) > len(best) {
 			best = mp
 		}
 	}
 	return best
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var out strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				out.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		out.WriteByte(s[i])
-	}
-	return out.String()
 }

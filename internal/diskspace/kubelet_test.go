@@ -108,7 +108,4 @@ func TestMountPoint(t *testing.T) {
 	if mp := MountPoint("/no/such/dir"); mp != "" {
 		t.Errorf("a missing dir: %q", mp)
 	}
-	if got := unescapeMount(`/mnt/a\040stick`); got != "/mnt/a stick" {
-		t.Errorf("unescape: %q", got)
-	}
 }
