@@ -1,10 +1,13 @@
 package crio
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -347,38 +350,40 @@ func (s *SiteRegistries) entryFor(name string, ours mirrorEntry) (e registryEntr
 	return e, site.File, nil
 }
 
-// PullSource is where the node's configuration sends a pull of an image
-// under Prefix first: the entry's first mirror that serves digests, else
-// its location when it rewrites the prefix.
+// PullSource is one place the node's configuration sends a pull of an
+// image under Prefix. PullSources lists them in the order containers/image
+// tries them: the entry's mirrors, then its location; Blocked ends a
+// prefix's list (its origin may not be asked).
 type PullSource struct {
 	Prefix, Location string
 	Insecure         bool
+	// DigestOnly and TagOnly: the place serves only pulls by digest, or
+	// only by tag (mirror-by-digest-only, pull-from-mirror).
+	DigestOnly, TagOnly bool
+	Blocked             bool
 }
 
-// PullSources lists, for each prefix of the node's configuration, where
-// a pull by digest goes first, as containers/image tries it (ferry's own
-// drop-in left out): what registry mode fetches through. Wildcard
-// prefixes and entries that neither mirror nor rewrite are left out.
+// PullSources lists, prefix by prefix, where the node's configuration
+// sends a pull (ferry's own drop-in left out): what registry mode fetches
+// through. Wildcard prefixes, and entries that change nothing of a pull,
+// are left out.
 func (s *SiteRegistries) PullSources() []PullSource {
 	var out []PullSource
-	for p, r := range s.byPrefix {
-		if strings.HasPrefix(p, "*.") {
+	for _, p := range slices.Sorted(maps.Keys(s.byPrefix)) {
+		r := s.byPrefix[p]
+		if strings.HasPrefix(p, "*.") || len(r.Mirrors) == 0 && !r.Blocked && !r.Insecure && r.Location == p {
 			continue
 		}
-		src := PullSource{Prefix: p}
 		for _, m := range r.Mirrors {
-			if m.PullFromMirror != "tag-only" {
-				src.Location, src.Insecure = m.Location, m.Insecure
-				break
-			}
+			out = append(out, PullSource{Prefix: p, Location: m.Location, Insecure: m.Insecure,
+				DigestOnly: r.MirrorByDigestOnly || m.PullFromMirror == "digest-only",
+				TagOnly:    m.PullFromMirror == "tag-only"})
 		}
-		if src.Location == "" && r.Location != "" && r.Location != p {
-			src.Location, src.Insecure = r.Location, r.Insecure
+		if r.Blocked {
+			out = append(out, PullSource{Prefix: p, Blocked: true})
+			continue
 		}
-		if src.Location != "" {
-			out = append(out, src)
-		}
+		out = append(out, PullSource{Prefix: p, Location: cmp.Or(r.Location, p), Insecure: r.Insecure})
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Prefix < out[j].Prefix })
 	return out
 }

@@ -2,9 +2,11 @@ package crio_test
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -258,4 +260,35 @@ func snapshot(t *testing.T, root string) map[string]string {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// Registry mode fetches as containers/image pulls: per prefix the
+// mirrors in order, each for the kind of pull it serves, then the
+// location, unless blocked.
+func TestPullSources_InTheOrderContainersImageTriesThem(t *testing.T) {
+	ds := newDirs(t)
+	writeSite(t, ds)
+	site, err := ds.d.SiteRegistries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range site.PullSources() {
+		got = append(got, fmt.Sprintf("%s -> %s insecure=%v digest-only=%v tag-only=%v blocked=%v",
+			s.Prefix, s.Location, s.Insecure, s.DigestOnly, s.TagOnly, s.Blocked))
+	}
+	want := []string{
+		"quay.io/my-company -> mirror.site:5000/my-company insecure=false digest-only=false tag-only=true blocked=false",
+		"quay.io/my-company -> registry.site/my-company insecure=true digest-only=false tag-only=false blocked=false",
+		"quay.io/my-company/my-workload -> new.site/workload insecure=false digest-only=false tag-only=false blocked=false",
+		"quay.io/my-company/my-workload -> quay.io/my-company/my-workload insecure=false digest-only=false tag-only=false blocked=false",
+		"quay.io/openshift-release-dev -> mirror.site:5000/openshift-release-dev insecure=false digest-only=true tag-only=false blocked=false",
+		"quay.io/openshift-release-dev ->  insecure=false digest-only=false tag-only=false blocked=true",
+		"quay.io/openshift-release-dev/ocp-release -> mirror.site:5000/ocp/release insecure=false digest-only=true tag-only=false blocked=false",
+		"quay.io/openshift-release-dev/ocp-release -> backup.site/ocp/release insecure=true digest-only=true tag-only=false blocked=false",
+		"quay.io/openshift-release-dev/ocp-release -> quay.io/openshift-release-dev/ocp-release insecure=false digest-only=false tag-only=false blocked=false",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("pull sources:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
 }

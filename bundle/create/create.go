@@ -10,6 +10,7 @@ package create
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -21,6 +22,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -128,9 +130,12 @@ type creator struct {
 	blobs  *blobFetcher // resumable blob fetches
 	limit  *rateLimiter // nil: no rate limit
 	nameOp []name.Option
-	arch   string // uname -m
-	store  *treeStore
-	paths  map[string]string // original name → tree path
+	// insecureHosts are the mirrors the node's configuration marks
+	// insecure: their certificates are not checked.
+	insecureHosts sync.Map
+	arch          string // uname -m
+	store         *treeStore
+	paths         map[string]string // original name → tree path
 
 	prog     progressCounter
 	stopProg chan struct{}
@@ -187,7 +192,7 @@ func newCreator(ctx context.Context, o Options) (*creator, error) {
 	}
 	p, err := remote.NewPuller(
 		remote.WithContext(ctx),
-		remote.WithTransport(o.Transport),
+		remote.WithTransport(&insecureTransport{base: o.Transport, hosts: &c.insecureHosts}),
 		remote.WithAuthFromKeychain(o.Keychain),
 		remote.WithUserAgent("ferry-bundle-create"),
 		remote.WithRetryBackoff(remote.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 3}),
@@ -196,7 +201,7 @@ func newCreator(ctx context.Context, o Options) (*creator, error) {
 		return nil, err
 	}
 	c.puller = p
-	c.blobs = &blobFetcher{keychain: o.Keychain, base: o.Transport, ua: "ferry-bundle-create"}
+	c.blobs = &blobFetcher{keychain: o.Keychain, base: &insecureTransport{base: o.Transport, hosts: &c.insecureHosts}, ua: "ferry-bundle-create"}
 	if o.RateLimit > 0 {
 		c.limit = &rateLimiter{perSecond: o.RateLimit}
 	}
@@ -237,6 +242,10 @@ type imageRef struct {
 	tag    string
 	digest string // sha256:…, "" until resolved
 	fetch  name.Repository
+	// routes are where the node's mirrors let it be fetched, in order;
+	// fetch is the first until one of them served it (chosen).
+	routes []name.Repository
+	chosen bool
 }
 
 // String is the reference metadata.json records: name[:tag]@sha256:….
@@ -253,12 +262,12 @@ func (r *imageRef) String() string {
 
 func (r *imageRef) host() string { return r.fetch.RegistryStr() }
 
-// remoteRef is where the image is fetched: by digest when known.
-func (r *imageRef) remoteRef() name.Reference {
+// refIn is the image in repo, one of its routes: by digest when known.
+func (r *imageRef) refIn(repo name.Repository) name.Reference {
 	if r.digest != "" {
-		return r.fetch.Digest(r.digest)
+		return repo.Digest(r.digest)
 	}
-	return r.fetch.Tag(r.tag)
+	return repo.Tag(r.tag)
 }
 
 func (c *creator) parseRef(s string) (*imageRef, error) {
@@ -286,11 +295,56 @@ func (c *creator) parseRef(s string) (*imageRef, error) {
 	if rest, ok := strings.CutPrefix(orig, name.DefaultRegistry+"/"); ok {
 		orig = "docker.io/" + rest
 	}
-	fetch, err := name.NewRepository(mirrored(orig, c.o.Mirrors), c.nameOp...)
+	rs, err := routes(orig, dig != "", c.o.Mirrors)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %q through --mirror is %q: %v", ErrBadReference, s, mirrored(orig, c.o.Mirrors), err)
+		return nil, fmt.Errorf("%w: %q: %v", ErrBadReference, s, err)
 	}
-	return &imageRef{name: orig, tag: tag, digest: dig, fetch: fetch}, nil
+	r := &imageRef{name: orig, tag: tag, digest: dig}
+	for _, rt := range rs {
+		op := c.nameOp
+		if rt.insecure {
+			op = append(slices.Clip(op), name.Insecure)
+			c.insecureHosts.Store(strings.SplitN(rt.name, "/", 2)[0], true)
+		}
+		repo, err := name.NewRepository(rt.name, op...)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %q through a mirror is %q: %v", ErrBadReference, s, rt.name, err)
+		}
+		r.routes = append(r.routes, repo)
+	}
+	r.fetch = r.routes[0]
+	return r, nil
+}
+
+// fromRoutes runs try on r's routes in order until one serves the image,
+// and keeps that one for the rest of it, as containers/image keeps the
+// first mirror that has an image. Found nowhere, the error says what each
+// place answered; it is ErrNotFound when one of them said so (a mirror
+// that lacks the image is what to act on, though the origin beyond it was
+// unreachable), else the last place's.
+func (r *imageRef) fromRoutes(ctx context.Context, log *slog.Logger, try func(name.Repository) error) error {
+	if r.chosen || len(r.routes) < 2 {
+		return try(r.fetch)
+	}
+	var tried []string
+	var last, notFound error
+	for _, repo := range r.routes {
+		err := try(repo)
+		if err == nil {
+			r.fetch, r.chosen = repo, true
+			return nil
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		log.Info("a mirror does not serve the image; trying the next place", "image", r.String(), "mirror", repo.String(), "err", err)
+		tried = append(tried, err.Error())
+		last = err
+		if notFound == nil && errors.Is(err, ErrNotFound) {
+			notFound = err
+		}
+	}
+	return fmt.Errorf("%w; each place the registries configuration names, in order: %s", cmp.Or(notFound, last), strings.Join(tried, "; "))
 }
 
 func (c *creator) run(ctx context.Context) (*Result, error) {
@@ -299,6 +353,16 @@ func (c *creator) run(ctx context.Context) (*Result, error) {
 	rel, err := c.parseRef(o.Release)
 	if err != nil {
 		return nil, fmt.Errorf("--release: %w", err)
+	}
+	// The extras are checked first: a bad one (or one the node's
+	// configuration blocks) fails before anything is fetched.
+	var extras []*imageRef
+	for _, s := range o.ExtraImages {
+		r, err := c.parseRef(s)
+		if err != nil {
+			return nil, fmt.Errorf("--extra-image: %w", err)
+		}
+		extras = append(extras, r)
 	}
 	info, err := c.inspectRelease(ctx, rel)
 	if err != nil {
@@ -322,13 +386,7 @@ func (c *creator) run(ctx context.Context) (*Result, error) {
 		}
 		refs = append(refs, r)
 	}
-	for _, s := range o.ExtraImages {
-		r, err := c.parseRef(s)
-		if err != nil {
-			return nil, fmt.Errorf("--extra-image: %w", err)
-		}
-		refs = append(refs, r)
-	}
+	refs = append(refs, extras...)
 	var names []string
 	for _, r := range refs {
 		names = append(names, r.name)
@@ -458,9 +516,15 @@ func (c *creator) run(ctx context.Context) (*Result, error) {
 // inspectRelease resolves the release reference and reads its arch,
 // version and payload (the image for c.arch when it is a manifest list).
 func (c *creator) inspectRelease(ctx context.Context, rel *imageRef) (*releaseInfo, error) {
-	desc, err := c.puller.Get(ctx, rel.remoteRef())
+	var desc *remote.Descriptor
+	err := rel.fromRoutes(ctx, c.log, func(repo name.Repository) (err error) {
+		if desc, err = c.puller.Get(ctx, rel.refIn(repo)); err != nil {
+			return explain(err, repo.RegistryStr(), "release "+rel.String())
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, explain(err, rel.host(), "release "+rel.String())
+		return nil, err
 	}
 	rel.digest = desc.Digest.String()
 	var img v1.Image
@@ -562,15 +626,20 @@ func (c *creator) plan(ctx context.Context, r *imageRef) (*imagePlan, error) {
 
 func (c *creator) remoteManifests(r *imageRef) manifestSource {
 	return func(ctx context.Context, d string) (rawManifest, error) {
-		ref := r.remoteRef()
-		if d != "" {
-			ref = r.fetch.Digest(d)
-		}
-		desc, err := c.puller.Get(ctx, ref)
-		if err != nil {
-			return rawManifest{}, explain(err, r.host(), r.String())
-		}
-		return rawManifest{mediaType: string(desc.MediaType), body: desc.Manifest, digest: digest.Digest(desc.Digest.String())}, nil
+		var m rawManifest
+		err := r.fromRoutes(ctx, c.log, func(repo name.Repository) error {
+			ref := r.refIn(repo)
+			if d != "" {
+				ref = repo.Digest(d)
+			}
+			desc, err := c.puller.Get(ctx, ref)
+			if err != nil {
+				return explain(err, repo.RegistryStr(), r.String())
+			}
+			m = rawManifest{mediaType: string(desc.MediaType), body: desc.Manifest, digest: digest.Digest(desc.Digest.String())}
+			return nil
+		})
+		return m, err
 	}
 }
 
@@ -667,7 +736,13 @@ func (c *creator) copyImage(ctx context.Context, p *imagePlan) error {
 				c.log.Info("resuming a blob an earlier run began", "blob", b.Digest.String(), "image", p.ref.String(), "at", from, "of", b.Size)
 			}
 			rb := &resumingBlob{ctx: ctx, size: b.Size, off: from, pace: c.limit.wait,
-				open: func(off int64) (io.ReadCloser, error) { return c.blobs.openAt(ctx, p.ref.fetch, b, off) },
+				open: func(off int64) (rc io.ReadCloser, err error) {
+					err = p.ref.fromRoutes(ctx, c.log, func(repo name.Repository) (err error) {
+						rc, err = c.blobs.openAt(ctx, repo, b, off)
+						return err
+					})
+					return rc, err
+				},
 				onCut: func(off int64, err error) {
 					c.log.Warn("a blob's download was cut; resuming where it stopped", "blob", b.Digest.String(), "image", p.ref.String(), "at", off, "of", b.Size, "err", err)
 				}}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -494,5 +495,69 @@ func TestCreate_CopiesSigstoreReferrersByTheTagSchema(t *testing.T) {
 	want := "docker/registry/v2/repositories/" + bundle.RepoPath(release) + "/_manifests/revisions/sha256/" + strings.TrimPrefix(art, "sha256:") + "/link"
 	if !slices.Contains(tarNames(t, res.TarPath), want) {
 		t.Errorf("the tar lacks the referrer %s", want)
+	}
+}
+
+// The node's mirrors as containers/image tries them: an insecure mirror
+// with a certificate nobody trusts that lacks the images (asked, 404), a
+// mirror that is down, then the registry that has them. Every image
+// comes whole from the last; the first was asked over TLS unchecked.
+func TestCreate_MirrorsAreTriedInOrderUntilOneServesTheImage(t *testing.T) {
+	reg := fixture.NewRegistry(t)
+	empty := fixture.NewRegistry(t)
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 3})
+	extra := reg.PushImage(t, "my-company/app", "v1")
+	o := createFrom(t, reg, release, "quay.io/my-company/app:v1")
+	o.Mirrors = []create.Mirror{
+		{Prefix: "quay.io/", Location: empty.Host + "/", Insecure: true},
+		{Prefix: "quay.io/", Location: "127.0.0.1:1/"},
+		{Prefix: "quay.io/", Location: reg.Host + "/"},
+	}
+	res, err := create.Run(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	extra = strings.Replace(extra, "@", ":v1@", 1)
+	if len(res.Metadata.Images) != 4 || !slices.Contains(res.Metadata.Images, extra) {
+		t.Fatalf("images %v, want 3 payload images and %s", res.Metadata.Images, extra)
+	}
+	asked := 0
+	for _, q := range empty.Requests() {
+		if strings.Contains(q.Path, "/manifests/") {
+			asked++
+			if q.Status != http.StatusNotFound {
+				t.Errorf("the empty mirror answered %s with %d", q.Path, q.Status)
+			}
+		}
+	}
+	if asked < 5 || empty.BlobFetches() != 0 {
+		t.Fatalf("the insecure empty mirror was asked for %d manifests and %d blobs, want every image's manifest and no blob", asked, empty.BlobFetches())
+	}
+
+	// A mirror lacks an image and the place after it is down: the image
+	// is named as missing there (what to act on), and both are said.
+	o = createFrom(t, reg, release, "quay.io/my-company/none:v9")
+	o.Mirrors = []create.Mirror{
+		{Prefix: "quay.io/", Location: reg.Host + "/"},
+		{Prefix: "quay.io/", Location: "127.0.0.1:1/"},
+	}
+	_, err = create.Run(t.Context(), o)
+	if !errors.Is(err, create.ErrNotFound) || !strings.Contains(err.Error(), "cannot reach registry 127.0.0.1:1") {
+		t.Fatalf("got %v, want not found, naming the place beyond it", err)
+	}
+
+	// Blocked: no mirror serves a pull by tag and the origin may not be
+	// asked, so the extra by tag is refused before anything is fetched.
+	o = createFrom(t, reg, release, "quay.io/my-company/app:v1")
+	o.Mirrors = []create.Mirror{
+		{Prefix: "quay.io/", Location: reg.Host + "/", DigestOnly: true},
+		{Prefix: "quay.io/", Blocked: true},
+	}
+	reg.ResetRequests()
+	if _, err := create.Run(t.Context(), o); !errors.Is(err, create.ErrBadReference) || !strings.Contains(err.Error(), "origin is blocked") {
+		t.Fatalf("got %v, want the blocked origin named", err)
+	}
+	if reg.BlobFetches() != 0 {
+		t.Fatalf("%d blobs fetched for a refused request", reg.BlobFetches())
 	}
 }

@@ -38,9 +38,22 @@ var (
 
 // Mirror makes bundle create fetch images whose name starts with Prefix
 // from Location instead (Prefix replaced by Location), while the bundle
-// keeps the original name.
+// keeps the original name. Several entries of one prefix are tried in
+// their order, as containers/image tries a registry's mirrors and then its
+// location: the first that serves the image is used for all of it. An
+// entry whose Location is its Prefix is the origin itself.
 type Mirror struct {
 	Prefix, Location string
+	// Insecure: plain HTTP or an unverified certificate is accepted there
+	// (registries.conf insecure = true); every byte is still checked
+	// against its digest.
+	Insecure bool
+	// DigestOnly and TagOnly: the entry serves only pulls by digest, or
+	// only pulls by tag (pull-from-mirror, mirror-by-digest-only).
+	DigestOnly, TagOnly bool
+	// Blocked ends the prefix's list: nothing under it goes anywhere
+	// else, its origin included (registries.conf blocked = true).
+	Blocked bool
 }
 
 // ParseMirror parses PREFIX=LOCATION (e.g. "quay.io/=127.0.0.1:5000/").
@@ -55,26 +68,86 @@ func ParseMirror(s string) (Mirror, error) {
 	return Mirror{Prefix: p, Location: l}, nil
 }
 
-// mirrored maps a repository name through the longest matching mirror
-// prefix. A prefix that does not end in "/" matches a whole name or a name
-// followed by "/".
-func mirrored(name string, mirrors []Mirror) string {
-	best := -1
-	for i, m := range mirrors {
-		if !strings.HasPrefix(name, m.Prefix) {
-			continue
-		}
-		if !strings.HasSuffix(m.Prefix, "/") && len(name) > len(m.Prefix) && name[len(m.Prefix)] != '/' {
-			continue
-		}
-		if best < 0 || len(m.Prefix) > len(mirrors[best].Prefix) {
-			best = i
+// route is one place an image is fetched from: its repository there.
+type route struct {
+	name     string
+	insecure bool
+}
+
+// errBlocked: the node's configuration lets no pull of the image go
+// anywhere.
+var errBlocked = errors.New("blocked by the registries configuration")
+
+// routes maps a repository name through the mirrors of its longest
+// matching prefix, in their order, keeping those that serve this kind of
+// pull (byDigest). A prefix that does not end in "/" matches a whole name
+// or a name followed by "/". No matching prefix: the name itself.
+func routes(name string, byDigest bool, mirrors []Mirror) ([]route, error) {
+	best := ""
+	found := false
+	for _, m := range mirrors {
+		if matchesPrefix(name, m.Prefix) && (!found || len(m.Prefix) > len(best)) {
+			best, found = m.Prefix, true
 		}
 	}
-	if best < 0 {
-		return name
+	if !found {
+		return []route{{name: name}}, nil
 	}
-	return mirrors[best].Location + name[len(mirrors[best].Prefix):]
+	var out []route
+	for _, m := range mirrors {
+		if m.Prefix != best {
+			continue
+		}
+		if m.Blocked {
+			break
+		}
+		if byDigest && m.TagOnly || !byDigest && m.DigestOnly {
+			continue
+		}
+		out = append(out, route{name: m.Location + name[len(m.Prefix):], insecure: m.Insecure})
+	}
+	if len(out) == 0 {
+		kind := map[bool]string{true: "digest", false: "tag"}[byDigest]
+		return nil, fmt.Errorf("%w: %s: under %s no mirror serves a pull by %s and the origin is blocked", errBlocked, name, best, kind)
+	}
+	return out, nil
+}
+
+func matchesPrefix(name, prefix string) bool {
+	if !strings.HasPrefix(name, prefix) {
+		return false
+	}
+	return strings.HasSuffix(prefix, "/") || len(name) == len(prefix) || name[len(prefix)] == '/'
+}
+
+// insecureTransport sends a request to a host the node's configuration
+// marks insecure (hosts) without checking its certificate, and every other
+// through base.
+type insecureTransport struct {
+	base  http.RoundTripper
+	hosts *sync.Map // host[:port] → true
+	once  sync.Once
+	skip  http.RoundTripper
+}
+
+func (t *insecureTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if _, ok := t.hosts.Load(r.URL.Host); !ok || r.URL.Scheme != "https" {
+		return t.base.RoundTrip(r)
+	}
+	t.once.Do(func() {
+		var tr *http.Transport
+		switch b := t.base.(type) {
+		case *http.Transport:
+			tr = b.Clone()
+		case *certsDTransport:
+			tr = b.base.Clone()
+		default:
+			tr = http.DefaultTransport.(*http.Transport).Clone()
+		}
+		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // registries.conf insecure = true; blobs are checked by digest
+		t.skip = tr
+	})
+	return t.skip.RoundTrip(r)
 }
 
 // NewTransport is the HTTP transport bundle create fetches with. certDir,

@@ -3,9 +3,12 @@ package create
 import (
 	"bytes"
 	"encoding/base64"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -27,8 +30,52 @@ func TestMirror_LongestPrefixWins(t *testing.T) {
 		"registry.example.com/teamster/app":              "registry.example.com/teamster/app",
 		"docker.io/library/busybox":                      "docker.io/library/busybox",
 	} {
-		if got := mirrored(in, ms); got != want {
-			t.Errorf("%s: got %s, want %s", in, got, want)
+		rs, err := routes(in, true, ms)
+		if err != nil || len(rs) != 1 || rs[0].name != want {
+			t.Errorf("%s: got %+v %v, want %s", in, rs, err, want)
+		}
+	}
+}
+
+// The node's registries.conf as containers/image reads it: a prefix's
+// mirrors in order, those that serve the kind of pull, then its location
+// unless blocked.
+func TestRoutes_MirrorsInOrderThenTheOriginUnlessBlocked(t *testing.T) {
+	ms := []Mirror{
+		{Prefix: "quay.io/ocp", Location: "tags.example/ocp", TagOnly: true},
+		{Prefix: "quay.io/ocp", Location: "first.example/ocp", DigestOnly: true},
+		{Prefix: "quay.io/ocp", Location: "second.example/x", Insecure: true},
+		{Prefix: "quay.io/ocp", Location: "quay.io/ocp"},
+		{Prefix: "quay.io/closed", Location: "only.example/closed", DigestOnly: true},
+		{Prefix: "quay.io/closed", Blocked: true},
+	}
+	names := func(rs []route) (out []string) {
+		for _, r := range rs {
+			out = append(out, fmt.Sprintf("%s insecure=%v", r.name, r.insecure))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name     string
+		byDigest bool
+		want     []string
+		err      string
+	}{
+		{"quay.io/ocp/release", true, []string{"first.example/ocp/release insecure=false", "second.example/x/release insecure=true", "quay.io/ocp/release insecure=false"}, ""},
+		{"quay.io/ocp/release", false, []string{"tags.example/ocp/release insecure=false", "second.example/x/release insecure=true", "quay.io/ocp/release insecure=false"}, ""},
+		{"quay.io/closed/app", true, []string{"only.example/closed/app insecure=false"}, ""},
+		{"quay.io/closed/app", false, nil, "no mirror serves a pull by tag"},
+		{"quay.io/other", false, []string{"quay.io/other insecure=false"}, ""},
+	} {
+		rs, err := routes(tc.name, tc.byDigest, ms)
+		if tc.err != "" {
+			if !errors.Is(err, errBlocked) || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s by digest %v: got %v %v, want %q", tc.name, tc.byDigest, rs, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(names(rs), tc.want) {
+			t.Errorf("%s by digest %v: got %v %v, want %v", tc.name, tc.byDigest, names(rs), err, tc.want)
 		}
 	}
 }

@@ -61,10 +61,8 @@ func newPuller(cfg agent.Config, loader agent.Loader, log *slog.Logger) (*pull.P
 			}
 			var ms []create.Mirror
 			for _, src := range s.PullSources() {
-				if src.Insecure {
-					log.Warn("registry mode verifies TLS: the mirror's insecure = true is not followed", "prefix", src.Prefix, "mirror", src.Location)
-				}
-				ms = append(ms, create.Mirror{Prefix: src.Prefix, Location: src.Location})
+				ms = append(ms, create.Mirror{Prefix: src.Prefix, Location: src.Location, Insecure: src.Insecure,
+					DigestOnly: src.DigestOnly, TagOnly: src.TagOnly, Blocked: src.Blocked})
 			}
 			return ms, nil
 		},
