@@ -51,7 +51,7 @@ func newBundleCreateCmd() *cobra.Command {
 	f.StringVar(&o.sigStore, "signature-store", signatureStoreDefault(), "where the release's signatures are fetched when no --release-signature is given (<URL>/sha256=<hex>/signature-N); \"\" for none")
 	f.StringArrayVar(&o.extras, "extra-image", nil, "extra image to include, by tag or digest (repeatable; a tag is resolved and kept)")
 	f.StringArrayVar(&o.sigFiles, "release-signature", nil, "a signature file of the release image, as a signature store serves it (repeatable)")
-	f.StringArrayVar(&o.mirrors, "mirror", nil, "PREFIX=LOCATION: fetch images whose name starts with PREFIX from LOCATION, keep the original name (repeatable)")
+	f.StringArrayVar(&o.mirrors, "mirror", nil, "PREFIX=LOCATION: fetch images whose name starts with PREFIX from LOCATION, keep the original name (repeatable; several of one PREFIX are tried in order, the first that has an image serves all of it)")
 	c.RegisterFlagCompletionFunc("arch", choices(archs...))
 	c.RegisterFlagCompletionFunc("platforms", choices(create.PlatformsArch, create.PlatformsAll))
 	c.RegisterFlagCompletionFunc("signatures", choices(create.SignaturesAll, create.SignaturesRelease))
