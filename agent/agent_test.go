@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,9 +13,6 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
-	"github.com/ferry-edge/ferry/imagepolicy"
-	"github.com/ferry-edge/ferry/internal/imagetree"
-	"github.com/ferry-edge/ferry/peer"
 )
 
 // fakeDevices is a DeviceSource the test feeds.
@@ -203,6 +199,9 @@ type harness struct {
 	agent  *Agent
 	cancel context.CancelFunc
 	done   chan error
+	// Of drive (no loop): the retries asked for, the upgrade asks.
+	retries []time.Duration
+	asked   int
 }
 
 func newHarness(t *testing.T, root string) *harness {
@@ -217,18 +216,28 @@ func newHarness(t *testing.T, root string) *harness {
 	return h
 }
 
-func (h *harness) start() {
+// harnessClock is the harness's fixed clock.
+var harnessClock = time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)
+
+// newAgent builds the agent on the harness's fakes: New, not Run.
+func (h *harness) newAgent() *Agent {
 	h.t.Helper()
-	clock := time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)
 	var api ClusterAPI
 	if h.api != nil {
 		api = h.api
 	}
 	a, err := New(h.cfg, Deps{Devices: h.dev, Media: h.media, Loader: h.loader, Notify: h.lines, Peers: h.peers,
-		API: api, APIPoll: 20 * time.Millisecond, PeerPoll: 50 * time.Millisecond, RetryBase: 10 * time.Millisecond, Now: func() time.Time { return clock }, Admit: h.admit})
+		API: api, APIPoll: 20 * time.Millisecond, PeerPoll: 50 * time.Millisecond, RetryBase: 10 * time.Millisecond, Now: func() time.Time { return harnessClock }, Admit: h.admit})
 	if err != nil {
 		h.t.Fatal(err)
 	}
+	return a
+}
+
+// start runs the agent's loop and its watchers: the real wiring.
+func (h *harness) start() {
+	h.t.Helper()
+	a := h.newAgent()
 	ctx, cancel := context.WithCancel(h.t.Context())
 	h.agent, h.cancel, h.done = a, cancel, make(chan error, 1)
 	go func() { h.done <- a.Run(ctx) }()
@@ -318,46 +327,6 @@ func TestAgent_StickToLoaded(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(h.cfg.Paths.StateDir, "bundles", strings.TrimPrefix(digest, "sha256:")+".index")); err != nil {
 		t.Errorf("tar index not kept: %v", err)
-	}
-}
-
-func TestAgent_ImageTheNodesPolicyAdmitsByDigestOnlyIsLoadedWithoutItsTag(t *testing.T) {
-	// The node's policy.json wants a sigstore signature under
-	// matchRepoDigestOrExact; the app's names another tag of the same
-	// manifest: by digest it passes, by its tag 1.0 it does not.
-	key, pub := imagetree.NewSigningKey()
-	dir := t.TempDir()
-	keyPath, policyPath := filepath.Join(dir, "app.pub"), filepath.Join(dir, "policy.json")
-	must(t, os.WriteFile(keyPath, pub, 0o644))
-	must(t, os.WriteFile(policyPath, []byte(`{"default":[{"type":"insecureAcceptAnything"}],"transports":{"docker":{
-  "quay.io/team/app":[{"type":"sigstoreSigned","keyPath":"`+keyPath+`","signedIdentity":{"type":"matchRepoDigestOrExact"}}]}}}`), 0o644))
-	app := bundletest.Ref("quay.io/team/app:1.0", 0)
-	h := newHarness(t, t.TempDir())
-	h.admit = imagepolicy.Checker{Path: policyPath}.Admit
-	h.start()
-	src, _ := stick(t, bundletest.Options{Images: []string{"quay.io/team/app:1.0"}, SignKey: key, SignAll: true,
-		SignIdentity: func(ref string) string {
-			if ref == app {
-				return "quay.io/team/app:2.0"
-			}
-			return ""
-		}})
-	h.plug("/dev/sda", src)
-	s := h.waitPhase(PhaseClusterReady)
-	h.stop()
-	name, _, digest := bundle.SplitRef(app)
-	if len(h.loader.images) != 1 || !slices.Contains(h.loader.images[0], name+"@"+digest) || slices.Contains(h.loader.images[0], app) {
-		t.Fatalf("loaded %q, want %s by digest only", h.loader.images, app)
-	}
-	if refs := bundle.PullRefs(h.loader.images[0]); slices.Contains(refs, "quay.io/team/app:1.0") || !slices.Contains(refs, name+"@"+digest) {
-		t.Errorf("pulls %q: want the digest and not the tag", refs)
-	}
-	if len(s.SignaturePolicy) != 1 || !strings.Contains(s.SignaturePolicy[0], "quay.io/team/app:1.0 is loaded by digest only") ||
-		!strings.Contains(s.SignaturePolicy[0], "so the tag 1.0 is not loaded") {
-		t.Errorf("status warnings %q, want the tag dropped said", s.SignaturePolicy)
-	}
-	if len(s.Bundles) != 1 || !slices.Equal(s.Bundles[0].DigestOnly, []string{app}) {
-		t.Errorf("record %+v, want %s by digest only kept", s.Bundles, app)
 	}
 }
 
@@ -594,181 +563,9 @@ func TestAgent_CleanupOfALoadedBundleIsTheUpgradeDone(t *testing.T) {
 	}
 }
 
-func TestAgent_CleanupBeforeLoadingTakesTheBundleOut(t *testing.T) {
-	h := newHarness(t, t.TempDir())
-	h.peers = newFakePeers()
-	h.cfg.Peer.Peers = []string{"10.0.0.2:8090"} // never answers: the bundle stays extracted
-	h.start()
-	src, _ := stick(t, bundletest.Options{})
-	h.plug("/dev/sda", src)
-	h.waitPhase(PhaseExtracted)
-	must(t, h.agent.Request(t.Context(), "cleanup", nil))
-	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); !os.IsNotExist(err) {
-		t.Fatal("extracted dir kept")
-	}
-	if got := h.agent.Status(); got.Phase != "idle" {
-		t.Fatalf("after cleanup %+v", got)
-	}
-	next, _ := stick(t, bundletest.Options{Version: "4.13.8"})
-	h.plug("/dev/sdb", next)
-	if s := h.waitPhase(PhaseExtracted); s.Version != "4.13.8" {
-		t.Fatal(s.Version)
-	}
-}
-
 func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
-}
-
-// No room for a stick's bundle and its load: refused before a byte is
-// written, saying so and what to do after freeing space; a peer's bundle
-// is not fetched, and the fetch is retried (space may be freed), the room
-// asked for counting its tar and its tree; a fetched bundle with no room
-// left to extract it (the disk filled meanwhile) is fetched again, not
-// refused for good.
-func TestAgent_NoRoomRefusesBeforeWriting(t *testing.T) {
-	noRoom := fmt.Errorf("%w in /var: writing the bundle (1 GiB) and loading the 1 images CRI-O does not hold needs 3 GiB; free 2 GiB there", bundle.ErrNoSpace)
-	t.Run("a stick", func(t *testing.T) {
-		h := newHarness(t, t.TempDir())
-		h.loader.room = noRoom
-		h.start()
-		src, _ := stick(t, bundletest.Options{})
-		h.plug("/dev/sda", src)
-		s := h.waitPhase(PhaseRejected)
-		if !strings.Contains(s.Reason, "free 2 GiB there; then plug the stick in again") {
-			t.Fatal(s.Reason)
-		}
-		if ents, _ := os.ReadDir(h.cfg.Paths.ExtractDir); len(ents) != 0 {
-			t.Fatalf("wrote %s", ents[0].Name())
-		}
-	})
-	for _, tc := range []struct {
-		name   string
-		serial bool
-		// state is the room asked for in the state dir, given the tree's.
-		state func(tree int64) int64
-		what  string
-	}{
-		{name: "a peer's bundle, fetched whole (serial)", serial: true, state: func(tree int64) int64 { return tree }, what: "the tar"},
-		{name: "a peer's bundle, cut-through: its tree and a window", state: peer.StreamWindow, what: "the window"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			h, p := clusterHarness(t)
-			h.cfg.Peer.Serial = tc.serial
-			var asked map[string]int64
-			h.loader.roomFor = func(w map[string]int64) error { asked = w; return noRoom }
-			tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
-			p.offer(t, "10.0.0.2:8090", tarPath, digest)
-			h.start()
-			s := h.waitReason("free 2 GiB there; then it is fetched by itself")
-			if s.Phase != string(PhaseFetching) {
-				t.Fatalf("%+v", s)
-			}
-			h.loader.mu.Lock()
-			tree := asked[h.cfg.Paths.ExtractDir]
-			if len(asked) != 2 || tree <= 0 || asked[h.cfg.Paths.StateDir] != tc.state(tree) {
-				t.Errorf("room asked for %v: want %s (%d) in %s and the tree in %s", asked, tc.what, tc.state(tree), h.cfg.Paths.StateDir, h.cfg.Paths.ExtractDir)
-			}
-			h.loader.mu.Unlock()
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			if p.fetched != 0 {
-				t.Fatal("fetched without room")
-			}
-		})
-	}
-	t.Run("a fetched bundle, the disk filled meanwhile", func(t *testing.T) {
-		h, p := clusterHarness(t)
-		h.cfg.Peer.Serial = true // the extraction's own check comes after a whole fetch
-		h.loader.roomFor = func(w map[string]int64) error {
-			if len(w) == 1 { // the extraction
-				return noRoom
-			}
-			return nil
-		}
-		tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
-		p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "extracted", Digest: digest})
-		p.offer(t, "10.0.0.2:8090", tarPath, digest)
-		h.start()
-		s := h.waitReason("no room to extract the fetched bundle, fetching it again once there is")
-		if s.Phase != string(PhaseFetching) || !strings.Contains(s.Reason, "free 2 GiB there") {
-			t.Fatalf("%+v", s)
-		}
-		if ents, _ := os.ReadDir(filepath.Join(h.cfg.Paths.StateDir, "incoming")); len(ents) != 0 {
-			t.Errorf("the tar was kept: %s", ents[0].Name())
-		}
-		// Space freed; the retry (here: the restart) fetches and loads it.
-		h.stop()
-		h.loader.mu.Lock()
-		h.loader.roomFor = nil
-		h.loader.mu.Unlock()
-		h.start()
-		if s := h.waitPhase(PhaseLoaded); s.Digest != digest {
-			t.Fatal(s.Digest)
-		}
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if p.fetched != 2 {
-			t.Errorf("fetched %d times, want 2", p.fetched)
-		}
-	})
-}
-
-// A stick whose bundle its files make unreadable (Refused: a link, a
-// FIFO) is rejected with that reason and nothing opened; what a stick
-// controls (its file names, in the reason) leaves the node as one
-// bounded line, and the device is probed again when plugged again.
-func TestAgent_RefusedStickFileIsRejectedWithASanitisedReason(t *testing.T) {
-	h := newHarness(t, t.TempDir())
-	h.api = newFakeAPI()
-	h.start()
-	evil := "upgrade-1.0-x86_64.sha256\nSTATUS=all good\x1b[2J" + strings.Repeat("x", 2*MaxReason)
-	why := fmt.Errorf("unsafe file on the stick: %s: it is a symbolic link: copy the file itself onto the stick", evil)
-	h.plug("/dev/sda", bundle.Source{Path: "", Label: "/run/ferry/media/sda-1/upgrade-1.0-x86_64.tar", Refused: why})
-	s := h.waitPhase(PhaseRejected)
-	if !strings.Contains(s.Line, "rejected upgrade-1.0-x86_64.tar: unsafe file on the stick") {
-		t.Fatalf("status line %q", s.Line)
-	}
-	for what, v := range map[string]string{"reason": s.Reason, "line": s.Line, "peer error": h.agent.PeerStatus().Error} {
-		if strings.ContainsAny(v, "\n\x1b") || len(v) > 2*MaxReason {
-			t.Errorf("%s not sanitised: %q", what, v)
-		}
-	}
-	if len(s.Reason) > MaxReason || !strings.Contains(s.Reason, "…") || !strings.HasSuffix(s.Reason, "copy the file itself onto the stick") {
-		t.Errorf("reason not bounded: %d bytes", len(s.Reason))
-	}
-	if !h.lines.seen("unsafe file on the stick") {
-		t.Fatal("no STATUS= line says why")
-	}
-	h.lines.mu.Lock()
-	for _, l := range h.lines.all {
-		if strings.ContainsAny(l, "\n\x1b") {
-			t.Errorf("STATUS= line %q holds a newline or a control character", l)
-		}
-	}
-	h.lines.mu.Unlock()
-	var ann string
-	for range 2000 {
-		if ann = h.api.annotation("node-a", AnnotationReason); strings.Contains(ann, "unsafe file") {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if !strings.Contains(ann, "unsafe file") || strings.ContainsAny(ann, "\n\x1b") || len(ann) > MaxReason {
-		t.Errorf("annotation %q: want the reason, sanitised", ann)
-	}
-
-	// The slot is not stuck: a good stick in it is read.
-	src, _ := stick(t, bundletest.Options{})
-	h.plug("/dev/sda", src)
-	for range 2000 {
-		if s := h.agent.Status(); s.Bundle == "upgrade-4.13.7-x86_64.tar" && s.Digest != "" {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("the good stick plugged next was not read: %+v", h.agent.Status())
 }

@@ -3,8 +3,6 @@ package agent
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -317,32 +315,6 @@ func TestCluster_FetchesFromPeerThenWaitsForAgreementBeforeLoading(t *testing.T)
 	}
 }
 
-// A stick's bundle is shared with the piece list hashed in the extraction
-// pass: peers need not wait for a second read of the whole bundle.
-func TestCluster_StickBundleIsSharedWithPiecesFromTheExtractionPass(t *testing.T) {
-	h, p := clusterHarness(t)
-	h.start()
-	src, digest := stick(t, bundletest.Options{LayerSize: 12 << 20}) // 12 MiB: 3 pieces
-	h.plug("/dev/sda", src)
-	h.waitPhase(PhaseExtracted)
-	h.waitShared(p, digest)
-	tb, err := os.ReadFile(src.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var want []string
-	for off := 0; off < len(tb); off += peer.DefaultPieceSize {
-		h := sha256.Sum256(tb[off:min(off+peer.DefaultPieceSize, len(tb))])
-		want = append(want, hex.EncodeToString(h[:]))
-	}
-	p.mu.Lock()
-	pieces := p.pieces[digest]
-	p.mu.Unlock()
-	if pieces == nil || !slices.Equal(pieces.Pieces, want) || pieces.PieceSize != peer.DefaultPieceSize || pieces.Size != int64(len(tb)) || pieces.Digest != digest {
-		t.Fatalf("shared with piece list %+v, want %d pieces of %d bytes", pieces, len(want), peer.DefaultPieceSize)
-	}
-}
-
 func TestCluster_TwoDifferentBundlesOfferedIsAConflictAndNothingIsFetched(t *testing.T) {
 	h, p := clusterHarness(t)
 	h.cfg.Peer.Peers = []string{"10.0.0.2:8090", "10.0.0.3:8090"}
@@ -582,80 +554,6 @@ func keyFile(t *testing.T, pub minisign.PublicKey) string {
 	return path
 }
 
-// Approval travels (docs/design.md, "Approval"): a node whose own trusted_keys
-// hold the signer fetches a peer's bundle approved only by signature,
-// verifies the signature over the bytes it extracts, loads it and serves
-// it on with its signature. A signature by another key, or a trusted key's
-// signature of another bundle (its signed comment names the digest), is
-// refused before a byte is fetched, saying why.
-func TestCluster_ABundleApprovedOnlyBySignatureReachesANodeWithTheKey(t *testing.T) {
-	pub, priv, _ := minisign.GenerateKey(nil)
-	_, otherPriv, _ := minisign.GenerateKey(nil)
-	tarPath, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
-
-	t.Run("signed by a trusted key", func(t *testing.T) {
-		h, p := clusterHarness(t)
-		h.cfg.TrustedKeys = []string{keyFile(t, pub)}
-		h.cfg.Approval = "required"
-		p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "extracted", Digest: digest})
-		signedOffer(t, p, "10.0.0.2:8090", tarPath, digest, priv)
-		h.start()
-		h.waitPhase(PhaseLoaded)
-		var rec Record
-		for _, r := range h.agent.Status().Bundles {
-			if r.Digest == digest {
-				rec = r
-			}
-		}
-		if rec.Approval != "signature" || len(rec.Signature) == 0 {
-			t.Fatalf("approval %q, signature %d bytes", rec.Approval, len(rec.Signature))
-		}
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if !bytes.Equal(p.held[digest].sig, rec.Signature) {
-			t.Error("the bundle is served on without its signature")
-		}
-	})
-	t.Run("signed by another key", func(t *testing.T) {
-		h, p := clusterHarness(t)
-		h.cfg.TrustedKeys = []string{keyFile(t, pub)}
-		h.cfg.Approval = "required"
-		signedOffer(t, p, "10.0.0.2:8090", tarPath, digest, otherPriv)
-		h.start()
-		s := h.waitPhase(PhaseRejected)
-		if !strings.Contains(s.Reason, "not one of this node's trusted_keys") {
-			t.Fatal(s.Reason)
-		}
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if p.fetched != 0 {
-			t.Fatal("fetched a bundle this node's keys do not approve")
-		}
-	})
-	t.Run("a trusted key's signature of other bytes", func(t *testing.T) {
-		h, p := clusterHarness(t)
-		h.cfg.TrustedKeys = []string{keyFile(t, pub)}
-		h.cfg.Approval = "required"
-		other, _ := bundletest.Write(t, t.TempDir(), bundletest.Options{Version: "4.13.9"})
-		signedOffer(t, p, "10.0.0.2:8090", other, digest, priv) // the signature of another tar
-		p.mu.Lock()
-		p.tars[digest] = tarPath
-		p.mu.Unlock()
-		h.start()
-		// The signature names the other tar's digest: refused before a
-		// byte is fetched (the key ID alone once let any digest through).
-		s := h.waitPhase(PhaseRejected)
-		if !strings.Contains(s.Reason, "with a signature of bundle") {
-			t.Fatal(s.Reason)
-		}
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if p.fetched != 0 || len(h.loader.loads) != 0 {
-			t.Fatalf("fetched %d times, loaded %d times", p.fetched, len(h.loader.loads))
-		}
-	})
-}
-
 // A peer whose policy refuses the cluster's bundle blocks loading here:
 // every node must hold the same bundle before anything is pinned, and this
 // node shows which node refuses it and why.
@@ -706,51 +604,5 @@ func TestCluster_ARefusedPeerBundleIsTakenOnceThePolicyApprovesIt(t *testing.T) 
 	h2.start()
 	if s := h2.waitPhase(PhaseLoaded); s.Digest != digest {
 		t.Fatal(s.Digest)
-	}
-}
-
-// A stick's bundle is offered to the peers while it is read, under the
-// digest its .sha256 names; the offer ends with the read: replaced by the
-// extracted bundle's, with the piece list hashed in the pass, or withdrawn
-// when the read ends in a refusal.
-func TestCluster_StickOfferedWhileReadThenReplacedOrWithdrawn(t *testing.T) {
-	for _, damaged := range []bool{false, true} {
-		t.Run(fmt.Sprintf("damaged=%v", damaged), func(t *testing.T) {
-			h, p := clusterHarness(t)
-			h.start()
-			src, digest := stick(t, bundletest.Options{LayerSize: 9 << 20})
-			if damaged {
-				b, err := os.ReadFile(src.Path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				b[len(b)/2] ^= 1
-				if err := os.WriteFile(src.Path, b, 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			h.plug("/dev/sda", src)
-			if damaged {
-				h.waitPhase(PhaseRejected)
-			} else {
-				h.waitPhase(PhaseExtracted)
-				h.waitShared(p, digest)
-			}
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			if len(p.live) != 1 {
-				t.Fatalf("%d live offers, want one while the stick was read", len(p.live))
-			}
-			if o := p.live[0].Offers(); len(o) != 0 {
-				t.Errorf("the live offer outlived the read: %+v", o)
-			}
-			_, shared := p.shared[digest]
-			if shared == damaged {
-				t.Errorf("shared %v after the read, want %v", shared, !damaged)
-			}
-			if !damaged && (p.pieces[digest] == nil || p.pieces[digest].Partial || p.pieces[digest].Digest != digest) {
-				t.Errorf("shared with piece list %+v, want the whole one hashed in the pass", p.pieces[digest])
-			}
-		})
 	}
 }

@@ -3,8 +3,6 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -197,50 +195,6 @@ func TestResource_ASpecApprovingAnotherDigestIsNotOverriddenLocally(t *testing.T
 	}
 	api.setPolicy(resourceName, cluster.BundlePolicy{ApprovedDigest: digest, ExcludedNodes: []string{"b"}})
 	h.waitPhase(PhaseClusterReady)
-}
-
-// TestResource_SpecCleanupTakesTheBundleOut: the administrator's
-// spec.cleanup does what 'ferry cleanup' does on the node: a loaded
-// bundle the cluster never upgraded to is unloaded (its pins, mirror and
-// tree go; the running release's pins stay), a bundle still waiting is
-// removed; once.
-func TestResource_SpecCleanupTakesTheBundleOut(t *testing.T) {
-	t.Run("loaded", func(t *testing.T) {
-		h, api := apiHarness(t)
-		h.start()
-		src, _ := stick(t, bundletest.Options{})
-		h.plug("/dev/sda", src)
-		h.waitPhase(PhaseClusterReady)
-		api.setPolicy(resourceName, cluster.BundlePolicy{Cleanup: true})
-		h.waitFor("the bundle unloaded", func() bool { return h.cleanups() == 1 })
-		h.waitFor("the cleanup's end", func() bool { return h.record().Phase == PhaseCleaned })
-		if n, r := h.cleanups(), h.retires(); n != 1 || r != 0 {
-			t.Fatalf("unloaded %d times, retired %d times: want one unload and no retirement", n, r)
-		}
-		if h.record().Phase != PhaseCleaned {
-			t.Fatalf("record %+v, want cleaned", h.record())
-		}
-	})
-	t.Run("waiting for approval", func(t *testing.T) {
-		h, api := apiHarness(t)
-		h.cfg.Approval = "required"
-		h.start()
-		src, _ := stick(t, bundletest.Options{})
-		h.plug("/dev/sda", src)
-		h.waitReason("waiting for approval")
-		api.setPolicy(resourceName, cluster.BundlePolicy{Cleanup: true})
-		h.waitFor("the bundle cleaned up, and said so in the resource", func() bool {
-			b, _ := api.bundle(resourceName)
-			return h.record().Phase == PhaseCleaned && b.nodes["node-a"].Phase == string(PhaseCleaned)
-		})
-		loads := h.loads()
-		if loads != 0 {
-			t.Fatal("loaded")
-		}
-		if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); !os.IsNotExist(err) {
-			t.Fatalf("extracted dir kept: %v", err)
-		}
-	})
 }
 
 func TestSummarize_UpgradedNodesCountAsReady(t *testing.T) {
