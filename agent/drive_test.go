@@ -163,6 +163,16 @@ func TestJobs_ImageTheNodesPolicyAdmitsByDigestOnlyIsLoadedWithoutItsTag(t *test
 	}
 }
 
+func TestJobs_AStickForAnotherArchIsRejected(t *testing.T) {
+	h := newHarness(t, t.TempDir())
+	h.boot()
+	src, _ := stick(t, bundletest.Options{Arch: "aarch64"})
+	h.plugNow("/dev/sda", src)
+	if r := h.agent.m.lastBad; r == nil || r.Phase != PhaseRejected || r.Condition.Reason != ReasonRefused || !strings.Contains(r.Condition.Message, "aarch64") {
+		t.Fatalf("refusal %+v", r)
+	}
+}
+
 // No room for a stick's bundle and its load: refused before a byte is
 // written, with the loader's words; a peer's bundle is not fetched, and
 // the fetch is retried (space may be freed), the room asked for counting
