@@ -170,20 +170,11 @@ func (l *lines) Status(s string) {
 	}
 }
 
-// seen polls briefly: the line follows the state by a moment.
-func (l *lines) seen(sub string) bool {
-	for range 200 {
-		l.mu.Lock()
-		for _, s := range l.all {
-			if strings.Contains(s, sub) {
-				l.mu.Unlock()
-				return true
-			}
-		}
-		l.mu.Unlock()
-		time.Sleep(5 * time.Millisecond)
-	}
-	return false
+// sent is every STATUS= line sent so far, and whether READY was.
+func (l *lines) sent() ([]string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.all), l.ready
 }
 
 type harness struct {
@@ -264,30 +255,33 @@ func (h *harness) plug(dev string, srcs ...bundle.Source) {
 // running -race is slow), so generous.
 const waitBound = 2 * time.Minute
 
-func (h *harness) waitPhase(p Phase) Status {
+// waitFor polls cond until it holds: what the loop does reaches the
+// test a moment later. The one sleep of these tests: a poll, never a
+// wait to prove that something did not happen.
+func (h *harness) waitFor(what string, cond func() bool) {
 	h.t.Helper()
 	deadline := time.Now().Add(waitBound)
-	for time.Now().Before(deadline) {
-		if s := h.agent.Status(); s.Phase == string(p) {
-			return s
+	for !cond() {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("never: %s; status %+v", what, h.agent.Status())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	h.t.Fatalf("phase %s never reached; status %+v", p, h.agent.Status())
-	return Status{}
 }
 
-func (h *harness) waitReason(sub string) Status {
+func (h *harness) waitPhase(p Phase) Status {
 	h.t.Helper()
-	deadline := time.Now().Add(waitBound)
-	for time.Now().Before(deadline) {
-		if s := h.agent.Status(); strings.Contains(s.Reason, sub) {
-			return s
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	h.t.Fatalf("reason %q never seen; status %+v", sub, h.agent.Status())
-	return Status{}
+	var s Status
+	h.waitFor("phase "+string(p), func() bool { s = h.agent.Status(); return s.Phase == string(p) })
+	return s
+}
+
+// waitWhy waits until the bundle's condition has the reason why.
+func (h *harness) waitWhy(why string) Record {
+	h.t.Helper()
+	var r Record
+	h.waitFor("reason "+why, func() bool { r = h.record(); return r.Condition.Reason == why })
+	return r
 }
 
 func stick(t *testing.T, o bundletest.Options) (bundle.Source, string) {
@@ -302,6 +296,7 @@ func stick(t *testing.T, o bundletest.Options) (bundle.Source, string) {
 func TestAgent_StickToLoaded(t *testing.T) {
 	h := newHarness(t, t.TempDir())
 	h.start()
+	idle := h.agent.Status().Line // published by New
 	src, digest := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
 	s := h.waitPhase(PhaseClusterReady)
@@ -314,16 +309,11 @@ func TestAgent_StickToLoaded(t *testing.T) {
 	if h.media.opened() != 0 {
 		t.Error("stick left mounted")
 	}
-	for _, want := range []string{"waiting for an upgrade stick", "extracted upgrade-4.13.7-x86_64.tar", "cluster-ready 4.13.7"} {
-		if !h.lines.seen(want) {
-			t.Errorf("no status line with %q", want)
-		}
-	}
-	h.lines.mu.Lock()
-	ready := h.lines.ready
-	h.lines.mu.Unlock()
-	if !ready {
-		t.Error("READY never sent")
+	// systemd is told READY, then each phase's line: the idle one first,
+	// the one of every phase passed through, the last one now.
+	h.waitFor("the last line sent", func() bool { l, _ := h.lines.sent(); return l[len(l)-1] == s.Line })
+	if all, ready := h.lines.sent(); !ready || len(all) < 4 || all[0] != idle {
+		t.Errorf("READY %v; STATUS= lines %q, want %q first, one per phase", ready, all, idle)
 	}
 	if _, err := os.Stat(filepath.Join(h.cfg.Paths.StateDir, "bundles", strings.TrimPrefix(digest, "sha256:")+".index")); err != nil {
 		t.Errorf("tar index not kept: %v", err)
@@ -367,7 +357,7 @@ func TestAgent_CleanupOfALoadedBundleIsTheUpgradeDone(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(firstDir, bundle.MetadataName)); err != nil || !h.record().Retained {
 		t.Fatalf("the running release's tree is not kept: %v, retained %v", err, h.record().Retained)
 	}
-	if got := h.agent.Status(); got.Phase != string(PhaseUpgraded) || !strings.Contains(got.Line, "waiting for the next upgrade stick") || !got.Healthy {
+	if got := h.agent.Status(); got.Phase != string(PhaseUpgraded) || h.record().Condition != (Condition{}) || !got.Healthy {
 		t.Fatalf("after cleanup %+v", got)
 	}
 	// The next bundle is the next upgrade, not a conflict; it loads

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/ferry-edge/ferry/bundle/bundletest"
 	"github.com/ferry-edge/ferry/cluster"
@@ -161,17 +160,6 @@ func apiHarness(t *testing.T) (*harness, *fakeAPI) {
 	return h, api
 }
 
-func (h *harness) waitFor(what string, cond func() bool) {
-	h.t.Helper()
-	deadline := time.Now().Add(waitBound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("never: %s; status %+v", what, h.agent.Status())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestUpgrade_StartsFollowsAndCleansUpThroughTheAPI(t *testing.T) {
 	h, api := apiHarness(t)
 	marker := filepath.Join(t.TempDir(), "hook.out")
@@ -231,7 +219,7 @@ func TestUpgrade_StartsFollowsAndCleansUpThroughTheAPI(t *testing.T) {
 	api.mu.Lock()
 	n := api.writes
 	api.mu.Unlock()
-	time.Sleep(300 * time.Millisecond)
+	h.annotateTakesTwice()
 	api.mu.Lock()
 	defer api.mu.Unlock()
 	if api.writes != n {
@@ -265,6 +253,21 @@ func TestUpgrade_AnUnreachableAPIIsRetriedAndNothingIsLost(t *testing.T) {
 	}
 }
 
+// annotateTakesTwice turns the loop twice (a proceed it refuses: the
+// status is the same) and waits each time for annotate to take what the
+// turn published. annotate takes one at a time: once it took the second,
+// it has done with the first, written or not; no sleep needed to see
+// that nothing was written.
+func (h *harness) annotateTakesTwice() {
+	h.t.Helper()
+	for range 2 {
+		if err := h.agent.Request(h.t.Context(), "proceed", nil); err == nil {
+			h.t.Fatal("proceed accepted")
+		}
+		h.waitFor("annotate to take the newest annotations", func() bool { return len(h.agent.annotations) == 0 })
+	}
+}
+
 // upgradeRun is the ask for the cluster upgrade of the bundle that has
 // one, nil when none.
 func upgradeRun(s Status) *UpgradeRun {
@@ -291,9 +294,9 @@ func TestUpgrade_PeersComeFromTheAPIWhenTheConfigNamesNone(t *testing.T) {
 	// With peers, loading waits for them to hold the bundle.
 	src, _ := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
-	s := h.waitReason("waiting for")
-	if !strings.Contains(s.Reason, "10.0.0.2:9000") || s.Phase != string(PhaseExtracted) {
-		t.Fatalf("status %+v", s)
+	r := h.waitWhy(ReasonPeersNotHolding)
+	if !strings.Contains(r.Condition.Message, "10.0.0.2:9000") || r.Phase != PhaseExtracted {
+		t.Fatalf("record %s %+v", r.Phase, r.Condition)
 	}
 }
 
