@@ -332,8 +332,8 @@ func TestStep_ANodeThatLoadsNothingSaysSoOnceApproved(t *testing.T) {
 			}
 			effs := m.step(evJobDone{kind: jobExtract, id: id, res: &bundle.Result{Digest: heldDigest, TarSize: 10, Approval: approval}})
 			if c.approve != nil {
-				if s := m.status(); s.Phase != string(PhaseExtracted) || !strings.Contains(s.Reason, "waiting for approval") {
-					t.Fatalf("before the approval: phase %s, reason %q", s.Phase, s.Reason)
+				if r := m.records[id]; r.Phase != PhaseExtracted || r.Condition.Reason != ReasonAwaitingApproval {
+					t.Fatalf("before the approval: phase %s, condition %+v", r.Phase, r.Condition)
 				}
 				effs = m.step(c.approve(m))
 			}
@@ -341,8 +341,7 @@ func TestStep_ANodeThatLoadsNothingSaysSoOnceApproved(t *testing.T) {
 				t.Fatalf("a node with no loader started %d jobs (%+v)", n, m.job)
 			}
 			s := m.status()
-			if s.Phase != string(PhaseExtracted) || strings.Contains(s.Line, "waiting") || !s.Healthy ||
-				!strings.Contains(s.Line, "this node loads nothing (no crio.socket): it verifies, extracts and shares the bundle") {
+			if s.Phase != string(PhaseExtracted) || !s.Healthy || !strings.Contains(s.Line, loadsNothing.Message) {
 				t.Fatalf("after the approval: phase %s, healthy %v, line %q", s.Phase, s.Healthy, s.Line)
 			}
 			if r := m.records[id]; r.Condition.Reason != ReasonLoadsNothing || r.Approval == bundle.ApprovalNone {
