@@ -58,30 +58,25 @@ func (h *harness) loads() int {
 	return len(h.loader.loads)
 }
 
-// cleanups is how many bundles the fake loader unloaded.
-func (h *harness) cleanups() int {
-	h.loader.mu.Lock()
-	defer h.loader.mu.Unlock()
-	return h.loader.cleanups
-}
-
 func (h *harness) retires() int {
 	h.loader.mu.Lock()
 	defer h.loader.mu.Unlock()
 	return len(h.loader.retires)
 }
 
-// keepsTheBundle checks, for a while, that nothing was cleaned up and that
-// the status and the Node say what the node waits for.
+// keepsTheBundle checks that nothing was cleaned up and that the status
+// and the Node say what the node waits for (why).
 func (h *harness) keepsTheBundle(api *fakeAPI, why string) {
 	h.t.Helper()
-	s := h.waitReason(why)
-	h.waitFor("the waiting reason on the Node", func() bool { return strings.Contains(api.annotation("node-a", AnnotationReason), why) })
+	r := h.waitWhy(why)
+	h.waitFor("the waiting reason on the Node", func() bool {
+		return api.annotation("node-a", AnnotationReason) == annotations(h.agent.Status())[AnnotationReason]
+	})
 	// That a reading of the node keeps it is the reducer's (its table:
-	// "upgraded, the pool not at the node yet", "paused", "done on the
-	// config from before"); here, that the wiring shows it.
-	s = h.agent.Status()
-	if s.Phase != string(PhaseUpgraded) || !strings.Contains(s.Reason, why) || !strings.Contains(s.Line, why) {
+	// "upgraded, the pool not at the node yet", "the MCO at work",
+	// "paused", "done on the config from before"); here, that the wiring
+	// shows it.
+	if s := h.agent.Status(); r.Phase != PhaseUpgraded || s.Reason == "" || !strings.Contains(s.Line, s.Reason) {
 		h.t.Fatalf("status %+v", s)
 	}
 	if n := h.retires(); n != 0 {
@@ -109,76 +104,12 @@ func (h *harness) retiresOnce() {
 	}
 }
 
-func TestUpgrade_CompletedWhileTheMCOUpdatesTheNodeKeepsTheBundleUntilDone(t *testing.T) {
-	// Completed: the control plane is done; the worker pool goes to the
-	// new config, this node not picked yet (Done on the old one).
-	h, api := upgradedWhileTheMCOIsAtWork(t, cluster.NodeUpdate{Managed: true, State: "Done", Current: oldConfig, Desired: oldConfig, Pool: "worker", Target: newConfig})
-	h.keepsTheBundle(api, "waiting for the machine config operator to update this node (pool worker goes to "+newConfig+", the node is on "+oldConfig+")")
-
-	// Picked: the daemon works on it.
-	api.setNode("node-a", cluster.NodeUpdate{Managed: true, State: "Working", Current: oldConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
-	h.keepsTheBundle(api, "waiting for the machine config operator to update this node (state Working, "+oldConfig+" → "+newConfig+")")
-
-	// Done on the new rendered config: the bundle goes, its pins stay.
-	api.setNode("node-a", cluster.NodeUpdate{Managed: true, State: "Done", Current: newConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
-	h.retiresOnce()
-	h.waitFor("the reason cleared on the Node", func() bool { return api.annotation("node-a", AnnotationReason) == "" })
-	if h.agent.snap.Load().readNode { // the follower reads what the snapshot says
-		t.Error("the node's machine config state is still read after the cleanup")
-	}
-}
-
-func TestUpgrade_DoneOnTheConfigFromBeforeTheUpgradeIsNotDone(t *testing.T) {
-	// No pool target known (no pool matches): the config recorded at
-	// cluster-ready alone says the MCO has not reached the node.
-	h, api := upgradedWhileTheMCOIsAtWork(t, cluster.NodeUpdate{Managed: true, State: "Done", Current: oldConfig, Desired: oldConfig})
-	h.keepsTheBundle(api, "still on "+oldConfig+", its config from before the upgrade")
-	api.setNode("node-a", cluster.NodeUpdate{Managed: true, State: "Done", Current: newConfig, Desired: newConfig})
-	h.retiresOnce()
-}
-
-func TestUpgrade_APausedPoolKeepsTheBundleAndFerryCleanupStillCleansUp(t *testing.T) {
-	h, api := upgradedWhileTheMCOIsAtWork(t, cluster.NodeUpdate{Managed: true, State: "Done", Current: oldConfig, Desired: oldConfig, Pool: "worker", Paused: true, Target: newConfig})
-	h.keepsTheBundle(api, "waiting: pool worker is paused")
-
-	// The technician says the node no longer needs it: at once.
-	must(t, h.agent.Request(t.Context(), "cleanup", nil))
-	if n := h.retires(); n != 1 {
-		t.Fatalf("ferry cleanup retired %d times", n)
-	}
-	h.retiresOnce()
-	if err := h.agent.Request(t.Context(), "cleanup", nil); err == nil {
-		t.Error("a second ferry cleanup found something to do")
-	}
-}
-
-func TestUpgrade_ANodeWithoutTheMCOIsDoneAtCompleted(t *testing.T) {
-	h, api := apiHarness(t) // the fake Node carries no machine config annotations
-	h.start()
-	src, _ := stick(t, bundletest.Options{})
-	h.plug("/dev/sda", src)
-	h.waitPhase(PhaseClusterReady)
-	release := h.agent.Status().Release
-	api.set(release, cluster.UpgradeStatus{State: cluster.UpgradeCompleted, Message: "Cluster version is 4.13.7"})
-	h.retiresOnce()
-	if r := h.record(); r.MachineConfig != "" {
-		t.Errorf("a config recorded for a node without the MCO: %q", r.MachineConfig)
-	}
-	api.mu.Lock()
-	defer api.mu.Unlock()
-	for _, a := range api.history {
-		if strings.Contains(a[AnnotationReason], "machine config") {
-			t.Errorf("the Node was told to wait for the MCO: %v", a)
-		}
-	}
-}
-
 func TestUpgrade_ARestartWhileWaitingForTheMCOWaitsAgain(t *testing.T) {
 	h, api := upgradedWhileTheMCOIsAtWork(t, cluster.NodeUpdate{Managed: true, State: "Working", Current: oldConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
-	h.keepsTheBundle(api, "state Working")
+	h.keepsTheBundle(api, ReasonNodeUpdating)
 	h.stop()
 	h.start()
-	h.keepsTheBundle(api, "state Working")
+	h.keepsTheBundle(api, ReasonNodeUpdating)
 	api.setNode("node-a", cluster.NodeUpdate{Managed: true, State: "Done", Current: newConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
 	h.retiresOnce()
 }

@@ -228,7 +228,7 @@ func summarize(rep *bundleReport, view cluster.BundleView, self string, nodes []
 	slices.Sort(sum.Excluded)
 	sum.Excluded = boundList(sum.Excluded, maxSummaryExcluded)
 	if sum.Approved == "" || sum.Approved == string(bundle.ApprovalNone) {
-		sum.Approved = "waiting for approval"
+		sum.Approved = ApprovedWaiting
 	}
 	if w := disagreement(entries); w != "" {
 		// Said loudly, where oc get shows it; the admission policy
@@ -239,9 +239,12 @@ func summarize(rep *bundleReport, view cluster.BundleView, self string, nodes []
 	return sum
 }
 
-// ApprovedDisagree is the summary's approved when the nodes' entries name
-// different digests for one bundle.
-const ApprovedDisagree = "digests disagree"
+// The summary's approved when the nodes' entries name different digests
+// for one bundle (ApprovedDisagree), and when nothing approves it yet.
+const (
+	ApprovedDisagree = "digests disagree"
+	ApprovedWaiting  = "waiting for approval"
+)
 
 // disagreement says which nodes name which digest when the entries name
 // more than one ("" when they agree).

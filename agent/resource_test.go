@@ -1,10 +1,7 @@
 package agent
 
 import (
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -12,7 +9,6 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle/bundletest"
 	"github.com/ferry-edge/ferry/cluster"
-	"github.com/ferry-edge/ferry/peer"
 )
 
 const resourceName = "4.13.7-x86-64"
@@ -55,79 +51,12 @@ func TestResource_ANodeCreatesItAndReportsEachPhaseWithConditionsEventsAndLabel(
 	if label != string(PhaseClusterReady) {
 		t.Errorf("label %s=%q", LabelPhase, label)
 	}
-	if !strings.Contains(events, "Normal/ClusterReady/node-a:") || !strings.Contains(events, "Normal/Extracted/node-a: extracted at") ||
-		!strings.Contains(events, "Normal/Loaded/node-a: loaded at") {
+	// An Event per phase reached, Normal (a refusal's is a Warning: the
+	// reducer's table, "an unreadable bundle is rejected").
+	if !strings.Contains(events, "Normal/ClusterReady/node-a:") || !strings.Contains(events, "Normal/Extracted/node-a:") ||
+		!strings.Contains(events, "Normal/Loaded/node-a:") {
 		t.Errorf("events:\n%s", events)
 	}
-}
-
-func TestResource_ARefusalIsAWarningEvent(t *testing.T) {
-	h, api := apiHarness(t)
-	api.pre = cluster.Preflight{Refusals: []string{"the cluster is at 4.13.7 already"}}
-	h.start()
-	src, _ := stick(t, bundletest.Options{})
-	h.plug("/dev/sda", src)
-	h.waitPhase(PhaseRejected)
-	h.waitFor("a Warning event", func() bool {
-		api.mu.Lock()
-		defer api.mu.Unlock()
-		return strings.Contains(strings.Join(api.events, "\n"), "Warning/Rejected/node-a: rejected")
-	})
-}
-
-func TestResource_TheGateLeavesOutExcludedAndLongNotReadyNodes(t *testing.T) {
-	for _, c := range []struct {
-		name   string
-		policy cluster.BundlePolicy
-		ready  map[string]cluster.NodeReady
-	}{
-		{"excludedNodes", cluster.BundlePolicy{ExcludedNodes: []string{"b"}}, nil},
-		{"notReadyTimeout", cluster.BundlePolicy{NotReadyTimeout: time.Minute},
-			map[string]cluster.NodeReady{"node-a": {Ready: true}, "b": {Ready: false, Since: time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)}}},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			h, p := clusterHarness(t)
-			api := newFakeAPI()
-			api.addrs = map[string]string{"node-a": "10.0.0.1", "b": "10.0.0.2"}
-			api.readiness = c.ready
-			h.api = api
-			h.start()
-			src, digest := stick(t, bundletest.Options{})
-			p.mu.Lock()
-			p.statuses["10.0.0.2:8090"] = peer.PeerStatus{Err: errors.New("connection refused")} // b is gone
-			p.mu.Unlock()
-			h.plug("/dev/sda", src)
-			h.waitReason("waiting for 10.0.0.2:8090 (unreachable)")
-			h.waitPolls(p, 2)
-			if s := h.agent.Status(); s.Phase != string(PhaseExtracted) {
-				t.Fatalf("went on without b before the administrator said so: %+v", s)
-			}
-			api.setPolicy(resourceName, c.policy)
-			h.waitPhase(PhaseClusterReady)
-			h.waitFor("the summary leaving b out", func() bool {
-				b, _ := api.bundle(resourceName)
-				return b.sum.NodesReady == "1/1" && b.nodes["node-a"].Digest == digest
-			})
-		})
-	}
-}
-
-func TestResource_ManualScheduleAndProceedFromTheSpec(t *testing.T) {
-	h, api := apiHarness(t)
-	h.start()
-	api.setPolicy(resourceName, cluster.BundlePolicy{Schedule: "Manual"})
-	src, _ := stick(t, bundletest.Options{})
-	h.plug("/dev/sda", src)
-	h.waitPhase(PhaseClusterReady)
-	h.waitFor("the spec read", func() bool { return h.agent.Status().Bundles[0].Condition.Reason == "" })
-	api.mu.Lock()
-	asked := len(api.starts)
-	api.mu.Unlock()
-	if asked != 0 {
-		t.Fatal("a Manual schedule in the spec asked for the upgrade by itself")
-	}
-	api.setPolicy(resourceName, cluster.BundlePolicy{Schedule: "Manual", Proceed: true})
-	h.waitFor("the upgrade asked for after spec.proceed", func() bool { api.mu.Lock(); defer api.mu.Unlock(); return len(api.starts) == 1 })
 }
 
 func TestResource_ApprovedInTheSpecLoadsWithNoRestart(t *testing.T) {
@@ -136,19 +65,12 @@ func TestResource_ApprovedInTheSpecLoadsWithNoRestart(t *testing.T) {
 	h.start()
 	src, digest := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
-	s := h.waitReason("waiting for approval: oc patch upgradebundle " + resourceName)
-	if s.Phase != string(PhaseExtracted) || !strings.Contains(s.Reason, "this node read "+digest) {
-		t.Fatalf("status %+v", s)
-	}
-	// The administrator is told to approve the engineer's digest, not
-	// handed this node's (a node's word can be forged) to paste.
-	if !strings.Contains(s.Reason, `"approvedDigest":"<the engineer's digest>"`) || !strings.Contains(s.Reason, "from the engineer (the bundle's .sha256 file), not from this node") ||
-		strings.Contains(s.Reason, `"approvedDigest":"`+digest) {
-		t.Fatalf("reason %q", s.Reason)
-	}
+	// What it says while it waits is the reducer's (its table, and
+	// TestWaitingForApproval_WithAnAPINamesTheResourceNotThisNodesDigest);
+	// here, that the spec's approval reaches the loop through the API.
 	h.waitFor("the resource to say waiting", func() bool {
 		b, ok := api.bundle(resourceName)
-		return ok && b.sum.Approved == "waiting for approval"
+		return ok && b.sum.Approved == ApprovedWaiting && h.record().Condition.Reason == ReasonAwaitingApproval
 	})
 	loads := h.loads()
 	if loads != 0 {
@@ -162,85 +84,18 @@ func TestResource_ApprovedInTheSpecLoadsWithNoRestart(t *testing.T) {
 	})
 }
 
-// TestResource_ASpecApprovingAnotherDigestIsNotOverriddenLocally: the
-// node's config approves the bundle, but its UpgradeBundle approves
-// another digest: the spec's choice holds (nothing loads) until the
-// administrator names this bundle, then it loads with no restart.
-func TestResource_ASpecApprovingAnotherDigestIsNotOverriddenLocally(t *testing.T) {
-	h, p := clusterHarness(t)
-	api := newFakeAPI()
-	api.addrs = map[string]string{"node-a": "10.0.0.1", "b": "10.0.0.2"}
-	h.api = api
-	src, digest := stick(t, bundletest.Options{})
-	h.cfg.Approval = "required"
-	h.cfg.ApprovedDigests = []string{digest}
-	h.start()
-	p.mu.Lock()
-	p.statuses["10.0.0.2:8090"] = peer.PeerStatus{Err: errors.New("connection refused")} // b holds the gate
-	p.mu.Unlock()
-	other := "sha256:" + strings.Repeat("ab", 32)
-	api.setPolicy(resourceName, cluster.BundlePolicy{ApprovedDigest: other})
-	h.plug("/dev/sda", src)
-	s := h.waitReason("approves " + other + ", not this bundle (" + digest + ")")
-	if s.Phase != string(PhaseExtracted) {
-		t.Fatalf("status %+v", s)
+// TestWaitingForApproval_WithAnAPINamesTheResourceNotThisNodesDigest:
+// the administrator is told how to approve the bundle in its
+// UpgradeBundle, with the engineer's digest, not handed this node's (a
+// node's word can be forged) to paste; this node's is said as what it read.
+func TestWaitingForApproval_WithAnAPINamesTheResourceNotThisNodesDigest(t *testing.T) {
+	m := machineIn(t, PhaseExtracted)
+	m.hasAPI = true
+	why := m.waitingForApproval(m.records["held"])
+	if !strings.Contains(why, "oc patch upgradebundle "+resourceName) || !strings.Contains(why, `"approvedDigest":"<the engineer's digest>"`) ||
+		!strings.Contains(why, "this node read "+heldDigest) || strings.Contains(why, `"approvedDigest":"`+heldDigest) {
+		t.Fatalf("waiting for approval: %q", why)
 	}
-	api.setPolicy(resourceName, cluster.BundlePolicy{ApprovedDigest: other, ExcludedNodes: []string{"b"}})
-	h.waitFor("the summary to leave b out, and say why", func() bool {
-		b, _ := api.bundle(resourceName)
-		return len(b.sum.Excluded) == 1 && b.sum.Excluded[0] == "b: listed in spec.excludedNodes"
-	})
-	h.waitPolls(p, 2)
-	loads := h.loads()
-	if s := h.agent.Status(); loads != 0 || s.Phase != string(PhaseExtracted) {
-		t.Fatalf("the node's approval overrode the spec's: %d loads, status %+v", loads, s)
-	}
-	api.setPolicy(resourceName, cluster.BundlePolicy{ApprovedDigest: digest, ExcludedNodes: []string{"b"}})
-	h.waitPhase(PhaseClusterReady)
-}
-
-// TestResource_SpecCleanupTakesTheBundleOut: the administrator's
-// spec.cleanup does what 'ferry cleanup' does on the node: a loaded
-// bundle the cluster never upgraded to is unloaded (its pins, mirror and
-// tree go; the running release's pins stay), a bundle still waiting is
-// removed; once.
-func TestResource_SpecCleanupTakesTheBundleOut(t *testing.T) {
-	t.Run("loaded", func(t *testing.T) {
-		h, api := apiHarness(t)
-		h.start()
-		src, _ := stick(t, bundletest.Options{})
-		h.plug("/dev/sda", src)
-		h.waitPhase(PhaseClusterReady)
-		api.setPolicy(resourceName, cluster.BundlePolicy{Cleanup: true})
-		h.waitFor("the bundle unloaded", func() bool { return h.cleanups() == 1 })
-		h.waitFor("the cleanup's end", func() bool { return h.record().Phase == PhaseCleaned })
-		if n, r := h.cleanups(), h.retires(); n != 1 || r != 0 {
-			t.Fatalf("unloaded %d times, retired %d times: want one unload and no retirement", n, r)
-		}
-		if h.record().Phase != PhaseCleaned {
-			t.Fatalf("record %+v, want cleaned", h.record())
-		}
-	})
-	t.Run("waiting for approval", func(t *testing.T) {
-		h, api := apiHarness(t)
-		h.cfg.Approval = "required"
-		h.start()
-		src, _ := stick(t, bundletest.Options{})
-		h.plug("/dev/sda", src)
-		h.waitReason("waiting for approval")
-		api.setPolicy(resourceName, cluster.BundlePolicy{Cleanup: true})
-		h.waitFor("the bundle cleaned up, and said so in the resource", func() bool {
-			b, _ := api.bundle(resourceName)
-			return h.record().Phase == PhaseCleaned && b.nodes["node-a"].Phase == string(PhaseCleaned)
-		})
-		loads := h.loads()
-		if loads != 0 {
-			t.Fatal("loaded")
-		}
-		if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); !os.IsNotExist(err) {
-			t.Fatalf("extracted dir kept: %v", err)
-		}
-	})
 }
 
 func TestSummarize_UpgradedNodesCountAsReady(t *testing.T) {
@@ -292,5 +147,21 @@ func TestSummarize_DisagreeingDigestsAreShownLoudly(t *testing.T) {
 	delete(view.Nodes, "c")
 	if sum := summarize(rep, view, "a", nil, nil); sum.Digest != own || sum.Approved != "digest" || len(sum.Warnings) != 1 {
 		t.Fatalf("agreeing: %+v", sum)
+	}
+}
+
+// TestExcludedNodes_ListedOrNotReadyTooLong: the gate leaves out the
+// nodes spec.excludedNodes lists and, with spec.notReadyTimeout, those
+// NotReady for longer; never this node, nor one NotReady for less.
+func TestExcludedNodes_ListedOrNotReadyTooLong(t *testing.T) {
+	now := time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)
+	ready := map[string]cluster.NodeReady{"node-a": {Ready: false, Since: now.Add(-time.Hour)}, "b": {Ready: false, Since: now.Add(-time.Hour)},
+		"c": {Ready: false, Since: now.Add(-30 * time.Second)}, "d": {Ready: true}}
+	if got := excludedNodes(cluster.BundlePolicy{ExcludedNodes: []string{"d"}}, ready, now, "node-a"); len(got) != 1 || got["d"] == "" {
+		t.Errorf("listed: %v", got)
+	}
+	got := excludedNodes(cluster.BundlePolicy{NotReadyTimeout: time.Minute}, ready, now, "node-a")
+	if len(got) != 1 || !strings.Contains(got["b"], "spec.notReadyTimeout") {
+		t.Errorf("NotReady too long: %v", got)
 	}
 }

@@ -240,7 +240,18 @@ func TestStepTable_DevicesAndOffers(t *testing.T) {
 			ev: evOffer{origin: OriginFile, noBundle: true, err: errNoBundle, reply: reply}, phase: PhaseIdle, effs: []string{"reply error"}},
 		{name: "an unreadable bundle is rejected", in: PhaseIdle,
 			ev:    evOffer{origin: OriginStick, device: "/dev/sdb", src: bundle.Source{Path: "/m/upgrade-x.tar"}, err: bundle.ErrInvalid},
-			phase: PhaseRejected, why: ReasonRefused, effs: []string{"save x-20261122T080000"}},
+			phase: PhaseRejected, why: ReasonRefused, effs: []string{"save x-20261122T080000"},
+			check: func(t *testing.T, m *machine) {
+				// syncBundle's Event is a Warning when the report is unhealthy.
+				if rep := m.resourceReport(m.status()); rep != nil && rep.healthy || m.status().Healthy {
+					t.Errorf("a refusal reported healthy: %+v", rep)
+				}
+			}},
+		{name: "a stick plugged after a refusal is probed", in: PhaseRejected,
+			ev: evDevice{DeviceEvent{Action: "add", Device: "/dev/sdb"}}, phase: PhaseRejected, effs: []string{"probe stick"}},
+		{name: "after a cleanup, the next bundle is extracted", in: PhaseCleaned,
+			ev: stickOffer(&meta138, otherDigest), phase: PhaseCleaned,
+			effs: []string{"save 4.13.8-x86_64-20261122T080000", "remove 4.13.8-x86_64", "start extract"}},
 		{name: "the same bundle offered again changes nothing", in: PhaseLoaded,
 			ev: stickOffer(&meta137, heldDigest), phase: PhaseLoaded, effs: []string{"close medium"},
 			check: func(t *testing.T, m *machine) {
@@ -253,6 +264,9 @@ func TestStepTable_DevicesAndOffers(t *testing.T) {
 			check: func(t *testing.T, m *machine) {
 				if m.lastBad == nil || m.lastBad.Phase != PhaseConflict || m.lastBad.Condition.Reason != ReasonBundlesDiffer {
 					t.Errorf("last refusal %+v", m.lastBad)
+				}
+				if s := m.status(); s.Digest != heldDigest || !strings.Contains(s.Error, "upgrade-4.13.8-x86_64.tar") {
+					t.Errorf("status %+v: want the held bundle shown, the other named", s)
 				}
 			}},
 		{name: "the interrupted bundle plugged again resumes its copy", in: PhaseDetected,
@@ -281,7 +295,12 @@ func TestStepTable_JobsEnd(t *testing.T) {
 			effs: []string{"save held", "share held", "save held", "start load"}},
 		{name: "extracted unapproved: it waits for approval, shared", in: PhaseDetected, given: []func(*machine){running(jobExtract), approvalRequired},
 			ev:    evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, TarSize: 10, Approval: bundle.ApprovalNone, Metadata: &meta137}},
-			phase: PhaseExtracted, why: ReasonAwaitingApproval, effs: []string{"save held", "share held"}},
+			phase: PhaseExtracted, why: ReasonAwaitingApproval, effs: []string{"save held", "share held"},
+			check: func(t *testing.T, m *machine) {
+				if c := m.records["held"].Condition.Message; !strings.Contains(c, heldDigest) || !strings.Contains(c, "approved_digests") || m.status().ApprovalOff {
+					t.Errorf("condition %q: want the digest read and the config key to approve it", c)
+				}
+			}},
 		{name: "extracted on a node that loads nothing: it says so", in: PhaseDetected, given: []func(*machine){running(jobExtract), noLoader},
 			ev: evJobDone{kind: jobExtract, id: "held", res: extracted}, phase: PhaseExtracted, why: ReasonLoadsNothing,
 			effs: []string{"save held", "share held", "save held"}},
@@ -330,6 +349,7 @@ func TestStepTable_JobsEnd(t *testing.T) {
 			ev: doneErr(jobLoad, errBoom), phase: PhaseLoading, why: ReasonLoadFailed, effs: []string{"save held", "retry in 1m20s"}},
 		{name: "a load that cannot heal fails", in: PhaseLoading, given: []func(*machine){running(jobLoad)},
 			ev: doneErr(jobLoad, permanent), phase: PhaseFailed, why: ReasonLoadFailed, effs: []string{"save held"}},
+		{name: "the retry after a failed load loads again", in: PhaseLoading, ev: evRetry{}, phase: PhaseLoading, effs: []string{"save held", "start load"}},
 		{name: "a load stopped does nothing", in: PhaseLoading, given: []func(*machine){running(jobLoad)},
 			ev: evJobDone{kind: jobLoad, id: "held", stopped: true}, phase: PhaseLoading},
 
@@ -351,6 +371,9 @@ func TestStepTable_JobsEnd(t *testing.T) {
 				r := m.records["held"]
 				if r.Retirement != RetirementDone || !r.Retained || m.active != nil || m.previous != r || m.done != r {
 					t.Errorf("retirement %v, retained %v; active %v, previous %v", r.Retirement, r.Retained, m.active, m.previous)
+				}
+				if s := m.status(); s.Phase != string(PhaseUpgraded) || annotations(s)[AnnotationReason] != "" || m.readsNode() {
+					t.Errorf("status %+v: want upgraded, no reason on the Node, the node no longer read", s)
 				}
 			}},
 		{name: "a retirement done unpins the previous bundle", in: PhaseUpgraded, given: []func(*machine){running(jobRetire), retiringHeld, previousBundle},
@@ -435,11 +458,40 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			effs: []string{"save cluster-20261122T080000"}},
 		{name: "an offer this node's policy refuses is rejected before a byte is fetched", in: PhaseIdle, given: []func(*machine){approvalRequired},
 			ev: viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseRejected, why: ReasonRefused,
-			effs: []string{"save 4.13.7-x86_64-20261122T080000"}},
+			effs: []string{"save 4.13.7-x86_64-20261122T080000"},
+			check: func(t *testing.T, m *machine) {
+				// It tells its peers which bundle it refused, so that they do not pin it.
+				if ps := m.peerStatus(m.status()); ps.Phase != string(PhaseRejected) || ps.Digest != heldDigest || ps.Error == "" {
+					t.Errorf("peer status %+v", ps)
+				}
+			}},
+		{name: "a peer's bundle refused before, now approved (a restart with the digest added), is fetched", in: PhaseRejected,
+			given: []func(*machine){fromPeer, approvalRequired, with(func(m *machine) {
+				m.records["held"].Dir = "" // refused by the policy, never fetched
+				m.policy.ApprovedDigests = []string{heldDigest}
+			})},
+			ev: viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseRejected,
+			effs: []string{"save 4.13.7-x86_64-20261122T080000", "remove 4.13.7-x86_64", "start fetch"},
+			check: func(t *testing.T, m *machine) {
+				if m.active == nil || m.active.Phase != PhaseFetching || m.active.Digest != heldDigest {
+					t.Errorf("active %+v, want the bundle fetched", m.active)
+				}
+			}},
 		{name: "a bundle cleaned up here is not fetched again", in: PhaseCleaned,
 			ev: viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseCleaned},
 		{name: "extracted, a peer holding another bundle: a conflict, not loaded", in: PhaseExtracted, given: []func(*machine){approvedHeld, withPeers(nil)},
-			ev: viewOf(peerIn(PhaseExtracted, otherDigest)), phase: PhaseExtracted, why: ReasonPeerHoldsOther, effs: []string{"save held"}},
+			ev: viewOf(peerIn(PhaseExtracted, otherDigest)), phase: PhaseExtracted, why: ReasonPeerHoldsOther, effs: []string{"save held"},
+			check: func(t *testing.T, m *machine) {
+				// In conflict, it still tells its peers its bundle: a peer
+				// polling it later would otherwise not see the conflict.
+				ps := m.peerStatus(m.status())
+				if ps.Digest != heldDigest || ps.Phase != string(PhaseExtracted) {
+					t.Errorf("peers are told %s %q", ps.Phase, ps.Digest)
+				}
+				if d := m.cluster(ps).Decision; d.Verdict != Conflict || len(d.Digests) != 2 {
+					t.Errorf("cluster decision %+v, want a conflict between both bundles", d)
+				}
+			}},
 		{name: "extracted, a peer refusing the bundle: it waits", in: PhaseExtracted, given: []func(*machine){approvedHeld, withPeers(nil)},
 			ev:    viewOf(&peer.PeerStatus{Status: peer.Status{Node: "b", Phase: string(PhaseRejected), Digest: heldDigest, Error: "not approved"}}),
 			phase: PhaseExtracted, why: ReasonPeerRefuses, effs: []string{"save held"}},
@@ -500,6 +552,12 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			ev: evRequest{kind: reqCleanup, reply: reply}, phase: PhaseExtracted, effs: []string{"reply error"}},
 		{name: "ferry cleanup of an upgraded bundle waiting for the MCO retires it now", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
 			ev: evRequest{kind: reqCleanup, reply: reply}, phase: PhaseUpgraded, why: ReasonCleaningUp, effs: []string{"save held", "start retire unload retain"}},
+		{name: "ferry cleanup of a bundle retired already has nothing to do", in: PhaseUpgraded,
+			given: []func(*machine){with(func(m *machine) {
+				r := m.records["held"]
+				r.Retirement, r.Retained, m.active, m.done, m.previous = RetirementDone, true, nil, r, r
+			})},
+			ev: evRequest{kind: reqCleanup, reply: reply}, phase: PhaseUpgraded, effs: []string{"reply error"}},
 		{name: "ferry proceed before cluster-ready is refused", in: PhaseLoaded, ev: evRequest{kind: reqProceed, reply: reply},
 			phase: PhaseLoaded, effs: []string{"reply error"}},
 		{name: "ferry proceed at cluster-ready runs the hook", in: PhaseClusterReady, ev: evRequest{kind: reqProceed, reply: reply},
@@ -541,6 +599,18 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 		{name: "a spec approving another digest holds the load", in: PhaseExtracted, given: []func(*machine){approvedHeld, withAPI},
 			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{ApprovedDigest: otherDigest}},
 			phase: PhaseExtracted, why: ReasonOtherBundleApproved, effs: []string{"save held"}},
+		{name: "a spec approving this bundle, the unreachable node excluded: loading starts", in: PhaseExtracted,
+			given: []func(*machine){approvedHeld, withAPI, withPeers(&peer.PeerStatus{Err: errors.New("connection refused")})},
+			ev:    excludeB(cluster.BundlePolicy{ApprovedDigest: heldDigest}), phase: PhaseLoading, effs: []string{"save held", "start load"}},
+		{name: "the unreachable node excluded (listed, or NotReady too long): loading starts", in: PhaseExtracted,
+			given: []func(*machine){approvedHeld, withAPI, withPeers(&peer.PeerStatus{Err: errors.New("connection refused")})},
+			ev:    excludeB(cluster.BundlePolicy{}), phase: PhaseLoading, effs: []string{"save held", "start load"}},
+		{name: "the unreachable node excluded while loaded: the gate opens", in: PhaseLoaded,
+			given: []func(*machine){withAPI, withPeers(&peer.PeerStatus{Err: errors.New("connection refused")})},
+			ev:    excludeB(cluster.BundlePolicy{}), phase: PhaseClusterReady, effs: []string{"save held", "save held", "ask upgrade held"}},
+		{name: "a spec cleanup of a bundle waiting for approval takes it out", in: PhaseExtracted, given: []func(*machine){approvalRequired, withAPI},
+			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Cleanup: true}},
+			phase: PhaseExtracted, effs: []string{"start cleanup unload"}},
 		{name: "spec.cleanup takes a loaded bundle out", in: PhaseClusterReady, given: []func(*machine){withAPI},
 			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Cleanup: true}},
 			phase: PhaseClusterReady, effs: []string{"start cleanup unload"}},
@@ -548,6 +618,11 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			given: []func(*machine){withAPI, with(func(m *machine) { m.cfg.Cluster.Schedule = "Manual" })},
 			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Schedule: "Manual", Proceed: true}},
 			phase: PhaseClusterReady, effs: []string{"save held", "ask upgrade held"}},
+		{name: "Manual in the spec: the gate opens, nothing asked", in: PhaseLoaded,
+			given: []func(*machine){withAPI, withPeers(nil), with(func(m *machine) {
+				m.bundleName, m.bundlePolicy = ResourceName("4.13.7", "x86_64"), &cluster.BundlePolicy{Schedule: "Manual"}
+			})},
+			ev: viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseClusterReady, effs: []string{"save held"}},
 		{name: "another bundle's spec does nothing here", in: PhaseClusterReady, given: []func(*machine){withAPI},
 			ev: evBundlePolicy{name: ResourceName("4.13.8", "x86_64"), policy: cluster.BundlePolicy{Cleanup: true}}, phase: PhaseClusterReady},
 
@@ -565,7 +640,14 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			ev: evUpgradeSeen{release: meta137.Release, st: cluster.UpgradeStatus{State: cluster.UpgradePending}}, phase: PhaseClusterReady, why: ReasonUpgradePending, effs: []string{"save held"}},
 		{name: "the release refused, in the operator's words", in: PhaseClusterReady, given: []func(*machine){withAPI},
 			ev:    evUpgradeSeen{release: meta137.Release, st: cluster.UpgradeStatus{State: cluster.UpgradeRefused, Reason: "cannot be verified"}},
-			phase: PhaseClusterReady, why: ReasonReleaseRefused, effs: []string{"save held"}},
+			phase: PhaseClusterReady, why: ReasonReleaseRefused, effs: []string{"save held"},
+			check: func(t *testing.T, m *machine) {
+				if s := m.status(); s.Healthy || !strings.Contains(annotations(s)[AnnotationReason], "cannot be verified") {
+					t.Errorf("status %+v: want unhealthy, the operator's words on the Node", s)
+				}
+			}},
+		{name: "an upgrade found completed at cluster-ready: upgraded", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev: evUpgradeSeen{release: meta137.Release, st: cluster.UpgradeStatus{State: cluster.UpgradeCompleted}}, phase: PhaseUpgraded, why: ReasonNodeUnread, effs: []string{"save held"}},
 		{name: "another release's upgrade says nothing of this bundle", in: PhaseClusterReady, given: []func(*machine){withAPI},
 			ev: evUpgradeSeen{release: meta138.Release, st: cluster.UpgradeStatus{State: cluster.UpgradeCompleted}}, phase: PhaseClusterReady},
 		{name: "completed, the node not read yet: it waits for its state", in: PhaseUpgrading, given: []func(*machine){withAPI},
@@ -577,8 +659,17 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 					t.Errorf("machine config %q", got)
 				}
 			}},
+		{name: "cluster-ready on a node without the MCO: no config recorded", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev: evNodeSeen{cluster.NodeUpdate{}}, phase: PhaseClusterReady,
+			check: func(t *testing.T, m *machine) {
+				if got := m.records["held"].MachineConfig; got != "" {
+					t.Errorf("machine config %q", got)
+				}
+			}},
 		{name: "upgraded, the pool not at the node yet: it keeps the bundle", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
 			ev: evNodeSeen{managed("Done", "rendered-old", "rendered-old", "rendered-new", false)}, phase: PhaseUpgraded, why: ReasonNodeUpdating, effs: []string{"save held"}},
+		{name: "upgraded, the MCO at work on the node: it keeps the bundle", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
+			ev: evNodeSeen{managed("Working", "rendered-old", "rendered-new", "rendered-new", false)}, phase: PhaseUpgraded, why: ReasonNodeUpdating, effs: []string{"save held"}},
 		{name: "upgraded, the pool paused: it keeps the bundle", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
 			ev: evNodeSeen{managed("Done", "rendered-old", "rendered-old", "rendered-new", true)}, phase: PhaseUpgraded, why: ReasonPoolPaused, effs: []string{"save held"}},
 		{name: "upgraded, done on the config from before: not done", in: PhaseUpgraded, given: []func(*machine){upgradedWaiting},
@@ -606,4 +697,39 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			}},
 		{name: "a runtime check without a kept tree does nothing", in: PhaseIdle, ev: evRuntimeCheck{"CRI-O restarted"}, phase: PhaseIdle},
 	})
+}
+
+// onDisk is the start of a node whose state dir holds the held bundle's
+// record, in phase p, as f leaves it.
+func onDisk(p Phase, f func(*Record)) evStart {
+	r := heldRecord()
+	r.Phase, r.Times = p, map[Phase]time.Time{p: time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)}
+	if f != nil {
+		f(r)
+	}
+	return evStart{records: []*Record{r}}
+}
+
+func TestStepTable_Restarts(t *testing.T) {
+	runRows(t, []stepRow{
+		{name: "a restart mid-copy removes the published dir and waits for the stick", in: PhaseIdle, ev: onDisk(PhaseDetected, nil),
+			phase: PhaseDetected, why: ReasonCopyInterrupted, effs: []string{"remove 4.13.7-x86_64", "save held"}},
+		{name: "a restart with the waiting bundle now approved loads it", in: PhaseIdle,
+			given: []func(*machine){approvalRequired, with(func(m *machine) { m.policy.ApprovedDigests = []string{heldDigest} })},
+			ev:    onDisk(PhaseExtracted, func(r *Record) { r.Approval = bundle.ApprovalNone }),
+			phase: PhaseLoading, effs: []string{"share held", "save held", "start load"}},
+		{name: "a restart at cluster-ready does not run the hook again", in: PhaseIdle,
+			ev: onDisk(PhaseClusterReady, func(r *Record) {
+				r.Hook = &HookRun{Started: r.Times[PhaseClusterReady], Finished: r.Times[PhaseClusterReady]}
+			}),
+			phase: PhaseClusterReady, effs: []string{"share held", "resume loader held"}},
+	})
+}
+
+// excludeB is the administrator's spec for the held bundle, with node b
+// (the peer at peerB) left out of the gate.
+func excludeB(p cluster.BundlePolicy) evBundlePolicy {
+	p.ExcludedNodes = []string{"b"}
+	return evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: p,
+		excluded: map[string]string{"b": "listed in spec.excludedNodes"}, hosts: map[string]string{"b": "10.0.0.2"}}
 }

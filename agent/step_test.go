@@ -32,9 +32,7 @@ func machineIn(t *testing.T, p Phase) *machine {
 	if p == PhaseIdle {
 		return m
 	}
-	meta := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: "quay.io/r@" + heldDigest}
-	r := &Record{ID: "held", Digest: heldDigest, Name: "upgrade-4.13.7-x86_64.tar", Metadata: meta,
-		Origin: OriginStick, Plugged: true, Dir: "/nonexistent/4.13.7-x86_64"}
+	r := heldRecord()
 	m.move(r, p, Condition{}, Progress{})
 	switch {
 	case p.Active():
@@ -43,6 +41,13 @@ func machineIn(t *testing.T, p Phase) *machine {
 		m.lastBad = r
 	}
 	return m
+}
+
+// heldRecord is the held bundle's record, in no phase yet.
+func heldRecord() *Record {
+	meta := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: "quay.io/r@" + heldDigest}
+	return &Record{ID: "held", Digest: heldDigest, Name: "upgrade-4.13.7-x86_64.tar", Metadata: meta,
+		Origin: OriginStick, Plugged: true, Dir: "/nonexistent/4.13.7-x86_64"}
 }
 
 // events is one of each kind of event, as it would reach a node.
@@ -262,6 +267,40 @@ func TestStatus_ASetupWarningIsInEveryStatus(t *testing.T) {
 	}
 }
 
+// TestReport_ShowsTheNodesOwnMistakes: beside its bundle, a node shows
+// what its config or its peers say is wrong with it: approval off (loud,
+// though healthy), peers and no token_file, a peer refusing its token; a
+// peer merely unreachable may be down, and is not one.
+func TestReport_ShowsTheNodesOwnMistakes(t *testing.T) {
+	open := func(m *machine) { m.cfg.Peer.Open = true }
+	for _, tc := range []struct {
+		name  string
+		given []func(*machine)
+		ok    func(r report) bool
+	}{
+		{"approval off", []func(*machine){func(m *machine) { m.cfg.Approval = "off" }},
+			func(r report) bool {
+				return r.approvalOff && r.healthy && r.text().ApprovalOff && strings.Contains(r.text().Line, approvalOffWarning)
+			}},
+		{"peers and no token_file", []func(*machine){withPeers(nil)},
+			func(r report) bool {
+				return r.peersClosed && !r.healthy && strings.Contains(r.text().Error, "token_file")
+			}},
+		{"a peer refusing this node's token", []func(*machine){open, withPeers(&peer.PeerStatus{Err: fmt.Errorf("%s: %w", peerB, peer.ErrUnauthorized)})},
+			func(r report) bool { return r.refusedBy == peerB && !r.healthy && !r.text().Healthy }},
+		{"a peer unreachable", []func(*machine){open, withPeers(&peer.PeerStatus{Err: errors.New("connection refused")})},
+			func(r report) bool { return r.refusedBy == "" && !r.peersClosed && r.healthy }},
+	} {
+		m := machineIn(t, PhaseIdle)
+		for _, g := range tc.given {
+			g(m)
+		}
+		if rep := m.report(); !tc.ok(rep) {
+			t.Errorf("%s: report %+v", tc.name, rep)
+		}
+	}
+}
+
 // TestStep_ANodeThatLoadsNothingSaysSoOnceApproved: a node with no CRI-O
 // loader (crio.socket = "") waits for approval like any other; once the
 // administrator approves, it says what it does (verifies, extracts and
@@ -293,8 +332,8 @@ func TestStep_ANodeThatLoadsNothingSaysSoOnceApproved(t *testing.T) {
 			}
 			effs := m.step(evJobDone{kind: jobExtract, id: id, res: &bundle.Result{Digest: heldDigest, TarSize: 10, Approval: approval}})
 			if c.approve != nil {
-				if s := m.status(); s.Phase != string(PhaseExtracted) || !strings.Contains(s.Reason, "waiting for approval") {
-					t.Fatalf("before the approval: phase %s, reason %q", s.Phase, s.Reason)
+				if r := m.records[id]; r.Phase != PhaseExtracted || r.Condition.Reason != ReasonAwaitingApproval {
+					t.Fatalf("before the approval: phase %s, condition %+v", r.Phase, r.Condition)
 				}
 				effs = m.step(c.approve(m))
 			}
@@ -302,8 +341,7 @@ func TestStep_ANodeThatLoadsNothingSaysSoOnceApproved(t *testing.T) {
 				t.Fatalf("a node with no loader started %d jobs (%+v)", n, m.job)
 			}
 			s := m.status()
-			if s.Phase != string(PhaseExtracted) || strings.Contains(s.Line, "waiting") || !s.Healthy ||
-				!strings.Contains(s.Line, "this node loads nothing (no crio.socket): it verifies, extracts and shares the bundle") {
+			if s.Phase != string(PhaseExtracted) || !s.Healthy || !strings.Contains(s.Line, loadsNothing.Message) {
 				t.Fatalf("after the approval: phase %s, healthy %v, line %q", s.Phase, s.Healthy, s.Line)
 			}
 			if r := m.records[id]; r.Condition.Reason != ReasonLoadsNothing || r.Approval == bundle.ApprovalNone {
