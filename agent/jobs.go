@@ -60,7 +60,7 @@ func (a *Agent) probe(ctx context.Context, p effProbe) event {
 		a.log.Info("reading the whole stick to compare it with the bundle held", "device", p.ev.Device, "bundle", o.src.Name())
 		res, err := bundle.Verify(ctx, o.src, bundle.Options{Policy: bundle.Policy{SpaceFactor: -1, ApprovedDigests: []string{p.held}}})
 		switch {
-		case err == nil && res.Digest == p.held:
+		case err == nil && string(res.Digest) == p.held:
 			o.digest = p.held
 		case err == nil || bundle.IsRefusal(err):
 			o.differs = true
@@ -85,7 +85,7 @@ func sidecarDigest(src bundle.Source) string {
 	if err != nil {
 		return ""
 	}
-	return d
+	return string(d)
 }
 
 // runJob runs one job to its end.
@@ -156,7 +156,7 @@ func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.
 	a.keepIndex(r, res, &ix)
 	var pieces *peer.PieceList
 	if hasher != nil {
-		pieces = hasher.List(res.Digest)
+		pieces = hasher.List(string(res.Digest))
 	}
 	return res, pieces, nil
 }
@@ -180,7 +180,7 @@ func (a *Agent) extractOptions(r *Record, pol bundle.Policy, ix *bundle.Index) b
 
 // keepIndex writes the tar index with which the tree is served again.
 func (a *Agent) keepIndex(r *Record, res *bundle.Result, ix *bundle.Index) {
-	if err := ix.WriteFile(a.store.IndexPath(res.Digest)); err != nil {
+	if err := ix.WriteFile(a.store.IndexPath(string(res.Digest))); err != nil {
 		a.log.Warn("cannot keep the tar index; peers will not be served", "bundle", r.Name, "err", err)
 	}
 }

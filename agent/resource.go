@@ -575,7 +575,7 @@ func (m *machine) specRefuses(r *Record) string {
 	if p == nil || p.ApprovedDigest == "" || m.bundleName != m.activeResource() {
 		return ""
 	}
-	if approved := bundle.NormalizeDigest(p.ApprovedDigest); approved != "" && approved != r.Digest {
+	if approved := bundle.NormalizeDigest(p.ApprovedDigest); approved != "" && string(approved) != r.Digest {
 		return fmt.Sprintf("not loading: UpgradeBundle %s approves %s, not this bundle (%s): bring the approved bundle, or the administrator changes spec.approvedDigest",
 			m.bundleName, approved, r.Digest)
 	}
@@ -648,7 +648,7 @@ func (a *Agent) readApprovals(ctx context.Context, api BundleAPI, last *[]string
 	var norm []string
 	for _, d := range ds {
 		if n := bundle.NormalizeDigest(d); n != "" {
-			norm = append(norm, n)
+			norm = append(norm, string(n))
 		}
 	}
 	slices.Sort(norm)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/bundle"
 )
 
@@ -98,7 +100,7 @@ func (m *machine) extractPolicy(r *Record) bundle.Policy {
 	if r.Approval == bundle.ApprovalSignature {
 		return m.pol()
 	}
-	pol := m.pol().PreApproved(r.Digest)
+	pol := m.pol().PreApproved(digest.Digest(r.Digest))
 	if r.Approval == bundle.ApprovalSource {
 		pol.Payload = m.pol().SourceFor(r.Metadata)
 	}
@@ -152,7 +154,7 @@ func (m *machine) extractDone(r *Record, j evJobDone) []effect {
 		}
 		r.Metadata = meta
 	}
-	r.Digest, r.Approval, r.Signature = j.res.Digest, j.res.Approval, j.res.Signature
+	r.Digest, r.Approval, r.Signature = string(j.res.Digest), j.res.Approval, j.res.Signature
 	r.DigestOnly, r.SignaturePolicy = j.res.Admission.DigestOnly, j.res.Admission.Warnings
 	for _, w := range r.SignaturePolicy {
 		m.log.Warn("signature policy", "bundle", r.Name, "warning", w)

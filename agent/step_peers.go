@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer"
@@ -113,7 +115,7 @@ func (m *machine) maybeFetch(v view) []effect {
 			if old.Dir != "" || err != nil {
 				return nil
 			}
-			if _, perr := m.pol().ApproveOffer(meta, o.Digest, o.Signature); perr != nil {
+			if _, perr := m.pol().ApproveOffer(meta, digest.Digest(o.Digest), o.Signature); perr != nil {
 				return nil
 			}
 		}
@@ -129,7 +131,7 @@ func (m *machine) maybeFetch(v view) []effect {
 		r.ID = m.newID("peer")
 	}
 	if err == nil {
-		r.Approval, err = m.pol().ApproveOffer(meta, o.Digest, o.Signature)
+		r.Approval, err = m.pol().ApproveOffer(meta, digest.Digest(o.Digest), o.Signature)
 		r.Signature = o.Signature
 	}
 	if err != nil {

@@ -40,8 +40,8 @@ func Valid[S ~string](s S) bool {
 }
 
 // FromHex is "sha256:"+hex, and whether hex is 64 lowercase hex digits.
-func FromHex(hex string) (string, bool) {
-	d := "sha256:" + hex
+func FromHex(hex string) (digest.Digest, bool) {
+	d := digest.Digest("sha256:" + hex)
 	return d, Valid(d)
 }
 
