@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/peer"
 )
@@ -55,7 +57,7 @@ func (a *Agent) probe(ctx context.Context, p effProbe) event {
 	if o.err != nil {
 		return o
 	}
-	o.digest = sidecarDigest(o.src)
+	o.digest = string(sidecarDigest(o.src))
 	if o.digest == "" && p.held != "" && o.src.Raw {
 		a.log.Info("reading the whole stick to compare it with the bundle held", "device", p.ev.Device, "bundle", o.src.Name())
 		res, err := bundle.Verify(ctx, o.src, bundle.Options{Policy: bundle.Policy{SpaceFactor: -1, ApprovedDigests: []string{p.held}}})
@@ -73,7 +75,7 @@ func (a *Agent) probe(ctx context.Context, p effProbe) event {
 }
 
 // sidecarDigest is the digest a source's .sha256 claims, if any.
-func sidecarDigest(src bundle.Source) string {
+func sidecarDigest(src bundle.Source) digest.Digest {
 	if src.SHA256Path == "" {
 		return ""
 	}
@@ -85,7 +87,7 @@ func sidecarDigest(src bundle.Source) string {
 	if err != nil {
 		return ""
 	}
-	return string(d)
+	return d
 }
 
 // runJob runs one job to its end.
@@ -132,7 +134,7 @@ func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.
 	opts.Progress = a.throttle(r.ID, "bytes")
 	var hasher interface {
 		io.Writer
-		List(digest string) *peer.PieceList
+		List(digest digest.Digest) *peer.PieceList
 	}
 	if a.deps.Peers != nil && j.pieces {
 		// The piece list for the peers, hashed in the same pass; offered
@@ -156,7 +158,7 @@ func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.
 	a.keepIndex(r, res, &ix)
 	var pieces *peer.PieceList
 	if hasher != nil {
-		pieces = hasher.List(string(res.Digest))
+		pieces = hasher.List(res.Digest)
 	}
 	return res, pieces, nil
 }
@@ -191,8 +193,8 @@ func (a *Agent) keepIndex(r *Record, res *bundle.Result, ix *bundle.Index) {
 // not known before the read (a raw device without one learns it at the
 // end), in serial mode, or when the file cannot be opened twice.
 func (a *Agent) shareLive(r *Record, src bundle.Source) *peer.LiveHasher {
-	digest := sidecarDigest(src)
-	if src.Raw || a.cfg.Peer.Serial || digest == "" || r.Metadata == nil {
+	d := sidecarDigest(src)
+	if src.Raw || a.cfg.Peer.Serial || d == "" || r.Metadata == nil {
 		return nil
 	}
 	f, err := os.Open(src.Path)
@@ -210,13 +212,13 @@ func (a *Agent) shareLive(r *Record, src bundle.Source) *peer.LiveHasher {
 		sig, _ = bundle.ReadSignature(src.SigPath, "the .minisig file of "+src.Name()) // only a signature travels
 	}
 	meta, _ := json.Marshal(r.Metadata)
-	live, err := a.deps.Peers.ShareLive(digest, meta, sig, f, fi.Size())
+	live, err := a.deps.Peers.ShareLive(d, meta, sig, f, fi.Size())
 	if err != nil {
 		f.Close()
 		a.log.Warn("cannot offer the bundle to the peers while it is read; they fetch it once it is extracted", "bundle", r.Name, "err", err)
 		return nil
 	}
-	a.log.Info("offering the bundle to the peers while it is read (cut-through)", "bundle", r.Name, "digest", digest)
+	a.log.Info("offering the bundle to the peers while it is read (cut-through)", "bundle", r.Name, "digest", d)
 	return live
 }
 
@@ -247,7 +249,7 @@ func (a *Agent) fetch(ctx context.Context, r *Record, j effStartJob) (*bundle.Re
 	var ix bundle.Index
 	var res *bundle.Result
 	p := a.throttle(r.ID, "bytes")
-	_, err = a.deps.Peers.FetchStream(ctx, r.Digest, dest, window, func(pr peer.Progress) { p(pr.Done, pr.Total) },
+	_, err = a.deps.Peers.FetchStream(ctx, digest.Digest(r.Digest), dest, window, func(pr peer.Progress) { p(pr.Done, pr.Total) },
 		func(rd io.Reader, from *peer.StreamResume, checkpoint peer.Checkpoint) error {
 			opts, err := a.streamOptions(r, j.policy, &ix, from, checkpoint)
 			if err != nil {
@@ -341,7 +343,7 @@ func (a *Agent) fetchWhole(ctx context.Context, r *Record) error {
 		return err
 	}
 	p := a.throttle(r.ID, "bytes")
-	if err := a.deps.Peers.Fetch(ctx, r.Digest, dest, func(pr peer.Progress) { p(pr.Done, pr.Total) }); err != nil {
+	if err := a.deps.Peers.Fetch(ctx, digest.Digest(r.Digest), dest, func(pr peer.Progress) { p(pr.Done, pr.Total) }); err != nil {
 		return err
 	}
 	_, err := a.writeSidecars(r, dest)
@@ -381,7 +383,7 @@ func (a *Agent) cleanup(ctx context.Context, r *Record, unload bool) error {
 		}
 	}
 	if a.deps.Peers != nil && r.Digest != "" {
-		a.deps.Peers.Unshare(r.Digest)
+		a.deps.Peers.Unshare(digest.Digest(r.Digest))
 	}
 	if r.Digest != "" {
 		os.Remove(a.store.IndexPath(r.Digest))
@@ -455,7 +457,7 @@ func (a *Agent) share(r *Record, pieces *peer.PieceList) {
 		return
 	}
 	meta, _ := json.Marshal(r.Metadata)
-	if err := a.deps.Peers.Share(r.Digest, meta, r.Signature, ix.ReaderAt(r.Dir), ix.Size, pieces); err != nil {
+	if err := a.deps.Peers.Share(digest.Digest(r.Digest), meta, r.Signature, ix.ReaderAt(r.Dir), ix.Size, pieces); err != nil {
 		a.log.Warn("cannot serve the bundle to peers", "bundle", r.Name, "err", err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"aead.dev/minisign"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
@@ -63,17 +64,17 @@ func (f *fakePeers) link(addr string, other *fakePeers) {
 	f.mu.Unlock()
 }
 
-func (f *fakePeers) Share(d string, meta, sig []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error {
+func (f *fakePeers) Share(d digest.Digest, meta, sig []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.shared[d], f.pieces[d] = size, pieces
-	f.held[d] = heldBundle{meta: meta, sig: sig, r: r, size: size}
+	f.shared[string(d)], f.pieces[string(d)] = size, pieces
+	f.held[string(d)] = heldBundle{meta: meta, sig: sig, r: r, size: size}
 	return nil
 }
-func (f *fakePeers) Unshare(d string) {
+func (f *fakePeers) Unshare(d digest.Digest) {
 	f.mu.Lock()
-	delete(f.shared, d)
-	delete(f.held, d)
+	delete(f.shared, string(d))
+	delete(f.held, string(d))
 	f.mu.Unlock()
 }
 func (f *fakePeers) SetPeers(peers []string) {
@@ -98,7 +99,7 @@ func (f *fakePeers) Discover(context.Context) ([]peer.PeerOffer, error) {
 		}
 		o.mu.Lock()
 		for d, b := range o.held {
-			out = append(out, peer.PeerOffer{Peer: addr, Offer: peer.Offer{Digest: d, Metadata: b.meta, Size: b.size, Complete: true, Signature: b.sig}})
+			out = append(out, peer.PeerOffer{Peer: addr, Offer: peer.Offer{Digest: digest.Digest(d), Metadata: b.meta, Size: b.size, Complete: true, Signature: b.sig}})
 		}
 		for _, sh := range o.live {
 			for _, x := range sh.Offers() {
@@ -109,15 +110,15 @@ func (f *fakePeers) Discover(context.Context) ([]peer.PeerOffer, error) {
 	}
 	return out, nil
 }
-func (f *fakePeers) Fetch(ctx context.Context, d, dest string, p func(peer.Progress)) error {
+func (f *fakePeers) Fetch(ctx context.Context, d digest.Digest, dest string, p func(peer.Progress)) error {
 	f.mu.Lock()
-	src := f.tars[d]
+	src := f.tars[string(d)]
 	f.fetched++
 	var from *heldBundle
 	var live *peer.Shelf
 	for addr, o := range f.linked {
 		o.mu.Lock()
-		if b, ok := o.held[d]; ok && f.reachable(addr) {
+		if b, ok := o.held[string(d)]; ok && f.reachable(addr) {
 			from = &b
 		}
 		for _, sh := range o.live {
@@ -153,7 +154,7 @@ func (f *fakePeers) Fetch(ctx context.Context, d, dest string, p func(peer.Progr
 }
 
 // FetchStream gets the bytes as Fetch does and streams them into consume.
-func (f *fakePeers) FetchStream(ctx context.Context, d, dest string, _ int64, p func(peer.Progress), consume peer.StreamConsumer) (*peer.PieceList, error) {
+func (f *fakePeers) FetchStream(ctx context.Context, d digest.Digest, dest string, _ int64, p func(peer.Progress), consume peer.StreamConsumer) (*peer.PieceList, error) {
 	if err := f.Fetch(ctx, d, dest, p); err != nil {
 		return nil, err
 	}
@@ -172,7 +173,7 @@ func (f *fakePeers) FetchStream(ctx context.Context, d, dest string, _ int64, p 
 
 // readLive waits until the live offer of d on sh has every piece (its
 // hasher has read the whole bundle), as a real fetch from it would.
-func readLive(ctx context.Context, sh *peer.Shelf, d string) (*heldBundle, error) {
+func readLive(ctx context.Context, sh *peer.Shelf, d digest.Digest) (*heldBundle, error) {
 	for {
 		h, err := sh.Have(d)
 		if err != nil {
@@ -191,7 +192,7 @@ func readLive(ctx context.Context, sh *peer.Shelf, d string) (*heldBundle, error
 }
 
 // ShareLive offers the bundle on a shelf of its own, kept in live.
-func (f *fakePeers) ShareLive(d string, meta, sig []byte, r io.ReaderAt, size int64) (*peer.LiveHasher, error) {
+func (f *fakePeers) ShareLive(d digest.Digest, meta, sig []byte, r io.ReaderAt, size int64) (*peer.LiveHasher, error) {
 	sh := peer.NewShelf(peer.ShelfOptions{})
 	f.mu.Lock()
 	f.live = append(f.live, sh)
@@ -236,7 +237,7 @@ func TestFakePeers_ConformsToThePeerSuite(t *testing.T) {
 }
 
 // offer makes the fake peer at addr offer the bundle at tarPath.
-func (f *fakePeers) offer(t *testing.T, addr, tarPath, digest string) {
+func (f *fakePeers) offer(t *testing.T, addr, tarPath, d string) {
 	m, err := bundle.InspectFile(tarPath)
 	if err != nil {
 		t.Fatal(err)
@@ -247,8 +248,8 @@ func (f *fakePeers) offer(t *testing.T, addr, tarPath, digest string) {
 		t.Fatal(err)
 	}
 	f.mu.Lock()
-	f.offers = append(f.offers, peer.PeerOffer{Peer: addr, Offer: peer.Offer{Digest: digest, Metadata: mb, Size: fi.Size(), Complete: true}})
-	f.tars[digest] = tarPath
+	f.offers = append(f.offers, peer.PeerOffer{Peer: addr, Offer: peer.Offer{Digest: digest.Digest(d), Metadata: mb, Size: fi.Size(), Complete: true}})
+	f.tars[d] = tarPath
 	f.mu.Unlock()
 }
 
@@ -338,7 +339,7 @@ func TestCluster_StickBundleIsSharedWithPiecesFromTheExtractionPass(t *testing.T
 	p.mu.Lock()
 	pieces := p.pieces[digest]
 	p.mu.Unlock()
-	if pieces == nil || !slices.Equal(pieces.Pieces, want) || pieces.PieceSize != peer.DefaultPieceSize || pieces.Size != int64(len(tb)) || pieces.Digest != digest {
+	if pieces == nil || !slices.Equal(pieces.Pieces, want) || pieces.PieceSize != peer.DefaultPieceSize || pieces.Size != int64(len(tb)) || string(pieces.Digest) != digest {
 		t.Fatalf("shared with piece list %+v, want %d pieces of %d bytes", pieces, len(want), peer.DefaultPieceSize)
 	}
 }
@@ -748,7 +749,7 @@ func TestCluster_StickOfferedWhileReadThenReplacedOrWithdrawn(t *testing.T) {
 			if shared == damaged {
 				t.Errorf("shared %v after the read, want %v", shared, !damaged)
 			}
-			if !damaged && (p.pieces[digest] == nil || p.pieces[digest].Partial || p.pieces[digest].Digest != digest) {
+			if !damaged && (p.pieces[digest] == nil || p.pieces[digest].Partial || string(p.pieces[digest].Digest) != digest) {
 				t.Errorf("shared with piece list %+v, want the whole one hashed in the pass", p.pieces[digest])
 			}
 		})

@@ -77,8 +77,8 @@ func (m *machine) fresh(v view) []peer.PeerOffer {
 	var out, kept []peer.PeerOffer
 	for _, o := range v.offers {
 		switch {
-		case doneWith[o.Digest]:
-		case running[o.Digest]:
+		case doneWith[string(o.Digest)]:
+		case running[string(o.Digest)]:
 			kept = append(kept, o)
 		default:
 			out = append(out, o)
@@ -102,7 +102,7 @@ func (m *machine) maybeFetch(v view) []effect {
 	}
 	meta, err := bundle.ParseMetadata(o.Metadata)
 	for _, old := range m.records {
-		if old.Digest != o.Digest {
+		if old.Digest != string(o.Digest) {
 			continue
 		}
 		switch old.Phase {
@@ -124,7 +124,7 @@ func (m *machine) maybeFetch(v view) []effect {
 	if meta != nil {
 		name = meta.Name() + ".tar"
 	}
-	r := &Record{Digest: o.Digest, Name: name, Metadata: meta, Origin: OriginPeer, Source: o.Peer, TarSize: o.Size}
+	r := &Record{Digest: string(o.Digest), Name: name, Metadata: meta, Origin: OriginPeer, Source: o.Peer, TarSize: o.Size}
 	if meta != nil {
 		r.ID = m.newID(meta.DirName())
 	} else {
@@ -211,8 +211,8 @@ func oneOffer(offers []peer.PeerOffer) (*peer.PeerOffer, string) {
 	var one *peer.PeerOffer
 	digests := map[string]bool{}
 	for i := range offers {
-		if !digests[offers[i].Digest] {
-			digests[offers[i].Digest] = true
+		if !digests[string(offers[i].Digest)] {
+			digests[string(offers[i].Digest)] = true
 			one = &offers[i]
 		}
 	}

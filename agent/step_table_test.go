@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/peer"
@@ -189,14 +191,14 @@ func viewOf(st *peer.PeerStatus, offers ...peer.PeerOffer) evView {
 	return evView{v}
 }
 
-func offerOf(t *testing.T, digest string, meta bundle.Metadata) peer.PeerOffer {
+func offerOf(t *testing.T, d string, meta bundle.Metadata) peer.PeerOffer {
 	t.Helper()
 	meta.FormatVersion, meta.Size, meta.SizeBytes, meta.Images = 1, "1 KiB", 1024, []string{"quay.io/x/app@" + heldDigest}
 	b, err := json.Marshal(meta)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return peer.PeerOffer{Peer: peerB, Offer: peer.Offer{Digest: digest, Metadata: b, Size: 10, Complete: true}}
+	return peer.PeerOffer{Peer: peerB, Offer: peer.Offer{Digest: digest.Digest(d), Metadata: b, Size: 10, Complete: true}}
 }
 
 var (
