@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/peer"
@@ -94,9 +96,9 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 	}
 	md := r.Metadata
 	rep := &bundleReport{name: ResourceName(md.Version, md.Arch), line: s.Line, healthy: s.Healthy, phases: reached(r)}
-	rep.sum = cluster.BundleSummary{Version: md.Version, Arch: md.Arch, Release: SanitizeReason(md.Release), Digest: r.Digest, Size: sanitizeText(md.Size, maxSummarySize),
+	rep.sum = cluster.BundleSummary{Version: md.Version, Arch: md.Arch, Release: SanitizeReason(md.Release), Digest: digest.Digest(r.Digest), Size: sanitizeText(md.Size, maxSummarySize),
 		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: boundList(slices.Concat(r.Warnings, r.SignaturePolicy), maxSummaryWarnings)}
-	rep.entry = cluster.BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Condition.Message), Conditions: conditions(r)}
+	rep.entry = cluster.BundleNodeEntry{Phase: string(r.Phase), Digest: digest.Digest(r.Digest), Reason: SanitizeReason(r.Condition.Message), Conditions: conditions(r)}
 	return rep
 }
 
@@ -246,7 +248,7 @@ const ApprovedDisagree = "digests disagree"
 // disagreement says which nodes name which digest when the entries name
 // more than one ("" when they agree).
 func disagreement(entries map[string]cluster.BundleNodeEntry) string {
-	by := map[string][]string{}
+	by := map[digest.Digest][]string{}
 	for n, e := range entries {
 		if e.Digest != "" {
 			by[e.Digest] = append(by[e.Digest], n)
@@ -258,7 +260,7 @@ func disagreement(entries map[string]cluster.BundleNodeEntry) string {
 	var parts []string
 	for d, ns := range by {
 		slices.Sort(ns)
-		parts = append(parts, d+": "+strings.Join(ns, ", "))
+		parts = append(parts, string(d)+": "+strings.Join(ns, ", "))
 	}
 	slices.Sort(parts)
 	return "the nodes read different digests for this bundle (" + strings.Join(parts, "; ") +

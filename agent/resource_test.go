@@ -38,7 +38,7 @@ func TestResource_ANodeCreatesItAndReportsEachPhaseWithConditionsEventsAndLabel(
 		return ok && b.nodes["node-a"].Phase == string(PhaseClusterReady)
 	})
 	e := b.nodes["node-a"]
-	if e.Digest != digest || b.sum.Version != "4.13.7" || b.sum.Digest != digest || b.sum.NodesReady != "1/1" || b.sum.Phase != string(PhaseClusterReady) {
+	if string(e.Digest) != digest || b.sum.Version != "4.13.7" || string(b.sum.Digest) != digest || b.sum.NodesReady != "1/1" || b.sum.Phase != string(PhaseClusterReady) {
 		t.Fatalf("resource %+v", b)
 	}
 	for _, c := range e.Conditions {
@@ -106,7 +106,7 @@ func TestResource_TheGateLeavesOutExcludedAndLongNotReadyNodes(t *testing.T) {
 			h.waitPhase(PhaseClusterReady)
 			h.waitFor("the summary leaving b out", func() bool {
 				b, _ := api.bundle(resourceName)
-				return b.sum.NodesReady == "1/1" && b.nodes["node-a"].Digest == digest
+				return b.sum.NodesReady == "1/1" && string(b.nodes["node-a"].Digest) == digest
 			})
 		})
 	}
