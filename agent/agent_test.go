@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
 	"github.com/ferry-edge/ferry/imagepolicy"
@@ -281,7 +283,7 @@ func (h *harness) waitReason(sub string) Status {
 	return Status{}
 }
 
-func stick(t *testing.T, o bundletest.Options) (bundle.Source, string) {
+func stick(t *testing.T, o bundletest.Options) (bundle.Source, digest.Digest) {
 	p, d := bundletest.Write(t, t.TempDir(), o)
 	src, err := bundle.FindSource(p, "")
 	if err != nil {
@@ -316,7 +318,7 @@ func TestAgent_StickToLoaded(t *testing.T) {
 	if !ready {
 		t.Error("READY never sent")
 	}
-	if _, err := os.Stat(filepath.Join(h.cfg.Paths.StateDir, "bundles", strings.TrimPrefix(digest, "sha256:")+".index")); err != nil {
+	if _, err := os.Stat(filepath.Join(h.cfg.Paths.StateDir, "bundles", strings.TrimPrefix(string(digest), "sha256:")+".index")); err != nil {
 		t.Errorf("tar index not kept: %v", err)
 	}
 }
@@ -418,7 +420,7 @@ func TestAgent_AnUnapprovedBundleIsExtractedButWaitsForApproval(t *testing.T) {
 			src, digest := stick(t, bundletest.Options{})
 			h.plug("/dev/sda", src)
 			s := h.waitReason("waiting for approval")
-			if s.Phase != string(PhaseExtracted) || !strings.Contains(s.Line, digest) || !strings.Contains(s.Line, "approved_digests") || s.ApprovalOff {
+			if s.Phase != string(PhaseExtracted) || !strings.Contains(s.Line, string(digest)) || !strings.Contains(s.Line, "approved_digests") || s.ApprovalOff {
 				t.Fatalf("status %+v", s)
 			}
 			// The step that made it wait started no load (the reducer's
@@ -433,7 +435,7 @@ func TestAgent_AnUnapprovedBundleIsExtractedButWaitsForApproval(t *testing.T) {
 
 			h2 := newHarness(t, filepath.Dir(h.cfg.Paths.StateDir))
 			h2.cfg = h.cfg
-			h2.cfg.ApprovedDigests = append(slices.Clone(tc.approved), digest)
+			h2.cfg.ApprovedDigests = append(slices.Clone(tc.approved), string(digest))
 			h2.loader = h.loader
 			h2.start()
 			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
@@ -501,7 +503,7 @@ func TestAgent_InterruptedExtractionIsRedoneFromTheStick(t *testing.T) {
 	os.MkdirAll(bundle.StagingDir(dir), 0o755)
 	os.MkdirAll(dir, 0o755)
 	os.WriteFile(filepath.Join(dir, "half"), []byte("x"), 0o644)
-	must(t, store.Save(&Record{ID: strings.TrimPrefix(digest, "sha256:"), Digest: digest, Name: src.Name(),
+	must(t, store.Save(&Record{ID: strings.TrimPrefix(string(digest), "sha256:"), Digest: digest, Name: src.Name(),
 		Origin: "stick", Source: "/dev/sda", Dir: dir, Phase: PhaseDetected, Times: map[Phase]time.Time{}}))
 	h.start()
 	s := h.waitReason("plug the stick in again")

@@ -57,12 +57,12 @@ func (a *Agent) probe(ctx context.Context, p effProbe) event {
 	if o.err != nil {
 		return o
 	}
-	o.digest = string(sidecarDigest(o.src))
+	o.digest = sidecarDigest(o.src)
 	if o.digest == "" && p.held != "" && o.src.Raw {
 		a.log.Info("reading the whole stick to compare it with the bundle held", "device", p.ev.Device, "bundle", o.src.Name())
-		res, err := bundle.Verify(ctx, o.src, bundle.Options{Policy: bundle.Policy{SpaceFactor: -1, ApprovedDigests: []string{p.held}}})
+		res, err := bundle.Verify(ctx, o.src, bundle.Options{Policy: bundle.Policy{SpaceFactor: -1, ApprovedDigests: []string{string(p.held)}}})
 		switch {
-		case err == nil && string(res.Digest) == p.held:
+		case err == nil && res.Digest == p.held:
 			o.digest = p.held
 		case err == nil || bundle.IsRefusal(err):
 			o.differs = true
@@ -182,7 +182,7 @@ func (a *Agent) extractOptions(r *Record, pol bundle.Policy, ix *bundle.Index) b
 
 // keepIndex writes the tar index with which the tree is served again.
 func (a *Agent) keepIndex(r *Record, res *bundle.Result, ix *bundle.Index) {
-	if err := ix.WriteFile(a.store.IndexPath(string(res.Digest))); err != nil {
+	if err := ix.WriteFile(a.store.IndexPath(res.Digest)); err != nil {
 		a.log.Warn("cannot keep the tar index; peers will not be served", "bundle", r.Name, "err", err)
 	}
 }
@@ -249,7 +249,7 @@ func (a *Agent) fetch(ctx context.Context, r *Record, j effStartJob) (*bundle.Re
 	var ix bundle.Index
 	var res *bundle.Result
 	p := a.throttle(r.ID, "bytes")
-	_, err = a.deps.Peers.FetchStream(ctx, digest.Digest(r.Digest), dest, window, func(pr peer.Progress) { p(pr.Done, pr.Total) },
+	_, err = a.deps.Peers.FetchStream(ctx, r.Digest, dest, window, func(pr peer.Progress) { p(pr.Done, pr.Total) },
 		func(rd io.Reader, from *peer.StreamResume, checkpoint peer.Checkpoint) error {
 			opts, err := a.streamOptions(r, j.policy, &ix, from, checkpoint)
 			if err != nil {
@@ -325,7 +325,7 @@ func (a *Agent) writeSidecars(r *Record, dest string) (bundle.Source, error) {
 	if r.Approval == bundle.ApprovalSignature {
 		src.SigPath = dest + ".minisig"
 	}
-	return src, os.WriteFile(src.SHA256Path, []byte(bundle.FormatSHA256File(r.Digest, filepath.Base(dest))), 0o600)
+	return src, os.WriteFile(src.SHA256Path, []byte(bundle.FormatSHA256File(string(r.Digest), filepath.Base(dest))), 0o600)
 }
 
 // fetchWhole gets the whole tar from the peers (serial mode).
@@ -343,7 +343,7 @@ func (a *Agent) fetchWhole(ctx context.Context, r *Record) error {
 		return err
 	}
 	p := a.throttle(r.ID, "bytes")
-	if err := a.deps.Peers.Fetch(ctx, digest.Digest(r.Digest), dest, func(pr peer.Progress) { p(pr.Done, pr.Total) }); err != nil {
+	if err := a.deps.Peers.Fetch(ctx, r.Digest, dest, func(pr peer.Progress) { p(pr.Done, pr.Total) }); err != nil {
 		return err
 	}
 	_, err := a.writeSidecars(r, dest)
@@ -383,7 +383,7 @@ func (a *Agent) cleanup(ctx context.Context, r *Record, unload bool) error {
 		}
 	}
 	if a.deps.Peers != nil && r.Digest != "" {
-		a.deps.Peers.Unshare(digest.Digest(r.Digest))
+		a.deps.Peers.Unshare(r.Digest)
 	}
 	if r.Digest != "" {
 		os.Remove(a.store.IndexPath(r.Digest))
@@ -457,7 +457,7 @@ func (a *Agent) share(r *Record, pieces *peer.PieceList) {
 		return
 	}
 	meta, _ := json.Marshal(r.Metadata)
-	if err := a.deps.Peers.Share(digest.Digest(r.Digest), meta, r.Signature, ix.ReaderAt(r.Dir), ix.Size, pieces); err != nil {
+	if err := a.deps.Peers.Share(r.Digest, meta, r.Signature, ix.ReaderAt(r.Dir), ix.Size, pieces); err != nil {
 		a.log.Warn("cannot serve the bundle to peers", "bundle", r.Name, "err", err)
 	}
 }
@@ -466,7 +466,7 @@ func (a *Agent) share(r *Record, pieces *peer.PieceList) {
 func (a *Agent) runHook(ctx context.Context, r *Record) event {
 	argv := a.cfg.Cluster.OnReady
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), "FERRY_RELEASE="+r.Metadata.Release, "FERRY_VERSION="+r.Metadata.Version, "FERRY_DIGEST="+r.Digest)
+	cmd.Env = append(os.Environ(), "FERRY_RELEASE="+r.Metadata.Release, "FERRY_VERSION="+r.Metadata.Version, "FERRY_DIGEST="+string(r.Digest))
 	out := &logWriter{log: a.log.With("hook", "on_ready", "bundle", r.Name)}
 	cmd.Stdout, cmd.Stderr = out, out
 	a.log.Info("running the on_ready hook", "bundle", r.Name, "argv", strings.Join(argv, " "))

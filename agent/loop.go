@@ -9,8 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/bundle"
 )
 
@@ -160,7 +158,7 @@ func (a *Agent) perform(ctx context.Context, e effect) {
 		a.share(e.rec, e.pieces)
 	case effUnshare:
 		if a.deps.Peers != nil {
-			a.deps.Peers.Unshare(digest.Digest(e.digest))
+			a.deps.Peers.Unshare(e.digest)
 		}
 	case effRemove:
 		if err := os.RemoveAll(e.path); err != nil {

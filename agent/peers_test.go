@@ -29,16 +29,19 @@ import (
 // sets, plus whatever linked fakes share (Share on one is an offer to the
 // others). It is held to the same suite as the real peers
 // (TestFakePeers_ConformsToThePeerSuite).
+// ninesDigest is a bundle digest no test makes: another bundle a peer holds.
+var ninesDigest = digest.Digest("sha256:" + strings.Repeat("9", 64))
+
 type fakePeers struct {
 	mu       sync.Mutex
 	offers   []peer.PeerOffer
 	statuses map[string]peer.PeerStatus
-	tars     map[string]string // digest → tar path
+	tars     map[digest.Digest]string // digest → tar path
 	fetched  int
 	polls    int // Discover calls: one per poll of the peers
-	shared   map[string]int64
-	held     map[string]heldBundle
-	pieces   map[string]*peer.PieceList
+	shared   map[digest.Digest]int64
+	held     map[digest.Digest]heldBundle
+	pieces   map[digest.Digest]*peer.PieceList
 	linked   map[string]*fakePeers // peer address → its fake
 	peerList []string
 	peersSet bool          // SetPeers was called: only peerList counts
@@ -53,8 +56,8 @@ type heldBundle struct {
 }
 
 func newFakePeers() *fakePeers {
-	return &fakePeers{statuses: map[string]peer.PeerStatus{}, tars: map[string]string{}, shared: map[string]int64{},
-		held: map[string]heldBundle{}, pieces: map[string]*peer.PieceList{}, linked: map[string]*fakePeers{}}
+	return &fakePeers{statuses: map[string]peer.PeerStatus{}, tars: map[digest.Digest]string{}, shared: map[digest.Digest]int64{},
+		held: map[digest.Digest]heldBundle{}, pieces: map[digest.Digest]*peer.PieceList{}, linked: map[string]*fakePeers{}}
 }
 
 // link makes other reachable at addr.
@@ -67,14 +70,14 @@ func (f *fakePeers) link(addr string, other *fakePeers) {
 func (f *fakePeers) Share(d digest.Digest, meta, sig []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.shared[string(d)], f.pieces[string(d)] = size, pieces
-	f.held[string(d)] = heldBundle{meta: meta, sig: sig, r: r, size: size}
+	f.shared[d], f.pieces[d] = size, pieces
+	f.held[d] = heldBundle{meta: meta, sig: sig, r: r, size: size}
 	return nil
 }
 func (f *fakePeers) Unshare(d digest.Digest) {
 	f.mu.Lock()
-	delete(f.shared, string(d))
-	delete(f.held, string(d))
+	delete(f.shared, d)
+	delete(f.held, d)
 	f.mu.Unlock()
 }
 func (f *fakePeers) SetPeers(peers []string) {
@@ -99,7 +102,7 @@ func (f *fakePeers) Discover(context.Context) ([]peer.PeerOffer, error) {
 		}
 		o.mu.Lock()
 		for d, b := range o.held {
-			out = append(out, peer.PeerOffer{Peer: addr, Offer: peer.Offer{Digest: digest.Digest(d), Metadata: b.meta, Size: b.size, Complete: true, Signature: b.sig}})
+			out = append(out, peer.PeerOffer{Peer: addr, Offer: peer.Offer{Digest: d, Metadata: b.meta, Size: b.size, Complete: true, Signature: b.sig}})
 		}
 		for _, sh := range o.live {
 			for _, x := range sh.Offers() {
@@ -112,13 +115,13 @@ func (f *fakePeers) Discover(context.Context) ([]peer.PeerOffer, error) {
 }
 func (f *fakePeers) Fetch(ctx context.Context, d digest.Digest, dest string, p func(peer.Progress)) error {
 	f.mu.Lock()
-	src := f.tars[string(d)]
+	src := f.tars[d]
 	f.fetched++
 	var from *heldBundle
 	var live *peer.Shelf
 	for addr, o := range f.linked {
 		o.mu.Lock()
-		if b, ok := o.held[string(d)]; ok && f.reachable(addr) {
+		if b, ok := o.held[d]; ok && f.reachable(addr) {
 			from = &b
 		}
 		for _, sh := range o.live {
@@ -237,7 +240,7 @@ func TestFakePeers_ConformsToThePeerSuite(t *testing.T) {
 }
 
 // offer makes the fake peer at addr offer the bundle at tarPath.
-func (f *fakePeers) offer(t *testing.T, addr, tarPath, d string) {
+func (f *fakePeers) offer(t *testing.T, addr, tarPath string, d digest.Digest) {
 	m, err := bundle.InspectFile(tarPath)
 	if err != nil {
 		t.Fatal(err)
@@ -248,7 +251,7 @@ func (f *fakePeers) offer(t *testing.T, addr, tarPath, d string) {
 		t.Fatal(err)
 	}
 	f.mu.Lock()
-	f.offers = append(f.offers, peer.PeerOffer{Peer: addr, Offer: peer.Offer{Digest: digest.Digest(d), Metadata: mb, Size: fi.Size(), Complete: true}})
+	f.offers = append(f.offers, peer.PeerOffer{Peer: addr, Offer: peer.Offer{Digest: d, Metadata: mb, Size: fi.Size(), Complete: true}})
 	f.tars[d] = tarPath
 	f.mu.Unlock()
 }
@@ -264,7 +267,7 @@ func clusterHarness(t *testing.T) (*harness, *fakePeers) {
 
 // waitShared waits for the extracted tree's offer: the snapshot is
 // published before the step's effects run, so the offer follows the phase.
-func (h *harness) waitShared(p *fakePeers, digest string) {
+func (h *harness) waitShared(p *fakePeers, digest digest.Digest) {
 	h.t.Helper()
 	h.waitFor("the extracted tree shared", func() bool {
 		p.mu.Lock()
@@ -339,7 +342,7 @@ func TestCluster_StickBundleIsSharedWithPiecesFromTheExtractionPass(t *testing.T
 	p.mu.Lock()
 	pieces := p.pieces[digest]
 	p.mu.Unlock()
-	if pieces == nil || !slices.Equal(pieces.Pieces, want) || pieces.PieceSize != peer.DefaultPieceSize || pieces.Size != int64(len(tb)) || string(pieces.Digest) != digest {
+	if pieces == nil || !slices.Equal(pieces.Pieces, want) || pieces.PieceSize != peer.DefaultPieceSize || pieces.Size != int64(len(tb)) || pieces.Digest != digest {
 		t.Fatalf("shared with piece list %+v, want %d pieces of %d bytes", pieces, len(want), peer.DefaultPieceSize)
 	}
 }
@@ -368,7 +371,7 @@ func TestCluster_PeerHoldingAnotherBundleBlocksLoading(t *testing.T) {
 	h, p := clusterHarness(t)
 	h.start()
 	src, digest := stick(t, bundletest.Options{})
-	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "extracted", Digest: "sha256:" + strings.Repeat("9", 64), Version: "4.13.8"})
+	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "extracted", Digest: ninesDigest, Version: "4.13.8"})
 	h.plug("/dev/sda", src)
 	s := h.waitReason("conflict: node b holds another bundle")
 	if s.Phase != string(PhaseExtracted) || s.Digest != digest {
@@ -473,7 +476,7 @@ func TestCluster_NodeInConflictStillTellsPeersItsBundle(t *testing.T) {
 	h, p := clusterHarness(t)
 	h.start()
 	src, digest := stick(t, bundletest.Options{})
-	other := "sha256:" + strings.Repeat("9", 64)
+	other := ninesDigest
 	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "extracted", Digest: other, Version: "4.13.8"})
 	h.plug("/dev/sda", src)
 	h.waitReason("conflict: node b holds another bundle")
@@ -555,7 +558,7 @@ func TestCluster_PeersWithoutATokenAreAConfigMistakeShownInStatus(t *testing.T) 
 
 // signedOffer makes the fake peer at addr offer the bundle at tarPath with
 // a signature by priv, and returns a trusted_keys file for pub.
-func signedOffer(t *testing.T, p *fakePeers, addr, tarPath, digest string, priv minisign.PrivateKey) {
+func signedOffer(t *testing.T, p *fakePeers, addr, tarPath string, digest digest.Digest, priv minisign.PrivateKey) {
 	t.Helper()
 	f, err := os.Open(tarPath)
 	if err != nil {
@@ -702,7 +705,7 @@ func TestCluster_ARefusedPeerBundleIsTakenOnceThePolicyApprovesIt(t *testing.T) 
 	h.stop()
 	h2 := newHarness(t, filepath.Dir(h.cfg.Paths.StateDir))
 	h2.cfg = h.cfg
-	h2.cfg.ApprovedDigests = append(h2.cfg.ApprovedDigests, digest)
+	h2.cfg.ApprovedDigests = append(h2.cfg.ApprovedDigests, string(digest))
 	h2.peers = p
 	h2.start()
 	if s := h2.waitPhase(PhaseLoaded); s.Digest != digest {
@@ -749,7 +752,7 @@ func TestCluster_StickOfferedWhileReadThenReplacedOrWithdrawn(t *testing.T) {
 			if shared == damaged {
 				t.Errorf("shared %v after the read, want %v", shared, !damaged)
 			}
-			if !damaged && (p.pieces[digest] == nil || p.pieces[digest].Partial || string(p.pieces[digest].Digest) != digest) {
+			if !damaged && (p.pieces[digest] == nil || p.pieces[digest].Partial || p.pieces[digest].Digest != digest) {
 				t.Errorf("shared with piece list %+v, want the whole one hashed in the pass", p.pieces[digest])
 			}
 		})

@@ -96,9 +96,9 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 	}
 	md := r.Metadata
 	rep := &bundleReport{name: ResourceName(md.Version, md.Arch), line: s.Line, healthy: s.Healthy, phases: reached(r)}
-	rep.sum = cluster.BundleSummary{Version: md.Version, Arch: md.Arch, Release: SanitizeReason(md.Release), Digest: digest.Digest(r.Digest), Size: sanitizeText(md.Size, maxSummarySize),
+	rep.sum = cluster.BundleSummary{Version: md.Version, Arch: md.Arch, Release: SanitizeReason(md.Release), Digest: r.Digest, Size: sanitizeText(md.Size, maxSummarySize),
 		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: boundList(slices.Concat(r.Warnings, r.SignaturePolicy), maxSummaryWarnings)}
-	rep.entry = cluster.BundleNodeEntry{Phase: string(r.Phase), Digest: digest.Digest(r.Digest), Reason: SanitizeReason(r.Condition.Message), Conditions: conditions(r)}
+	rep.entry = cluster.BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Condition.Message), Conditions: conditions(r)}
 	return rep
 }
 
@@ -577,7 +577,7 @@ func (m *machine) specRefuses(r *Record) string {
 	if p == nil || p.ApprovedDigest == "" || m.bundleName != m.activeResource() {
 		return ""
 	}
-	if approved := bundle.NormalizeDigest(p.ApprovedDigest); approved != "" && string(approved) != r.Digest {
+	if approved := bundle.NormalizeDigest(p.ApprovedDigest); approved != "" && approved != r.Digest {
 		return fmt.Sprintf("not loading: UpgradeBundle %s approves %s, not this bundle (%s): bring the approved bundle, or the administrator changes spec.approvedDigest",
 			m.bundleName, approved, r.Digest)
 	}

@@ -38,7 +38,7 @@ func TestResource_ANodeCreatesItAndReportsEachPhaseWithConditionsEventsAndLabel(
 		return ok && b.nodes["node-a"].Phase == string(PhaseClusterReady)
 	})
 	e := b.nodes["node-a"]
-	if string(e.Digest) != digest || b.sum.Version != "4.13.7" || string(b.sum.Digest) != digest || b.sum.NodesReady != "1/1" || b.sum.Phase != string(PhaseClusterReady) {
+	if e.Digest != digest || b.sum.Version != "4.13.7" || b.sum.Digest != digest || b.sum.NodesReady != "1/1" || b.sum.Phase != string(PhaseClusterReady) {
 		t.Fatalf("resource %+v", b)
 	}
 	for _, c := range e.Conditions {
@@ -106,7 +106,7 @@ func TestResource_TheGateLeavesOutExcludedAndLongNotReadyNodes(t *testing.T) {
 			h.waitPhase(PhaseClusterReady)
 			h.waitFor("the summary leaving b out", func() bool {
 				b, _ := api.bundle(resourceName)
-				return b.sum.NodesReady == "1/1" && string(b.nodes["node-a"].Digest) == digest
+				return b.sum.NodesReady == "1/1" && b.nodes["node-a"].Digest == digest
 			})
 		})
 	}
@@ -137,13 +137,13 @@ func TestResource_ApprovedInTheSpecLoadsWithNoRestart(t *testing.T) {
 	src, digest := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
 	s := h.waitReason("waiting for approval: oc patch upgradebundle " + resourceName)
-	if s.Phase != string(PhaseExtracted) || !strings.Contains(s.Reason, "this node read "+digest) {
+	if s.Phase != string(PhaseExtracted) || !strings.Contains(s.Reason, "this node read "+string(digest)) {
 		t.Fatalf("status %+v", s)
 	}
 	// The administrator is told to approve the engineer's digest, not
 	// handed this node's (a node's word can be forged) to paste.
 	if !strings.Contains(s.Reason, `"approvedDigest":"<the engineer's digest>"`) || !strings.Contains(s.Reason, "from the engineer (the bundle's .sha256 file), not from this node") ||
-		strings.Contains(s.Reason, `"approvedDigest":"`+digest) {
+		strings.Contains(s.Reason, `"approvedDigest":"`+string(digest)) {
 		t.Fatalf("reason %q", s.Reason)
 	}
 	h.waitFor("the resource to say waiting", func() bool {
@@ -154,7 +154,7 @@ func TestResource_ApprovedInTheSpecLoadsWithNoRestart(t *testing.T) {
 	if loads != 0 {
 		t.Fatal("an unapproved bundle was loaded")
 	}
-	api.setPolicy(resourceName, cluster.BundlePolicy{ApprovedDigest: digest})
+	api.setPolicy(resourceName, cluster.BundlePolicy{ApprovedDigest: string(digest)})
 	h.waitPhase(PhaseClusterReady)
 	h.waitFor("the resource to say approved", func() bool {
 		b, _ := api.bundle(resourceName)
@@ -173,7 +173,7 @@ func TestResource_ASpecApprovingAnotherDigestIsNotOverriddenLocally(t *testing.T
 	h.api = api
 	src, digest := stick(t, bundletest.Options{})
 	h.cfg.Approval = "required"
-	h.cfg.ApprovedDigests = []string{digest}
+	h.cfg.ApprovedDigests = []string{string(digest)}
 	h.start()
 	p.mu.Lock()
 	p.statuses["10.0.0.2:8090"] = peer.PeerStatus{Err: errors.New("connection refused")} // b holds the gate
@@ -181,7 +181,7 @@ func TestResource_ASpecApprovingAnotherDigestIsNotOverriddenLocally(t *testing.T
 	other := "sha256:" + strings.Repeat("ab", 32)
 	api.setPolicy(resourceName, cluster.BundlePolicy{ApprovedDigest: other})
 	h.plug("/dev/sda", src)
-	s := h.waitReason("approves " + other + ", not this bundle (" + digest + ")")
+	s := h.waitReason("approves " + other + ", not this bundle (" + string(digest) + ")")
 	if s.Phase != string(PhaseExtracted) {
 		t.Fatalf("status %+v", s)
 	}
@@ -195,7 +195,7 @@ func TestResource_ASpecApprovingAnotherDigestIsNotOverriddenLocally(t *testing.T
 	if s := h.agent.Status(); loads != 0 || s.Phase != string(PhaseExtracted) {
 		t.Fatalf("the node's approval overrode the spec's: %d loads, status %+v", loads, s)
 	}
-	api.setPolicy(resourceName, cluster.BundlePolicy{ApprovedDigest: digest, ExcludedNodes: []string{"b"}})
+	api.setPolicy(resourceName, cluster.BundlePolicy{ApprovedDigest: string(digest), ExcludedNodes: []string{"b"}})
 	h.waitPhase(PhaseClusterReady)
 }
 

@@ -5,8 +5,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
 )
@@ -216,7 +214,7 @@ func (m *machine) next() []effect {
 			return m.move(r, r.Phase, why, r.Progress)
 		}
 		if r.Approval == bundle.ApprovalNone {
-			if !m.pol().Approves(digest.Digest(r.Digest)) {
+			if !m.pol().Approves(r.Digest) {
 				why := waiting(ReasonAwaitingApproval, m.waitingForApproval(r))
 				if r.Condition == why {
 					return nil

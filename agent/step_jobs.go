@@ -7,8 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/bundle"
 )
 
@@ -100,7 +98,7 @@ func (m *machine) extractPolicy(r *Record) bundle.Policy {
 	if r.Approval == bundle.ApprovalSignature {
 		return m.pol()
 	}
-	pol := m.pol().PreApproved(digest.Digest(r.Digest))
+	pol := m.pol().PreApproved(r.Digest)
 	if r.Approval == bundle.ApprovalSource {
 		pol.Payload = m.pol().SourceFor(r.Metadata)
 	}
@@ -154,7 +152,7 @@ func (m *machine) extractDone(r *Record, j evJobDone) []effect {
 		}
 		r.Metadata = meta
 	}
-	r.Digest, r.Approval, r.Signature = string(j.res.Digest), j.res.Approval, j.res.Signature
+	r.Digest, r.Approval, r.Signature = j.res.Digest, j.res.Approval, j.res.Signature
 	r.DigestOnly, r.SignaturePolicy = j.res.Admission.DigestOnly, j.res.Admission.Warnings
 	for _, w := range r.SignaturePolicy {
 		m.log.Warn("signature policy", "bundle", r.Name, "warning", w)
@@ -212,7 +210,7 @@ func (m *machine) reject(r *Record, err error) []effect {
 // incomingPath is where a fetched tar lands, under its own name so that
 // messages about it read as they would for a stick.
 func (m *machine) incomingPath(r *Record) string {
-	return filepath.Join(m.cfg.Paths.StateDir, "incoming", strings.TrimPrefix(r.Digest, "sha256:"), r.Name)
+	return filepath.Join(m.cfg.Paths.StateDir, "incoming", strings.TrimPrefix(string(r.Digest), "sha256:"), r.Name)
 }
 
 // Permanent reports whether err says that retrying cannot fix it (an

@@ -62,13 +62,13 @@ func (m *machine) runsAlready(r *Record) bool {
 // (upgraded or cleaned up here), and not the release the peers run and
 // keep (an upgraded peer's Digest) while another bundle is offered too.
 func (m *machine) fresh(v view) []peer.PeerOffer {
-	doneWith := map[string]bool{}
+	doneWith := map[digest.Digest]bool{}
 	for _, r := range m.records {
 		if r.Phase == PhaseUpgraded || r.Phase == PhaseCleaned {
 			doneWith[r.Digest] = true
 		}
 	}
-	running := map[string]bool{}
+	running := map[digest.Digest]bool{}
 	for _, st := range v.statuses {
 		if st.Err == nil && Phase(st.Phase) == PhaseUpgraded && st.Digest != "" {
 			running[st.Digest] = true
@@ -77,8 +77,8 @@ func (m *machine) fresh(v view) []peer.PeerOffer {
 	var out, kept []peer.PeerOffer
 	for _, o := range v.offers {
 		switch {
-		case doneWith[string(o.Digest)]:
-		case running[string(o.Digest)]:
+		case doneWith[o.Digest]:
+		case running[o.Digest]:
 			kept = append(kept, o)
 		default:
 			out = append(out, o)
@@ -102,7 +102,7 @@ func (m *machine) maybeFetch(v view) []effect {
 	}
 	meta, err := bundle.ParseMetadata(o.Metadata)
 	for _, old := range m.records {
-		if old.Digest != string(o.Digest) {
+		if old.Digest != o.Digest {
 			continue
 		}
 		switch old.Phase {
@@ -115,7 +115,7 @@ func (m *machine) maybeFetch(v view) []effect {
 			if old.Dir != "" || err != nil {
 				return nil
 			}
-			if _, perr := m.pol().ApproveOffer(meta, digest.Digest(o.Digest), o.Signature); perr != nil {
+			if _, perr := m.pol().ApproveOffer(meta, o.Digest, o.Signature); perr != nil {
 				return nil
 			}
 		}
@@ -124,14 +124,14 @@ func (m *machine) maybeFetch(v view) []effect {
 	if meta != nil {
 		name = meta.Name() + ".tar"
 	}
-	r := &Record{Digest: string(o.Digest), Name: name, Metadata: meta, Origin: OriginPeer, Source: o.Peer, TarSize: o.Size}
+	r := &Record{Digest: o.Digest, Name: name, Metadata: meta, Origin: OriginPeer, Source: o.Peer, TarSize: o.Size}
 	if meta != nil {
 		r.ID = m.newID(meta.DirName())
 	} else {
 		r.ID = m.newID("peer")
 	}
 	if err == nil {
-		r.Approval, err = m.pol().ApproveOffer(meta, digest.Digest(o.Digest), o.Signature)
+		r.Approval, err = m.pol().ApproveOffer(meta, o.Digest, o.Signature)
 		r.Signature = o.Signature
 	}
 	if err != nil {
@@ -209,10 +209,10 @@ func (m *machine) fetch(r *Record) []effect {
 // oneOffer is the one bundle the peers offer, or why there is a conflict.
 func oneOffer(offers []peer.PeerOffer) (*peer.PeerOffer, string) {
 	var one *peer.PeerOffer
-	digests := map[string]bool{}
+	digests := map[digest.Digest]bool{}
 	for i := range offers {
-		if !digests[string(offers[i].Digest)] {
-			digests[string(offers[i].Digest)] = true
+		if !digests[offers[i].Digest] {
+			digests[offers[i].Digest] = true
 			one = &offers[i]
 		}
 	}

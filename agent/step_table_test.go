@@ -179,7 +179,7 @@ const peerB = "10.0.0.2:8090"
 // heldHex names the dir a fetched tar of the held bundle lands in.
 var heldHex = strings.TrimPrefix(heldDigest, "sha256:")
 
-func peerIn(p Phase, digest string) *peer.PeerStatus {
+func peerIn(p Phase, digest digest.Digest) *peer.PeerStatus {
 	return &peer.PeerStatus{Status: peer.Status{Node: "b", Phase: string(p), Digest: digest, Version: "4.13.7"}}
 }
 
@@ -207,7 +207,7 @@ var (
 	errBoom = errors.New("crio is down")
 )
 
-func stickOffer(meta *bundle.Metadata, digest string) evOffer {
+func stickOffer(meta *bundle.Metadata, digest digest.Digest) evOffer {
 	return evOffer{origin: OriginStick, device: "/dev/sdb", src: bundle.Source{Path: "/m/upgrade-" + meta.Version + "-x86_64.tar"},
 		medium: &fakeMedium{f: &fakeMedia{}}, meta: meta, digest: digest}
 }

@@ -14,8 +14,7 @@ import (
 )
 
 func TestPolicy_APeersApprovedDigestIsApprovedAndSaysSo(t *testing.T) {
-	p, sum := bundletest.Write(t, t.TempDir(), bundletest.Options{})
-	dgst := digest.Digest(sum)
+	p, dgst := bundletest.Write(t, t.TempDir(), bundletest.Options{})
 	src, err := bundle.FindSource(p, "")
 	if err != nil {
 		t.Fatal(err)
@@ -31,7 +30,7 @@ func TestPolicy_APeersApprovedDigestIsApprovedAndSaysSo(t *testing.T) {
 	if _, err := pol.ApproveOffer(meta, dgst, nil); !errors.Is(err, bundle.ErrNotApproved) {
 		t.Fatalf("an offer of an unapproved digest: %v", err)
 	}
-	pol.ApprovedDigests = append(pol.ApprovedDigests, sum)
+	pol.ApprovedDigests = append(pol.ApprovedDigests, string(dgst))
 	if how, err := pol.ApproveOffer(meta, dgst, nil); err != nil || how != "digest" {
 		t.Fatalf("offer: %q, %v", how, err)
 	}
@@ -50,8 +49,7 @@ func TestPolicy_APeersApprovedDigestIsApprovedAndSaysSo(t *testing.T) {
 // it over the bytes it extracts; another key, no signature or a bad one
 // is refused before a byte is fetched.
 func TestPolicy_APeersSignatureApprovesWithThisNodesKeys(t *testing.T) {
-	p, sum := bundletest.Write(t, t.TempDir(), bundletest.Options{})
-	dgst := digest.Digest(sum)
+	p, dgst := bundletest.Write(t, t.TempDir(), bundletest.Options{})
 	pub, priv, _ := minisign.GenerateKey(nil)
 	otherPub, otherPriv, _ := minisign.GenerateKey(nil)
 	signWith := func(k minisign.PrivateKey) []byte {
@@ -84,7 +82,7 @@ func TestPolicy_APeersSignatureApprovesWithThisNodesKeys(t *testing.T) {
 	// the key ID alone approved it before; the signed comment names the
 	// digest, and the offer is refused before a byte is fetched.
 	lying := digest.Digest("sha256:" + strings.Repeat("e", 64))
-	if _, err := pol.ApproveOffer(meta, lying, sig); !errors.Is(err, bundle.ErrNotApproved) || !strings.Contains(err.Error(), "with a signature of bundle "+sum) {
+	if _, err := pol.ApproveOffer(meta, lying, sig); !errors.Is(err, bundle.ErrNotApproved) || !strings.Contains(err.Error(), "with a signature of bundle "+string(dgst)) {
 		t.Errorf("a signature of another bundle: %v", err)
 	}
 	// One whose comment names no digest (minisign's own, or an older

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-edge/ferry/bundle"
@@ -77,7 +76,7 @@ func TestVerify_RefusedSourceIsRefused(t *testing.T) {
 // so one that is no signature (a host file a link led to) is refused on
 // every path, with no trusted key and with approval off, never echoed.
 func TestSignature_OneThatDoesNotParseIsRefusedWhateverThePolicy(t *testing.T) {
-	p, sum := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+	p, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
 	if err := os.WriteFile(p+".minisig", []byte("root:"+hostSecret+":19000:0:99999:7:::\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +97,7 @@ func TestSignature_OneThatDoesNotParseIsRefusedWhateverThePolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := (bundle.Policy{Off: true}).ApproveOffer(meta, digest.Digest(sum), []byte(hostSecret+"\n")); !errors.Is(err, bundle.ErrNotApproved) || strings.Contains(err.Error(), hostSecret) {
+	if _, err := (bundle.Policy{Off: true}).ApproveOffer(meta, digest, []byte(hostSecret+"\n")); !errors.Is(err, bundle.ErrNotApproved) || strings.Contains(err.Error(), hostSecret) {
 		t.Errorf("an offer with approval off and a signature that does not parse: %v", err)
 	}
 }

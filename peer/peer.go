@@ -87,11 +87,11 @@ type Offer struct {
 // Status is what a node reports about itself on /v1/status. The agent
 // fills it and reads it (its cluster gate); peer only carries it.
 type Status struct {
-	Node    string `json:"node"`
-	Phase   string `json:"phase"`
-	Digest  string `json:"digest,omitempty"`
-	Version string `json:"version,omitempty"`
-	Release string `json:"release,omitempty"`
+	Node    string        `json:"node"`
+	Phase   string        `json:"phase"`
+	Digest  digest.Digest `json:"digest,omitempty"`
+	Version string        `json:"version,omitempty"`
+	Release string        `json:"release,omitempty"`
 	// Source is true on the node the stick was plugged into.
 	Source bool   `json:"source,omitempty"`
 	Error  string `json:"error,omitempty"`

@@ -21,7 +21,7 @@ import (
 
 func TestServer_Routes(t *testing.T) {
 	data, digest := randomBundle(t, 3*testPieceSize+100)
-	n := newSource(t, data, digest, ServerOptions{Status: func() Status { return Status{Node: "a", Phase: "loaded", Digest: string(digest)} }})
+	n := newSource(t, data, digest, ServerOptions{Status: func() Status { return Status{Node: "a", Phase: "loaded", Digest: digest} }})
 	base := n.srv.URL
 	tests := []struct {
 		name   string

@@ -71,7 +71,7 @@ func newPuller(cfg agent.Config, loader agent.Loader, log *slog.Logger) (*pull.P
 		Transport: transport, PullSecret: cfg.Pull.PullSecret, RateLimit: rate, Window: window,
 		SignatureStore: cfg.Pull.SignatureStore,
 		Deliver: func(ctx context.Context, res *create.Result) error {
-			return a.RequestPulled(ctx, pulledBundle{res}, string(res.Digest))
+			return a.RequestPulled(ctx, pulledBundle{res}, res.Digest)
 		},
 		Delivered: func(digest string) (bool, error) { return delivered(a.Status(), digest) },
 		Log:       log,
@@ -83,7 +83,7 @@ func newPuller(cfg agent.Config, loader agent.Loader, log *slog.Logger) (*pull.P
 // held once verified and extracted, an error when it refused it.
 func delivered(s agent.Status, digest string) (bool, error) {
 	for _, r := range s.Bundles {
-		if r.Digest != digest {
+		if string(r.Digest) != digest {
 			continue
 		}
 		switch r.Phase {

@@ -109,7 +109,7 @@ func lyingPeer(t *testing.T, d string, meta *bundle.Metadata, served []byte) (st
 		t.Fatal(err)
 	}
 	srv := peer.NewServer(shelf, peer.ServerOptions{Status: func() peer.Status {
-		return peer.Status{Node: "liar", Phase: string(agent.PhaseExtracted), Digest: d, Version: meta.Version}
+		return peer.Status{Node: "liar", Phase: string(agent.PhaseExtracted), Digest: digest.Digest(d), Version: meta.Version}
 	}})
 	var sent atomic.Int64
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -98,7 +98,7 @@ func run() error {
 	srv := peer.NewServer(shelf, peer.ServerOptions{Token: *token, Log: log, Status: func() peer.Status {
 		mu.Lock()
 		defer mu.Unlock()
-		return peer.Status{Node: *node, Phase: rep.Phase, Digest: string(rep.Digest)}
+		return peer.Status{Node: *node, Phase: rep.Phase, Digest: rep.Digest}
 	}})
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ListenAndServe(ctx, *listen) }()
