@@ -64,7 +64,7 @@ func SignHash(key minisign.PrivateKey, sum []byte, d digest.Digest) ([]byte, err
 	if len(sum) != blake2b.Size {
 		return nil, fmt.Errorf("%w: a signature hash of %d bytes", ErrSignKey, len(sum))
 	}
-	hex := NormalizeDigest(string(d)).Encoded()
+	hex := strings.TrimPrefix(string(NormalizeDigest(string(d))), "sha256:")
 	if hex == "" {
 		return nil, fmt.Errorf("%w: %q is not a sha256 digest", ErrSignKey, d)
 	}
@@ -109,8 +109,6 @@ func SignReader(key minisign.PrivateKey, r io.Reader) ([]byte, error) {
 	}
 	return SignHash(key, h.Sum(nil), digest.NewDigestFromBytes(digest.SHA256, d.Sum(nil)))
 }
-
-func hexString(b []byte) string { return fmt.Sprintf("%x", b) }
 
 // ErrSignatureDigest: a signature that names no bundle digest, or another.
 var ErrSignatureDigest = errors.New("the signature does not name this bundle")

@@ -779,7 +779,7 @@ func (c *creator) writeBundle(meta *bundle.Metadata, workDir string) (*Result, e
 		os.Remove(partial)
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
-	if err := atomicfile.WriteFile(res.SHA256Path, []byte(bundle.FormatSHA256File(dgst.Encoded(), base)), 0o644); err != nil {
+	if err := atomicfile.WriteFile(res.SHA256Path, []byte(bundle.FormatSHA256File(string(dgst), base)), 0o644); err != nil {
 		return nil, err
 	}
 	if c.o.SignKey != nil {
