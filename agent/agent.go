@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/pacing"
 	"github.com/ferry-edge/ferry/pull"
@@ -254,8 +256,8 @@ func (a *Agent) ask(ctx context.Context, req evRequest) error {
 // RequestPulled gives the agent a bundle this node made from the registry
 // as asked: loaded like a file given to ferry load, approved by the
 // request (its digest is approved here, on this node only).
-func (a *Agent) RequestPulled(ctx context.Context, m Medium, digest string) error {
-	return a.ask(ctx, evRequest{kind: reqLoad, medium: m, approve: digest})
+func (a *Agent) RequestPulled(ctx context.Context, m Medium, digest digest.Digest) error {
+	return a.ask(ctx, evRequest{kind: reqLoad, medium: m, approve: string(digest)})
 }
 
 // Pull asks for a release from the site's registry (ferry load --release).

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
 )
@@ -284,7 +286,7 @@ func (h *harness) waitWhy(why string) Record {
 	return r
 }
 
-func stick(t *testing.T, o bundletest.Options) (bundle.Source, string) {
+func stick(t *testing.T, o bundletest.Options) (bundle.Source, digest.Digest) {
 	p, d := bundletest.Write(t, t.TempDir(), o)
 	src, err := bundle.FindSource(p, "")
 	if err != nil {
@@ -315,7 +317,7 @@ func TestAgent_StickToLoaded(t *testing.T) {
 	if all, ready := h.lines.sent(); !ready || len(all) < 4 || all[0] != idle {
 		t.Errorf("READY %v; STATUS= lines %q, want %q first, one per phase", ready, all, idle)
 	}
-	if _, err := os.Stat(filepath.Join(h.cfg.Paths.StateDir, "bundles", strings.TrimPrefix(digest, "sha256:")+".index")); err != nil {
+	if _, err := os.Stat(filepath.Join(h.cfg.Paths.StateDir, "bundles", strings.TrimPrefix(string(digest), "sha256:")+".index")); err != nil {
 		t.Errorf("tar index not kept: %v", err)
 	}
 }

@@ -3,6 +3,8 @@ package agent
 import (
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/peer"
@@ -29,7 +31,7 @@ type evOffer struct {
 	meta   *bundle.Metadata
 	// digest is what the source says it is (.sha256, or a raw device read
 	// whole because the node holds a bundle already); "" when unknown.
-	digest string
+	digest digest.Digest
 	// err: no bundle there (noBundle) or one that cannot be read.
 	err      error
 	noBundle bool
@@ -159,9 +161,9 @@ type effForget struct{ id string }
 // whose digest it must be compared with.
 type effProbe struct {
 	origin Origin
-	ev     DeviceEvent // a stick
-	medium Medium      // a file given to ferry load, open
-	held   string      // the held bundle's digest, "" for none
+	ev     DeviceEvent   // a stick
+	medium Medium        // a file given to ferry load, open
+	held   digest.Digest // the held bundle's digest, "" for none
 	reply  chan error
 }
 
@@ -184,7 +186,7 @@ type effStartJob struct {
 }
 
 // effUnshare stops serving a bundle to the peers.
-type effUnshare struct{ digest string }
+type effUnshare struct{ digest digest.Digest }
 
 // effStopJob cancels the running job; its evJobDone follows.
 type effStopJob struct{}

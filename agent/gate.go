@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer"
 )
@@ -29,13 +31,13 @@ type Decision struct {
 	Verdict Verdict `json:"verdict"`
 	// Digest is the bundle every node agrees on (Ready, or Waiting with
 	// one digest seen).
-	Digest string `json:"digest,omitempty"`
+	Digest digest.Digest `json:"digest,omitempty"`
 	// Reason is one line for a technician.
 	Reason string `json:"reason"`
 	// Waiting lists nodes not loaded or not reachable (Waiting).
 	Waiting []string `json:"waiting,omitempty"`
 	// Digests maps each bundle digest seen to the nodes holding it.
-	Digests map[string][]string `json:"digests,omitempty"`
+	Digests map[digest.Digest][]string `json:"digests,omitempty"`
 }
 
 // holds is the one rule for "this node holds a bundle": a digest, in a
@@ -51,7 +53,7 @@ func holds(s peer.Status) bool {
 
 // refuses tells whether a node refused the bundle digest (its policy
 // does not approve it, or it found it bad).
-func refuses(s peer.Status, digest string) bool {
+func refuses(s peer.Status, digest digest.Digest) bool {
 	return Phase(s.Phase) == PhaseRejected && s.Digest == digest
 }
 
@@ -59,7 +61,7 @@ func refuses(s peer.Status, digest string) bool {
 // and not the same one.
 func conflicting(a, b peer.Status) bool { return holds(a) && holds(b) && a.Digest != b.Digest }
 
-func shortDigests(set map[string]bool) string {
+func shortDigests(set map[digest.Digest]bool) string {
 	var ds []string
 	for d := range set {
 		ds = append(ds, sha256digest.Short(d))
@@ -97,7 +99,7 @@ func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 	if selfName == "" {
 		selfName = "this node"
 	}
-	d := Decision{Digests: map[string][]string{}}
+	d := Decision{Digests: map[digest.Digest][]string{}}
 	all := map[string]peer.Status{selfName: self}
 	var unreachable []string
 	for addr, ps := range peers {

@@ -6,13 +6,15 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer"
 )
 
 func TestDecide(t *testing.T) {
 	const d1, d2 = "sha256:1111111111111111111111111111111111111111111111111111111111111111", "sha256:2222222222222222222222222222222222222222222222222222222222222222"
-	st := func(node, phase, digest string) peer.Status {
+	st := func(node, phase string, digest digest.Digest) peer.Status {
 		return peer.Status{Node: node, Phase: phase, Digest: digest}
 	}
 	ok := func(s peer.Status) peer.PeerStatus { return peer.PeerStatus{Status: s} }
@@ -53,7 +55,7 @@ func TestDecide(t *testing.T) {
 			if d.Verdict != tc.want {
 				t.Fatalf("verdict %s (%s), want %s", d.Verdict, d.Reason, tc.want)
 			}
-			if tc.digest != "" && d.Digest != tc.digest {
+			if tc.digest != "" && string(d.Digest) != tc.digest {
 				t.Fatalf("digest %s, want %s", d.Digest, tc.digest)
 			}
 			if tc.waiting != nil && !slices.Equal(d.Waiting, tc.waiting) {

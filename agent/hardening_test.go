@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-edge/ferry/bundle"
@@ -33,7 +34,7 @@ func TestMaybeFetch_RefusedOffersAreBoundedAndExpire(t *testing.T) {
 	for i := range 500 {
 		clock = clock.Add(time.Second)
 		d := fmt.Sprintf("sha256:%064x", i)
-		effs := m.maybeFetch(view{offers: []peer.PeerOffer{{Peer: "10.0.0.2:8090", Offer: peer.Offer{Digest: d, Metadata: mb, Signature: make([]byte, 4096)}}}})
+		effs := m.maybeFetch(view{offers: []peer.PeerOffer{{Peer: "10.0.0.2:8090", Offer: peer.Offer{Digest: digest.Digest(d), Metadata: mb, Signature: make([]byte, 4096)}}}})
 		for _, e := range effs {
 			if _, ok := e.(effForget); ok {
 				forgotten++

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/peer"
 )
@@ -58,7 +60,7 @@ func (a *Agent) probe(ctx context.Context, p effProbe) event {
 	o.digest = sidecarDigest(o.src)
 	if o.digest == "" && p.held != "" && o.src.Raw {
 		a.log.Info("reading the whole stick to compare it with the bundle held", "device", p.ev.Device, "bundle", o.src.Name())
-		res, err := bundle.Verify(ctx, o.src, bundle.Options{Policy: bundle.Policy{SpaceFactor: -1, ApprovedDigests: []string{p.held}}})
+		res, err := bundle.Verify(ctx, o.src, bundle.Options{Policy: bundle.Policy{SpaceFactor: -1, ApprovedDigests: []string{string(p.held)}}})
 		switch {
 		case err == nil && res.Digest == p.held:
 			o.digest = p.held
@@ -73,7 +75,7 @@ func (a *Agent) probe(ctx context.Context, p effProbe) event {
 }
 
 // sidecarDigest is the digest a source's .sha256 claims, if any.
-func sidecarDigest(src bundle.Source) string {
+func sidecarDigest(src bundle.Source) digest.Digest {
 	if src.SHA256Path == "" {
 		return ""
 	}
@@ -132,7 +134,7 @@ func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.
 	opts.Progress = a.throttle(r.ID, "bytes")
 	var hasher interface {
 		io.Writer
-		List(digest string) *peer.PieceList
+		List(digest digest.Digest) *peer.PieceList
 	}
 	if a.deps.Peers != nil && j.pieces {
 		// The piece list for the peers, hashed in the same pass; offered
@@ -191,8 +193,8 @@ func (a *Agent) keepIndex(r *Record, res *bundle.Result, ix *bundle.Index) {
 // not known before the read (a raw device without one learns it at the
 // end), in serial mode, or when the file cannot be opened twice.
 func (a *Agent) shareLive(r *Record, src bundle.Source) *peer.LiveHasher {
-	digest := sidecarDigest(src)
-	if src.Raw || a.cfg.Peer.Serial || digest == "" || r.Metadata == nil {
+	d := sidecarDigest(src)
+	if src.Raw || a.cfg.Peer.Serial || d == "" || r.Metadata == nil {
 		return nil
 	}
 	f, err := os.Open(src.Path)
@@ -210,13 +212,13 @@ func (a *Agent) shareLive(r *Record, src bundle.Source) *peer.LiveHasher {
 		sig, _ = bundle.ReadSignature(src.SigPath, "the .minisig file of "+src.Name()) // only a signature travels
 	}
 	meta, _ := json.Marshal(r.Metadata)
-	live, err := a.deps.Peers.ShareLive(digest, meta, sig, f, fi.Size())
+	live, err := a.deps.Peers.ShareLive(d, meta, sig, f, fi.Size())
 	if err != nil {
 		f.Close()
 		a.log.Warn("cannot offer the bundle to the peers while it is read; they fetch it once it is extracted", "bundle", r.Name, "err", err)
 		return nil
 	}
-	a.log.Info("offering the bundle to the peers while it is read (cut-through)", "bundle", r.Name, "digest", digest)
+	a.log.Info("offering the bundle to the peers while it is read (cut-through)", "bundle", r.Name, "digest", d)
 	return live
 }
 
@@ -323,7 +325,7 @@ func (a *Agent) writeSidecars(r *Record, dest string) (bundle.Source, error) {
 	if r.Approval == bundle.ApprovalSignature {
 		src.SigPath = dest + ".minisig"
 	}
-	return src, os.WriteFile(src.SHA256Path, []byte(bundle.FormatSHA256File(r.Digest, filepath.Base(dest))), 0o600)
+	return src, os.WriteFile(src.SHA256Path, []byte(bundle.FormatSHA256File(string(r.Digest), filepath.Base(dest))), 0o600)
 }
 
 // fetchWhole gets the whole tar from the peers (serial mode).
@@ -464,7 +466,7 @@ func (a *Agent) share(r *Record, pieces *peer.PieceList) {
 func (a *Agent) runHook(ctx context.Context, r *Record) event {
 	argv := a.cfg.Cluster.OnReady
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), "FERRY_RELEASE="+r.Metadata.Release, "FERRY_VERSION="+r.Metadata.Version, "FERRY_DIGEST="+r.Digest)
+	cmd.Env = append(os.Environ(), "FERRY_RELEASE="+r.Metadata.Release, "FERRY_VERSION="+r.Metadata.Version, "FERRY_DIGEST="+string(r.Digest))
 	out := &logWriter{log: a.log.With("hook", "on_ready", "bundle", r.Name)}
 	cmd.Stdout, cmd.Stderr = out, out
 	a.log.Info("running the on_ready hook", "bundle", r.Name, "argv", strings.Join(argv, " "))

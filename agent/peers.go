@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/pull"
 )
@@ -16,17 +18,17 @@ type Peers interface {
 	// Share serves a verified bundle's tar bytes to the peers, with its
 	// signature (nil for none); pieces, when not nil, is its piece list as
 	// hashed in the extraction pass.
-	Share(digest string, meta, sig []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error
-	Unshare(digest string)
+	Share(digest digest.Digest, meta, sig []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error
+	Unshare(digest digest.Digest)
 	Discover(ctx context.Context) ([]peer.PeerOffer, error)
-	Fetch(ctx context.Context, digest, dest string, progress func(peer.Progress)) error
+	Fetch(ctx context.Context, digest digest.Digest, dest string, progress func(peer.Progress)) error
 	// ShareLive offers a bundle while this node reads it from its stick
 	// (cut-through): pieces are served as the returned hasher, the
 	// extraction pass's Tee, hashes them; Close withdraws the offer.
-	ShareLive(digest string, meta, sig []byte, r io.ReaderAt, size int64) (*peer.LiveHasher, error)
+	ShareLive(digest digest.Digest, meta, sig []byte, r io.ReaderAt, size int64) (*peer.LiveHasher, error)
 	// FetchStream fetches a bundle into consume, an extraction, as its
 	// bytes arrive, holding at most window bytes of it in dest.
-	FetchStream(ctx context.Context, digest, dest string, window int64, progress func(peer.Progress), consume peer.StreamConsumer) (*peer.PieceList, error)
+	FetchStream(ctx context.Context, digest digest.Digest, dest string, window int64, progress func(peer.Progress), consume peer.StreamConsumer) (*peer.PieceList, error)
 	Statuses(ctx context.Context) map[string]peer.PeerStatus
 	// SetPeers replaces the peer list (found through the cluster's API).
 	SetPeers(peers []string)

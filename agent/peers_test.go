@@ -9,11 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"aead.dev/minisign"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
@@ -25,16 +27,19 @@ import (
 // sets, plus whatever linked fakes share (Share on one is an offer to the
 // others). It is held to the same suite as the real peers
 // (TestFakePeers_ConformsToThePeerSuite).
+// ninesDigest is a bundle digest no test makes: another bundle a peer holds.
+var ninesDigest = digest.Digest("sha256:" + strings.Repeat("9", 64))
+
 type fakePeers struct {
 	mu       sync.Mutex
 	offers   []peer.PeerOffer
 	statuses map[string]peer.PeerStatus
-	tars     map[string]string // digest → tar path
+	tars     map[digest.Digest]string // digest → tar path
 	fetched  int
 	polls    int // Discover calls: one per poll of the peers
-	shared   map[string]int64
-	held     map[string]heldBundle
-	pieces   map[string]*peer.PieceList
+	shared   map[digest.Digest]int64
+	held     map[digest.Digest]heldBundle
+	pieces   map[digest.Digest]*peer.PieceList
 	linked   map[string]*fakePeers // peer address → its fake
 	peerList []string
 	peersSet bool          // SetPeers was called: only peerList counts
@@ -49,8 +54,8 @@ type heldBundle struct {
 }
 
 func newFakePeers() *fakePeers {
-	return &fakePeers{statuses: map[string]peer.PeerStatus{}, tars: map[string]string{}, shared: map[string]int64{},
-		held: map[string]heldBundle{}, pieces: map[string]*peer.PieceList{}, linked: map[string]*fakePeers{}}
+	return &fakePeers{statuses: map[string]peer.PeerStatus{}, tars: map[digest.Digest]string{}, shared: map[digest.Digest]int64{},
+		held: map[digest.Digest]heldBundle{}, pieces: map[digest.Digest]*peer.PieceList{}, linked: map[string]*fakePeers{}}
 }
 
 // link makes other reachable at addr.
@@ -60,14 +65,14 @@ func (f *fakePeers) link(addr string, other *fakePeers) {
 	f.mu.Unlock()
 }
 
-func (f *fakePeers) Share(d string, meta, sig []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error {
+func (f *fakePeers) Share(d digest.Digest, meta, sig []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.shared[d], f.pieces[d] = size, pieces
 	f.held[d] = heldBundle{meta: meta, sig: sig, r: r, size: size}
 	return nil
 }
-func (f *fakePeers) Unshare(d string) {
+func (f *fakePeers) Unshare(d digest.Digest) {
 	f.mu.Lock()
 	delete(f.shared, d)
 	delete(f.held, d)
@@ -106,7 +111,7 @@ func (f *fakePeers) Discover(context.Context) ([]peer.PeerOffer, error) {
 	}
 	return out, nil
 }
-func (f *fakePeers) Fetch(ctx context.Context, d, dest string, p func(peer.Progress)) error {
+func (f *fakePeers) Fetch(ctx context.Context, d digest.Digest, dest string, p func(peer.Progress)) error {
 	f.mu.Lock()
 	src := f.tars[d]
 	f.fetched++
@@ -150,7 +155,7 @@ func (f *fakePeers) Fetch(ctx context.Context, d, dest string, p func(peer.Progr
 }
 
 // FetchStream gets the bytes as Fetch does and streams them into consume.
-func (f *fakePeers) FetchStream(ctx context.Context, d, dest string, _ int64, p func(peer.Progress), consume peer.StreamConsumer) (*peer.PieceList, error) {
+func (f *fakePeers) FetchStream(ctx context.Context, d digest.Digest, dest string, _ int64, p func(peer.Progress), consume peer.StreamConsumer) (*peer.PieceList, error) {
 	if err := f.Fetch(ctx, d, dest, p); err != nil {
 		return nil, err
 	}
@@ -169,7 +174,7 @@ func (f *fakePeers) FetchStream(ctx context.Context, d, dest string, _ int64, p 
 
 // readLive waits until the live offer of d on sh has every piece (its
 // hasher has read the whole bundle), as a real fetch from it would.
-func readLive(ctx context.Context, sh *peer.Shelf, d string) (*heldBundle, error) {
+func readLive(ctx context.Context, sh *peer.Shelf, d digest.Digest) (*heldBundle, error) {
 	for {
 		h, err := sh.Have(d)
 		if err != nil {
@@ -188,7 +193,7 @@ func readLive(ctx context.Context, sh *peer.Shelf, d string) (*heldBundle, error
 }
 
 // ShareLive offers the bundle on a shelf of its own, kept in live.
-func (f *fakePeers) ShareLive(d string, meta, sig []byte, r io.ReaderAt, size int64) (*peer.LiveHasher, error) {
+func (f *fakePeers) ShareLive(d digest.Digest, meta, sig []byte, r io.ReaderAt, size int64) (*peer.LiveHasher, error) {
 	sh := peer.NewShelf(peer.ShelfOptions{})
 	f.mu.Lock()
 	f.live = append(f.live, sh)
@@ -233,7 +238,7 @@ func TestFakePeers_ConformsToThePeerSuite(t *testing.T) {
 }
 
 // offer makes the fake peer at addr offer the bundle at tarPath.
-func (f *fakePeers) offer(t *testing.T, addr, tarPath, digest string) {
+func (f *fakePeers) offer(t *testing.T, addr, tarPath string, d digest.Digest) {
 	m, err := bundle.InspectFile(tarPath)
 	if err != nil {
 		t.Fatal(err)
@@ -244,8 +249,8 @@ func (f *fakePeers) offer(t *testing.T, addr, tarPath, digest string) {
 		t.Fatal(err)
 	}
 	f.mu.Lock()
-	f.offers = append(f.offers, peer.PeerOffer{Peer: addr, Offer: peer.Offer{Digest: digest, Metadata: mb, Size: fi.Size(), Complete: true}})
-	f.tars[digest] = tarPath
+	f.offers = append(f.offers, peer.PeerOffer{Peer: addr, Offer: peer.Offer{Digest: d, Metadata: mb, Size: fi.Size(), Complete: true}})
+	f.tars[d] = tarPath
 	f.mu.Unlock()
 }
 
@@ -335,7 +340,7 @@ func hookFinished(s Status) bool {
 
 // signedOffer makes the fake peer at addr offer the bundle at tarPath with
 // a signature by priv, and returns a trusted_keys file for pub.
-func signedOffer(t *testing.T, p *fakePeers, addr, tarPath, digest string, priv minisign.PrivateKey) {
+func signedOffer(t *testing.T, p *fakePeers, addr, tarPath string, digest digest.Digest, priv minisign.PrivateKey) {
 	t.Helper()
 	f, err := os.Open(tarPath)
 	if err != nil {

@@ -1,6 +1,10 @@
 package agent
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/opencontainers/go-digest"
+)
 
 // Phase is where one bundle is on this node.
 type Phase string
@@ -52,8 +56,8 @@ const approvalOffWarning = "approval is off: any bundle whose sha256 checks is l
 
 // WaitingForApproval is the reason an extracted bundle that no approved
 // digest or trusted key approves waits with: it is not loaded.
-func WaitingForApproval(digest string) string {
-	return "waiting for approval: add its digest " + digest + " to approved_digests and restart ferry, or sign it with a trusted key (then 'ferry cleanup' and plug the stick again)"
+func WaitingForApproval(digest digest.Digest) string {
+	return "waiting for approval: add its digest " + string(digest) + " to approved_digests and restart ferry, or sign it with a trusted key (then 'ferry cleanup' and plug the stick again)"
 }
 
 // Retirement is how far an upgraded bundle's retirement has gone on this

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/peer"
@@ -249,7 +251,7 @@ const (
 // disagreement says which nodes name which digest when the entries name
 // more than one ("" when they agree).
 func disagreement(entries map[string]cluster.BundleNodeEntry) string {
-	by := map[string][]string{}
+	by := map[digest.Digest][]string{}
 	for n, e := range entries {
 		if e.Digest != "" {
 			by[e.Digest] = append(by[e.Digest], n)
@@ -261,7 +263,7 @@ func disagreement(entries map[string]cluster.BundleNodeEntry) string {
 	var parts []string
 	for d, ns := range by {
 		slices.Sort(ns)
-		parts = append(parts, d+": "+strings.Join(ns, ", "))
+		parts = append(parts, string(d)+": "+strings.Join(ns, ", "))
 	}
 	slices.Sort(parts)
 	return "the nodes read different digests for this bundle (" + strings.Join(parts, "; ") +
@@ -651,7 +653,7 @@ func (a *Agent) readApprovals(ctx context.Context, api BundleAPI, last *[]string
 	var norm []string
 	for _, d := range ds {
 		if n := bundle.NormalizeDigest(d); n != "" {
-			norm = append(norm, n)
+			norm = append(norm, string(n))
 		}
 	}
 	slices.Sort(norm)

@@ -76,7 +76,7 @@ func TestResource_ApprovedInTheSpecLoadsWithNoRestart(t *testing.T) {
 	if loads != 0 {
 		t.Fatal("an unapproved bundle was loaded")
 	}
-	api.setPolicy(resourceName, cluster.BundlePolicy{ApprovedDigest: digest})
+	api.setPolicy(resourceName, cluster.BundlePolicy{ApprovedDigest: string(digest)})
 	h.waitPhase(PhaseClusterReady)
 	h.waitFor("the resource to say approved", func() bool {
 		b, _ := api.bundle(resourceName)

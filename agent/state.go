@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/atomicfile"
 )
@@ -26,7 +28,7 @@ type Record struct {
 	// ID names the record for its whole life: a phase change never
 	// renames it (records from older versions keep theirs).
 	ID       string           `json:"id"`
-	Digest   string           `json:"digest,omitempty"`
+	Digest   digest.Digest    `json:"digest,omitempty"`
 	Name     string           `json:"name"` // upgrade-<version>-<arch>.tar
 	Metadata *bundle.Metadata `json:"metadata,omitempty"`
 	Origin   Origin           `json:"origin"`
@@ -110,8 +112,8 @@ func OpenStore(dir string) (*Store, error) {
 func (s *Store) path(id string) string { return filepath.Join(s.dir, "bundles", id+".json") }
 
 // IndexPath is where the tar index of the bundle with this digest is kept.
-func (s *Store) IndexPath(digest string) string {
-	return filepath.Join(s.dir, "bundles", strings.TrimPrefix(digest, "sha256:")+".index")
+func (s *Store) IndexPath(digest digest.Digest) string {
+	return filepath.Join(s.dir, "bundles", strings.TrimPrefix(string(digest), "sha256:")+".index")
 }
 
 // Save writes r atomically (temp file, fsync, rename, fsync dir).

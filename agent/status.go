@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/pull"
@@ -19,7 +21,7 @@ type Status struct {
 	Phase     string              `json:"phase"` // the active bundle's phase, or "idle"
 	Bundle    string              `json:"bundle,omitempty"`
 	Version   string              `json:"version,omitempty"`
-	Digest    string              `json:"digest,omitempty"`
+	Digest    digest.Digest       `json:"digest,omitempty"`
 	Release   string              `json:"release,omitempty"`
 	Progress  *Progress           `json:"progress,omitempty"`
 	Reason    string              `json:"reason,omitempty"`

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
@@ -26,7 +28,7 @@ func (m *machine) device(ev DeviceEvent) []effect {
 		return nil // a change event for a stick already being looked at
 	}
 	m.probing[ev.Device] = true
-	held := ""
+	var held digest.Digest
 	if m.active != nil {
 		held = m.active.Digest
 	}

@@ -210,7 +210,7 @@ func (m *machine) reject(r *Record, err error) []effect {
 // incomingPath is where a fetched tar lands, under its own name so that
 // messages about it read as they would for a stick.
 func (m *machine) incomingPath(r *Record) string {
-	return filepath.Join(m.cfg.Paths.StateDir, "incoming", strings.TrimPrefix(r.Digest, "sha256:"), r.Name)
+	return filepath.Join(m.cfg.Paths.StateDir, "incoming", strings.TrimPrefix(string(r.Digest), "sha256:"), r.Name)
 }
 
 // Permanent reports whether err says that retrying cannot fix it (an

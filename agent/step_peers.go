@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer"
@@ -60,13 +62,13 @@ func (m *machine) runsAlready(r *Record) bool {
 // (upgraded or cleaned up here), and not the release the peers run and
 // keep (an upgraded peer's Digest) while another bundle is offered too.
 func (m *machine) fresh(v view) []peer.PeerOffer {
-	doneWith := map[string]bool{}
+	doneWith := map[digest.Digest]bool{}
 	for _, r := range m.records {
 		if r.Phase == PhaseUpgraded || r.Phase == PhaseCleaned {
 			doneWith[r.Digest] = true
 		}
 	}
-	running := map[string]bool{}
+	running := map[digest.Digest]bool{}
 	for _, st := range v.statuses {
 		if st.Err == nil && Phase(st.Phase) == PhaseUpgraded && st.Digest != "" {
 			running[st.Digest] = true
@@ -207,7 +209,7 @@ func (m *machine) fetch(r *Record) []effect {
 // oneOffer is the one bundle the peers offer, or why there is a conflict.
 func oneOffer(offers []peer.PeerOffer) (*peer.PeerOffer, string) {
 	var one *peer.PeerOffer
-	digests := map[string]bool{}
+	digests := map[digest.Digest]bool{}
 	for i := range offers {
 		if !digests[offers[i].Digest] {
 			digests[offers[i].Digest] = true

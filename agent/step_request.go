@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // Transitions of the local socket's requests (evRequest): ferry load,
@@ -18,7 +20,7 @@ func (m *machine) request(q evRequest) []effect {
 		if m.job != nil {
 			return []effect{effCloseMedium{q.medium}, effReply{q.reply, fmt.Errorf("busy (%s); try again when it is done", m.job.kind)}}
 		}
-		held := ""
+		var held digest.Digest
 		if m.active != nil {
 			held = m.active.Digest
 		}

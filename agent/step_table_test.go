@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/peer"
@@ -177,7 +179,7 @@ const peerB = "10.0.0.2:8090"
 // heldHex names the dir a fetched tar of the held bundle lands in.
 var heldHex = strings.TrimPrefix(heldDigest, "sha256:")
 
-func peerIn(p Phase, digest string) *peer.PeerStatus {
+func peerIn(p Phase, digest digest.Digest) *peer.PeerStatus {
 	return &peer.PeerStatus{Status: peer.Status{Node: "b", Phase: string(p), Digest: digest, Version: "4.13.7"}}
 }
 
@@ -189,14 +191,14 @@ func viewOf(st *peer.PeerStatus, offers ...peer.PeerOffer) evView {
 	return evView{v}
 }
 
-func offerOf(t *testing.T, digest string, meta bundle.Metadata) peer.PeerOffer {
+func offerOf(t *testing.T, d string, meta bundle.Metadata) peer.PeerOffer {
 	t.Helper()
 	meta.FormatVersion, meta.Size, meta.SizeBytes, meta.Images = 1, "1 KiB", 1024, []string{"quay.io/x/app@" + heldDigest}
 	b, err := json.Marshal(meta)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return peer.PeerOffer{Peer: peerB, Offer: peer.Offer{Digest: digest, Metadata: b, Size: 10, Complete: true}}
+	return peer.PeerOffer{Peer: peerB, Offer: peer.Offer{Digest: digest.Digest(d), Metadata: b, Size: 10, Complete: true}}
 }
 
 var (
@@ -205,7 +207,7 @@ var (
 	errBoom = errors.New("crio is down")
 )
 
-func stickOffer(meta *bundle.Metadata, digest string) evOffer {
+func stickOffer(meta *bundle.Metadata, digest digest.Digest) evOffer {
 	return evOffer{origin: OriginStick, device: "/dev/sdb", src: bundle.Source{Path: "/m/upgrade-" + meta.Version + "-x86_64.tar"},
 		medium: &fakeMedium{f: &fakeMedia{}}, meta: meta, digest: digest}
 }

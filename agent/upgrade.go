@@ -130,7 +130,7 @@ const (
 // removes its key.
 func annotations(s Status) map[string]string {
 	out := map[string]string{
-		AnnotationPhase: s.Phase, AnnotationBundle: "", AnnotationDigest: s.Digest,
+		AnnotationPhase: s.Phase, AnnotationBundle: "", AnnotationDigest: string(s.Digest),
 		AnnotationProgress: "", AnnotationReason: SanitizeReason(s.Reason),
 	}
 	if s.Bundle != "" {

@@ -200,7 +200,7 @@ func TestUpgrade_StartsFollowsAndCleansUpThroughTheAPI(t *testing.T) {
 			t.Errorf("the Node was never annotated %s", p)
 		}
 	}
-	if got := api.annotation("node-a", AnnotationDigest); got != digest {
+	if got := api.annotation("node-a", AnnotationDigest); got != string(digest) {
 		t.Errorf("digest annotation %q", got)
 	}
 	if got := api.annotation("node-a", AnnotationBundle); got != "4.13.7-x86_64" {

@@ -16,6 +16,7 @@ import (
 	"aead.dev/minisign"
 	"github.com/ferry-edge/ferry/internal/diskspace"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
+	"github.com/opencontainers/go-digest"
 )
 
 // Policy is what a bundle must satisfy to be accepted (docs/design.md, "Trust").
@@ -43,7 +44,7 @@ type Policy struct {
 	SpaceFactor int64
 	// ApprovedByPeer is a digest this node approved before fetching it from
 	// a peer (ApproveOffer): it is approved, and said to be so (ApprovalPeer).
-	ApprovedByPeer string
+	ApprovedByPeer digest.Digest
 	// ApprovedSources are releases the administrator asked for from the
 	// registry: a bundle of one (made by the node that pulled it) is
 	// approved by what it holds (ApproveOffer: ApprovalSource).
@@ -134,7 +135,7 @@ type Admission struct {
 // Result describes a verified bundle.
 type Result struct {
 	Metadata *Metadata
-	Digest   string // sha256:<hex> of the tar bytes up to the end marker
+	Digest   digest.Digest // sha256:<hex> of the tar bytes up to the end marker
 	TarSize  int64
 	// Approval is how it was approved (ApprovalNone: not approved, see
 	// Policy.Unapproved).
@@ -296,8 +297,8 @@ type approval struct {
 	sig      []byte // signature to verify at the end
 	travels  []byte // the .minisig, verified here or not, for the peers
 	keys     []minisign.PublicKey
-	approved []string // normalized approved digests
-	expected string   // digest from .sha256, "" for none
+	approved []digest.Digest // normalized approved digests
+	expected digest.Digest   // digest from .sha256, "" for none
 }
 
 // run verifies src in one pass and, with a destination, extracts it
@@ -349,7 +350,7 @@ func readErr(err error) error {
 
 func decideApproval(src Source, p Policy) (approval, error) {
 	var ap approval
-	for _, d := range append(slices.Clone(p.ApprovedDigests), p.ApprovedByPeer) {
+	for _, d := range append(slices.Clone(p.ApprovedDigests), string(p.ApprovedByPeer)) {
 		if n := NormalizeDigest(d); n != "" {
 			ap.approved = append(ap.approved, n)
 		}
@@ -401,10 +402,10 @@ func decideApproval(src Source, p Policy) (approval, error) {
 }
 
 // approves tells whether digest is an approved one.
-func (ap approval) approves(digest string) bool { return slices.Contains(ap.approved, digest) }
+func (ap approval) approves(digest digest.Digest) bool { return slices.Contains(ap.approved, digest) }
 
 // check runs the checks that need the digest.
-func (ap approval) check(digest string, hr *hashingReader) error {
+func (ap approval) check(digest digest.Digest, hr *hashingReader) error {
 	if ap.expected != "" && digest != ap.expected {
 		return fmt.Errorf("%w (got %s, want %s from the .sha256 file): the stick or the file is damaged; copy it again", ErrMismatch, sha256digest.Short(digest), sha256digest.Short(ap.expected))
 	}

@@ -143,7 +143,7 @@ func TestExtract_ValidBundleAppearsWithSameDigest(t *testing.T) {
 	res, err := Extract(t.Context(), src, dest, Options{Policy: Policy{Arch: "x86_64"}, Index: &ix, Sync: true,
 		Progress: func(d, tot int64) { lastDone, lastTotal = d, tot }})
 	must(t, err)
-	if res.Digest != sum(tb) || res.TarSize != int64(len(tb)) {
+	if string(res.Digest) != sum(tb) || res.TarSize != int64(len(tb)) {
 		t.Fatalf("digest %s size %d, want %s %d", res.Digest, res.TarSize, sum(tb), len(tb))
 	}
 	if lastDone != int64(len(tb)) || lastTotal != int64(len(tb)) {
@@ -314,7 +314,7 @@ func TestVerify_RawDeviceStopsAtEndMarker(t *testing.T) {
 	src := Source{Path: p, Raw: true}
 	res, err := Verify(t.Context(), src, Options{Policy: Policy{ApprovedDigests: []string{sum(tb)}}})
 	must(t, err)
-	if res.Digest != sum(tb) {
+	if string(res.Digest) != sum(tb) {
 		t.Fatalf("raw digest %s, want %s", res.Digest, sum(tb))
 	}
 	if _, err := Verify(t.Context(), src, Options{}); !errors.Is(err, ErrNotApproved) {
@@ -438,7 +438,7 @@ func TestExtract_FromAReaderChecksTheSidecarDigest(t *testing.T) {
 	src.Reader, src.Size = bytes.NewReader(tb), int64(len(tb))
 	res, err := Extract(t.Context(), src, filepath.Join(t.TempDir(), "b"), Options{Policy: Policy{Arch: "x86_64"}})
 	must(t, err)
-	if res.Digest != sum(tb) || res.TarSize != int64(len(tb)) {
+	if string(res.Digest) != sum(tb) || res.TarSize != int64(len(tb)) {
 		t.Fatalf("digest %s size %d, want %s %d", res.Digest, res.TarSize, sum(tb), len(tb))
 	}
 	bad := bytes.Clone(tb)
@@ -510,7 +510,7 @@ func TestExtract_ResumesFromACheckpointInItsStagingTree(t *testing.T) {
 	src.Reader = bytes.NewReader(tb[last.off:])
 	res, err := Extract(t.Context(), src, dest, opts)
 	must(t, err)
-	if res.Digest != sum(tb) {
+	if string(res.Digest) != sum(tb) {
 		t.Fatalf("resumed digest %s, want %s", res.Digest, sum(tb))
 	}
 	got, err := os.ReadFile(filepath.Join(dest, RegistryRoot, testLayer))

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // extraction is one pass over a bundle's tar (docs/design.md, "The
@@ -47,7 +49,7 @@ type extraction struct {
 	w       *treeWriter
 	staged  bool  // the staging dir is this run's: cancel may remove it
 	lastEnd int64 // where the last entry's content ended
-	digest  string
+	digest  digest.Digest
 }
 
 func newExtraction(ctx context.Context, src Source, dest string, opts Options) *extraction {

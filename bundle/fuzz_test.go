@@ -39,7 +39,7 @@ func FuzzVerify(f *testing.F) {
 			}
 			return
 		}
-		if res.Digest != sum(b) {
+		if string(res.Digest) != sum(b) {
 			t.Fatalf("digest %s of accepted bundle, want %s", res.Digest, sum(b))
 		}
 	})

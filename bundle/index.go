@@ -11,6 +11,8 @@ import (
 	"sort"
 	"unsafe"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/internal/atomicfile"
 )
 
@@ -25,7 +27,7 @@ import (
 // zeros, padding all zeros), so that a bundle of many small entries
 // costs a fraction of its tar in memory, not a multiple.
 type Index struct {
-	Digest   string
+	Digest   digest.Digest
 	Size     int64
 	Segments []Segment
 	// Packed holds the raw bytes of the segments that have no Raw of

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/internal/diskspace"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
@@ -104,7 +106,7 @@ func ReferrersTag(d string) string { return strings.Replace(d, ":", "-", 1) }
 // SignedDigest is the manifest digest a signature tag (cosign's
 // sha256-<hex>.sig, or the referrers index sha256-<hex>) is for, and
 // whether tag is one.
-func SignedDigest(tag string) (string, bool) {
+func SignedDigest(tag string) (digest.Digest, bool) {
 	hexd, ok := strings.CutPrefix(tag, "sha256-")
 	hexd = strings.TrimSuffix(hexd, ".sig")
 	if !ok {
@@ -118,7 +120,7 @@ func SignedDigest(tag string) (string, bool) {
 func (m *Metadata) SignatureOf(sig string) string {
 	name, tag, _ := SplitRef(sig)
 	d, _ := SignedDigest(tag)
-	return name + "@" + d
+	return name + "@" + string(d)
 }
 
 // ParseMetadata decodes and validates metadata.json. Unknown fields are

@@ -80,13 +80,13 @@ func checkPayload(root string, meta *Metadata, tree Tree, src ReleaseSource) err
 // index, its layers from the staged blobs, top layer first.
 func treeReleaseImages(root string, meta *Metadata, tree Tree) ([]string, error) {
 	name, dgst, _ := strings.Cut(meta.Release, "@")
-	mb, ok := tree.Manifest(name, dgst)
+	mb, ok := tree.Manifest(name, digest.Digest(dgst))
 	if !ok {
 		return nil, fmt.Errorf("%w: the bundle does not hold its release image %s", ErrInvalid, meta.Release)
 	}
 	var m struct {
 		Manifests []struct {
-			Digest   string `json:"digest"`
+			Digest   digest.Digest `json:"digest"`
 			Platform *struct {
 				Architecture string `json:"architecture"`
 				OS           string `json:"os"`
@@ -100,7 +100,7 @@ func treeReleaseImages(root string, meta *Metadata, tree Tree) ([]string, error)
 		return nil, fmt.Errorf("%w: the release image's manifest: %v", ErrInvalid, err)
 	}
 	if len(m.Manifests) > 0 { // a manifest list: the node's arch
-		child := ""
+		child := digest.Digest("")
 		for _, c := range m.Manifests {
 			if c.Platform != nil && c.Platform.OS == "linux" && c.Platform.Architecture == GoArch(meta.Arch) {
 				child = c.Digest

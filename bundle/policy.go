@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"aead.dev/minisign"
+	"github.com/opencontainers/go-digest"
 )
 
 // On reports whether approval is required: not Off, and Required or
@@ -15,7 +16,7 @@ func (p Policy) On() bool {
 // Approves reports whether digest is one of the approved digests (or
 // approval is off): what lets a bundle extracted unapproved be loaded
 // once the config approves it.
-func (p Policy) Approves(digest string) bool {
+func (p Policy) Approves(digest digest.Digest) bool {
 	if !p.On() {
 		return true
 	}
@@ -34,7 +35,7 @@ func (p Policy) Approves(digest string) bool {
 // sig is by one of the trusted keys; the signature itself is then
 // verified over the bytes as they are extracted (a Source with SigPath,
 // under this policy).
-func (p Policy) ApproveOffer(meta *Metadata, digest string, sig []byte) (Approval, error) {
+func (p Policy) ApproveOffer(meta *Metadata, digest digest.Digest, sig []byte) (Approval, error) {
 	if p.Arch != "" && meta.Arch != p.Arch {
 		return "", fmt.Errorf("%w: the peers' bundle is for %s, this node is %s", ErrWrongArch, meta.Arch, p.Arch)
 	}
@@ -85,7 +86,7 @@ func (p Policy) ApproveOffer(meta *Metadata, digest string, sig []byte) (Approva
 // approved before it was fetched (ApproveOffer): that digest, and nothing
 // else, is approved, and the result says ApprovalPeer; with approval off it
 // stays off.
-func (p Policy) PreApproved(digest string) Policy {
+func (p Policy) PreApproved(digest digest.Digest) Policy {
 	if p.On() {
 		p.ApprovedDigests, p.TrustedKeys, p.ApprovedSources, p.ApprovedByPeer = nil, nil, nil, digest
 		p.Unapproved = false

@@ -7,13 +7,14 @@ import (
 	"testing"
 
 	"aead.dev/minisign"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
 )
 
 func TestPolicy_APeersApprovedDigestIsApprovedAndSaysSo(t *testing.T) {
-	p, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+	p, dgst := bundletest.Write(t, t.TempDir(), bundletest.Options{})
 	src, err := bundle.FindSource(p, "")
 	if err != nil {
 		t.Fatal(err)
@@ -26,18 +27,18 @@ func TestPolicy_APeersApprovedDigestIsApprovedAndSaysSo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pol.ApproveOffer(meta, digest, nil); !errors.Is(err, bundle.ErrNotApproved) {
+	if _, err := pol.ApproveOffer(meta, dgst, nil); !errors.Is(err, bundle.ErrNotApproved) {
 		t.Fatalf("an offer of an unapproved digest: %v", err)
 	}
-	pol.ApprovedDigests = append(pol.ApprovedDigests, digest)
-	if how, err := pol.ApproveOffer(meta, digest, nil); err != nil || how != "digest" {
+	pol.ApprovedDigests = append(pol.ApprovedDigests, string(dgst))
+	if how, err := pol.ApproveOffer(meta, dgst, nil); err != nil || how != "digest" {
 		t.Fatalf("offer: %q, %v", how, err)
 	}
-	res, err := bundle.Verify(t.Context(), src, bundle.Options{Policy: pol.PreApproved(digest)})
+	res, err := bundle.Verify(t.Context(), src, bundle.Options{Policy: pol.PreApproved(dgst)})
 	if err != nil || res.Approval != "peer" {
 		t.Fatalf("fetched: %+v, %v", res, err)
 	}
-	other := pol.PreApproved("sha256:" + strings.Repeat("1", 64))
+	other := pol.PreApproved(digest.Digest("sha256:" + strings.Repeat("1", 64)))
 	if _, err := bundle.Verify(t.Context(), src, bundle.Options{Policy: other}); !errors.Is(err, bundle.ErrNotApproved) {
 		t.Fatalf("a fetched bundle whose digest is not the pre-approved one: %v", err)
 	}
@@ -48,7 +49,7 @@ func TestPolicy_APeersApprovedDigestIsApprovedAndSaysSo(t *testing.T) {
 // it over the bytes it extracts; another key, no signature or a bad one
 // is refused before a byte is fetched.
 func TestPolicy_APeersSignatureApprovesWithThisNodesKeys(t *testing.T) {
-	p, digest := bundletest.Write(t, t.TempDir(), bundletest.Options{})
+	p, dgst := bundletest.Write(t, t.TempDir(), bundletest.Options{})
 	pub, priv, _ := minisign.GenerateKey(nil)
 	otherPub, otherPriv, _ := minisign.GenerateKey(nil)
 	signWith := func(k minisign.PrivateKey) []byte {
@@ -69,38 +70,38 @@ func TestPolicy_APeersSignatureApprovesWithThisNodesKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	pol := bundle.Policy{TrustedKeys: []minisign.PublicKey{pub}, SpaceFactor: -1}
-	if how, err := pol.ApproveOffer(meta, digest, sig); err != nil || how != "signature" {
+	if how, err := pol.ApproveOffer(meta, dgst, sig); err != nil || how != "signature" {
 		t.Fatalf("signed by a trusted key: %q, %v", how, err)
 	}
 	for name, s := range map[string][]byte{"no signature": nil, "another key": otherSig, "garbage": []byte("untrusted comment: x\nnot base64\n")} {
-		if _, err := pol.ApproveOffer(meta, digest, s); !errors.Is(err, bundle.ErrNotApproved) {
+		if _, err := pol.ApproveOffer(meta, dgst, s); !errors.Is(err, bundle.ErrNotApproved) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
 	// A trusted key's signature of another bundle offered with this one:
 	// the key ID alone approved it before; the signed comment names the
 	// digest, and the offer is refused before a byte is fetched.
-	lying := "sha256:" + strings.Repeat("e", 64)
-	if _, err := pol.ApproveOffer(meta, lying, sig); !errors.Is(err, bundle.ErrNotApproved) || !strings.Contains(err.Error(), "with a signature of bundle "+digest) {
+	lying := digest.Digest("sha256:" + strings.Repeat("e", 64))
+	if _, err := pol.ApproveOffer(meta, lying, sig); !errors.Is(err, bundle.ErrNotApproved) || !strings.Contains(err.Error(), "with a signature of bundle "+string(dgst)) {
 		t.Errorf("a signature of another bundle: %v", err)
 	}
 	// One whose comment names no digest (minisign's own, or an older
 	// ferry's) cannot approve an offer; one whose comment was edited fails
 	// its comment signature.
 	plain := minisign.Sign(priv, []byte("the same key, any message"))
-	if _, err := pol.ApproveOffer(meta, digest, plain); !errors.Is(err, bundle.ErrNotApproved) || !strings.Contains(err.Error(), "names no sha256") {
+	if _, err := pol.ApproveOffer(meta, dgst, plain); !errors.Is(err, bundle.ErrNotApproved) || !strings.Contains(err.Error(), "names no sha256") {
 		t.Errorf("a signature naming no digest: %v", err)
 	}
 	var edited minisign.Signature
 	if err := edited.UnmarshalText(sig); err != nil {
 		t.Fatal(err)
 	}
-	edited.TrustedComment = strings.Replace(edited.TrustedComment, strings.TrimPrefix(digest, "sha256:"), strings.Repeat("e", 64), 1)
+	edited.TrustedComment = strings.Replace(edited.TrustedComment, dgst.Encoded(), strings.Repeat("e", 64), 1)
 	editedText, _ := edited.MarshalText()
 	if _, err := pol.ApproveOffer(meta, lying, editedText); !errors.Is(err, bundle.ErrNotApproved) || !strings.Contains(err.Error(), "not signed by key") {
 		t.Errorf("an edited trusted comment: %v", err)
 	}
-	if _, err := (bundle.Policy{TrustedKeys: []minisign.PublicKey{otherPub}}).ApproveOffer(meta, digest, sig); err == nil || !strings.Contains(err.Error(), "not one of this node's trusted_keys") {
+	if _, err := (bundle.Policy{TrustedKeys: []minisign.PublicKey{otherPub}}).ApproveOffer(meta, dgst, sig); err == nil || !strings.Contains(err.Error(), "not one of this node's trusted_keys") {
 		t.Errorf("a node without the signer's key: %v", err)
 	}
 

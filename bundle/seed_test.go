@@ -146,7 +146,7 @@ func TestExtract_SeedShapedGNUPadding(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if res.Digest != "sha256:"+hex.EncodeToString(sum[:]) || res.TarSize != int64(len(data)) || ix.Size != int64(len(data)) {
+			if string(res.Digest) != "sha256:"+hex.EncodeToString(sum[:]) || res.TarSize != int64(len(data)) || ix.Size != int64(len(data)) {
 				t.Fatalf("digest %s size %d index %d; want the whole file's", res.Digest, res.TarSize, ix.Size)
 			}
 			// The tar served to peers, regenerated from the tree, is the file.
@@ -196,7 +196,7 @@ func TestVerify_SeedShapedGNUTarOnARawDevice(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if res.Digest != tc.approved || res.TarSize != int64(tc.size) || ix.Size != int64(tc.size) {
+			if string(res.Digest) != tc.approved || res.TarSize != int64(tc.size) || ix.Size != int64(tc.size) {
 				t.Fatalf("digest %s size %d index %d; want %s %d", res.Digest, res.TarSize, ix.Size, tc.approved, tc.size)
 			}
 			got := make([]byte, tc.size)

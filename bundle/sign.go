@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"aead.dev/minisign"
+	"github.com/opencontainers/go-digest"
 	"golang.org/x/crypto/blake2b"
 )
 
@@ -59,13 +60,13 @@ func NewSignHash() hash.Hash {
 // digest (digestComment). A node offered the bundle by a peer checks that
 // comment with its trusted keys before it fetches a byte (CommentDigest):
 // a signature approves that bundle, not whatever a peer offers with it.
-func SignHash(key minisign.PrivateKey, sum []byte, digest string) ([]byte, error) {
+func SignHash(key minisign.PrivateKey, sum []byte, d digest.Digest) ([]byte, error) {
 	if len(sum) != blake2b.Size {
 		return nil, fmt.Errorf("%w: a signature hash of %d bytes", ErrSignKey, len(sum))
 	}
-	hex := strings.TrimPrefix(NormalizeDigest(digest), "sha256:")
+	hex := strings.TrimPrefix(string(NormalizeDigest(string(d))), "sha256:")
 	if hex == "" {
-		return nil, fmt.Errorf("%w: %q is not a sha256 digest", ErrSignKey, digest)
+		return nil, fmt.Errorf("%w: %q is not a sha256 digest", ErrSignKey, d)
 	}
 	edKey, err := ed25519Key(key)
 	if err != nil {
@@ -106,10 +107,8 @@ func SignReader(key minisign.PrivateKey, r io.Reader) ([]byte, error) {
 	if _, err := io.Copy(io.MultiWriter(h, d), r); err != nil {
 		return nil, err
 	}
-	return SignHash(key, h.Sum(nil), "sha256:"+hexString(d.Sum(nil)))
+	return SignHash(key, h.Sum(nil), digest.NewDigestFromBytes(digest.SHA256, d.Sum(nil)))
 }
-
-func hexString(b []byte) string { return fmt.Sprintf("%x", b) }
 
 // ErrSignatureDigest: a signature that names no bundle digest, or another.
 var ErrSignatureDigest = errors.New("the signature does not name this bundle")
@@ -117,7 +116,7 @@ var ErrSignatureDigest = errors.New("the signature does not name this bundle")
 // CommentDigest checks that sig's trusted comment is the signer's (pub's
 // comment signature over the signature and the comment: verifiable
 // without the bundle's bytes) and returns the digest it names.
-func CommentDigest(pub minisign.PublicKey, sig minisign.Signature) (string, error) {
+func CommentDigest(pub minisign.PublicKey, sig minisign.Signature) (digest.Digest, error) {
 	raw, err := publicKeyBytes(pub)
 	if err != nil {
 		return "", err

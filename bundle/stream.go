@@ -4,13 +4,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding"
-	"encoding/hex"
 	"errors"
 	"hash"
 	"io"
 	"sync"
 
 	"aead.dev/minisign"
+	"github.com/opencontainers/go-digest"
 )
 
 const (
@@ -198,16 +198,16 @@ func (r *hashingReader) trailing() (bool, error) {
 
 // finish hashes the consumed part of the last chunk and returns the digest
 // ("sha256:<hex>") and whether sig verifies against one of keys.
-func (r *hashingReader) finish() string {
+func (r *hashingReader) finish() digest.Digest {
 	r.close(true)
-	return "sha256:" + hex.EncodeToString(r.sum.Sum(nil))
+	return digest.NewDigestFromBytes(digest.SHA256, r.sum.Sum(nil))
 }
 
 // finishPeek is finish for a raw device, and also returns up to n bytes
 // that follow what was consumed, read but not hashed: a seed-shaped
 // bundle's GNU record padding, which is the file's but cannot be told
 // from a zeroed device until the digest says which it is.
-func (r *hashingReader) finishPeek(n int) (string, []byte, error) {
+func (r *hashingReader) finishPeek(n int) (digest.Digest, []byte, error) {
 	tail := append([]byte(nil), r.cur[r.pos:min(len(r.cur), r.pos+n)]...)
 	srcErr := r.srcErr
 	d := r.finish()
@@ -223,7 +223,7 @@ func (r *hashingReader) finishPeek(n int) (string, []byte, error) {
 }
 
 // digestWith is the digest of what was hashed followed by more.
-func (r *hashingReader) digestWith(more []byte) string {
+func (r *hashingReader) digestWith(more []byte) digest.Digest {
 	state, err := r.sum.(encoding.BinaryMarshaler).MarshalBinary()
 	if err != nil {
 		return ""
@@ -233,7 +233,7 @@ func (r *hashingReader) digestWith(more []byte) string {
 		return ""
 	}
 	h.Write(more)
-	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+	return digest.NewDigestFromBytes(digest.SHA256, h.Sum(nil))
 }
 
 // close stops the hasher; with flush, the consumed tail is hashed first.

@@ -1,6 +1,10 @@
 package bundle
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/opencontainers/go-digest"
+)
 
 // Tree is what a pass kept of a bundle's registry tree once its digest and
 // its images have checked (Options.Admit): tags, manifests and small JSON
@@ -12,20 +16,20 @@ type Tree struct {
 }
 
 // Tag is the digest name:tag points at, if the bundle has that tag.
-func (t Tree) Tag(name, tag string) (string, bool) {
+func (t Tree) Tag(name, tag string) (digest.Digest, bool) {
 	repo, ok := t.repos[name]
 	if !ok {
 		return "", false
 	}
 	d, ok := t.ix.links["repositories/"+repo+"/_manifests/tags/"+tag+"/current/link"]
-	return d, ok
+	return digest.Digest(d), ok
 }
 
 // Manifest is the manifest digest of repository name, if the bundle holds
 // it there.
-func (t Tree) Manifest(name, digest string) ([]byte, bool) {
+func (t Tree) Manifest(name string, d digest.Digest) ([]byte, bool) {
 	repo, ok := t.repos[name]
-	hexd, isSHA := strings.CutPrefix(digest, "sha256:")
+	hexd, isSHA := strings.CutPrefix(string(d), "sha256:")
 	if !ok || !isSHA {
 		return nil, false
 	}
@@ -38,9 +42,9 @@ func (t Tree) Manifest(name, digest string) ([]byte, bool) {
 
 // Blob is a small JSON blob of repository name that the pass kept (a
 // signature's payload), if the bundle links it there.
-func (t Tree) Blob(name, digest string) ([]byte, bool) {
+func (t Tree) Blob(name string, d digest.Digest) ([]byte, bool) {
 	repo, ok := t.repos[name]
-	hexd, isSHA := strings.CutPrefix(digest, "sha256:")
+	hexd, isSHA := strings.CutPrefix(string(d), "sha256:")
 	if !ok || !isSHA {
 		return nil, false
 	}

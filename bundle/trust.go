@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"aead.dev/minisign"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/internal/safefile"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
@@ -18,7 +19,7 @@ import (
 
 // ParseSHA256Line parses a sha256sum line for tarName: 64 lowercase hex
 // digits, two spaces (or space and '*'), the file's base name.
-func ParseSHA256Line(b []byte, tarName string) (string, error) {
+func ParseSHA256Line(b []byte, tarName string) (digest.Digest, error) {
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 4096), 4096)
 	for sc.Scan() {
@@ -43,7 +44,7 @@ func ParseSHA256Line(b []byte, tarName string) (string, error) {
 
 // NormalizeDigest accepts "sha256:<hex>" or "<hex>" and returns
 // "sha256:<hex>", or "" when s is neither.
-func NormalizeDigest(s string) string {
+func NormalizeDigest(s string) digest.Digest {
 	s = strings.ToLower(strings.TrimSpace(s))
 	d, ok := sha256digest.FromHex(strings.TrimPrefix(s, "sha256:"))
 	if !ok {

@@ -32,10 +32,10 @@ func FuzzParseSHA256Line(f *testing.F) {
 			}
 			return
 		}
-		if NormalizeDigest(d) != d || !strings.HasPrefix(d, "sha256:") {
+		if NormalizeDigest(string(d)) != d || !strings.HasPrefix(string(d), "sha256:") {
 			t.Fatalf("accepted digest %q is not sha256:<64 lowercase hex>", d)
 		}
-		hexPart := strings.TrimPrefix(d, "sha256:")
+		hexPart := strings.TrimPrefix(string(d), "sha256:")
 		if !strings.Contains(string(b), hexPart+"  "+name) && !strings.Contains(string(b), hexPart+" *"+name) {
 			t.Fatalf("digest %s for %q is not on any line of %q", d, name, b)
 		}

@@ -3,7 +3,6 @@ package bundle
 import (
 	"archive/tar"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +13,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // ErrTreeEntry marks a file in a registry tree that cannot go into a bundle
@@ -41,7 +42,7 @@ type tarTreeEntry struct {
 // validates meta. It refuses a tree holding anything but directories and
 // regular files (ErrTreeEntry). It returns the tar's digest
 // ("sha256:<hex>") and length.
-func WriteTar(w io.Writer, meta *Metadata, root string) (digest string, size int64, err error) {
+func WriteTar(w io.Writer, meta *Metadata, root string) (d digest.Digest, size int64, err error) {
 	entries, files, err := walkRegistryTree(root)
 	if err != nil {
 		return "", 0, err
@@ -92,7 +93,7 @@ func WriteTar(w io.Writer, meta *Metadata, root string) (digest string, size int
 	if err := tw.Close(); err != nil {
 		return "", 0, err
 	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), cw.n, nil
+	return digest.NewDigestFromBytes(digest.SHA256, h.Sum(nil)), cw.n, nil
 }
 
 // copyTreeFile copies exactly e.size bytes of e into tw, failing if the file

@@ -51,7 +51,8 @@ func TestWriteTar_SameInputsSameBytes(t *testing.T) {
 		root := t.TempDir()
 		writeTreeFiles(t, root, writeTree)
 		var buf bytes.Buffer
-		d, n, err := WriteTar(&buf, testMeta(), root)
+		dg, n, err := WriteTar(&buf, testMeta(), root)
+		d := string(dg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,10 @@
 package cluster
 
-import "time"
+import (
+	"time"
+
+	"github.com/opencontainers/go-digest"
+)
 
 // The UpgradeBundle resource (group ferry.io, packaging/
 // upgradebundle-crd.yaml): its spec is the administrator's, its status
@@ -25,8 +29,10 @@ type BundlePolicy struct {
 
 // BundleNodeEntry is one node's entry in the resource's status.
 type BundleNodeEntry struct {
-	Phase, Digest, Reason, Excluded string
-	Conditions                      []BundleCondition
+	Phase            string
+	Digest           digest.Digest
+	Reason, Excluded string
+	Conditions       []BundleCondition
 }
 
 // BundleCondition is one of a node's conditions: Extracted, Loaded,
@@ -39,11 +45,13 @@ type BundleCondition struct {
 // BundleSummary is the part of the status every node writes alike: the
 // bundle and the cluster's view of it.
 type BundleSummary struct {
-	Version, Arch, Release, Digest, Size string
-	Images                               int
-	Phase, NodesReady, Approved          string
-	Warnings                             []string
-	Excluded                             []string // "node: why", sorted
+	Version, Arch, Release      string
+	Digest                      digest.Digest
+	Size                        string
+	Images                      int
+	Phase, NodesReady, Approved string
+	Warnings                    []string
+	Excluded                    []string // "node: why", sorted
 }
 
 // RegistrySource is an UpgradeBundle's spec.source (registry mode): a

@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/cluster"
 )
 
@@ -92,7 +94,7 @@ func (o *upgradeBundle) view() cluster.BundleView {
 		v.Policy.NotReadyTimeout, _ = time.ParseDuration(s.NotReadyTimeout)
 	}
 	for n, e := range o.Status.Nodes {
-		entry := cluster.BundleNodeEntry{Phase: e.Phase, Digest: e.Digest, Reason: e.Reason, Excluded: e.Excluded}
+		entry := cluster.BundleNodeEntry{Phase: e.Phase, Digest: digest.Digest(e.Digest), Reason: e.Reason, Excluded: e.Excluded}
 		for _, c := range e.Conditions {
 			since, _ := time.Parse(time.RFC3339, c.LastTransitionTime)
 			entry.Conditions = append(entry.Conditions, cluster.BundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message, Since: since})
@@ -104,7 +106,7 @@ func (o *upgradeBundle) view() cluster.BundleView {
 
 // entryOf is a node's entry as the API holds it.
 func entryOf(e cluster.BundleNodeEntry) bundleNode {
-	out := bundleNode{Phase: e.Phase, Digest: e.Digest, Reason: e.Reason, Excluded: e.Excluded}
+	out := bundleNode{Phase: e.Phase, Digest: string(e.Digest), Reason: e.Reason, Excluded: e.Excluded}
 	for _, c := range e.Conditions {
 		bc := bundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
 		if !c.Since.IsZero() {
@@ -151,7 +153,7 @@ func (c *Client) publishBundle(ctx context.Context, name string, sum *cluster.Bu
 	}
 	status := map[string]any{"nodes": map[string]any{node: own}}
 	if sum != nil {
-		for k, v := range map[string]any{"version": sum.Version, "arch": sum.Arch, "release": sum.Release, "digest": sum.Digest,
+		for k, v := range map[string]any{"version": sum.Version, "arch": sum.Arch, "release": sum.Release, "digest": string(sum.Digest),
 			"size": sum.Size, "images": sum.Images, "phase": sum.Phase, "nodesReady": sum.NodesReady, "approved": sum.Approved, "warnings": sum.Warnings, "excluded": sum.Excluded} {
 			status[k] = v
 		}

@@ -221,7 +221,7 @@ func TestLoad_TheAgentReadsThePassedFilesNotThePath(t *testing.T) {
 		t.Fatalf("the agent read %d bundles, want 1", len(read))
 	}
 	got := read[0]
-	if got.tarDigest != digest || !strings.Contains(got.sha256File, strings.TrimPrefix(digest, "sha256:")) {
+	if got.tarDigest != string(digest) || !strings.Contains(got.sha256File, digest.Encoded()) {
 		t.Fatalf("read through the passed files: tar %s, .sha256 %q; want %s", got.tarDigest, got.sha256File, digest)
 	}
 	if got.label != tarPath {

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
@@ -142,8 +144,8 @@ func (c *Client) Offers(ctx context.Context, peer string) ([]Offer, error) {
 }
 
 // Pieces gets and validates digest's piece list from peer (size < 0: any).
-func (c *Client) Pieces(ctx context.Context, peer, digest string, size int64) (*PieceList, error) {
-	b, err := c.getJSON(ctx, peer, "/v1/bundles/"+digest+"/pieces", 64*maxPieces+4096, nil)
+func (c *Client) Pieces(ctx context.Context, peer string, digest digest.Digest, size int64) (*PieceList, error) {
+	b, err := c.getJSON(ctx, peer, "/v1/bundles/"+string(digest)+"/pieces", 64*maxPieces+4096, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -155,9 +157,9 @@ func (c *Client) Pieces(ctx context.Context, peer, digest string, size int64) (*
 }
 
 // Have gets peer's bitmap of digest's pieces.
-func (c *Client) Have(ctx context.Context, peer, digest string) (Have, error) {
+func (c *Client) Have(ctx context.Context, peer string, digest digest.Digest) (Have, error) {
 	var h Have
-	if _, err := c.getJSON(ctx, peer, "/v1/bundles/"+digest+"/have", maxPieces/8+4096, &h); err != nil {
+	if _, err := c.getJSON(ctx, peer, "/v1/bundles/"+string(digest)+"/have", maxPieces/8+4096, &h); err != nil {
 		return Have{}, err
 	}
 	if !h.valid() {
@@ -175,13 +177,13 @@ func (c *Client) Status(ctx context.Context, peer string) (Status, error) {
 
 // CopyRange copies digest's tar bytes [off, off+n) from peer to w. A body
 // that stalls for the idle timeout is dropped; a short body is an error.
-func (c *Client) CopyRange(ctx context.Context, peer, digest string, off, n int64, w io.Writer) error {
+func (c *Client) CopyRange(ctx context.Context, peer string, digest digest.Digest, off, n int64, w io.Writer) error {
 	return c.copyRange(ctx, peer, digest, off, n, w, false)
 }
 
 // copyRange is CopyRange, asking for a first copy (FirstCopyHeader) if
 // firstCopy.
-func (c *Client) copyRange(ctx context.Context, peer, digest string, off, n int64, w io.Writer, firstCopy bool) error {
+func (c *Client) copyRange(ctx context.Context, peer string, digest digest.Digest, off, n int64, w io.Writer, firstCopy bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	idle := time.AfterFunc(c.idleRead, cancel)
@@ -203,7 +205,7 @@ func (c *Client) copyRange(ctx context.Context, peer, digest string, off, n int6
 	if firstCopy {
 		hdr.Set(FirstCopyHeader, "1")
 	}
-	resp, err := c.do(ctx, peer, "/v1/bundles/"+digest+"/tar", hdr, http.StatusPartialContent)
+	resp, err := c.do(ctx, peer, "/v1/bundles/"+string(digest)+"/tar", hdr, http.StatusPartialContent)
 	if err != nil {
 		return tooSlow(err)
 	}

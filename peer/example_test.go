@@ -43,7 +43,7 @@ func Example() {
 		// Same approval and arch checks as for a stick, on o.Metadata and
 		// o.Digest; also compare digests between offers (two bundles is a
 		// conflict: the agent decides).
-		dest := filepath.Join(stateDir, "incoming", o.Digest[len("sha256:"):]+".tar")
+		dest := filepath.Join(stateDir, "incoming", o.Digest.Encoded()+".tar")
 		err := f.Fetch(ctx, o.Digest, dest, func(p peer.Progress) {
 			log.Info("fetching", "DONE", p.Done, "TOTAL", p.Total, "PEERS", p.Peers)
 		})

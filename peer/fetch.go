@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
@@ -99,7 +101,7 @@ func (f *Fetcher) Peers() []string {
 
 // Progress is reported after every verified piece.
 type Progress struct {
-	Digest      string
+	Digest      digest.Digest
 	Done, Total int64 // bytes verified, bytes in all
 	Pieces      int   // pieces verified
 	PiecesTotal int
@@ -116,7 +118,7 @@ type Progress struct {
 // every piece is held and dest's sha256 is digest; if every piece matched
 // but the whole does not (a lying piece list), dest and its state are
 // removed and the error wraps ErrDigestMismatch. progress may be nil.
-func (f *Fetcher) Fetch(ctx context.Context, digest, dest string, progress func(Progress)) error {
+func (f *Fetcher) Fetch(ctx context.Context, digest digest.Digest, dest string, progress func(Progress)) error {
 	if !sha256digest.Valid(digest) {
 		return fmt.Errorf("peer fetch: %q is not a sha256 digest", digest)
 	}
@@ -159,7 +161,7 @@ type peerState struct {
 // job is one fetch of one bundle: what it holds, of which peers.
 type job struct {
 	f        *Fetcher
-	digest   string
+	digest   digest.Digest
 	dest     string
 	progress func(Progress)
 

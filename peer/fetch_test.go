@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/opencontainers/go-digest"
 )
 
 func fastFetcher(peers []string, opts FetcherOptions) *Fetcher {
@@ -69,7 +71,7 @@ func TestFetch_SpreadsOverEveryPeerThatHasPieces(t *testing.T) {
 	checkFile(t, dest, data)
 	total := 0
 	for i, n := range nodes {
-		k := n.reqs.get("/v1/bundles/" + digest + "/tar")
+		k := n.reqs.get("/v1/bundles/" + string(digest) + "/tar")
 		if k == 0 {
 			t.Errorf("peer %d served no piece: the fetcher did not spread its requests", i)
 		}
@@ -143,7 +145,7 @@ func TestFetch_DropsPeerThatServesBadPieces(t *testing.T) {
 	if !slices.Equal(last.Dropped, []string{bad.addr}) {
 		t.Fatalf("dropped %v, want only the flipping peer %s", last.Dropped, bad.addr)
 	}
-	if k := bad.reqs.get("/v1/bundles/" + digest + "/tar"); k > 2 {
+	if k := bad.reqs.get("/v1/bundles/" + string(digest) + "/tar"); k > 2 {
 		t.Fatalf("the flipping peer got %d piece requests; it should be dropped after its first bad piece(s)", k)
 	}
 }
@@ -161,7 +163,7 @@ func TestFetch_EveryPeerBadIsAnError(t *testing.T) {
 // lyingStore claims a digest for bytes that are not that bundle, with a
 // piece list that matches the bytes: only the final digest check sees it.
 type lyingStore struct {
-	digest string
+	digest digest.Digest
 	data   []byte
 }
 
@@ -169,17 +171,17 @@ func (s *lyingStore) Offers() []Offer {
 	return []Offer{{Digest: s.digest, Metadata: []byte(testMeta), Size: int64(len(s.data)), PieceSize: testPieceSize, Complete: true}}
 }
 
-func (s *lyingStore) Open(string) (io.ReaderAt, int64, error) {
+func (s *lyingStore) Open(digest.Digest) (io.ReaderAt, int64, error) {
 	return bytes.NewReader(s.data), int64(len(s.data)), nil
 }
 
-func (s *lyingStore) Pieces(string) (*PieceList, error) {
+func (s *lyingStore) Pieces(digest.Digest) (*PieceList, error) {
 	p := listFor(s.data, testPieceSize)
 	p.Digest = s.digest
 	return p, nil
 }
 
-func (s *lyingStore) Have(string) (Have, error) {
+func (s *lyingStore) Have(digest.Digest) (Have, error) {
 	return FullHave(NumPieces(int64(len(s.data)), testPieceSize)), nil
 }
 
@@ -256,10 +258,10 @@ func TestFetch_ResumesAfterInterruption(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkFile(t, dest, data)
-	if got := src2.reqs.get("/v1/bundles/" + digest + "/tar"); got != 20-held {
+	if got := src2.reqs.get("/v1/bundles/" + string(digest) + "/tar"); got != 20-held {
 		t.Fatalf("resumed fetch asked for %d pieces, want the %d missing ones", got, 20-held)
 	}
-	if src2.reqs.get("/v1/bundles/"+digest+"/pieces") != 0 {
+	if src2.reqs.get("/v1/bundles/"+string(digest)+"/pieces") != 0 {
 		t.Fatal("resumed fetch asked for the piece list again instead of using its record")
 	}
 }
@@ -307,7 +309,7 @@ func TestFetch_WaitsForAPeerThatComesBack(t *testing.T) {
 	src := newSource(t, data, digest, ServerOptions{})
 	later := newNode(t, ServerOptions{}, nil) // holds nothing yet
 	dest := filepath.Join(t.TempDir(), "b.tar")
-	havePath := "/v1/bundles/" + digest + "/have"
+	havePath := "/v1/bundles/" + string(digest) + "/have"
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	var lost []string
@@ -331,7 +333,7 @@ func TestFetch_WaitsForAPeerThatComesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkFile(t, dest, data)
-	if k := later.reqs.get("/v1/bundles/" + digest + "/tar"); k != 4 {
+	if k := later.reqs.get("/v1/bundles/" + string(digest) + "/tar"); k != 4 {
 		t.Fatalf("the node that got the bundle later served %d pieces, want the 4 missing (%v)", k, lost)
 	}
 }
@@ -355,7 +357,7 @@ func TestFetch_TokenMismatchIsRefused(t *testing.T) {
 func TestFetch_UnknownDigestIsNoPeers(t *testing.T) {
 	data, digest := randomBundle(t, testPieceSize)
 	src := newSource(t, data, digest, ServerOptions{})
-	other := "sha256:" + strings.Repeat("1", 64)
+	other := sha256Of(strings.Repeat("1", 64))
 	err := fastFetcher([]string{src.addr}, FetcherOptions{}).Fetch(t.Context(), other, filepath.Join(t.TempDir(), "b.tar"), nil)
 	if !errors.Is(err, ErrNoPeers) {
 		t.Fatalf("fetch of a digest nobody has: %v, want ErrNoPeers", err)

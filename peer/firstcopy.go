@@ -3,6 +3,8 @@ package peer
 import (
 	"sync"
 	"time"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // FirstCopyHeader on a piece request to a node holding the whole bundle
@@ -25,7 +27,7 @@ type firstCopies struct {
 }
 
 type pieceKey struct {
-	digest string
+	digest digest.Digest
 	piece  int
 }
 
@@ -36,7 +38,7 @@ type firstCopy struct {
 
 // begin claims piece for one first-copy request; false: it is on its way
 // to, or just reached, another fetcher.
-func (f *firstCopies) begin(digest string, piece int, now time.Time) bool {
+func (f *firstCopies) begin(digest digest.Digest, piece int, now time.Time) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.sends == nil {
@@ -54,7 +56,7 @@ func (f *firstCopies) begin(digest string, piece int, now time.Time) bool {
 
 // end releases a claim. A piece whose body was not sent whole can be
 // claimed again at once.
-func (f *firstCopies) end(digest string, piece int, whole bool, now time.Time) {
+func (f *firstCopies) end(digest digest.Digest, piece int, whole bool, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	k := pieceKey{digest, piece}

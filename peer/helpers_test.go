@@ -9,19 +9,21 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // testPieceSize keeps unit-test bundles small but many-pieced.
 const testPieceSize = MinPieceSize
 
-func randomBundle(t *testing.T, size int) ([]byte, string) {
+func randomBundle(t *testing.T, size int) ([]byte, digest.Digest) {
 	t.Helper()
 	b := make([]byte, size)
 	r := rand.New(rand.NewPCG(uint64(size), 42))
 	for i := range b {
 		b[i] = byte(r.Uint32())
 	}
-	return b, "sha256:" + sum(b)
+	return b, digest.Digest("sha256:" + sum(b))
 }
 
 const testMeta = `{"formatVersion":1,"version":"4.13.7","arch":"x86_64"}`
@@ -75,14 +77,14 @@ func newNode(t *testing.T, opts ServerOptions, wrap func(http.Handler) http.Hand
 }
 
 // newSource is a node holding data whole, its piece list computed.
-func newSource(t *testing.T, data []byte, digest string, opts ServerOptions) *node {
+func newSource(t *testing.T, data []byte, digest digest.Digest, opts ServerOptions) *node {
 	t.Helper()
 	n := newNode(t, opts, nil)
 	n.hold(t, data, digest)
 	return n
 }
 
-func (n *node) hold(t *testing.T, data []byte, digest string) {
+func (n *node) hold(t *testing.T, data []byte, digest digest.Digest) {
 	t.Helper()
 	if err := n.shelf.Add(digest, []byte(testMeta), bytes.NewReader(data), int64(len(data))); err != nil {
 		t.Fatal(err)
@@ -132,3 +134,7 @@ func get(t *testing.T, url string, hdr map[string]string) (*http.Response, []byt
 	b, _ := io.ReadAll(resp.Body)
 	return resp, b
 }
+
+// sha256Of is the digest "sha256:"+hexd, for tests whose digest variable
+// hides the package.
+func sha256Of(hexd string) digest.Digest { return digest.Digest("sha256:" + hexd) }

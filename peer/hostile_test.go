@@ -12,11 +12,13 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // serveReal runs the real Serve (its listener, limits and deadlines, not
 // httptest's) for data on 127.0.0.1.
-func serveReal(t *testing.T, data []byte, digest string, opts ServerOptions) string {
+func serveReal(t *testing.T, data []byte, digest digest.Digest, opts ServerOptions) string {
 	t.Helper()
 	shelf := NewShelf(ShelfOptions{PieceSize: testPieceSize})
 	if err := shelf.Add(digest, []byte(testMeta), strings.NewReader(string(data)), int64(len(data))); err != nil {
@@ -221,7 +223,7 @@ func TestFetch_APeerThatDripsAPieceLosesItToAnother(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkFile(t, dest, data)
-	if slow.reqs.get("/v1/bundles/"+digest+"/tar") == 0 {
+	if slow.reqs.get("/v1/bundles/"+string(digest)+"/tar") == 0 {
 		t.Fatal("the dripping peer was never asked: the test proves nothing")
 	}
 	t.Logf("fetched in %s despite a dripping peer", time.Since(start))

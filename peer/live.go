@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
@@ -30,7 +32,7 @@ type LiveHasher struct {
 // any bundle. Withdraw it (Remove, or Close on the hasher) when the pass
 // fails; replace it (AddHashed) once the bundle is verified and extracted.
 // The shelf owns r.
-func (s *Shelf) AddLive(digest string, meta, sig []byte, r io.ReaderAt, size int64) (*LiveHasher, error) {
+func (s *Shelf) AddLive(digest digest.Digest, meta, sig []byte, r io.ReaderAt, size int64) (*LiveHasher, error) {
 	if !sha256digest.Valid(digest) {
 		return nil, fmt.Errorf("peer shelf: %q is not a sha256 digest", digest)
 	}
@@ -58,7 +60,7 @@ func (l *LiveHasher) Write(b []byte) (int, error) {
 }
 
 // List is the piece list of everything written (see PieceHasher.List).
-func (l *LiveHasher) List(digest string) *PieceList {
+func (l *LiveHasher) List(digest digest.Digest) *PieceList {
 	if l.filled == 0 {
 		return &PieceList{Digest: digest, Size: l.total, PieceSize: l.PieceHasher.size, Pieces: l.sums}
 	}

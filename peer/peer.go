@@ -26,6 +26,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
@@ -71,7 +73,7 @@ var (
 
 // Offer is one bundle a node serves, whole or in part.
 type Offer struct {
-	Digest    string          `json:"digest"`
+	Digest    digest.Digest   `json:"digest"`
 	Metadata  json.RawMessage `json:"metadata"`
 	Size      int64           `json:"size"`
 	PieceSize int64           `json:"pieceSize"`
@@ -85,11 +87,11 @@ type Offer struct {
 // Status is what a node reports about itself on /v1/status. The agent
 // fills it and reads it (its cluster gate); peer only carries it.
 type Status struct {
-	Node    string `json:"node"`
-	Phase   string `json:"phase"`
-	Digest  string `json:"digest,omitempty"`
-	Version string `json:"version,omitempty"`
-	Release string `json:"release,omitempty"`
+	Node    string        `json:"node"`
+	Phase   string        `json:"phase"`
+	Digest  digest.Digest `json:"digest,omitempty"`
+	Version string        `json:"version,omitempty"`
+	Release string        `json:"release,omitempty"`
 	// Source is true on the node the stick was plugged into.
 	Source bool   `json:"source,omitempty"`
 	Error  string `json:"error,omitempty"`
@@ -104,7 +106,7 @@ type PeerStatus struct {
 	Err error
 }
 
-func hexOf(d string) string { return strings.TrimPrefix(d, "sha256:") }
+func hexOf(d digest.Digest) string { return strings.TrimPrefix(string(d), "sha256:") }
 
 // NumPieces is how many pieces of pieceSize a file of size bytes has.
 func NumPieces(size, pieceSize int64) int {
@@ -118,10 +120,10 @@ func NumPieces(size, pieceSize int64) int {
 // published by the node that holds it whole. It is signed by nothing: the
 // fetcher checks the whole digest at the end.
 type PieceList struct {
-	Digest    string   `json:"digest"`
-	Size      int64    `json:"size"`
-	PieceSize int64    `json:"pieceSize"`
-	Pieces    []string `json:"pieces"` // lowercase hex sha256 per piece
+	Digest    digest.Digest `json:"digest"`
+	Size      int64         `json:"size"`
+	PieceSize int64         `json:"pieceSize"`
+	Pieces    []string      `json:"pieces"` // lowercase hex sha256 per piece
 	// Partial: the source is still reading the bundle (cut-through); a
 	// piece not hashed yet has "" and is neither held nor served by
 	// anyone. The list grows as the source reads; the whole digest is
@@ -219,7 +221,7 @@ func (p *PieceList) Validate() error {
 
 // ParsePieceList decodes and validates a piece list, and checks it is for
 // the bundle digest and size the caller expects (size < 0: any).
-func ParsePieceList(b []byte, digest string, size int64) (*PieceList, error) {
+func ParsePieceList(b []byte, digest digest.Digest, size int64) (*PieceList, error) {
 	var p PieceList
 	if err := json.Unmarshal(b, &p); err != nil {
 		return nil, fmt.Errorf("%w: not JSON: %v", ErrBadPieceList, err)

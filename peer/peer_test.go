@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/opencontainers/go-digest"
 )
 
 func sum(b []byte) string {
@@ -17,7 +19,7 @@ func sum(b []byte) string {
 }
 
 func listFor(data []byte, ps int64) *PieceList {
-	p := &PieceList{Digest: "sha256:" + sum(data), Size: int64(len(data)), PieceSize: ps}
+	p := &PieceList{Digest: digest.Digest("sha256:" + sum(data)), Size: int64(len(data)), PieceSize: ps}
 	for off := int64(0); off < p.Size; off += ps {
 		p.Pieces = append(p.Pieces, sum(data[off:min(off+ps, p.Size)]))
 	}
@@ -31,13 +33,13 @@ func TestParsePieceList(t *testing.T) {
 	tests := []struct {
 		name   string
 		in     []byte
-		digest string
+		digest digest.Digest
 		size   int64
 		ok     bool
 	}{
 		{name: "the source's list parses", in: enc(*good), digest: good.Digest, size: good.Size, ok: true},
 		{name: "any size when the caller does not know it", in: enc(*good), digest: good.Digest, size: -1, ok: true},
-		{name: "a list for another digest is refused", in: enc(*good), digest: "sha256:" + strings.Repeat("0", 64), size: -1},
+		{name: "a list for another digest is refused", in: enc(*good), digest: digest.Digest("sha256:" + strings.Repeat("0", 64)), size: -1},
 		{name: "a list for another size is refused", in: enc(*good), digest: good.Digest, size: good.Size + 1},
 		{name: "one piece digest missing is refused", in: enc(PieceList{Digest: good.Digest, Size: good.Size, PieceSize: good.PieceSize, Pieces: good.Pieces[1:]}), digest: good.Digest, size: -1},
 		{name: "one piece digest too many is refused", in: enc(PieceList{Digest: good.Digest, Size: good.Size, PieceSize: good.PieceSize, Pieces: append(good.Pieces, good.Pieces[0])}), digest: good.Digest, size: -1},
@@ -134,7 +136,7 @@ func FuzzPieceList(f *testing.F) {
 	good := listFor(data, MinPieceSize)
 	b, _ := json.Marshal(good)
 	f.Add(b, int64(len(data)))
-	f.Add([]byte(`{"digest":"`+good.Digest+`","size":1,"pieceSize":65536,"pieces":["`+strings.Repeat("0", 64)+`"]}`), int64(1))
+	f.Add([]byte(`{"digest":"`+string(good.Digest)+`","size":1,"pieceSize":65536,"pieces":["`+strings.Repeat("0", 64)+`"]}`), int64(1))
 	f.Add([]byte(`{"digest":"`+good.Digest+`","size":9223372036854775807,"pieceSize":65536,"pieces":[]}`), int64(-1))
 	f.Add([]byte(`{"pieces":null}`), int64(-1))
 	f.Add([]byte(`[]`), int64(0))

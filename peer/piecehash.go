@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"hash"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // PieceHasher computes a bundle's piece list from its bytes, written to it
@@ -46,7 +48,7 @@ func (p *PieceHasher) next() {
 
 // List is the piece list of everything written, for the bundle digest
 // (the last piece may be short). Write no more after it.
-func (p *PieceHasher) List(digest string) *PieceList {
+func (p *PieceHasher) List(digest digest.Digest) *PieceList {
 	if p.filled > 0 {
 		p.next()
 	}

@@ -3,10 +3,11 @@ package peer
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"sync"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // prefixHash computes a file's whole sha256 while a fetch fills it: it
@@ -21,8 +22,8 @@ type prefixHash struct {
 	exited chan struct{}
 
 	mu     sync.Mutex
-	held   int    // pieces [0, held) are held
-	digest string // "sha256:…" once every piece is hashed
+	held   int           // pieces [0, held) are held
+	digest digest.Digest // "sha256:…" once every piece is hashed
 	err    error
 }
 
@@ -64,7 +65,7 @@ func (p *prefixHash) run(ctx context.Context) {
 			}
 		}
 		if next == p.pl.N() {
-			p.finish("sha256:"+hex.EncodeToString(h.Sum(nil)), nil)
+			p.finish(digest.NewDigestFromBytes(digest.SHA256, h.Sum(nil)), nil)
 			return
 		}
 		select {
@@ -75,7 +76,7 @@ func (p *prefixHash) run(ctx context.Context) {
 	}
 }
 
-func (p *prefixHash) finish(digest string, err error) {
+func (p *prefixHash) finish(digest digest.Digest, err error) {
 	p.mu.Lock()
 	p.digest, p.err = digest, err
 	p.mu.Unlock()
@@ -83,7 +84,7 @@ func (p *prefixHash) finish(digest string, err error) {
 
 // sum waits until every piece is hashed (advance(N) must have been
 // called) and returns the digest.
-func (p *prefixHash) sum() (string, error) {
+func (p *prefixHash) sum() (digest.Digest, error) {
 	<-p.exited
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/internal/sha256digest"
+	"github.com/opencontainers/go-digest"
 	"golang.org/x/net/netutil"
 )
 
@@ -28,12 +29,12 @@ type Store interface {
 	Offers() []Offer
 	// Open gives the tar's bytes; ErrUnknownBundle if not held. Only
 	// verified pieces (Have) are ever read from it.
-	Open(digest string) (io.ReaderAt, int64, error)
+	Open(digest digest.Digest) (io.ReaderAt, int64, error)
 	// Pieces is the bundle's piece list; ErrNotReady while it is computed.
-	Pieces(digest string) (*PieceList, error)
+	Pieces(digest digest.Digest) (*PieceList, error)
 	// Have is the bitmap of verified pieces; ErrNotReady while the piece
 	// list is computed (a whole bundle's pieces are then all held).
-	Have(digest string) (Have, error)
+	Have(digest digest.Digest) (Have, error)
 }
 
 // ServerOptions configure NewServer.
@@ -219,8 +220,8 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 // h sees it: nothing from the path goes further than a map lookup.
 func (s *Server) bundle(h func(http.ResponseWriter, *http.Request, Offer)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		d := r.PathValue("digest")
-		if !sha256digest.Valid(d) {
+		d, err := sha256digest.Parse(r.PathValue("digest"))
+		if err != nil {
 			http.Error(w, "not a bundle digest (sha256:<64 lowercase hex>)", http.StatusBadRequest)
 			return
 		}
@@ -317,13 +318,13 @@ func (s *Server) tar(w http.ResponseWriter, r *http.Request, o Offer) {
 // live reports whether digest is offered while its source reads it: a
 // source like a node holding it whole, whose uplink should carry each
 // piece once.
-func (s *Server) live(digest string) bool {
+func (s *Server) live(digest digest.Digest) bool {
 	h, err := s.store.Have(digest)
 	return err == nil && h.Live
 }
 
 // wholePiece is the index of the piece that [start, start+n) is exactly.
-func (s *Server) wholePiece(digest string, start, n int64) (int, bool) {
+func (s *Server) wholePiece(digest digest.Digest, start, n int64) (int, bool) {
 	p, err := s.store.Pieces(digest)
 	if err != nil || p.PieceSize <= 0 || start%p.PieceSize != 0 {
 		return 0, false
@@ -371,7 +372,7 @@ func (s *Server) copyRange(w http.ResponseWriter, r *http.Request, o Offer, ra i
 	return true
 }
 
-func (s *Server) verified(digest string, start, n int64) error {
+func (s *Server) verified(digest digest.Digest, start, n int64) error {
 	p, err := s.store.Pieces(digest)
 	if err != nil {
 		return err

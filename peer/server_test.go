@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/opencontainers/go-digest"
 )
 
 func TestServer_Routes(t *testing.T) {
@@ -29,13 +31,13 @@ func TestServer_Routes(t *testing.T) {
 		body   []byte // checked when set
 		crange string // Content-Range, checked when set
 	}{
-		{name: "metadata is served as held", path: "/v1/bundles/" + digest + "/metadata", code: 200, body: []byte(testMeta)},
-		{name: "whole tar without a range", path: "/v1/bundles/" + digest + "/tar", code: 200, body: data},
-		{name: "one range", path: "/v1/bundles/" + digest + "/tar", hdr: map[string]string{"Range": "bytes=10-19"}, code: 206, body: data[10:20], crange: fmt.Sprintf("bytes 10-19/%d", len(data))},
-		{name: "range across a read buffer", path: "/v1/bundles/" + digest + "/tar", hdr: map[string]string{"Range": "bytes=1-"}, code: 206, body: data[1:]},
-		{name: "suffix range", path: "/v1/bundles/" + digest + "/tar", hdr: map[string]string{"Range": "bytes=-5"}, code: 206, body: data[len(data)-5:]},
-		{name: "several ranges are refused with 416", path: "/v1/bundles/" + digest + "/tar", hdr: map[string]string{"Range": "bytes=0-1,4-5"}, code: 416, crange: fmt.Sprintf("bytes */%d", len(data))},
-		{name: "a range past the end is refused with 416", path: "/v1/bundles/" + digest + "/tar", hdr: map[string]string{"Range": fmt.Sprintf("bytes=%d-", len(data))}, code: 416},
+		{name: "metadata is served as held", path: "/v1/bundles/" + string(digest) + "/metadata", code: 200, body: []byte(testMeta)},
+		{name: "whole tar without a range", path: "/v1/bundles/" + string(digest) + "/tar", code: 200, body: data},
+		{name: "one range", path: "/v1/bundles/" + string(digest) + "/tar", hdr: map[string]string{"Range": "bytes=10-19"}, code: 206, body: data[10:20], crange: fmt.Sprintf("bytes 10-19/%d", len(data))},
+		{name: "range across a read buffer", path: "/v1/bundles/" + string(digest) + "/tar", hdr: map[string]string{"Range": "bytes=1-"}, code: 206, body: data[1:]},
+		{name: "suffix range", path: "/v1/bundles/" + string(digest) + "/tar", hdr: map[string]string{"Range": "bytes=-5"}, code: 206, body: data[len(data)-5:]},
+		{name: "several ranges are refused with 416", path: "/v1/bundles/" + string(digest) + "/tar", hdr: map[string]string{"Range": "bytes=0-1,4-5"}, code: 416, crange: fmt.Sprintf("bytes */%d", len(data))},
+		{name: "a range past the end is refused with 416", path: "/v1/bundles/" + string(digest) + "/tar", hdr: map[string]string{"Range": fmt.Sprintf("bytes=%d-", len(data))}, code: 416},
 		{name: "an unknown digest is 404", path: "/v1/bundles/sha256:" + strings.Repeat("0", 64) + "/tar", code: 404},
 		{name: "a non-digest is 400", path: "/v1/bundles/sha256:..%2f..%2fetc%2fpasswd/tar", code: 400},
 		{name: "a path outside the API is 404", path: "/etc/passwd", code: 404},
@@ -102,7 +104,7 @@ func TestServer_PiecesNotReadyWhileHashing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []string{"pieces", "have"} {
-		resp, b := get(t, n.srv.URL+"/v1/bundles/"+digest+"/"+p, nil)
+		resp, b := get(t, n.srv.URL+"/v1/bundles/"+string(digest)+"/"+p, nil)
 		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
 			t.Fatalf("%s while hashing: %d %s, want 503 with Retry-After", p, resp.StatusCode, b)
 		}
@@ -111,7 +113,7 @@ func TestServer_PiecesNotReadyWhileHashing(t *testing.T) {
 	if _, err := n.shelf.WaitPieces(t.Context(), digest); err != nil {
 		t.Fatal(err)
 	}
-	if resp, b := get(t, n.srv.URL+"/v1/bundles/"+digest+"/pieces", nil); resp.StatusCode != 200 {
+	if resp, b := get(t, n.srv.URL+"/v1/bundles/"+string(digest)+"/pieces", nil); resp.StatusCode != 200 {
 		t.Fatalf("pieces after hashing: %d %s", resp.StatusCode, b)
 	}
 }
@@ -127,7 +129,7 @@ func TestShelf_RefusesReaderThatIsNotTheBundle(t *testing.T) {
 	if _, err := n.shelf.WaitPieces(t.Context(), digest); !errors.Is(err, ErrUnknownBundle) {
 		t.Fatalf("WaitPieces: %v, want ErrUnknownBundle (not served)", err)
 	}
-	if resp, _ := get(t, n.srv.URL+"/v1/bundles/"+digest+"/tar", nil); resp.StatusCode != 404 {
+	if resp, _ := get(t, n.srv.URL+"/v1/bundles/"+string(digest)+"/tar", nil); resp.StatusCode != 404 {
 		t.Fatalf("tar of a bundle whose bytes do not match: %d, want 404", resp.StatusCode)
 	}
 }
@@ -195,7 +197,7 @@ func TestServer_Token(t *testing.T) {
 			if tc.auth != "" {
 				hdr["Authorization"] = tc.auth
 			}
-			for _, p := range []string{"/v1/bundles", "/v1/bundles/" + digest + "/tar"} {
+			for _, p := range []string{"/v1/bundles", "/v1/bundles/" + string(digest) + "/tar"} {
 				if resp, b := get(t, n.srv.URL+p, hdr); resp.StatusCode != tc.code {
 					t.Fatalf("GET %s: %d %s, want %d", p, resp.StatusCode, b, tc.code)
 				}
@@ -249,7 +251,7 @@ func TestShelf_AddHashedServesItsListAtOnceWithoutReading(t *testing.T) {
 		t.Fatalf("AddHashed read the bundle %d times to hash it again", n)
 	}
 	other := *pl
-	other.Digest = "sha256:" + strings.Repeat("0", 64)
+	other.Digest = sha256Of(strings.Repeat("0", 64))
 	if err := s.AddHashed(digest, []byte(testMeta), r, &other); err == nil {
 		t.Fatal("a piece list for another digest was accepted")
 	}
@@ -258,10 +260,10 @@ func TestShelf_AddHashedServesItsListAtOnceWithoutReading(t *testing.T) {
 func TestServer_ClosedWithoutATokenServesNothing(t *testing.T) {
 	data := []byte("bundle bytes")
 	sum := sha256.Sum256(data)
-	digest := "sha256:" + hex.EncodeToString(sum[:])
+	digest := digest.Digest("sha256:" + hex.EncodeToString(sum[:]))
 	n := newNode(t, ServerOptions{Closed: true, Status: func() Status { return Status{Node: "a"} }}, nil)
 	n.hold(t, data, digest)
-	for _, p := range []string{"/v1/bundles", "/v1/bundles/" + digest + "/tar", "/v1/status"} {
+	for _, p := range []string{"/v1/bundles", "/v1/bundles/" + string(digest) + "/tar", "/v1/status"} {
 		resp, body := get(t, n.srv.URL+p, nil)
 		if resp.StatusCode != 401 || !strings.Contains(string(body), "token_file") {
 			t.Errorf("%s: %d %q, want 401 naming token_file", p, resp.StatusCode, body)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +14,8 @@ import (
 	"slices"
 	"sort"
 	"sync"
+
+	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/internal/atomicfile"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
@@ -42,7 +43,7 @@ type Shelf struct {
 	wg     sync.WaitGroup
 
 	mu      sync.Mutex
-	entries map[string]*entry
+	entries map[digest.Digest]*entry
 }
 
 var _ Store = (*Shelf)(nil)
@@ -56,7 +57,7 @@ func NewShelf(opts ShelfOptions) *Shelf {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Shelf{opts: opts, ctx: ctx, cancel: cancel, entries: map[string]*entry{}}
+	return &Shelf{opts: opts, ctx: ctx, cancel: cancel, entries: map[digest.Digest]*entry{}}
 }
 
 // Close stops background hashing and closes every reader the shelf holds.
@@ -87,7 +88,7 @@ func closeReader(r io.ReaderAt) {
 // use) stays, served at once, and r is checked against it in the
 // background. The shelf owns r from now on and closes it (if it is an
 // io.Closer) when the entry is removed or replaced.
-func (s *Shelf) Add(digest string, meta []byte, r io.ReaderAt, size int64) error {
+func (s *Shelf) Add(digest digest.Digest, meta []byte, r io.ReaderAt, size int64) error {
 	return s.add(digest, meta, r, size, nil)
 }
 
@@ -97,14 +98,14 @@ func (s *Shelf) Add(digest string, meta []byte, r io.ReaderAt, size int64) error
 // Adds, and r is not read to hash it again. r must give the same bytes (a
 // tar regenerated from its Index does); a peer checks every piece it gets,
 // so a reader that does not is caught there.
-func (s *Shelf) AddHashed(digest string, meta []byte, r io.ReaderAt, pl *PieceList) error {
+func (s *Shelf) AddHashed(digest digest.Digest, meta []byte, r io.ReaderAt, pl *PieceList) error {
 	if pl == nil || pl.Digest != digest || pl.Validate() != nil {
 		return fmt.Errorf("peer shelf: no valid piece list for bundle %s", digest)
 	}
 	return s.add(digest, meta, r, pl.Size, pl)
 }
 
-func (s *Shelf) add(digest string, meta []byte, r io.ReaderAt, size int64, hashed *PieceList) error {
+func (s *Shelf) add(digest digest.Digest, meta []byte, r io.ReaderAt, size int64, hashed *PieceList) error {
 	if !sha256digest.Valid(digest) {
 		return fmt.Errorf("peer shelf: %q is not a sha256 digest", digest)
 	}
@@ -146,7 +147,7 @@ func (s *Shelf) add(digest string, meta []byte, r io.ReaderAt, size int64, hashe
 }
 
 // Remove stops serving digest.
-func (s *Shelf) Remove(digest string) {
+func (s *Shelf) Remove(digest digest.Digest) {
 	s.mu.Lock()
 	e := s.entries[digest]
 	delete(s.entries, digest)
@@ -157,7 +158,7 @@ func (s *Shelf) Remove(digest string) {
 	}
 }
 
-func (s *Shelf) put(digest string, e *entry) {
+func (s *Shelf) put(digest digest.Digest, e *entry) {
 	s.mu.Lock()
 	old := s.entries[digest]
 	s.entries[digest] = e
@@ -172,7 +173,7 @@ func (s *Shelf) put(digest string, e *entry) {
 
 // WaitPieces blocks until digest's piece list is computed (or ctx ends).
 // Tests and the agent's status use it; serving does not need it.
-func (s *Shelf) WaitPieces(ctx context.Context, digest string) (*PieceList, error) {
+func (s *Shelf) WaitPieces(ctx context.Context, digest digest.Digest) (*PieceList, error) {
 	for {
 		p, err := s.Pieces(digest)
 		if !errors.Is(err, ErrNotReady) {
@@ -216,7 +217,7 @@ func (s *Shelf) hash(ctx context.Context, e *entry, known *PieceList) {
 		err = fmt.Errorf("%w: the bundle's bytes as served differ from those fetched (same digest): not serving it (a bug in regenerating the tar?)", ErrDigestMismatch)
 	}
 	if err == nil {
-		if got := "sha256:" + hex.EncodeToString(whole.Sum(nil)); got != d {
+		if got := digest.NewDigestFromBytes(digest.SHA256, whole.Sum(nil)); got != d {
 			err = fmt.Errorf("%w: the bundle's bytes as served hash to %s, not %s: not serving it (a bug in regenerating the tar, or the extracted tree changed)", ErrDigestMismatch, got, d)
 		}
 	}
@@ -241,11 +242,11 @@ func (s *Shelf) hash(ctx context.Context, e *entry, known *PieceList) {
 	s.saveCached(p)
 }
 
-func (s *Shelf) cachePath(digest string) string {
+func (s *Shelf) cachePath(digest digest.Digest) string {
 	return filepath.Join(s.opts.CacheDir, hexOf(digest)+".pieces.json")
 }
 
-func (s *Shelf) loadCached(digest string, size int64) *PieceList {
+func (s *Shelf) loadCached(digest digest.Digest, size int64) *PieceList {
 	if s.opts.CacheDir == "" {
 		return nil
 	}
@@ -275,7 +276,7 @@ func (s *Shelf) saveCached(p *PieceList) {
 }
 
 // SetSignature offers sig (a .minisig) with the bundle's metadata.
-func (s *Shelf) SetSignature(digest string, sig []byte) {
+func (s *Shelf) SetSignature(digest digest.Digest, sig []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e := s.entries[digest]; e != nil {
@@ -297,7 +298,7 @@ func (s *Shelf) Offers() []Offer {
 	return out
 }
 
-func (s *Shelf) get(digest string) (*entry, error) {
+func (s *Shelf) get(digest digest.Digest) (*entry, error) {
 	e := s.entries[digest]
 	if e == nil || e.state == stateBroken {
 		return nil, fmt.Errorf("%w: %s", ErrUnknownBundle, digest)
@@ -306,7 +307,7 @@ func (s *Shelf) get(digest string) (*entry, error) {
 }
 
 // Open implements Store.
-func (s *Shelf) Open(digest string) (io.ReaderAt, int64, error) {
+func (s *Shelf) Open(digest digest.Digest) (io.ReaderAt, int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, err := s.get(digest)
@@ -317,7 +318,7 @@ func (s *Shelf) Open(digest string) (io.ReaderAt, int64, error) {
 }
 
 // Pieces implements Store.
-func (s *Shelf) Pieces(digest string) (*PieceList, error) {
+func (s *Shelf) Pieces(digest digest.Digest) (*PieceList, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, err := s.get(digest)
@@ -331,7 +332,7 @@ func (s *Shelf) Pieces(digest string) (*PieceList, error) {
 }
 
 // Have implements Store.
-func (s *Shelf) Have(digest string) (Have, error) {
+func (s *Shelf) Have(digest digest.Digest) (Have, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, err := s.get(digest)

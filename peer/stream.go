@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/ferry-edge/ferry/internal/sha256digest"
+	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
 )
 
@@ -69,7 +70,7 @@ type Checkpoint func(offset int64, data func() []byte)
 // checkpoint, from which the next call resumes. Pieces in the window are
 // re-served through the Shelf; at the end its entry serves nothing but
 // keeps the list, for the caller's Add of the extracted bundle.
-func (f *Fetcher) FetchStream(ctx context.Context, digest, dest string, window int64, progress func(Progress), consume StreamConsumer) (*PieceList, error) {
+func (f *Fetcher) FetchStream(ctx context.Context, digest digest.Digest, dest string, window int64, progress func(Progress), consume StreamConsumer) (*PieceList, error) {
 	if !sha256digest.Valid(digest) {
 		return nil, fmt.Errorf("peer fetch: %q is not a sha256 digest", digest)
 	}

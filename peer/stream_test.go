@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // collect is a consume that keeps every byte it reads, calling each(n)
@@ -180,7 +182,7 @@ func TestFetchStream_AWithdrawnLiveOfferIsGivenUp(t *testing.T) {
 }
 
 func TestPieceList_GrowingListsMergeOrDisagree(t *testing.T) {
-	a := &PieceList{Digest: "sha256:" + sum(nil), Size: 3 * MinPieceSize, PieceSize: MinPieceSize, Pieces: []string{sum([]byte("0")), "", ""}, Partial: true}
+	a := &PieceList{Digest: digest.Digest("sha256:" + sum(nil)), Size: 3 * MinPieceSize, PieceSize: MinPieceSize, Pieces: []string{sum([]byte("0")), "", ""}, Partial: true}
 	b := a.clone()
 	b.Pieces[1] = sum([]byte("1"))
 	m, err := a.merge(b)
@@ -233,7 +235,7 @@ func TestFetchStream_ResumesFromTheExtractionsCheckpoint(t *testing.T) {
 	if _, err := os.Stat(StatePath(dest)); err != nil {
 		t.Fatalf("no resume record: %v", err)
 	}
-	before := src.reqs.get("/v1/bundles/" + digest + "/tar")
+	before := src.reqs.get("/v1/bundles/" + string(digest) + "/tar")
 	var rest bytes.Buffer
 	second := func(r io.Reader, from *StreamResume, _ Checkpoint) error {
 		if from == nil || from.Offset != at || string(from.Data) != "tree index" {
@@ -248,7 +250,7 @@ func TestFetchStream_ResumesFromTheExtractionsCheckpoint(t *testing.T) {
 	if !bytes.Equal(rest.Bytes(), data[at:]) {
 		t.Fatalf("resumed extraction got %d bytes, want the %d from the checkpoint on", rest.Len(), len(data)-at)
 	}
-	if got, most := src.reqs.get("/v1/bundles/"+digest+"/tar")-before, 32-at/testPieceSize; got > most {
+	if got, most := src.reqs.get("/v1/bundles/"+string(digest)+"/tar")-before, 32-at/testPieceSize; got > most {
 		t.Fatalf("the resumed fetch asked for %d pieces, want at most the %d from the checkpoint's piece on", got, most)
 	}
 	if _, err := os.Stat(StatePath(dest)); !errors.Is(err, os.ErrNotExist) {

@@ -478,7 +478,7 @@ func (p *Puller) deliver(ctx context.Context, req Request, res *create.Result) e
 	if err := atomicfile.WriteFile(filepath.Join(p.outDir(), "made.json"), b, 0o600); err != nil {
 		return err
 	}
-	p.set(func(s *Status) { s.State, s.Digest, s.Error = StateHanding, res.Digest, "" })
+	p.set(func(s *Status) { s.State, s.Digest, s.Error = StateHanding, string(res.Digest), "" })
 	p.log.Info("pulled: handing the bundle to the agent", "release", req.Release, "digest", res.Digest,
 		"bytes", res.BytesFetched, "blobsFetched", res.BlobsFetched, "blobsReused", res.BlobsReused)
 	for {
@@ -493,7 +493,7 @@ func (p *Puller) deliver(ctx context.Context, req Request, res *create.Result) e
 		}
 	}
 	for {
-		held, err := p.o.Delivered(res.Digest)
+		held, err := p.o.Delivered(string(res.Digest))
 		if err != nil {
 			p.forget(req)
 			return fmt.Errorf("%w: %v", errRefused, err)

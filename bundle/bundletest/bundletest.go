@@ -6,7 +6,6 @@ import (
 	"archive/tar"
 	"crypto/ecdsa"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -14,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/imagetree"
@@ -56,7 +57,7 @@ func Ref(name string, layerSize int) string {
 // Write makes upgrade-<version>-<arch>.tar (+ .sha256) in dir, holding
 // complete images (every blob, manifest and link), and returns the tar's
 // path and digest.
-func Write(t testing.TB, dir string, o Options) (string, string) {
+func Write(t testing.TB, dir string, o Options) (string, digest.Digest) {
 	t.Helper()
 	if o.Version == "" {
 		o.Version = "4.13.7"
@@ -139,14 +140,14 @@ func Write(t testing.TB, dir string, o Options) (string, string) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	digest := "sha256:" + hex.EncodeToString(h.Sum(nil))
+	d := digest.NewDigestFromBytes(digest.SHA256, h.Sum(nil))
 	if !o.NoSHA {
-		line := strings.TrimPrefix(digest, "sha256:") + "  " + filepath.Base(p) + "\n"
+		line := d.Encoded() + "  " + filepath.Base(p) + "\n"
 		if err := os.WriteFile(strings.TrimSuffix(p, ".tar")+".sha256", []byte(line), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return p, digest
+	return p, d
 }
 
 type teeWriter struct {

@@ -100,8 +100,8 @@ type Result struct {
 	Metadata      *bundle.Metadata
 	TarPath       string
 	SHA256Path    string
-	SignaturePath string // "" without a key
-	Digest        string // sha256:<hex> of the tar
+	SignaturePath string        // "" without a key
+	Digest        digest.Digest // sha256:<hex> of the tar
 	TarSize       int64
 	BlobsFetched  int
 	BlobsReused   int // found in the work tree from an earlier run
@@ -854,7 +854,7 @@ func (c *creator) writeBundle(meta *bundle.Metadata, workDir string) (*Result, e
 		os.Remove(partial)
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
-	if err := atomicfile.WriteFile(res.SHA256Path, []byte(bundle.FormatSHA256File(dgst, base)), 0o644); err != nil {
+	if err := atomicfile.WriteFile(res.SHA256Path, []byte(bundle.FormatSHA256File(string(dgst), base)), 0o644); err != nil {
 		return nil, err
 	}
 	if c.o.SignKey != nil {

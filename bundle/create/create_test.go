@@ -88,7 +88,7 @@ func TestCreate_WritesBundleOfReleaseAndExtras(t *testing.T) {
 		t.Fatalf("tar %s", res.TarPath)
 	}
 	sha, err := os.ReadFile(res.SHA256Path)
-	if err != nil || string(sha) != strings.TrimPrefix(res.Digest, "sha256:")+"  upgrade-4.13.7-x86_64.tar\n" {
+	if err != nil || string(sha) != res.Digest.Encoded()+"  upgrade-4.13.7-x86_64.tar\n" {
 		t.Fatalf(".sha256 %q %v", sha, err)
 	}
 	names := tarNames(t, res.TarPath)
@@ -469,7 +469,7 @@ func writeTree(t *testing.T, meta *bundle.Metadata, root string) string {
 		t.Fatal(err)
 	}
 	sidecar := strings.TrimSuffix(p, ".tar") + ".sha256"
-	if err := os.WriteFile(sidecar, []byte(bundle.FormatSHA256File(strings.TrimPrefix(d, "sha256:"), filepath.Base(p))), 0o644); err != nil {
+	if err := os.WriteFile(sidecar, []byte(bundle.FormatSHA256File(d.Encoded(), filepath.Base(p))), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return p

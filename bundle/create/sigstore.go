@@ -77,7 +77,7 @@ func (c *creator) planSignatures(ctx context.Context, plans []*imagePlan) ([]*im
 	for i, pr := range probes {
 		g.Go(func() error {
 			d, _ := bundle.SignedDigest(pr.tag)
-			rp, err := c.planReferrers(gctx, pr.of, d)
+			rp, err := c.planReferrers(gctx, pr.of, string(d))
 			refs[i] = rp
 			return err
 		})

@@ -81,7 +81,7 @@ func newPuller(cfg agent.Config, loader agent.Loader, log *slog.Logger) (*pull.P
 // held once verified and extracted, an error when it refused it.
 func delivered(s agent.Status, digest string) (bool, error) {
 	for _, r := range s.Bundles {
-		if r.Digest != digest {
+		if string(r.Digest) != digest {
 			continue
 		}
 		switch r.Phase {

@@ -34,7 +34,7 @@ func TestValid_OnlyLowercaseSHA256(t *testing.T) {
 
 func TestFromHex(t *testing.T) {
 	hex := strings.Repeat("0f", 32)
-	if d, ok := FromHex(hex); !ok || d != "sha256:"+hex {
+	if d, ok := FromHex(hex); !ok || string(d) != "sha256:"+hex {
 		t.Errorf("FromHex(%q) = %q, %v", hex, d, ok)
 	}
 	if _, ok := FromHex("sha256:" + hex); ok {

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/peer"
 )
 
@@ -24,12 +26,12 @@ import (
 // method set (agent's tests pin both ways at compile time; this package
 // must not import agent).
 type Peers interface {
-	Share(digest string, meta, sig []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error
-	Unshare(digest string)
+	Share(digest digest.Digest, meta, sig []byte, r io.ReaderAt, size int64, pieces *peer.PieceList) error
+	Unshare(digest digest.Digest)
 	Discover(ctx context.Context) ([]peer.PeerOffer, error)
-	Fetch(ctx context.Context, digest, dest string, progress func(peer.Progress)) error
-	ShareLive(digest string, meta, sig []byte, r io.ReaderAt, size int64) (*peer.LiveHasher, error)
-	FetchStream(ctx context.Context, digest, dest string, window int64, progress func(peer.Progress), consume peer.StreamConsumer) (*peer.PieceList, error)
+	Fetch(ctx context.Context, digest digest.Digest, dest string, progress func(peer.Progress)) error
+	ShareLive(digest digest.Digest, meta, sig []byte, r io.ReaderAt, size int64) (*peer.LiveHasher, error)
+	FetchStream(ctx context.Context, digest digest.Digest, dest string, window int64, progress func(peer.Progress), consume peer.StreamConsumer) (*peer.PieceList, error)
 	Statuses(ctx context.Context) map[string]peer.PeerStatus
 	SetPeers(peers []string)
 }
@@ -42,7 +44,7 @@ func Run(t *testing.T, pair Pair) {
 	data := make([]byte, 3<<20+123)
 	rand.Read(data)
 	sum := sha256.Sum256(data)
-	digest := "sha256:" + hex.EncodeToString(sum[:])
+	digest := digest.Digest("sha256:" + hex.EncodeToString(sum[:]))
 	meta := []byte(`{"version":"4.13.7","arch":"x86_64"}`)
 	sig := []byte("untrusted comment: signature from minisign secret key\nRUQ...\n")
 
@@ -155,7 +157,7 @@ func Run(t *testing.T, pair Pair) {
 	})
 	t.Run("AnUnknownDigestIsNotFetched", func(t *testing.T) {
 		_, dst, _ := pair(t)
-		other := "sha256:" + hex.EncodeToString(make([]byte, 32))
+		other := sha256Of(hex.EncodeToString(make([]byte, 32)))
 		if err := dst.Fetch(t.Context(), other, filepath.Join(t.TempDir(), "x.tar"), func(peer.Progress) {}); err == nil {
 			t.Fatal("fetched a bundle no peer has")
 		}
@@ -182,9 +184,13 @@ func readAll(out *bytes.Buffer) peer.StreamConsumer {
 }
 
 // checkList fails unless pl is a whole, valid piece list of the bundle.
-func checkList(t *testing.T, pl *peer.PieceList, digest string, size int) {
+func checkList(t *testing.T, pl *peer.PieceList, digest digest.Digest, size int) {
 	t.Helper()
 	if pl == nil || pl.Digest != digest || pl.Size != int64(size) || pl.Partial || pl.Validate() != nil {
 		t.Fatalf("piece list %+v, want the whole bundle's", pl)
 	}
 }
+
+// sha256Of is the digest "sha256:"+hexd, where a digest variable hides
+// the package.
+func sha256Of(hexd string) digest.Digest { return digest.Digest("sha256:" + hexd) }

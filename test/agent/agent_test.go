@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
@@ -92,7 +94,7 @@ func stickFiles(t *testing.T, tarPath string) []udevenv.File {
 	return []udevenv.File{{Name: filepath.Base(tarPath), Path: tarPath}, {Name: filepath.Base(sha), Path: sha}}
 }
 
-func mediumBundle(t *testing.T) (string, string) {
+func mediumBundle(t *testing.T) (string, digest.Digest) {
 	var images []string
 	for i := range 8 {
 		images = append(images, fmt.Sprintf("quay.io/a/image-%d", i))
@@ -121,7 +123,7 @@ func TestAgent_Ext4StickIsVerifiedAndExtracted(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"STATUS=waiting for an upgrade stick", "STATUS=verifying upgrade-4.13.7-x86_64.tar: ",
-		"STATUS=extracted upgrade-4.13.7-x86_64.tar (sha256:" + strings.TrimPrefix(digest, "sha256:")[:12] + "): the stick can be unplugged"} {
+		"STATUS=extracted upgrade-4.13.7-x86_64.tar (sha256:" + strings.TrimPrefix(string(digest), "sha256:")[:12] + "): the stick can be unplugged"} {
 		if !notify.saw(want) {
 			t.Errorf("systemd was never told %q; got:\n%s", want, notify.all())
 		}
@@ -151,7 +153,7 @@ func TestAgent_RawStickNeedsAndUsesAnApprovedDigest(t *testing.T) {
 	}
 	img := udevenv.RawImage(t, udevenv.File{Name: "raw", Data: tb})
 	cfg := ferryenv.Config(t.TempDir())
-	cfg.ApprovedDigests = []string{digest}
+	cfg.ApprovedDigests = []string{string(digest)}
 	cfg.Approval = "required"
 	a := ferryenv.Start(t, cfg)
 	a.WaitPhase(bound, "idle")

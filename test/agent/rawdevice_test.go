@@ -28,13 +28,13 @@ func TestCLI_RawDeviceVerifiesAndExtractsWithTheSameDigest(t *testing.T) {
 	if code := exitCode(err); code != 1 || !strings.Contains(string(out), "approve") {
 		t.Fatalf("a raw device with no approved digest: exit %d\n%s", code, out)
 	}
-	out, err = exec.Command(ferry, "bundle", "verify", loop.Dev, "--quiet", "--approved-digest", digest).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), digest) {
+	out, err = exec.Command(ferry, "bundle", "verify", loop.Dev, "--quiet", "--approved-digest", string(digest)).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), string(digest)) {
 		t.Fatalf("verify %s: %v\n%s", loop.Dev, err, out)
 	}
 	dest := filepath.Join(t.TempDir(), "x")
-	out, err = exec.Command(ferry, "bundle", "extract", loop.Dev, "--quiet", "--approved-digest", digest, "--dest", dest).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), digest) {
+	out, err = exec.Command(ferry, "bundle", "extract", loop.Dev, "--quiet", "--approved-digest", string(digest), "--dest", dest).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), string(digest)) {
 		t.Fatalf("extract %s: %v\n%s", loop.Dev, err, out)
 	}
 	if _, err := os.Stat(filepath.Join(dest, "metadata.json")); err != nil {

@@ -80,7 +80,7 @@ func Make(size, blobSize int64, out string) (string, error) {
 	if err := os.Rename(tarPath+".partial", tarPath); err != nil {
 		return "", err
 	}
-	line := bundle.FormatSHA256File(strings.TrimPrefix(digest, "sha256:"), filepath.Base(tarPath))
+	line := bundle.FormatSHA256File(string(digest), filepath.Base(tarPath))
 	if err := os.WriteFile(strings.TrimSuffix(tarPath, ".tar")+".sha256", []byte(line), 0o644); err != nil {
 		return "", err
 	}

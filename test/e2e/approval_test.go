@@ -31,7 +31,7 @@ func TestHost_AnUnapprovedBundleIsExtractedButNeverLoadedUntilApproved(t *testin
 	s := a.Wait(bound, "waiting for approval", func(s agent.Status) bool {
 		return strings.Contains(s.Reason, "waiting for approval")
 	})
-	if s.Phase != string(agent.PhaseExtracted) || !strings.Contains(s.Line, s.Digest) {
+	if s.Phase != string(agent.PhaseExtracted) || !strings.Contains(s.Line, string(s.Digest)) {
 		t.Fatalf("status %+v", s)
 	}
 	time.Sleep(2 * time.Second) // the loop turns: still nothing loaded
@@ -54,7 +54,7 @@ func TestHost_AnUnapprovedBundleIsExtractedButNeverLoadedUntilApproved(t *testin
 	}
 
 	a.Stop()
-	cfg.ApprovedDigests = []string{s.Digest}
+	cfg.ApprovedDigests = []string{string(s.Digest)}
 	a = ferryenv.Start(t, cfg)
 	a.WaitPhase(bound, agent.PhaseClusterReady)
 	checkPinned(t, cl, refsOf(meta), true)

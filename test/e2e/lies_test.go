@@ -33,7 +33,7 @@ func remake(t *testing.T, meta *bundle.Metadata, tree string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(strings.TrimSuffix(p, ".tar")+".sha256", []byte(bundle.FormatSHA256File(digest, filepath.Base(p))), 0o644); err != nil {
+	if err := os.WriteFile(strings.TrimSuffix(p, ".tar")+".sha256", []byte(bundle.FormatSHA256File(string(digest), filepath.Base(p))), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return p

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
@@ -95,7 +97,7 @@ func TestHost_APeerThatLiesAboutItsBundleFillsNothing(t *testing.T) {
 }
 
 // lyingPeer serves served as the bundle digest, offered with meta.
-func lyingPeer(t *testing.T, digest string, meta *bundle.Metadata, served []byte) (string, *atomic.Int64) {
+func lyingPeer(t *testing.T, d string, meta *bundle.Metadata, served []byte) (string, *atomic.Int64) {
 	t.Helper()
 	mb, err := json.Marshal(meta)
 	if err != nil {
@@ -103,11 +105,11 @@ func lyingPeer(t *testing.T, digest string, meta *bundle.Metadata, served []byte
 	}
 	shelf := peer.NewShelf(peer.ShelfOptions{})
 	t.Cleanup(func() { shelf.Close() })
-	if err := shelf.Add(digest, mb, bytes.NewReader(served), int64(len(served))); err != nil {
+	if err := shelf.Add(digest.Digest(d), mb, bytes.NewReader(served), int64(len(served))); err != nil {
 		t.Fatal(err)
 	}
 	srv := peer.NewServer(shelf, peer.ServerOptions{Status: func() peer.Status {
-		return peer.Status{Node: "liar", Phase: string(agent.PhaseExtracted), Digest: digest, Version: meta.Version}
+		return peer.Status{Node: "liar", Phase: string(agent.PhaseExtracted), Digest: digest.Digest(d), Version: meta.Version}
 	}})
 	var sent atomic.Int64
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -110,7 +110,7 @@ func TestHost_AnUpgradeToolBundleIsVerifiedExtractedAndLoaded(t *testing.T) {
 		if out, err := a.Ferry("load", tarPath); err != nil {
 			t.Fatalf("ferry load: %v\n%s", err, out)
 		}
-		if s := a.WaitPhase(bound, agent.PhaseClusterReady); s.Digest != digest {
+		if s := a.WaitPhase(bound, agent.PhaseClusterReady); string(s.Digest) != digest {
 			t.Fatalf("loaded %s, want %s", s.Digest, digest)
 		}
 		checkPinned(t, c.Client(t), refs, true)
@@ -130,7 +130,7 @@ func TestHost_AnUpgradeToolBundleIsVerifiedExtractedAndLoaded(t *testing.T) {
 		if out, err := a.Ferry("load", dev); err != nil {
 			t.Fatalf("ferry load %s: %v\n%s", dev, err, out)
 		}
-		if s := a.WaitPhase(bound, agent.PhaseClusterReady); s.Digest != digest {
+		if s := a.WaitPhase(bound, agent.PhaseClusterReady); string(s.Digest) != digest {
 			t.Fatalf("loaded %s, want %s", s.Digest, digest)
 		}
 		checkPinned(t, c.Client(t), refs, true)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/kube"
@@ -165,7 +167,9 @@ func TestPolicy_UpgradeBundlesAreBoundedByNameAndSize(t *testing.T) {
 	invalid(t, "a condition message of 64 KiB", grown(func(_ *cluster.BundleSummary, n *cluster.BundleNodeEntry) {
 		n.Conditions[1].Message = strings.Repeat("m", 64<<10)
 	}), "message")
-	invalid(t, "a digest that is not one", grown(func(_ *cluster.BundleSummary, n *cluster.BundleNodeEntry) { n.Digest = strings.Repeat("d", 4096) }), "digest")
+	invalid(t, "a digest that is not one", grown(func(_ *cluster.BundleSummary, n *cluster.BundleNodeEntry) {
+		n.Digest = digest.Digest(strings.Repeat("d", 4096))
+	}), "digest")
 	if ub, _, err := a.UpgradeBundle(ctx, name); err != nil || ub.Nodes["node-a"].Reason != long {
 		t.Errorf("after the refusals: %+v, %v", ub.Nodes["node-a"], err)
 	}
@@ -186,9 +190,9 @@ func TestPolicy_ANodeCannotForgeTheSummaryOrAnotherNodesEvents(t *testing.T) {
 	if err := b.CreateUpgradeBundle(ctx, name); err != nil {
 		t.Fatal(err)
 	}
-	real, forged := "sha256:"+strings.Repeat("a", 64), "sha256:"+strings.Repeat("f", 64)
-	honest := cluster.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: real, Phase: "loaded", NodesReady: "1/2", Approved: "digest"}
-	if err := b.PublishBundleStatus(ctx, name, honest, "node-b", cluster.BundleNodeEntry{Phase: "loaded", Digest: real}); err != nil {
+	real, forged := "sha256:"+strings.Repeat("a", 64), digest.Digest("sha256:"+strings.Repeat("f", 64))
+	honest := cluster.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: digest.Digest(real), Phase: "loaded", NodesReady: "1/2", Approved: "digest"}
+	if err := b.PublishBundleStatus(ctx, name, honest, "node-b", cluster.BundleNodeEntry{Phase: "loaded", Digest: digest.Digest(real)}); err != nil {
 		t.Fatalf("node-b's honest status: %v", err)
 	}
 	publish := func(f func(s *cluster.BundleSummary, n *cluster.BundleNodeEntry)) error {
@@ -209,7 +213,7 @@ func TestPolicy_ANodeCannotForgeTheSummaryOrAnotherNodesEvents(t *testing.T) {
 	denied(t, "the real digest beside its own other one", publish(func(s *cluster.BundleSummary, _ *cluster.BundleNodeEntry) { s.Phase = "extracted" }), policy)
 	denied(t, "an empty digest with the disagreement hidden", publish(func(s *cluster.BundleSummary, _ *cluster.BundleNodeEntry) { s.Digest = "" }), policy)
 	agreeing := func(f func(s *cluster.BundleSummary)) func(*cluster.BundleSummary, *cluster.BundleNodeEntry) {
-		return func(s *cluster.BundleSummary, n *cluster.BundleNodeEntry) { n.Digest = real; f(s) }
+		return func(s *cluster.BundleSummary, n *cluster.BundleNodeEntry) { n.Digest = digest.Digest(real); f(s) }
 	}
 	denied(t, "more nodes ready than the entries say", publish(agreeing(func(s *cluster.BundleSummary) { s.NodesReady = "2/2" })), policy)
 	denied(t, "more ready than waited for", publish(agreeing(func(s *cluster.BundleSummary) { s.NodesReady = "1/0" })), policy)
@@ -228,7 +232,7 @@ func TestPolicy_ANodeCannotForgeTheSummaryOrAnotherNodesEvents(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("node-a's own entry with the disagreement said: %v", err)
 	}
-	denied(t, "node-b's summary hiding the disagreement", b.PublishBundleStatus(ctx, name, honest, "node-b", cluster.BundleNodeEntry{Phase: "loaded", Digest: real}), policy)
+	denied(t, "node-b's summary hiding the disagreement", b.PublishBundleStatus(ctx, name, honest, "node-b", cluster.BundleNodeEntry{Phase: "loaded", Digest: digest.Digest(real)}), policy)
 	if got := e.Bundle(name)["status"].(map[string]any); got["approved"] != "digests disagree" || got["digest"] != nil && got["digest"] != "" {
 		t.Errorf("the summary with the entries disagreeing: %v", got)
 	}

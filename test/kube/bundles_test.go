@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
@@ -46,7 +48,7 @@ func TestClient_UpgradeBundleStatusIsFerrysAndSpecTheAdministrators(t *testing.T
 	if err := c.CreateUpgradeBundle(ctx, bundleName); err != nil {
 		t.Fatalf("created twice: %v", err)
 	}
-	sum := cluster.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: "sha256:" + strings.Repeat("a", 64), Phase: "loading", NodesReady: "0/2"}
+	sum := cluster.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: digest.Digest("sha256:" + strings.Repeat("a", 64)), Phase: "loading", NodesReady: "0/2"}
 	// The entry names the summary's digest, as ferry writes them (the
 	// admission policy refuses a summary its own entry does not back).
 	entry := cluster.BundleNodeEntry{Phase: "loading", Digest: sum.Digest, Conditions: []cluster.BundleCondition{{Type: "Extracted", Status: "True", Reason: "Extracted"}}}
@@ -247,7 +249,7 @@ func TestClient_EachNodeWritesOnlyItsOwn(t *testing.T) {
 	if err := ca.CreateUpgradeBundle(ctx, bundleName); err != nil {
 		t.Fatal(err)
 	}
-	d := "sha256:" + strings.Repeat("a", 64)
+	d := digest.Digest("sha256:" + strings.Repeat("a", 64))
 	sum := cluster.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: d, Phase: "loading", NodesReady: "0/2"}
 	if err := ca.PublishBundleStatus(ctx, bundleName, sum, "node-a", cluster.BundleNodeEntry{Phase: "loading", Digest: d}); err != nil {
 		t.Fatal(err)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/kube"
@@ -115,7 +117,7 @@ func TestPolicy_AKubeletCertificateActsForItsOwnNodeOnly(t *testing.T) {
 	if err := a.CreateUpgradeBundle(ctx, bundleName); err != nil {
 		t.Fatal(err)
 	}
-	digest := "sha256:" + strings.Repeat("a", 64)
+	digest := digest.Digest("sha256:" + strings.Repeat("a", 64))
 	sum := cluster.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: digest, Phase: "loaded", NodesReady: "1/2"}
 	if err := a.PublishBundleStatus(ctx, bundleName, sum, "node-a", cluster.BundleNodeEntry{Phase: "loaded", Digest: digest}); err != nil {
 		t.Fatalf("its own entry: %v", err)

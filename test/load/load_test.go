@@ -39,6 +39,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/create"
 	"github.com/ferry-edge/ferry/peer"
@@ -148,9 +150,9 @@ func TestLoad_PeerServerRangedReads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	digest := "sha256:" + string(sha[:64])
+	digest := digest.Digest("sha256:" + string(sha[:64]))
 	ctx := t.Context()
-	srv := startServer(t, "peer", "FERRY_LOAD_TAR="+tarPath, "FERRY_LOAD_DIGEST="+digest)
+	srv := startServer(t, "peer", "FERRY_LOAD_TAR="+tarPath, "FERRY_LOAD_DIGEST="+string(digest))
 	addr := srv.addr
 	n := clients()
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n, MaxConnsPerHost: n}}
@@ -447,7 +449,7 @@ func serve(mode string) error {
 	var addr string
 	switch mode {
 	case "peer":
-		tarPath, digest := os.Getenv("FERRY_LOAD_TAR"), os.Getenv("FERRY_LOAD_DIGEST")
+		tarPath, digest := os.Getenv("FERRY_LOAD_TAR"), digest.Digest(os.Getenv("FERRY_LOAD_DIGEST"))
 		f, err := os.Open(tarPath)
 		if err != nil {
 			return err

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
@@ -152,7 +154,7 @@ func (an *anode) load(t testing.TB, tarPath string) {
 func (an *anode) waitHolds(t testing.TB, p agent.Phase, digest string) agent.Status {
 	t.Helper()
 	s := an.A.WaitPhase(agentBound, p)
-	if s.Digest != digest {
+	if string(s.Digest) != digest {
 		t.Fatalf("%s is %s with %s, want %s", an.Name, p, s.Digest, digest)
 	}
 	return s
@@ -369,7 +371,7 @@ func TestAgents_StickOnOneNodeEveryNodeLoadsThenHookRunsOnceThere(t *testing.T) 
 			return false
 		}
 		for _, r := range s.Bundles {
-			if r.Digest == digest && r.Hook != nil && !r.Hook.Finished.IsZero() {
+			if string(r.Digest) == digest && r.Hook != nil && !r.Hook.Finished.IsZero() {
 				if r.Hook.Exit != 0 || r.Hook.Error != "" {
 					t.Fatalf("the hook failed on A: exit %d: %s", r.Hook.Exit, r.Hook.Error)
 				}
@@ -395,7 +397,7 @@ func TestAgents_StickOnOneNodeEveryNodeLoadsThenHookRunsOnceThere(t *testing.T) 
 			return false
 		}
 		for _, p := range cs.Peers {
-			if p.Phase != string(agent.PhaseClusterReady) || p.Digest != digest {
+			if p.Phase != string(agent.PhaseClusterReady) || string(p.Digest) != digest {
 				return false
 			}
 		}
@@ -554,7 +556,7 @@ func TestAgents_TwoBundlesInOneClusterConflictNothingLoaded(t *testing.T) {
 		if err == nil || cs.Decision.Verdict != agent.Conflict {
 			t.Errorf("%s: ferry status --cluster must fail with a conflict: %v: %+v", n.Name, err, cs.Decision)
 		}
-		if len(cs.Decision.Digests) != 2 || cs.Decision.Digests[digestX] == nil || cs.Decision.Digests[digestY] == nil {
+		if len(cs.Decision.Digests) != 2 || cs.Decision.Digests[digest.Digest(digestX)] == nil || cs.Decision.Digests[digest.Digest(digestY)] == nil {
 			t.Errorf("%s: the conflict does not name both bundles: %+v", n.Name, cs.Decision.Digests)
 		}
 	}

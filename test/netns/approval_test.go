@@ -55,7 +55,7 @@ func TestAgents_ApprovalTravelsBySignature(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, r := range s.Bundles {
-				if r.Digest == digest && r.Approval != "signature" {
+				if string(r.Digest) == digest && r.Approval != "signature" {
 					t.Errorf("%s approved the bundle by %q", n.Name, r.Approval)
 				}
 			}
@@ -78,7 +78,7 @@ func TestAgents_ApprovalTravelsBySignature(t *testing.T) {
 		}
 		for _, n := range []*anode{a, b} {
 			n.A.Wait(agentBound, n.Name+" to show that "+c.Name+" refuses the bundle", func(s agent.Status) bool {
-				return s.Phase == string(agent.PhaseExtracted) && s.Digest == digest &&
+				return s.Phase == string(agent.PhaseExtracted) && string(s.Digest) == digest &&
 					strings.Contains(s.Reason, "node "+c.Name+" refuses this bundle") && strings.Contains(s.Reason, "trusted_keys")
 			})
 		}

@@ -54,8 +54,8 @@ func TestAgents_RegistryModeEachByteCrossesTheLinkOnce(t *testing.T) {
 			return s.Phase == string(agent.PhaseClusterReady) || s.Phase == string(agent.PhaseUpgrading)
 		})
 		if digest == "" {
-			digest = s.Digest
-		} else if s.Digest != digest {
+			digest = string(s.Digest)
+		} else if string(s.Digest) != digest {
 			t.Fatalf("%s holds %s, another node %s", n.Name, s.Digest, digest)
 		}
 		for _, r := range s.Bundles {

@@ -77,7 +77,7 @@ func TestAgents_TheUpgradeBundleRunsTheClusterFromTheAPI(t *testing.T) {
 	e.PatchBundleSpec(name, map[string]any{"approvedDigest": digest})
 	for _, n := range []*anode{a, b} {
 		n.A.Wait(agentBound, "extracted, waiting for C", func(s agent.Status) bool {
-			return s.Phase == string(agent.PhaseExtracted) && s.Digest == digest && strings.Contains(s.Reason, c.IP+":8090 (unreachable)")
+			return s.Phase == string(agent.PhaseExtracted) && string(s.Digest) == digest && strings.Contains(s.Reason, c.IP+":8090 (unreachable)")
 		})
 	}
 	a.checkPinned(t, meta, false)
@@ -168,7 +168,7 @@ func TestAgents_ABundleApprovedAheadInItsUpgradeBundle(t *testing.T) {
 	a.load(t, tarPath)
 	for _, n := range []*anode{a, b} {
 		n.A.Wait(agentBound, "extracted, approved, waiting for C", func(s agent.Status) bool {
-			return s.Phase == string(agent.PhaseExtracted) && s.Digest == digest && strings.Contains(s.Reason, c.IP+":8090 (unreachable)")
+			return s.Phase == string(agent.PhaseExtracted) && string(s.Digest) == digest && strings.Contains(s.Reason, c.IP+":8090 (unreachable)")
 		})
 	}
 	waitFor(t, "status.approved to say how it was approved", func() bool {

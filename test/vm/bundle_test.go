@@ -68,7 +68,7 @@ func makeBundle(t *testing.T, ctx context.Context, e *env, version string, n int
 		if err := f.Close(); err != nil {
 			t.Fatal(err)
 		}
-		hexd := strings.TrimPrefix(d, "sha256:")
+		hexd := d.Encoded()
 		if err := os.WriteFile(filepath.Join(out, meta.Name()+".sha256"),
 			[]byte(bundle.FormatSHA256File(hexd, meta.Name()+".tar")), 0o644); err != nil {
 			t.Fatal(err)

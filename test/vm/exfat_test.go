@@ -92,9 +92,9 @@ func TestSingleNode_ExFATStickWithABundleOver4GiBLoads(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		big.size, big.digest, big.pastHash = n, d, hex.EncodeToString(past.h.Sum(nil))
+		big.size, big.digest, big.pastHash = n, string(d), hex.EncodeToString(past.h.Sum(nil))
 		return os.WriteFile(filepath.Join(root, meta.Name()+".sha256"),
-			[]byte(bundle.FormatSHA256File(strings.TrimPrefix(d, "sha256:"), meta.Name()+".tar")), 0o644)
+			[]byte(bundle.FormatSHA256File(d.Encoded(), meta.Name()+".tar")), 0o644)
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -8,7 +8,6 @@ package main
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -25,21 +24,23 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/peer"
 )
 
 // Report is the status file's content.
 type Report struct {
-	Node        string   `json:"node"`
-	Phase       string   `json:"phase"` // starting, ready (holds whole), fetching, error
-	Digest      string   `json:"digest,omitempty"`
-	Done        int64    `json:"done"`
-	Total       int64    `json:"total"`
-	Pieces      int      `json:"pieces"`
-	StartPieces int      `json:"startPieces"` // pieces held when fetching began (resume)
-	Dropped     []string `json:"dropped,omitempty"`
-	Seconds     float64  `json:"seconds,omitempty"` // fetch time, once ready
-	Error       string   `json:"error,omitempty"`
+	Node        string        `json:"node"`
+	Phase       string        `json:"phase"` // starting, ready (holds whole), fetching, error
+	Digest      digest.Digest `json:"digest,omitempty"`
+	Done        int64         `json:"done"`
+	Total       int64         `json:"total"`
+	Pieces      int           `json:"pieces"`
+	StartPieces int           `json:"startPieces"` // pieces held when fetching began (resume)
+	Dropped     []string      `json:"dropped,omitempty"`
+	Seconds     float64       `json:"seconds,omitempty"` // fetch time, once ready
+	Error       string        `json:"error,omitempty"`
 }
 
 func main() {
@@ -133,8 +134,8 @@ func run() error {
 		f := peer.NewFetcher(opts)
 		start := time.Now()
 		first := true
-		save(func(r *Report) { r.Phase, r.Digest = "fetching", *fetch })
-		err := f.Fetch(ctx, *fetch, *dest, func(p peer.Progress) {
+		save(func(r *Report) { r.Phase, r.Digest = "fetching", digest.Digest(*fetch) })
+		err := f.Fetch(ctx, digest.Digest(*fetch), *dest, func(p peer.Progress) {
 			save(func(r *Report) {
 				if first {
 					r.StartPieces, first = p.Pieces, false
@@ -160,12 +161,12 @@ func run() error {
 	}
 }
 
-func fileDigest(f *os.File) (string, error) {
+func fileDigest(f *os.File) (digest.Digest, error) {
 	h := sha256.New()
 	if _, err := io.Copy(h, io.NewSectionReader(f, 0, 1<<62)); err != nil {
 		return "", err
 	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+	return digest.NewDigestFromBytes(digest.SHA256, h.Sum(nil)), nil
 }
 
 // serveProxy relays to upstream, flipping one byte in every tar body.
