@@ -163,7 +163,7 @@ func apiHarness(t *testing.T) (*harness, *fakeAPI) {
 func TestUpgrade_StartsFollowsAndCleansUpThroughTheAPI(t *testing.T) {
 	h, api := apiHarness(t)
 	marker := filepath.Join(t.TempDir(), "hook.out")
-	h.cfg.Cluster.OnReady = []string{"/bin/sh", "-c", "echo $FERRY_VERSION >> " + marker}
+	h.cfg.Cluster.OnReady = []string{"/bin/sh", "-c", "echo $FERRY_VERSION $FERRY_RELEASE $FERRY_DIGEST >> " + marker}
 	h.start()
 	src, digest := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
@@ -173,7 +173,8 @@ func TestUpgrade_StartsFollowsAndCleansUpThroughTheAPI(t *testing.T) {
 	if u := api.starts[0]; u.Release != release || u.Version != "4.13.7" || u.Force {
 		t.Fatalf("asked for %+v", u)
 	}
-	h.waitFor("the hook after the API", func() bool { b, _ := os.ReadFile(marker); return string(b) == "4.13.7\n" })
+	hookSaw := "4.13.7 " + release + " " + string(digest) + "\n"
+	h.waitFor("the hook after the API", func() bool { b, _ := os.ReadFile(marker); return string(b) == hookSaw })
 
 	api.set(release, cluster.UpgradeStatus{State: cluster.UpgradeRunning, Message: "Working towards 4.13.7: 106 of 841 done (12% complete)"})
 	s := h.waitPhase(PhaseUpgrading)
