@@ -35,8 +35,9 @@ import (
 // shareWait; a request that finds no pull under way, or waits longer, is
 // 503 with Retry-After, so the follower asks again.
 
-// shareWait bounds one request's wait for what the pull still fetches.
-const shareWait = 20 * time.Second
+// shareWait bounds one request's wait for what the pull still fetches,
+// within the peers' response header timeout (15 s).
+const shareWait = 10 * time.Second
 
 // SignaturePath is where Handler serves the release signatures, as a
 // signature store (create.FetchSignatures) does.
