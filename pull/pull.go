@@ -234,6 +234,10 @@ type Options struct {
 	// Peers is how a follower reaches the node it follows (Request.From);
 	// nil: this node follows none.
 	Peers *PeerAccess
+	// ShareWait bounds how long a follower's request waits for what
+	// this node's pull has not fetched yet (Handler); 0: 10 s, within
+	// the peers' response header timeout (15 s).
+	ShareWait time.Duration
 }
 
 // PeerAccess is the peers' transport: it adds the peers' token, or
@@ -267,10 +271,13 @@ func New(o Options) (*Puller, error) {
 	if o.Backoff <= 0 {
 		o.Backoff = 30 * time.Second
 	}
+	if o.ShareWait <= 0 {
+		o.ShareWait = 10 * time.Second
+	}
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("pull: %w", err)
 	}
-	p := &Puller{o: o, log: o.Log.With("part", "pull"), wake: make(chan struct{}, 1), shared: newShared()}
+	p := &Puller{o: o, log: o.Log.With("part", "pull"), wake: make(chan struct{}, 1), shared: newShared(o.ShareWait)}
 	if b, err := os.ReadFile(p.requestPath()); err == nil {
 		var r Request
 		if json.Unmarshal(b, &r) == nil && r.Check() == nil {

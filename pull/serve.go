@@ -32,12 +32,8 @@ import (
 //	GET /v1/pull/signatures/sha256=<hex>/signature-<n>
 //
 // What the pull has not resolved or fetched yet is waited for, at most
-// shareWait; a request that finds no pull under way, or waits longer, is
+// Options.ShareWait; a request that finds no pull under way, or waits longer, is
 // 503 with Retry-After, so the follower asks again.
-
-// shareWait bounds one request's wait for what the pull still fetches,
-// within the peers' response header timeout (15 s).
-const shareWait = 10 * time.Second
 
 // SignaturePath is where Handler serves the release signatures, as a
 // signature store (create.FetchSignatures) does.
@@ -51,6 +47,7 @@ var (
 // shared is the pull under way as the other nodes see it; it is the
 // run's create.Sharer.
 type shared struct {
+	bound   time.Duration // of one request's wait
 	mu      sync.Mutex
 	running bool
 	res     *create.Resolution
@@ -59,7 +56,9 @@ type shared struct {
 	served  atomic.Int64  // bytes sent to followers
 }
 
-func newShared() *shared { return &shared{changed: make(chan struct{})} }
+func newShared(bound time.Duration) *shared {
+	return &shared{bound: bound, changed: make(chan struct{})}
+}
 
 // update changes the state under the lock and wakes the waiters.
 func (s *shared) update(f func()) {
@@ -88,9 +87,9 @@ func (s *shared) Arrived(d digest.Digest) {
 }
 
 // wait returns the run's resolution once ready says what it needs is
-// there, or nil: no run under way, ctx ended, or shareWait passed.
+// there, or nil: no run under way, ctx ended, or the bound passed.
 func (s *shared) wait(ctx context.Context, ready func(*create.Resolution, map[digest.Digest]bool) bool) *create.Resolution {
-	t := time.NewTimer(shareWait)
+	t := time.NewTimer(s.bound)
 	defer t.Stop()
 	for {
 		s.mu.Lock()
