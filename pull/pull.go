@@ -335,23 +335,22 @@ func (p *Puller) start(req Request, again bool) error {
 	return nil
 }
 
-// Unfollow ends a follower's pull of release (the agent holds it: it
-// came through the peers first); a node's own pull goes on.
+// Unfollow ends a follower's pull of release while it fetches (the
+// agent holds the release: it came through the peers first). One that
+// made its bundle is left to hand it over; a node's own pull goes on.
 func (p *Puller) Unfollow(release string) {
 	p.mu.Lock()
-	req := p.req
+	req, st, abort := p.req, p.st, p.abort
 	p.mu.Unlock()
-	if req == nil || req.From == "" || req.Release != release {
+	if req == nil || req.From == "" || req.Release != release || st == nil || st.State == StateHanding || st.State == StateDone {
 		return
 	}
 	p.log.Info("the agent holds the release: following the other node's pull ends", "release", release, "from", req.FromNode)
+	if abort != nil {
+		abort()
+	}
 	p.set(func(s *Status) { s.State = StateDone })
 	p.forget(*req)
-	p.mu.Lock()
-	if p.abort != nil {
-		p.abort()
-	}
-	p.mu.Unlock()
 }
 
 // Status is the pull's progress; nil when there is none.

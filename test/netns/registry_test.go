@@ -19,10 +19,12 @@ import (
 // response midway, which every node's registries.conf mirrors quay.io to.
 // The administrator creates an UpgradeBundle whose spec.source names the
 // release by digest and an extra image: the first node pulls it, showing
-// its progress in the resource; every node ends loaded with every image
-// pinned, the others approving the bundle by what it holds; at most 1.05×
-// one copy crossed the link; the link is then taken down and the upgrade
-// proceeds (desiredUpdate written) as for a bundle.
+// its progress in the resource, and serves what arrived to the others,
+// which follow its pull, receiving blobs from it while it still pulls;
+// every node ends loaded with every image pinned, on one digest, the
+// others approving the bundle by what it holds; at most 1.05× one copy
+// crossed the link; the link is then taken down and the upgrade proceeds
+// (desiredUpdate written) as for a bundle.
 func TestAgents_RegistryModeEachByteCrossesTheLinkOnce(t *testing.T) {
 	e := kubeenv.Start(t, runningRelease)
 	e.InstallFerry()
@@ -49,10 +51,19 @@ func TestAgents_RegistryModeEachByteCrossesTheLinkOnce(t *testing.T) {
 	})
 	var meta *bundle.Metadata
 	digest := ""
+	var shared int64
 	for _, n := range f.nodes {
 		s := n.A.Wait(agentBound, n.Name+" cluster-ready", func(s agent.Status) bool {
 			return s.Phase == string(agent.PhaseClusterReady) || s.Phase == string(agent.PhaseUpgrading)
 		})
+		switch {
+		case s.Pull == nil:
+			t.Errorf("%s shows no pull", n.Name)
+		case n == first:
+			shared = s.Pull.Shared
+		case s.Pull.From != first.Name:
+			t.Errorf("%s did not follow %s's pull: %+v", n.Name, first.Name, s.Pull)
+		}
 		if digest == "" {
 			digest = s.Digest
 		} else if s.Digest != digest {
@@ -69,6 +80,12 @@ func TestAgents_RegistryModeEachByteCrossesTheLinkOnce(t *testing.T) {
 	}
 	for _, n := range f.nodes {
 		n.checkPinned(t, meta, true)
+	}
+	// The puller serves its work tree only while its pull runs: what it
+	// served, the others received before its pull ended.
+	t.Logf("%s served %d bytes to the nodes following its pull while it pulled", first.Name, shared)
+	if shared < meta.SizeBytes/2 {
+		t.Errorf("%s served %d bytes while it pulled a %d-byte release: the others did not follow it as it arrived", first.Name, shared, meta.SizeBytes)
 	}
 	if link.Cuts() < 3 {
 		t.Fatalf("the link cut %d responses: the test shows nothing", link.Cuts())
