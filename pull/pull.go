@@ -125,8 +125,10 @@ type Status struct {
 	Digest   string        `json:"digest,omitempty"` // the bundle made
 	From     string        `json:"from,omitempty"`   // the node followed (Request.FromNode)
 	// Shared is the bytes this node's pull served to the nodes following
-	// it; it serves only while it pulls.
-	Shared int64 `json:"shared,omitempty"`
+	// it; it serves only while it pulls. Waiting is their requests
+	// waiting for blobs it still fetches.
+	Shared  int64 `json:"shared,omitempty"`
+	Waiting int   `json:"waiting,omitempty"`
 }
 
 // Line is the status in one line.
@@ -361,7 +363,7 @@ func (p *Puller) Status() *Status {
 		return nil
 	}
 	s := *p.st
-	s.Shared = p.shared.served.Load()
+	s.Shared, s.Waiting = p.shared.served.Load(), p.shared.waiters()
 	if p.req != nil {
 		_, w := p.limits(*p.req)
 		s.Window = w.String()
@@ -501,16 +503,26 @@ func (p *Puller) createBundle(ctx context.Context, req Request) (*create.Result,
 		err = p.following(ctx, req, &o)
 	} else {
 		err = p.fromRegistry(req, &o)
-		// Served while it runs, and only then: its tree goes with it.
-		p.shared.begin()
-		defer p.shared.end()
 	}
 	if err != nil {
 		return nil, err
 	}
 	p.set(func(s *Status) { s.State, s.Error, s.NextTry = StateFetching, "", time.Time{} })
 	p.log.Info("pulling", "release", req.Release, "extras", len(req.Extras), "mirrors", len(o.Mirrors), "from", cmp.Or(req.FromNode, "the registry"))
-	return create.Run(ctx, o)
+	if o.Share == nil {
+		return create.Run(ctx, o)
+	}
+	// Served while it runs; its tree goes once the requests it is
+	// answering are answered (a follower that waited for the last blob
+	// gets it), and then is served no more.
+	p.shared.begin()
+	o.KeepWork = true
+	res, err := create.Run(ctx, o)
+	p.shared.end()
+	if err == nil {
+		os.RemoveAll(res.WorkDir)
+	}
+	return res, err
 }
 
 // fromRegistry sets o to fetch through the node's registries

@@ -47,13 +47,15 @@ var (
 // shared is the pull under way as the other nodes see it; it is the
 // run's create.Sharer.
 type shared struct {
-	bound   time.Duration // of one request's wait
-	mu      sync.Mutex
-	running bool
-	res     *create.Resolution
-	have    map[digest.Digest]bool
-	changed chan struct{} // closed at each change, then replaced
-	served  atomic.Int64  // bytes sent to followers
+	bound    time.Duration  // of one request's wait
+	inflight sync.WaitGroup // requests let in while running
+	mu       sync.Mutex
+	waiting  int // requests waiting for blobs
+	running  bool
+	res      *create.Resolution
+	have     map[digest.Digest]bool
+	changed  chan struct{} // closed at each change, then replaced
+	served   atomic.Int64  // bytes sent to followers
 }
 
 func newShared(bound time.Duration) *shared {
@@ -74,7 +76,28 @@ func (s *shared) begin() {
 	s.update(func() { s.running, s.res, s.have = true, nil, map[digest.Digest]bool{} })
 }
 
-func (s *shared) end() { s.update(func() { s.running, s.res, s.have = false, nil, nil }) }
+// end stops serving, once the requests let in are answered.
+func (s *shared) end() {
+	s.update(func() { s.running = false })
+	s.inflight.Wait()
+	s.update(func() { s.res, s.have = nil, nil })
+}
+
+// enter lets a request in while a run is served; it calls inflight.Done.
+func (s *shared) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.running {
+		s.inflight.Add(1)
+	}
+	return s.running
+}
+
+func (s *shared) waiters() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.waiting
+}
 
 func (s *shared) Resolved(r *create.Resolution) { s.update(func() { s.res = r }) }
 
@@ -87,26 +110,34 @@ func (s *shared) Arrived(d digest.Digest) {
 }
 
 // wait returns the run's resolution once ready says what it needs is
-// there, or nil: no run under way, ctx ended, or the bound passed.
+// there, or nil: the run ended without it, ctx ended, or the bound
+// passed. A run that ends has resolved and fetched all it holds.
 func (s *shared) wait(ctx context.Context, ready func(*create.Resolution, map[digest.Digest]bool) bool) *create.Resolution {
 	t := time.NewTimer(s.bound)
 	defer t.Stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.waiting++
+	defer func() { s.waiting-- }()
 	for {
-		s.mu.Lock()
-		running, res, ch := s.running, s.res, s.changed
-		ok := running && res != nil && ready(res, s.have)
-		s.mu.Unlock()
-		switch {
-		case ok:
-			return res
-		case !running:
+		if s.res != nil && ready(s.res, s.have) {
+			return s.res
+		}
+		if !s.running {
 			return nil
 		}
+		ch := s.changed
+		s.mu.Unlock()
+		expired := false
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return nil
+			expired = true
 		case <-t.C:
+			expired = true
+		}
+		s.mu.Lock()
+		if expired {
 			return nil
 		}
 	}
@@ -121,9 +152,22 @@ func (p *Puller) Handler() http.Handler {
 		w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
 		w.Write([]byte("{}"))
 	})
-	mux.HandleFunc("GET /v2/", p.shared.registry)
-	mux.HandleFunc("GET "+SignaturePath+"/{release}/{file}", p.shared.signature)
+	mux.HandleFunc("GET /v2/", p.shared.serving(p.shared.registry))
+	mux.HandleFunc("GET "+SignaturePath+"/{release}/{file}", p.shared.serving(p.shared.signature))
 	return mux
+}
+
+// serving lets h answer while a run is served: the run's tree stays
+// until it has.
+func (s *shared) serving(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.enter() {
+			unavailable(w)
+			return
+		}
+		defer s.inflight.Done()
+		h(w, r)
+	}
 }
 
 // registry routes /v2/<name>/<kind>/<ref>: the name may hold slashes.
@@ -210,7 +254,7 @@ func (s *shared) blob(w http.ResponseWriter, r *http.Request, ref string) {
 	}
 	f, err := os.Open(create.BlobPath(res.WorkDir, d))
 	if err != nil {
-		unavailable(w) // the run ended and its tree went
+		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
 	defer f.Close()

@@ -1,6 +1,7 @@
 package pull_test
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
@@ -8,12 +9,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/ferry-edge/ferry/bundle/create"
@@ -24,8 +27,9 @@ import (
 
 const shareToken = "cluster"
 
-// gate holds one blob's download at its half until opened: the pull
-// has then resolved everything, and that blob lies half in .partial/.
+// gate holds one blob's download (a payload image's own layer) at its
+// half until opened: the pull has then resolved everything, and that
+// blob lies half in .partial/.
 type gate struct {
 	base   http.RoundTripper
 	digest string
@@ -69,6 +73,7 @@ type sharing struct {
 	srv     *httptest.Server
 	req     pull.Request
 	layer   string // the held blob
+	size    int64  // its size
 	extra   string // the extra image's digest
 	partial string
 }
@@ -90,7 +95,8 @@ func newSharing(t *testing.T, wait time.Duration) *sharing {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &sharing{reg: reg, layer: m.Layers[0].Digest.String(), extra: extra[strings.LastIndex(extra, "@")+1:]}
+	big := slices.MaxFunc(m.Layers, func(a, b v1.Descriptor) int { return cmp.Compare(a.Size, b.Size) })
+	s := &sharing{reg: reg, layer: big.Digest.String(), size: big.Size, extra: extra[strings.LastIndex(extra, "@")+1:]}
 	base, err := create.NewTransport(reg.CertsDir, true)
 	if err != nil {
 		t.Fatal(err)
@@ -117,6 +123,16 @@ func (s *sharing) start(t *testing.T) {
 	waitUntil(t, "the held blob half in .partial/", func() bool {
 		fi, err := os.Stat(s.partial)
 		return err == nil && fi.Size() > 0
+	})
+}
+
+// followed waits until f has every blob of the pull but the held one,
+// and asks for that one, waiting for it: the pull cannot end before.
+func (s *sharing) followed(t *testing.T, f *harness) {
+	t.Helper()
+	waitUntil(t, "the follower to hold all but the held blob, and wait for it", func() bool {
+		fs := f.p.Status()
+		return fs.ToFetch > 0 && fs.Bytes+s.size == fs.ToFetch && s.p.Status().Waiting > 0
 	})
 }
 
@@ -275,9 +291,9 @@ func TestFollow_MakesTheSameBundleWhileThePullRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Served while the pull holds a blob at its half: not yet done.
-	waitUntil(t, "the follower to get blobs from the pull under way", func() bool { return s.p.Status().Shared > 0 })
-	if st := s.p.Status(); st.State != pull.StateFetching {
-		t.Fatalf("the pull is %s, want still fetching", st.State)
+	s.followed(t, f)
+	if st := s.p.Status(); st.State != pull.StateFetching || st.Shared == 0 {
+		t.Fatalf("the pull is %s having served %d bytes, want still fetching, having served", st.State, st.Shared)
 	}
 	s.gate.release()
 	ps := s.wait(t, "the pull's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
@@ -287,5 +303,29 @@ func TestFollow_MakesTheSameBundleWhileThePullRuns(t *testing.T) {
 	}
 	if fs.From != "node-a" || !strings.Contains(fs.Line(), "node node-a") {
 		t.Errorf("the follower's status does not name the node it follows: %+v / %q", fs, fs.Line())
+	}
+}
+
+// A node following a pull that is not under way (the pulling node not
+// started yet, or restarting) keeps asking, never failing for good, and
+// makes the bundle once the pull runs.
+func TestFollow_KeepsAskingUntilThePullRuns(t *testing.T) {
+	s := newSharing(t, time.Minute)
+	f := newHarness(t, s.reg, pull.Options{Backoff: 300 * time.Millisecond,
+		Peers: &pull.PeerAccess{Transport: peer.NewClient(shareToken, nil).Transport()}})
+	f.run(t)
+	follow := s.req
+	follow.From, follow.FromNode = strings.TrimPrefix(s.srv.URL, "http://"), "node-a"
+	if err := f.p.Ensure(follow); err != nil {
+		t.Fatal(err)
+	}
+	f.wait(t, "the follower's second failed try", func(st *pull.Status) bool { return st.State == pull.StateRetrying && st.Attempts >= 2 })
+	s.start(t)
+	s.followed(t, f)
+	s.gate.release()
+	ps := s.wait(t, "the pull's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
+	fs := f.wait(t, "the follower's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
+	if fs.Digest != ps.Digest || fs.Digest == "" {
+		t.Errorf("the follower made %s, the puller %s: want the same bundle", fs.Digest, ps.Digest)
 	}
 }
