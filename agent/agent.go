@@ -128,6 +128,9 @@ type Puller interface {
 	// Ensure pulls req unless it is under way, done or failed for good
 	// (the cluster's UpgradeBundle, read again and again).
 	Ensure(req pull.Request) error
+	// Unfollow ends this node's following of another's pull of release
+	// (the agent holds it already).
+	Unfollow(release string)
 	Status() *pull.Status
 }
 
@@ -166,6 +169,9 @@ type Agent struct {
 	// awaitingSource: the cluster asks for a release from the registry
 	// that this node does not hold yet (registry.go): it moves.
 	awaitingSource atomic.Bool
+	// peerNodes is each peer's address by the node name it reports: a
+	// node follows the pulling node's pull at its address.
+	peerNodes atomic.Pointer[map[string]string]
 	// followed is fired when what the API's followers act on changes in
 	// the snapshot (followKey).
 	followed signal

@@ -189,6 +189,7 @@ type harness struct {
 	peers  Peers
 	api    *fakeAPI
 	admit  func(*bundle.Metadata, bundle.Tree) (bundle.Admission, error) // Deps.Admit
+	puller Puller
 	agent  *Agent
 	cancel context.CancelFunc
 	done   chan error
@@ -220,7 +221,8 @@ func (h *harness) newAgent() *Agent {
 		api = h.api
 	}
 	a, err := New(h.cfg, Deps{Devices: h.dev, Media: h.media, Loader: h.loader, Notify: h.lines, Peers: h.peers,
-		API: api, APIPoll: 20 * time.Millisecond, PeerPoll: 50 * time.Millisecond, RetryBase: 10 * time.Millisecond, Now: func() time.Time { return harnessClock }, Admit: h.admit})
+		API: api, APIPoll: 20 * time.Millisecond, PeerPoll: 50 * time.Millisecond, RetryBase: 10 * time.Millisecond, Now: func() time.Time { return harnessClock }, Admit: h.admit,
+		Puller: h.puller})
 	if err != nil {
 		h.t.Fatal(err)
 	}

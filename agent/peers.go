@@ -48,6 +48,7 @@ func (a *Agent) pollPeers(ctx context.Context, interval time.Duration, out chan<
 		offers, _ := a.deps.Peers.Discover(pctx)
 		st := a.deps.Peers.Statuses(pctx)
 		cancel()
+		a.notePeerNodes(st)
 		select {
 		case out <- view{offers: offers, statuses: st, at: time.Now()}:
 		case <-ctx.Done():

@@ -8,13 +8,17 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
+	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/pull"
 )
 
 // Registry mode with the cluster's API: an UpgradeBundle whose
 // spec.source names a release has one node pull it from the site's
-// registry (pull.Puller); that node's bundle reaches the others through
-// the peers, approved on each by what it holds (bundle.ApprovalSource).
+// registry (pull.Puller); the others follow that pull through the peers
+// as it arrives, each making the same bundle from the puller's work
+// tree, and the puller's bundle reaches them through the peers too,
+// approved on each by what it holds (bundle.ApprovalSource): whichever
+// comes first, the digest is one.
 
 // evClusterSources: the releases the cluster's UpgradeBundles ask for
 // from the registry.
@@ -60,15 +64,42 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 		return err
 	}
 	for _, s := range srcs {
-		if pullerOf(s, nodes.ready) != a.cfg.NodeName || a.holdsRelease(s.Release) {
+		if a.holdsRelease(s.Release) {
+			a.deps.Puller.Unfollow(s.Release)
 			continue
 		}
-		req := pull.Request{Release: s.Release, Extras: s.Extras, Bundle: s.Bundle, RateLimit: s.RateLimit, Window: s.Window}
+		req := pull.Request{Release: s.Release, Extras: s.Extras, Bundle: s.Bundle, RateLimit: s.RateLimit, Window: s.Window, Created: s.Created}
+		if puller := pullerOf(s, nodes.ready); puller != a.cfg.NodeName {
+			// Followed at its peer address, once a peer reports it.
+			if req.From = a.peerAddr(puller); req.From == "" {
+				continue
+			}
+			req.FromNode = puller
+		}
 		if err := a.deps.Puller.Ensure(req); err != nil {
-			a.log.Warn("cannot pull the release the UpgradeBundle asks for", "bundle", s.Bundle, "release", s.Release, "err", err)
+			a.log.Warn("cannot pull the release the UpgradeBundle asks for", "bundle", s.Bundle, "release", s.Release, "from", req.FromNode, "err", err)
 		}
 	}
 	return nil
+}
+
+// peerAddr is node's peer address, "" while no peer reported it.
+func (a *Agent) peerAddr(node string) string {
+	if m := a.peerNodes.Load(); m != nil {
+		return (*m)[node]
+	}
+	return ""
+}
+
+// notePeerNodes keeps each peer's address by the node it reports.
+func (a *Agent) notePeerNodes(st map[string]peer.PeerStatus) {
+	m := map[string]string{}
+	for addr, s := range st {
+		if s.Err == nil && s.Node != "" {
+			m[s.Node] = addr
+		}
+	}
+	a.peerNodes.Store(&m)
 }
 
 func sameSource(a, b cluster.RegistrySource) bool {

@@ -64,4 +64,7 @@ type RegistrySource struct {
 	Node      string // the node that pulls; "" the first Ready node by name
 	RateLimit string // bytes per second over the link ("2MiB")
 	Window    string // local time, "22:00-06:00"
+	// Created is the resource's creation time: the bundle's
+	// metadata.created on every node that makes it.
+	Created time.Time
 }

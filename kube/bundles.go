@@ -61,8 +61,9 @@ type upgradeBundle struct {
 	APIVersion string `json:"apiVersion"`
 	Kind       string `json:"kind"`
 	Metadata   struct {
-		Name string `json:"name"`
-		UID  string `json:"uid,omitempty"`
+		Name              string    `json:"name"`
+		UID               string    `json:"uid,omitempty"`
+		CreationTimestamp time.Time `json:"creationTimestamp,omitzero"`
 	} `json:"metadata"`
 	Spec   bundleSpec `json:"spec"`
 	Status struct {
@@ -238,7 +239,7 @@ func sourcesOf(bundles []upgradeBundle) []cluster.RegistrySource {
 	for _, b := range bundles {
 		if s := b.Spec.Source; s != nil && s.Release != "" && !b.Spec.Cleanup {
 			out = append(out, cluster.RegistrySource{Bundle: b.Metadata.Name, Release: s.Release, Extras: s.ExtraImages,
-				Node: s.Node, RateLimit: s.RateLimit, Window: s.Window})
+				Node: s.Node, RateLimit: s.RateLimit, Window: s.Window, Created: b.Metadata.CreationTimestamp})
 		}
 	}
 	return out

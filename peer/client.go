@@ -62,6 +62,29 @@ func NewClient(token string, hc *http.Client) *Client {
 	return &Client{hc: hc, token: token, scheme: "http", idleRead: 30 * time.Second, minRate: DefaultMinRate, rateWindow: DefaultRateWindow}
 }
 
+// Transport is the client's transport with its credential (the token
+// added to each request, or this node's certificate), for other
+// protocols spoken to the peers (a node following another's pull).
+func (c *Client) Transport() http.RoundTripper {
+	return tokenTransport{base: c.hc.Transport, token: c.token}
+}
+
+// TLS reports whether the client speaks HTTPS (node identities).
+func (c *Client) TLS() bool { return c.scheme == "https" }
+
+type tokenTransport struct {
+	base  http.RoundTripper
+	token string
+}
+
+func (t tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if t.token != "" {
+		r = r.Clone(r.Context())
+		r.Header.Set("Authorization", "Bearer "+t.token)
+	}
+	return t.base.RoundTrip(r)
+}
+
 // StatusError is a peer's answer other than the one asked for.
 type StatusError struct {
 	Peer, Path string

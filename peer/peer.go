@@ -13,6 +13,8 @@
 //	/v1/bundles/<digest>/tar         the tar; one byte range per request (Range: bytes=a-b);
 //	                                 409 for a piece asked as a first copy (FirstCopyHeader) that is already sent
 //	/v1/status                       Status (JSON) of this node
+//	/v2/…, /v1/pull/…                the registry pull under way, for the nodes following it
+//	                                 (ServerOptions.Pull; pull/serve.go)
 //
 // With a token configured every request needs "Authorization: Bearer <token>".
 package peer

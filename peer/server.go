@@ -68,6 +68,10 @@ type ServerOptions struct {
 	// HeaderTimeout is how long a client may take to send a request's
 	// headers (and, between requests, to start the next); 0: 10s.
 	HeaderTimeout time.Duration
+	// Pull, when set, serves the registry pull under way to the nodes
+	// following it (pull.Puller.Handler): /v2/ and /v1/pull/, behind the
+	// same authentication as the bundles.
+	Pull http.Handler
 }
 
 // Server is the read-only peer HTTP handler. See the package comment for
@@ -104,6 +108,10 @@ func NewServer(store Store, opts ServerOptions) *Server {
 	s.mux.HandleFunc("GET /v1/bundles/{digest}/have", s.bundle(s.have))
 	s.mux.HandleFunc("GET /v1/bundles/{digest}/tar", s.bundle(s.tar))
 	s.mux.HandleFunc("GET /v1/status", s.status)
+	if opts.Pull != nil {
+		s.mux.Handle("GET /v2/", opts.Pull)
+		s.mux.Handle("GET /v1/pull/", opts.Pull)
+	}
 	return s
 }
 

@@ -3,16 +3,20 @@
 // configuration and pull secret, into a bundle on the node's disk:
 // resumably, within a rate and a time window, reporting its progress.
 // The bundle is then handed to the agent, which verifies, shares, loads
-// and pins it as it does one from a stick; the other nodes fetch it from
-// this one through the peers, so each byte crosses the site's link once.
+// and pins it as it does one from a stick. While it pulls, the node
+// serves what arrived to the other nodes (serve.go), which make the same
+// bundle from it as it arrives (Request.From), so each byte crosses the
+// site's link once.
 package pull
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -21,7 +25,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 
 	"github.com/ferry-edge/ferry/bundle"
@@ -39,6 +42,14 @@ type Request struct {
 	// RateLimit and Window, when set, replace the node's (Options).
 	RateLimit string `json:"rateLimit,omitempty"`
 	Window    string `json:"window,omitempty"`
+	// Created is the bundle's metadata.created: every node making the
+	// bundle of one request makes the same bytes. Zero: now.
+	Created time.Time `json:"created,omitzero"`
+	// From, for a node that follows another's pull, is that node's peer
+	// address (host:port): every image, blob and signature comes from it
+	// (Handler), never from the site's registry. FromNode names it.
+	From     string `json:"from,omitempty"`
+	FromNode string `json:"fromNode,omitempty"`
 }
 
 // Check refuses a request that names no release by digest, or an image
@@ -61,6 +72,9 @@ func (r Request) Check() error {
 			return fmt.Errorf("rate limit %q is not a size per second (e.g. 2MiB)", r.RateLimit)
 		}
 	}
+	if _, _, err := net.SplitHostPort(r.From); r.From != "" && err != nil {
+		return fmt.Errorf("the node to follow, %q, is no host:port: %v", r.From, err)
+	}
 	_, err = ParseWindow(r.Window)
 	return err
 }
@@ -79,7 +93,7 @@ func (p *Puller) limits(req Request) (int64, Window) {
 }
 
 func (r Request) same(o Request) bool {
-	return r.Release == o.Release && slices.Equal(r.Extras, o.Extras)
+	return r.Release == o.Release && slices.Equal(r.Extras, o.Extras) && r.From == o.From
 }
 
 // States of a pull (Status.State).
@@ -109,6 +123,12 @@ type Status struct {
 	Attempts int           `json:"attempts,omitempty"` // failed runs in a row
 	NextTry  time.Time     `json:"nextTry,omitzero"`
 	Digest   string        `json:"digest,omitempty"` // the bundle made
+	From     string        `json:"from,omitempty"`   // the node followed (Request.FromNode)
+	// Shared is the bytes this node's pull served to the nodes following
+	// it; it serves only while it pulls. Waiting is their requests
+	// waiting for blobs it still fetches.
+	Shared  int64 `json:"shared,omitempty"`
+	Waiting int   `json:"waiting,omitempty"`
 }
 
 // Line is the status in one line.
@@ -116,25 +136,25 @@ func (s Status) Line() string {
 	rel := shortRef(s.Release)
 	switch s.State {
 	case StateWaiting:
-		return fmt.Sprintf("pulling %s from the registry: waiting for the window %s (opens %s)", rel, s.Window, s.NextTry.Local().Format("15:04"))
+		return fmt.Sprintf("pulling %s from %s: waiting for the window %s (opens %s)", rel, s.from(), s.Window, s.NextTry.Local().Format("15:04"))
 	case StateFetching:
 		if s.ToFetch == 0 {
-			return fmt.Sprintf("pulling %s from the registry: resolving %d/%d images", rel, s.Images, s.Total)
+			return fmt.Sprintf("pulling %s from %s: resolving %d/%d images", rel, s.from(), s.Images, s.Total)
 		}
 		eta := ""
 		if s.ETA > 0 {
 			eta = ", about " + s.ETA.Round(time.Second).String() + " left"
 		}
-		return fmt.Sprintf("pulling %s from the registry: %s of %s over the link at %s/s%s", rel,
-			bundle.HumanSize(s.Bytes), bundle.HumanSize(s.ToFetch), bundle.HumanSize(int64(s.Rate)), eta)
+		return fmt.Sprintf("pulling %s from %s: %s of %s%s at %s/s%s", rel, s.from(),
+			bundle.HumanSize(s.Bytes), bundle.HumanSize(s.ToFetch), s.link(), bundle.HumanSize(int64(s.Rate)), eta)
 	case StateRetrying:
-		return fmt.Sprintf("pulling %s from the registry: failed %d times, next try %s: %s", rel, s.Attempts, s.NextTry.Local().Format("15:04:05"), s.Error)
+		return fmt.Sprintf("pulling %s from %s: failed %d times, next try %s: %s", rel, s.from(), s.Attempts, s.NextTry.Local().Format("15:04:05"), s.Error)
 	case StateHanding:
-		return fmt.Sprintf("pulled %s from the registry: verifying and extracting it", rel)
+		return fmt.Sprintf("pulled %s from %s: verifying and extracting it", rel, s.from())
 	case StateDone:
-		return fmt.Sprintf("pulled %s from the registry", rel)
+		return fmt.Sprintf("pulled %s from %s", rel, s.from())
 	case StateFailed:
-		return fmt.Sprintf("pulling %s from the registry failed: %s", rel, s.Error)
+		return fmt.Sprintf("pulling %s from %s failed: %s", rel, s.from(), s.Error)
 	}
 	return "pull " + s.State
 }
@@ -145,7 +165,7 @@ func (s Status) Line() string {
 func (s Status) Coarse() string {
 	if s.State != StateFetching || s.ToFetch == 0 {
 		if s.State == StateRetrying {
-			return fmt.Sprintf("pulling %s from the registry: failed %d times: %s", shortRef(s.Release), s.Attempts, s.Error)
+			return fmt.Sprintf("pulling %s from %s: failed %d times: %s", shortRef(s.Release), s.from(), s.Attempts, s.Error)
 		}
 		return s.Line()
 	}
@@ -153,8 +173,24 @@ func (s Status) Coarse() string {
 	if s.ETA > 0 {
 		eta = ", about " + max(s.ETA.Round(time.Minute), time.Minute).String() + " left"
 	}
-	return fmt.Sprintf("pulling %s from the registry: %d%% of %s over the link%s", shortRef(s.Release),
-		s.Bytes*100/s.ToFetch, bundle.HumanSize(s.ToFetch), eta)
+	return fmt.Sprintf("pulling %s from %s: %d%% of %s%s%s", shortRef(s.Release), s.from(),
+		s.Bytes*100/s.ToFetch, bundle.HumanSize(s.ToFetch), s.link(), eta)
+}
+
+// from is where the pull fetches, in words.
+func (s Status) from() string {
+	if s.From == "" {
+		return "the registry"
+	}
+	return "node " + s.From
+}
+
+// link names the site's link for a pull that crosses it.
+func (s Status) link() string {
+	if s.From == "" {
+		return " over the link"
+	}
+	return ""
 }
 
 func shortRef(r string) string {
@@ -195,8 +231,22 @@ type Options struct {
 	Log       *slog.Logger
 	Now       func() time.Time
 	// Backoff is the first wait after a failed run; it doubles up to
-	// 16 times as long. Default 30 s.
+	// 16 times as long. Default 30 s; a follower's is a sixth of it.
 	Backoff time.Duration
+	// Peers is how a follower reaches the node it follows (Request.From);
+	// nil: this node follows none.
+	Peers *PeerAccess
+	// ShareWait bounds how long a follower's request waits for what
+	// this node's pull has not fetched yet (Handler); 0: 10 s, within
+	// the peers' response header timeout (15 s).
+	ShareWait time.Duration
+}
+
+// PeerAccess is the peers' transport: it adds the peers' token, or
+// presents this node's certificate (TLS, node identities).
+type PeerAccess struct {
+	Transport http.RoundTripper
+	TLS       bool
 }
 
 // Puller runs one pull at a time and resumes it after a restart.
@@ -208,6 +258,8 @@ type Puller struct {
 	req   *Request
 	wake  chan struct{}
 	abort context.CancelFunc // the run in flight, for a new request
+	// shared is this node's pull as the nodes following it see it.
+	shared *shared
 }
 
 // New makes a Puller; Run does the work.
@@ -221,15 +273,18 @@ func New(o Options) (*Puller, error) {
 	if o.Backoff <= 0 {
 		o.Backoff = 30 * time.Second
 	}
+	if o.ShareWait <= 0 {
+		o.ShareWait = 10 * time.Second
+	}
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("pull: %w", err)
 	}
-	p := &Puller{o: o, log: o.Log.With("part", "pull"), wake: make(chan struct{}, 1)}
+	p := &Puller{o: o, log: o.Log.With("part", "pull"), wake: make(chan struct{}, 1), shared: newShared(o.ShareWait)}
 	if b, err := os.ReadFile(p.requestPath()); err == nil {
 		var r Request
 		if json.Unmarshal(b, &r) == nil && r.Check() == nil {
 			p.req = &r
-			p.st = &Status{State: StateNotStarted, Release: r.Release, Bundle: r.Bundle}
+			p.st = &Status{State: StateNotStarted, Release: r.Release, Bundle: r.Bundle, From: r.FromNode}
 		}
 	}
 	return p, nil
@@ -271,14 +326,33 @@ func (p *Puller) start(req Request, again bool) error {
 		p.abort()
 	}
 	p.req = &req
-	p.st = &Status{State: StateNotStarted, Release: req.Release, Bundle: req.Bundle}
+	p.st = &Status{State: StateNotStarted, Release: req.Release, Bundle: req.Bundle, From: req.FromNode}
+	p.shared.served.Store(0)
 	select {
 	case p.wake <- struct{}{}:
 	default:
 	}
 	rate, w := p.limits(req)
-	p.log.Info("pull requested", "release", req.Release, "extras", len(req.Extras), "bundle", req.Bundle, "window", w.String(), "rateLimit", rate)
+	p.log.Info("pull requested", "release", req.Release, "extras", len(req.Extras), "bundle", req.Bundle, "window", w.String(), "rateLimit", rate, "from", req.From)
 	return nil
+}
+
+// Unfollow ends a follower's pull of release while it fetches (the
+// agent holds the release: it came through the peers first). One that
+// made its bundle is left to hand it over; a node's own pull goes on.
+func (p *Puller) Unfollow(release string) {
+	p.mu.Lock()
+	req, st, abort := p.req, p.st, p.abort
+	p.mu.Unlock()
+	if req == nil || req.From == "" || req.Release != release || st == nil || st.State == StateHanding || st.State == StateDone {
+		return
+	}
+	p.log.Info("the agent holds the release: following the other node's pull ends", "release", release, "from", req.FromNode)
+	if abort != nil {
+		abort()
+	}
+	p.set(func(s *Status) { s.State = StateDone })
+	p.forget(*req)
 }
 
 // Status is the pull's progress; nil when there is none.
@@ -289,6 +363,7 @@ func (p *Puller) Status() *Status {
 		return nil
 	}
 	s := *p.st
+	s.Shared, s.Waiting = p.shared.served.Load(), p.shared.waiters()
 	if p.req != nil {
 		_, w := p.limits(*p.req)
 		s.Window = w.String()
@@ -342,14 +417,20 @@ func (p *Puller) run(ctx context.Context, req Request) {
 		if ctx.Err() != nil {
 			return
 		}
-		if permanent(err) {
+		if permanent(err) && (req.From == "" || errors.Is(err, errRefused)) {
 			p.log.Error("pull failed", "release", req.Release, "err", err)
 			p.set(func(s *Status) { s.State, s.Error = StateFailed, err.Error() })
 			p.forget(req)
 			return
 		}
 		attempts++
-		wait := min(p.o.Backoff<<min(attempts-1, 4), 16*p.o.Backoff)
+		// A follower's failures are mostly the followed node not there
+		// yet, or restarting: it asks again sooner, and never gives up.
+		first := p.o.Backoff
+		if req.From != "" {
+			first /= 6
+		}
+		wait := min(first<<min(attempts-1, 4), 16*first)
 		next := p.o.Now().Add(wait)
 		// Logged every time: a registry that stays unreachable is seen in
 		// the journal and the status, never retried in silence.
@@ -404,48 +485,98 @@ func (p *Puller) fetch(ctx context.Context, req Request) (*create.Result, error)
 	}
 }
 
-// createBundle runs bundle create into the pull's directory.
+// createBundle runs bundle create into the pull's directory: from the
+// site's registry, or, following another node's pull, from that node.
 func (p *Puller) createBundle(ctx context.Context, req Request) (*create.Result, error) {
-	var mirrors []create.Mirror
-	if p.o.Mirrors != nil {
-		var err error
-		if mirrors, err = p.o.Mirrors(); err != nil {
-			return nil, fmt.Errorf("the node's registries configuration: %w", err)
-		}
-	}
-	var keychain authn.Keychain
-	if p.o.PullSecret != "" {
-		if _, err := os.Stat(p.o.PullSecret); err == nil {
-			k, err := create.LoadPullSecret(p.o.PullSecret)
-			if err != nil {
-				return nil, err
-			}
-			keychain = k
-		}
-	}
-	var tr http.RoundTripper
-	if p.o.Transport != nil {
-		var err error
-		if tr, err = p.o.Transport(); err != nil {
-			return nil, err
-		}
-	}
-	rate, _ := p.limits(req)
-	p.set(func(s *Status) { s.State, s.Error, s.NextTry = StateFetching, "", time.Time{} })
-	p.log.Info("pulling from the registry", "release", req.Release, "extras", len(req.Extras), "mirrors", len(mirrors))
-	return create.Run(ctx, create.Options{
-		Release: req.Release, ExtraImages: req.Extras, Arch: p.o.Arch,
-		Mirrors: mirrors, Keychain: keychain, Transport: tr,
-		OutputDir: p.outDir(), WorkDir: p.workDir(),
-		RateLimit: rate, SignatureStore: p.o.SignatureStore, BeforeCopy: p.o.CheckRoom,
-		Log: p.log,
+	o := create.Options{
+		Release: req.Release, ExtraImages: req.Extras, Arch: p.o.Arch, Created: req.Created,
+		OutputDir: p.outDir(), WorkDir: p.workDir(), BeforeCopy: p.o.CheckRoom, Log: p.log,
 		Progress: func(pr create.Progress) {
 			p.set(func(s *Status) {
 				s.Images, s.Total, s.Bytes, s.ToFetch = pr.Images, pr.ImagesTotal, pr.Bytes, pr.BytesTotal
 				s.Rate, s.ETA = pr.Rate(), pr.ETA()
 			})
 		},
-	})
+	}
+	var err error
+	if req.From != "" {
+		err = p.following(ctx, req, &o)
+	} else {
+		err = p.fromRegistry(req, &o)
+	}
+	if err != nil {
+		return nil, err
+	}
+	p.set(func(s *Status) { s.State, s.Error, s.NextTry = StateFetching, "", time.Time{} })
+	p.log.Info("pulling", "release", req.Release, "extras", len(req.Extras), "mirrors", len(o.Mirrors), "from", cmp.Or(req.FromNode, "the registry"))
+	if o.Share == nil {
+		return create.Run(ctx, o)
+	}
+	// Served while it runs; its tree goes once the requests it is
+	// answering are answered (a follower that waited for the last blob
+	// gets it), and then is served no more.
+	p.shared.begin()
+	o.KeepWork = true
+	res, err := create.Run(ctx, o)
+	p.shared.end()
+	if err == nil {
+		os.RemoveAll(res.WorkDir)
+	}
+	return res, err
+}
+
+// fromRegistry sets o to fetch through the node's registries
+// configuration, certs.d and pull secret, at the request's rate, and
+// to share what arrives.
+func (p *Puller) fromRegistry(req Request, o *create.Options) error {
+	if p.o.Mirrors != nil {
+		var err error
+		if o.Mirrors, err = p.o.Mirrors(); err != nil {
+			return fmt.Errorf("the node's registries configuration: %w", err)
+		}
+	}
+	if p.o.PullSecret != "" {
+		if _, err := os.Stat(p.o.PullSecret); err == nil {
+			k, err := create.LoadPullSecret(p.o.PullSecret)
+			if err != nil {
+				return err
+			}
+			o.Keychain = k
+		}
+	}
+	if p.o.Transport != nil {
+		var err error
+		if o.Transport, err = p.o.Transport(); err != nil {
+			return err
+		}
+	}
+	o.RateLimit, _ = p.limits(req)
+	o.SignatureStore, o.Share = p.o.SignatureStore, p.shared
+	return nil
+}
+
+// following sets o to fetch everything from the node req follows, over
+// the peers' transport: its images, and the release signatures it got
+// (asked first, so that a follower never makes a bundle without them).
+func (p *Puller) following(ctx context.Context, req Request, o *create.Options) error {
+	if p.o.Peers == nil {
+		return errors.New("this node reaches no peer: it cannot follow another node's pull")
+	}
+	scheme := "http"
+	if p.o.Peers.TLS {
+		scheme = "https"
+	}
+	ref, err := name.NewDigest(req.Release)
+	if err != nil {
+		return fmt.Errorf("%w: %v", create.ErrBadReference, err)
+	}
+	hc := &http.Client{Transport: p.o.Peers.Transport, Timeout: time.Minute}
+	sigs, err := create.FetchSignatures(ctx, hc, scheme+"://"+req.From+SignaturePath, ref.DigestStr())
+	if err != nil {
+		return fmt.Errorf("the release signatures from node %s: %w", req.FromNode, err)
+	}
+	o.Source, o.Transport, o.Insecure, o.ReleaseSignatures = req.From, p.o.Peers.Transport, !p.o.Peers.TLS, sigs
+	return nil
 }
 
 // made is the bundle an earlier run made for req and the agent has not

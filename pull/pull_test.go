@@ -88,7 +88,9 @@ func newHarness(t *testing.T, reg *fixture.Registry, o pull.Options) *harness {
 		}
 		o.Mirrors = func() ([]create.Mirror, error) { return []create.Mirror{m}, nil }
 	}
-	o.Transport = func() (http.RoundTripper, error) { return create.NewTransport(reg.CertsDir, true) }
+	if o.Transport == nil {
+		o.Transport = func() (http.RoundTripper, error) { return create.NewTransport(reg.CertsDir, true) }
+	}
 	o.Deliver = func(_ context.Context, res *create.Result) error {
 		h.mu.Lock()
 		defer h.mu.Unlock()

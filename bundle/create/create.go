@@ -89,7 +89,14 @@ type Options struct {
 	// error stops the run (a node without room for the load).
 	BeforeCopy func(meta *bundle.Metadata, fetch, total int64) error
 	Created    time.Time // metadata.created; default now
-	Log        *slog.Logger
+	// Source, when set, is the one registry (host:port) every image is
+	// fetched from, under its original name (a node following another's
+	// pull); Mirrors are then not used.
+	Source string
+	// Share, when set, is told what the run resolved and each blob as it
+	// arrives, for other nodes to follow (pull serves its work tree).
+	Share Sharer
+	Log   *slog.Logger
 	// Progress, when set, receives snapshots a few times a second and once
 	// with Phase "done".
 	Progress func(Progress)
@@ -296,6 +303,9 @@ func (c *creator) parseRef(s string) (*imageRef, error) {
 		orig = "docker.io/" + rest
 	}
 	rs, err := routes(orig, dig != "", c.o.Mirrors)
+	if c.o.Source != "" {
+		rs, err = []route{{name: c.o.Source + "/" + orig}}, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %q: %v", ErrBadReference, s, err)
 	}
@@ -400,7 +410,7 @@ func (c *creator) run(ctx context.Context) (*Result, error) {
 	if err := os.MkdirAll(o.OutputDir, 0o755); err != nil {
 		return nil, fmt.Errorf("--output: %w", err)
 	}
-	if c.store, err = openTreeStore(ctx, workDir); err != nil {
+	if c.store, err = openTreeStore(ctx, workDir, o.Share); err != nil {
 		return nil, fmt.Errorf("work directory %s: %w", workDir, err)
 	}
 	c.log.Info("bundle create", "release", rel.String(), "version", version, "arch", c.arch,
@@ -445,6 +455,9 @@ func (c *creator) run(ctx context.Context) (*Result, error) {
 		c.log.Info("sigstore signatures copied", "signatures", len(sigs))
 	}
 	plans = append(plans, sigs...)
+	if o.Share != nil {
+		o.Share.Resolved(resolution(workDir, plans, meta.ReleaseSignatures))
+	}
 	missing, total, err := c.checkSpace(plans, workDir)
 	if err != nil {
 		return nil, err
@@ -775,7 +788,7 @@ func (c *creator) checkSpace(plans []*imagePlan, workDir string) (missing, total
 	}
 	for d, n := range sizes {
 		total += n
-		if _, err := os.Stat(filepath.Join(workDir, filepath.FromSlash(bundle.RegistryRoot), filepath.FromSlash(bundle.BlobDataPath(d)))); err != nil {
+		if _, err := os.Stat(BlobPath(workDir, d)); err != nil {
 			missing += n
 		}
 	}

@@ -47,9 +47,10 @@ type treeStore struct {
 	manifest sync.Mutex             // serializes manifest and tag writes
 
 	fetched, reused atomic.Int64 // blobs downloaded, blobs found from an earlier run
+	share           Sharer       // nil: none follows
 }
 
-func openTreeStore(ctx context.Context, root string) (*treeStore, error) {
+func openTreeStore(ctx context.Context, root string, share Sharer) (*treeStore, error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, err
 	}
@@ -58,7 +59,7 @@ func openTreeStore(ctx context.Context, root string) (*treeStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &treeStore{root: root, reg: reg, good: map[digest.Digest]bool{}, linked: map[string]bool{}, keep: map[string]bool{}}, nil
+	return &treeStore{root: root, reg: reg, good: map[digest.Digest]bool{}, linked: map[string]bool{}, keep: map[string]bool{}, share: share}, nil
 }
 
 func (s *treeStore) repository(ctx context.Context, repo string) (distribution.Repository, error) {
@@ -117,6 +118,9 @@ func (s *treeStore) ensureBlob(ctx context.Context, repo string, desc ocispec.De
 		s.mu.Lock()
 		s.good[desc.Digest] = true
 		s.mu.Unlock()
+		if s.share != nil {
+			s.share.Arrived(desc.Digest)
+		}
 		return nil, nil
 	})
 	if err != nil {
@@ -131,7 +135,7 @@ func (s *treeStore) ensureBlob(ctx context.Context, repo string, desc ocispec.De
 // checkData reports whether the tree holds desc's bytes, hashing them. A
 // file with the wrong bytes is removed.
 func (s *treeStore) checkData(desc ocispec.Descriptor) (bool, error) {
-	p := filepath.Join(s.root, filepath.FromSlash(bundle.RegistryRoot), filepath.FromSlash(bundle.BlobDataPath(desc.Digest)))
+	p := BlobPath(s.root, desc.Digest)
 	f, err := os.Open(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
@@ -214,7 +218,7 @@ func (s *treeStore) fetch(desc ocispec.Descriptor, open func(off int64) (io.Read
 	if err := f.Sync(); err != nil {
 		return err
 	}
-	data := filepath.Join(s.root, filepath.FromSlash(bundle.RegistryRoot), filepath.FromSlash(bundle.BlobDataPath(desc.Digest)))
+	data := BlobPath(s.root, desc.Digest)
 	if err := os.MkdirAll(filepath.Dir(data), 0o755); err != nil {
 		return err
 	}

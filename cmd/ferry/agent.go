@@ -151,14 +151,15 @@ func runAgent(ctx context.Context, cfg agent.Config) error {
 	if deps.API, deps.Warnings, followCluster, err = newClusterAPI(&cfg, log); err != nil {
 		return err
 	}
-	p, servePeers, err := newPeers(cfg, gov, log)
+	peers, err := newPeers(cfg, gov, log)
 	if err != nil {
 		return err
 	}
-	if p != nil {
-		deps.Peers = p
+	var access *pull.PeerAccess
+	if peers != nil {
+		deps.Peers, access = peers.peers, peers.access
 	}
-	puller, setAgent, err := newPuller(cfg, deps.Loader, log)
+	puller, setAgent, err := newPuller(cfg, deps.Loader, access, log)
 	if err != nil {
 		return err
 	}
@@ -169,8 +170,8 @@ func runAgent(ctx context.Context, cfg agent.Config) error {
 	}
 	setAgent(a)
 	g, ctx := errgroup.WithContext(ctx)
-	if servePeers != nil {
-		g.Go(func() error { return servePeers(ctx, a) })
+	if peers != nil && peers.serve != nil {
+		g.Go(func() error { return peers.serve(ctx, a, puller.Handler()) })
 	}
 	if loader != nil {
 		g.Go(func() error { return loader.Run(ctx) })

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,23 +15,33 @@ import (
 	"github.com/ferry-edge/ferry/internal/pacing"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/pull"
 )
 
-// newPeers builds the peer side; serve runs its HTTP server until ctx ends
-// (nil when no listen address is configured).
-func newPeers(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (agent.Peers, func(ctx context.Context, a *agent.Agent) error, error) {
+// peerSide is the peer side of the agent: serve runs its HTTP server
+// until ctx ends (nil when no listen address is configured), with the
+// registry pull under way; access is how a node following another's
+// pull reaches it.
+type peerSide struct {
+	peers  agent.Peers
+	serve  func(ctx context.Context, a *agent.Agent, pull http.Handler) error
+	access *pull.PeerAccess
+}
+
+// newPeers builds the peer side; nil when no peer is configured.
+func newPeers(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (*peerSide, error) {
 	if cfg.Peer.Listen == "" && len(cfg.Peer.Peers) == 0 {
-		return nil, nil, nil
+		return nil, nil
 	}
 	token := ""
 	if cfg.Peer.TokenFile != "" {
 		b, err := os.ReadFile(cfg.Peer.TokenFile)
 		if err != nil {
-			return nil, nil, usageError("peer.token_file: %v", err)
+			return nil, usageError("peer.token_file: %v", err)
 		}
 		token = strings.TrimSpace(string(b))
 		if token == "" {
-			return nil, nil, usageError("peer.token_file %s is empty", cfg.Peer.TokenFile)
+			return nil, usageError("peer.token_file %s is empty", cfg.Peer.TokenFile)
 		}
 	}
 	shelf := peer.NewShelf(peer.ShelfOptions{CacheDir: filepath.Join(cfg.Paths.StateDir, "pieces"), Log: log})
@@ -43,16 +54,21 @@ func newPeers(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (agent.P
 	if cfg.Peer.NodeIdentity() {
 		nt, err := newNodeTLS(cfg, log)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		fopts.Client, sopts.TLS = peer.NewNodeClient(nt), nt.ServerConfig()
 	}
+	client := fopts.Client
+	if client == nil {
+		client = peer.NewClient(token, nil)
+	}
 	f := peer.NewFetcher(fopts)
-	var serve func(ctx context.Context, a *agent.Agent) error
+	side := &peerSide{peers: peer.Node{Shelf: shelf, Fetcher: f},
+		access: &pull.PeerAccess{Transport: client.Transport(), TLS: client.TLS()}}
 	if cfg.Peer.Listen != "" {
-		serve = func(ctx context.Context, a *agent.Agent) error {
+		side.serve = func(ctx context.Context, a *agent.Agent, pull http.Handler) error {
 			defer shelf.Close()
-			sopts.Status = a.PeerStatus
+			sopts.Status, sopts.Pull = a.PeerStatus, pull
 			srv := peer.NewServer(shelf, sopts)
 			if err := srv.ListenAndServe(ctx, cfg.Peer.Listen); err != nil {
 				return fmt.Errorf("peer server on %s: %w", cfg.Peer.Listen, err)
@@ -60,7 +76,7 @@ func newPeers(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (agent.P
 			return nil
 		}
 	}
-	return peer.Node{Shelf: shelf, Fetcher: f}, serve, nil
+	return side, nil
 }
 
 // caRefresh is how often the CA bundles read from the API are read again:

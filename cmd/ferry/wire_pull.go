@@ -17,8 +17,9 @@ import (
 
 // newPuller is registry mode's puller: it fetches through the node's own
 // registries configuration (ferry's drop-in left out), trusting certs_dir,
-// and hands what it made to a through the returned setter.
-func newPuller(cfg agent.Config, loader agent.Loader, log *slog.Logger) (*pull.Puller, func(*agent.Agent), error) {
+// and hands what it made to a through the returned setter. It follows
+// another node's pull through peers (nil: no peer).
+func newPuller(cfg agent.Config, loader agent.Loader, peers *pull.PeerAccess, log *slog.Logger) (*pull.Puller, func(*agent.Agent), error) {
 	window, err := pull.ParseWindow(cfg.Pull.Window)
 	if err != nil {
 		return nil, nil, err
@@ -72,6 +73,7 @@ func newPuller(cfg agent.Config, loader agent.Loader, log *slog.Logger) (*pull.P
 			return a.RequestPulled(ctx, pulledBundle{res}, res.Digest)
 		},
 		Delivered: func(digest string) (bool, error) { return delivered(a.Status(), digest) },
+		Peers:     peers,
 		Log:       log,
 	})
 	return p, func(ag *agent.Agent) { a = ag }, err

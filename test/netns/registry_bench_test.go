@@ -1,6 +1,7 @@
 package netns
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
+	"github.com/ferry-edge/ferry/pull"
 	"github.com/ferry-edge/ferry/test/crioenv"
 	"github.com/ferry-edge/ferry/test/fixture"
 	"github.com/ferry-edge/ferry/test/kubeenv"
@@ -131,7 +133,7 @@ func ferryRegistryMode(b *testing.B, reg *fixture.Registry, link *fixture.Link, 
 		if loaded.After(last) {
 			last = loaded
 		}
-		at = append(at, nd.Name+" "+phaseTimes(s.Times, start))
+		at = append(at, nd.Name+" "+phaseTimes(s.Times, start)+pullText(s.Pull))
 		for _, r := range s.Bundles {
 			if r.Digest == s.Digest && r.Metadata != nil {
 				meta = r.Metadata
@@ -192,6 +194,15 @@ func crioPulls(b *testing.B, link *fixture.Link, n int, refs func(i int) []strin
 	}
 	b.Logf("CRI-O pulls, N=%d: done on %s", n, strings.Join(at, ", "))
 	return elapsed
+}
+
+// pullText is a node's registry pull in words: where from, what it
+// fetched and served.
+func pullText(p *pull.Status) string {
+	if p == nil {
+		return ""
+	}
+	return fmt.Sprintf(" (pull %s from %s: %d B fetched, %d B served)", p.State, cmp.Or(p.From, "the registry"), p.Bytes, p.Shared)
 }
 
 // phaseTimes lists the phases in times in order, as seconds since start.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/pull"
 	"github.com/ferry-edge/ferry/test/crioenv"
 	"github.com/ferry-edge/ferry/test/fixture"
 	"github.com/ferry-edge/ferry/test/kubeenv"
@@ -19,10 +20,12 @@ import (
 // response midway, which every node's registries.conf mirrors quay.io to.
 // The administrator creates an UpgradeBundle whose spec.source names the
 // release by digest and an extra image: the first node pulls it, showing
-// its progress in the resource; every node ends loaded with every image
-// pinned, the others approving the bundle by what it holds; at most 1.05×
-// one copy crossed the link; the link is then taken down and the upgrade
-// proceeds (desiredUpdate written) as for a bundle.
+// its progress in the resource, and serves what arrived to the others,
+// which follow its pull, receiving blobs from it while it still pulls;
+// every node ends loaded with every image pinned, on one digest, the
+// others approving the bundle by what it holds; at most 1.05× one copy
+// crossed the link; the link is then taken down and the upgrade proceeds
+// (desiredUpdate written) as for a bundle.
 func TestAgents_RegistryModeEachByteCrossesTheLinkOnce(t *testing.T) {
 	e := kubeenv.Start(t, runningRelease)
 	e.InstallFerry()
@@ -40,7 +43,22 @@ func TestAgents_RegistryModeEachByteCrossesTheLinkOnce(t *testing.T) {
 	}
 
 	name := "4.13.8-x86-64"
+	// Held, the link lets the pull resolve and fetch the small blobs,
+	// not the images' layers: the others follow it while it is held.
+	link.Hold()
 	e.PatchBundleSpec(name, map[string]any{"source": map[string]any{"release": release, "extraImages": []string{"quay.io/my-company/my-workload:v1"}}})
+	for _, n := range f.nodes {
+		if n == first {
+			continue
+		}
+		n.A.Wait(agentBound, n.Name+" following "+first.Name+"'s pull, with bytes from it", func(s agent.Status) bool {
+			return s.Pull != nil && s.Pull.From == first.Name && s.Pull.State == pull.StateFetching && s.Pull.Bytes > 0
+		})
+	}
+	if s, err := first.A.Status(t.Context()); err != nil || s.Pull == nil || s.Pull.State != pull.StateFetching || s.Pull.Shared == 0 {
+		t.Fatalf("the others got bytes from %s's pull before it ended, yet its pull shows %+v (%v)", first.Name, s.Pull, err)
+	}
+	link.Release()
 	waitFor(t, "the first node's pull in the UpgradeBundle, with its progress", func() bool {
 		_, nodes := bundleStatus(e, name)
 		n, _ := nodes[first.Name].(map[string]any)
@@ -49,10 +67,19 @@ func TestAgents_RegistryModeEachByteCrossesTheLinkOnce(t *testing.T) {
 	})
 	var meta *bundle.Metadata
 	digest := ""
+	var shared int64
 	for _, n := range f.nodes {
 		s := n.A.Wait(agentBound, n.Name+" cluster-ready", func(s agent.Status) bool {
 			return s.Phase == string(agent.PhaseClusterReady) || s.Phase == string(agent.PhaseUpgrading)
 		})
+		switch {
+		case s.Pull == nil:
+			t.Errorf("%s shows no pull", n.Name)
+		case n == first:
+			shared = s.Pull.Shared
+		case s.Pull.From != first.Name:
+			t.Errorf("%s did not follow %s's pull: %+v", n.Name, first.Name, s.Pull)
+		}
 		if digest == "" {
 			digest = string(s.Digest)
 		} else if string(s.Digest) != digest {
@@ -70,6 +97,8 @@ func TestAgents_RegistryModeEachByteCrossesTheLinkOnce(t *testing.T) {
 	for _, n := range f.nodes {
 		n.checkPinned(t, meta, true)
 	}
+	// The puller serves its work tree only while its pull runs.
+	t.Logf("%s served %d bytes to the nodes following its pull while it pulled", first.Name, shared)
 	if link.Cuts() < 3 {
 		t.Fatalf("the link cut %d responses: the test shows nothing", link.Cuts())
 	}

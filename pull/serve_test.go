@@ -1,0 +1,331 @@
+package pull_test
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/ferry-edge/ferry/bundle/create"
+	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/pull"
+	"github.com/ferry-edge/ferry/test/fixture"
+)
+
+const shareToken = "cluster"
+
+// gate holds one blob's download (a payload image's own layer) at its
+// half until opened: the pull has then resolved everything, and that
+// blob lies half in .partial/.
+type gate struct {
+	base   http.RoundTripper
+	digest string
+	open   chan struct{}
+	once   sync.Once
+}
+
+func (g *gate) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := g.base.RoundTrip(r)
+	if err != nil || !strings.HasSuffix(r.URL.Path, "/blobs/"+g.digest) || resp.ContentLength <= 1 {
+		return resp, err
+	}
+	resp.Body = &gatedBody{ReadCloser: resp.Body, left: resp.ContentLength / 2, open: g.open}
+	return resp, nil
+}
+
+func (g *gate) release() { g.once.Do(func() { close(g.open) }) }
+
+type gatedBody struct {
+	io.ReadCloser
+	left int64 // bytes before the gate
+	open chan struct{}
+}
+
+func (b *gatedBody) Read(p []byte) (int, error) {
+	if b.left == 0 {
+		<-b.open
+		return b.ReadCloser.Read(p)
+	}
+	n, err := b.ReadCloser.Read(p[:min(int64(len(p)), b.left)])
+	b.left -= int64(n)
+	return n, err
+}
+
+// sharing is a pull of a release and an extra image by tag, one of its
+// layers held at its half, served on a peer server with a token.
+type sharing struct {
+	*harness
+	reg     *fixture.Registry
+	gate    *gate
+	srv     *httptest.Server
+	req     pull.Request
+	layer   string // the held blob
+	size    int64  // its size
+	extra   string // the extra image's digest
+	partial string
+}
+
+func newSharing(t *testing.T, wait time.Duration) *sharing {
+	t.Helper()
+	reg := fixture.NewRegistry(t)
+	extra := reg.PushImage(t, "my/app", "v1")
+	release, payload := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 3, ImageSize: 256 << 10, Seed: 7})
+	ref, err := name.ParseReference(reg.Local(payload[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := remote.Image(ref, remote.WithTransport(reg.Transport()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := img.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := slices.MaxFunc(m.Layers, func(a, b v1.Descriptor) int { return cmp.Compare(a.Size, b.Size) })
+	s := &sharing{reg: reg, layer: big.Digest.String(), size: big.Size, extra: extra[strings.LastIndex(extra, "@")+1:]}
+	base, err := create.NewTransport(reg.CertsDir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.gate = &gate{base: base, digest: s.layer, open: make(chan struct{})}
+	s.harness = newHarness(t, reg, pull.Options{ShareWait: wait, Transport: func() (http.RoundTripper, error) { return s.gate, nil }})
+	s.partial = filepath.Join(s.dir, "work", ".partial", strings.TrimPrefix(s.layer, "sha256:"))
+	s.srv = httptest.NewServer(peer.NewServer(nil, peer.ServerOptions{Token: shareToken, Pull: s.p.Handler()}))
+	t.Cleanup(s.srv.Close)
+	s.req = pull.Request{Release: release, Extras: []string{"quay.io/my/app:v1"}, Created: time.Date(2026, 11, 27, 6, 0, 0, 0, time.UTC)}
+	return s
+}
+
+// start runs the pull through the gate and waits until the held blob
+// lies half in .partial/.
+func (s *sharing) start(t *testing.T) {
+	t.Helper()
+	h := s.harness
+	h.run(t)
+	t.Cleanup(s.gate.release) // before the run's end, which waits for it
+	if err := h.p.Start(s.req); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the held blob half in .partial/", func() bool {
+		fi, err := os.Stat(s.partial)
+		return err == nil && fi.Size() > 0
+	})
+}
+
+// followed waits until f has every blob of the pull but the held one,
+// and asks for that one, waiting for it: the pull cannot end before.
+func (s *sharing) followed(t *testing.T, f *harness) {
+	t.Helper()
+	waitUntil(t, "the follower to hold all but the held blob, and wait for it", func() bool {
+		fs := f.p.Status()
+		return fs.ToFetch > 0 && fs.Bytes+s.size == fs.ToFetch && s.p.Status().Waiting > 0
+	})
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// get asks the peer server for path, with the token unless bare.
+func (s *sharing) get(t *testing.T, path string, bare bool) (int, http.Header, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, s.srv.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.URL.Opaque = path // sent as written: the server sees the tricks
+	if !bare {
+		req.Header.Set("Authorization", "Bearer "+shareToken)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, b
+}
+
+func sum(b []byte) string {
+	h := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(h[:])
+}
+
+// The pulling node serves what its pull resolved, to the peers only:
+// manifests by digest and the extra image's tag as it resolved it;
+// anything else, a bad digest or a path trick is 404 or refused, and a
+// blob that lies only half downloaded is not served: the follower is
+// told to ask again.
+func TestShare_ServesWhatThePullResolvedNotPartsNotOthers(t *testing.T) {
+	s := newSharing(t, 100*time.Millisecond)
+	s.start(t)
+	relDigest := s.req.Release[strings.LastIndex(s.req.Release, "@")+1:]
+	rel := "/v2/quay.io/openshift-release-dev/ocp-release"
+
+	if code, _, _ := s.get(t, "/v2/", true); code != http.StatusUnauthorized {
+		t.Errorf("/v2/ without the token: %d, want 401", code)
+	}
+	if code, _, _ := s.get(t, rel+"/manifests/"+relDigest, true); code != http.StatusUnauthorized {
+		t.Errorf("a manifest without the token: %d, want 401", code)
+	}
+	if code, _, _ := s.get(t, "/v2/", false); code != http.StatusOK {
+		t.Errorf("/v2/ with the token: %d, want 200", code)
+	}
+	code, hdr, body := s.get(t, rel+"/manifests/"+relDigest, false)
+	if code != http.StatusOK || sum(body) != relDigest || hdr.Get("Docker-Content-Digest") != relDigest {
+		t.Errorf("the release's manifest: %d, %s (header %s), want %s", code, sum(body), hdr.Get("Docker-Content-Digest"), relDigest)
+	}
+	if code, _, body := s.get(t, "/v2/quay.io/my/app/manifests/v1", false); code != http.StatusOK || sum(body) != s.extra {
+		t.Errorf("the extra image by tag: %d, %s, want the digest the pull resolved, %s", code, sum(body), s.extra)
+	}
+	unknown := "sha256:" + strings.Repeat("0", 64)
+	for _, path := range []string{
+		"/v2/quay.io/my/app/manifests/v2",
+		"/v2/quay.io/my/app/manifests/" + unknown,
+		"/v2/quay.io/my/app/blobs/" + unknown,
+		"/v2/quay.io/my/app/blobs/sha256:ABC",
+		"/v2/quay.io/my/app/blobs/sha256:" + strings.Repeat("a", 63),
+		"/v2/quay.io/my/app/referrers/" + relDigest,
+		"/v2/quay.io/my/app/tags/list",
+		"/v1/pull/signatures/sha256=" + strings.Repeat("0", 64) + "/signature-1",
+	} {
+		if code, _, _ := s.get(t, path, false); code != http.StatusNotFound {
+			t.Errorf("%s: %d, want 404", path, code)
+		}
+	}
+	for _, path := range []string{
+		"/v2/../../../../etc/passwd",
+		"/v2/quay.io/my/app/blobs/../../../../../etc/passwd",
+		"/v2/quay.io/my/app/blobs/..%2F..%2F..%2F..%2Fetc%2Fpasswd",
+		"/v2/quay.io/my/app/blobs/sha256:..%2F..%2F..%2Fetc%2Fpasswd",
+		"/v2/%2E%2E/%2E%2E/blobs/" + s.layer,
+		"/v2/quay.io/my/app/blobs/" + s.layer + "/../../../../.partial/" + strings.TrimPrefix(s.layer, "sha256:"),
+		"/v2/.partial/blobs/" + strings.TrimPrefix(s.layer, "sha256:"),
+	} {
+		code, _, body := s.get(t, path, false)
+		if code == http.StatusOK || strings.Contains(string(body), "root:") {
+			t.Errorf("%s: %d %q: a path trick was answered", path, code, body)
+		}
+	}
+	code, hdr, body = s.get(t, "/v2/quay.io/my/app/blobs/"+s.layer, false)
+	if code != http.StatusServiceUnavailable || hdr.Get("Retry-After") == "" {
+		t.Errorf("a blob half downloaded: %d (Retry-After %q), %d bytes; want 503 with Retry-After", code, hdr.Get("Retry-After"), len(body))
+	}
+}
+
+// A blob the pull still fetches is waited for and served once it
+// arrives, whole and verified; once the pull has ended, nothing is
+// served and the follower is told to ask again.
+func TestShare_AWaitedBlobIsServedOnceItArrives(t *testing.T) {
+	s := newSharing(t, time.Minute)
+	entered := make(chan struct{})
+	once := sync.OnceFunc(func() { close(entered) })
+	srv := s.srv.Config.Handler
+	s.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/blobs/"+s.layer) {
+			once()
+		}
+		srv.ServeHTTP(w, r)
+	})
+	s.start(t)
+	type answer struct {
+		code int
+		body []byte
+	}
+	got := make(chan answer, 1)
+	go func() {
+		code, _, body := s.get(t, "/v2/quay.io/openshift-release-dev/x/blobs/"+s.layer, false)
+		got <- answer{code, body}
+	}()
+	<-entered // asked while the blob lies half downloaded: it waits
+	s.gate.release()
+	a := <-got
+	if a.code != http.StatusOK || sum(a.body) != s.layer {
+		t.Fatalf("the awaited blob: %d, %s, want 200 with %s", a.code, sum(a.body), s.layer)
+	}
+	st := s.wait(t, "the pull's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
+	if st.Shared < int64(len(a.body)) {
+		t.Errorf("shared %d bytes, want at least the %d sent", st.Shared, len(a.body))
+	}
+	if code, _, _ := s.get(t, "/v2/quay.io/my/app/blobs/"+s.layer, false); code != http.StatusServiceUnavailable {
+		t.Errorf("a blob after the pull's end: %d, want 503 (no pull under way)", code)
+	}
+}
+
+// A node following the pull makes the same bundle from it, byte for
+// byte, while the pull still runs, and never asks the registry.
+func TestFollow_MakesTheSameBundleWhileThePullRuns(t *testing.T) {
+	s := newSharing(t, time.Minute)
+	s.start(t)
+	client := peer.NewClient(shareToken, nil)
+	f := newHarness(t, s.reg, pull.Options{Backoff: 300 * time.Millisecond,
+		Peers: &pull.PeerAccess{Transport: client.Transport()},
+		Mirrors: func() ([]create.Mirror, error) {
+			return []create.Mirror{{Prefix: "quay.io/", Location: "127.0.0.1:1/"}}, nil
+		}})
+	f.run(t)
+	follow := s.req
+	follow.From, follow.FromNode = strings.TrimPrefix(s.srv.URL, "http://"), "node-a"
+	if err := f.p.Ensure(follow); err != nil {
+		t.Fatal(err)
+	}
+	// Served while the pull holds a blob at its half: not yet done.
+	s.followed(t, f)
+	if st := s.p.Status(); st.State != pull.StateFetching || st.Shared == 0 {
+		t.Fatalf("the pull is %s having served %d bytes, want still fetching, having served", st.State, st.Shared)
+	}
+	s.gate.release()
+	ps := s.wait(t, "the pull's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
+	fs := f.wait(t, "the follower's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
+	if fs.Digest != ps.Digest || fs.Digest == "" {
+		t.Errorf("the follower made %s, the puller %s: want the same bundle", fs.Digest, ps.Digest)
+	}
+	if fs.From != "node-a" || !strings.Contains(fs.Line(), "node node-a") {
+		t.Errorf("the follower's status does not name the node it follows: %+v / %q", fs, fs.Line())
+	}
+}
+
+// A node following a pull that is not under way (the pulling node not
+// started yet, or restarting) keeps asking, never failing for good, and
+// makes the bundle once the pull runs.
+func TestFollow_KeepsAskingUntilThePullRuns(t *testing.T) {
+	s := newSharing(t, time.Minute)
+	f := newHarness(t, s.reg, pull.Options{Backoff: 300 * time.Millisecond,
+		Peers: &pull.PeerAccess{Transport: peer.NewClient(shareToken, nil).Transport()}})
+	f.run(t)
+	follow := s.req
+	follow.From, follow.FromNode = strings.TrimPrefix(s.srv.URL, "http://"), "node-a"
+	if err := f.p.Ensure(follow); err != nil {
+		t.Fatal(err)
+	}
+	f.wait(t, "the follower's second failed try", func(st *pull.Status) bool { return st.State == pull.StateRetrying && st.Attempts >= 2 })
+	s.start(t)
+	s.followed(t, f)
+	s.gate.release()
+	ps := s.wait(t, "the pull's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
+	fs := f.wait(t, "the follower's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
+	if fs.Digest != ps.Digest || fs.Digest == "" {
+		t.Errorf("the follower made %s, the puller %s: want the same bundle", fs.Digest, ps.Digest)
+	}
+}
