@@ -25,6 +25,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/google/go-containerregistry/pkg/name"
 
 	"github.com/ferry-edge/ferry/bundle"
@@ -122,7 +124,7 @@ type Status struct {
 	Error    string        `json:"error,omitempty"`
 	Attempts int           `json:"attempts,omitempty"` // failed runs in a row
 	NextTry  time.Time     `json:"nextTry,omitzero"`
-	Digest   string        `json:"digest,omitempty"` // the bundle made
+	Digest   digest.Digest `json:"digest,omitempty"` // the bundle made
 	From     string        `json:"from,omitempty"`   // the node followed (Request.FromNode)
 	// Shared is the bytes this node's pull served to the nodes following
 	// it; it serves only while it pulls. Waiting is their requests
@@ -227,7 +229,7 @@ type Options struct {
 	Deliver func(ctx context.Context, res *create.Result) error
 	// Delivered says whether the agent holds the bundle (verified and
 	// extracted): then its tar goes; an error is the agent's refusal.
-	Delivered func(digest string) (bool, error)
+	Delivered func(digest.Digest) (bool, error)
 	Log       *slog.Logger
 	Now       func() time.Time
 	// Backoff is the first wait after a failed run; it doubles up to
@@ -609,7 +611,7 @@ func (p *Puller) deliver(ctx context.Context, req Request, res *create.Result) e
 	if err := atomicfile.WriteFile(filepath.Join(p.outDir(), "made.json"), b, 0o600); err != nil {
 		return err
 	}
-	p.set(func(s *Status) { s.State, s.Digest, s.Error = StateHanding, string(res.Digest), "" })
+	p.set(func(s *Status) { s.State, s.Digest, s.Error = StateHanding, res.Digest, "" })
 	p.log.Info("pulled: handing the bundle to the agent", "release", req.Release, "digest", res.Digest,
 		"bytes", res.BytesFetched, "blobsFetched", res.BlobsFetched, "blobsReused", res.BlobsReused)
 	for {
@@ -624,7 +626,7 @@ func (p *Puller) deliver(ctx context.Context, req Request, res *create.Result) e
 		}
 	}
 	for {
-		held, err := p.o.Delivered(string(res.Digest))
+		held, err := p.o.Delivered(res.Digest)
 		if err != nil {
 			p.forget(req)
 			return fmt.Errorf("%w: %v", errRefused, err)

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/bundle/create"
 	"github.com/ferry-edge/ferry/pull"
 	"github.com/ferry-edge/ferry/test/fixture"
@@ -97,7 +99,7 @@ func newHarness(t *testing.T, reg *fixture.Registry, o pull.Options) *harness {
 		h.delivered = append(h.delivered, res)
 		return nil
 	}
-	o.Delivered = func(string) (bool, error) {
+	o.Delivered = func(digest.Digest) (bool, error) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		return h.hold, nil

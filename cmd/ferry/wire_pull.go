@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/create"
@@ -72,7 +74,7 @@ func newPuller(cfg agent.Config, loader agent.Loader, peers *pull.PeerAccess, lo
 		Deliver: func(ctx context.Context, res *create.Result) error {
 			return a.RequestPulled(ctx, pulledBundle{res}, res.Digest)
 		},
-		Delivered: func(digest string) (bool, error) { return delivered(a.Status(), digest) },
+		Delivered: func(d digest.Digest) (bool, error) { return delivered(a.Status(), d) },
 		Peers:     peers,
 		Log:       log,
 	})
@@ -81,9 +83,9 @@ func newPuller(cfg agent.Config, loader agent.Loader, peers *pull.PeerAccess, lo
 
 // delivered reads the agent's status for the bundle made with digest:
 // held once verified and extracted, an error when it refused it.
-func delivered(s agent.Status, digest string) (bool, error) {
+func delivered(s agent.Status, d digest.Digest) (bool, error) {
 	for _, r := range s.Bundles {
-		if string(r.Digest) != digest {
+		if r.Digest != d {
 			continue
 		}
 		switch r.Phase {
