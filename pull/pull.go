@@ -25,9 +25,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/create"
