@@ -2,9 +2,14 @@ package pull_test
 
 import (
 	"cmp"
+	"context"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,6 +25,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/ferry-edge/ferry/bundle/create"
+	"github.com/ferry-edge/ferry/internal/testca"
 	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/pull"
 	"github.com/ferry-edge/ferry/test/fixture"
@@ -64,12 +70,14 @@ func (b *gatedBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// sharing is a pull of a release and an extra image by tag, one of its
-// layers held at its half, served on a peer server with a token.
+// sharing is a pull of a release (with two signatures in the node's
+// signature store) and an extra image by tag, one of its layers held at
+// its half, served on a peer server with a token.
 type sharing struct {
 	*harness
 	reg     *fixture.Registry
 	gate    *gate
+	sigs    [][]byte // the release's signatures in the puller's store
 	srv     *httptest.Server
 	req     pull.Request
 	layer   string // the held blob
@@ -102,7 +110,20 @@ func newSharing(t *testing.T, wait time.Duration) *sharing {
 		t.Fatal(err)
 	}
 	s.gate = &gate{base: base, digest: s.layer, open: make(chan struct{})}
-	s.harness = newHarness(t, reg, pull.Options{ShareWait: wait, Transport: func() (http.RoundTripper, error) { return s.gate, nil }})
+	s.sigs = [][]byte{[]byte("signature one"), []byte("signature two")}
+	relHex := release[strings.LastIndex(release, ":")+1:]
+	store := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for i, b := range s.sigs {
+			if r.URL.Path == fmt.Sprintf("/sha256=%s/signature-%d", relHex, i+1) {
+				w.Write(b)
+				return
+			}
+		}
+		http.NotFound(w, r)
+	}))
+	t.Cleanup(store.Close)
+	s.harness = newHarness(t, reg, pull.Options{ShareWait: wait, SignatureStore: store.URL,
+		Transport: func() (http.RoundTripper, error) { return s.gate, nil }})
 	s.partial = filepath.Join(s.dir, "work", ".partial", strings.TrimPrefix(s.layer, "sha256:"))
 	s.srv = httptest.NewServer(peer.NewServer(nil, peer.ServerOptions{Token: shareToken, Pull: s.p.Handler()}))
 	t.Cleanup(s.srv.Close)
@@ -327,5 +348,169 @@ func TestFollow_KeepsAskingUntilThePullRuns(t *testing.T) {
 	fs := f.wait(t, "the follower's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
 	if fs.Digest != ps.Digest || fs.Digest == "" {
 		t.Errorf("the follower made %s, the puller %s: want the same bundle", fs.Digest, ps.Digest)
+	}
+}
+
+// nodeTLS is a node's peer TLS with node identities (peer.identity =
+// "node"): its kubelet certificates from ca, serving for 127.0.0.1, and
+// trust in ca.
+func nodeTLS(t *testing.T, ca *testca.CA, node string) *peer.NodeTLS {
+	t.Helper()
+	sc, sk := ca.Serving(t, node, "127.0.0.1")
+	cc, ck := ca.Node(t, node)
+	serving, client := testca.KeyPair(t, sc, sk), testca.KeyPair(t, cc, ck)
+	pool := testca.Pool(ca)
+	return &peer.NodeTLS{
+		Serving: func() *tls.Certificate { return &serving }, Client: func() *tls.Certificate { return &client },
+		ClientCAs: func() *x509.CertPool { return pool }, ServingCAs: func() *x509.CertPool { return pool },
+	}
+}
+
+// asked is what a peer server's pull handler was asked, by the node
+// each request's certificate names.
+type asked struct {
+	mu    sync.Mutex
+	paths map[string][]string
+}
+
+func (a *asked) by(node string) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.paths[node])
+}
+
+func (a *asked) all() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, p := range a.paths {
+		n += len(p)
+	}
+	return n
+}
+
+// serveTLS serves s's pull on a peer server with n's TLS, on 127.0.0.1
+// (an address go-containerregistry takes for plain HTTP), as the agent
+// does with peer.identity = "node"; its address and what it was asked.
+func (s *sharing) serveTLS(t *testing.T, n *peer.NodeTLS) (string, *asked) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &asked{paths: map[string][]string{}}
+	h := s.p.Handler()
+	srv := peer.NewServer(nil, peer.ServerOptions{TLS: n.ServerConfig(), Closed: true,
+		Pull: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			a.mu.Lock()
+			a.paths[peer.PeerNode(r)] = append(a.paths[peer.PeerNode(r)], r.URL.Path)
+			a.mu.Unlock()
+			h.ServeHTTP(w, r)
+		})})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Serve(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return ln.Addr().String(), a
+}
+
+// On OpenShift the peers speak TLS with the kubelets' certificates: a
+// node following the pull over it makes the same bundle, its manifests,
+// blobs and release signatures all asked over TLS with its certificate.
+func TestFollow_OverTLSWithNodeIdentities(t *testing.T) {
+	s := newSharing(t, time.Minute)
+	ca := testca.New(t, "kube-csr-signer")
+	addr, a := s.serveTLS(t, nodeTLS(t, ca, "node-a"))
+	// As for a node's 10.x or 192.168.x address: what the follower's
+	// create.Run asks is built on "http", and only the scheme the ping
+	// found (https) makes it reach the peer.
+	if reg, err := name.NewRegistry(addr); err != nil || reg.Scheme() != "http" {
+		t.Fatalf("go-containerregistry takes %s for %v (%v), want http: this test no longer covers the scheme it guards", addr, reg.Scheme(), err)
+	}
+	s.start(t)
+	client := peer.NewNodeClient(nodeTLS(t, ca, "node-b"))
+	f := newHarness(t, s.reg, pull.Options{Backoff: 300 * time.Millisecond,
+		Peers: &pull.PeerAccess{Transport: client.Transport(), TLS: client.TLS()},
+		Mirrors: func() ([]create.Mirror, error) {
+			return []create.Mirror{{Prefix: "quay.io/", Location: "127.0.0.1:1/"}}, nil
+		}})
+	f.run(t)
+	follow := s.req
+	follow.From, follow.FromNode = addr, "node-a"
+	if err := f.p.Ensure(follow); err != nil {
+		t.Fatal(err)
+	}
+	s.followed(t, f)
+	s.gate.release()
+	ps := s.wait(t, "the pull's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
+	fs := f.wait(t, "the follower's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
+	if fs.Digest != ps.Digest || fs.Digest == "" {
+		t.Errorf("the follower made %s, the puller %s: want the same bundle", fs.Digest, ps.Digest)
+	}
+	f.mu.Lock()
+	res := f.delivered[len(f.delivered)-1]
+	f.mu.Unlock()
+	if got := res.Metadata.ReleaseSignatures; len(got) != len(s.sigs) || string(got[0]) != string(s.sigs[0]) || string(got[1]) != string(s.sigs[1]) {
+		t.Errorf("the follower's bundle carries signatures %q, want %q", got, s.sigs)
+	}
+	count := map[string]int{}
+	for _, p := range a.by("node-b") {
+		for _, kind := range []string{"/manifests/", "/blobs/", pull.SignaturePath + "/"} {
+			if strings.Contains(p, kind) {
+				count[kind]++
+			}
+		}
+	}
+	if count["/manifests/"] == 0 || count["/blobs/"] == 0 || count[pull.SignaturePath+"/"] < len(s.sigs) {
+		t.Errorf("asked over TLS by node-b: %v, want manifests, blobs and the signatures", count)
+	}
+	if n := a.all() - len(a.by("node-b")); n != 0 {
+		t.Errorf("%d requests came without node-b's certificate", n)
+	}
+}
+
+// A node without a client certificate, or with one from another CA,
+// gets nothing of the pull over TLS: it keeps asking, and the pull's
+// handler is never reached.
+func TestFollow_OverTLSRefusesWhoIsNotANode(t *testing.T) {
+	ca, other := testca.New(t, "kube-csr-signer"), testca.New(t, "someone-else")
+	for name, client := range map[string]func() *peer.NodeTLS{
+		"no certificate": func() *peer.NodeTLS {
+			n := nodeTLS(t, ca, "node-b")
+			n.Client = func() *tls.Certificate { return nil }
+			return n
+		},
+		"a node's from another CA": func() *peer.NodeTLS {
+			n := nodeTLS(t, ca, "node-b")
+			cert, key := other.Node(t, "node-b")
+			kp := testca.KeyPair(t, cert, key)
+			n.Client = func() *tls.Certificate { return &kp }
+			return n
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := newSharing(t, time.Minute)
+			addr, a := s.serveTLS(t, nodeTLS(t, ca, "node-a"))
+			s.start(t)
+			c := peer.NewNodeClient(client())
+			f := newHarness(t, s.reg, pull.Options{Backoff: 300 * time.Millisecond,
+				Peers: &pull.PeerAccess{Transport: c.Transport(), TLS: c.TLS()},
+				Mirrors: func() ([]create.Mirror, error) {
+					return []create.Mirror{{Prefix: "quay.io/", Location: "127.0.0.1:1/"}}, nil
+				}})
+			f.run(t)
+			follow := s.req
+			follow.From, follow.FromNode = addr, "node-a"
+			if err := f.p.Ensure(follow); err != nil {
+				t.Fatal(err)
+			}
+			fs := f.wait(t, "the follower's second failed try", func(st *pull.Status) bool { return st.State == pull.StateRetrying && st.Attempts >= 2 })
+			if fs.Bytes != 0 || !strings.Contains(fs.Error, "node-a") {
+				t.Errorf("refused follower: %d bytes, error %q (want none, naming the node)", fs.Bytes, fs.Error)
+			}
+			if n, st := a.all(), s.p.Status(); n != 0 || st.Shared != 0 {
+				t.Errorf("the pull's handler was asked %d times, sent %d bytes; want none", n, st.Shared)
+			}
+		})
 	}
 }
