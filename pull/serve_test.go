@@ -428,18 +428,7 @@ func TestFollow_OverTLSWithNodeIdentities(t *testing.T) {
 		t.Fatalf("go-containerregistry takes %s for %v (%v), want http: this test no longer covers the scheme it guards", addr, reg.Scheme(), err)
 	}
 	s.start(t)
-	client := peer.NewNodeClient(nodeTLS(t, ca, "node-b"))
-	f := newHarness(t, s.reg, pull.Options{Backoff: 300 * time.Millisecond,
-		Peers: &pull.PeerAccess{Transport: client.Transport(), TLS: client.TLS()},
-		Mirrors: func() ([]create.Mirror, error) {
-			return []create.Mirror{{Prefix: "quay.io/", Location: "127.0.0.1:1/"}}, nil
-		}})
-	f.run(t)
-	follow := s.req
-	follow.From, follow.FromNode = addr, "node-a"
-	if err := f.p.Ensure(follow); err != nil {
-		t.Fatal(err)
-	}
+	f := s.followOverTLS(t, addr, nodeTLS(t, ca, "node-b"))
 	s.followed(t, f)
 	s.gate.release()
 	ps := s.wait(t, "the pull's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
@@ -492,18 +481,7 @@ func TestFollow_OverTLSRefusesWhoIsNotANode(t *testing.T) {
 			s := newSharing(t, time.Minute)
 			addr, a := s.serveTLS(t, nodeTLS(t, ca, "node-a"))
 			s.start(t)
-			c := peer.NewNodeClient(client())
-			f := newHarness(t, s.reg, pull.Options{Backoff: 300 * time.Millisecond,
-				Peers: &pull.PeerAccess{Transport: c.Transport(), TLS: c.TLS()},
-				Mirrors: func() ([]create.Mirror, error) {
-					return []create.Mirror{{Prefix: "quay.io/", Location: "127.0.0.1:1/"}}, nil
-				}})
-			f.run(t)
-			follow := s.req
-			follow.From, follow.FromNode = addr, "node-a"
-			if err := f.p.Ensure(follow); err != nil {
-				t.Fatal(err)
-			}
+			f := s.followOverTLS(t, addr, client())
 			fs := f.wait(t, "the follower's second failed try", func(st *pull.Status) bool { return st.State == pull.StateRetrying && st.Attempts >= 2 })
 			if fs.Bytes != 0 || !strings.Contains(fs.Error, "node-a") {
 				t.Errorf("refused follower: %d bytes, error %q (want none, naming the node)", fs.Bytes, fs.Error)
@@ -513,4 +491,23 @@ func TestFollow_OverTLSRefusesWhoIsNotANode(t *testing.T) {
 			}
 		})
 	}
+}
+
+// followOverTLS starts a follower of the pull served at addr (node-a),
+// over the peers' TLS as n, whose site registry cannot be reached.
+func (s *sharing) followOverTLS(t *testing.T, addr string, n *peer.NodeTLS) *harness {
+	t.Helper()
+	c := peer.NewNodeClient(n)
+	f := newHarness(t, s.reg, pull.Options{Backoff: 300 * time.Millisecond,
+		Peers: &pull.PeerAccess{Transport: c.Transport(), TLS: c.TLS()},
+		Mirrors: func() ([]create.Mirror, error) {
+			return []create.Mirror{{Prefix: "quay.io/", Location: "127.0.0.1:1/"}}, nil
+		}})
+	f.run(t)
+	follow := s.req
+	follow.From, follow.FromNode = addr, "node-a"
+	if err := f.p.Ensure(follow); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
