@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/test/crioenv"
@@ -55,7 +57,7 @@ func crioNode(t *testing.T, images int, imageSize int64) (*node, string) {
 	cfg := ferryenv.Config(t.TempDir())
 	c.Configure(&cfg)
 	n := &node{
-		a: ferryenv.Start(t, cfg), cfg: cfg, digest: "sha256:" + string(sha[:64]),
+		a: ferryenv.Start(t, cfg), cfg: cfg, digest: digest.Digest("sha256:" + string(sha[:64])),
 		crio: c, cl: c.Client(t),
 		// CRI-O pins its pause image itself (crioenv's pause_image).
 		allowed: map[string]bool{mcoPin: true, "quay.io/ferry-test/pause:none": true}, bundleRef: map[string]bool{},

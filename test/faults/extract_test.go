@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/test/bigbundle"
 	"github.com/ferry-edge/ferry/test/ferryenv"
@@ -22,7 +24,7 @@ import (
 
 // bigBundle makes (or reuses) a test/bigbundle bundle of sizeMiB MiB in
 // blobMiB MiB blobs and returns its path, digest and blob count.
-func bigBundle(t *testing.T, sizeMiB, blobMiB int64) (string, string, int) {
+func bigBundle(t *testing.T, sizeMiB, blobMiB int64) (string, digest.Digest, int) {
 	t.Helper()
 	p, err := bigbundle.Make(sizeMiB<<20, blobMiB<<20, workDir(t))
 	if err != nil {
@@ -32,7 +34,7 @@ func bigBundle(t *testing.T, sizeMiB, blobMiB int64) (string, string, int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p, "sha256:" + string(b[:64]), bigbundle.Blobs(sizeMiB, blobMiB)
+	return p, digest.Digest("sha256:" + string(b[:64])), bigbundle.Blobs(sizeMiB, blobMiB)
 }
 
 // TestFaults_KillDuringExtract: kill -9 of the agent at a random point of

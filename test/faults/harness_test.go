@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/BurntSushi/toml"
 
 	"github.com/ferry-edge/ferry/agent"
@@ -289,8 +291,8 @@ func checkTree(dir string, wantBlobs int) error {
 type node struct {
 	a         *ferryenv.Agent
 	cfg       agent.Config
-	digest    string // the bundle's right digest
-	wantBlobs int    // blob count of a complete tree (0: unknown)
+	digest    digest.Digest // the bundle's right digest
+	wantBlobs int           // blob count of a complete tree (0: unknown)
 	crio      *crioenv.CRIO
 	cl        *crio.Client
 	allowed   map[string]bool // pins allowed in CRI-O: other drop-ins' and the bundle's

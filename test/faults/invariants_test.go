@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/test/ferryenv"
@@ -54,11 +56,10 @@ func TestInvariants_CatchABrokenNode(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			bad := "sha256:" + strings.Repeat("0", 64)
-			if err := store.Save(&agent.Record{ID: strings.Repeat("0", 64), Digest: bad, Name: "x.tar", Dir: dir, Phase: agent.PhaseExtracted}); err != nil {
+			if err := store.Save(&agent.Record{ID: strings.Repeat("0", 64), Digest: zeroDigest, Name: "x.tar", Dir: dir, Phase: agent.PhaseExtracted}); err != nil {
 				t.Fatal(err)
 			}
-		}, "want " + digest},
+		}, "want " + string(digest)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -82,3 +83,6 @@ func TestInvariants_CatchABrokenNode(t *testing.T) {
 		})
 	}
 }
+
+// zeroDigest is a bundle digest no test makes.
+var zeroDigest = digest.Digest("sha256:" + strings.Repeat("0", 64))

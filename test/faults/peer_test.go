@@ -18,13 +18,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/test/ferryenv"
 )
 
 // source starts the node that holds the bundle (given with `ferry load`)
 // and serves it to its peers on 127.0.0.1.
-func source(t *testing.T, tarPath, digest string, blobs int) (*node, string) {
+func source(t *testing.T, tarPath string, digest digest.Digest, blobs int) (*node, string) {
 	t.Helper()
 	cfg := ferryenv.Config(t.TempDir())
 	cfg.NodeName = "source"
@@ -47,7 +49,7 @@ func source(t *testing.T, tarPath, digest string, blobs int) (*node, string) {
 
 // fetcher starts a fresh node on another loopback address whose peers are
 // peers: it has no bundle, so it fetches one from them.
-func fetcher(t *testing.T, i int, peers []string, digest string, blobs int) *node {
+func fetcher(t *testing.T, i int, peers []string, digest digest.Digest, blobs int) *node {
 	t.Helper()
 	cfg := ferryenv.Config(t.TempDir())
 	cfg.NodeName = "fetcher-" + strconv.Itoa(i)
