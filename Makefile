@@ -38,6 +38,7 @@ setup:
 
 unit:
 	$(GO) vet ./...
+	$(GO) vet -tags faults,containers_image_openpgp ./test/faults
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 
 # Brief runs of every fuzz target (CI); `make fuzz FUZZTIME=5m` for longer.
