@@ -86,3 +86,24 @@ func TestInvariants_CatchABrokenNode(t *testing.T) {
 
 // zeroDigest is a bundle digest no test makes.
 var zeroDigest = digest.Digest("sha256:" + strings.Repeat("0", 64))
+
+// The CRI-O log check fails a broken drop-in, and a vanished one only
+// when no reload completed after it.
+func TestReloadsFailed_ABrokenDropinNotARaceARecovered(t *testing.T) {
+	const (
+		broken   = `level=error msg="Unable to reload configuration: parsing /etc/crio/crio.conf.d/pin-upgrade.conf: toml: expected '='"`
+		vanished = `level=error msg="Unable to reload configuration: update config from path: walk path: lstat /etc/crio/crio.conf.d/pin-upgrade.conf: no such file or directory"`
+		done     = `level=info msg="Configuration reload completed"`
+	)
+	for log, bad := range map[string]bool{
+		done:                                 false,
+		broken + "\n" + done:                 true,
+		vanished + "\n" + done:               false,
+		done + "\n" + vanished:               true,
+		done + "\n" + vanished + "\n" + done: false,
+	} {
+		if err := reloadsFailed(log); (err != nil) != bad {
+			t.Errorf("log %q: got %v, want failure %v", log, err, bad)
+		}
+	}
+}
