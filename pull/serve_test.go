@@ -316,12 +316,7 @@ func TestFollow_MakesTheSameBundleWhileThePullRuns(t *testing.T) {
 	if st := s.p.Status(); st.State != pull.StateFetching || st.Shared == 0 {
 		t.Fatalf("the pull is %s having served %d bytes, want still fetching, having served", st.State, st.Shared)
 	}
-	s.gate.release()
-	ps := s.wait(t, "the pull's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
-	fs := f.wait(t, "the follower's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
-	if fs.Digest != ps.Digest || fs.Digest == "" {
-		t.Errorf("the follower made %s, the puller %s: want the same bundle", fs.Digest, ps.Digest)
-	}
+	fs := s.bothDone(t, f)
 	if fs.From != "node-a" || !strings.Contains(fs.Line(), "node node-a") {
 		t.Errorf("the follower's status does not name the node it follows: %+v / %q", fs, fs.Line())
 	}
@@ -343,12 +338,7 @@ func TestFollow_KeepsAskingUntilThePullRuns(t *testing.T) {
 	f.wait(t, "the follower's second failed try", func(st *pull.Status) bool { return st.State == pull.StateRetrying && st.Attempts >= 2 })
 	s.start(t)
 	s.followed(t, f)
-	s.gate.release()
-	ps := s.wait(t, "the pull's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
-	fs := f.wait(t, "the follower's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
-	if fs.Digest != ps.Digest || fs.Digest == "" {
-		t.Errorf("the follower made %s, the puller %s: want the same bundle", fs.Digest, ps.Digest)
-	}
+	s.bothDone(t, f)
 }
 
 // nodeTLS is a node's peer TLS with node identities (peer.identity =
@@ -430,12 +420,7 @@ func TestFollow_OverTLSWithNodeIdentities(t *testing.T) {
 	s.start(t)
 	f := s.followOverTLS(t, addr, nodeTLS(t, ca, "node-b"))
 	s.followed(t, f)
-	s.gate.release()
-	ps := s.wait(t, "the pull's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
-	fs := f.wait(t, "the follower's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
-	if fs.Digest != ps.Digest || fs.Digest == "" {
-		t.Errorf("the follower made %s, the puller %s: want the same bundle", fs.Digest, ps.Digest)
-	}
+	s.bothDone(t, f)
 	f.mu.Lock()
 	res := f.delivered[len(f.delivered)-1]
 	f.mu.Unlock()
@@ -510,4 +495,17 @@ func (s *sharing) followOverTLS(t *testing.T, addr string, n *peer.NodeTLS) *har
 		t.Fatal(err)
 	}
 	return f
+}
+
+// bothDone lets the held pull go on, waits until it and follower f are
+// done, and checks that they made the same bundle; f's last status.
+func (s *sharing) bothDone(t *testing.T, f *harness) *pull.Status {
+	t.Helper()
+	s.gate.release()
+	ps := s.wait(t, "the pull's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
+	fs := f.wait(t, "the follower's end", func(st *pull.Status) bool { return st.State == pull.StateDone })
+	if fs.Digest != ps.Digest || fs.Digest == "" {
+		t.Errorf("the follower made %s, the puller %s: want the same bundle", fs.Digest, ps.Digest)
+	}
+	return fs
 }

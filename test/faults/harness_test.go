@@ -179,11 +179,20 @@ func ensureRunning(a *ferryenv.Agent) {
 // ferry runs a ferry subcommand against a's config and fails with its
 // output.
 func ferry(a *ferryenv.Agent, args ...string) error {
-	out, err := a.Ferry(args...)
-	if err != nil {
-		return fmt.Errorf("ferry %s: %v: %s", strings.Join(args, " "), err, out)
+	deadline := time.Now().Add(bound)
+	for {
+		out, err := a.Ferry(args...)
+		switch {
+		case err == nil:
+			return nil
+		// Busy with a job of its own (re-pinning after CRI-O came back):
+		// a technician tries again when it is done, as the agent says.
+		case strings.Contains(out, "try again when it is done") && time.Now().Before(deadline):
+			time.Sleep(200 * time.Millisecond)
+		default:
+			return fmt.Errorf("ferry %s: %v: %s", strings.Join(args, " "), err, out)
+		}
 	}
-	return nil
 }
 
 // cleanupNode runs `ferry cleanup` unless the node holds nothing, and
@@ -209,6 +218,18 @@ func cleanupNode(a *ferryenv.Agent) error {
 // activeRecord is the record the agent would resume from, read from its
 // state dir (nil when none is active).
 func activeRecord(stateDir string) (*agent.Record, error) {
+	return findRecord(stateDir, func(r *agent.Record) bool { return r.Phase.Active() })
+}
+
+// upgradedRecord reports whether the state dir holds an upgraded
+// record of bundle d: one whose images stay pinned.
+func upgradedRecord(stateDir string, d digest.Digest) (bool, error) {
+	r, err := findRecord(stateDir, func(r *agent.Record) bool { return r.Digest == d && r.Phase == agent.PhaseUpgraded })
+	return r != nil, err
+}
+
+// findRecord is the first record of the state dir that match takes, or nil.
+func findRecord(stateDir string, match func(*agent.Record) bool) (*agent.Record, error) {
 	store, err := agent.OpenStore(stateDir)
 	if err != nil {
 		return nil, err
@@ -218,30 +239,11 @@ func activeRecord(stateDir string) (*agent.Record, error) {
 		return nil, fmt.Errorf("state dir %s: %w", stateDir, err)
 	}
 	for _, r := range recs {
-		if r.Phase.Active() {
+		if match(r) {
 			return r, nil
 		}
 	}
 	return nil, nil
-}
-
-// upgradedRecord reports whether the state dir holds an upgraded
-// record of bundle d: one whose images stay pinned.
-func upgradedRecord(stateDir string, d digest.Digest) (bool, error) {
-	store, err := agent.OpenStore(stateDir)
-	if err != nil {
-		return false, err
-	}
-	recs, err := store.Load()
-	if err != nil {
-		return false, fmt.Errorf("state dir %s: %w", stateDir, err)
-	}
-	for _, r := range recs {
-		if r.Digest == d && r.Phase == agent.PhaseUpgraded {
-			return true, nil
-		}
-	}
-	return false, nil
 }
 
 // verifiedPhase: the record's bundle was verified (its digest matched).
