@@ -165,11 +165,24 @@ func TestFetchStream_AWithdrawnLiveOfferIsGivenUp(t *testing.T) {
 	live.Write(data[:3*testPieceSize])
 	var out bytes.Buffer
 	done := make(chan error, 1)
+	// The fetch has begun consuming the live offer before it is withdrawn:
+	// the first bytes reached the consumer (an event, not a sleep).
+	began := make(chan struct{})
+	var once sync.Once
 	go func() {
-		_, err := fastFetcher([]string{src.addr}, FetcherOptions{}).FetchStream(t.Context(), digest, filepath.Join(t.TempDir(), "b.part"), window4, nil, collect(&out, nil))
+		_, err := fastFetcher([]string{src.addr}, FetcherOptions{}).FetchStream(t.Context(), digest, filepath.Join(t.TempDir(), "b.part"), window4, nil,
+			collect(&out, func(n int64) {
+				if n > 0 {
+					once.Do(func() { close(began) })
+				}
+			}))
 		done <- err
 	}()
-	time.Sleep(100 * time.Millisecond)
+	select {
+	case <-began:
+	case err := <-done:
+		t.Fatalf("FetchStream ended before it consumed a byte of the live offer: %v", err)
+	}
 	live.Close() // the read ended in a mismatch: the offer goes
 	select {
 	case err := <-done:

@@ -42,7 +42,7 @@ func fakeJournald(t *testing.T) *net.UnixConn {
 		need(t, "needs root to create "+socketPath)
 	}
 	if _, err := os.Stat(socketPath); err == nil {
-		t.Skip("a journald runs here; its socket is not ours to take over")
+		need(t, "a journald runs here; its socket is not ours to take over (run this test where none runs, as CI does)")
 	}
 	for _, d := range []string{"/run/systemd", "/run/systemd/journal"} {
 		if err := os.Mkdir(d, 0o755); err == nil {
