@@ -244,11 +244,12 @@ func TestAgent_StickPulledMidReadThenPluggedAgain(t *testing.T) {
 // 1 GiB extraction of a file given with ferry load; after each restart the
 // bundle is extracted and complete, or rolled back with the status asking
 // for ferry load again (which then completes it), and a dir is never
-// taken as good before it is.
+// taken as good before it is. Trials go on until enough kills interrupted
+// an extraction (a kill after its end proves nothing of a roll-back).
 func TestAgent_KillNineDuringExtraction(t *testing.T) {
 	udevenv.Require(t)
 	const size, blob = 1 << 30, 16 << 20
-	trials := 10
+	const interruptedWant, maxTrials = 5, 20
 	tarPath, err := bigbundle.Make(size, blob, filepath.Join(os.TempDir(), "ferry-test-bundles"))
 	if err != nil {
 		t.Fatal(err)
@@ -268,14 +269,15 @@ func TestAgent_KillNineDuringExtraction(t *testing.T) {
 	t.Logf("a full extraction took %s", span)
 
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
-	for i := range trials {
+	interrupted, i := 0, 0
+	for ; interrupted < interruptedWant && i < maxTrials; i++ {
 		if out, err := a.Ferry("cleanup"); err != nil {
 			t.Fatalf("trial %d: cleanup: %v\n%s", i, err, out)
 		}
 		if out, err := a.Ferry("load", tarPath); err != nil {
 			t.Fatalf("trial %d: load: %v\n%s", i, err, out)
 		}
-		time.Sleep(time.Duration(rng.Int64N(int64(span))))
+		time.Sleep(time.Duration(rng.Int64N(int64(span) * 4 / 5)))
 		a.Kill()
 		// Whatever the record says must be true of the disk.
 		if rec := readRecord(t, cfg.Paths.StateDir); rec != nil && rec.Phase == agent.PhaseExtracted {
@@ -290,6 +292,7 @@ func TestAgent_KillNineDuringExtraction(t *testing.T) {
 			return s.Phase == string(agent.PhaseExtracted) || strings.Contains(s.Reason, "run 'ferry load "+tarPath+"' again")
 		})
 		if s.Phase != string(agent.PhaseExtracted) {
+			interrupted++
 			if _, err := os.Stat(dir); !os.IsNotExist(err) {
 				t.Fatalf("trial %d: %s is there although the copy was interrupted", i, dir)
 			}
@@ -304,6 +307,10 @@ func TestAgent_KillNineDuringExtraction(t *testing.T) {
 		if m, _ := filepath.Glob(filepath.Join(cfg.Paths.ExtractDir, ".staging-*")); len(m) != 0 {
 			t.Fatalf("trial %d: staging left: %v", i, m)
 		}
+	}
+	t.Logf("%d of %d kills interrupted an extraction", interrupted, i)
+	if interrupted < interruptedWant {
+		t.Fatalf("only %d of %d kills interrupted an extraction, want %d: the roll-back was hardly tested", interrupted, i, interruptedWant)
 	}
 }
 
