@@ -74,7 +74,7 @@ func (r installerRun) run(t *testing.T) installerResult {
 		refuse = `case $2 in *nosymfollow*) echo "mount: bad option" >&2; exit 32 ;; esac`
 	}
 	stubs := map[string]string{
-		"mount": fmt.Sprintf("#!/bin/sh\necho \"mount $*\" >>%[1]s/log\n%[2]s\nfor a; do mnt=$a; done\nexec %[3]s --bind %[1]s/stick \"$mnt\"\n", dir, refuse, mountBin),
+		"mount":     fmt.Sprintf("#!/bin/sh\necho \"mount $*\" >>%[1]s/log\n%[2]s\nfor a; do mnt=$a; done\nexec %[3]s --bind %[1]s/stick \"$mnt\"\n", dir, refuse, mountBin),
 		"systemctl": fmt.Sprintf("#!/bin/sh\necho \"systemctl $*\" >>%s/log\n", dir),
 	}
 	if err := os.MkdirAll(filepath.Join(dir, "stubs"), 0o755); err != nil {
