@@ -110,9 +110,10 @@ type Media struct {
 	// `ferry load`).
 	Detect string `toml:"detect"`
 	// AllowDevices are the kinds of block device read for bundles besides
-	// removable, USB and MMC ones (always read): "loop", "virtio", "nvme",
-	// "scsi", "ata", or "any" (every block device this node does not use
-	// itself). Empty by default: a network LUN, a hot-plugged virtio or
+	// USB and MMC ones (always read): "loop", "virtio", "nvme", "scsi",
+	// "ata", "removable" (the disk's removable flag, which a SCSI target
+	// sets as it likes), or "any" (every block device this node does not
+	// use itself). Empty by default: a network LUN, a hot-plugged virtio or
 	// NVMe disk or a tenant's raw block volume is not a stick.
 	AllowDevices []string `toml:"allow_devices"`
 	// ExtraFilesystems are filesystems mounted on a stick besides vfat,

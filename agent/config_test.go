@@ -48,7 +48,7 @@ func TestLoadConfig_MediaAllowDevices(t *testing.T) {
 		t.Fatalf("allow_devices = %v", c.Media.AllowDevices)
 	}
 	if d := DefaultConfig(); len(d.Media.AllowDevices) != 0 {
-		t.Fatalf("by default only removable, USB and MMC devices are read, not %v", d.Media.AllowDevices)
+		t.Fatalf("by default only USB and MMC devices are read, not %v", d.Media.AllowDevices)
 	}
 }
 

@@ -1,7 +1,6 @@
 package crio
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -12,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/ferry-edge/ferry/internal/regprefix"
 )
 
 // SiteRegistries is the node's own registries configuration, without
@@ -279,7 +280,7 @@ func (s *SiteRegistries) find(name string) (siteRegistry, int, bool) {
 	sort.Strings(prefixes)
 	best, bestLen, matched := "", 0, 0
 	for _, p := range prefixes {
-		if n := matchPrefix(name, p); n >= 0 && len(p) > bestLen {
+		if n := regprefix.Match(name, p); n >= 0 && len(p) > bestLen {
 			best, bestLen, matched = p, len(p), n
 		}
 	}
@@ -287,29 +288,6 @@ func (s *SiteRegistries) find(name string) (siteRegistry, int, bool) {
 		return siteRegistry{}, 0, false
 	}
 	return s.byPrefix[best], matched, true
-}
-
-// matchPrefix is containers/image's refMatchingPrefix: how much of ref
-// the prefix stands for (what a location replaces), or -1.
-func matchPrefix(ref, prefix string) int {
-	if strings.HasPrefix(prefix, "*.") {
-		i := strings.Index(ref, prefix[1:])
-		if i == -1 || strings.Contains(ref[:i], "/") {
-			return -1
-		}
-		i += len(prefix) - 1
-		if i == len(ref) || strings.ContainsRune(":/@", rune(ref[i])) {
-			return i
-		}
-		return -1
-	}
-	switch {
-	case ref == prefix:
-		return len(prefix)
-	case len(ref) > len(prefix) && strings.HasPrefix(ref, prefix) && strings.ContainsRune(":/@", rune(ref[len(prefix)])):
-		return len(prefix)
-	}
-	return -1
 }
 
 // entryFor is ferry's [[registry]] for the repository name: the embedded
@@ -351,9 +329,11 @@ func (s *SiteRegistries) entryFor(name string, ours mirrorEntry) (e registryEntr
 }
 
 // PullSource is one place the node's configuration sends a pull of an
-// image under Prefix. PullSources lists them in the order containers/image
-// tries them: the entry's mirrors, then its location; Blocked ends a
-// prefix's list (its origin may not be asked).
+// image under Prefix ("*.domain": any host under domain). PullSources
+// lists them in the order containers/image tries them: the entry's
+// mirrors, then its location ("" for a wildcard entry without one: the
+// image's own name); Blocked ends a prefix's list (its origin may not be
+// asked).
 type PullSource struct {
 	Prefix, Location string
 	Insecure         bool
@@ -365,15 +345,13 @@ type PullSource struct {
 
 // PullSources lists, prefix by prefix, where the node's configuration
 // sends a pull (ferry's own drop-in left out): what registry mode fetches
-// through. Wildcard prefixes, and entries that change nothing of a pull,
-// are left out.
+// through. Every entry is listed, wildcard ones and those that change
+// nothing of a pull too: the longest matching prefix decides, so an entry
+// left out would hand its images to a shorter, perhaps blocked, one.
 func (s *SiteRegistries) PullSources() []PullSource {
 	var out []PullSource
 	for _, p := range slices.Sorted(maps.Keys(s.byPrefix)) {
 		r := s.byPrefix[p]
-		if strings.HasPrefix(p, "*.") || len(r.Mirrors) == 0 && !r.Blocked && !r.Insecure && r.Location == p {
-			continue
-		}
 		for _, m := range r.Mirrors {
 			out = append(out, PullSource{Prefix: p, Location: m.Location, Insecure: m.Insecure,
 				DigestOnly: r.MirrorByDigestOnly || m.PullFromMirror == "digest-only",
@@ -383,7 +361,11 @@ func (s *SiteRegistries) PullSources() []PullSource {
 			out = append(out, PullSource{Prefix: p, Blocked: true})
 			continue
 		}
-		out = append(out, PullSource{Prefix: p, Location: cmp.Or(r.Location, p), Insecure: r.Insecure})
+		loc := r.Location
+		if loc == "" && !strings.HasPrefix(p, "*.") {
+			loc = p
+		}
+		out = append(out, PullSource{Prefix: p, Location: loc, Insecure: r.Insecure})
 	}
 	return out
 }

@@ -278,6 +278,11 @@ func TestPullSources_InTheOrderContainersImageTriesThem(t *testing.T) {
 			s.Prefix, s.Location, s.Insecure, s.DigestOnly, s.TagOnly, s.Blocked))
 	}
 	want := []string{
+		// A wildcard entry's origin is the image's own name ("").
+		"*.example.io -> wild.site/example insecure=false digest-only=false tag-only=false blocked=false",
+		"*.example.io ->  insecure=false digest-only=false tag-only=false blocked=false",
+		// It changes nothing of a pull, but shadows any shorter prefix.
+		"docker.io/library/busybox -> docker.io/library/busybox insecure=false digest-only=false tag-only=false blocked=false",
 		"quay.io/my-company -> mirror.site:5000/my-company insecure=false digest-only=false tag-only=true blocked=false",
 		"quay.io/my-company -> registry.site/my-company insecure=true digest-only=false tag-only=false blocked=false",
 		"quay.io/my-company/my-workload -> new.site/workload insecure=false digest-only=false tag-only=false blocked=false",
@@ -287,6 +292,43 @@ func TestPullSources_InTheOrderContainersImageTriesThem(t *testing.T) {
 		"quay.io/openshift-release-dev/ocp-release -> mirror.site:5000/ocp/release insecure=false digest-only=true tag-only=false blocked=false",
 		"quay.io/openshift-release-dev/ocp-release -> backup.site/ocp/release insecure=true digest-only=true tag-only=false blocked=false",
 		"quay.io/openshift-release-dev/ocp-release -> quay.io/openshift-release-dev/ocp-release insecure=false digest-only=false tag-only=false blocked=false",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("pull sources:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// A site that blocks every host under a domain (as an OpenShift
+// blockedRegistries entry "*.example.com" becomes) hands registry mode
+// that wildcard, blocked, and its mirrors before it.
+func TestPullSources_WildcardBlockedEntriesReachRegistryMode(t *testing.T) {
+	ds := newDirs(t)
+	ds.write(t, "containers/registries.conf", `
+[[registry]]
+prefix = "*.example.com"
+location = ""
+blocked = true
+
+[[registry]]
+prefix = "*.corp.example.com"
+location = ""
+blocked = true
+
+[[registry.mirror]]
+location = "mirror.site/corp"
+`)
+	site, err := ds.d.SiteRegistries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range site.PullSources() {
+		got = append(got, fmt.Sprintf("%s -> %s blocked=%v", s.Prefix, s.Location, s.Blocked))
+	}
+	want := []string{
+		"*.corp.example.com -> mirror.site/corp blocked=false",
+		"*.corp.example.com ->  blocked=true",
+		"*.example.com ->  blocked=true",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("pull sources:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

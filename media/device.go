@@ -16,21 +16,25 @@ import (
 )
 
 // Which devices count as sticks: not a disk this node uses (Check), and
-// a removable, USB or MMC device or one of a kind the config allows
-// (CheckKind), as udev tells the kinds (udev.Kinds).
+// a USB or MMC device or one of a kind the config allows (CheckKind), as
+// udev tells the kinds (udev.Kinds).
 
-// ErrNotRemovable: the device is not a stick (removable, USB or MMC) nor
-// of a kind the config allows: a network LUN, a hot-plugged virtio or
-// NVMe disk, a tenant's raw block volume. Nothing on it is read.
-var ErrNotRemovable = errors.New("not a removable, USB or MMC device")
+// ErrNotRemovable: the device is not a stick (USB or MMC) nor of a kind
+// the config allows: a network LUN, a hot-plugged virtio or NVMe disk, a
+// tenant's raw block volume. Nothing on it is read.
+var ErrNotRemovable = errors.New("not a USB or MMC device")
 
-// StickKinds are read whatever the config says.
-var StickKinds = []string{"removable", "usb", "mmc"}
+// StickKinds are read whatever the config says: a device on a USB bus (a
+// BMC's virtual media is one) or an MMC/SD card. The removable flag alone
+// is not enough: a SCSI target, an iSCSI LUN's included, sets it as it
+// likes.
+var StickKinds = []string{"usb", "mmc"}
 
 // DeviceKinds are the kinds media.allow_devices may name besides
-// StickKinds; "any" is every block device (ferry before it told them
-// apart).
-var DeviceKinds = []string{"loop", "virtio", "nvme", "scsi", "ata", "any"}
+// StickKinds ("removable": a SATA optical drive, say); "any" is every
+// block device (ferry before it told them apart). A "network" device
+// (udev.Kinds) is never a removable, USB or MMC one.
+var DeviceKinds = []string{"loop", "virtio", "nvme", "scsi", "ata", "removable", "any"}
 
 // CheckKind refuses (ErrNotRemovable) dev unless one of its kinds
 // (removable, usb, mmc, loop, …: see kinds) is in StickKinds or
@@ -62,8 +66,8 @@ func (m *Media) checkKind(dev, num string) error {
 		what = "a " + strings.Join(kinds, "/") + " device"
 	}
 	hint := "media.allow_devices (\"any\" for every kind)"
-	if len(kinds) > 0 {
-		hint = fmt.Sprintf("%q to media.allow_devices", kinds[0])
+	if i := slices.IndexFunc(kinds, func(k string) bool { return slices.Contains(DeviceKinds, k) }); i >= 0 {
+		hint = fmt.Sprintf("%q to media.allow_devices", kinds[i])
 	}
 	return fmt.Errorf("%s: %w (%s): to read such devices too, add %s", dev, ErrNotRemovable, what, hint)
 }

@@ -1,6 +1,6 @@
 // Package media opens what a plugged device holds: it decides which block
-// devices count as sticks (removable, USB, MMC, or a kind the config
-// allows; never a disk this node uses), mounts a stick's filesystem
+// devices count as sticks (USB, MMC, or a kind the config allows; never a
+// network LUN by default, never a disk this node uses), mounts a stick's filesystem
 // read-only in a private directory (or reads a raw tar on the bare
 // device), and opens each bundle's files on it without following a link.
 // The devices themselves are found by udev (package udev).
@@ -94,9 +94,9 @@ type Media struct {
 	MountInfo string // "/proc/self/mountinfo"
 	Swaps     string // "/proc/swaps"
 	UdevData  string // "/run/udev/data"
-	// AllowDevices are the kinds of device read besides removable, USB
-	// and MMC ones (see DeviceKinds): "loop", "virtio", "nvme", "scsi",
-	// "ata", or "any".
+	// AllowDevices are the kinds of device read besides USB and MMC ones
+	// (see DeviceKinds): "loop", "virtio", "nvme", "scsi", "ata",
+	// "removable", or "any".
 	AllowDevices []string
 	// ExtraFilesystems are filesystems mounted besides DefaultFilesystems:
 	// some of ExtraFilesystems. Empty by default.
@@ -132,7 +132,7 @@ func (m *Media) log() *slog.Logger {
 // MountDir, and every upgrade-*.tar at its root is a candidate, opened
 // with its sidecars (see Candidate). The device is refused
 // (ErrSystemDevice) when it is part of a disk this node uses, and
-// (ErrNotRemovable) when it is not a removable, USB or MMC device nor of
+// (ErrNotRemovable) when it is not a USB or MMC device nor of
 // a kind in AllowDevices, before anything on it is read. Errors wrap
 // ErrNoMedium, ErrSystemDevice, ErrNotRemovable, ErrNotBundle,
 // ErrUnsupportedFS or ErrMount.

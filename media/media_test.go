@@ -429,6 +429,22 @@ func TestCheckKind(t *testing.T) {
 		"ID_PATH=pci-0000:00:14.0-usb-0:1:1.0-scsi-0:0:0:0")
 	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:1f.2/ata1/host0/target0:0:0/0:0:0:0/block/sde", "8:64", "0", "ID_BUS=ata")
 	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:1f.2/ata2/host1/target1:0:0/1:0:0:0/block/sr0", "11:0", "1", "ID_BUS=ata")
+	// An iSCSI LUN whose target sets the removable flag, one that also
+	// claims USB in its udev record, and a Fibre Channel one.
+	fakeKindDisk(t, sys, data, "devices/platform/host9/session7/target9:0:0/9:0:0:1/block/sdi", "8:128", "1", "ID_BUS=scsi",
+		"ID_PATH=ip-10.0.0.5:3260-iscsi-iqn.2024-01.example:stick-lun-1")
+	fakeKindDisk(t, sys, data, "devices/platform/host10/session8/target10:0:0/10:0:0:1/block/sdj", "8:144", "1",
+		"ID_BUS=usb", "ID_USB_DRIVER=usb-storage")
+	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:05:00.0/host11/rport-11:0-2/target11:0:0/11:0:0:0/block/sdk", "8:160", "1",
+		"ID_BUS=scsi", "ID_PATH=pci-0000:05:00.0-fc-0x500601603ce01a2b-lun-0")
+	// NVMe over TCP.
+	fakeKindDisk(t, sys, data, "devices/virtual/nvme-fabrics/ctl/nvme2/nvme2n1", "259:8", "1")
+	// A BMC's virtual media: a USB CD-ROM.
+	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:14.0/usb1/1-4/1-4:1.0/host12/target12:0:0/12:0:0:0/block/sr1", "11:1", "1",
+		"ID_BUS=usb", "ID_USB_DRIVER=usb-storage", "ID_PATH=pci-0000:00:14.0-usb-0:4:1.0-scsi-0:0:0:0", "ID_CDROM=1")
+	// A virtio-scsi CD-ROM (a hypervisor's, not a BMC's): removable only.
+	fakeKindDisk(t, sys, data, "devices/pci0000:00/0000:00:07.0/virtio5/host13/target13:0:0/13:0:0:0/block/sr2", "11:2", "1",
+		"ID_BUS=scsi", "ID_PATH=pci-0000:00:07.0-scsi-0:0:0:0")
 
 	tests := []struct {
 		name  string
@@ -441,15 +457,23 @@ func TestCheckKind(t *testing.T) {
 		{"usb stick partition", "8:17", nil, true, ""},
 		{"usb disk not flagged removable", "8:32", nil, true, ""},
 		{"sd card", "179:0", nil, true, ""},
-		{"removable optical drive", "11:0", nil, true, ""},
+		{"sata optical drive: removable only", "11:0", nil, false, `add "removable"`},
+		{"sata optical drive allowed", "11:0", []string{"removable"}, true, ""},
+		{"bmc virtual media", "11:1", nil, true, ""},
+		{"virtio-scsi cd-rom: removable only", "11:2", nil, false, "a removable/virtio/scsi device"},
+		{"iscsi LUN flagged removable", "8:128", nil, false, "a network/scsi device"},
+		{"iscsi LUN flagged removable, removable allowed", "8:128", []string{"removable"}, false, "network"},
+		{"iscsi LUN claiming usb", "8:144", nil, false, "a network/scsi device"},
+		{"fibre channel LUN flagged removable", "8:160", nil, false, "a network/scsi device"},
+		{"nvme over tcp", "259:8", []string{"removable"}, false, "a network/nvme device"},
 		{"loop device by default", "7:3", nil, false, `add "loop" to media.allow_devices`},
 		{"loop device allowed", "7:3", []string{"loop"}, true, ""},
 		{"virtio disk hot-plugged", "253:16", []string{"loop"}, false, `add "virtio"`},
 		{"virtio allowed", "253:16", []string{"loop", "virtio"}, true, ""},
 		{"nvme disk", "259:0", nil, false, "nvme"},
 		{"iscsi LUN", "8:48", nil, false, "scsi"},
-		{"iscsi LUN whose target's name says usb", "8:80", nil, false, "a scsi device"},
-		{"iscsi LUN whose target's name has a usb segment", "8:96", nil, false, "a scsi device"},
+		{"iscsi LUN whose target's name says usb", "8:80", nil, false, "a network/scsi device"},
+		{"iscsi LUN whose target's name has a usb segment", "8:96", nil, false, "a network/scsi device"},
 		{"usb disk known by its ID_PATH", "8:112", nil, true, ""},
 		{"sata disk", "8:64", nil, false, "ata"},
 		{"anything with any", "8:48", []string{"any"}, true, ""},

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/create"
 	"github.com/ferry-edge/ferry/internal/imagetree"
@@ -561,3 +563,37 @@ func TestCreate_MirrorsAreTriedInOrderUntilOneServesTheImage(t *testing.T) {
 		t.Fatalf("%d blobs fetched for a refused request", reg.BlobFetches())
 	}
 }
+
+// A registries.conf wildcard entry (*.io here, as a site writes
+// *.example.com) sends quay.io's images to its mirror; blocked, it refuses
+// the pull before a single request, so the pull secret goes nowhere.
+func TestCreate_WildcardPrefixMirrorsOrBlocks(t *testing.T) {
+	reg := fixture.NewRegistry(t)
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 2})
+	o := createFrom(t, reg, release)
+	// Location + the name past its host: HOST/openshift-release-dev/…;
+	// no location: the origin itself, never reached here.
+	o.Mirrors = []create.Mirror{{Prefix: "*.io", Location: reg.Host}, {Prefix: "*.io"}}
+	if _, err := create.Run(t.Context(), o); err != nil {
+		t.Fatalf("through the wildcard's mirror: %v", err)
+	}
+
+	reg.ResetRequests()
+	asked := false
+	o = createFrom(t, reg, release)
+	o.Keychain = keychainFunc(func(authn.Resource) (authn.Authenticator, error) {
+		asked = true
+		return authn.Anonymous, nil
+	})
+	o.Mirrors = []create.Mirror{{Prefix: "quay.io/other", Location: reg.Host + "/other"}, {Prefix: "*.io", Blocked: true}}
+	if _, err := create.Run(t.Context(), o); !errors.Is(err, create.ErrBadReference) || !strings.Contains(err.Error(), "under *.io") {
+		t.Fatalf("got %v, want the release refused as blocked under *.io", err)
+	}
+	if n := len(reg.Requests()); n != 0 || asked {
+		t.Fatalf("a blocked pull made %d requests (credentials asked: %v), want none", n, asked)
+	}
+}
+
+type keychainFunc func(authn.Resource) (authn.Authenticator, error)
+
+func (f keychainFunc) Resolve(r authn.Resource) (authn.Authenticator, error) { return f(r) }

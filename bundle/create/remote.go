@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/diskspace"
+	"github.com/ferry-edge/ferry/internal/regprefix"
 )
 
 // Reasons bundle create fails; errors.Is finds them in its errors.
@@ -41,7 +43,9 @@ var (
 // keeps the original name. Several entries of one prefix are tried in
 // their order, as containers/image tries a registry's mirrors and then its
 // location: the first that serves the image is used for all of it. An
-// entry whose Location is its Prefix is the origin itself.
+// entry whose Location is its Prefix is the origin itself. A Prefix
+// "*.domain" (registries.conf's wildcard) stands for any host under
+// domain; its Location replaces the host, and "" is the origin.
 type Mirror struct {
 	Prefix, Location string
 	// Insecure: plain HTTP or an unverified certificate is accepted there
@@ -80,17 +84,16 @@ var errBlocked = errors.New("blocked by the registries configuration")
 
 // routes maps a repository name through the mirrors of its longest
 // matching prefix, in their order, keeping those that serve this kind of
-// pull (byDigest). A prefix that does not end in "/" matches a whole name
-// or a name followed by "/". No matching prefix: the name itself.
+// pull (byDigest), as containers/image does (package regprefix): a prefix
+// "*.domain" matches any host under domain; one that ends in "/" (bundle
+// create --mirror) matches any name it starts; any other a whole name or
+// a name followed by "/". No matching prefix: the name itself. A place
+// whose own entry is blocked is never asked, as containers/image refuses
+// to contact it; so a pull under a blocked prefix fails here, before any
+// request carries the pull secret.
 func routes(name string, byDigest bool, mirrors []Mirror) ([]route, error) {
-	best := ""
-	found := false
-	for _, m := range mirrors {
-		if matchesPrefix(name, m.Prefix) && (!found || len(m.Prefix) > len(best)) {
-			best, found = m.Prefix, true
-		}
-	}
-	if !found {
+	best, n := longestPrefix(name, mirrors)
+	if best == "" {
 		return []route{{name: name}}, nil
 	}
 	var out []route
@@ -104,7 +107,14 @@ func routes(name string, byDigest bool, mirrors []Mirror) ([]route, error) {
 		if byDigest && m.TagOnly || !byDigest && m.DigestOnly {
 			continue
 		}
-		out = append(out, route{name: m.Location + name[len(m.Prefix):], insecure: m.Insecure})
+		to := name // a wildcard entry without a location: the origin
+		if m.Location != "" {
+			to = m.Location + name[n:]
+		}
+		if p, _ := longestPrefix(to, mirrors); blocked(p, mirrors) {
+			continue
+		}
+		out = append(out, route{name: to, insecure: m.Insecure})
 	}
 	if len(out) == 0 {
 		kind := map[bool]string{true: "digest", false: "tag"}[byDigest]
@@ -113,11 +123,25 @@ func routes(name string, byDigest bool, mirrors []Mirror) ([]route, error) {
 	return out, nil
 }
 
-func matchesPrefix(name, prefix string) bool {
-	if !strings.HasPrefix(name, prefix) {
-		return false
+// longestPrefix is the longest of mirrors' prefixes that matches name
+// ("" if none) and how much of name it stands for.
+func longestPrefix(name string, mirrors []Mirror) (string, int) {
+	best, n := "", -1
+	for _, m := range mirrors {
+		k := regprefix.Match(name, m.Prefix)
+		if k < 0 && strings.HasSuffix(m.Prefix, "/") && strings.HasPrefix(name, m.Prefix) {
+			k = len(m.Prefix) // bundle create --mirror's form
+		}
+		if k >= 0 && len(m.Prefix) > len(best) {
+			best, n = m.Prefix, k
+		}
 	}
-	return strings.HasSuffix(prefix, "/") || len(name) == len(prefix) || name[len(prefix)] == '/'
+	return best, n
+}
+
+// blocked reports whether prefix's entry is blocked.
+func blocked(prefix string, mirrors []Mirror) bool {
+	return prefix != "" && slices.ContainsFunc(mirrors, func(m Mirror) bool { return m.Prefix == prefix && m.Blocked })
 }
 
 // insecureTransport sends a request to a host the node's configuration

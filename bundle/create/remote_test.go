@@ -80,6 +80,53 @@ func TestRoutes_MirrorsInOrderThenTheOriginUnlessBlocked(t *testing.T) {
 	}
 }
 
+// Wildcard prefixes as containers/image reads them: "*.domain" matches
+// any host under domain, the longest prefix wins, a blocked one is never
+// asked (nor a mirror whose own place it blocks), and a wildcard entry
+// without a location pulls from the image's own name.
+func TestRoutes_WildcardPrefixesAsContainersImage(t *testing.T) {
+	ms := []Mirror{
+		{Prefix: "*.example.com", Blocked: true},
+		{Prefix: "*.corp.example.com", Location: "mirror.site/corp"},
+		{Prefix: "*.corp.example.com", Location: ""},
+		{Prefix: "*.lab.example.com", Location: "cache.blocked.example.com/lab", DigestOnly: true},
+		{Prefix: "*.lab.example.com", Location: "other.site/lab", DigestOnly: true},
+		{Prefix: "*.lab.example.com", Blocked: true},
+		{Prefix: "open.example.com/team", Location: "open.example.com/team"},
+	}
+	for _, tc := range []struct {
+		name string
+		want []string
+		err  string
+	}{
+		{"registry.example.com/ocp/release", nil, "under *.example.com no mirror"},
+		{"a.b.example.com/x", nil, "under *.example.com"},
+		{"git.corp.example.com/team/app", []string{"mirror.site/corp/team/app", "git.corp.example.com/team/app"}, ""},
+		{"git.corp.example.com:5000/app", []string{"mirror.site/corp:5000/app", "git.corp.example.com:5000/app"}, ""},
+		{"ci.lab.example.com/app", []string{"other.site/lab/app"}, ""},
+		{"open.example.com/team/app", []string{"open.example.com/team/app"}, ""},
+		{"open.example.com/other", nil, "under *.example.com"},
+		{"example.com/app", []string{"example.com/app"}, ""},
+		{"example.com.evil.net/app", []string{"example.com.evil.net/app"}, ""},
+		{"evil.net/registry.example.com/app", []string{"evil.net/registry.example.com/app"}, ""},
+	} {
+		rs, err := routes(tc.name, true, ms)
+		if tc.err != "" {
+			if !errors.Is(err, errBlocked) || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: got %v %v, want blocked %q", tc.name, rs, err, tc.err)
+			}
+			continue
+		}
+		var got []string
+		for _, r := range rs {
+			got = append(got, r.name)
+		}
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("%s: got %v %v, want %v", tc.name, got, err, tc.want)
+		}
+	}
+}
+
 func TestParseMirror_RefusesMalformed(t *testing.T) {
 	if m, err := ParseMirror("quay.io/=127.0.0.1:5000/"); err != nil || m.Location != "127.0.0.1:5000/" {
 		t.Fatalf("good mirror: %+v %v", m, err)

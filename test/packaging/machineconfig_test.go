@@ -66,6 +66,7 @@ var shipped = []shippedFile{
 	{agent.DefaultConfigPath, 0o644, "config.toml", []any{restartFerry}, "ferry reads its config at start"},
 	// Read at each plug: a new digest takes effect at the next stick.
 	{trustPath, 0o644, "trusted-binaries.sha256", []any{noAction}, "read at each plug"},
+	{"/etc/ferry/install-policy", 0o644, "install-policy", []any{noAction}, "read at each plug"},
 	{"/etc/ferry/ferry-install", 0o755, "ferry-install", []any{noAction}, "run at each plug"},
 	{"/etc/udev/rules.d/80-ferry-install.rules", 0o644, "80-ferry-install.rules", []any{reloadUdev}, "udev reloads its rules"},
 	// A template unit travels as a file: the policy API cannot name one.

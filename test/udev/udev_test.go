@@ -81,7 +81,7 @@ func waitFor(t testing.TB, ch <-chan udev.Event, l *udevenv.Loop, ok func(udev.E
 }
 
 // openStick is media.Open for the loop devices that stand in for sticks
-// here: ferry reads only removable, USB and MMC devices unless
+// here: ferry reads only USB and MMC devices unless
 // media.allow_devices names other kinds.
 func openStick(ctx context.Context, ev udev.Event, mountDir string) (*media.Medium, error) {
 	return (&media.Media{MountDir: mountDir, AllowDevices: []string{"loop"}, ExtraFilesystems: []string{"ext4"}}).Open(ctx, ev)
