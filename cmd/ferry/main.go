@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"slices"
 	"strings"
 	"syscall"
 
@@ -40,7 +39,7 @@ func main() {
 // stdout; a refusal is printed once, to stderr, after the command's name.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd()
-	root.SetArgs(longFlags(root, args))
+	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	c, err := root.ExecuteContextC(ctx)
@@ -133,25 +132,4 @@ func onePath(want string) cobra.PositionalArgs {
 		}
 		return nil
 	}
-}
-
-// longFlags rewrites -name to --name where name is a long flag of the
-// command args name: ferry's flags were Go flags, which take either.
-func longFlags(root *cobra.Command, args []string) []string {
-	c, _, err := root.Find(args)
-	if err != nil {
-		return args
-	}
-	c.InitDefaultHelpFlag()
-	out := slices.Clone(args)
-	for i, a := range out {
-		if a == "--" {
-			break
-		}
-		name, _, _ := strings.Cut(strings.TrimPrefix(a, "-"), "=")
-		if len(name) > 1 && a[0] == '-' && a[1] != '-' && c.Flags().Lookup(name) != nil {
-			out[i] = "-" + a
-		}
-	}
-	return out
 }
