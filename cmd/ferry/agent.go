@@ -1,16 +1,14 @@
 package main
 
 import (
-	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 
 	"github.com/ferry-edge/ferry/imagepolicy"
-	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/localapi"
 
 	"github.com/spf13/cobra"
@@ -20,7 +18,6 @@ import (
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/media"
-	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/pull"
 	"github.com/ferry-edge/ferry/systemd"
 	"github.com/ferry-edge/ferry/udev"
@@ -31,7 +28,7 @@ type nodeOptions struct{ config string }
 
 // nodeCmd is a command that reads the agent's config, then does act. With
 // path it takes one bundle PATH, else no argument.
-func nodeCmd(use, short string, path bool, o *nodeOptions, act func(context.Context, agent.Config, []string) error) *cobra.Command {
+func nodeCmd(use, short string, path bool, o *nodeOptions, act func(context.Context, io.Writer, agent.Config, []string) error) *cobra.Command {
 	c := &cobra.Command{
 		Use:   use,
 		Short: short,
@@ -40,7 +37,7 @@ func nodeCmd(use, short string, path bool, o *nodeOptions, act func(context.Cont
 			if err != nil {
 				return err
 			}
-			return act(c.Context(), cfg, args)
+			return act(c.Context(), c.OutOrStdout(), cfg, args)
 		},
 	}
 	if path {
@@ -55,12 +52,14 @@ func nodeCmd(use, short string, path bool, o *nodeOptions, act func(context.Cont
 
 func newAgentCmd() *cobra.Command {
 	return nodeCmd("agent", "run the node agent (the systemd service)", false, &nodeOptions{},
-		func(ctx context.Context, cfg agent.Config, _ []string) error { return runAgent(ctx, cfg) })
+		func(ctx context.Context, _ io.Writer, cfg agent.Config, _ []string) error { return runAgent(ctx, cfg) })
 }
 
 func newConfigCheckCmd() *cobra.Command {
 	return nodeCmd("check", "validate a config file and print the effective config", false, &nodeOptions{},
-		func(_ context.Context, cfg agent.Config, _ []string) error { return agent.WriteConfig(os.Stdout, cfg) })
+		func(_ context.Context, w io.Writer, cfg agent.Config, _ []string) error {
+			return agent.WriteConfig(w, cfg)
+		})
 }
 
 type loadOptions struct {
@@ -72,7 +71,9 @@ type loadOptions struct {
 func newLoadCmd() *cobra.Command {
 	o := &loadOptions{}
 	c := nodeCmd("load [flags] PATH | --release REF [--extra-image REF]...", "give the agent a bundle file instead of a stick, or have it pull a release from the site's registry", true, &o.nodeOptions,
-		func(ctx context.Context, cfg agent.Config, args []string) error { return runLoad(ctx, cfg, o, args) })
+		func(ctx context.Context, w io.Writer, cfg agent.Config, args []string) error {
+			return runLoad(ctx, w, cfg, o, args)
+		})
 	c.Args = func(c *cobra.Command, args []string) error {
 		if o.release != "" {
 			return noArgs(c, args)
@@ -93,20 +94,6 @@ func newCleanupCmd() *cobra.Command {
 
 func newProceedCmd() *cobra.Command {
 	return nodeCmd("proceed", "start the cluster upgrade now (schedule = \"Manual\"), or run a failed on_ready hook again", false, &nodeOptions{}, runProceed)
-}
-
-type statusOptions struct {
-	nodeOptions
-	json, cluster bool
-}
-
-func newStatusCmd() *cobra.Command {
-	o := &statusOptions{}
-	c := nodeCmd("status", "show what the agent is doing", false, &o.nodeOptions,
-		func(ctx context.Context, cfg agent.Config, _ []string) error { return runStatus(ctx, cfg, o) })
-	c.Flags().BoolVar(&o.json, "json", false, "print the full status as JSON")
-	c.Flags().BoolVar(&o.cluster, "cluster", false, "show every node's phase and the cluster gate")
-	return c
 }
 
 // loadConfig reads --config (explicit) or the default path; a bad config
@@ -267,58 +254,7 @@ type notifier struct{}
 func (notifier) Ready()             { systemd.Ready() }
 func (notifier) Status(line string) { systemd.Status("%s", line) }
 
-func runStatus(ctx context.Context, cfg agent.Config, o *statusOptions) error {
-	if o.cluster {
-		return clusterStatus(ctx, cfg, o.json)
-	}
-	s, err := localapi.NewClient(cfg.Paths.Socket).Status(ctx)
-	if err != nil {
-		return err
-	}
-	if o.json {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		enc.Encode(s)
-	} else {
-		printStatus(s)
-	}
-	if !s.Healthy {
-		return fmt.Errorf("%s", s.Line)
-	}
-	return nil
-}
-
-func printStatus(s agent.Status) {
-	fmt.Printf("node:    %s\nstatus:  %s\n", s.Node, s.Line)
-	if s.Bundle != "" {
-		fmt.Printf("bundle:  %s (%s)\nphase:   %s\n", s.Bundle, s.Digest, s.Phase)
-	}
-	if s.Error != "" && s.Healthy {
-		fmt.Printf("last refusal: %s\n", s.Error)
-	}
-	if s.Message != "" {
-		fmt.Printf("cluster: %s\n", s.Message)
-	}
-	if s.Notice != "" {
-		fmt.Printf("note:    %s\n", s.Notice)
-	}
-	for _, w := range s.Warnings {
-		fmt.Printf("WARNING: %s\n", w)
-	}
-	for _, w := range s.SignaturePolicy {
-		fmt.Printf("WARNING: %s\n", w)
-	}
-	for _, w := range s.Preflight {
-		fmt.Printf("WARNING: the cluster's preflight: %s\n", w)
-	}
-	for _, p := range []agent.Phase{agent.PhaseDetected, agent.PhaseFetching, agent.PhaseExtracted, agent.PhaseLoading, agent.PhaseLoaded, agent.PhaseClusterReady, agent.PhaseUpgrading, agent.PhaseUpgraded} {
-		if t, ok := s.Times[p]; ok {
-			fmt.Printf("  %-14s %s\n", p, t.Local().Format("2006-01-02 15:04:05"))
-		}
-	}
-}
-
-func runLoad(ctx context.Context, cfg agent.Config, o *loadOptions, args []string) error {
+func runLoad(ctx context.Context, w io.Writer, cfg agent.Config, o *loadOptions, args []string) error {
 	if o.release != "" {
 		req := pull.Request{Release: o.release, Extras: o.extras}
 		if err := req.Check(); err != nil {
@@ -328,7 +264,7 @@ func runLoad(ctx context.Context, cfg agent.Config, o *loadOptions, args []strin
 		if err != nil {
 			return err
 		}
-		fmt.Println(s.Line)
+		fmt.Fprintln(w, s.Line)
 		return nil
 	}
 	path, err := absPath(args[0])
@@ -339,16 +275,16 @@ func runLoad(ctx context.Context, cfg agent.Config, o *loadOptions, args []strin
 	if err != nil {
 		return err
 	}
-	fmt.Println(s.Line)
+	fmt.Fprintln(w, s.Line)
 	return nil
 }
 
-func runCleanup(ctx context.Context, cfg agent.Config, _ []string) error {
+func runCleanup(ctx context.Context, w io.Writer, cfg agent.Config, _ []string) error {
 	s, err := localapi.NewClient(cfg.Paths.Socket).Do(ctx, "cleanup")
 	if err != nil {
 		return err
 	}
-	fmt.Println(s.Line)
+	fmt.Fprintln(w, s.Line)
 	return nil
 }
 
@@ -363,51 +299,10 @@ func absPath(p string) (string, error) {
 	return wd + "/" + p, nil
 }
 
-func clusterStatus(ctx context.Context, cfg agent.Config, asJSON bool) error {
-	cs, err := localapi.NewClient(cfg.Paths.Socket).Cluster(ctx)
-	if err != nil {
-		return err
-	}
-	if asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		enc.Encode(cs)
-	} else {
-		fmt.Printf("%-24s %-14s %-20s %-22s %s\n", "NODE", "PHASE", "DIGEST", "PROGRESS", "NOTE")
-		row := func(name string, s peer.Status, note string) {
-			digest := "-"
-			if s.Digest != "" {
-				digest = sha256digest.Short(s.Digest)
-			}
-			fmt.Printf("%-24s %-14s %-20s %-22s %s\n", name, s.Phase, digest, cmp.Or(s.Progress, "-"), note)
-		}
-		row(cs.Self.Node+" (this node)", cs.Self, cs.Self.Error)
-		for addr, p := range cs.Peers {
-			name := p.Node
-			if name == "" {
-				name = addr
-			}
-			note := p.Error
-			if p.Unreachable != "" {
-				note = "unreachable: " + p.Unreachable
-			}
-			row(name, p.Status, note)
-		}
-		fmt.Printf("\ncluster: %s — %s\n", cs.Decision.Verdict, cs.Decision.Reason)
-		if cfg.Cluster.Kubeconfig != "" {
-			printNodeAnnotations(ctx, cfg)
-		}
-	}
-	if cs.Decision.Verdict == "conflict" {
-		return fmt.Errorf("%s", cs.Decision.Reason)
-	}
-	return nil
-}
-
-func runProceed(ctx context.Context, cfg agent.Config, _ []string) error {
+func runProceed(ctx context.Context, w io.Writer, cfg agent.Config, _ []string) error {
 	if _, err := localapi.NewClient(cfg.Paths.Socket).Do(ctx, "proceed"); err != nil {
 		return err
 	}
-	fmt.Println("proceeding: the upgrade is asked for through the API when a kubeconfig is set, then the on_ready hook runs (its output: journalctl -u ferry HOOK=on_ready); follow it with 'ferry status'")
+	fmt.Fprintln(w, "proceeding: the upgrade is asked for through the API when a kubeconfig is set, then the on_ready hook runs (its output: journalctl -u ferry HOOK=on_ready); follow it with 'ferry status'")
 	return nil
 }

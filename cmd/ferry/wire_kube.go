@@ -1,13 +1,9 @@
 package main
 
 import (
-	"cmp"
 	"context"
-	"fmt"
 	"log/slog"
-	"maps"
 	"os"
-	"slices"
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/cluster"
@@ -112,22 +108,13 @@ func nodeFromIdentity(cfg *agent.Config, c *kube.Client, log *slog.Logger) error
 	return nil
 }
 
-// printNodeAnnotations prints every Node's ferry.io annotations, as an
-// administrator sees them with oc get nodes.
-func printNodeAnnotations(ctx context.Context, cfg agent.Config) {
+// nodeAnnotations reads every Node's ferry.io annotations, by node name,
+// and the API server they come from.
+func nodeAnnotations(ctx context.Context, cfg agent.Config) (string, map[string]map[string]string, error) {
 	c, err := kube.New(cfg.Cluster.Kubeconfig, nil)
-	if err == nil {
-		var nodes map[string]map[string]string
-		if nodes, err = c.NodeAnnotations(ctx); err == nil {
-			names := slices.Sorted(maps.Keys(nodes))
-			fmt.Printf("\nin the cluster's API (%s):\n%-24s %-14s %-16s %-24s %s\n", c.Server(), "NODE", "PHASE", "BUNDLE", "PROGRESS", "REASON")
-			for _, n := range names {
-				a := nodes[n]
-				fmt.Printf("%-24s %-14s %-16s %-24s %s\n", n, cmp.Or(a[agent.AnnotationPhase], "-"), cmp.Or(a[agent.AnnotationBundle], "-"),
-					cmp.Or(a[agent.AnnotationProgress], "-"), a[agent.AnnotationReason])
-			}
-			return
-		}
+	if err != nil {
+		return "", nil, err
 	}
-	fmt.Printf("\nthe cluster's API cannot be read: %v\n", err)
+	nodes, err := c.NodeAnnotations(ctx)
+	return c.Server(), nodes, err
 }
