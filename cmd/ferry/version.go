@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"runtime"
@@ -18,15 +17,15 @@ import (
 var version string
 
 func newVersionCmd() *cobra.Command {
-	var asJSON bool
+	var o outputFlag
 	c := &cobra.Command{
 		Use:               "version",
 		Short:             "print ferry's version, Go version and platform",
 		Args:              noArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
-		RunE:              func(c *cobra.Command, _ []string) error { return writeVersion(c.OutOrStdout(), buildVersion(), asJSON) },
+		RunE:              func(c *cobra.Command, _ []string) error { return writeVersion(c.OutOrStdout(), buildVersion(), o.format) },
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print the version as JSON")
+	o.add(c, outJSON, outYAML)
 	return c
 }
 
@@ -38,12 +37,10 @@ type versionInfo struct {
 	Arch    string `json:"arch"`
 }
 
-func writeVersion(w io.Writer, v string, asJSON bool) error {
+func writeVersion(w io.Writer, v string, format string) error {
 	info := versionInfo{Version: v, Go: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH}
-	if asJSON {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(info)
+	if isObject(format) {
+		return writeObject(w, info, format)
 	}
 	_, err := fmt.Fprintf(w, "ferry %s (%s %s/%s)\n", info.Version, info.Go, info.OS, info.Arch)
 	return err

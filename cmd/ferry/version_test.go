@@ -41,7 +41,7 @@ func TestBuildVersion_LinkerValueWins(t *testing.T) {
 
 func TestWriteVersion_TextAndJSON(t *testing.T) {
 	var b bytes.Buffer
-	if err := writeVersion(&b, "v1.2.3", false); err != nil {
+	if err := writeVersion(&b, "v1.2.3", outText); err != nil {
 		t.Fatal(err)
 	}
 	want := "ferry v1.2.3 (" + runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH + ")\n"
@@ -49,7 +49,7 @@ func TestWriteVersion_TextAndJSON(t *testing.T) {
 		t.Fatalf("got %q, want %q", b.String(), want)
 	}
 	b.Reset()
-	if err := writeVersion(&b, "v1.2.3", true); err != nil {
+	if err := writeVersion(&b, "v1.2.3", outJSON); err != nil {
 		t.Fatal(err)
 	}
 	var v versionInfo
