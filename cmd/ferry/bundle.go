@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,33 +16,31 @@ import (
 )
 
 func newBundleInspectCmd() *cobra.Command {
-	var asJSON bool
+	var o outputFlag
 	c := &cobra.Command{
 		Use:   "inspect [flags] PATH",
 		Short: "print a bundle's metadata (reads only its first entry)",
 		Args:  onePath("one PATH (a bundle tar or a block device)"),
-		RunE:  func(_ *cobra.Command, args []string) error { return runBundleInspect(args[0], asJSON) },
+		RunE:  func(c *cobra.Command, args []string) error { return runBundleInspect(c.OutOrStdout(), args[0], o.format) },
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print metadata.json as JSON")
+	o.add(c, outJSON, outYAML) // json, yaml: metadata.json
 	return c
 }
 
-func runBundleInspect(path string, asJSON bool) error {
+func runBundleInspect(w io.Writer, path, format string) error {
 	m, err := bundle.InspectFile(path)
 	if err != nil {
 		return err
 	}
-	if asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(m)
+	if isObject(format) {
+		return writeObject(w, m, format)
 	}
 	tarSize := int64(-1)
 	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
 		tarSize = fi.Size()
 	}
-	fmt.Print(inspectText(m, tarSize))
-	return nil
+	_, err = io.WriteString(w, inspectText(m, tarSize))
+	return err
 }
 
 // inspectText is what ferry bundle inspect prints of m; tarSize is the
@@ -98,7 +95,7 @@ func (t *trustOptions) addFlags(c *cobra.Command) {
 	c.RegisterFlagCompletionFunc("approved-digest", cobra.NoFileCompletions)
 }
 
-func (t *trustOptions) options(log *slog.Logger) (bundle.Options, error) {
+func (t *trustOptions) options(log *slog.Logger, stderr io.Writer) (bundle.Options, error) {
 	for _, d := range t.approved {
 		if bundle.NormalizeDigest(d) == "" {
 			return bundle.Options{}, usageError("--approved-digest %q is not a sha256 digest", d)
@@ -110,7 +107,7 @@ func (t *trustOptions) options(log *slog.Logger) (bundle.Options, error) {
 	}
 	o := bundle.Options{Policy: bundle.Policy{Arch: t.arch, ApprovedDigests: t.approved, TrustedKeys: keys}, Log: log}
 	if !t.quiet {
-		o.Progress = progressPrinter("verifying")
+		o.Progress = progressPrinter(stderr, "verifying")
 	}
 	return o, nil
 }
@@ -121,14 +118,15 @@ func newBundleVerifyCmd() *cobra.Command {
 		Use:   "verify [flags] PATH",
 		Short: "check a bundle's format, arch, approval and sha256",
 		Args:  onePath("one PATH"),
-		RunE:  func(c *cobra.Command, args []string) error { return runBundleVerify(c.Context(), args[0], t) },
+		RunE:  func(c *cobra.Command, args []string) error { return runBundleVerify(c, args[0], t) },
 	}
 	t.addFlags(c)
 	return c
 }
 
-func runBundleVerify(ctx context.Context, path string, t *trustOptions) error {
-	opts, err := t.options(cliLogger())
+func runBundleVerify(c *cobra.Command, path string, t *trustOptions) error {
+	ctx, w, stderr := c.Context(), c.OutOrStdout(), c.ErrOrStderr()
+	opts, err := t.options(cliLogger(stderr), stderr)
 	if err != nil {
 		return err
 	}
@@ -138,11 +136,11 @@ func runBundleVerify(ctx context.Context, path string, t *trustOptions) error {
 	}
 	opts.SpaceFactor = -1
 	res, err := bundle.Verify(ctx, src, opts)
-	endProgress(opts.Progress)
+	endProgress(stderr, opts.Progress)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("OK %s %s (%s, %s, approval: %s)\n", src.Name(), res.Digest, res.Metadata.Version, res.Metadata.Arch, res.Approval)
+	fmt.Fprintf(w, "OK %s %s (%s, %s, approval: %s)\n", src.Name(), res.Digest, res.Metadata.Version, res.Metadata.Arch, res.Approval)
 	return nil
 }
 
@@ -158,7 +156,7 @@ func newBundleExtractCmd() *cobra.Command {
 		Use:   "extract [flags] PATH --dest DIR",
 		Short: "verify a bundle and extract it in one pass",
 		Args:  onePath("one PATH and --dest DIR"),
-		RunE:  func(c *cobra.Command, args []string) error { return runBundleExtract(c.Context(), args[0], o) },
+		RunE:  func(c *cobra.Command, args []string) error { return runBundleExtract(c, args[0], o) },
 	}
 	o.addFlags(c)
 	f := c.Flags()
@@ -170,11 +168,12 @@ func newBundleExtractCmd() *cobra.Command {
 	return c
 }
 
-func runBundleExtract(ctx context.Context, path string, o *extractOptions) error {
+func runBundleExtract(c *cobra.Command, path string, o *extractOptions) error {
+	ctx, w, stderr := c.Context(), c.OutOrStdout(), c.ErrOrStderr()
 	if o.dest == "" {
 		return usageError("want one PATH and --dest DIR")
 	}
-	opts, err := o.options(cliLogger())
+	opts, err := o.options(cliLogger(stderr), stderr)
 	if err != nil {
 		return err
 	}
@@ -184,7 +183,7 @@ func runBundleExtract(ctx context.Context, path string, o *extractOptions) error
 		if !ok {
 			return usageError("--pacing %q is not one of %s or off", o.pacing, strings.Join(pacing.Politeness(), ", "))
 		}
-		gov := pacing.New(pacing.NewPSI(pacing.WatchDir("")), lim, 0, cliLogger()) // as the agent: the pods' pressure, else the node's
+		gov := pacing.New(pacing.NewPSI(pacing.WatchDir("")), lim, 0, cliLogger(stderr)) // as the agent: the pods' pressure, else the node's
 		pctx, stop := context.WithCancel(ctx)
 		defer stop()
 		go gov.Run(pctx)
@@ -195,22 +194,22 @@ func runBundleExtract(ctx context.Context, path string, o *extractOptions) error
 		return err
 	}
 	res, err := bundle.Extract(ctx, src, o.dest, opts)
-	endProgress(opts.Progress)
+	endProgress(stderr, opts.Progress)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("OK %s %s extracted to %s\n", src.Name(), res.Digest, o.dest)
+	fmt.Fprintf(w, "OK %s %s extracted to %s\n", src.Name(), res.Digest, o.dest)
 	return nil
 }
 
-func cliLogger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+func cliLogger(stderr io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
-// progressPrinter shows progress on a terminal, at most every 200 ms.
-func progressPrinter(verb string) func(done, total int64) {
-	fi, err := os.Stderr.Stat()
-	if err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+// progressPrinter shows progress on w when it is a terminal, at most
+// every 200 ms.
+func progressPrinter(w io.Writer, verb string) func(done, total int64) {
+	if !isTerminal(w) {
 		return nil
 	}
 	start, last := time.Now(), time.Time{}
@@ -224,14 +223,24 @@ func progressPrinter(verb string) func(done, total int64) {
 		if total > 0 {
 			pct = 100 * float64(done) / float64(total)
 		}
-		fmt.Fprintf(os.Stderr, "\r%s: %3.0f%% (%s/%s) %s/s   ", verb, pct, bundle.HumanSize(done), bundle.HumanSize(total), bundle.HumanSize(int64(rate)))
+		fmt.Fprintf(w, "\r%s: %3.0f%% (%s/%s) %s/s   ", verb, pct, bundle.HumanSize(done), bundle.HumanSize(total), bundle.HumanSize(int64(rate)))
 	}
 }
 
-func endProgress(p func(int64, int64)) {
+func endProgress(w io.Writer, p func(int64, int64)) {
 	if p != nil {
-		fmt.Fprintln(os.Stderr)
+		fmt.Fprintln(w)
 	}
+}
+
+// isTerminal: w is a terminal (a test's buffer, a pipe or a file is not).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 // writeSigstore lists the sigstore attachments the bundle carries and says

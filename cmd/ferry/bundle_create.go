@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -29,7 +28,7 @@ func newBundleCreateCmd() *cobra.Command {
 		Short:             "copy a release and extra images into an upgrade bundle (connected side)",
 		Args:              noArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
-		RunE:              func(c *cobra.Command, _ []string) error { return runBundleCreate(c.Context(), o) },
+		RunE:              func(c *cobra.Command, _ []string) error { return runBundleCreate(c, o) },
 	}
 	f := c.Flags()
 	f.StringVar(&o.release, "release", "", "release image (e.g. quay.io/openshift-release-dev/ocp-release:4.13.7-x86_64 or …@sha256:…); default: that of --version and --arch")
@@ -73,14 +72,15 @@ func signatureStoreDefault() string {
 	return create.DefaultSignatureStore
 }
 
-func runBundleCreate(ctx context.Context, f *createOptions) error {
+func runBundleCreate(c *cobra.Command, f *createOptions) error {
+	ctx, stderr := c.Context(), c.ErrOrStderr()
 	if f.release == "" {
 		if f.version == "" || f.arch == "" {
 			return usageError("--release, or --version and --arch, is required")
 		}
 		f.release = bundle.ReleaseImage(f.version, f.arch)
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	log := slog.New(slog.NewTextHandler(stderr, nil))
 	o := create.Options{
 		Release:     f.release,
 		Version:     f.version,
@@ -157,19 +157,18 @@ func runBundleCreate(ctx context.Context, f *createOptions) error {
 		o.Created = time.Unix(sec, 0)
 	}
 	if !f.quiet {
-		fi, err := os.Stderr.Stat()
-		terminal := err == nil && fi.Mode()&os.ModeCharDevice != 0
-		o.Progress = create.ProgressPrinter(os.Stderr, terminal, log, 5*time.Second)
+		terminal := isTerminal(stderr)
+		o.Progress = create.ProgressPrinter(stderr, terminal, log, 5*time.Second)
 		if terminal {
 			// Log lines would break the progress line: only warnings.
-			o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			o.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 		}
 	}
 	res, err := create.Run(ctx, o)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s\n", res.TarPath)
+	fmt.Fprintln(c.OutOrStdout(), res.TarPath)
 	log.Info("bundle created", "tar", res.TarPath, "digest", res.Digest, "size", bundle.HumanSize(res.TarSize),
 		"images", len(res.Metadata.AllImages()), "blobsFetched", res.BlobsFetched, "blobsReused", res.BlobsReused)
 	return nil

@@ -22,22 +22,33 @@ const seedShaped = `{
   "images": ["quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd"]
 }`
 
-func TestBundleInspect_ASeedShapedBundleSaysUnknownAndGivesTheTarsLength(t *testing.T) {
+// seedTar writes a tar of metadata.json alone and returns its path and
+// length.
+func seedTar(t *testing.T, metadata string) (string, int) {
+	t.Helper()
 	var tb bytes.Buffer
 	tw := tar.NewWriter(&tb)
-	if err := tw.WriteHeader(&tar.Header{Name: bundle.MetadataName, Mode: 0o644, Size: int64(len(seedShaped))}); err != nil {
+	if err := tw.WriteHeader(&tar.Header{Name: bundle.MetadataName, Mode: 0o644, Size: int64(len(metadata))}); err != nil {
 		t.Fatal(err)
 	}
-	io.WriteString(tw, seedShaped)
+	io.WriteString(tw, metadata)
 	tw.Close()
 	path := filepath.Join(t.TempDir(), "upgrade-4.13.7-x86_64.tar")
 	if err := os.WriteFile(path, tb.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return path, tb.Len()
+}
 
-	out := captureStdout(t, func() error { return runBundleInspect(path, false) })
+func TestBundleInspect_ASeedShapedBundleSaysUnknownAndGivesTheTarsLength(t *testing.T) {
+	path, size := seedTar(t, seedShaped)
+	var b bytes.Buffer
+	if err := runBundleInspect(&b, path, outText); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
 	for _, want := range []string{
-		"size:     unknown (metadata.json gives none; the tar is " + strconv.Itoa(tb.Len()) + " bytes)",
+		"size:     unknown (metadata.json gives none; the tar is " + strconv.Itoa(size) + " bytes)",
 		"created:  unknown (metadata.json gives none)",
 		"shape:    " + bundle.ShapeSeed,
 	} {
@@ -68,27 +79,6 @@ func TestBundleInspect_SizesAndTimesThatAreGivenAreShown(t *testing.T) {
 	}
 }
 
-// captureStdout runs fn and returns what it printed.
-func captureStdout(t *testing.T, fn func() error) string {
-	t.Helper()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := os.Stdout
-	os.Stdout = w
-	done := make(chan []byte)
-	go func() { b, _ := io.ReadAll(r); done <- b }()
-	ferr := fn()
-	os.Stdout = old
-	w.Close()
-	out := string(<-done)
-	if ferr != nil {
-		t.Fatalf("%v\n%s", ferr, out)
-	}
-	return out
-}
-
 func TestBundleInspect_SaysWhichSigstoreSignaturesItCarries(t *testing.T) {
 	m, err := bundle.ParseMetadata([]byte(seedShaped))
 	if err != nil {
@@ -103,5 +93,20 @@ func TestBundleInspect_SaysWhichSigstoreSignaturesItCarries(t *testing.T) {
 	out := inspectText(m, 4096)
 	if !strings.Contains(out, "sigstore signatures: 1 (the release's included)") || !strings.Contains(out, "  "+sig+"\n") {
 		t.Errorf("the release's signature:\n%s", out)
+	}
+}
+
+func TestBundleInspect_Golden(t *testing.T) {
+	path, _ := seedTar(t, seedShaped)
+	for _, tc := range []struct{ format, file string }{
+		{outText, "inspect.txt"}, {outJSON, "inspect.json"}, {outYAML, "inspect.yaml"},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			var b bytes.Buffer
+			if err := runBundleInspect(&b, path, tc.format); err != nil {
+				t.Fatal(err)
+			}
+			golden(t, tc.file, b.Bytes())
+		})
 	}
 }
