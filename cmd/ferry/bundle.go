@@ -21,7 +21,9 @@ func newBundleInspectCmd() *cobra.Command {
 		Use:   "inspect [flags] PATH",
 		Short: "print a bundle's metadata (reads only its first entry)",
 		Args:  onePath("one PATH (a bundle tar or a block device)"),
-		RunE:  func(c *cobra.Command, args []string) error { return runBundleInspect(c.OutOrStdout(), args[0], o.format) },
+		RunE: func(c *cobra.Command, args []string) error {
+			return runBundleInspect(c.OutOrStdout(), args[0], o.format)
+		},
 	}
 	o.add(c, outJSON, outYAML) // json, yaml: metadata.json
 	return c

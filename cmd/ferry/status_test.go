@@ -28,8 +28,8 @@ func loadingStatus() agent.Status {
 		Node: "master-0", Phase: string(agent.PhaseLoading), Bundle: "upgrade-4.13.7-x86_64.tar", Version: "4.13.7", Digest: digestA,
 		Release:  "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat("ef", 32),
 		Progress: &agent.Progress{Done: 120, Total: 183, Unit: "images"}, Healthy: true,
-		Error:    "upgrade-4.12.0-x86_64.tar: arch aarch64, want x86_64",
-		Notice:   "the stick holds the bundle already here", Warnings: []string{"cluster.kubeconfig: the API server's certificate is not verified"},
+		Error:  "upgrade-4.12.0-x86_64.tar: arch aarch64, want x86_64",
+		Notice: "the stick holds the bundle already here", Warnings: []string{"cluster.kubeconfig: the API server's certificate is not verified"},
 		Preflight: []string{"etcd backup older than a day"}, Times: times,
 		Line: "loading upgrade-4.13.7-x86_64.tar: 120/183 images",
 		Bundles: []agent.Record{

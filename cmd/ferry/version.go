@@ -23,7 +23,9 @@ func newVersionCmd() *cobra.Command {
 		Short:             "print ferry's version, Go version and platform",
 		Args:              noArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
-		RunE:              func(c *cobra.Command, _ []string) error { return writeVersion(c.OutOrStdout(), buildVersion(), o.format) },
+		RunE: func(c *cobra.Command, _ []string) error {
+			return writeVersion(c.OutOrStdout(), buildVersion(), o.format)
+		},
 	}
 	o.add(c, outJSON, outYAML)
 	return c
