@@ -94,11 +94,24 @@ func TestHelp_EveryCommandShowsItsUsageAndEveryFlag(t *testing.T) {
 		if code != 0 || !strings.HasPrefix(stdout, "Usage: ferry "+strings.Join(p, " ")) {
 			t.Errorf("ferry %s -h: exit %d\n%s%s", strings.Join(p, " "), code, stdout, stderr)
 		}
+		if c.Example == "" || !strings.Contains(stdout, "\nExamples:\n"+c.Example+"\n") {
+			t.Errorf("ferry %s -h shows no example:\n%s", strings.Join(p, " "), stdout)
+		}
 		c.LocalFlags().VisitAll(func(f *pflag.Flag) {
 			if !strings.Contains(stdout, "--"+f.Name+" ") {
 				t.Errorf("ferry %s -h does not show --%s:\n%s", strings.Join(p, " "), f.Name, stdout)
 			}
 		})
+	}
+}
+
+// An example for a command that is gone, or renamed, would never show.
+func TestExamples_EachNamesACommand(t *testing.T) {
+	root := newRootCmd()
+	for path := range examples {
+		if c, _, err := root.Find(strings.Fields(path)[1:]); err != nil || c.CommandPath() != path {
+			t.Errorf("examples[%q]: no such command", path)
+		}
 	}
 }
 

@@ -65,6 +65,7 @@ func newRootCmd() *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError("%v (run '%s -h' for its flags)", err, c.CommandPath())
 	})
+	setExamples(root)
 	root.SetHelpFunc(func(c *cobra.Command, _ []string) { writeHelp(c) })
 	root.SetUsageFunc(func(c *cobra.Command) error { writeHelp(c); return nil })
 	return root
@@ -100,6 +101,9 @@ func writeHelp(c *cobra.Command) {
 	if s := c.Short; s != "" {
 		fmt.Fprintf(w, "\n%s%s.\n", strings.ToUpper(s[:1]), strings.TrimSuffix(s[1:], "."))
 	}
+	if c.Example != "" {
+		fmt.Fprintf(w, "\nExamples:\n%s\n", c.Example)
+	}
 	if c.HasAvailableSubCommands() {
 		fmt.Fprintln(w, "\nCommands:")
 		for _, s := range c.Commands() {
@@ -113,6 +117,14 @@ func writeHelp(c *cobra.Command) {
 	}
 	if c.HasAvailableSubCommands() {
 		fmt.Fprintf(w, "\nRun '%s <command> -h' for a command's flags.\n", c.CommandPath())
+	}
+}
+
+// setExamples gives c and every command under it its examples.
+func setExamples(c *cobra.Command) {
+	c.Example = examples[c.CommandPath()]
+	for _, s := range c.Commands() {
+		setExamples(s)
 	}
 }
 
