@@ -140,7 +140,7 @@ func TestAgent_Ext4StickIsVerifiedAndExtracted(t *testing.T) {
 		t.Errorf("ferry status: %v\n%s", err, out)
 	}
 	if cs, err := a.StatusCommand(t.Context()); err != nil || cs.Phase != string(agent.PhaseExtracted) || cs.Digest != digest {
-		t.Errorf("ferry status --json: phase %q digest %s, %v; want %s %s", cs.Phase, cs.Digest, err, agent.PhaseExtracted, digest)
+		t.Errorf("ferry status -o json: phase %q digest %s, %v; want %s %s", cs.Phase, cs.Digest, err, agent.PhaseExtracted, digest)
 	}
 }
 

@@ -30,7 +30,7 @@ sleep 2
 idle=$(awk '/VmRSS/{print $2}' /proc/$pid/status)
 bin/ferry load --config "$root/config.toml" "$tarfile" >/dev/null
 deadline=$(( $(date +%s) + ${P4_TIMEOUT:-600} ))
-until bin/ferry status --json --config "$root/config.toml" | grep -q '"phase": "extracted"'; do
+until bin/ferry status -o json --config "$root/config.toml" | grep -q '"phase": "extracted"'; do
   if [ "$(date +%s)" -gt "$deadline" ] || ! kill -0 "$pid" 2>/dev/null; then
     echo "p4: the agent did not extract the bundle; its log:" >&2; tail -20 "$root/agent.log" >&2; exit 1
   fi

@@ -125,7 +125,7 @@ func needRoot(t *testing.T) {
 	crioenv.Need(t, os.Geteuid() == 0, "the fault campaign needs root")
 }
 
-// waitFor polls `ferry status --json` until cond holds. It fails when the
+// waitFor polls `ferry status -o json` until cond holds. It fails when the
 // agent exits or after timeout, with the last status and the log's tail.
 func waitFor(a *ferryenv.Agent, timeout time.Duration, what string, cond func(agent.Status) bool) (agent.Status, error) {
 	deadline := time.Now().Add(timeout)

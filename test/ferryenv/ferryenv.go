@@ -183,11 +183,11 @@ func (a *Agent) Status(ctx context.Context) (agent.Status, error) {
 	return localapi.NewClient(a.Cfg.Paths.Socket).Status(ctx)
 }
 
-// StatusCommand asks the agent through `ferry status --json`, the
+// StatusCommand asks the agent through `ferry status -o json`, the
 // technician's command. The error is the command's when it fails.
 func (a *Agent) StatusCommand(ctx context.Context) (agent.Status, error) {
 	var s agent.Status
-	args := append(append([]string{}, a.Prefix...), Binary(a.t), "status", "--json", "--config", a.CfgPath)
+	args := append(append([]string{}, a.Prefix...), Binary(a.t), "status", "-o", "json", "--config", a.CfgPath)
 	out, err := exec.CommandContext(ctx, args[0], args[1:]...).Output()
 	if len(out) > 0 {
 		if jerr := json.Unmarshal(out, &s); jerr != nil {

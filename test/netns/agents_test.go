@@ -212,14 +212,14 @@ func (an *anode) rxBytes(t *testing.T) int64 {
 	return v
 }
 
-// cluster runs `ferry status --cluster --json` on n.
+// cluster runs `ferry status --cluster -o json` on n.
 func (an *anode) cluster(t *testing.T) (agent.ClusterStatus, error) {
 	t.Helper()
 	var cs agent.ClusterStatus
-	out, err := an.A.Ferry("status", "--cluster", "--json")
+	out, err := an.A.Ferry("status", "--cluster", "-o", "json")
 	// The JSON, then (on a conflict) the error line: read the first value.
 	if jerr := json.NewDecoder(strings.NewReader(out)).Decode(&cs); jerr != nil {
-		t.Fatalf("%s: status --cluster --json: %v (%v): %s", an.Name, jerr, err, out)
+		t.Fatalf("%s: status --cluster -o json: %v (%v): %s", an.Name, jerr, err, out)
 	}
 	return cs, err
 }

@@ -22,7 +22,7 @@ var completionCases = []completionCase{
 	{line: []string{"ferry", "ver"}, want: []string{"version"}, notWant: []string{"bundle"}},
 	{line: []string{"ferry", "bundle", ""}, want: []string{"inspect", "verify", "extract"}, notWant: []string{"version"}},
 	{line: []string{"ferry", "completion", ""}, want: []string{"bash", "zsh", "fish"}},
-	{line: []string{"ferry", "version", "--"}, want: []string{"--json", "--help"}},
+	{line: []string{"ferry", "version", "--"}, want: []string{"--output", "--help"}},
 	{line: []string{"ferry", "config", ""}, want: []string{"check"}, notWant: []string{"version"}},
 	{line: []string{"ferry", "bundle", "extract", "--pacing", ""}, want: []string{"etcd-safe", "balanced", "eager", "off"}},
 }

@@ -22,7 +22,7 @@ import (
 	"github.com/ferry-edge/ferry/bundle"
 )
 
-// ferryStatus is what `ferry status --json` prints, as a user reads it.
+// ferryStatus is what `ferry status -o json` prints, as a user reads it.
 type ferryStatus struct {
 	Node    string `json:"node"`
 	Phase   string `json:"phase"`
@@ -67,13 +67,13 @@ func (s ferryStatus) rejected(digest string) (string, bool) {
 }
 
 func readStatus(ctx context.Context, v *VM) (ferryStatus, string, error) {
-	r, err := v.Run(ctx, "ferry status --json")
+	r, err := v.Run(ctx, "ferry status -o json")
 	if err != nil {
 		return ferryStatus{}, "", err
 	}
 	var s ferryStatus
 	if err := json.Unmarshal([]byte(r.Stdout), &s); err != nil {
-		return s, r.Stdout + r.Stderr, fmt.Errorf("ferry status --json (exit %d): %v: %s%s", r.Code, err, r.Stdout, r.Stderr)
+		return s, r.Stdout + r.Stderr, fmt.Errorf("ferry status -o json (exit %d): %v: %s%s", r.Code, err, r.Stdout, r.Stderr)
 	}
 	return s, r.Stdout, nil
 }
@@ -82,7 +82,7 @@ func readStatus(ctx context.Context, v *VM) (ferryStatus, string, error) {
 // after a stick is plugged.
 const reactTimeout = 3 * time.Minute
 
-// waitStatus polls `ferry status --json` until done says so, logging each
+// waitStatus polls `ferry status -o json` until done says so, logging each
 // new phase; it fails the test when fail says so or at the timeout.
 func waitStatus(t *testing.T, ctx context.Context, v *VM, timeout time.Duration, done, fail func(ferryStatus) bool) ferryStatus {
 	t.Helper()
