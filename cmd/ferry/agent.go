@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"github.com/ferry-edge/ferry/imagepolicy"
 	"github.com/ferry-edge/ferry/localapi"
 
+	"github.com/BurntSushi/toml"
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
@@ -55,11 +57,36 @@ func newAgentCmd() *cobra.Command {
 		func(ctx context.Context, _ io.Writer, cfg agent.Config, _ []string) error { return runAgent(ctx, cfg) })
 }
 
+type configCheckOptions struct {
+	nodeOptions
+	output outputFlag
+}
+
 func newConfigCheckCmd() *cobra.Command {
-	return nodeCmd("check", "validate a config file and print the effective config", false, &nodeOptions{},
+	o := &configCheckOptions{}
+	c := nodeCmd("check", "validate a config file and print the effective config", false, &o.nodeOptions,
 		func(_ context.Context, w io.Writer, cfg agent.Config, _ []string) error {
-			return agent.WriteConfig(w, cfg)
+			return writeConfig(w, cfg, o.output.format)
 		})
+	o.output.add(c, outJSON, outYAML)
+	return c
+}
+
+// writeConfig prints the effective config as TOML, the config file's own
+// form, or in format: the same keys (the TOML's, node_name…), sorted.
+func writeConfig(w io.Writer, cfg agent.Config, format string) error {
+	if !isObject(format) {
+		return agent.WriteConfig(w, cfg)
+	}
+	var b bytes.Buffer
+	if err := agent.WriteConfig(&b, cfg); err != nil {
+		return err
+	}
+	var m map[string]any
+	if _, err := toml.Decode(b.String(), &m); err != nil {
+		return err
+	}
+	return writeObject(w, m, format)
 }
 
 type loadOptions struct {

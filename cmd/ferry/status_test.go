@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -142,5 +144,19 @@ func TestStatus_RefusesAnUnknownOutput(t *testing.T) {
 	code, _, stderr := ferry(t, "status", "-o", "xml")
 	if code != exitUsage || !strings.Contains(stderr, `-o "xml": want json, yaml, wide`) {
 		t.Fatalf("exit %d: %s", code, stderr)
+	}
+}
+
+// config check -o json|yaml shows the config file's keys, not Go's names.
+func TestConfigCheck_ObjectsUseTheConfigFilesKeys(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(path, []byte("node_name = \"master-0\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for format, want := range map[string]string{"json": `"node_name": "master-0"`, "yaml": "\nnode_name: master-0\n"} {
+		code, stdout, stderr := ferry(t, "config", "check", "--config", path, "-o", format)
+		if code != 0 || !strings.Contains(stdout, want) || !strings.Contains(stdout, "extract_dir") {
+			t.Errorf("-o %s: exit %d, want %q:\n%s%s", format, code, want, stdout, stderr)
+		}
 	}
 }
