@@ -120,14 +120,15 @@ func newBundleVerifyCmd() *cobra.Command {
 		Use:   "verify [flags] PATH",
 		Short: "check a bundle's format, arch, approval and sha256",
 		Args:  onePath("one PATH"),
-		RunE:  func(c *cobra.Command, args []string) error { return runBundleVerify(c, args[0], t) },
+		RunE: func(c *cobra.Command, args []string) error {
+			return runBundleVerify(c.Context(), c.OutOrStdout(), c.ErrOrStderr(), args[0], t)
+		},
 	}
 	t.addFlags(c)
 	return c
 }
 
-func runBundleVerify(c *cobra.Command, path string, t *trustOptions) error {
-	ctx, w, stderr := c.Context(), c.OutOrStdout(), c.ErrOrStderr()
+func runBundleVerify(ctx context.Context, w, stderr io.Writer, path string, t *trustOptions) error {
 	opts, err := t.options(cliLogger(stderr), stderr)
 	if err != nil {
 		return err
@@ -158,7 +159,9 @@ func newBundleExtractCmd() *cobra.Command {
 		Use:   "extract [flags] PATH --dest DIR",
 		Short: "verify a bundle and extract it in one pass",
 		Args:  onePath("one PATH and --dest DIR"),
-		RunE:  func(c *cobra.Command, args []string) error { return runBundleExtract(c, args[0], o) },
+		RunE: func(c *cobra.Command, args []string) error {
+			return runBundleExtract(c.Context(), c.OutOrStdout(), c.ErrOrStderr(), args[0], o)
+		},
 	}
 	o.addFlags(c)
 	f := c.Flags()
@@ -170,8 +173,7 @@ func newBundleExtractCmd() *cobra.Command {
 	return c
 }
 
-func runBundleExtract(c *cobra.Command, path string, o *extractOptions) error {
-	ctx, w, stderr := c.Context(), c.OutOrStdout(), c.ErrOrStderr()
+func runBundleExtract(ctx context.Context, w, stderr io.Writer, path string, o *extractOptions) error {
 	if o.dest == "" {
 		return usageError("want one PATH and --dest DIR")
 	}

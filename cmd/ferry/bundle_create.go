@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strconv"
@@ -28,7 +30,9 @@ func newBundleCreateCmd() *cobra.Command {
 		Short:             "copy a release and extra images into an upgrade bundle (connected side)",
 		Args:              noArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
-		RunE:              func(c *cobra.Command, _ []string) error { return runBundleCreate(c, o) },
+		RunE: func(c *cobra.Command, _ []string) error {
+			return runBundleCreate(c.Context(), c.OutOrStdout(), c.ErrOrStderr(), o)
+		},
 	}
 	f := c.Flags()
 	f.StringVar(&o.release, "release", "", "release image (e.g. quay.io/openshift-release-dev/ocp-release:4.13.7-x86_64 or …@sha256:…); default: that of --version and --arch")
@@ -72,8 +76,7 @@ func signatureStoreDefault() string {
 	return create.DefaultSignatureStore
 }
 
-func runBundleCreate(c *cobra.Command, f *createOptions) error {
-	ctx, stderr := c.Context(), c.ErrOrStderr()
+func runBundleCreate(ctx context.Context, stdout, stderr io.Writer, f *createOptions) error {
 	if f.release == "" {
 		if f.version == "" || f.arch == "" {
 			return usageError("--release, or --version and --arch, is required")
@@ -168,7 +171,7 @@ func runBundleCreate(c *cobra.Command, f *createOptions) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(c.OutOrStdout(), res.TarPath)
+	fmt.Fprintln(stdout, res.TarPath)
 	log.Info("bundle created", "tar", res.TarPath, "digest", res.Digest, "size", bundle.HumanSize(res.TarSize),
 		"images", len(res.Metadata.AllImages()), "blobsFetched", res.BlobsFetched, "blobsReused", res.BlobsReused)
 	return nil
