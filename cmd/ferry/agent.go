@@ -28,8 +28,9 @@ import (
 // nodeOptions are the flags of the commands that read the agent's config.
 type nodeOptions struct{ config string }
 
-// nodeCmd is a command that reads the agent's config, then does act. With
-// path it takes one bundle PATH, else no argument.
+// nodeCmd is a command that reads the agent's config, then does act,
+// which prints to the command's stdout (w). With path it takes one
+// bundle PATH, else no argument.
 func nodeCmd(use, short string, path bool, o *nodeOptions, act func(context.Context, io.Writer, agent.Config, []string) error) *cobra.Command {
 	c := &cobra.Command{
 		Use:   use,
