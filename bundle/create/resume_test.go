@@ -28,8 +28,17 @@ func TestCreate_AStoppedRunResumesMidBlob(t *testing.T) {
 	o.Transport = tr
 	o.WorkDir = filepath.Join(t.TempDir(), "work")
 
-	ctx, cancel := context.WithTimeout(t.Context(), 1200*time.Millisecond)
+	// Stopped once 2 MiB of the 6 MiB blob crossed the link, however slow
+	// the machine (a deadline would stop it before or after the blob on a
+	// busy one).
+	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
+	go func() {
+		for link.Sent() < 2<<20 && ctx.Err() == nil {
+			time.Sleep(5 * time.Millisecond)
+		}
+		cancel()
+	}()
 	if _, err := create.Run(ctx, o); err == nil {
 		t.Fatal("the first run finished: the link is too fast to stop it mid-blob")
 	}
