@@ -241,6 +241,9 @@ type Options struct {
 	// this node's pull has not fetched yet (Handler); 0: 10 s, within
 	// the peers' response header timeout (15 s).
 	ShareWait time.Duration
+	// ShareStall cuts a response to a follower that sends nothing for
+	// this long (a follower that stopped reading); 0: 30 s.
+	ShareStall time.Duration
 }
 
 // PeerAccess is the peers' transport: it adds the peers' token, or
@@ -277,10 +280,13 @@ func New(o Options) (*Puller, error) {
 	if o.ShareWait <= 0 {
 		o.ShareWait = 10 * time.Second
 	}
+	if o.ShareStall <= 0 {
+		o.ShareStall = 30 * time.Second
+	}
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("pull: %w", err)
 	}
-	p := &Puller{o: o, log: o.Log.With("part", "pull"), wake: make(chan struct{}, 1), shared: newShared(o.ShareWait)}
+	p := &Puller{o: o, log: o.Log.With("part", "pull"), wake: make(chan struct{}, 1), shared: newShared(o.ShareWait, o.ShareStall)}
 	if b, err := os.ReadFile(p.requestPath()); err == nil {
 		var r Request
 		if json.Unmarshal(b, &r) == nil && r.Check() == nil {
@@ -515,14 +521,16 @@ func (p *Puller) createBundle(ctx context.Context, req Request) (*create.Result,
 	}
 	// Served while it runs; its tree goes once the requests it is
 	// answering are answered (a follower that waited for the last blob
-	// gets it), and then is served no more.
+	// gets it), and then is served no more. The bundle is delivered
+	// meanwhile: no follower holds it.
 	p.shared.begin()
 	o.KeepWork = true
 	res, err := create.Run(ctx, o)
-	p.shared.end()
+	remove := ""
 	if err == nil {
-		os.RemoveAll(res.WorkDir)
+		remove = res.WorkDir
 	}
+	p.shared.end(remove, nil)
 	return res, err
 }
 
