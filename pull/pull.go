@@ -455,7 +455,7 @@ func (p *Puller) run(ctx context.Context, req Request) {
 // what the registry does not have, or what is not a release.
 func permanent(err error) bool {
 	return errors.Is(err, create.ErrNotFound) || errors.Is(err, create.ErrBadReference) || errors.Is(err, create.ErrRelease) ||
-		errors.Is(err, errRefused)
+		errors.Is(err, create.ErrTooLarge) || errors.Is(err, errRefused)
 }
 
 var errRefused = errors.New("refused by the agent")
