@@ -62,6 +62,9 @@ type shared struct {
 	have     map[digest.Digest]bool
 	changed  chan struct{} // closed at each change, then replaced
 	served   atomic.Int64  // bytes sent to followers
+	// resolved, when set, is told each run's resolution (the puller's
+	// status shows the extras' digests).
+	resolved func(*create.Resolution)
 }
 
 func newShared(bound, stall time.Duration) *shared {
@@ -131,7 +134,12 @@ func (s *shared) waiters() int {
 	return s.waiting
 }
 
-func (s *shared) Resolved(r *create.Resolution) { s.update(func() { s.res = r }) }
+func (s *shared) Resolved(r *create.Resolution) {
+	s.update(func() { s.res = r })
+	if s.resolved != nil {
+		s.resolved(r)
+	}
+}
 
 func (s *shared) Arrived(d digest.Digest) {
 	s.update(func() {
