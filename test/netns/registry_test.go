@@ -1,6 +1,7 @@
 package netns
 
 import (
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/testca"
 	"github.com/ferry-edge/ferry/pull"
 	"github.com/ferry-edge/ferry/test/crioenv"
 	"github.com/ferry-edge/ferry/test/fixture"
@@ -118,17 +120,42 @@ func TestAgents_RegistryModeEachByteCrossesTheLinkOnce(t *testing.T) {
 
 // registryFleet is n agents with real CRI-Os on e's API server, approval
 // required, whose registries.conf mirrors quay.io to link (reached at
-// the same address inside each node), as a site's nodes would be.
+// the same address inside each node), as a site's nodes would be: each
+// with its kubelet's credential and peer.identity = "node", which
+// registry mode needs (issue 41).
 func registryFleet(t testing.TB, e *kubeenv.Env, link *fixture.Link, n int) *fleet {
 	t.Helper()
-	api, toLink := forwardAPI(t, e), forwardPort(t, linkPort(link))
+	api, toLink, ident := forwardAPI(t, e), forwardPort(t, linkPort(link)), nodeIdentities(t, e)
 	return newFleet(t, fleetOptions{Nodes: n, CRIO: true, Setup: func(nd *Node, cfg *agent.Config) {
 		api(nd, cfg)
+		ident(nd, cfg)
 		toLink(nd)
 		cfg.Approval = "required"
 		link.TrustIn(t, cfg.Paths.CertsDir)
 		crioenv.Write(t, filepath.Join(filepath.Dir(cfg.Paths.RegistriesConfDir), "registries.conf"), link.RegistriesConf())
 	}})
+}
+
+// nodeIdentities returns the Setup that gives a node what an OpenShift
+// node has for peer.identity = "node": the kubelet's client certificate
+// kubeconfig (issued by e's client CA) and a serving certificate for its
+// address from the kubelet serving CA, which e publishes as OpenShift
+// does; no token. Call it after forwardAPI's Setup (it adds the Node).
+func nodeIdentities(t testing.TB, e *kubeenv.Env) func(n *Node, cfg *agent.Config) {
+	t.Helper()
+	servingCA := testca.New(t, "kubelet-signer")
+	e.Create("/api/v1/namespaces/openshift-config-managed/configmaps", map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+		"metadata": map[string]any{"name": "kubelet-serving-ca"}, "data": map[string]any{"ca-bundle.crt": string(servingCA.PEM)}})
+	return func(n *Node, cfg *agent.Config) {
+		cfg.Cluster.Kubeconfig = e.NodeCertKubeconfig(n.Name)
+		cert, key := servingCA.Serving(t, n.Name, n.IP)
+		pki := filepath.Join(n.Dir, "kubelet-pki")
+		if err := os.MkdirAll(pki, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		cfg.Peer.Cert = testca.WriteCurrent(t, pki, "kubelet-server", cert, key)
+		cfg.Peer.Identity, cfg.Peer.TokenFile = agent.PeerIdentityNode, ""
+	}
 }
 
 // linkPort is the port link listens on (on the host's loopback).
