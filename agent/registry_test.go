@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"encoding/json"
 	"reflect"
 	"slices"
 	"strings"
@@ -83,13 +84,17 @@ func waitAsked(t *testing.T, puller *fakePuller) []pull.Request {
 }
 
 // A peer with a valid node certificate for node-x that says it is the
-// puller (node-0) is never followed: a node follows only the address
-// whose certificate names the puller, and, for an extra given by tag,
-// only once the puller published in its own entry of the UpgradeBundle
-// the digest that tag resolved to, pinned in the request (issue 41).
+// puller (node-0) and offers a bundle of the source whose tagged extra
+// resolved otherwise is never followed, and its offer never taken: a
+// node follows only the address whose certificate names the puller,
+// and, for an extra given by tag, only once the puller published in its
+// own entry of the UpgradeBundle the digest that tag resolved to, pinned
+// in the request; it takes from the peers only the bundle the puller
+// published there (issue 41).
 func TestAgent_AFollowerFollowsOnlyThePullerItsCertificateAndEntryName(t *testing.T) {
 	h := newHarness(t, t.TempDir())
 	h.cfg.Peer.Identity = PeerIdentityNode
+	h.cfg.Approval = ApprovalModeRequired
 	h.api = newFakeAPI()
 	extra := "quay.io/my-company/my-workload:v1"
 	pin := digest.Digest("sha256:" + strings.Repeat("a", 64))
@@ -98,6 +103,13 @@ func TestAgent_AFollowerFollowsOnlyThePullerItsCertificateAndEntryName(t *testin
 	fp, puller := newFakePeers(), &fakePuller{}
 	// The liar answers first; the puller's own address comes later.
 	fp.statuses["10.0.0.66:8090"] = peer.PeerStatus{Status: peer.Status{Node: "node-0"}, Verified: "node-x"}
+	lying := meta137
+	lying.Images = []string{extra + "@sha256:" + strings.Repeat("f", 64)}
+	lmeta, err := json.Marshal(lying)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp.offers = []peer.PeerOffer{{Peer: "10.0.0.66:8090", Offer: peer.Offer{Digest: digest.Digest("sha256:" + strings.Repeat("e", 64)), Metadata: lmeta, Size: 1 << 20, Complete: true}}}
 	h.peers, h.puller = fp, puller
 	h.start()
 	time.Sleep(300 * time.Millisecond) // several reads of the API and the peers
@@ -126,6 +138,17 @@ func TestAgent_AFollowerFollowsOnlyThePullerItsCertificateAndEntryName(t *testin
 	got := waitAsked(t, puller)
 	if len(got) != 1 || got[0].From != "10.0.0.9:8090" || got[0].FromNode != "node-0" || got[0].Pins[extra] != pin {
 		t.Fatalf("asked the puller for %+v, want node-0 at 10.0.0.9:8090 with %s pinned to %s", got, extra, pin)
+	}
+	// The puller's bundle published: the liar's offer is still not it.
+	h.api.mu.Lock()
+	h.api.sources[0].Pulled["node-0"] = cluster.PullRecord{Release: meta137.Release, Digest: digest.Digest("sha256:" + strings.Repeat("d", 64)), Extras: map[string]digest.Digest{extra: pin}}
+	h.api.mu.Unlock()
+	time.Sleep(300 * time.Millisecond)
+	fp.mu.Lock()
+	fetched, polls := fp.fetched, fp.polls
+	fp.mu.Unlock()
+	if fetched != 0 || polls == 0 {
+		t.Fatalf("the liar's offer was fetched %d times (%d polls of the peers)", fetched, polls)
 	}
 }
 
