@@ -540,7 +540,7 @@ func (p *Puller) createBundle(ctx context.Context, req Request) (*create.Result,
 	if err == nil {
 		remove = res.WorkDir
 	}
-	p.shared.end(remove, nil)
+	p.shared.end(remove)
 	return res, err
 }
 

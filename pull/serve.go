@@ -94,9 +94,8 @@ func (s *shared) begin() {
 // answered from the run's tree (a follower waiting for the last blob gets
 // it); once they are (a stalled one is cut after stall), the tree is
 // forgotten and, when remove is not "", removed, unless another run
-// began meanwhile (it may reuse the tree). done, when set, is called
-// then.
-func (s *shared) end(remove string, done func()) {
+// began meanwhile (it may reuse the tree).
+func (s *shared) end(remove string) {
 	var wg *sync.WaitGroup
 	var gen int
 	s.update(func() { s.running, wg, gen = false, s.inflight, s.gen })
@@ -110,9 +109,6 @@ func (s *shared) end(remove string, done func()) {
 			}
 		}
 		s.mu.Unlock()
-		if done != nil {
-			done()
-		}
 	}()
 }
 
