@@ -133,15 +133,16 @@ func TestAgent_AFollowerFollowsOnlyThePullerItsCertificateAndEntryName(t *testin
 		t.Fatalf("followed %+v on another node's record", got)
 	}
 	h.api.mu.Lock()
-	h.api.sources[0].Pulled["node-0"] = cluster.PullRecord{Release: meta137.Release, Extras: map[string]digest.Digest{extra: pin}}
+	h.api.sources[0].Pulled = map[string]cluster.PullRecord{"node-0": {Release: meta137.Release, Extras: map[string]digest.Digest{extra: pin}}}
 	h.api.mu.Unlock()
 	got := waitAsked(t, puller)
 	if len(got) != 1 || got[0].From != "10.0.0.9:8090" || got[0].FromNode != "node-0" || got[0].Pins[extra] != pin {
 		t.Fatalf("asked the puller for %+v, want node-0 at 10.0.0.9:8090 with %s pinned to %s", got, extra, pin)
 	}
 	// The puller's bundle published: the liar's offer is still not it.
+	// (Each record a new map: the agent holds the one it read.)
 	h.api.mu.Lock()
-	h.api.sources[0].Pulled["node-0"] = cluster.PullRecord{Release: meta137.Release, Digest: digest.Digest("sha256:" + strings.Repeat("d", 64)), Extras: map[string]digest.Digest{extra: pin}}
+	h.api.sources[0].Pulled = map[string]cluster.PullRecord{"node-0": {Release: meta137.Release, Digest: digest.Digest("sha256:" + strings.Repeat("d", 64)), Extras: map[string]digest.Digest{extra: pin}}}
 	h.api.mu.Unlock()
 	time.Sleep(300 * time.Millisecond)
 	fp.mu.Lock()
