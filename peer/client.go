@@ -222,6 +222,7 @@ func (c *Client) status(ctx context.Context, peer string) PeerStatus {
 	}
 	if st.Err == nil && st.Node != st.Verified {
 		st.Err = fmt.Errorf("peer %s: %w: it says %q, its certificate names %q", peer, ErrNodeMismatch, st.Node, st.Verified)
+		st.Status = Status{} // nothing reads its word (the gate's exclusions by name)
 	}
 	return st
 }

@@ -158,8 +158,8 @@ func TestNodeTLS_AStatusNamesTheNodeOfItsCertificate(t *testing.T) {
 	honest := serveTLS(t, nodeTLS(t, ca, "node-a", ca))
 	f.SetPeers([]string{liar, honest})
 	st := f.Statuses(t.Context())
-	if err := st[liar].Err; !errors.Is(err, ErrNodeMismatch) || !strings.Contains(err.Error(), "node-x") {
-		t.Errorf("node-x saying it is node-a: %+v, want refused naming node-x", st[liar])
+	if err := st[liar].Err; !errors.Is(err, ErrNodeMismatch) || !strings.Contains(err.Error(), "node-x") || st[liar].Node != "" {
+		t.Errorf("node-x saying it is node-a: %+v, want refused naming node-x, its word dropped", st[liar])
 	}
 	if s := st[honest]; s.Err != nil || s.Node != "node-a" || s.Verified != "node-a" {
 		t.Errorf("node-a: %+v", s)
