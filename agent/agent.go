@@ -169,9 +169,12 @@ type Agent struct {
 	// awaitingSource: the cluster asks for a release from the registry
 	// that this node does not hold yet (registry.go): it moves.
 	awaitingSource atomic.Bool
-	// peerNodes is each peer's address by the node name it reports: a
-	// node follows the pulling node's pull at its address.
+	// peerNodes is each peer's address by the node its certificate names
+	// (never by the name it reports): a node follows the pulling node's
+	// pull at its address.
 	peerNodes atomic.Pointer[map[string]string]
+	// postedSources are the sources last given to the loop.
+	postedSources atomic.Pointer[[]bundle.ReleaseSource]
 	// followed is fired when what the API's followers act on changes in
 	// the snapshot (followKey).
 	followed signal

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+	"gopkg.in/yaml.v3"
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/pacing"
@@ -191,10 +192,12 @@ type Peer struct {
 	// Open serves bundles to anyone who can reach Listen when there is no
 	// token; without it (the default) a node with no token serves nothing.
 	Open bool `toml:"open"`
-	// Identity is how peers know each other: "token" (the default:
-	// TokenFile, over HTTP) or "node" (HTTPS, each node with its kubelet's
-	// certificates, checked against the cluster's CAs: nothing to hand
-	// out; it needs cluster.kubeconfig with the kubelet's certificate).
+	// Identity is how peers know each other: "token" (TokenFile, over
+	// HTTP) or "node" (HTTPS, each node with its kubelet's certificates,
+	// checked against the cluster's CAs: nothing to hand out; it needs
+	// cluster.kubeconfig with the kubelet's certificate). Unset, it is
+	// "node" when cluster.kubeconfig authenticates with a client
+	// certificate (the kubelet's), else "token".
 	Identity string `toml:"identity"`
 	// Cert and Key are the serving certificate and key with Identity
 	// "node" (one file may hold both); default the kubelet's
@@ -213,6 +216,10 @@ type Peer struct {
 	// whole tar, then extracts it (twice the bundle on its disk). For
 	// comparison (make bench), not for use.
 	Serial bool `toml:"serial"`
+
+	// identityDefaulted: Identity is "node" because the kubeconfig is a
+	// node's (Validate), which an error about it says.
+	identityDefaulted bool
 }
 
 // ApprovalOff reports whether the config turned approval off.
@@ -365,6 +372,12 @@ func (c *Config) Validate() error {
 	default:
 		return bad("cluster.schedule", "%q is not Automatic or Manual", c.Cluster.Schedule)
 	}
+	if c.Peer.Identity == "" && c.Cluster.Kubeconfig != "" && clientCertKubeconfig(c.Cluster.Kubeconfig) {
+		// A node's own credential: nothing binds a peer to a node but
+		// its certificate, so that is how peers know each other.
+		c.Peer.Identity = PeerIdentityNode
+		c.Peer.identityDefaulted = true
+	}
 	if err := c.Peer.validate(c.Cluster); err != nil {
 		return err
 	}
@@ -425,11 +438,15 @@ func (p Peer) validate(cl Cluster) error {
 	}
 	// One way in only: a token beside node identities would let
 	// whoever holds the token in without a node's certificate.
+	why := ""
+	if p.identityDefaulted {
+		why = " (the default with cluster.kubeconfig a client certificate's, as the kubelet's is)"
+	}
 	if p.TokenFile != "" {
-		return bad("peer.token_file", "set with peer.identity = \"node\": the peers authenticate with their kubelet certificates; remove token_file (and the token file) or set identity = \"token\"")
+		return bad("peer.token_file", "set with peer.identity = \"node\"%s: the peers authenticate with their kubelet certificates; remove token_file (and the token file) or set identity = \"token\" (registry mode then does not run)", why)
 	}
 	if p.Open {
-		return bad("peer.open", "set with peer.identity = \"node\": a node serves only nodes of the cluster; remove open")
+		return bad("peer.open", "set with peer.identity = \"node\"%s: a node serves only nodes of the cluster; remove open or set identity = \"token\"", why)
 	}
 	if cl.Kubeconfig == "" {
 		return bad("peer.identity", "\"node\" needs cluster.kubeconfig (the kubelet's, /var/lib/kubelet/kubeconfig): its client certificate is this node's peer identity")
@@ -440,6 +457,47 @@ func (p Peer) validate(cl Cluster) error {
 		}
 	}
 	return nil
+}
+
+// clientCertKubeconfig reports whether the kubeconfig at path
+// authenticates its current context with a client certificate (the
+// kubelet's does). One that cannot be read is left to the client to
+// report.
+func clientCertKubeconfig(path string) bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	var kc struct {
+		CurrentContext string `yaml:"current-context"`
+		Contexts       []struct {
+			Name    string `yaml:"name"`
+			Context struct {
+				User string `yaml:"user"`
+			} `yaml:"context"`
+		} `yaml:"contexts"`
+		Users []struct {
+			Name string `yaml:"name"`
+			User struct {
+				ClientCertificate     string `yaml:"client-certificate"`
+				ClientCertificateData string `yaml:"client-certificate-data"`
+			} `yaml:"user"`
+		} `yaml:"users"`
+	}
+	if yaml.Unmarshal(b, &kc) != nil {
+		return false
+	}
+	for _, c := range kc.Contexts {
+		if c.Name != kc.CurrentContext {
+			continue
+		}
+		for _, u := range kc.Users {
+			if u.Name == c.Context.User {
+				return u.User.ClientCertificate != "" || u.User.ClientCertificateData != ""
+			}
+		}
+	}
+	return false
 }
 
 // WriteConfig prints c as TOML (the effective config).

@@ -3,8 +3,13 @@ package agent
 import (
 	"cmp"
 	"context"
+	"errors"
+	"reflect"
 	"slices"
+	"strings"
 	"time"
+
+	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
@@ -20,19 +25,30 @@ import (
 // approved on each by what it holds (bundle.ApprovalSource): whichever
 // comes first, the digest is one.
 
+// Every claim a node acts on is bound to the identity that made it: the
+// puller is the node the cluster's API names (pullerOf), followed at the
+// peer address whose TLS certificate names that node (notePeerNodes); the
+// bundle of its pull taken from the peers is only the one it published
+// in its own entry of the UpgradeBundle, which only its credential writes
+// (cluster.PullRecord), and an extra given by tag is the digest it
+// published there. With the shared token nothing binds a peer to a node:
+// registry mode then does not run (ErrSourceNeedsNodeIdentity).
+
+// ErrSourceNeedsNodeIdentity is registry mode on the peers' shared token.
+var ErrSourceNeedsNodeIdentity = errors.New(`registry mode (an UpgradeBundle's spec.source) needs peer.identity = "node": ` +
+	`with the shared token any machine that holds it can say it is the pulling node; ` +
+	`set peer.identity = "node" with cluster.kubeconfig the kubelet's (/var/lib/kubelet/kubeconfig) on every node`)
+
 // evClusterSources: the releases the cluster's UpgradeBundles ask for
-// from the registry.
-type evClusterSources struct{ sources []cluster.RegistrySource }
+// from the registry, each bound to what its puller published.
+type evClusterSources struct{ sources []bundle.ReleaseSource }
 
 func (evClusterSources) isEvent() {}
 
 // clusterSourcesSeen takes the cluster's sources: they approve the
 // bundles made of them, so one waiting for approval may go on.
 func (m *machine) clusterSourcesSeen(ev evClusterSources) []effect {
-	m.clusterSources = nil
-	for _, s := range ev.sources {
-		m.clusterSources = append(m.clusterSources, bundle.ReleaseSource{Release: s.Release, Extras: s.Extras})
-	}
+	m.clusterSources = ev.sources
 	if r := m.active; r != nil && r.Approval == bundle.ApprovalNone && r.Phase == PhaseExtracted {
 		return m.next()
 	}
@@ -48,10 +64,29 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 	if err != nil {
 		return err
 	}
-	if !slices.EqualFunc(srcs, *last, sameSource) {
+	if len(srcs) > 0 && !a.cfg.Peer.NodeIdentity() {
+		if !slices.EqualFunc(srcs, *last, sameSource) {
+			a.log.Error("the UpgradeBundles' sources are not pulled, followed or approved", "bundle", srcs[0].Bundle, "err", ErrSourceNeedsNodeIdentity)
+		}
 		*last = srcs
-		a.post(evClusterSources{sources: srcs})
+		a.postSources(nil)
+		return nil
 	}
+	if len(srcs) > 0 {
+		if err := nodes.refresh(cctx, api, a.resync()); err != nil {
+			return err
+		}
+	}
+	*last = srcs
+	var approved []bundle.ReleaseSource
+	for _, s := range srcs {
+		rs := bundle.ReleaseSource{Release: s.Release, Extras: s.Extras}
+		if rec := publishedPull(s, pullerOf(s, nodes.ready)); rec != nil {
+			rs.Digest, rs.Resolved = rec.Digest, rec.Extras
+		}
+		approved = append(approved, rs)
+	}
+	a.postSources(approved)
 	awaiting := false
 	for _, s := range srcs {
 		awaiting = awaiting || !a.holdsRelease(s.Release)
@@ -60,9 +95,6 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 	if len(srcs) == 0 || a.deps.Puller == nil {
 		return nil
 	}
-	if err := nodes.refresh(cctx, api, a.resync()); err != nil {
-		return err
-	}
 	for _, s := range srcs {
 		if a.holdsRelease(s.Release) {
 			a.deps.Puller.Unfollow(s.Release)
@@ -70,11 +102,16 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 		}
 		req := pull.Request{Release: s.Release, Extras: s.Extras, Bundle: s.Bundle, RateLimit: s.RateLimit, Window: s.Window, Created: s.Created}
 		if puller := pullerOf(s, nodes.ready); puller != a.cfg.NodeName {
-			// Followed at its peer address, once a peer reports it.
+			// Followed once it published what its tags resolved to, at
+			// the peer address whose certificate names it.
+			pins, ok := pinsOf(s, publishedPull(s, puller))
+			if !ok {
+				continue
+			}
 			if req.From = a.peerAddr(puller); req.From == "" {
 				continue
 			}
-			req.FromNode = puller
+			req.FromNode, req.Pins = puller, pins
 		}
 		if err := a.deps.Puller.Ensure(req); err != nil {
 			a.log.Warn("cannot pull the release the UpgradeBundle asks for", "bundle", s.Bundle, "release", s.Release, "from", req.FromNode, "err", err)
@@ -83,7 +120,47 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 	return nil
 }
 
-// peerAddr is node's peer address, "" while no peer reported it.
+// postSources gives the loop the sources as they approve, when they
+// changed.
+func (a *Agent) postSources(srcs []bundle.ReleaseSource) {
+	old := a.postedSources.Load()
+	if old == nil && len(srcs) == 0 || old != nil && reflect.DeepEqual(*old, srcs) {
+		return
+	}
+	a.postedSources.Store(&srcs)
+	a.post(evClusterSources{sources: srcs})
+}
+
+// publishedPull is what puller published of its pull of s in its own
+// entry, nil when nothing (or another release).
+func publishedPull(s cluster.RegistrySource, puller string) *cluster.PullRecord {
+	if rec, ok := s.Pulled[puller]; ok && rec.Release == s.Release {
+		return &rec
+	}
+	return nil
+}
+
+// pinsOf are the digests the puller published for s's extras given by
+// tag; false while one of them is not published yet.
+func pinsOf(s cluster.RegistrySource, rec *cluster.PullRecord) (map[string]digest.Digest, bool) {
+	var pins map[string]digest.Digest
+	for _, e := range s.Extras {
+		if strings.Contains(e, "@") {
+			continue
+		}
+		if rec == nil || rec.Extras[e] == "" {
+			return nil, false
+		}
+		if pins == nil {
+			pins = map[string]digest.Digest{}
+		}
+		pins[e] = rec.Extras[e]
+	}
+	return pins, true
+}
+
+// peerAddr is node's peer address, "" while no peer's certificate
+// named it.
 func (a *Agent) peerAddr(node string) string {
 	if m := a.peerNodes.Load(); m != nil {
 		return (*m)[node]
@@ -91,12 +168,14 @@ func (a *Agent) peerAddr(node string) string {
 	return ""
 }
 
-// notePeerNodes keeps each peer's address by the node it reports.
+// notePeerNodes keeps each peer's address by the node its certificate
+// names (peer.PeerStatus.Verified), never by the node it says it is:
+// over the token there is none.
 func (a *Agent) notePeerNodes(st map[string]peer.PeerStatus) {
 	m := map[string]string{}
 	for addr, s := range st {
-		if s.Err == nil && s.Node != "" {
-			m[s.Node] = addr
+		if s.Err == nil && s.Verified != "" {
+			m[s.Verified] = addr
 		}
 	}
 	a.peerNodes.Store(&m)
@@ -105,6 +184,18 @@ func (a *Agent) notePeerNodes(st map[string]peer.PeerStatus) {
 func sameSource(a, b cluster.RegistrySource) bool {
 	return a.Bundle == b.Bundle && a.Release == b.Release && slices.Equal(a.Extras, b.Extras) &&
 		a.Node == b.Node && a.RateLimit == b.RateLimit && a.Window == b.Window
+}
+
+// withPullRecord is rep with this node's pull record in its entry, when
+// this node pulls rep's UpgradeBundle's source itself: what the others
+// bind its pull to.
+func withPullRecord(rep *bundleReport, p *pull.Status) *bundleReport {
+	if rep == nil || p == nil || p.From != "" || p.Bundle == "" || p.Bundle != rep.name || len(p.Extras) == 0 && p.Digest == "" {
+		return rep
+	}
+	out := *rep
+	out.entry.Pull = &cluster.PullRecord{Release: p.Release, Digest: p.Digest, Extras: p.Extras}
+	return &out
 }
 
 // pullerOf is the node that pulls s: the one it names, else the first

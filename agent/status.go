@@ -71,6 +71,7 @@ func (a *Agent) publish() {
 	if snap.bundle == nil {
 		snap.bundle = pullReport(s)
 	}
+	snap.bundle = withPullRecord(snap.bundle, s.Pull)
 	old := a.snap.Swap(snap)
 	if old == nil || !reflect.DeepEqual(old.followKey(), snap.followKey()) {
 		a.followed.fire()
@@ -167,7 +168,7 @@ func (a *Agent) pullChanged() bool {
 		return false
 	}
 	p, old := a.deps.Puller.Status(), a.snap.Load().status.Pull
-	return (p == nil) != (old == nil) || p != nil && *p != *old
+	return !reflect.DeepEqual(p, old)
 }
 
 // pacingChanged reports whether the pacer's reason differs from the

@@ -100,7 +100,7 @@ func (m *machine) extractPolicy(r *Record) bundle.Policy {
 	}
 	pol := m.pol().PreApproved(r.Digest)
 	if r.Approval == bundle.ApprovalSource {
-		pol.Payload = m.pol().SourceFor(r.Metadata)
+		pol.Payload = m.pol().SourceFor(r.Digest, r.Metadata)
 	}
 	return pol
 }

@@ -590,14 +590,18 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			given: []func(*machine){approvalRequired, with(func(m *machine) {
 				m.records["held"].Condition = waiting(ReasonAwaitingApproval, m.waitingForApproval(m.records["held"]))
 			})},
-			ev: evClusterSources{sources: []cluster.RegistrySource{{Bundle: "b", Release: meta137.Release}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval,
+			ev: evClusterSources{sources: []bundle.ReleaseSource{{Release: meta137.Release, Digest: heldDigest}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval,
 			check: func(t *testing.T, m *machine) {
-				if len(m.pol().ApprovedSources) != 1 || m.pol().SourceFor(&meta137) == nil {
+				if len(m.pol().ApprovedSources) != 1 || m.pol().SourceFor(heldDigest, &meta137) == nil {
 					t.Errorf("sources %+v", m.pol().ApprovedSources)
+				}
+				// Only the bundle the puller published is of the source.
+				if m.pol().SourceFor(otherDigest, &meta137) != nil {
+					t.Errorf("a bundle the puller did not publish is taken for its source")
 				}
 			}},
 		{name: "sources read while loaded do nothing", in: PhaseLoaded,
-			ev: evClusterSources{sources: []cluster.RegistrySource{{Bundle: "b", Release: meta137.Release}}}, phase: PhaseLoaded},
+			ev: evClusterSources{sources: []bundle.ReleaseSource{{Release: meta137.Release}}}, phase: PhaseLoaded},
 		{name: "a spec approving another digest holds the load", in: PhaseExtracted, given: []func(*machine){approvedHeld, withAPI},
 			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{ApprovedDigest: otherDigest}},
 			phase: PhaseExtracted, why: ReasonOtherBundleApproved, effs: []string{"save held"}},

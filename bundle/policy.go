@@ -51,7 +51,7 @@ func (p Policy) ApproveOffer(meta *Metadata, digest digest.Digest, sig []byte) (
 			return ApprovalDigest, nil
 		}
 	}
-	if p.SourceFor(meta) != nil {
+	if p.SourceFor(digest, meta) != nil {
 		return ApprovalSource, nil
 	}
 	if len(p.TrustedKeys) == 0 {

@@ -33,7 +33,25 @@ type BundleNodeEntry struct {
 	Digest           digest.Digest
 	Reason, Excluded string
 	Conditions       []BundleCondition
+	// Pull is what the node that pulls a release from the registry
+	// publishes of it (registry mode); nil on the others. Written only
+	// with that node's credential, it is what the others bind its pull
+	// to: they take no other bundle of it, and no other tag.
+	Pull *PullRecord
 }
+
+// PullRecord is the pulling node's word on its pull, in its own entry.
+type PullRecord struct {
+	Release string        // the release pulled, by digest
+	Digest  digest.Digest // the bundle made; "" until made
+	// Extras are the digests the extra images given by tag resolved to,
+	// by the extra as spec.source names it (at most MaxPullExtras).
+	Extras map[string]digest.Digest
+}
+
+// MaxPullExtras bounds a PullRecord's extras, as the CRD does
+// spec.source.extraImages.
+const MaxPullExtras = 256
 
 // BundleCondition is one of a node's conditions: Extracted, Loaded,
 // Updated.
@@ -67,4 +85,7 @@ type RegistrySource struct {
 	// Created is the resource's creation time: the bundle's
 	// metadata.created on every node that makes it.
 	Created time.Time
+	// Pulled are the pull records in the resource's entries, by node:
+	// the puller's is the one to follow.
+	Pulled map[string]PullRecord
 }

@@ -3,7 +3,9 @@ package kube
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/url"
+	"slices"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -46,6 +48,46 @@ type bundleNode struct {
 	Reason     string            `json:"reason,omitempty"`
 	Excluded   string            `json:"excluded,omitempty"`
 	Conditions []bundleCondition `json:"conditions,omitempty"`
+	Pull       *bundlePull       `json:"pull,omitempty"`
+}
+
+// bundlePull is the pulling node's record of its pull (registry mode).
+type bundlePull struct {
+	Release string      `json:"release,omitempty"`
+	Digest  string      `json:"digest,omitempty"`
+	Extras  []pullExtra `json:"extras,omitempty"`
+}
+
+// pullExtra is an extra image given by tag and the digest it resolved to.
+type pullExtra struct {
+	Image  string `json:"image"`
+	Digest string `json:"digest"`
+}
+
+// record is p as ferry reads it.
+func (p *bundlePull) record() *cluster.PullRecord {
+	if p == nil {
+		return nil
+	}
+	r := &cluster.PullRecord{Release: p.Release, Digest: digest.Digest(p.Digest), Extras: map[string]digest.Digest{}}
+	for _, e := range p.Extras {
+		r.Extras[e.Image] = digest.Digest(e.Digest)
+	}
+	return r
+}
+
+// pullOf is r as the API holds it, its extras sorted, at most
+// cluster.MaxPullExtras (the CRD's bound).
+func pullOf(r *cluster.PullRecord) *bundlePull {
+	if r == nil {
+		return nil
+	}
+	p := &bundlePull{Release: r.Release, Digest: string(r.Digest)}
+	for _, img := range slices.Sorted(maps.Keys(r.Extras)) {
+		p.Extras = append(p.Extras, pullExtra{Image: img, Digest: string(r.Extras[img])})
+	}
+	p.Extras = p.Extras[:min(len(p.Extras), cluster.MaxPullExtras)]
+	return p
 }
 
 // bundleCondition is one of a node's conditions.
@@ -95,7 +137,7 @@ func (o *upgradeBundle) view() cluster.BundleView {
 		v.Policy.NotReadyTimeout, _ = time.ParseDuration(s.NotReadyTimeout)
 	}
 	for n, e := range o.Status.Nodes {
-		entry := cluster.BundleNodeEntry{Phase: e.Phase, Digest: digest.Digest(e.Digest), Reason: e.Reason, Excluded: e.Excluded}
+		entry := cluster.BundleNodeEntry{Phase: e.Phase, Digest: digest.Digest(e.Digest), Reason: e.Reason, Excluded: e.Excluded, Pull: e.Pull.record()}
 		for _, c := range e.Conditions {
 			since, _ := time.Parse(time.RFC3339, c.LastTransitionTime)
 			entry.Conditions = append(entry.Conditions, cluster.BundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message, Since: since})
@@ -107,7 +149,7 @@ func (o *upgradeBundle) view() cluster.BundleView {
 
 // entryOf is a node's entry as the API holds it.
 func entryOf(e cluster.BundleNodeEntry) bundleNode {
-	out := bundleNode{Phase: e.Phase, Digest: string(e.Digest), Reason: e.Reason, Excluded: e.Excluded}
+	out := bundleNode{Phase: e.Phase, Digest: string(e.Digest), Reason: e.Reason, Excluded: e.Excluded, Pull: pullOf(e.Pull)}
 	for _, c := range e.Conditions {
 		bc := bundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
 		if !c.Since.IsZero() {
@@ -151,6 +193,11 @@ func (c *Client) publishBundle(ctx context.Context, name string, sum *cluster.Bu
 		if v == "" {
 			own[k] = nil
 		}
+	}
+	// The pull's record stays once written (a merge patch keeps what it
+	// does not name): the others bind the pull to it after the pull too.
+	if entry.Pull != nil {
+		own["pull"] = entry.Pull
 	}
 	status := map[string]any{"nodes": map[string]any{node: own}}
 	if sum != nil {
@@ -238,8 +285,17 @@ func sourcesOf(bundles []upgradeBundle) []cluster.RegistrySource {
 	var out []cluster.RegistrySource
 	for _, b := range bundles {
 		if s := b.Spec.Source; s != nil && s.Release != "" && !b.Spec.Cleanup {
-			out = append(out, cluster.RegistrySource{Bundle: b.Metadata.Name, Release: s.Release, Extras: s.ExtraImages,
-				Node: s.Node, RateLimit: s.RateLimit, Window: s.Window, Created: b.Metadata.CreationTimestamp})
+			src := cluster.RegistrySource{Bundle: b.Metadata.Name, Release: s.Release, Extras: s.ExtraImages,
+				Node: s.Node, RateLimit: s.RateLimit, Window: s.Window, Created: b.Metadata.CreationTimestamp}
+			for n, e := range b.Status.Nodes {
+				if r := e.Pull.record(); r != nil {
+					if src.Pulled == nil {
+						src.Pulled = map[string]cluster.PullRecord{}
+					}
+					src.Pulled[n] = *r
+				}
+			}
+			out = append(out, src)
 		}
 	}
 	return out

@@ -3,8 +3,11 @@ package kube
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/cluster"
 )
@@ -34,5 +37,38 @@ func TestUpgradeBundle_TheWireFormatStaysInKube(t *testing.T) {
 	}
 	if e := entryOf(cluster.BundleNodeEntry{Phase: "idle"}); e.Conditions != nil {
 		t.Fatalf("no conditions written as %+v, want null (a merge patch removes them)", e.Conditions)
+	}
+}
+
+// The pulling node's record of its pull (registry mode) goes into its
+// entry and comes back the same, and each source carries every node's
+// record, for the agent to take only its puller's (issue 41).
+func TestUpgradeBundle_ThePullRecordRoundTrips(t *testing.T) {
+	d, x := digest.Digest("sha256:"+strings.Repeat("a", 64)), digest.Digest("sha256:"+strings.Repeat("b", 64))
+	rec := &cluster.PullRecord{Release: "quay.io/r@" + string(d), Digest: d, Extras: map[string]digest.Digest{"quay.io/x/y:v1": x}}
+	b, err := json.Marshal(entryOf(cluster.BundleNodeEntry{Phase: "pulling", Pull: rec}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"extras":[{"image":"quay.io/x/y:v1","digest":"sha256:bbbb`) {
+		t.Fatalf("written as %s", b)
+	}
+	var o upgradeBundle
+	o.Metadata.Name = "4.13.8-x86-64"
+	o.Spec.Source = &bundleSource{Release: rec.Release, ExtraImages: []string{"quay.io/x/y:v1"}}
+	var n bundleNode
+	if err := json.Unmarshal(b, &n); err != nil {
+		t.Fatal(err)
+	}
+	o.Status.Nodes = map[string]bundleNode{"node-0": n, "node-1": {Phase: "pulling"}}
+	if got := o.view().Nodes["node-0"].Pull; !reflect.DeepEqual(got, rec) {
+		t.Fatalf("read back %+v, want %+v", got, rec)
+	}
+	srcs := sourcesOf([]upgradeBundle{o})
+	if len(srcs) != 1 || len(srcs[0].Pulled) != 1 || !reflect.DeepEqual(srcs[0].Pulled["node-0"], *rec) {
+		t.Fatalf("sources %+v", srcs)
+	}
+	if e := entryOf(cluster.BundleNodeEntry{Phase: "loaded"}); e.Pull != nil {
+		t.Fatalf("no record written as %+v", e.Pull)
 	}
 }

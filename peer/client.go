@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -137,6 +138,12 @@ func (c *Client) do(ctx context.Context, peer, path string, hdr http.Header, wan
 }
 
 func (c *Client) getJSON(ctx context.Context, peer, path string, limit int64, v any) ([]byte, error) {
+	return c.getJSONFrom(ctx, peer, path, limit, v, nil)
+}
+
+// getJSONFrom is getJSON that also gives the connection's TLS state
+// (nil when not over TLS).
+func (c *Client) getJSONFrom(ctx context.Context, peer, path string, limit int64, v any, state **tls.ConnectionState) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	resp, err := c.do(ctx, peer, path, nil, http.StatusOK)
@@ -144,6 +151,9 @@ func (c *Client) getJSON(ctx context.Context, peer, path string, limit int64, v 
 		return nil, err
 	}
 	defer resp.Body.Close()
+	if state != nil {
+		*state = resp.TLS
+	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
 		return nil, fmt.Errorf("peer %s: GET %s: %w", peer, path, err)
@@ -193,9 +203,28 @@ func (c *Client) Have(ctx context.Context, peer string, digest digest.Digest) (H
 
 // Status gets peer's node status.
 func (c *Client) Status(ctx context.Context, peer string) (Status, error) {
-	var s Status
-	_, err := c.getJSON(ctx, peer, "/v1/status", 1<<20, &s)
-	return s, err
+	st := c.status(ctx, peer)
+	return st.Status, st.Err
+}
+
+// status is peer's status with the node its serving certificate names
+// (TLS with node identities): a status that names another node is
+// refused, so that nothing acts on a peer's word about who it is.
+func (c *Client) status(ctx context.Context, peer string) PeerStatus {
+	var st PeerStatus
+	var state *tls.ConnectionState
+	_, st.Err = c.getJSONFrom(ctx, peer, "/v1/status", 1<<20, &st.Status, &state)
+	if st.Err != nil || state == nil {
+		return st
+	}
+	if len(state.PeerCertificates) > 0 {
+		st.Verified, st.Err = nodeOf(state.PeerCertificates[0])
+	}
+	if st.Err == nil && st.Node != st.Verified {
+		st.Err = fmt.Errorf("peer %s: %w: it says %q, its certificate names %q", peer, ErrNodeMismatch, st.Node, st.Verified)
+		st.Status = Status{} // nothing reads its word (the gate's exclusions by name)
+	}
+	return st
 }
 
 // CopyRange copies digest's tar bytes [off, off+n) from peer to w. A body

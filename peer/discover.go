@@ -62,9 +62,9 @@ func (f *Fetcher) Statuses(ctx context.Context) map[string]PeerStatus {
 	)
 	for _, p := range f.Peers() {
 		wg.Go(func() {
-			s, err := f.c.Status(ctx, p)
+			st := f.c.status(ctx, p)
 			mu.Lock()
-			out[p] = PeerStatus{Status: s, Err: err}
+			out[p] = st
 			mu.Unlock()
 		})
 	}

@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -26,8 +27,19 @@ func nodeTLS(t *testing.T, ca *testca.CA, name string, trust ...*testca.CA) *Nod
 	}
 }
 
-// serveTLS starts a peer server with n's TLS on 127.0.0.1; its address.
+// serveTLS starts a peer server with n's TLS on 127.0.0.1, its status
+// naming the node its serving certificate names; its address.
 func serveTLS(t *testing.T, n *NodeTLS) string {
+	t.Helper()
+	self := "server"
+	if leaf, err := x509.ParseCertificate(n.Serving().Certificate[0]); err == nil {
+		self = cmp.Or(strings.TrimPrefix(leaf.Subject.CommonName, "system:node:"), self)
+	}
+	return serveTLSAs(t, n, self)
+}
+
+// serveTLSAs is serveTLS with a status that names self.
+func serveTLSAs(t *testing.T, n *NodeTLS, self string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -36,7 +48,7 @@ func serveTLS(t *testing.T, n *NodeTLS) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	srv := NewServer(NewShelf(ShelfOptions{}), ServerOptions{TLS: n.ServerConfig(), Closed: true,
-		Status: func() Status { return Status{Node: "server"} }})
+		Status: func() Status { return Status{Node: self} }})
 	go func() { defer close(done); srv.Serve(ctx, ln) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return ln.Addr().String()
@@ -54,8 +66,8 @@ func TestNodeTLS_TwoNodesAuthenticateEachOther(t *testing.T) {
 		if _, err := c.Offers(t.Context(), addr); err != nil {
 			t.Fatalf("a node's client to a node's server: %v", err)
 		}
-		if st, err := c.Status(t.Context(), addr); err != nil || st.Node != "server" {
-			t.Fatalf("status: %+v %v", st, err)
+		if st := c.status(t.Context(), addr); st.Err != nil || st.Node != st.Verified || st.Verified == "" {
+			t.Fatalf("status: %+v", st)
 		}
 	}
 }
@@ -132,5 +144,24 @@ func TestNodeTLS_RefusesAServerThatIsNotTheNodeAsked(t *testing.T) {
 				t.Errorf("err %v does not say why", err)
 			}
 		})
+	}
+}
+
+// TestNodeTLS_AStatusNamesTheNodeOfItsCertificate (issue 41): a peer with
+// a valid certificate for node-x whose status says it is node-a is
+// refused (nothing acts on it: the gate, the puller's address); one
+// whose status names its own node is taken, Verified by its certificate.
+func TestNodeTLS_AStatusNamesTheNodeOfItsCertificate(t *testing.T) {
+	ca := testca.New(t, "kube-csr-signer")
+	f := NewFetcher(FetcherOptions{Client: NewNodeClient(nodeTLS(t, ca, "node-b", ca))})
+	liar := serveTLSAs(t, nodeTLS(t, ca, "node-x", ca), "node-a")
+	honest := serveTLS(t, nodeTLS(t, ca, "node-a", ca))
+	f.SetPeers([]string{liar, honest})
+	st := f.Statuses(t.Context())
+	if err := st[liar].Err; !errors.Is(err, ErrNodeMismatch) || !strings.Contains(err.Error(), "node-x") || st[liar].Node != "" {
+		t.Errorf("node-x saying it is node-a: %+v, want refused naming node-x, its word dropped", st[liar])
+	}
+	if s := st[honest]; s.Err != nil || s.Node != "node-a" || s.Verified != "node-a" {
+		t.Errorf("node-a: %+v", s)
 	}
 }

@@ -105,8 +105,16 @@ type Status struct {
 // PeerStatus is one peer's answer to /v1/status, or why there is none.
 type PeerStatus struct {
 	Status
-	Err error
+	// Verified is the node the peer's serving certificate names (TLS
+	// with node identities), which its Node must be; "" over the token,
+	// where Node is only the peer's word.
+	Verified string
+	Err      error
 }
+
+// ErrNodeMismatch is a peer whose status names another node than its
+// certificate does.
+var ErrNodeMismatch = errors.New("the peer's status names another node than its certificate")
 
 func hexOf(d digest.Digest) string { return strings.TrimPrefix(string(d), "sha256:") }
 

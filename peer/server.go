@@ -117,6 +117,9 @@ func NewServer(store Store, opts ServerOptions) *Server {
 
 // ServeHTTP checks the token, then routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Every response is bounded; one that streams (a tar's range, the
+	// pull's blobs) moves the deadline on as each piece leaves.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(s.opts.IdleWrite))
 	if s.opts.TLS != nil {
 		// The handshake checked the certificate; this only makes sure
 		// no request comes in any other way.

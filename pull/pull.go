@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -46,6 +47,10 @@ type Request struct {
 	// Created is the bundle's metadata.created: every node making the
 	// bundle of one request makes the same bytes. Zero: now.
 	Created time.Time `json:"created,omitzero"`
+	// Pins, for a node that follows another's pull, are the digests the
+	// followed node published for the extras given by tag: its bundle
+	// must hold those (create.Options.Pins).
+	Pins map[string]digest.Digest `json:"pins,omitempty"`
 	// From, for a node that follows another's pull, is that node's peer
 	// address (host:port): every image, blob and signature comes from it
 	// (Handler), never from the site's registry. FromNode names it.
@@ -94,7 +99,7 @@ func (p *Puller) limits(req Request) (int64, Window) {
 }
 
 func (r Request) same(o Request) bool {
-	return r.Release == o.Release && slices.Equal(r.Extras, o.Extras) && r.From == o.From
+	return r.Release == o.Release && slices.Equal(r.Extras, o.Extras) && r.From == o.From && maps.Equal(r.Pins, o.Pins)
 }
 
 // States of a pull (Status.State).
@@ -125,6 +130,10 @@ type Status struct {
 	NextTry  time.Time     `json:"nextTry,omitzero"`
 	Digest   digest.Digest `json:"digest,omitempty"` // the bundle made
 	From     string        `json:"from,omitempty"`   // the node followed (Request.FromNode)
+	// Extras are the digests the extras given by tag resolved to, once
+	// this node's own pull resolved them: published through the API for
+	// the nodes that follow it to pin.
+	Extras map[string]digest.Digest `json:"extras,omitempty"`
 	// Shared is the bytes this node's pull served to the nodes following
 	// it; it serves only while it pulls. Waiting is their requests
 	// waiting for blobs it still fetches.
@@ -241,6 +250,9 @@ type Options struct {
 	// this node's pull has not fetched yet (Handler); 0: 10 s, within
 	// the peers' response header timeout (15 s).
 	ShareWait time.Duration
+	// ShareStall cuts a response to a follower that sends nothing for
+	// this long (a follower that stopped reading); 0: 30 s.
+	ShareStall time.Duration
 }
 
 // PeerAccess is the peers' transport: it adds the peers' token, or
@@ -277,10 +289,14 @@ func New(o Options) (*Puller, error) {
 	if o.ShareWait <= 0 {
 		o.ShareWait = 10 * time.Second
 	}
+	if o.ShareStall <= 0 {
+		o.ShareStall = 30 * time.Second
+	}
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("pull: %w", err)
 	}
-	p := &Puller{o: o, log: o.Log.With("part", "pull"), wake: make(chan struct{}, 1), shared: newShared(o.ShareWait)}
+	p := &Puller{o: o, log: o.Log.With("part", "pull"), wake: make(chan struct{}, 1), shared: newShared(o.ShareWait, o.ShareStall)}
+	p.shared.resolved = func(r *create.Resolution) { p.set(func(s *Status) { s.Extras = maps.Clone(r.Extras) }) }
 	if b, err := os.ReadFile(p.requestPath()); err == nil {
 		var r Request
 		if json.Unmarshal(b, &r) == nil && r.Check() == nil {
@@ -449,7 +465,7 @@ func (p *Puller) run(ctx context.Context, req Request) {
 // what the registry does not have, or what is not a release.
 func permanent(err error) bool {
 	return errors.Is(err, create.ErrNotFound) || errors.Is(err, create.ErrBadReference) || errors.Is(err, create.ErrRelease) ||
-		errors.Is(err, errRefused)
+		errors.Is(err, create.ErrTooLarge) || errors.Is(err, errRefused)
 }
 
 var errRefused = errors.New("refused by the agent")
@@ -490,7 +506,7 @@ func (p *Puller) fetch(ctx context.Context, req Request) (*create.Result, error)
 // site's registry, or, following another node's pull, from that node.
 func (p *Puller) createBundle(ctx context.Context, req Request) (*create.Result, error) {
 	o := create.Options{
-		Release: req.Release, ExtraImages: req.Extras, Arch: p.o.Arch, Created: req.Created,
+		Release: req.Release, ExtraImages: req.Extras, Pins: req.Pins, Arch: p.o.Arch, Created: req.Created,
 		OutputDir: p.outDir(), WorkDir: p.workDir(), BeforeCopy: p.o.CheckRoom, Log: p.log,
 		Progress: func(pr create.Progress) {
 			p.set(func(s *Status) {
@@ -515,14 +531,16 @@ func (p *Puller) createBundle(ctx context.Context, req Request) (*create.Result,
 	}
 	// Served while it runs; its tree goes once the requests it is
 	// answering are answered (a follower that waited for the last blob
-	// gets it), and then is served no more.
+	// gets it), and then is served no more. The bundle is delivered
+	// meanwhile: no follower holds it.
 	p.shared.begin()
 	o.KeepWork = true
 	res, err := create.Run(ctx, o)
-	p.shared.end()
+	remove := ""
 	if err == nil {
-		os.RemoveAll(res.WorkDir)
+		remove = res.WorkDir
 	}
+	p.shared.end(remove)
 	return res, err
 }
 

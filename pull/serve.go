@@ -2,6 +2,7 @@ package pull
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"os"
 	"regexp"
@@ -47,19 +48,27 @@ var (
 // shared is the pull under way as the other nodes see it; it is the
 // run's create.Sharer.
 type shared struct {
-	bound    time.Duration  // of one request's wait
-	inflight sync.WaitGroup // requests let in while running
-	mu       sync.Mutex
+	bound time.Duration // of one request's wait
+	stall time.Duration // a response that sends nothing for this long is cut
+	mu    sync.Mutex
+	// inflight are the requests let in while the run (gen) was served;
+	// each run has its own, so that one run's slow follower never holds
+	// the next.
+	inflight *sync.WaitGroup
+	gen      int
 	waiting  int // requests waiting for blobs
 	running  bool
 	res      *create.Resolution
 	have     map[digest.Digest]bool
 	changed  chan struct{} // closed at each change, then replaced
 	served   atomic.Int64  // bytes sent to followers
+	// resolved, when set, is told each run's resolution (the puller's
+	// status shows the extras' digests).
+	resolved func(*create.Resolution)
 }
 
-func newShared(bound time.Duration) *shared {
-	return &shared{bound: bound, changed: make(chan struct{})}
+func newShared(bound, stall time.Duration) *shared {
+	return &shared{bound: bound, stall: stall, inflight: new(sync.WaitGroup), changed: make(chan struct{})}
 }
 
 // update changes the state under the lock and wakes the waiters.
@@ -73,24 +82,46 @@ func (s *shared) update(f func()) {
 
 // begin and end bracket a run whose work tree is served.
 func (s *shared) begin() {
-	s.update(func() { s.running, s.res, s.have = true, nil, map[digest.Digest]bool{} })
+	s.update(func() {
+		s.running, s.res, s.have = true, nil, map[digest.Digest]bool{}
+		s.gen++
+		s.inflight = new(sync.WaitGroup)
+	})
 }
 
-// end stops serving, once the requests let in are answered.
-func (s *shared) end() {
-	s.update(func() { s.running = false })
-	s.inflight.Wait()
-	s.update(func() { s.res, s.have = nil, nil })
+// end stops letting requests in and returns at once: the pull is
+// delivered whatever its followers do. The requests already let in are
+// answered from the run's tree (a follower waiting for the last blob gets
+// it); once they are (a stalled one is cut after stall), the tree is
+// forgotten and, when remove is not "", removed, unless another run
+// began meanwhile (it may reuse the tree).
+func (s *shared) end(remove string) {
+	var wg *sync.WaitGroup
+	var gen int
+	s.update(func() { s.running, wg, gen = false, s.inflight, s.gen })
+	go func() {
+		wg.Wait()
+		s.mu.Lock()
+		if s.gen == gen && !s.running {
+			s.res, s.have = nil, nil
+			if remove != "" {
+				os.RemoveAll(remove)
+			}
+		}
+		s.mu.Unlock()
+	}()
 }
 
-// enter lets a request in while a run is served; it calls inflight.Done.
-func (s *shared) enter() bool {
+// enter lets a request in while a run is served; the caller calls Done
+// on the group it returns.
+func (s *shared) enter() *sync.WaitGroup {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.running {
-		s.inflight.Add(1)
+	if !s.running {
+		return nil
 	}
-	return s.running
+	s.inflight.Add(1)
+	return s.inflight
 }
 
 func (s *shared) waiters() int {
@@ -99,7 +130,12 @@ func (s *shared) waiters() int {
 	return s.waiting
 }
 
-func (s *shared) Resolved(r *create.Resolution) { s.update(func() { s.res = r }) }
+func (s *shared) Resolved(r *create.Resolution) {
+	s.update(func() { s.res = r })
+	if s.resolved != nil {
+		s.resolved(r)
+	}
+}
 
 func (s *shared) Arrived(d digest.Digest) {
 	s.update(func() {
@@ -161,11 +197,12 @@ func (p *Puller) Handler() http.Handler {
 // until it has.
 func (s *shared) serving(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !s.enter() {
+		wg := s.enter()
+		if wg == nil {
 			unavailable(w)
 			return
 		}
-		defer s.inflight.Done()
+		defer wg.Done()
 		h(w, r)
 	}
 }
@@ -223,8 +260,15 @@ func (s *shared) send(w http.ResponseWriter, mediaType string, d digest.Digest, 
 	w.Header().Set("Content-Type", mediaType)
 	w.Header().Set("Docker-Content-Digest", d.String())
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	n, _ := w.Write(body)
-	s.served.Add(int64(n))
+	s.paced(w).Write(body)
+}
+
+// paced is w as a response to a follower is written: in pieces, each
+// of which must leave within stall, counted as served. A follower that
+// stops reading is cut off, never holding the pull's tree or the
+// serving goroutine for longer.
+func (s *shared) paced(w http.ResponseWriter) io.Writer {
+	return pacedWriter{w: w, rc: http.NewResponseController(w), stall: s.stall, n: &s.served}
 }
 
 // blob answers a blob of the pull once it lies verified in the work
@@ -260,7 +304,7 @@ func (s *shared) blob(w http.ResponseWriter, r *http.Request, ref string) {
 	defer f.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Docker-Content-Digest", d.String())
-	http.ServeContent(countingWriter{w, &s.served}, r, "", time.Time{}, f)
+	http.ServeContent(pacedResponse{w, s.paced(w)}, r, "", time.Time{}, f)
 }
 
 // signature serves the release's signature files as the pull got them,
@@ -281,20 +325,43 @@ func (s *shared) signature(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no such signature", http.StatusNotFound)
 	default:
 		w.Header().Set("Content-Type", "application/octet-stream")
-		b := res.ReleaseSignatures[n-1]
-		w.Write(b)
-		s.served.Add(int64(len(b)))
+		s.paced(w).Write(res.ReleaseSignatures[n-1])
 	}
 }
 
-// countingWriter counts what a response sends.
-type countingWriter struct {
-	http.ResponseWriter
-	n *atomic.Int64
+// pacedWriter writes to a follower in pieces of pacedPiece, each with
+// its own write deadline, and counts what it sent: a minimum rate of a
+// piece per stall.
+type pacedWriter struct {
+	w     http.ResponseWriter
+	rc    *http.ResponseController
+	stall time.Duration
+	n     *atomic.Int64
 }
 
-func (c countingWriter) Write(b []byte) (int, error) {
-	n, err := c.ResponseWriter.Write(b)
-	c.n.Add(int64(n))
-	return n, err
+const pacedPiece = 64 << 10
+
+func (p pacedWriter) Write(b []byte) (int, error) {
+	sent := 0
+	for len(b) > 0 {
+		k := min(len(b), pacedPiece)
+		_ = p.rc.SetWriteDeadline(time.Now().Add(p.stall))
+		n, err := p.w.Write(b[:k])
+		sent += n
+		p.n.Add(int64(n))
+		if err != nil {
+			return sent, err
+		}
+		b = b[k:]
+	}
+	return sent, nil
 }
+
+// pacedResponse is a ResponseWriter whose body goes through a
+// pacedWriter (http.ServeContent writes to it).
+type pacedResponse struct {
+	http.ResponseWriter
+	body io.Writer
+}
+
+func (p pacedResponse) Write(b []byte) (int, error) { return p.body.Write(b) }

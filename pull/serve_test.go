@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -87,10 +88,16 @@ type sharing struct {
 }
 
 func newSharing(t *testing.T, wait time.Duration) *sharing {
+	return newSharingOf(t, 256<<10, pull.Options{ShareWait: wait})
+}
+
+// newSharingOf is newSharing with images of imageSize and o's share
+// options.
+func newSharingOf(t *testing.T, imageSize int64, o pull.Options) *sharing {
 	t.Helper()
 	reg := fixture.NewRegistry(t)
 	extra := reg.PushImage(t, "my/app", "v1")
-	release, payload := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 3, ImageSize: 256 << 10, Seed: 7})
+	release, payload := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 3, ImageSize: imageSize, Seed: 7})
 	ref, err := name.ParseReference(reg.Local(payload[0]))
 	if err != nil {
 		t.Fatal(err)
@@ -122,7 +129,7 @@ func newSharing(t *testing.T, wait time.Duration) *sharing {
 		http.NotFound(w, r)
 	}))
 	t.Cleanup(store.Close)
-	s.harness = newHarness(t, reg, pull.Options{ShareWait: wait, SignatureStore: store.URL,
+	s.harness = newHarness(t, reg, pull.Options{ShareWait: o.ShareWait, ShareStall: o.ShareStall, SignatureStore: store.URL,
 		Transport: func() (http.RoundTripper, error) { return s.gate, nil }})
 	s.partial = filepath.Join(s.dir, "work", ".partial", strings.TrimPrefix(s.layer, "sha256:"))
 	s.srv = httptest.NewServer(peer.NewServer(nil, peer.ServerOptions{Token: shareToken, Pull: s.p.Handler()}))
@@ -508,4 +515,50 @@ func (s *sharing) bothDone(t *testing.T, f *harness) *pull.Status {
 		t.Errorf("the follower made %s, the puller %s: want the same bundle", fs.Digest, ps.Digest)
 	}
 	return fs
+}
+
+// A follower that reads 1 KiB of a blob and stops holds neither the pull
+// nor the others (issue 41): the pull is delivered while its response
+// still hangs, another follower makes the same bundle, and the stalled
+// response is cut once it has sent nothing for ShareStall, after which
+// the pull's tree goes.
+func TestShare_AFollowerThatStopsReadingHoldsNothing(t *testing.T) {
+	// The held blob is larger than what the sockets' buffers take in.
+	s := newSharingOf(t, 8<<20, pull.Options{ShareWait: time.Minute, ShareStall: time.Second})
+	s.start(t)
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	conn, err := d.DialContext(t.Context(), "tcp", s.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /v2/quay.io/any/blobs/%s HTTP/1.1\r\nHost: peer\r\nAuthorization: Bearer %s\r\n\r\n", s.layer, shareToken)
+	client := peer.NewClient(shareToken, nil)
+	f := newHarness(t, s.reg, pull.Options{Backoff: 300 * time.Millisecond, Peers: &pull.PeerAccess{Transport: client.Transport()}})
+	f.run(t)
+	follow := s.req
+	follow.From, follow.FromNode = strings.TrimPrefix(s.srv.URL, "http://"), "node-a"
+	if err := f.p.Ensure(follow); err != nil {
+		t.Fatal(err)
+	}
+	s.followed(t, f)
+	waitUntil(t, "the stalled request to wait for the held blob too", func() bool { return s.p.Status().Waiting >= 2 })
+	s.gate.release()
+	head := make([]byte, 1024)
+	if _, err := io.ReadFull(conn, head); err != nil || !strings.HasPrefix(string(head), "HTTP/1.1 200") {
+		t.Fatalf("the stalled follower's first KiB: %q, %v", head, err)
+	}
+	// It reads no more: the pull is delivered all the same.
+	s.bothDone(t, f)
+	waitUntil(t, "the pull's tree to go once the stalled response is cut", func() bool {
+		_, err := os.Stat(filepath.Join(s.dir, "work"))
+		return os.IsNotExist(err)
+	})
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, err := io.Copy(io.Discard, conn)
+	if n+int64(len(head)) >= s.size {
+		t.Fatalf("the stalled follower got %d bytes of a %d-byte blob (%v): its response was not cut", n+int64(len(head)), s.size, err)
+	}
 }

@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -93,6 +94,12 @@ type Options struct {
 	// fetched from, under its original name (a node following another's
 	// pull); Mirrors are then not used.
 	Source string
+	// Pins are the digests extra images given by tag must resolve to
+	// (by the extra as ExtraImages names it): a node following another's
+	// pull takes the tag as that node resolved it and published it
+	// through the cluster's API, and refuses a source that serves the tag
+	// otherwise (ErrPinMismatch).
+	Pins map[string]digest.Digest
 	// Share, when set, is told what the run resolved and each blob as it
 	// arrives, for other nodes to follow (pull serves its work tree).
 	Share Sharer
@@ -140,6 +147,9 @@ type creator struct {
 	// insecureHosts are the mirrors the node's configuration marks
 	// insecure: their certificates are not checked.
 	insecureHosts sync.Map
+	// manifestBytes are the manifests' bytes the run holds in memory
+	// (maxHeldManifests).
+	manifestBytes atomic.Int64
 	arch          string // uname -m
 	store         *treeStore
 	paths         map[string]string // original name → tree path
@@ -253,6 +263,7 @@ type imageRef struct {
 	// fetch is the first until one of them served it (chosen).
 	routes []name.Repository
 	chosen bool
+	pin    digest.Digest // what the tag must resolve to; "" any
 }
 
 // String is the reference metadata.json records: name[:tag]@sha256:….
@@ -372,6 +383,9 @@ func (c *creator) run(ctx context.Context) (*Result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--extra-image: %w", err)
 		}
+		if r.tag != "" && r.digest == "" {
+			r.pin = o.Pins[s]
+		}
 		extras = append(extras, r)
 	}
 	info, err := c.inspectRelease(ctx, rel)
@@ -456,7 +470,9 @@ func (c *creator) run(ctx context.Context) (*Result, error) {
 	}
 	plans = append(plans, sigs...)
 	if o.Share != nil {
-		o.Share.Resolved(resolution(workDir, plans, meta.ReleaseSignatures))
+		r := resolution(workDir, plans, meta.ReleaseSignatures)
+		r.Extras = resolvedExtras(o.ExtraImages, extras)
+		o.Share.Resolved(r)
 	}
 	missing, total, err := c.checkSpace(plans, workDir)
 	if err != nil {
@@ -627,6 +643,9 @@ func (c *creator) plan(ctx context.Context, r *imageRef) (*imagePlan, error) {
 	if err != nil {
 		return nil, err
 	}
+	if r.pin != "" && top.digest != r.pin {
+		return nil, fmt.Errorf("%w: %s resolves to %s here, the node that pulled it resolved it to %s: that node's tag moved or this source lies; it is not taken", ErrPinMismatch, r, top.digest, r.pin)
+	}
 	if r.digest == "" {
 		r.digest = top.digest.String()
 	}
@@ -684,6 +703,9 @@ func (c *creator) walk(ctx context.Context, p *imagePlan, src manifestSource, m 
 		return nil
 	}
 	seen[m.digest] = true
+	if err := c.hold(p, m); err != nil {
+		return err
+	}
 	mt := types.MediaType(m.mediaType)
 	if mt == "" {
 		var probe struct {
@@ -700,10 +722,16 @@ func (c *creator) walk(ctx context.Context, p *imagePlan, src manifestSource, m 
 		if err != nil {
 			return fmt.Errorf("%s: manifest list: %w", p.ref, err)
 		}
+		if len(im.Manifests) > maxChildren {
+			return fmt.Errorf("%w: %s is a manifest list of %d manifests, more than the %d ferry takes: its source is not to be trusted", ErrTooLarge, p.ref, len(im.Manifests), maxChildren)
+		}
 		kept := 0
 		for _, d := range im.Manifests {
 			if !c.keepChild(d) {
 				continue
+			}
+			if d.Size > maxManifest {
+				return fmt.Errorf("%w: %s names a manifest of %d bytes, more than the %d ferry takes", ErrTooLarge, p.ref, d.Size, maxManifest)
 			}
 			kept++
 			child, err := src(ctx, d.Digest.String())
@@ -732,6 +760,45 @@ func (c *creator) walk(ctx context.Context, p *imagePlan, src manifestSource, m 
 		return fmt.Errorf("%w: %s has unsupported media type %q", ErrBadReference, p.ref, m.mediaType)
 	}
 	p.manifests = append(p.manifests, m)
+	return nil
+}
+
+// resolvedExtras are the digests the extras given by tag resolved to, by
+// the extra as given.
+func resolvedExtras(given []string, refs []*imageRef) map[string]digest.Digest {
+	out := map[string]digest.Digest{}
+	for i, s := range given {
+		if _, _, dig := bundle.SplitRef(strings.TrimSpace(s)); dig == "" {
+			out[s] = digest.Digest(refs[i].digest)
+		}
+	}
+	return out
+}
+
+// Bounds on what a run holds in memory of its sources' manifests: a
+// hostile registry (or the node a follower follows) gets a clear error,
+// not a node that runs out of memory each time the pull resumes.
+const (
+	maxManifest      = 4 << 20  // one manifest
+	maxChildren      = 128      // a manifest list's manifests
+	maxHeldManifests = 64 << 20 // all the run's manifests
+)
+
+// ErrTooLarge is a manifest, or all of them, past those bounds.
+var ErrTooLarge = errors.New("manifest too large")
+
+// ErrPinMismatch is an extra image's tag that resolves to another digest
+// than the one it is pinned to (Options.Pins).
+var ErrPinMismatch = errors.New("extra image's tag resolves to another digest")
+
+// hold counts m against the run's bounds.
+func (c *creator) hold(p *imagePlan, m rawManifest) error {
+	if len(m.body) > maxManifest {
+		return fmt.Errorf("%w: %s: a manifest of %d bytes, more than the %d ferry takes", ErrTooLarge, p.ref, len(m.body), maxManifest)
+	}
+	if n := c.manifestBytes.Add(int64(len(m.body))); n > maxHeldManifests {
+		return fmt.Errorf("%w: the release's images have more than %d bytes of manifests: their source is not to be trusted", ErrTooLarge, maxHeldManifests)
+	}
 	return nil
 }
 

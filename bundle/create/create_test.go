@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/create"
@@ -293,6 +294,7 @@ func TestCreate_PullSecretAuthenticates(t *testing.T) {
 func TestCreate_FailsClearlyAndLeavesNoTar(t *testing.T) {
 	reg := fixture.NewRegistry(t)
 	release, payload := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 3})
+	reg.PushImage(t, "my-company/app", "v1")
 	locked := fixture.NewRegistry(t, fixture.Options{Username: "u", Password: "p"})
 	lockedRelease, _ := locked.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 2})
 	// A registry that answers for a release whose payload blob is gone.
@@ -315,6 +317,10 @@ func TestCreate_FailsClearlyAndLeavesNoTar(t *testing.T) {
 			o.Release = "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat("0", 64)
 		}, create.ErrNotFound, "not in registry"},
 		{"missing extra tag", func(o *create.Options) { o.ExtraImages = []string{"quay.io/my-company/none:v9"} }, create.ErrNotFound, "not in registry"},
+		{"extra tag resolved otherwise than pinned", func(o *create.Options) {
+			o.ExtraImages = []string{"quay.io/my-company/app:v1"}
+			o.Pins = map[string]digest.Digest{"quay.io/my-company/app:v1": digest.Digest("sha256:" + strings.Repeat("1", 64))}
+		}, create.ErrPinMismatch, "the node that pulled it resolved it to sha256:1111"},
 		{"not a release image", func(o *create.Options) { o.Release = payload[0] }, create.ErrRelease, "release-manifests/image-references"},
 		{"registry refuses credentials", func(o *create.Options) {
 			o.Release = lockedRelease

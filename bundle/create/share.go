@@ -32,8 +32,12 @@ type Resolution struct {
 	Manifests map[digest.Digest]Manifest
 	// Tags are the tags resolved, by "<original name>:<tag>" (extra
 	// images by tag, sigstore attachments).
-	Tags  map[string]digest.Digest
-	Blobs map[digest.Digest]int64 // the sizes of the blobs to fetch
+	Tags map[string]digest.Digest
+	// Extras are the digests the extra images given by tag resolved to,
+	// by the extra as Options.ExtraImages names it: what the node that
+	// pulls publishes for the others to pin (Options.Pins).
+	Extras map[string]digest.Digest
+	Blobs  map[digest.Digest]int64 // the sizes of the blobs to fetch
 	// ReleaseSignatures are the release's, as the bundle carries them.
 	ReleaseSignatures [][]byte
 }

@@ -88,6 +88,11 @@ func delivered(s agent.Status, d digest.Digest) (bool, error) {
 		if r.Digest != d {
 			continue
 		}
+		if r.Origin == agent.OriginPeer && r.Phase == agent.PhaseRejected && r.Dir == "" {
+			// The same bundle offered by a peer before the puller
+			// published it, refused unfetched: nothing about this one.
+			continue
+		}
 		switch r.Phase {
 		case agent.PhaseRejected, agent.PhaseFailed:
 			return false, errors.New(r.Condition.Message)

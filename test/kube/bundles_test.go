@@ -280,3 +280,45 @@ func TestClient_EachNodeWritesOnlyItsOwn(t *testing.T) {
 		t.Errorf("ferry-node-b owns %s: more than its own entry", b)
 	}
 }
+
+// TestClient_ThePullersRecordIsItsOwnToWrite (issue 41): the pulling
+// node publishes its pull in its own entry (the release, what its tag
+// resolved to, then the bundle's digest) through the shipped CRD and
+// admission policy; the record stays when its entry is written again
+// without it; every source read carries it by node; another node's
+// credential cannot write it into the puller's entry.
+func TestClient_ThePullersRecordIsItsOwnToWrite(t *testing.T) {
+	e := kubeenv.Start(t, current)
+	c := ferryClient(t, e)
+	e.AddNode("node-b", "10.0.0.2")
+	cb := nodeClient(t, e, "node-b")
+	installBundles(e)
+	ctx := t.Context()
+	if err := c.CreateUpgradeBundle(ctx, bundleName); err != nil {
+		t.Fatal(err)
+	}
+	release := "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat("1", 64)
+	e.PatchBundleSpec(bundleName, map[string]any{"source": map[string]any{"release": release, "extraImages": []string{"quay.io/my-company/my-workload:v1"}}})
+	rec := &cluster.PullRecord{Release: release, Extras: map[string]digest.Digest{"quay.io/my-company/my-workload:v1": digest.Digest("sha256:" + strings.Repeat("2", 64))}}
+	if err := c.PublishBundleEntry(ctx, bundleName, "node-a", cluster.BundleNodeEntry{Phase: "pulling", Pull: rec}); err != nil {
+		t.Fatal(err)
+	}
+	rec.Digest = digest.Digest("sha256:" + strings.Repeat("3", 64))
+	if err := c.PublishBundleEntry(ctx, bundleName, "node-a", cluster.BundleNodeEntry{Phase: "pulling", Pull: rec}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PublishBundleEntry(ctx, bundleName, "node-a", cluster.BundleNodeEntry{Phase: "extracting", Digest: rec.Digest}); err != nil {
+		t.Fatal(err)
+	}
+	srcs, err := cb.Sources(ctx)
+	if err != nil || len(srcs) != 1 || len(srcs[0].Pulled) != 1 {
+		t.Fatalf("sources %+v, %v", srcs, err)
+	}
+	if got := srcs[0].Pulled["node-a"]; got.Digest != rec.Digest || got.Release != release || got.Extras["quay.io/my-company/my-workload:v1"] != rec.Extras["quay.io/my-company/my-workload:v1"] {
+		t.Fatalf("node-a's record as node-b reads it: %+v, want %+v", got, rec)
+	}
+	lie := &cluster.PullRecord{Release: release, Digest: digest.Digest("sha256:" + strings.Repeat("6", 64))}
+	if err := cb.PublishBundleEntry(ctx, bundleName, "node-a", cluster.BundleNodeEntry{Phase: "pulling", Pull: lie}); err == nil || !strings.Contains(err.Error(), "its own entry of status.nodes only") {
+		t.Errorf("node-b writing node-a's record: %v, want the admission policy's refusal", err)
+	}
+}

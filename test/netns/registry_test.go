@@ -1,13 +1,22 @@
 package netns
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/testca"
+	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/pull"
 	"github.com/ferry-edge/ferry/test/crioenv"
 	"github.com/ferry-edge/ferry/test/fixture"
@@ -118,17 +127,133 @@ func TestAgents_RegistryModeEachByteCrossesTheLinkOnce(t *testing.T) {
 
 // registryFleet is n agents with real CRI-Os on e's API server, approval
 // required, whose registries.conf mirrors quay.io to link (reached at
-// the same address inside each node), as a site's nodes would be.
-func registryFleet(t testing.TB, e *kubeenv.Env, link *fixture.Link, n int) *fleet {
+// the same address inside each node), as a site's nodes would be: each
+// with its kubelet's credential and peer.identity = "node", which
+// registry mode needs (issue 41).
+func registryFleet(t testing.TB, e *kubeenv.Env, link *fixture.Link, n int, more ...func(*Node, *agent.Config)) *fleet {
 	t.Helper()
 	api, toLink := forwardAPI(t, e), forwardPort(t, linkPort(link))
+	ident, _ := nodeIdentities(t, e)
 	return newFleet(t, fleetOptions{Nodes: n, CRIO: true, Setup: func(nd *Node, cfg *agent.Config) {
 		api(nd, cfg)
+		ident(nd, cfg)
 		toLink(nd)
+		for _, f := range more {
+			f(nd, cfg)
+		}
 		cfg.Approval = "required"
 		link.TrustIn(t, cfg.Paths.CertsDir)
 		crioenv.Write(t, filepath.Join(filepath.Dir(cfg.Paths.RegistriesConfDir), "registries.conf"), link.RegistriesConf())
 	}})
+}
+
+// nodeIdentities returns the Setup that gives a node what an OpenShift
+// node has for peer.identity = "node": the kubelet's client certificate
+// kubeconfig (issued by e's client CA) and a serving certificate for its
+// address from the kubelet serving CA, which e publishes as OpenShift
+// does; no token. Call it after forwardAPI's Setup (it adds the Node).
+// It returns the serving CA too, one per env.
+func nodeIdentities(t testing.TB, e *kubeenv.Env) (func(n *Node, cfg *agent.Config), *testca.CA) {
+	t.Helper()
+	ca, loaded := servingCAs.LoadOrStore(e, testca.New(t, "kubelet-signer"))
+	servingCA := ca.(*testca.CA)
+	if !loaded {
+		e.Create("/api/v1/namespaces/openshift-config-managed/configmaps", map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+			"metadata": map[string]any{"name": "kubelet-serving-ca"}, "data": map[string]any{"ca-bundle.crt": string(servingCA.PEM)}})
+	}
+	return func(n *Node, cfg *agent.Config) {
+		cfg.Cluster.Kubeconfig = e.NodeCertKubeconfig(n.Name)
+		cert, key := servingCA.Serving(t, n.Name, n.IP)
+		pki := filepath.Join(n.Dir, "kubelet-pki")
+		if err := os.MkdirAll(pki, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		cfg.Peer.Cert = testca.WriteCurrent(t, pki, "kubelet-server", cert, key)
+		cfg.Peer.Identity, cfg.Peer.TokenFile = agent.PeerIdentityNode, ""
+	}, servingCA
+}
+
+// servingCAs is each env's kubelet serving CA (nodeIdentities).
+var servingCAs sync.Map
+
+// TestAgents_RegistryModeFollowsNoLiar (issue 41): a fourth party on the
+// peers' network with a valid node certificate, node-x's, says in its
+// status that it is the pulling node. Every node refuses its status (its
+// certificate names another node), the follower follows the node the
+// API names at the address whose certificate names it, and nobody asks
+// the liar for the pull: both nodes load the puller's bundle. (The liar
+// is a Node the administrator excluded, or the gate, which waits for a
+// peer it cannot read, would hold the load.)
+func TestAgents_RegistryModeFollowsNoLiar(t *testing.T) {
+	e := kubeenv.Start(t, runningRelease)
+	e.InstallFerry()
+	e.InstallUpgradeBundles(repoFile("packaging/upgradebundle-crd.yaml"))
+	reg := fixture.NewRegistry(t)
+	reg.PushImage(t, "my-company/my-workload", "v1")
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{Version: "4.13.8", PayloadImages: 3, ImageSize: 256 << 10, Seed: 41})
+	link := fixture.NewLink(t, reg, fixture.LinkOptions{Rate: 4 << 20})
+	_, servingCA := nodeIdentities(t, e)
+
+	// The liar: node-x's kubelet certificates, on the host, reached by
+	// every node at the same address; it counts what it is asked.
+	cert, key := servingCA.Serving(t, "node-x", "127.0.0.1")
+	serving := testca.KeyPair(t, cert, key)
+	clientCAs := testca.Pool(e.ClientCA)
+	liarTLS := &peer.NodeTLS{Serving: func() *tls.Certificate { return &serving }, ClientCAs: func() *x509.CertPool { return clientCAs }}
+	var puller atomic.Value // the node it says it is
+	puller.Store("")
+	var asked atomic.Int64
+	srv := peer.NewServer(peer.NewShelf(peer.ShelfOptions{}), peer.ServerOptions{TLS: liarTLS.ServerConfig(),
+		Status: func() peer.Status { return peer.Status{Node: puller.Load().(string), Phase: "loaded"} },
+		Pull:   http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { asked.Add(1); http.NotFound(w, r) })})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(t.Context(), ln)
+	liar := ln.Addr().String()
+	toLiar := forwardPort(t, ln.Addr().(*net.TCPAddr).Port)
+	f := registryFleet(t, e, link, 2, func(n *Node, cfg *agent.Config) {
+		toLiar(n)
+		cfg.Peer.Peers = append(cfg.Peer.Peers, liar)
+	})
+	first, other := f.nodes[0], f.nodes[1]
+	if other.Name < first.Name {
+		first, other = other, first
+	}
+	puller.Store(first.Name)
+	e.AddNode("node-x", "127.0.0.1")
+
+	// Held, the link lets the pull resolve, not fetch the layers: the
+	// other node follows it meanwhile.
+	link.Hold()
+	e.PatchBundleSpec("4.13.8-x86-64", map[string]any{"excludedNodes": []string{"node-x"},
+		"source": map[string]any{"release": release, "node": first.Name, "extraImages": []string{"quay.io/my-company/my-workload:v1"}}})
+	other.A.Wait(agentBound, other.Name+" following "+first.Name+"'s pull, with bytes from it", func(s agent.Status) bool {
+		return s.Pull != nil && s.Pull.From == first.Name && s.Pull.State == pull.StateFetching && s.Pull.Bytes > 0
+	})
+	link.Release()
+	digest := ""
+	for _, n := range f.nodes {
+		s := n.A.Wait(agentBound, n.Name+" loaded", func(s agent.Status) bool {
+			return s.Phase == string(agent.PhaseLoaded) || s.Phase == string(agent.PhaseClusterReady) || s.Phase == string(agent.PhaseUpgrading)
+		})
+		if digest == "" {
+			digest = string(s.Digest)
+		} else if string(s.Digest) != digest {
+			t.Fatalf("%s holds %s, another node %s", n.Name, s.Digest, digest)
+		}
+	}
+	if n := asked.Load(); n != 0 {
+		t.Fatalf("the liar was asked %d times for the pull", n)
+	}
+	for _, n := range f.nodes {
+		c, err := n.cluster(t)
+		p, ok := c.Peers[liar]
+		if err != nil || !ok || !strings.Contains(p.Unreachable, "its certificate names \"node-x\"") {
+			t.Errorf("%s's view of the liar: %+v (%v, %v), want its status refused for the node its certificate names", n.Name, p, ok, err)
+		}
+	}
 }
 
 // linkPort is the port link listens on (on the host's loopback).
