@@ -231,8 +231,12 @@ func (c *Client) checkAlwaysPull(ctx context.Context, p *cluster.Preflight, node
 	if containers > 0 {
 		slices.Sort(details)
 		p.Details = append(p.Details, details...)
-		p.Warnings = append(p.Warnings, fmt.Sprintf("%d containers on node %s pull with imagePullPolicy Always an image the bundle does not carry, and fail to start if restarted without a registry (which pods: journalctl -u ferry on that node): %s",
-			containers, node, listed(slices.Sorted(maps.Keys(imgs)))))
+		what := fmt.Sprintf("%d containers on node %s pull", containers, node)
+		if containers == 1 {
+			what = "1 container on node " + node + " pulls"
+		}
+		p.Warnings = append(p.Warnings, what+" with imagePullPolicy Always an image the bundle does not carry, which cannot start if restarted without a registry (which pods: journalctl -u ferry on that node): "+
+			listed(slices.Sorted(maps.Keys(imgs))))
 	}
 	return nil
 }
