@@ -156,6 +156,10 @@ func TestAgent_PreflightWarningsShowInTheStatusAndTheUpgradeBundle(t *testing.T)
 	tarPath, meta := releaseBundle(t)
 
 	a := nodeAgent(t, e, tarPath, nil)
+	waitUntil(t, "node-a's record for its peers, written by its agent", func() bool {
+		l, ok := e.Lease("node-a")
+		return ok && l["ferry.io/address"] == "127.0.0.1" && l["ferry.io/ready"] == "false" // no Ready condition
+	})
 	s := a.WaitPhase(bound, agent.PhaseExtracted)
 	want := []string{"machine config pool worker is paused", "ingress is degraded: 2 of 3 router replicas are unavailable", "1 container on node node-a pulls", "quay.io/my-company/front:latest"}
 	for _, w := range want {
