@@ -121,7 +121,8 @@ func addressesOfLeases(ls []lease) map[string]string {
 
 // readinessOfLeases is each node's readiness as its record says at now:
 // ready when it says so and was renewed within its duration; a record
-// that expired went not ready when it expired.
+// that expired is not ready since it expired (or since it said so, when
+// that was earlier).
 func readinessOfLeases(ls []lease, now time.Time) map[string]cluster.NodeReady {
 	out := map[string]cluster.NodeReady{}
 	for _, l := range ls {
@@ -132,8 +133,12 @@ func readinessOfLeases(ls []lease, now time.Time) map[string]cluster.NodeReady {
 		says := l.Metadata.Annotations[AnnotationReady] == "true"
 		expires := l.renewed().Add(time.Duration(l.Spec.LeaseDurationSeconds) * time.Second)
 		r := cluster.NodeReady{Ready: says, Since: since}
-		if says && !now.Before(expires) {
+		if !now.Before(expires) {
+			// Not ready since it expired, or since it said so before.
 			r = cluster.NodeReady{Ready: false, Since: expires}
+			if !says && since.Before(expires) {
+				r.Since = since
+			}
 		}
 		out[l.Metadata.Name] = r
 	}

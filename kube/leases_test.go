@@ -37,6 +37,8 @@ func TestLeases_ReadyOnlyWhileRenewedAndSaidSo(t *testing.T) {
 		leaseAt("node-a", "10.0.0.1", "true", now.Add(-time.Minute), 360),
 		leaseAt("node-b", "10.0.0.2", "false", now, 360),
 		leaseAt("node-c", "10.0.0.3", "true", now.Add(-7*time.Minute), 360),
+		leaseAt("node-d", "10.0.0.4", "false", now.Add(-time.Hour), 360),
+		leaseAt("node-e", "10.0.0.5", "false", now.Add(-4*time.Hour), 360),
 		forged,
 	}
 	got := readinessOfLeases(ls, now)
@@ -44,6 +46,8 @@ func TestLeases_ReadyOnlyWhileRenewedAndSaidSo(t *testing.T) {
 		"node-a": {Ready: true, Since: since},
 		"node-b": {Ready: false, Since: since},
 		"node-c": {Ready: false, Since: now.Add(-time.Minute)},
+		"node-d": {Ready: false, Since: since},                                 // said so before it expired
+		"node-e": {Ready: false, Since: now.Add(-4*time.Hour + 6*time.Minute)}, // expired before the time it says
 	}
 	if len(got) != len(want) {
 		t.Fatalf("readiness %v, want %v", got, want)
@@ -54,7 +58,7 @@ func TestLeases_ReadyOnlyWhileRenewedAndSaidSo(t *testing.T) {
 		}
 	}
 	addrs := addressesOfLeases(ls)
-	if len(addrs) != 3 || addrs["node-a"] != "10.0.0.1" || addrs["node-c"] != "10.0.0.3" {
+	if len(addrs) != 5 || addrs["node-a"] != "10.0.0.1" || addrs["node-c"] != "10.0.0.3" {
 		t.Errorf("addresses %v", addrs)
 	}
 }
