@@ -25,10 +25,12 @@ const (
 	AnnotationReadySince = "ferry.io/ready-since" // RFC3339: when that condition last changed
 
 	leaseSeconds = 360
-	// leaseRenew is how often an unchanged record is written again: well
-	// within leaseSeconds, so a running node never looks gone.
-	leaseRenew = 120 * time.Second
 )
+
+// leaseRenew is how often an unchanged record is written again: well
+// within leaseSeconds, so a running node never looks gone (a variable
+// for the tests).
+var leaseRenew = 120 * time.Second
 
 // microTime is the format of a Lease's times (metav1.MicroTime).
 const microTime = "2006-01-02T15:04:05.000000Z07:00"

@@ -204,3 +204,35 @@ func TestPreflight_OwnPodsOnlyAndNoTenantNamesInTheWarning(t *testing.T) {
 		t.Errorf("details %q", p.Details)
 	}
 }
+
+// TestKeepRecord_RenewsAnUnchangedRecord: with nothing changing, the
+// record is written again every leaseRenew, each renewal later.
+func TestKeepRecord_RenewsAnUnchangedRecord(t *testing.T) {
+	defer func(d time.Duration) { leaseRenew = d }(leaseRenew)
+	leaseRenew = 1100 * time.Millisecond
+	api := &leaseAPI{t: t, node: "node-a"}
+	srv := httptest.NewTLSServer(api)
+	defer srv.Close()
+	c := &Client{ep: endpoint{server: srv.URL}, tokens: &tokens{}, hc: srv.Client(), stream: srv.Client(), log: slog.New(slog.DiscardHandler), Attempts: 1}
+	f := c.Follow("node-a")
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { f.Run(ctx) })
+	wg.Go(func() { f.KeepRecord(ctx, "192.0.2.7") })
+	time.Sleep(3 * time.Second)
+	cancel()
+	wg.Wait()
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	if n := len(api.writes); n < 2 || n > 4 {
+		t.Fatalf("%d writes in 3 s renewing every 1.1 s, want 2 to 4", n)
+	}
+	for i, l := range api.writes {
+		if l.Metadata.Annotations[AnnotationAddress] != "192.0.2.7" {
+			t.Errorf("address %q, want the configured listen IP", l.Metadata.Annotations[AnnotationAddress])
+		}
+		if i > 0 && !l.renewed().After(api.writes[i-1].renewed()) {
+			t.Errorf("renewal %d at %s, not after %s", i, l.Spec.RenewTime, api.writes[i-1].Spec.RenewTime)
+		}
+	}
+}
