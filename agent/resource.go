@@ -245,11 +245,11 @@ func summarize(rep *bundleReport, view cluster.BundleView, self string, nodes []
 	if sum.Approved == "" || sum.Approved == string(bundle.ApprovalNone) {
 		sum.Approved = ApprovedWaiting
 	}
-	if w := disagree; w != "" {
+	if disagree != "" {
 		// Said loudly, where oc get shows it; the admission policy
 		// refuses a summary that names a digest some entry contradicts.
 		sum.Digest, sum.Approved = "", ApprovedDisagree
-		sum.Warnings = boundList(slices.Concat([]string{w}, sum.Warnings), maxSummaryWarnings)
+		sum.Warnings = boundList(slices.Concat([]string{disagree}, sum.Warnings), maxSummaryWarnings)
 	}
 	return sum
 }
