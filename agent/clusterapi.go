@@ -18,7 +18,9 @@ type ClusterAPI interface {
 	StartUpgrade(ctx context.Context, u cluster.Upgrade) error
 	// UpgradeStatus is how the cluster's upgrade to release stands.
 	UpgradeStatus(ctx context.Context, release string) (cluster.UpgradeStatus, error)
-	// NodeAddresses maps every Node's name to its InternalIP.
+	// NodeAddresses maps the name of every node with a record (its
+	// Lease; not a node without ferry, nor a deleted one) to its peer
+	// address.
 	NodeAddresses(ctx context.Context) (map[string]string, error)
 	// NodeUpdate is how the machine config operator stands with the Node
 	// named node.

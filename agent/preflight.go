@@ -40,6 +40,11 @@ func (a *Agent) preflight(ctx context.Context, r *Record) error {
 	for _, w := range p.Warnings {
 		a.log.Warn("preflight", "bundle", r.Name, "warning", w)
 	}
+	// Named here only: the warnings go into the cluster-scoped
+	// UpgradeBundle, these (a tenant's pods) stay in the node's journal.
+	for _, d := range p.Details {
+		a.log.Warn("preflight: a workload the bundle does not carry", "bundle", r.Name, "container", d)
+	}
 	// Posted before the job ends: the refusal (the job's end, posted
 	// after this returns) finds the warnings on the record.
 	a.post(evPreflight{id: r.ID, warnings: p.Warnings})

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"maps"
 	"net"
 	"reflect"
 	"slices"
@@ -104,9 +103,12 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 
 // summaryWriter is the node that writes a resource's summary: the first
 // by name of the nodes that have written their entry there (and this
-// one), leaving out those the gate leaves out and those whose Node is not
-// Ready. Every node picks alike from the same resource; when the writer
-// stops (its Node goes NotReady or is excluded) the next one takes over.
+// one), leaving out those the gate leaves out and those not ready. A
+// node is known by its record (ready holds only nodes with a Lease): an
+// entry of a name with none (a deleted Node, or a name someone made up)
+// never writes the summary. Every node picks alike from the same
+// resource; when the writer stops (it goes NotReady, is excluded or
+// deleted) the next one takes over.
 func summaryWriter(view cluster.BundleView, ready map[string]cluster.NodeReady, excluded map[string]string, self string) string {
 	writer := self
 	for n, e := range view.Nodes {
@@ -116,7 +118,7 @@ func summaryWriter(view cluster.BundleView, ready map[string]cluster.NodeReady, 
 		if _, out := excluded[n]; out {
 			continue
 		}
-		if r, known := ready[n]; known && !r.Ready {
+		if r, known := ready[n]; !known || !r.Ready {
 			continue
 		}
 		writer = n
@@ -197,7 +199,8 @@ func phaseRank(p string) int {
 
 // summarize fills the cluster's phase and nodes-ready count from every
 // node's entry (this one's as it is now), leaving out the excluded nodes;
-// nodes lists the cluster's Nodes (nil when unknown).
+// nodes lists the nodes with a record (nil when unknown): an entry of any
+// other name is no node's and is not counted.
 func summarize(rep *bundleReport, view cluster.BundleView, self string, nodes []string, excluded map[string]string) cluster.BundleSummary {
 	sum := rep.sum
 	entries := map[string]cluster.BundleNodeEntry{}
@@ -205,6 +208,16 @@ func summarize(rep *bundleReport, view cluster.BundleView, self string, nodes []
 		entries[n] = e
 	}
 	entries[self] = rep.entry
+	// Every entry's digest still counts for a disagreement: saying it
+	// loudly is safe, and the admission policy weighs every entry too.
+	disagree := disagreement(entries)
+	if nodes != nil {
+		for n := range entries {
+			if n != self && !slices.Contains(nodes, n) {
+				delete(entries, n)
+			}
+		}
+	}
 	for _, n := range nodes {
 		if _, ok := entries[n]; !ok {
 			entries[n] = cluster.BundleNodeEntry{Phase: string(PhaseIdle)}
@@ -232,11 +245,11 @@ func summarize(rep *bundleReport, view cluster.BundleView, self string, nodes []
 	if sum.Approved == "" || sum.Approved == string(bundle.ApprovalNone) {
 		sum.Approved = ApprovedWaiting
 	}
-	if w := disagreement(entries); w != "" {
+	if disagree != "" {
 		// Said loudly, where oc get shows it; the admission policy
 		// refuses a summary that names a digest some entry contradicts.
 		sum.Digest, sum.Approved = "", ApprovedDisagree
-		sum.Warnings = boundList(slices.Concat([]string{w}, sum.Warnings), maxSummaryWarnings)
+		sum.Warnings = boundList(slices.Concat([]string{disagree}, sum.Warnings), maxSummaryWarnings)
 	}
 	return sum
 }
@@ -342,9 +355,9 @@ func awaitChange(ctx context.Context, wait time.Duration, changes, followed <-ch
 	return true
 }
 
-// nodesRead is the cluster's Nodes' readiness as last listed: the Nodes
-// are not watched (every node would see every Node's every change), so a
-// sync lists them at most once a nodesEvery.
+// nodesRead is the nodes' readiness as their records (Leases) last said
+// it: a node without one (no ferry, or its Node deleted) is absent. Read
+// at most once a nodesEvery (a record expires by time, with no change).
 type nodesRead struct {
 	ready map[string]cluster.NodeReady
 	at    time.Time
@@ -413,7 +426,11 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *bundleRepor
 	var sum cluster.BundleSummary
 	var sump *cluster.BundleSummary
 	if summaryWriter(view, ready, excluded, a.cfg.NodeName) == a.cfg.NodeName {
-		sum = summarize(&rep2, view, a.cfg.NodeName, slices.Collect(maps.Keys(ready)), excluded)
+		known := make([]string, 0, len(ready)) // not nil: no record, no node
+		for n := range ready {
+			known = append(known, n)
+		}
+		sum = summarize(&rep2, view, a.cfg.NodeName, known, excluded)
 		sump = &sum
 	}
 	if written.name != rep.name || !reflect.DeepEqual(written.sum, sum) || !reflect.DeepEqual(written.entry, entry) {

@@ -112,6 +112,31 @@ func TestSummarize_UpgradedNodesCountAsReady(t *testing.T) {
 	}
 }
 
+// TestSummary_AnEntryWithNoRecordIsNoNode: an entry of a name with no
+// Lease (its Node deleted, or a name someone made up) neither writes the
+// summary nor counts as a node; the first by name of the nodes with a
+// record and an entry writes it.
+func TestSummary_AnEntryWithNoRecordIsNoNode(t *testing.T) {
+	const d = "sha256:aa"
+	loaded := cluster.BundleNodeEntry{Phase: string(PhaseLoaded), Digest: d}
+	view := cluster.BundleView{Nodes: map[string]cluster.BundleNodeEntry{"a-deleted": loaded, "b": loaded, "c": loaded}}
+	ready := map[string]cluster.NodeReady{"b": {Ready: true}, "c": {Ready: true}}
+	if w := summaryWriter(view, ready, nil, "c"); w != "b" {
+		t.Errorf("summary writer %q, want b (a-deleted has no record)", w)
+	}
+	if w := summaryWriter(view, map[string]cluster.NodeReady{}, nil, "c"); w != "c" {
+		t.Errorf("with no records, summary writer %q, want c itself", w)
+	}
+	rep := &bundleReport{entry: loaded}
+	if sum := summarize(rep, view, "c", []string{"b", "c"}, nil); sum.NodesReady != "2/2" {
+		t.Errorf("nodes ready %q, want 2/2 (a-deleted is no node)", sum.NodesReady)
+	}
+	view.Nodes["a-deleted"] = cluster.BundleNodeEntry{Phase: string(PhaseLoaded), Digest: "sha256:bb"}
+	if sum := summarize(rep, view, "c", []string{"b", "c"}, nil); sum.Approved != ApprovedDisagree {
+		t.Errorf("a recordless entry's other digest is still said loudly: %+v", sum)
+	}
+}
+
 func TestSummarize_FitsTheCRDsBounds(t *testing.T) {
 	rep := &bundleReport{sum: cluster.BundleSummary{Warnings: boundList(slices.Repeat([]string{strings.Repeat("w", 4096)}, 40), maxSummaryWarnings)}}
 	excluded := map[string]string{}

@@ -61,11 +61,13 @@ type NodeUpdate struct {
 // Preflight is what the cluster says of an upgrade to one bundle before
 // anything is spread over the nodes: Refusals stop it (the version
 // operator would refuse it too, hours later), Warnings are shown and do
-// not block.
+// not block. Details name what the warnings count (a tenant's pods): they
+// stay on the node, out of anything cluster-scoped.
 type Preflight struct {
 	Current  string // the cluster's version now ("" when unknown)
 	Refusals []string
 	Warnings []string
+	Details  []string
 }
 
 // NodeReady is a Node's Ready condition and since when it holds (a Node

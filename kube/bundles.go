@@ -232,27 +232,6 @@ func (c *Client) BundleEvent(ctx context.Context, name, uid, node, eventType, re
 	return nil
 }
 
-// NodeReadiness returns every Node's Ready condition, by node name (a
-// Node without one is not ready, since its creation).
-func (c *Client) NodeReadiness(ctx context.Context) (map[string]cluster.NodeReady, error) {
-	nodes, err := c.listNodes(ctx)
-	return readinessOf(nodes), err
-}
-
-func readinessOf(nodes []node) map[string]cluster.NodeReady {
-	out := map[string]cluster.NodeReady{}
-	for _, n := range nodes {
-		r := cluster.NodeReady{Since: n.Metadata.CreationTimestamp}
-		for _, cond := range n.Status.Conditions {
-			if cond.Type == "Ready" {
-				r = cluster.NodeReady{Ready: cond.Status == "True", Since: cond.LastTransitionTime}
-			}
-		}
-		out[n.Metadata.Name] = r
-	}
-	return out
-}
-
 // ApprovedDigests is every UpgradeBundle's spec.approvedDigest (none
 // without the CRD).
 func (c *Client) ApprovedDigests(ctx context.Context) ([]string, error) {

@@ -12,8 +12,9 @@ import (
 )
 
 // Follower keeps, with watches (watch.go), what one node's agent follows
-// in the cluster: the Nodes (its own, the peers' addresses, every Node's
-// readiness), ClusterVersion "version" and the UpgradeBundles. Its reads answer from that copy, with
+// in the cluster: its own Node, the nodes' records (Leases in
+// openshift-ferry: the peers' addresses and readiness, leases.go),
+// ClusterVersion "version" and the UpgradeBundles. Its reads answer from that copy, with
 // no request, once the first list came back (before that, and while a
 // watch is refused, they ask the API as Client's do); Changes wakes
 // whoever reads them at each change.
@@ -21,7 +22,8 @@ type Follower struct {
 	c       *Client
 	node    string
 	changed Signal
-	nodes   *Informer
+	nodes   *Informer // this node's own Node only
+	leases  *Informer
 	version *Informer
 	bundles *Informer
 
@@ -38,11 +40,11 @@ const poolsFor = 30 * time.Second
 // Follow makes a Follower for the agent on node; Run runs it.
 func (c *Client) Follow(node string) *Follower {
 	f := &Follower{c: c, node: node}
-	// Every Node, not only this one: the peers' addresses and the gate's
-	// readiness come from the copy, with no list every half minute. A
-	// kubelet writes its Node's status when it changes (or every few
-	// minutes), so each agent hears of a few changes a minute.
-	f.nodes = c.Inform("/api/v1/nodes", "", &f.changed)
+	// Its own Node only: a kubelet's credential may read no other
+	// (AuthorizeNodeWithSelectors). The peers' addresses and readiness
+	// come from their records, renewed every leaseRenew.
+	f.nodes = c.Inform("/api/v1/nodes", "metadata.name="+node, &f.changed)
+	f.leases = c.Inform(leasesPath, "", &f.changed)
 	f.version = c.Inform("/apis/config.openshift.io/v1/clusterversions", "metadata.name=version", &f.changed)
 	f.bundles = c.Inform(bundlesPath, "", &f.changed)
 	return f
@@ -51,7 +53,7 @@ func (c *Client) Follow(node string) *Follower {
 // Run follows until ctx ends.
 func (f *Follower) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	for _, i := range []*Informer{f.nodes, f.version, f.bundles} {
+	for _, i := range []*Informer{f.nodes, f.leases, f.version, f.bundles} {
 		wg.Add(1)
 		go func() { defer wg.Done(); i.Run(ctx) }()
 	}
@@ -138,24 +140,29 @@ func (f *Follower) UpgradeStatus(ctx context.Context, release string) (cluster.U
 
 // NodeAddresses is Client.NodeAddresses, from the copy.
 func (f *Follower) NodeAddresses(ctx context.Context) (map[string]string, error) {
-	nodes, err := f.nodeList()
-	if nodes == nil && err == nil {
+	ls, err := f.leaseList()
+	if ls == nil && err == nil {
 		return f.c.NodeAddresses(ctx)
 	}
-	return addressesOf(nodes), err
+	return addressesOfLeases(ls), err
 }
 
 // NodeReadiness is Client.NodeReadiness, from the copy.
 func (f *Follower) NodeReadiness(ctx context.Context) (map[string]cluster.NodeReady, error) {
-	nodes, err := f.nodeList()
-	if nodes == nil && err == nil {
+	ls, err := f.leaseList()
+	if ls == nil && err == nil {
 		return f.c.NodeReadiness(ctx)
 	}
-	return readinessOf(nodes), err
+	return readinessOfLeases(ls, time.Now()), err
 }
 
-// nodeList is every Node of the copy; nil, nil before the watch synced.
-func (f *Follower) nodeList() ([]node, error) { return decodeAll[node](f.nodes, "nodes") }
+// leaseList is every record of the copy; nil, nil before the watch synced.
+func (f *Follower) leaseList() ([]lease, error) { return decodeAll[lease](f.leases, "nodes' records") }
+
+// Preflight is Client.Preflight on this node's own pods.
+func (f *Follower) Preflight(ctx context.Context, target string, images []string) (cluster.Preflight, error) {
+	return f.c.Preflight(ctx, f.node, target, images)
+}
 
 // MachineConfigState is Client.MachineConfigState, the Node from the
 // copy (for the follower's own node) and the pools as read in the last

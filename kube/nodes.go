@@ -28,44 +28,31 @@ func (c *Client) Annotate(ctx context.Context, node string, annotations, labels 
 	return c.do(ctx, "PATCH", "/api/v1/nodes/"+url.PathEscape(node), mergePatch, patch, nil)
 }
 
-// NodeAnnotations returns the annotations of every Node, by node name.
-func (c *Client) NodeAnnotations(ctx context.Context) (map[string]map[string]string, error) {
-	nodes, err := c.listNodes(ctx)
-	if err != nil {
+// NodeAnnotations returns the annotations of the Node named node (a
+// kubelet's credential reads no other Node).
+func (c *Client) NodeAnnotations(ctx context.Context, name string) (map[string]string, error) {
+	var n node
+	if err := c.do(ctx, "GET", "/api/v1/nodes/"+url.PathEscape(name), "", nil, &n); err != nil {
 		return nil, err
 	}
-	out := map[string]map[string]string{}
-	for _, n := range nodes {
-		out[n.Metadata.Name] = n.Metadata.Annotations
-	}
-	return out, nil
+	return n.Metadata.Annotations, nil
 }
 
-// NodeAddresses maps every Node's name to its InternalIP ("" when it has
-// none).
-func (c *Client) NodeAddresses(ctx context.Context) (map[string]string, error) {
-	nodes, err := c.listNodes(ctx)
-	return addressesOf(nodes), err
-}
-
-func addressesOf(nodes []node) map[string]string {
-	out := map[string]string{}
-	for _, n := range nodes {
-		out[n.Metadata.Name] = ""
-		for _, a := range n.Status.Addresses {
-			if a.Type == "InternalIP" {
-				out[n.Metadata.Name] = a.Address
-				break
-			}
+// internalIP is n's first InternalIP ("" when it has none).
+func internalIP(n *node) string {
+	for _, a := range n.Status.Addresses {
+		if a.Type == "InternalIP" {
+			return a.Address
 		}
 	}
-	return out
+	return ""
 }
 
 // node is what ferry reads of a Node besides the MCO's state.
 type node struct {
 	Metadata struct {
 		Name              string            `json:"name"`
+		UID               string            `json:"uid"`
 		Annotations       map[string]string `json:"annotations"`
 		CreationTimestamp time.Time         `json:"creationTimestamp"`
 	} `json:"metadata"`
@@ -80,14 +67,4 @@ type node struct {
 			LastTransitionTime time.Time `json:"lastTransitionTime"`
 		} `json:"conditions"`
 	} `json:"status"`
-}
-
-func (c *Client) listNodes(ctx context.Context) ([]node, error) {
-	var list struct {
-		Items []node `json:"items"`
-	}
-	if err := c.do(ctx, "GET", "/api/v1/nodes", "", nil, &list); err != nil {
-		return nil, err
-	}
-	return list.Items, nil
 }

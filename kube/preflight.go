@@ -3,6 +3,8 @@ package kube
 import (
 	"context"
 	"fmt"
+	"maps"
+	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -23,12 +25,12 @@ const (
 // downgrade, the same version and a skipped minor are refused; a minor
 // update is refused while Upgradeable=False or an admin-ack the cluster
 // requires is not given) and warns of paused pools, degraded or
-// unavailable cluster operators, and workloads that pull, with
+// unavailable cluster operators, and workloads on node that pull, with
 // imagePullPolicy Always, images the bundle does not carry. A resource a
 // cluster lacks (no MCO, no ClusterOperator CRD) is skipped. images are
 // every reference the bundle holds (name[:tag]@sha256:…), the release
 // included.
-func (c *Client) Preflight(ctx context.Context, target string, images []string) (cluster.Preflight, error) {
+func (c *Client) Preflight(ctx context.Context, node, target string, images []string) (cluster.Preflight, error) {
 	var p cluster.Preflight
 	cv, err := c.clusterVersion(ctx)
 	if err != nil {
@@ -44,7 +46,7 @@ func (c *Client) Preflight(ctx context.Context, target string, images []string) 
 	if err := c.checkOperators(ctx, &p); err != nil {
 		return p, err
 	}
-	if err := c.checkAlwaysPull(ctx, &p, images); err != nil {
+	if err := c.checkAlwaysPull(ctx, &p, node, images); err != nil {
 		return p, err
 	}
 	return p, nil
@@ -183,11 +185,14 @@ func (c *Client) checkOperators(ctx context.Context, p *cluster.Preflight) error
 	return nil
 }
 
-// checkAlwaysPull warns of the containers that pull with
+// checkAlwaysPull warns of the containers on node that pull with
 // imagePullPolicy Always an image the bundle does not carry: with no
 // registry reachable, they fail to start wherever they are restarted
-// during the upgrade.
-func (c *Client) checkAlwaysPull(ctx context.Context, p *cluster.Preflight, images []string) error {
+// during the upgrade. A kubelet's credential lists only its own node's
+// pods; and since the warning goes into the cluster-scoped UpgradeBundle,
+// it names images and counts, never a tenant's namespace or pod (those
+// are in Preflight.Details, for the node's own journal).
+func (c *Client) checkAlwaysPull(ctx context.Context, p *cluster.Preflight, node string, images []string) error {
 	carried := map[string]bool{}
 	for _, ref := range images {
 		name, rest, _ := strings.Cut(ref, "@")
@@ -208,20 +213,30 @@ func (c *Client) checkAlwaysPull(ctx context.Context, p *cluster.Preflight, imag
 			} `json:"spec"`
 		} `json:"items"`
 	}
-	if err := c.do(ctx, "GET", "/api/v1/pods", "", nil, &list); err != nil {
-		return fmt.Errorf("listing the pods: %w", err)
+	q := url.Values{"fieldSelector": {"spec.nodeName=" + node}}
+	if err := c.do(ctx, "GET", "/api/v1/pods?"+q.Encode(), "", nil, &list); err != nil {
+		return fmt.Errorf("listing the pods of node %s: %w", node, err)
 	}
-	var always []string
+	containers, imgs := 0, map[string]bool{}
+	var details []string
 	for _, pod := range list.Items {
 		for _, ct := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
 			if ct.ImagePullPolicy == "Always" && !carried[ct.Image] {
-				always = append(always, fmt.Sprintf("%s/%s/%s (%s)", pod.Metadata.Namespace, pod.Metadata.Name, ct.Name, ct.Image))
+				containers++
+				imgs[ct.Image] = true
+				details = append(details, fmt.Sprintf("%s/%s/%s (%s)", pod.Metadata.Namespace, pod.Metadata.Name, ct.Name, ct.Image))
 			}
 		}
 	}
-	if len(always) > 0 {
-		slices.Sort(always)
-		p.Warnings = append(p.Warnings, "workloads pull with imagePullPolicy Always an image the bundle does not carry, and fail to start if restarted without a registry: "+listed(always))
+	if containers > 0 {
+		slices.Sort(details)
+		p.Details = append(p.Details, details...)
+		what := fmt.Sprintf("%d containers on node %s pull", containers, node)
+		if containers == 1 {
+			what = "1 container on node " + node + " pulls"
+		}
+		p.Warnings = append(p.Warnings, what+" with imagePullPolicy Always an image the bundle does not carry, which cannot start if restarted without a registry (which pods: journalctl -u ferry on that node): "+
+			listed(slices.Sorted(maps.Keys(imgs))))
 	}
 	return nil
 }

@@ -68,7 +68,7 @@ func TestPreflight_VersionRules(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cl := fakeAPI(t, map[string]any{clusterVersionPath: cvAt(c.at, c.conds...), "/api/v1/pods": map[string]any{"items": []any{}}})
-			p, err := cl.Preflight(t.Context(), c.to, nil)
+			p, err := cl.Preflight(t.Context(), "node-a", c.to, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -90,7 +90,7 @@ func TestPreflight_AdminAcksOfTheCurrentMinorAreRequired(t *testing.T) {
 		adminAcksPath:  map[string]any{"data": map[string]string{}},
 		"/api/v1/pods": map[string]any{"items": []any{}},
 	}
-	p, err := fakeAPI(t, objs).Preflight(t.Context(), "4.21.0", nil)
+	p, err := fakeAPI(t, objs).Preflight(t.Context(), "node-a", "4.21.0", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestPreflight_AdminAcksOfTheCurrentMinorAreRequired(t *testing.T) {
 		t.Fatalf("refusals %q", p.Refusals)
 	}
 	objs[adminAcksPath] = map[string]any{"data": map[string]string{"ack-4.20-kube-1.34-api-removals-in-4.21": "true"}}
-	if p, err = fakeAPI(t, objs).Preflight(t.Context(), "4.21.0", nil); err != nil || len(p.Refusals) != 0 {
+	if p, err = fakeAPI(t, objs).Preflight(t.Context(), "node-a", "4.21.0", nil); err != nil || len(p.Refusals) != 0 {
 		t.Fatalf("acknowledged: %q %v", p.Refusals, err)
 	}
 }

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"log/slog"
+	"net"
 	"os"
+	"sync"
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/cluster"
@@ -48,6 +50,10 @@ func (k clusterAPI) NodeReadiness(ctx context.Context) (map[string]cluster.NodeR
 	return k.f.NodeReadiness(ctx)
 }
 
+func (k clusterAPI) Preflight(ctx context.Context, version string, images []string) (cluster.Preflight, error) {
+	return k.f.Preflight(ctx, version, images)
+}
+
 // PublishBundle writes the summary with node's entry when this node is
 // the summary's writer (sum not nil), else the entry alone.
 func (k clusterAPI) PublishBundle(ctx context.Context, name string, sum *cluster.BundleSummary, node string, e cluster.BundleNodeEntry) error {
@@ -60,7 +66,8 @@ func (k clusterAPI) PublishBundle(ctx context.Context, name string, sum *cluster
 // newClusterAPI is the Kubernetes API when a kubeconfig is configured: the
 // agent's ClusterAPI, what it must warn of, and the job that follows the
 // cluster's objects and keeps ferry's token fresh (nil, nil, nil without a
-// kubeconfig). With the kubelet's credential, the node is the one its
+// kubeconfig), and that writes this node's record for its peers (its
+// Lease). With the kubelet's credential, the node is the one its
 // certificate names (cfg.NodeName is set to it).
 func newClusterAPI(cfg *agent.Config, log *slog.Logger) (agent.ClusterAPI, []string, func(context.Context) error, error) {
 	if cfg.Cluster.Kubeconfig == "" {
@@ -81,13 +88,24 @@ func newClusterAPI(cfg *agent.Config, log *slog.Logger) (agent.ClusterAPI, []str
 	}
 	f := c.Follow(cfg.NodeName)
 	run := func(ctx context.Context) error {
-		done := make(chan struct{})
-		go func() { defer close(done); f.Run(ctx) }()
+		var wg sync.WaitGroup
+		wg.Go(func() { f.Run(ctx) })
+		wg.Go(func() { f.KeepRecord(ctx, listenIP(cfg.Peer.Listen)) })
 		err := c.KeepTokenFresh(ctx)
-		<-done
+		wg.Wait()
 		return err
 	}
 	return clusterAPI{c, f}, warnings, run, nil
+}
+
+// listenIP is the host of the peer listen address when it names one IP
+// (the peers reach the node there), else "" (its InternalIP then).
+func listenIP(listen string) string {
+	host, _, err := net.SplitHostPort(listen)
+	if ip := net.ParseIP(host); err == nil && ip != nil && !ip.IsUnspecified() {
+		return host
+	}
+	return ""
 }
 
 // nodeFromIdentity names the node after the kubelet certificate ferry acts
@@ -108,13 +126,21 @@ func nodeFromIdentity(cfg *agent.Config, c *kube.Client, log *slog.Logger) error
 	return nil
 }
 
-// nodeAnnotations reads every Node's ferry.io annotations, by node name,
-// and the API server they come from.
+// nodeAnnotations reads this node's ferry.io annotations, by node name,
+// and the API server they come from: a kubelet's credential reads no
+// other Node (the peers' own words come from the peers).
 func nodeAnnotations(ctx context.Context, cfg agent.Config) (string, map[string]map[string]string, error) {
 	c, err := kube.New(cfg.Cluster.Kubeconfig, nil)
 	if err != nil {
 		return "", nil, err
 	}
-	nodes, err := c.NodeAnnotations(ctx)
-	return c.Server(), nodes, err
+	name := cfg.NodeName
+	if n, ok := c.NodeIdentity(); ok {
+		name = n
+	}
+	a, err := c.NodeAnnotations(ctx, name)
+	if err != nil {
+		return c.Server(), nil, err
+	}
+	return c.Server(), map[string]map[string]string{name: a}, nil
 }

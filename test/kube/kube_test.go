@@ -59,9 +59,11 @@ func TestClient_TheUpgradeLoopWithOnlyFerrysRBAC(t *testing.T) {
 	if ann["ferry.io/phase"] != "cluster-ready" || ann["ferry.io/reason"] != "" {
 		t.Fatalf("annotations %v", ann)
 	}
+	// The peers come from the nodes' records (lease_test.go): a Node
+	// whose ferry wrote none is no peer.
 	addrs, err := c.NodeAddresses(ctx)
-	if err != nil || addrs["node-a"] != "10.0.0.1" || addrs["node-b"] != "10.0.0.2" {
-		t.Fatalf("node addresses %v, %v", addrs, err)
+	if err != nil || len(addrs) != 0 {
+		t.Fatalf("node addresses with no records: %v, %v", addrs, err)
 	}
 
 	// Not asked yet.

@@ -256,7 +256,7 @@ func TestPolicy_ANodeRenewsItsOwnTokenAndNoOneElses(t *testing.T) {
 	}
 	waitUntil(t, "node-a's token refused once its Node is gone", func() bool {
 		var a2 struct{}
-		err := a.Raw(ctx, "GET", "/api/v1/nodes", "", nil, &a2)
+		err := a.Raw(ctx, "GET", "/api/v1/nodes/node-a", "", nil, &a2)
 		var ae *kube.APIError
 		return errors.As(err, &ae) && ae.Code == 401
 	})

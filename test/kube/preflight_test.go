@@ -26,12 +26,13 @@ func TestClient_PreflightWithOnlyFerrysRBAC(t *testing.T) {
 	e.SetClusterOperator("etcd", kubeenv.Condition{Type: "Available", Status: "True", Reason: "AsExpected"})
 	e.SetClusterOperator("ingress", kubeenv.Condition{Type: "Degraded", Status: "True", Reason: "IngressDegraded", Message: "2 of 3 router replicas are unavailable"})
 	const carried = "quay.io/my-company/app:v1@sha256:3333333333333333333333333333333333333333333333333333333333333333"
-	e.CreatePod("shop", "front", "quay.io/my-company/front:latest", "Always")
-	e.CreatePod("shop", "app", "quay.io/my-company/app:v1", "Always")
-	e.CreatePod("shop", "cache", "quay.io/my-company/cache:v2", "IfNotPresent")
+	e.CreatePod("shop", "front", "node-a", "quay.io/my-company/front:latest", "Always")
+	e.CreatePod("shop", "app", "node-a", "quay.io/my-company/app:v1", "Always")
+	e.CreatePod("shop", "cache", "node-a", "quay.io/my-company/cache:v2", "IfNotPresent")
+	e.CreatePod("elsewhere", "other", "node-b", "quay.io/other/tenant:v1", "Always")
 
 	// A z-stream update (4.13.6 → 4.13.7): no refusal, three warnings.
-	p, err := c.Preflight(ctx, "4.13.7", []string{next, carried})
+	p, err := c.Preflight(ctx, "node-a", "4.13.7", []string{next, carried})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,15 +41,20 @@ func TestClient_PreflightWithOnlyFerrysRBAC(t *testing.T) {
 	}
 	warnings := strings.Join(p.Warnings, "\n")
 	for _, want := range []string{"machine config pool worker is paused", "ingress is degraded: 2 of 3 router replicas are unavailable",
-		"shop/front/main (quay.io/my-company/front:latest)"} {
+		"1 container on node node-a pulls", "quay.io/my-company/front:latest"} {
 		if !strings.Contains(warnings, want) {
 			t.Errorf("warnings lack %q:\n%s", want, warnings)
 		}
 	}
-	for _, not := range []string{"etcd", "shop/app/", "shop/cache/"} {
+	// The warnings go into the cluster-scoped UpgradeBundle: no tenant's
+	// namespace or pod, and only this node's pods.
+	for _, not := range []string{"etcd", "shop", "front/main", "app:v1", "cache", "elsewhere", "quay.io/other"} {
 		if strings.Contains(warnings, not) {
 			t.Errorf("warnings name %q:\n%s", not, warnings)
 		}
+	}
+	if d := strings.Join(p.Details, "\n"); d != "shop/front/main (quay.io/my-company/front:latest)" {
+		t.Errorf("details %q, want only this node's pod", d)
 	}
 
 	// A minor update while the operator says Upgradeable=False, and an
@@ -56,7 +62,7 @@ func TestClient_PreflightWithOnlyFerrysRBAC(t *testing.T) {
 	e.SetConditions(kubeenv.Condition{Type: "Upgradeable", Status: "False", Reason: "AdminAckRequired", Message: "Kubernetes 1.27 removes APIs in use"})
 	e.SetConfigMap("openshift-config-managed", "admin-gates", map[string]string{"ack-4.13-kube-1.27-api-removals-in-4.14": "Kubernetes 1.27 removes v1beta1 APIs"})
 	e.SetConfigMap("openshift-config", "admin-acks", map[string]string{})
-	p, err = c.Preflight(ctx, "4.14.1", []string{next})
+	p, err = c.Preflight(ctx, "node-a", "4.14.1", []string{next})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,13 +71,13 @@ func TestClient_PreflightWithOnlyFerrysRBAC(t *testing.T) {
 		t.Fatalf("refusals:\n%s", refusals)
 	}
 	// The refusal does not hide what was found beside it.
-	if warnings := strings.Join(p.Warnings, "\n"); !strings.Contains(warnings, "shop/front/main (quay.io/my-company/front:latest)") ||
+	if warnings := strings.Join(p.Warnings, "\n"); !strings.Contains(warnings, "quay.io/my-company/front:latest") ||
 		!strings.Contains(warnings, "machine config pool worker is paused") {
 		t.Errorf("a refused preflight's warnings:\n%s", warnings)
 	}
 	// A downgrade and a skipped minor.
 	for v, want := range map[string]string{"4.13.2": "does not downgrade", "4.15.0": "update to 4.14 first"} {
-		if p, err := c.Preflight(ctx, v, nil); err != nil || !strings.Contains(strings.Join(p.Refusals, " "), want) {
+		if p, err := c.Preflight(ctx, "node-a", v, nil); err != nil || !strings.Contains(strings.Join(p.Refusals, " "), want) {
 			t.Errorf("%s: %+v %v, want %q", v, p, err, want)
 		}
 	}
@@ -91,8 +97,8 @@ func TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake(t *testing.T) {
 	e.SetHistory(kubeenv.History{State: "Completed", Image: current, Version: "4.12.9"})
 	e.SetConditions(kubeenv.Condition{Type: "Upgradeable", Status: "False", Reason: "ClusterOperatorsNotUpgradeable",
 		Message: "Cluster operator storage should not be upgraded between minor versions: the vSphere CSI driver needs a newer vCenter"})
-	e.CreatePod("shop", "front", "quay.io/my-company/front:latest", "Always")
-	const alwaysPull = "shop/front/main (quay.io/my-company/front:latest)"
+	e.CreatePod("shop", "front", "node-a", "quay.io/my-company/front:latest", "Always")
+	const alwaysPull = "quay.io/my-company/front:latest"
 	tarPath, meta := releaseBundle(t)
 
 	a := nodeAgent(t, e, "", nil)
@@ -124,6 +130,12 @@ func TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake(t *testing.T) {
 		ws, _ := st["warnings"].([]any)
 		return strings.Contains(fmt.Sprint(ws...), alwaysPull)
 	})
+	if b := fmt.Sprint(e.Bundle(name)); strings.Contains(b, "shop/front") {
+		t.Errorf("the UpgradeBundle names a tenant's pod: %s", b)
+	}
+	if !strings.Contains(a.Logs(), "shop/front/main (quay.io/my-company/front:latest)") {
+		t.Errorf("the node's journal does not name the pod")
+	}
 }
 
 // TestAgent_PreflightWarningsShowInTheStatusAndTheUpgradeBundle: a z-stream
@@ -140,12 +152,16 @@ func TestAgent_PreflightWarningsShowInTheStatusAndTheUpgradeBundle(t *testing.T)
 	e.InstallClusterOperators()
 	e.SetPool(kubeenv.MachineConfigPool{Name: "worker", NodeSelector: map[string]string{workerRole: ""}, Paused: true, Target: oldConfig, Current: oldConfig})
 	e.SetClusterOperator("ingress", kubeenv.Condition{Type: "Degraded", Status: "True", Reason: "IngressDegraded", Message: "2 of 3 router replicas are unavailable"})
-	e.CreatePod("shop", "front", "quay.io/my-company/front:latest", "Always")
+	e.CreatePod("shop", "front", "node-a", "quay.io/my-company/front:latest", "Always")
 	tarPath, meta := releaseBundle(t)
 
 	a := nodeAgent(t, e, tarPath, nil)
+	waitUntil(t, "node-a's record for its peers, written by its agent", func() bool {
+		l, ok := e.Lease("node-a")
+		return ok && l["ferry.io/address"] == "127.0.0.1" && l["ferry.io/ready"] == "false" // no Ready condition
+	})
 	s := a.WaitPhase(bound, agent.PhaseExtracted)
-	want := []string{"machine config pool worker is paused", "ingress is degraded: 2 of 3 router replicas are unavailable", "shop/front/main (quay.io/my-company/front:latest)"}
+	want := []string{"machine config pool worker is paused", "ingress is degraded: 2 of 3 router replicas are unavailable", "1 container on node node-a pulls", "quay.io/my-company/front:latest"}
 	for _, w := range want {
 		if !strings.Contains(strings.Join(s.Preflight, "\n"), w) {
 			t.Errorf("the node's status lacks %q: %q", w, s.Preflight)

@@ -120,3 +120,37 @@ func (e *Env) SetNodeReady(node string, ready bool, since time.Time) {
 		"reason": "KubeletReady", "lastTransitionTime": since.UTC().Format(time.RFC3339), "lastHeartbeatTime": since.UTC().Format(time.RFC3339)}}}}
 	must(e.t, e.Admin.Raw(context.Background(), "PATCH", "/api/v1/nodes/"+node+"/status", "application/strategic-merge-patch+json", patch, nil))
 }
+
+const leasesPath = "/apis/coordination.k8s.io/v1/namespaces/openshift-ferry/leases/"
+
+// Lease is the annotations of node's record for its peers (its Lease,
+// which its ferry writes); found is false while it has none.
+func (e *Env) Lease(node string) (annotations map[string]string, found bool) {
+	e.t.Helper()
+	var l struct {
+		Metadata struct {
+			Annotations map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	err := e.Admin.Raw(context.Background(), "GET", leasesPath+node, "", nil, &l)
+	if kube.IsNotFound(err) {
+		return nil, false
+	}
+	must(e.t, err)
+	return l.Metadata.Annotations, true
+}
+
+// ExpireLease plays the time for a node whose ferry is down: its record
+// was last renewed so long ago that it expired at at.
+func (e *Env) ExpireLease(node string, at time.Time) {
+	e.t.Helper()
+	var l struct {
+		Spec struct {
+			LeaseDurationSeconds int `json:"leaseDurationSeconds"`
+		} `json:"spec"`
+	}
+	must(e.t, e.Admin.Raw(context.Background(), "GET", leasesPath+node, "", nil, &l))
+	renewed := at.Add(-time.Duration(l.Spec.LeaseDurationSeconds) * time.Second).UTC().Format("2006-01-02T15:04:05.000000Z07:00")
+	patch := map[string]any{"spec": map[string]any{"renewTime": renewed}}
+	must(e.t, e.Admin.Raw(context.Background(), "PATCH", leasesPath+node, "application/merge-patch+json", patch, nil))
+}

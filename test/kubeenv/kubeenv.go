@@ -112,6 +112,9 @@ func (e *Env) StartAPIServer() {
 		// NodeRestriction is left out, so that ferry's own policies are
 		// what refuses a node writing another's Node.
 		"--authorization-mode=Node,RBAC", "--service-account-issuer=https://kubernetes.default.svc",
+		// As OpenShift: only who may delete an object sets its owners
+		// (ferry's Leases, owned by their Nodes).
+		"--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
 		"--service-account-key-file="+filepath.Join(e.Dir, "sa.pub"),
 		"--service-account-signing-key-file="+filepath.Join(e.Dir, "sa.key"),
 		"--service-cluster-ip-range=10.96.0.0/24")
@@ -319,6 +322,12 @@ func (e *Env) InstallFerry() {
 				"metadata": map[string]any{"name": "ferry-probe"}, "involvedObject": map[string]any{"kind": "UpgradeBundle", "name": "ferry-probe"}, "reason": "Probe", "message": "probe"}, nil)
 		}, func() {
 			e.Admin.Raw(ctx, "DELETE", "/api/v1/namespaces/default/events/ferry-probe", "", nil, nil)
+		}},
+		{"ferry-lease", func() error {
+			return c.Raw(ctx, "POST", "/apis/coordination.k8s.io/v1/namespaces/openshift-ferry/leases", "application/json", map[string]any{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+				"metadata": map[string]any{"name": "ferry-probe"}, "spec": map[string]any{"holderIdentity": "ferry-probe"}}, nil)
+		}, func() {
+			e.Admin.Raw(ctx, "DELETE", "/apis/coordination.k8s.io/v1/namespaces/openshift-ferry/leases/ferry-probe", "", nil, nil)
 		}},
 		{"ferry-token", func() error {
 			return c.Raw(ctx, "POST", "/api/v1/namespaces/openshift-ferry/serviceaccounts/ferry/token", "application/json", map[string]any{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": map[string]any{}}, nil)

@@ -59,13 +59,13 @@ func (e *Env) SetConfigMap(ns, name string, data map[string]string) {
 	must(e.t, err)
 }
 
-// CreatePod creates a pod of one container (no kubelet runs it), in a
-// namespace made for it.
-func (e *Env) CreatePod(ns, name, image, pullPolicy string) {
+// CreatePod creates a pod of one container on node (no kubelet runs it),
+// in a namespace made for it.
+func (e *Env) CreatePod(ns, name, node, image, pullPolicy string) {
 	e.t.Helper()
 	e.Create("/api/v1/namespaces", map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": ns}})
 	e.Create("/api/v1/namespaces/"+ns+"/serviceaccounts", map[string]any{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": map[string]any{"name": "default"}})
 	e.Create("/api/v1/namespaces/"+ns+"/pods", map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": name},
-		"spec": map[string]any{"automountServiceAccountToken": false,
+		"spec": map[string]any{"automountServiceAccountToken": false, "nodeName": node,
 			"containers": []any{map[string]any{"name": "main", "image": image, "imagePullPolicy": pullPolicy}}}})
 }

@@ -85,10 +85,13 @@ func TestAgents_TheUpgradeBundleRunsTheClusterFromTheAPI(t *testing.T) {
 		t.Fatal("the upgrade was asked for while C was neither loaded nor excluded")
 	}
 
-	// C's Node has been NotReady for an hour; the administrator's
+	// C's Node has been NotReady for an hour, and its record, with its
+	// ferry down, not renewed (the peers read readiness from the
+	// records: a kubelet reads no other Node); the administrator's
 	// notReadyTimeout leaves it out: A and B load, the gate opens, the
 	// upgrade starts, and the resource says why C is left out.
 	e.SetNodeReady(c.Name, false, time.Now().Add(-time.Hour))
+	e.ExpireLease(c.Name, time.Now().Add(-time.Hour))
 	for _, n := range []*anode{a, b} {
 		e.SetNodeReady(n.Name, true, time.Now())
 	}
@@ -215,6 +218,11 @@ func bundleFleet(t *testing.T) (e *kubeenv.Env, f *fleet, tarPath string, meta *
 		api(n, cfg)
 		cfg.Approval = "required"
 	}})
+	// Every node's record is written before a test stops one: a node
+	// with none is no node of the cluster's to the others.
+	for _, n := range f.nodes {
+		waitFor(t, n.Name+"'s record (its Lease)", func() bool { _, ok := e.Lease(n.Name); return ok })
+	}
 	tarPath, meta, digest = realBundle(t, fixture.NewRegistry(t), "4.13.7", 11, "--signature-store", "")
 	return e, f, tarPath, meta, digest
 }
