@@ -62,9 +62,10 @@ type machine struct {
 	// the gate leaves out (name → why), excludedHosts their addresses.
 	bundlePolicy *cluster.BundlePolicy
 	bundleName   string
-	// clusterApproved are the digests the cluster's UpgradeBundles
-	// approve (spec.approvedDigest): they add to the config's.
-	clusterApproved []string
+	// clusterApproved are the cluster's UpgradeBundles' approvals
+	// (spec.approvedDigest): each adds to the config's for the bundle its
+	// resource is named for only (ownApproval).
+	clusterApproved []cluster.Approval
 	// pulled are the digests of bundles this node made from the registry
 	// as asked (registry mode), approved by that request.
 	pulled []string
@@ -214,7 +215,7 @@ func (m *machine) next() []effect {
 			return m.move(r, r.Phase, why, r.Progress)
 		}
 		if r.Approval == bundle.ApprovalNone {
-			if !m.pol().Approves(r.Digest) {
+			if !m.polFor(r.Metadata).Approves(r.Digest) {
 				why := waiting(ReasonAwaitingApproval, m.waitingForApproval(r))
 				if r.Condition == why {
 					return nil
@@ -223,7 +224,7 @@ func (m *machine) next() []effect {
 				return m.move(r, r.Phase, why, r.Progress)
 			}
 			r.Approval = bundle.ApprovalDigest
-			if !m.pol().On() {
+			if !m.polFor(r.Metadata).On() {
 				r.Approval = bundle.ApprovalOff
 			}
 			m.log.Info("the config now approves the bundle", "bundle", r.Name, "digest", r.Digest, "approval", r.Approval)

@@ -176,6 +176,9 @@ func with(f func(*machine)) func(*machine) { return f }
 
 const peerB = "10.0.0.2:8090"
 
+// heldResource is the held bundle's UpgradeBundle (meta137).
+const heldResource = "4.13.7-x86-64"
+
 // heldHex names the dir a fetched tar of the held bundle lands in.
 var heldHex = strings.TrimPrefix(heldDigest, "sha256:")
 
@@ -467,6 +470,14 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 					t.Errorf("peer status %+v", ps)
 				}
 			}},
+		{name: "an offer approved only in another UpgradeBundle is refused (issue 45)", in: PhaseIdle,
+			given: []func(*machine){approvalRequired, with(func(m *machine) { m.clusterApproved = []cluster.Approval{{Bundle: "4.13.7-amd64", Digest: heldDigest}} })},
+			ev:    viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseRejected, why: ReasonRefused,
+			effs:  []string{"save 4.13.7-x86_64-20261122T080000"}},
+		{name: "an offer approved in its own UpgradeBundle is fetched", in: PhaseIdle,
+			given: []func(*machine){approvalRequired, with(func(m *machine) { m.clusterApproved = []cluster.Approval{{Bundle: heldResource, Digest: heldDigest}} })},
+			ev:    viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseFetching,
+			effs:  []string{"save 4.13.7-x86_64-20261122T080000", "remove 4.13.7-x86_64", "start fetch"}},
 		{name: "a peer's bundle refused before, now approved (a restart with the digest added), is fetched", in: PhaseRejected,
 			given: []func(*machine){fromPeer, approvalRequired, with(func(m *machine) {
 				m.records["held"].Dir = "" // refused by the policy, never fetched
@@ -534,7 +545,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 		{name: "ferry load of a bundle made from the registry approves it", in: PhaseIdle,
 			ev: evRequest{kind: reqLoad, medium: &fakeMedium{}, approve: otherDigest, reply: reply}, phase: PhaseIdle, effs: []string{"probe file"},
 			check: func(t *testing.T, m *machine) {
-				if !m.pol().Approves(otherDigest) {
+				if !m.polFor(nil).Approves(otherDigest) {
 					t.Error("the registry's bundle is not approved")
 				}
 			}},
@@ -577,23 +588,31 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 
 		// The cluster's approvals, sources and UpgradeBundle spec.
 		{name: "the cluster approving a waiting bundle loads it, no restart", in: PhaseExtracted, given: []func(*machine){approvalRequired},
-			ev: evClusterApprovals{digests: []string{heldDigest}}, phase: PhaseLoading, effs: []string{"save held", "start load"}},
+			ev: evClusterApprovals{approvals: []cluster.Approval{{Bundle: heldResource, Digest: heldDigest}}}, phase: PhaseLoading, effs: []string{"save held", "start load"}},
+		{name: "an approval in another UpgradeBundle approves nothing and names the one that counts (issue 45)", in: PhaseExtracted, given: []func(*machine){approvalRequired, withAPI},
+			ev: evClusterApprovals{approvals: []cluster.Approval{{Bundle: "4.13.7-amd64", Digest: heldDigest}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval,
+			effs: []string{"save held"},
+			check: func(t *testing.T, m *machine) {
+				if msg := m.records["held"].Condition.Message; !strings.Contains(msg, "UpgradeBundle 4.13.7-amd64 approves") || !strings.Contains(msg, "from UpgradeBundle "+heldResource+" only") {
+					t.Errorf("the status says %q", msg)
+				}
+			}},
 		{name: "the cluster approving another digest: it still waits", in: PhaseExtracted,
 			given: []func(*machine){approvalRequired, with(func(m *machine) {
 				m.records["held"].Condition = waiting(ReasonAwaitingApproval, m.waitingForApproval(m.records["held"]))
 			})},
-			ev: evClusterApprovals{digests: []string{otherDigest}}, phase: PhaseExtracted, why: ReasonAwaitingApproval},
+			ev: evClusterApprovals{approvals: []cluster.Approval{{Bundle: heldResource, Digest: otherDigest}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval},
 		{name: "the same approvals again do nothing", in: PhaseExtracted,
-			given: []func(*machine){approvalRequired, with(func(m *machine) { m.clusterApproved = []string{otherDigest} })},
-			ev:    evClusterApprovals{digests: []string{otherDigest}}, phase: PhaseExtracted},
+			given: []func(*machine){approvalRequired, with(func(m *machine) { m.clusterApproved = []cluster.Approval{{Bundle: heldResource, Digest: otherDigest}} })},
+			ev:    evClusterApprovals{approvals: []cluster.Approval{{Bundle: heldResource, Digest: otherDigest}}}, phase: PhaseExtracted},
 		{name: "sources read: a bundle extracted unapproved still waits (a source approves at extraction, by what the tree holds)", in: PhaseExtracted,
 			given: []func(*machine){approvalRequired, with(func(m *machine) {
 				m.records["held"].Condition = waiting(ReasonAwaitingApproval, m.waitingForApproval(m.records["held"]))
 			})},
 			ev: evClusterSources{sources: []cluster.RegistrySource{{Bundle: "b", Release: meta137.Release}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval,
 			check: func(t *testing.T, m *machine) {
-				if len(m.pol().ApprovedSources) != 1 || m.pol().SourceFor(&meta137) == nil {
-					t.Errorf("sources %+v", m.pol().ApprovedSources)
+				if len(m.polFor(nil).ApprovedSources) != 1 || m.polFor(nil).SourceFor(&meta137) == nil {
+					t.Errorf("sources %+v", m.polFor(nil).ApprovedSources)
 				}
 			}},
 		{name: "sources read while loaded do nothing", in: PhaseLoaded,
