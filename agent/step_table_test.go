@@ -473,11 +473,11 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 		{name: "an offer approved only in another UpgradeBundle is refused (issue 45)", in: PhaseIdle,
 			given: []func(*machine){approvalRequired, with(func(m *machine) { m.clusterApproved = []cluster.Approval{{Bundle: "4.13.7-amd64", Digest: heldDigest}} })},
 			ev:    viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseRejected, why: ReasonRefused,
-			effs:  []string{"save 4.13.7-x86_64-20261122T080000"}},
+			effs: []string{"save 4.13.7-x86_64-20261122T080000"}},
 		{name: "an offer approved in its own UpgradeBundle is fetched", in: PhaseIdle,
 			given: []func(*machine){approvalRequired, with(func(m *machine) { m.clusterApproved = []cluster.Approval{{Bundle: heldResource, Digest: heldDigest}} })},
 			ev:    viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseFetching,
-			effs:  []string{"save 4.13.7-x86_64-20261122T080000", "remove 4.13.7-x86_64", "start fetch"}},
+			effs: []string{"save 4.13.7-x86_64-20261122T080000", "remove 4.13.7-x86_64", "start fetch"}},
 		{name: "a peer's bundle refused before, now approved (a restart with the digest added), is fetched", in: PhaseRejected,
 			given: []func(*machine){fromPeer, approvalRequired, with(func(m *machine) {
 				m.records["held"].Dir = "" // refused by the policy, never fetched
