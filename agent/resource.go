@@ -574,6 +574,14 @@ func (m *machine) cleanupAskedByCluster(r *Record) []effect {
 	if m.cleanupAsked || r.Retirement >= RetirementStarted || r.Phase == PhaseCleaned || r.Phase == PhaseRejected {
 		return nil
 	}
+	if held := m.cleanupHeld(r); held != "" {
+		why := waiting(ReasonCleanupRefused, held)
+		if r.Condition == why {
+			return nil
+		}
+		m.log.Warn("the UpgradeBundle asks for cleanup (spec.cleanup): not now", "bundle", r.Name, "phase", string(r.Phase), "reason", held)
+		return m.move(r, r.Phase, why, r.Progress)
+	}
 	m.log.Info("the UpgradeBundle asks for cleanup (spec.cleanup)", "bundle", r.Name, "phase", string(r.Phase))
 	return m.request(evRequest{kind: reqCleanup})
 }

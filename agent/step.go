@@ -43,6 +43,11 @@ type machine struct {
 	done     *Record
 	cleaned  *Record // the last bundle taken out by cleanup, for its UpgradeBundle
 	asking   bool    // an ask for the cluster upgrade is under way
+	// askedUnseen: this process asked for the upgrade and has not read
+	// ClusterVersion naming the release since (its copy may lag the write);
+	// desired is the newest reading (step_desired.go).
+	askedUnseen bool
+	desired     desiredRead
 	// node is the machine config operator's state of this node, as last
 	// read (nil: none, or none since the upgrade was done on a node the
 	// MCO manages).
@@ -121,7 +126,7 @@ func (m *machine) step(ev event) []effect {
 	case evUpgradeAsked:
 		return m.upgradeAsked(ev)
 	case evUpgradeSeen:
-		return m.upgradeSeen(ev)
+		return m.upgradeRead(ev)
 	case evNodeSeen:
 		return m.nodeSeen(ev)
 	case evBundlePolicy:

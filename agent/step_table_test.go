@@ -141,6 +141,19 @@ func running(k jobKind) func(*machine) {
 
 func withAPI(m *machine) { m.hasAPI = true }
 
+// notDesired: ClusterVersion was read, and its desiredUpdate names
+// another release than the held bundle's.
+func notDesired(m *machine) { m.desired = desiredRead{release: meta137.Release} }
+
+// desiredHeld: ClusterVersion's desiredUpdate names the held bundle's
+// release, the operator not started yet.
+func desiredHeld(m *machine) { m.desired = desiredRead{release: meta137.Release, names: true} }
+
+// cleanupSpec is the held bundle's spec with cleanup: true.
+func cleanupSpec(m *machine) {
+	m.bundleName, m.bundlePolicy = ResourceName("4.13.7", "x86_64"), &cluster.BundlePolicy{Cleanup: true}
+}
+
 func noLoader(m *machine) { m.hasLoader = false }
 
 func noHook(m *machine) { m.cfg.Cluster.OnReady = nil }
@@ -632,9 +645,38 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 		{name: "a spec cleanup of a bundle waiting for approval takes it out", in: PhaseExtracted, given: []func(*machine){approvalRequired, withAPI},
 			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Cleanup: true}},
 			phase: PhaseExtracted, effs: []string{"start cleanup unload"}},
-		{name: "spec.cleanup takes a loaded bundle out", in: PhaseClusterReady, given: []func(*machine){withAPI},
+		{name: "spec.cleanup takes a loaded bundle out", in: PhaseClusterReady, given: []func(*machine){withAPI, notDesired},
 			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Cleanup: true}},
 			phase: PhaseClusterReady, effs: []string{"start cleanup unload"}},
+		// Issue 45, item 2: never while ClusterVersion asks for the release.
+		{name: "spec.cleanup while desiredUpdate names the release is refused with the way out", in: PhaseClusterReady, given: []func(*machine){withAPI, desiredHeld},
+			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Cleanup: true}},
+			phase: PhaseClusterReady, why: ReasonCleanupRefused, effs: []string{"save held"},
+			check: func(t *testing.T, m *machine) {
+				if msg := m.records["held"].Condition.Message; !strings.Contains(msg, "oc adm upgrade --clear") || !strings.Contains(msg, meta137.Release) {
+					t.Errorf("the status says %q", msg)
+				}
+			}},
+		{name: "spec.cleanup right after ferry asked, its copy not showing it yet, is refused", in: PhaseClusterReady,
+			given: []func(*machine){withAPI, notDesired, with(func(m *machine) { m.askedUnseen = true })},
+			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Cleanup: true}},
+			phase: PhaseClusterReady, why: ReasonCleanupRefused, effs: []string{"save held"}},
+		{name: "spec.cleanup at cluster-ready before ClusterVersion is read waits for it", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Cleanup: true}},
+			phase: PhaseClusterReady, why: ReasonCleanupRefused, effs: []string{"save held"}},
+		{name: "a reading that desiredUpdate names the release keeps the refusal, not the pending line", in: PhaseClusterReady,
+			given: []func(*machine){withAPI, cleanupSpec},
+			ev:    evUpgradeSeen{release: meta137.Release, st: cluster.UpgradeStatus{State: cluster.UpgradePending}},
+			phase: PhaseClusterReady, why: ReasonCleanupRefused, effs: []string{"save held"}},
+		{name: "desiredUpdate cleared (oc adm upgrade --clear): the standing spec.cleanup goes on", in: PhaseClusterReady,
+			given: []func(*machine){withAPI, cleanupSpec, desiredHeld},
+			ev:    evUpgradeSeen{release: meta137.Release, st: cluster.UpgradeStatus{State: cluster.UpgradeNotAsked}},
+			phase: PhaseClusterReady, effs: []string{"start cleanup unload"}},
+		{name: "ferry cleanup while desiredUpdate names the release is refused", in: PhaseClusterReady, given: []func(*machine){withAPI, desiredHeld},
+			ev: evRequest{kind: reqCleanup, reply: reply}, phase: PhaseClusterReady, effs: []string{"reply error"}},
+		{name: "the gate never asks for a release whose bundle spec.cleanup takes out", in: PhaseLoaded,
+			given: []func(*machine){withAPI, withPeers(nil), cleanupSpec},
+			ev:    viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseClusterReady, effs: []string{"save held"}},
 		{name: "spec.proceed on Manual asks for the upgrade", in: PhaseClusterReady,
 			given: []func(*machine){withAPI, with(func(m *machine) { m.cfg.Cluster.Schedule = "Manual" })},
 			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Schedule: "Manual", Proceed: true}},
