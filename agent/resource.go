@@ -623,10 +623,11 @@ type evClusterApprovals struct{ approvals []cluster.Approval }
 
 func (evClusterApprovals) isEvent() {}
 
-// polFor is the node's approval policy for a bundle of md: pol, and the
-// digest its own UpgradeBundle approves (ownApproval). The cluster adds
-// approvals; it never overrides a refusal (arch, digest, the node's
-// signature policy are checked all the same).
+// polFor is the node's approval policy for a bundle of md (nil: none in
+// view): its config's, what registry mode approves, and the digest md's
+// own UpgradeBundle approves (ownApproval). The cluster adds approvals;
+// it never overrides a refusal (arch, digest, the node's signature
+// policy are checked all the same).
 func (m *machine) polFor(md *bundle.Metadata) bundle.Policy {
 	own := m.ownApproval(md)
 	if own == "" && len(m.pulled) == 0 && len(m.clusterSources) == 0 {
@@ -659,8 +660,9 @@ func (m *machine) ownApproval(md *bundle.Metadata) string {
 	return ""
 }
 
-// strayApprovals are the UpgradeBundles other than r's own that approve
-// r's digest: each is a mistake to report, never an approval.
+// strayApprovals are the UpgradeBundles other than name, the bundle's
+// own, that approve its digest d: each is a mistake to report, never an
+// approval.
 func strayApprovals(approvals []cluster.Approval, name string, d digest.Digest) []string {
 	var out []string
 	for _, ap := range approvals {
