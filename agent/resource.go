@@ -98,8 +98,12 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 	}
 	md := r.Metadata
 	rep := &bundleReport{name: ResourceName(md.Version, md.Arch), line: s.Line, healthy: s.Healthy, phases: reached(r)}
+	var strays []string // said as long as they stand, approved or not
+	if s := strayApprovals(m.clusterApproved, rep.name, r.Digest); len(s) > 0 {
+		strays = []string{strayMessage(strings.Join(s, ", "), rep.name, r.Digest)}
+	}
 	rep.sum = cluster.BundleSummary{Version: md.Version, Arch: md.Arch, Release: SanitizeReason(md.Release), Digest: r.Digest, Size: sanitizeText(md.Size, maxSummarySize),
-		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: boundList(slices.Concat(r.Warnings, r.SignaturePolicy), maxSummaryWarnings)}
+		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: boundList(slices.Concat(strays, r.Warnings, r.SignaturePolicy), maxSummaryWarnings)}
 	rep.entry = cluster.BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Condition.Message), Conditions: conditions(r)}
 	return rep
 }

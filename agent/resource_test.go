@@ -106,6 +106,10 @@ func TestResource_AnApprovalInAnotherUpgradeBundleApprovesNothing(t *testing.T) 
 		c := h.record().Condition
 		return c.Reason == ReasonAwaitingApproval && strings.Contains(c.Message, "UpgradeBundle 4.13.7-amd64 approves")
 	})
+	h.waitFor("the summary's warnings to say so", func() bool {
+		b, _ := api.bundle(resourceName)
+		return len(b.sum.Warnings) > 0 && strings.HasPrefix(b.sum.Warnings[0], "UpgradeBundle 4.13.7-amd64 approves")
+	})
 	if b, ok := api.bundle(resourceName); !ok || b.policy.ApprovedDigest != "" {
 		t.Errorf("the bundle's own resource: %+v, %v", b, ok)
 	}

@@ -75,6 +75,11 @@ func TestAgent_AnApprovalInAnotherUpgradeBundleNeverStartsTheUpgrade(t *testing.
 		}
 		return false
 	})
+	waitUntil(t, "the warnings of "+n.name+" to say so", func() bool {
+		st, _ := n.e.Bundle(n.name)["status"].(map[string]any)
+		ws, _ := st["warnings"].([]any)
+		return len(ws) > 0 && strings.HasPrefix(ws[0].(string), "UpgradeBundle "+stray+" approves")
+	})
 	n.a.Wait(bound, "the node to say which resource counts", func(s agent.Status) bool {
 		return strings.Contains(s.Reason, "waiting for approval") && strings.Contains(s.Reason, "UpgradeBundle "+stray+" approves")
 	})
