@@ -60,6 +60,7 @@ const (
 	ReasonReleaseRefused       = "ReleaseRefused" // the cluster refuses the release
 	ReasonCleaningUp           = "CleaningUp"
 	ReasonCleanupFailed        = "CleanupFailed"
+	ReasonCleanupRefused       = "CleanupRefused"  // ClusterVersion asks for the release: oc adm upgrade --clear first
 	ReasonNodeUnread           = "NodeStateUnread" // this node's machine config state not read yet
 	ReasonPoolPaused           = "PoolPaused"
 	ReasonNodeUpdating         = "NodeUpdating" // the machine config operator is not done with the node

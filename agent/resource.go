@@ -14,6 +14,7 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer"
 )
 
@@ -49,8 +50,9 @@ type BundleAPI interface {
 	PublishBundle(ctx context.Context, name string, sum *cluster.BundleSummary, node string, entry cluster.BundleNodeEntry) error
 	BundleEvent(ctx context.Context, name, uid, node, eventType, reason, message string) error
 	NodeReadiness(ctx context.Context) (map[string]cluster.NodeReady, error)
-	// ApprovedDigests is every UpgradeBundle's spec.approvedDigest.
-	ApprovedDigests(ctx context.Context) ([]string, error)
+	// Approvals is every UpgradeBundle's spec.approvedDigest, with the
+	// resource that holds it.
+	Approvals(ctx context.Context) ([]cluster.Approval, error)
 	// Sources is every UpgradeBundle's spec.source (registry.go).
 	Sources(ctx context.Context) ([]cluster.RegistrySource, error)
 }
@@ -95,8 +97,12 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 	}
 	md := r.Metadata
 	rep := &bundleReport{name: ResourceName(md.Version, md.Arch), line: s.Line, healthy: s.Healthy, phases: reached(r)}
+	var strays []string // said as long as they stand, approved or not
+	if s := strayApprovals(m.clusterApproved, rep.name, r.Digest); len(s) > 0 {
+		strays = []string{strayMessage(strings.Join(s, ", "), rep.name, r.Digest)}
+	}
 	rep.sum = cluster.BundleSummary{Version: md.Version, Arch: md.Arch, Release: SanitizeReason(md.Release), Digest: r.Digest, Size: sanitizeText(md.Size, maxSummarySize),
-		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: boundList(slices.Concat(r.Warnings, r.SignaturePolicy), maxSummaryWarnings)}
+		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: boundList(slices.Concat(strays, r.Warnings, r.SignaturePolicy), maxSummaryWarnings)}
 	rep.entry = cluster.BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Condition.Message), Conditions: conditions(r)}
 	return rep
 }
@@ -296,8 +302,9 @@ func (a *Agent) followBundle(ctx context.Context, api ClusterAPI) {
 	}
 	var nodes nodesRead
 	lastPhase, lastErr := map[string]string{}, ""
-	var approved []string
+	var approved []cluster.Approval
 	var approvalsErr string
+	strays := map[string]bool{}
 	var sources []cluster.RegistrySource
 	retry := time.Duration(0)
 	for {
@@ -313,6 +320,9 @@ func (a *Agent) followBundle(ctx context.Context, api ClusterAPI) {
 		err := error(nil)
 		if rep := a.snap.Load().bundle; rep != nil {
 			err = a.syncBundle(ctx, api, rep, &written, &nodes, lastPhase)
+			if err == nil {
+				err = a.warnStrays(ctx, api, rep, approved, strays)
+			}
 			if err != nil && err.Error() != lastErr && ctx.Err() == nil {
 				a.log.Warn("cannot sync the UpgradeBundle resource; trying again", "bundle", rep.name, "err", err)
 			}
@@ -585,6 +595,14 @@ func (m *machine) cleanupAskedByCluster(r *Record) []effect {
 	if m.cleanupAsked || r.Retirement >= RetirementStarted || r.Phase == PhaseCleaned || r.Phase == PhaseRejected {
 		return nil
 	}
+	if held := m.cleanupHeld(r); held != "" {
+		why := waiting(ReasonCleanupRefused, held)
+		if r.Condition == why {
+			return nil
+		}
+		m.log.Warn("the UpgradeBundle asks for cleanup (spec.cleanup): not now", "bundle", r.Name, "phase", string(r.Phase), "reason", held)
+		return m.move(r, r.Phase, why, r.Progress)
+	}
 	m.log.Info("the UpgradeBundle asks for cleanup (spec.cleanup)", "bundle", r.Name, "phase", string(r.Phase))
 	return m.request(evRequest{kind: reqCleanup})
 }
@@ -620,33 +638,70 @@ func (m *machine) policyRead() bool {
 	return !m.hasAPI || m.bundlePolicy != nil && m.bundleName == m.activeResource()
 }
 
-// evClusterApprovals: the digests the cluster's UpgradeBundles approve.
-type evClusterApprovals struct{ digests []string }
+// evClusterApprovals: the digests the cluster's UpgradeBundles approve,
+// each with the resource that holds it, digests normalized.
+type evClusterApprovals struct{ approvals []cluster.Approval }
 
 func (evClusterApprovals) isEvent() {}
 
-// pol is the node's approval policy: its config's, and the digests the
-// administrator approved in the cluster's UpgradeBundles. The cluster
-// adds approvals; it never overrides a refusal (arch, digest, the
-// node's signature policy are checked all the same).
-func (m *machine) pol() bundle.Policy {
-	if len(m.clusterApproved) == 0 && len(m.pulled) == 0 && len(m.clusterSources) == 0 {
+// polFor is the node's approval policy for a bundle of md (nil: none in
+// view): its config's, what registry mode approves, and the digest md's
+// own UpgradeBundle approves (ownApproval). The cluster adds approvals;
+// it never overrides a refusal (arch, digest, the node's signature
+// policy are checked all the same).
+func (m *machine) polFor(md *bundle.Metadata) bundle.Policy {
+	own := m.ownApproval(md)
+	if own == "" && len(m.pulled) == 0 && len(m.clusterSources) == 0 {
 		return m.policy
 	}
 	p := m.policy
-	p.ApprovedDigests = slices.Concat(p.ApprovedDigests, m.clusterApproved, m.pulled)
+	p.ApprovedDigests = slices.Concat(p.ApprovedDigests, m.pulled)
+	if own != "" {
+		p.ApprovedDigests = append(p.ApprovedDigests, own)
+	}
 	p.ApprovedSources = m.clusterSources
 	return p
+}
+
+// ownApproval is the digest that md's own UpgradeBundle approves, the one
+// named ResourceName (issue 45): approval, schedule, proceed and
+// exclusions all come from that one resource. Another resource naming
+// the digest (4.19.8-amd64 for 4.19.8-x86-64, a copy under another
+// name) approves nothing: strayApprovals says so.
+func (m *machine) ownApproval(md *bundle.Metadata) string {
+	if md == nil {
+		return ""
+	}
+	name := ResourceName(md.Version, md.Arch)
+	for _, ap := range m.clusterApproved {
+		if ap.Bundle == name {
+			return ap.Digest
+		}
+	}
+	return ""
+}
+
+// strayApprovals are the UpgradeBundles other than name, the bundle's
+// own, that approve its digest d: each is a mistake to report, never an
+// approval.
+func strayApprovals(approvals []cluster.Approval, name string, d digest.Digest) []string {
+	var out []string
+	for _, ap := range approvals {
+		if ap.Bundle != name && d != "" && bundle.NormalizeDigest(ap.Digest) == d {
+			out = append(out, ap.Bundle)
+		}
+	}
+	return out
 }
 
 // clusterApprovalsSeen takes the cluster's approvals: a bundle waiting
 // for approval that is now approved goes on (next), with no restart.
 func (m *machine) clusterApprovalsSeen(ev evClusterApprovals) []effect {
-	if slices.Equal(m.clusterApproved, ev.digests) {
+	if slices.Equal(m.clusterApproved, ev.approvals) {
 		return nil
 	}
-	m.clusterApproved = ev.digests
-	m.log.Info("approved digests from the cluster's UpgradeBundles", "digests", strings.Join(ev.digests, " "))
+	m.clusterApproved = ev.approvals
+	m.log.Info("approved digests from the cluster's UpgradeBundles", "approvals", fmt.Sprint(ev.approvals))
 	if r := m.active; r != nil && r.Approval == bundle.ApprovalNone && r.Phase == PhaseExtracted {
 		return m.next()
 	}
@@ -655,9 +710,9 @@ func (m *machine) clusterApprovalsSeen(ev evClusterApprovals) []effect {
 
 // readApprovals keeps the loop's view of the cluster's approvals: every
 // UpgradeBundle's spec.approvedDigest, as the API's watch last saw them.
-func (a *Agent) readApprovals(ctx context.Context, api BundleAPI, last *[]string, lastErr *string) {
+func (a *Agent) readApprovals(ctx context.Context, api BundleAPI, last *[]cluster.Approval, lastErr *string) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	ds, err := api.ApprovedDigests(cctx)
+	aps, err := api.Approvals(cctx)
 	cancel()
 	if err != nil {
 		if err.Error() != *lastErr && ctx.Err() == nil {
@@ -667,17 +722,50 @@ func (a *Agent) readApprovals(ctx context.Context, api BundleAPI, last *[]string
 		return
 	}
 	*lastErr = ""
-	var norm []string
-	for _, d := range ds {
-		if n := bundle.NormalizeDigest(d); n != "" {
-			norm = append(norm, string(n))
+	var norm []cluster.Approval
+	for _, ap := range aps {
+		if n := bundle.NormalizeDigest(ap.Digest); n != "" {
+			norm = append(norm, cluster.Approval{Bundle: ap.Bundle, Digest: string(n)})
 		}
 	}
-	slices.Sort(norm)
+	slices.SortFunc(norm, func(x, y cluster.Approval) int { return strings.Compare(x.Bundle, y.Bundle) })
 	if !slices.Equal(norm, *last) {
 		*last = norm
-		a.post(evClusterApprovals{digests: norm})
+		a.post(evClusterApprovals{approvals: norm})
 	}
+}
+
+// warnStrays records a Warning Event, once per resource and digest, for
+// each UpgradeBundle other than the active bundle's own that approves its
+// digest: on that resource (where the administrator wrote it) and on the
+// bundle's own, naming the one that counts.
+func (a *Agent) warnStrays(ctx context.Context, api BundleAPI, rep *bundleReport, approvals []cluster.Approval, sent map[string]bool) error {
+	for _, stray := range strayApprovals(approvals, rep.name, rep.entry.Digest) {
+		key := stray + "/" + string(rep.entry.Digest)
+		if sent[key] {
+			continue
+		}
+		msg := SanitizeReason(a.cfg.NodeName + ": " + strayMessage(stray, rep.name, rep.entry.Digest))
+		a.log.Warn("an UpgradeBundle that is not the bundle's own approves its digest: ignored", "resource", stray, "bundle", rep.name)
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := api.BundleEvent(cctx, stray, "", a.cfg.NodeName, "Warning", "ApprovalIgnored", msg)
+		if err == nil {
+			err = api.BundleEvent(cctx, rep.name, "", a.cfg.NodeName, "Warning", "ApprovalIgnored", msg)
+		}
+		cancel()
+		if err != nil {
+			return err
+		}
+		sent[key] = true
+	}
+	return nil
+}
+
+// strayMessage says that UpgradeBundle stray approves the digest of the
+// bundle whose own resource is name, and does not count.
+func strayMessage(stray, name string, d digest.Digest) string {
+	return fmt.Sprintf("UpgradeBundle %s approves %s but is not this bundle's resource: ferry takes approval, schedule, proceed, exclusions and cleanup from UpgradeBundle %s only; write the spec there (oc patch upgradebundle %s --type=merge -p '{\"spec\":{…}}') and delete %s",
+		stray, sha256digest.Short(d), name, name, stray)
 }
 
 // waitingForApproval is why r waits unloaded: with the cluster's API, how
@@ -689,6 +777,11 @@ func (m *machine) waitingForApproval(r *Record) string {
 	if !m.hasAPI || r.Metadata == nil {
 		return WaitingForApproval(r.Digest)
 	}
-	return fmt.Sprintf(`waiting for approval: oc patch upgradebundle %s --type=merge -p '{"spec":{"approvedDigest":"<the engineer's digest>"}}' with the digest from the engineer (the bundle's .sha256 file), not from this node: this node read %s (or add the engineer's digest to approved_digests and restart ferry)`,
-		ResourceName(r.Metadata.Version, r.Metadata.Arch), r.Digest)
+	name := ResourceName(r.Metadata.Version, r.Metadata.Arch)
+	why := fmt.Sprintf(`waiting for approval: oc patch upgradebundle %s --type=merge -p '{"spec":{"approvedDigest":"<the engineer's digest>"}}' with the digest from the engineer (the bundle's .sha256 file), not from this node: this node read %s (or add the engineer's digest to approved_digests and restart ferry)`,
+		name, r.Digest)
+	if strays := strayApprovals(m.clusterApproved, name, r.Digest); len(strays) > 0 {
+		why += "; " + strayMessage(strings.Join(strays, ", "), name, r.Digest)
+	}
+	return why
 }

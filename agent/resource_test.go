@@ -84,6 +84,40 @@ func TestResource_ApprovedInTheSpecLoadsWithNoRestart(t *testing.T) {
 	})
 }
 
+// TestResource_AnApprovalInAnotherUpgradeBundleApprovesNothing (issue
+// 45, item 1): the administrator wrote the approval and Manual in
+// 4.13.7-amd64, not the bundle's own 4.13.7-x86-64: nothing is loaded,
+// the node says which resource counts, and a Warning Event names it.
+func TestResource_AnApprovalInAnotherUpgradeBundleApprovesNothing(t *testing.T) {
+	h, api := apiHarness(t)
+	h.cfg.Approval = "required"
+	h.start()
+	src, digest := stick(t, bundletest.Options{})
+	api.setPolicy("4.13.7-amd64", cluster.BundlePolicy{ApprovedDigest: string(digest), Schedule: "Manual"})
+	h.plug("/dev/sda", src)
+	h.waitFor("a Warning Event naming the resource that counts", func() bool {
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		return slices.ContainsFunc(api.events, func(e string) bool {
+			return strings.HasPrefix(e, "Warning/ApprovalIgnored/node-a: UpgradeBundle 4.13.7-amd64 approves") && strings.Contains(e, "from UpgradeBundle "+resourceName+" only")
+		})
+	})
+	h.waitFor("the node to say so while it waits", func() bool {
+		c := h.record().Condition
+		return c.Reason == ReasonAwaitingApproval && strings.Contains(c.Message, "UpgradeBundle 4.13.7-amd64 approves")
+	})
+	h.waitFor("the summary's warnings to say so", func() bool {
+		b, _ := api.bundle(resourceName)
+		return len(b.sum.Warnings) > 0 && strings.HasPrefix(b.sum.Warnings[0], "UpgradeBundle 4.13.7-amd64 approves")
+	})
+	if b, ok := api.bundle(resourceName); !ok || b.policy.ApprovedDigest != "" {
+		t.Errorf("the bundle's own resource: %+v, %v", b, ok)
+	}
+	if h.loads() != 0 {
+		t.Fatal("a bundle approved only in another UpgradeBundle was loaded")
+	}
+}
+
 // TestWaitingForApproval_WithAnAPINamesTheResourceNotThisNodesDigest:
 // the administrator is told how to approve the bundle in its
 // UpgradeBundle, with the engineer's digest, not handed this node's (a

@@ -43,6 +43,11 @@ type machine struct {
 	done     *Record
 	cleaned  *Record // the last bundle taken out by cleanup, for its UpgradeBundle
 	asking   bool    // an ask for the cluster upgrade is under way
+	// askedUnseen: this process asked for the upgrade and has not read
+	// ClusterVersion naming the release since (its copy may lag the write);
+	// desired is the newest reading (step_desired.go).
+	askedUnseen bool
+	desired     desiredRead
 	// node is the machine config operator's state of this node, as last
 	// read (nil: none, or none since the upgrade was done on a node the
 	// MCO manages).
@@ -62,9 +67,10 @@ type machine struct {
 	// the gate leaves out (name → why), excludedHosts their addresses.
 	bundlePolicy *cluster.BundlePolicy
 	bundleName   string
-	// clusterApproved are the digests the cluster's UpgradeBundles
-	// approve (spec.approvedDigest): they add to the config's.
-	clusterApproved []string
+	// clusterApproved are the cluster's UpgradeBundles' approvals
+	// (spec.approvedDigest): each adds to the config's for the bundle its
+	// resource is named for only (ownApproval).
+	clusterApproved []cluster.Approval
 	// pulled are the digests of bundles this node made from the registry
 	// as asked (registry mode), approved by that request.
 	pulled []string
@@ -120,7 +126,7 @@ func (m *machine) step(ev event) []effect {
 	case evUpgradeAsked:
 		return m.upgradeAsked(ev)
 	case evUpgradeSeen:
-		return m.upgradeSeen(ev)
+		return m.upgradeRead(ev)
 	case evNodeSeen:
 		return m.nodeSeen(ev)
 	case evBundlePolicy:
@@ -214,7 +220,7 @@ func (m *machine) next() []effect {
 			return m.move(r, r.Phase, why, r.Progress)
 		}
 		if r.Approval == bundle.ApprovalNone {
-			if !m.pol().Approves(r.Digest) {
+			if !m.polFor(r.Metadata).Approves(r.Digest) {
 				why := waiting(ReasonAwaitingApproval, m.waitingForApproval(r))
 				if r.Condition == why {
 					return nil
@@ -223,7 +229,7 @@ func (m *machine) next() []effect {
 				return m.move(r, r.Phase, why, r.Progress)
 			}
 			r.Approval = bundle.ApprovalDigest
-			if !m.pol().On() {
+			if !m.polFor(r.Metadata).On() {
 				r.Approval = bundle.ApprovalOff
 			}
 			m.log.Info("the config now approves the bundle", "bundle", r.Name, "digest", r.Digest, "approval", r.Approval)

@@ -89,7 +89,7 @@ func (m *machine) offer(o evOffer) (effs []effect) {
 	m.active = r
 	m.notice = ""
 	effs = append(effs, m.move(r, PhaseDetected, Condition{}, Progress{Total: o.meta.SizeBytes, Unit: "bytes"})...)
-	effs = append(effs, m.extract(r, o.src, o.device, o.medium, m.pol())...)
+	effs = append(effs, m.extract(r, o.src, o.device, o.medium, m.polFor(o.meta))...)
 	keep = o.medium != nil
 	reply(nil)
 	return effs

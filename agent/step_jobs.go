@@ -96,11 +96,11 @@ func (m *machine) fetchDone(r *Record, j evJobDone) []effect {
 // names; otherwise by the digest approved before fetching.
 func (m *machine) extractPolicy(r *Record) bundle.Policy {
 	if r.Approval == bundle.ApprovalSignature {
-		return m.pol()
+		return m.polFor(r.Metadata)
 	}
-	pol := m.pol().PreApproved(r.Digest)
+	pol := m.polFor(r.Metadata).PreApproved(r.Digest)
 	if r.Approval == bundle.ApprovalSource {
-		pol.Payload = m.pol().SourceFor(r.Digest, r.Metadata)
+		pol.Payload = m.polFor(r.Metadata).SourceFor(r.Digest, r.Metadata)
 	}
 	return pol
 }

@@ -115,7 +115,7 @@ func (m *machine) maybeFetch(v view) []effect {
 			if old.Dir != "" || err != nil {
 				return nil
 			}
-			if _, perr := m.pol().ApproveOffer(meta, o.Digest, o.Signature); perr != nil {
+			if _, perr := m.polFor(meta).ApproveOffer(meta, o.Digest, o.Signature); perr != nil {
 				return nil
 			}
 		}
@@ -131,7 +131,7 @@ func (m *machine) maybeFetch(v view) []effect {
 		r.ID = m.newID("peer")
 	}
 	if err == nil {
-		r.Approval, err = m.pol().ApproveOffer(meta, o.Digest, o.Signature)
+		r.Approval, err = m.polFor(meta).ApproveOffer(meta, o.Digest, o.Signature)
 		r.Signature = o.Signature
 	}
 	if err != nil {

@@ -45,6 +45,9 @@ func (m *machine) request(q evRequest) []effect {
 		if r := m.active; r.Phase == PhaseUpgrading && m.hasAPI {
 			return []effect{effReply{q.reply, fmt.Errorf("the cluster is upgrading to %s: taking it out now would take away the images the upgrade pulls; ferry cleans up by itself once the upgrade is done", r.Name)}}
 		}
+		if why := m.cleanupHeld(m.active); why != "" {
+			return []effect{effReply{q.reply, fmt.Errorf("%s", why)}}
+		}
 		m.cleanupAsked, m.cleanupReply = true, q.reply
 		if r := m.active; r.Phase.Loaded() && m.job == nil && !m.hasAPI {
 			// Loaded everywhere: without the API, this is the word that

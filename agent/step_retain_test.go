@@ -108,6 +108,7 @@ func TestStep_CleanupOfALoadedBundle(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := machineIn(t, tc.phase)
 			m.hasAPI = tc.api
+			m.desired = desiredRead{release: m.records["held"].Metadata.Release} // read: another release asked for
 			reply := make(chan error, 1)
 			effs := m.step(evRequest{kind: reqCleanup, reply: reply})
 			j, started := jobOf(effs)

@@ -141,6 +141,19 @@ func running(k jobKind) func(*machine) {
 
 func withAPI(m *machine) { m.hasAPI = true }
 
+// notDesired: ClusterVersion was read, and its desiredUpdate names
+// another release than the held bundle's.
+func notDesired(m *machine) { m.desired = desiredRead{release: meta137.Release} }
+
+// desiredHeld: ClusterVersion's desiredUpdate names the held bundle's
+// release, the operator not started yet.
+func desiredHeld(m *machine) { m.desired = desiredRead{release: meta137.Release, names: true} }
+
+// cleanupSpec is the held bundle's spec with cleanup: true.
+func cleanupSpec(m *machine) {
+	m.bundleName, m.bundlePolicy = ResourceName("4.13.7", "x86_64"), &cluster.BundlePolicy{Cleanup: true}
+}
+
 func noLoader(m *machine) { m.hasLoader = false }
 
 func noHook(m *machine) { m.cfg.Cluster.OnReady = nil }
@@ -175,6 +188,9 @@ func withPeers(st *peer.PeerStatus) func(*machine) {
 func with(f func(*machine)) func(*machine) { return f }
 
 const peerB = "10.0.0.2:8090"
+
+// heldResource is the held bundle's UpgradeBundle (meta137).
+const heldResource = "4.13.7-x86-64"
 
 // heldHex names the dir a fetched tar of the held bundle lands in.
 var heldHex = strings.TrimPrefix(heldDigest, "sha256:")
@@ -467,6 +483,14 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 					t.Errorf("peer status %+v", ps)
 				}
 			}},
+		{name: "an offer approved only in another UpgradeBundle is refused (issue 45)", in: PhaseIdle,
+			given: []func(*machine){approvalRequired, with(func(m *machine) { m.clusterApproved = []cluster.Approval{{Bundle: "4.13.7-amd64", Digest: heldDigest}} })},
+			ev:    viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseRejected, why: ReasonRefused,
+			effs: []string{"save 4.13.7-x86_64-20261122T080000"}},
+		{name: "an offer approved in its own UpgradeBundle is fetched", in: PhaseIdle,
+			given: []func(*machine){approvalRequired, with(func(m *machine) { m.clusterApproved = []cluster.Approval{{Bundle: heldResource, Digest: heldDigest}} })},
+			ev:    viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseFetching,
+			effs: []string{"save 4.13.7-x86_64-20261122T080000", "remove 4.13.7-x86_64", "start fetch"}},
 		{name: "a peer's bundle refused before, now approved (a restart with the digest added), is fetched", in: PhaseRejected,
 			given: []func(*machine){fromPeer, approvalRequired, with(func(m *machine) {
 				m.records["held"].Dir = "" // refused by the policy, never fetched
@@ -534,7 +558,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 		{name: "ferry load of a bundle made from the registry approves it", in: PhaseIdle,
 			ev: evRequest{kind: reqLoad, medium: &fakeMedium{}, approve: otherDigest, reply: reply}, phase: PhaseIdle, effs: []string{"probe file"},
 			check: func(t *testing.T, m *machine) {
-				if !m.pol().Approves(otherDigest) {
+				if !m.polFor(nil).Approves(otherDigest) {
 					t.Error("the registry's bundle is not approved")
 				}
 			}},
@@ -577,26 +601,34 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 
 		// The cluster's approvals, sources and UpgradeBundle spec.
 		{name: "the cluster approving a waiting bundle loads it, no restart", in: PhaseExtracted, given: []func(*machine){approvalRequired},
-			ev: evClusterApprovals{digests: []string{heldDigest}}, phase: PhaseLoading, effs: []string{"save held", "start load"}},
+			ev: evClusterApprovals{approvals: []cluster.Approval{{Bundle: heldResource, Digest: heldDigest}}}, phase: PhaseLoading, effs: []string{"save held", "start load"}},
+		{name: "an approval in another UpgradeBundle approves nothing and names the one that counts (issue 45)", in: PhaseExtracted, given: []func(*machine){approvalRequired, withAPI},
+			ev: evClusterApprovals{approvals: []cluster.Approval{{Bundle: "4.13.7-amd64", Digest: heldDigest}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval,
+			effs: []string{"save held"},
+			check: func(t *testing.T, m *machine) {
+				if msg := m.records["held"].Condition.Message; !strings.Contains(msg, "UpgradeBundle 4.13.7-amd64 approves") || !strings.Contains(msg, "from UpgradeBundle "+heldResource+" only") {
+					t.Errorf("the status says %q", msg)
+				}
+			}},
 		{name: "the cluster approving another digest: it still waits", in: PhaseExtracted,
 			given: []func(*machine){approvalRequired, with(func(m *machine) {
 				m.records["held"].Condition = waiting(ReasonAwaitingApproval, m.waitingForApproval(m.records["held"]))
 			})},
-			ev: evClusterApprovals{digests: []string{otherDigest}}, phase: PhaseExtracted, why: ReasonAwaitingApproval},
+			ev: evClusterApprovals{approvals: []cluster.Approval{{Bundle: heldResource, Digest: otherDigest}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval},
 		{name: "the same approvals again do nothing", in: PhaseExtracted,
-			given: []func(*machine){approvalRequired, with(func(m *machine) { m.clusterApproved = []string{otherDigest} })},
-			ev:    evClusterApprovals{digests: []string{otherDigest}}, phase: PhaseExtracted},
+			given: []func(*machine){approvalRequired, with(func(m *machine) { m.clusterApproved = []cluster.Approval{{Bundle: heldResource, Digest: otherDigest}} })},
+			ev:    evClusterApprovals{approvals: []cluster.Approval{{Bundle: heldResource, Digest: otherDigest}}}, phase: PhaseExtracted},
 		{name: "sources read: a bundle extracted unapproved still waits (a source approves at extraction, by what the tree holds)", in: PhaseExtracted,
 			given: []func(*machine){approvalRequired, with(func(m *machine) {
 				m.records["held"].Condition = waiting(ReasonAwaitingApproval, m.waitingForApproval(m.records["held"]))
 			})},
 			ev: evClusterSources{sources: []bundle.ReleaseSource{{Release: meta137.Release, Digest: heldDigest}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval,
 			check: func(t *testing.T, m *machine) {
-				if len(m.pol().ApprovedSources) != 1 || m.pol().SourceFor(heldDigest, &meta137) == nil {
-					t.Errorf("sources %+v", m.pol().ApprovedSources)
+				if len(m.polFor(nil).ApprovedSources) != 1 || m.polFor(nil).SourceFor(heldDigest, &meta137) == nil {
+					t.Errorf("sources %+v", m.polFor(nil).ApprovedSources)
 				}
 				// Only the bundle the puller published is of the source.
-				if m.pol().SourceFor(otherDigest, &meta137) != nil {
+				if m.polFor(nil).SourceFor(otherDigest, &meta137) != nil {
 					t.Errorf("a bundle the puller did not publish is taken for its source")
 				}
 			}},
@@ -617,9 +649,38 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 		{name: "a spec cleanup of a bundle waiting for approval takes it out", in: PhaseExtracted, given: []func(*machine){approvalRequired, withAPI},
 			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Cleanup: true}},
 			phase: PhaseExtracted, effs: []string{"start cleanup unload"}},
-		{name: "spec.cleanup takes a loaded bundle out", in: PhaseClusterReady, given: []func(*machine){withAPI},
+		{name: "spec.cleanup takes a loaded bundle out", in: PhaseClusterReady, given: []func(*machine){withAPI, notDesired},
 			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Cleanup: true}},
 			phase: PhaseClusterReady, effs: []string{"start cleanup unload"}},
+		// Issue 45, item 2: never while ClusterVersion asks for the release.
+		{name: "spec.cleanup while desiredUpdate names the release is refused with the way out", in: PhaseClusterReady, given: []func(*machine){withAPI, desiredHeld},
+			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Cleanup: true}},
+			phase: PhaseClusterReady, why: ReasonCleanupRefused, effs: []string{"save held"},
+			check: func(t *testing.T, m *machine) {
+				if msg := m.records["held"].Condition.Message; !strings.Contains(msg, "oc adm upgrade --clear") || !strings.Contains(msg, meta137.Release) {
+					t.Errorf("the status says %q", msg)
+				}
+			}},
+		{name: "spec.cleanup right after ferry asked, its copy not showing it yet, is refused", in: PhaseClusterReady,
+			given: []func(*machine){withAPI, notDesired, with(func(m *machine) { m.askedUnseen = true })},
+			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Cleanup: true}},
+			phase: PhaseClusterReady, why: ReasonCleanupRefused, effs: []string{"save held"}},
+		{name: "spec.cleanup at cluster-ready before ClusterVersion is read waits for it", in: PhaseClusterReady, given: []func(*machine){withAPI},
+			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Cleanup: true}},
+			phase: PhaseClusterReady, why: ReasonCleanupRefused, effs: []string{"save held"}},
+		{name: "a reading that desiredUpdate names the release keeps the refusal, not the pending line", in: PhaseClusterReady,
+			given: []func(*machine){withAPI, cleanupSpec},
+			ev:    evUpgradeSeen{release: meta137.Release, st: cluster.UpgradeStatus{State: cluster.UpgradePending}},
+			phase: PhaseClusterReady, why: ReasonCleanupRefused, effs: []string{"save held"}},
+		{name: "desiredUpdate cleared (oc adm upgrade --clear): the standing spec.cleanup goes on", in: PhaseClusterReady,
+			given: []func(*machine){withAPI, cleanupSpec, desiredHeld},
+			ev:    evUpgradeSeen{release: meta137.Release, st: cluster.UpgradeStatus{State: cluster.UpgradeNotAsked}},
+			phase: PhaseClusterReady, effs: []string{"start cleanup unload"}},
+		{name: "ferry cleanup while desiredUpdate names the release is refused", in: PhaseClusterReady, given: []func(*machine){withAPI, desiredHeld},
+			ev: evRequest{kind: reqCleanup, reply: reply}, phase: PhaseClusterReady, effs: []string{"reply error"}},
+		{name: "the gate never asks for a release whose bundle spec.cleanup takes out", in: PhaseLoaded,
+			given: []func(*machine){withAPI, withPeers(nil), cleanupSpec},
+			ev:    viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseClusterReady, effs: []string{"save held"}},
 		{name: "spec.proceed on Manual asks for the upgrade", in: PhaseClusterReady,
 			given: []func(*machine){withAPI, with(func(m *machine) { m.cfg.Cluster.Schedule = "Manual" })},
 			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Schedule: "Manual", Proceed: true}},

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/peer"
 )
 
@@ -311,7 +312,9 @@ func TestStep_ANodeThatLoadsNothingSaysSoOnceApproved(t *testing.T) {
 		name    string
 		approve func(m *machine) event // nil: approval is off, nothing to wait for
 	}{
-		{"approved in the cluster", func(m *machine) event { return evClusterApprovals{digests: []string{heldDigest}} }},
+		{"approved in the cluster", func(m *machine) event {
+			return evClusterApprovals{approvals: []cluster.Approval{{Bundle: "4.13.7-x86-64", Digest: heldDigest}}}
+		}},
 		{"approved in the config", func(m *machine) event {
 			m.policy.ApprovedDigests = []string{heldDigest}
 			return evRetry{}

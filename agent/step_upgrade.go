@@ -24,6 +24,9 @@ var retiring = underway(ReasonCleaningUp, "cleaning up: removing the bundle's fi
 // node is loaded: ask the cluster for the upgrade through its API, then run
 // the on_ready hook; a hook that failed runs again on ferry proceed.
 func (m *machine) proceed(r *Record, asked bool) []effect {
+	if m.cleanupAsked || m.cleanupWanted(r) {
+		return nil // the bundle is being taken out: never ask for its release
+	}
 	if m.hasAPI && !m.asking && (r.Upgrade == nil || asked && r.Upgrade.Accepted.IsZero()) {
 		m.asking = true
 		r.Upgrade = &UpgradeRun{Requested: m.now().UTC()}
@@ -70,7 +73,7 @@ func (m *machine) upgradeAsked(ev evUpgradeAsked) []effect {
 		r.Upgrade.Error = why
 		return m.move(r, r.Phase, retrying(ReasonUpgradeRequestFailed, why), r.Progress)
 	}
-	m.asking = false
+	m.asking, m.askedUnseen = false, true
 	r.Upgrade.Accepted, r.Upgrade.Error = m.now().UTC(), ""
 	m.log.Info("the cluster accepted the upgrade request", "phase", string(r.Phase), "bundle", r.Name, "release", r.Metadata.Release)
 	effs := m.move(r, r.Phase, Condition{}, r.Progress)

@@ -392,13 +392,13 @@ func (f *fakeAPI) Sources(context.Context) ([]cluster.RegistrySource, error) {
 	return slices.Clone(f.sources), nil
 }
 
-func (f *fakeAPI) ApprovedDigests(context.Context) ([]string, error) {
+func (f *fakeAPI) Approvals(context.Context) ([]cluster.Approval, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []string
-	for _, b := range f.bundles {
+	var out []cluster.Approval
+	for name, b := range f.bundles {
 		if b.policy.ApprovedDigest != "" {
-			out = append(out, b.policy.ApprovedDigest)
+			out = append(out, cluster.Approval{Bundle: name, Digest: b.policy.ApprovedDigest})
 		}
 	}
 	return out, nil

@@ -72,6 +72,13 @@ type BundleSummary struct {
 	Excluded                    []string // "node: why", sorted
 }
 
+// Approval is one UpgradeBundle's spec.approvedDigest: it approves only
+// the bundle that resource is named for (agent.ResourceName).
+type Approval struct {
+	Bundle string // the resource's name
+	Digest string // as the administrator wrote it
+}
+
 // RegistrySource is an UpgradeBundle's spec.source (registry mode): a
 // release by digest and extra images, pulled once from the site's
 // registry by one node.

@@ -232,9 +232,9 @@ func (c *Client) BundleEvent(ctx context.Context, name, uid, node, eventType, re
 	return nil
 }
 
-// ApprovedDigests is every UpgradeBundle's spec.approvedDigest (none
-// without the CRD).
-func (c *Client) ApprovedDigests(ctx context.Context) ([]string, error) {
+// Approvals is every UpgradeBundle's spec.approvedDigest, with the
+// resource that holds it (none without the CRD).
+func (c *Client) Approvals(ctx context.Context) ([]cluster.Approval, error) {
 	bs, err := c.listBundles(ctx)
 	return approvedOf(bs), err
 }
@@ -280,11 +280,11 @@ func sourcesOf(bundles []upgradeBundle) []cluster.RegistrySource {
 	return out
 }
 
-func approvedOf(bundles []upgradeBundle) []string {
-	var out []string
+func approvedOf(bundles []upgradeBundle) []cluster.Approval {
+	var out []cluster.Approval
 	for _, b := range bundles {
 		if b.Spec.ApprovedDigest != "" {
-			out = append(out, b.Spec.ApprovedDigest)
+			out = append(out, cluster.Approval{Bundle: b.Metadata.Name, Digest: b.Spec.ApprovedDigest})
 		}
 	}
 	return out

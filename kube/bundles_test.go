@@ -72,3 +72,16 @@ func TestUpgradeBundle_ThePullRecordRoundTrips(t *testing.T) {
 		t.Fatalf("no record written as %+v", e.Pull)
 	}
 }
+
+// Each approval comes with the resource that holds it: the agent counts
+// only the bundle's own (issue 45, item 1).
+func TestApprovedOf_SaysWhichResourceApproves(t *testing.T) {
+	var a, b, c upgradeBundle
+	a.Metadata.Name, a.Spec.ApprovedDigest = "4.19.8-x86-64", "sha256:aa"
+	b.Metadata.Name, b.Spec.ApprovedDigest = "4.19.8-amd64", "sha256:aa"
+	c.Metadata.Name = "4.19.9-x86-64"
+	want := []cluster.Approval{{Bundle: "4.19.8-x86-64", Digest: "sha256:aa"}, {Bundle: "4.19.8-amd64", Digest: "sha256:aa"}}
+	if got := approvedOf([]upgradeBundle{a, b, c}); !reflect.DeepEqual(got, want) {
+		t.Fatalf("approvedOf = %+v, want %+v", got, want)
+	}
+}

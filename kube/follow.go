@@ -80,11 +80,11 @@ func (f *Follower) UpgradeBundle(ctx context.Context, name string) (cluster.Bund
 	return o.view(), true, nil
 }
 
-// ApprovedDigests is Client.ApprovedDigests, from the copy.
-func (f *Follower) ApprovedDigests(ctx context.Context) ([]string, error) {
+// Approvals is Client.Approvals, from the copy.
+func (f *Follower) Approvals(ctx context.Context) ([]cluster.Approval, error) {
 	bs, err := f.bundleList()
 	if bs == nil && err == nil {
-		return f.c.ApprovedDigests(ctx)
+		return f.c.Approvals(ctx)
 	}
 	return approvedOf(bs), err
 }

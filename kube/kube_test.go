@@ -139,6 +139,52 @@ func TestUpgradeOf_ReadsHistoryAndConditionsAsTheOperatorWritesThem(t *testing.T
 	}
 }
 
+// Issue 45, item 3: the release is recognised by its digest, however
+// ClusterVersion spells it: without the tag (oc adm upgrade --to-image
+// name@sha256:…), from another registry host, in capitals; never a
+// release with another digest under the same name.
+func TestUpgradeOf_RecognisesTheReleaseByDigestWhateverItsSpelling(t *testing.T) {
+	hex, other := strings.Repeat("ab", 32), strings.Repeat("cd", 32)
+	rel := "quay.io/openshift-release-dev/ocp-release:4.19.8-x86_64@sha256:" + hex
+	for _, tc := range []struct {
+		spelling string
+		same     bool
+	}{
+		{rel, true},
+		{"quay.io/openshift-release-dev/ocp-release@sha256:" + hex, true},
+		{"mirror.example:5000/ocp/release@sha256:" + hex, true},
+		{"quay.io/openshift-release-dev/ocp-release@sha256:" + strings.ToUpper(hex), true},
+		{"quay.io/openshift-release-dev/ocp-release:4.19.8-x86_64@sha256:" + other, false},
+		{"quay.io/openshift-release-dev/ocp-release:4.19.8-x86_64", false},
+	} {
+		var cv clusterVersion
+		cv.Status.History = append(cv.Status.History, struct {
+			State   string `json:"state"`
+			Image   string `json:"image"`
+			Version string `json:"version"`
+		}{State: "Completed", Image: tc.spelling})
+		want := cluster.UpgradeNotAsked
+		if tc.same {
+			want = cluster.UpgradeCompleted
+		}
+		if got := upgradeOf(&cv, rel).State; got != want {
+			t.Errorf("history %s: %q, want %q", tc.spelling, got, want)
+		}
+		cv.Status.History = nil
+		cv.Spec.DesiredUpdate = &struct {
+			Image   string `json:"image"`
+			Version string `json:"version"`
+			Force   bool   `json:"force"`
+		}{Image: tc.spelling}
+		if want == cluster.UpgradeCompleted {
+			want = cluster.UpgradePending
+		}
+		if got := upgradeOf(&cv, rel).State; got != want {
+			t.Errorf("desiredUpdate %s: %q, want %q", tc.spelling, got, want)
+		}
+	}
+}
+
 // A server reached by an address its certificate does not name (a
 // forwarded port) is checked against the kubeconfig's tls-server-name:
 // without it the connection is refused, with it the call goes through.

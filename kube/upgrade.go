@@ -38,7 +38,7 @@ func (c *Client) StartUpgrade(ctx context.Context, u cluster.Upgrade) error {
 	if err != nil {
 		return fmt.Errorf("reading clusterversion/version: %w", err)
 	}
-	if cv.Spec.DesiredUpdate != nil && cv.Spec.DesiredUpdate.Image == u.Release {
+	if cv.Spec.DesiredUpdate != nil && sameRelease(cv.Spec.DesiredUpdate.Image, u.Release) {
 		return nil
 	}
 	patch := map[string]any{"spec": map[string]any{"desiredUpdate": map[string]any{
@@ -161,7 +161,8 @@ func (c *Client) UpgradeStatus(ctx context.Context, release string) (cluster.Upg
 
 // upgradeOf reads ClusterVersion as the cluster version operator writes
 // it: history newest first, conditions Progressing, Failing,
-// ReleaseAccepted, Upgradeable.
+// ReleaseAccepted, Upgradeable. The release is recognised by its digest
+// (sameRelease), however the history or desiredUpdate spells it.
 func upgradeOf(cv *clusterVersion, release string) cluster.UpgradeStatus {
 	var u cluster.UpgradeStatus
 	if p := cv.condition("Progressing"); p != nil {
@@ -180,7 +181,7 @@ func upgradeOf(cv *clusterVersion, release string) cluster.UpgradeStatus {
 	}
 	u.Reason = strings.Join(reasons, "; ")
 	for i, h := range cv.Status.History {
-		if h.Image != release {
+		if !sameRelease(h.Image, release) {
 			continue
 		}
 		if h.State == "Completed" {
@@ -194,7 +195,7 @@ func upgradeOf(cv *clusterVersion, release string) cluster.UpgradeStatus {
 	}
 	desired := cv.Spec.DesiredUpdate
 	switch {
-	case desired == nil || desired.Image != release:
+	case desired == nil || !sameRelease(desired.Image, release):
 		u.State = cluster.UpgradeNotAsked
 	case accepted != nil && accepted.Status == "False":
 		u.State = cluster.UpgradeRefused

@@ -22,8 +22,8 @@ type clusterAPI struct {
 
 func (k clusterAPI) Changes() <-chan struct{} { return k.f.Changes() }
 
-func (k clusterAPI) ApprovedDigests(ctx context.Context) ([]string, error) {
-	return k.f.ApprovedDigests(ctx)
+func (k clusterAPI) Approvals(ctx context.Context) ([]cluster.Approval, error) {
+	return k.f.Approvals(ctx)
 }
 
 func (k clusterAPI) Sources(ctx context.Context) ([]cluster.RegistrySource, error) {
