@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/internal/pacing"
 	"github.com/spf13/cobra"
 )
@@ -143,7 +144,19 @@ func runBundleVerify(ctx context.Context, path string, t *trustOptions) error {
 		return err
 	}
 	fmt.Printf("OK %s %s (%s, %s, approval: %s)\n", src.Name(), res.Digest, res.Metadata.Version, res.Metadata.Arch, res.Approval)
+	fmt.Print(releaseApprovalText(res.Metadata.Release))
 	return nil
+}
+
+// releaseApprovalText is how the administrator approves the bundle's
+// release for the cluster upgrade (packaging/admission.yaml refuses it
+// until then), "" for a release not named by digest.
+func releaseApprovalText(release string) string {
+	cmd := cluster.ApproveCommand(release)
+	if cmd == "" {
+		return ""
+	}
+	return fmt.Sprintf("the cluster upgrade to release %s needs the administrator's approval, once:\n  %s\n", release, cmd)
 }
 
 type extractOptions struct {
