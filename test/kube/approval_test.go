@@ -22,12 +22,17 @@ import (
 // access is one question to the API server's authorizers (a
 // SubjectAccessReview): the Node authorizer answers for a kubelet, then
 // RBAC.
+// A list or watch with fieldSelector metadata.name=N is asked as one
+// with name N: the API server asks its authorizers so.
 type access struct {
-	verb, group, resource, ns, name, fieldSelector string
+	verb, group, resource, sub, ns, name, fieldSelector string
 }
 
 func (a access) String() string {
 	s := a.verb + " " + a.resource
+	if a.sub != "" {
+		s += "/" + a.sub
+	}
 	if a.group != "" {
 		s += "." + a.group
 	}
@@ -46,7 +51,7 @@ func (a access) String() string {
 // allowed asks the API server whether user in groups may do a.
 func allowed(t *testing.T, e *kubeenv.Env, user string, groups []string, a access) bool {
 	t.Helper()
-	ra := map[string]any{"verb": a.verb, "group": a.group, "resource": a.resource, "namespace": a.ns, "name": a.name}
+	ra := map[string]any{"verb": a.verb, "group": a.group, "resource": a.resource, "subresource": a.sub, "namespace": a.ns, "name": a.name}
 	if a.fieldSelector != "" {
 		ra["fieldSelector"] = map[string]any{"rawSelector": a.fieldSelector}
 	}
@@ -175,7 +180,7 @@ func TestRights_AKubeletGainsOnlyFerrysNarrowRights(t *testing.T) {
 		{verb: "list", resource: "nodes"},
 		{verb: "watch", resource: "nodes"},
 		{verb: "get", resource: "nodes", name: "w2"},
-		{verb: "list", resource: "nodes", fieldSelector: "metadata.name=w2"},
+		{verb: "list", resource: "nodes", name: "w2"},
 		{verb: "list", resource: "pods", fieldSelector: "spec.nodeName=w2"},
 		{verb: "get", resource: "pods", ns: "openshift-etcd", name: "etcd-m1"},
 		{verb: "list", resource: "pods", ns: "openshift-etcd"},
@@ -184,7 +189,7 @@ func TestRights_AKubeletGainsOnlyFerrysNarrowRights(t *testing.T) {
 		{verb: "get", resource: "configmaps", ns: "openshift-ferry", name: "ferry-admission"},
 		{verb: "update", resource: "configmaps", ns: "openshift-ferry", name: "ferry-admission"},
 		{verb: "get", resource: "secrets", ns: "openshift-config"},
-		{verb: "create", resource: "serviceaccounts/token", ns: "openshift-ferry", name: "ferry"},
+		{verb: "create", resource: "serviceaccounts", sub: "token", ns: "openshift-ferry", name: "ferry"},
 		{verb: "update", resource: "upgradebundles", group: "ferry.io", name: bundleName},
 		{verb: "patch", resource: "upgradebundles", group: "ferry.io", name: bundleName},
 		{verb: "delete", resource: "configmaps", ns: "openshift-config-managed", name: "sha256-" + sigHex},
@@ -192,8 +197,8 @@ func TestRights_AKubeletGainsOnlyFerrysNarrowRights(t *testing.T) {
 	always := []access{
 		{verb: "get", resource: "nodes", name: "w1"},
 		{verb: "patch", resource: "nodes", name: "w1"},
-		{verb: "list", resource: "nodes", fieldSelector: "metadata.name=w1"},
-		{verb: "watch", resource: "nodes", fieldSelector: "metadata.name=w1"},
+		{verb: "list", resource: "nodes", name: "w1"},
+		{verb: "watch", resource: "nodes", name: "w1"},
 		{verb: "list", resource: "pods", fieldSelector: "spec.nodeName=w1"},
 	}
 	ferrys := []access{
@@ -202,7 +207,7 @@ func TestRights_AKubeletGainsOnlyFerrysNarrowRights(t *testing.T) {
 		{verb: "update", resource: "configmaps", ns: "openshift-config-managed", name: "sha256-" + sigHex},
 		{verb: "get", resource: "configmaps", ns: "openshift-config-managed", name: "kubelet-serving-ca"},
 		{verb: "create", group: "ferry.io", resource: "upgradebundles"},
-		{verb: "patch", group: "ferry.io", resource: "upgradebundles/status", name: bundleName},
+		{verb: "patch", group: "ferry.io", resource: "upgradebundles", sub: "status", name: bundleName},
 	}
 	namespaces := []string{"default", "kube-system", "openshift-config", "openshift-config-managed", "openshift-ferry", "openshift-etcd"}
 
@@ -244,7 +249,7 @@ func TestRights_AKubeletGainsOnlyFerrysNarrowRights(t *testing.T) {
 	sa := func(a access) bool {
 		return allowed(t, e, "system:serviceaccount:openshift-ferry:ferry", []string{"system:serviceaccounts", "system:serviceaccounts:openshift-ferry", "system:authenticated"}, a)
 	}
-	for _, a := range []access{{verb: "list", resource: "nodes"}, {verb: "watch", resource: "nodes"}, {verb: "list", resource: "pods"}, {verb: "create", resource: "serviceaccounts/token", ns: "openshift-ferry", name: "ferry"}} {
+	for _, a := range []access{{verb: "list", resource: "nodes"}, {verb: "watch", resource: "nodes"}, {verb: "list", resource: "pods"}, {verb: "create", resource: "serviceaccounts", sub: "token", ns: "openshift-ferry", name: "ferry"}} {
 		if !sa(a) {
 			t.Errorf("ferry's ServiceAccount may not %s", a)
 		}
