@@ -63,10 +63,20 @@ const approvalRefusal = "is not approved by the administrator"
 func unapproved(err error) error {
 	var a *APIError
 	if errors.As(err, &a) && a.Code == http.StatusForbidden && strings.Contains(a.Message, approvalRefusal) {
-		return fmt.Errorf("%w: %s", cluster.ErrReleaseUnapproved, a.Message)
+		return unapprovedError{a}
 	}
 	return err
 }
+
+// unapprovedError is cluster.ErrReleaseUnapproved and still the 403 it
+// is, without the 403's advice on RBAC, which does not apply.
+type unapprovedError struct{ api *APIError }
+
+func (e unapprovedError) Error() string {
+	return cluster.ErrReleaseUnapproved.Error() + ": " + e.api.Message
+}
+func (e unapprovedError) Is(target error) bool { return target == cluster.ErrReleaseUnapproved }
+func (e unapprovedError) Unwrap() error        { return e.api }
 
 type configMap struct {
 	APIVersion string `json:"apiVersion"`
