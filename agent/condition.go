@@ -67,6 +67,10 @@ const (
 	ReasonUnclassified         = "Unclassified" // an old record's reason no rule below knows
 )
 
+// ReasonReleaseUnapproved: the API server refuses the release until the
+// administrator approves it in ConfigMap openshift-ferry/ferry-admission.
+const ReasonReleaseUnapproved = "ReleaseUnapproved"
+
 // loadsNothing is an approved bundle's condition on a node with no CRI-O
 // loader (crio.socket = ""): it is verified, extracted and shared, and
 // nothing more happens here.

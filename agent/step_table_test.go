@@ -697,6 +697,16 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 		{name: "the ask refused is retried, said once", in: PhaseClusterReady,
 			given: []func(*machine){withAPI, with(func(m *machine) { m.asking = true; m.records["held"].Upgrade = &UpgradeRun{Requested: m.now()} })},
 			ev:    evUpgradeAsked{id: "held", err: errors.New("connection refused")}, phase: PhaseClusterReady, why: ReasonUpgradeRequestFailed, effs: []string{"save held"}},
+		{name: "the release not approved by the administrator: waiting, healthy, the command that approves it shown", in: PhaseClusterReady,
+			given: []func(*machine){withAPI, with(func(m *machine) { m.asking = true; m.records["held"].Upgrade = &UpgradeRun{Requested: m.now()} })},
+			ev:    evUpgradeAsked{id: "held", err: fmt.Errorf("writing the release signatures: %w: denied", cluster.ErrReleaseUnapproved)},
+			phase: PhaseClusterReady, why: ReasonReleaseUnapproved, effs: []string{"save held"},
+			check: func(t *testing.T, m *machine) {
+				s := m.status()
+				if !s.Healthy || !strings.Contains(annotations(s)[AnnotationReason], cluster.ApproveCommand(meta137.Release)) || !m.asking {
+					t.Errorf("status %+v asking %v: want healthy, the oc command on the Node, still asking", s, m.asking)
+				}
+			}},
 		{name: "the ask accepted runs the hook", in: PhaseClusterReady,
 			given: []func(*machine){withAPI, with(func(m *machine) { m.asking = true; m.records["held"].Upgrade = &UpgradeRun{Requested: m.now()} })},
 			ev:    evUpgradeAsked{id: "held"}, phase: PhaseClusterReady, effs: []string{"save held", "save held", "run hook held"}},

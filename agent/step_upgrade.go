@@ -64,6 +64,15 @@ func (m *machine) upgradeAsked(ev evUpgradeAsked) []effect {
 	if r == nil || r.Upgrade == nil {
 		return nil
 	}
+	if errors.Is(ev.err, cluster.ErrReleaseUnapproved) {
+		why := waiting(ReasonReleaseUnapproved, unapprovedMessage(r.Metadata.Release))
+		if r.Condition == why {
+			return nil
+		}
+		m.log.Warn("the cluster refuses the release until the administrator approves it; asking again every 30s", "bundle", r.Name, "release", r.Metadata.Release, "approve", cluster.ApproveCommand(r.Metadata.Release))
+		r.Upgrade.Error = why.Message
+		return m.move(r, r.Phase, why, r.Progress)
+	}
 	if ev.err != nil {
 		why := fmt.Sprintf("asking the cluster for the upgrade failed, retrying: %v", ev.err)
 		if r.Upgrade.Error == why {
@@ -78,6 +87,12 @@ func (m *machine) upgradeAsked(ev evUpgradeAsked) []effect {
 	m.log.Info("the cluster accepted the upgrade request", "phase", string(r.Phase), "bundle", r.Name, "release", r.Metadata.Release)
 	effs := m.move(r, r.Phase, Condition{}, r.Progress)
 	return append(effs, m.proceed(r, false)...)
+}
+
+// unapprovedMessage is what a node shows while the administrator has not
+// approved release: the one command that does.
+func unapprovedMessage(release string) string {
+	return "waiting for the administrator to approve release " + release + " for the cluster upgrade: " + cluster.ApproveCommand(release)
 }
 
 // upgradeSeen follows the cluster version operator on the active bundle's

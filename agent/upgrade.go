@@ -3,6 +3,7 @@ package agent
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -48,8 +49,13 @@ func (a *Agent) askUpgrade(ctx context.Context, r *Record) {
 			if err == nil {
 				return
 			}
+			next := wait
+			if errors.Is(err, cluster.ErrReleaseUnapproved) {
+				// A person must act: ask at a steady pace, not a storm.
+				next = approvalRetry * a.retryBase()
+			}
 			select {
-			case <-time.After(wait):
+			case <-time.After(next):
 			case <-ctx.Done():
 				return
 			}
@@ -57,6 +63,10 @@ func (a *Agent) askUpgrade(ctx context.Context, r *Record) {
 		}
 	}()
 }
+
+// approvalRetry is how many retryBase (30 s by default) ferry waits
+// before it asks again for a release the administrator has not approved.
+const approvalRetry = 30
 
 // followUpgrade reads the cluster's upgrade of the active bundle's
 // release while it is ready, upgrading or being asked for, and the

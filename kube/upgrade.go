@@ -3,10 +3,10 @@ package kube
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
-	"reflect"
+	"net/http"
 	"strings"
-	"time"
 
 	"github.com/ferry-edge/ferry/cluster"
 )
@@ -23,7 +23,9 @@ const (
 // StartUpgrade writes the release's signatures as the ConfigMap the
 // cluster version operator reads, then merge-patches ClusterVersion's
 // spec.desiredUpdate. It does nothing to desiredUpdate when it already
-// names the release; calling it again is harmless.
+// names the release; calling it again is harmless. Until the
+// administrator approves the release in ferry-admission, the API server
+// refuses both writes: the error is then cluster.ErrReleaseUnapproved.
 func (c *Client) StartUpgrade(ctx context.Context, u cluster.Upgrade) error {
 	hex, ok := strings.CutPrefix(u.Release[strings.LastIndex(u.Release, "@")+1:], "sha256:")
 	if !ok || len(hex) != 64 {
@@ -31,7 +33,7 @@ func (c *Client) StartUpgrade(ctx context.Context, u cluster.Upgrade) error {
 	}
 	if len(u.Signatures) > 0 {
 		if err := c.putSignatures(ctx, hex, u.Signatures); err != nil {
-			return fmt.Errorf("writing the release signatures: %w", err)
+			return fmt.Errorf("writing the release signatures: %w", unapproved(err))
 		}
 	}
 	cv, err := c.clusterVersion(ctx)
@@ -45,25 +47,53 @@ func (c *Client) StartUpgrade(ctx context.Context, u cluster.Upgrade) error {
 		"image": u.Release, "version": u.Version, "force": u.Force,
 	}}}
 	if err := c.do(ctx, "PATCH", clusterVersionPath, mergePatch, patch, nil); err != nil {
-		return fmt.Errorf("setting clusterversion/version spec.desiredUpdate: %w", err)
+		return fmt.Errorf("setting clusterversion/version spec.desiredUpdate: %w", unapproved(err))
 	}
 	return nil
 }
+
+// approvalRefusal is what packaging/admission.yaml's refusals of a
+// release the administrator has not approved say (ferry-release-signatures,
+// ferry-clusterversion): ferry's own policy's words, not the server's.
+const approvalRefusal = "is not approved by the administrator"
+
+// unapproved turns the API server's refusal of an unapproved release into
+// cluster.ErrReleaseUnapproved, with the server's words (the command
+// that approves it); any other error stays as it is.
+func unapproved(err error) error {
+	var a *APIError
+	if errors.As(err, &a) && a.Code == http.StatusForbidden && strings.Contains(a.Message, approvalRefusal) {
+		return unapprovedError{a}
+	}
+	return err
+}
+
+// unapprovedError is cluster.ErrReleaseUnapproved and still the 403 it
+// is, without the 403's advice on RBAC, which does not apply.
+type unapprovedError struct{ api *APIError }
+
+func (e unapprovedError) Error() string {
+	return cluster.ErrReleaseUnapproved.Error() + ": " + e.api.Message
+}
+func (e unapprovedError) Is(target error) bool { return target == cluster.ErrReleaseUnapproved }
+func (e unapprovedError) Unwrap() error        { return e.api }
 
 type configMap struct {
 	APIVersion string `json:"apiVersion"`
 	Kind       string `json:"kind"`
 	Metadata   struct {
-		Name            string            `json:"name"`
-		Namespace       string            `json:"namespace"`
-		Labels          map[string]string `json:"labels"`
-		ResourceVersion string            `json:"resourceVersion,omitempty"`
+		Name      string            `json:"name"`
+		Namespace string            `json:"namespace"`
+		Labels    map[string]string `json:"labels"`
 	} `json:"metadata"`
 	BinaryData map[string]string `json:"binaryData"`
 }
 
-// putSignatures creates or updates ConfigMap sha256-<hex>: binaryData
-// sha256-<hex>-1, -2, … (a 409 on update is a race: read and try again).
+// putSignatures creates or replaces ConfigMap sha256-<hex>: binaryData
+// sha256-<hex>-1, -2, …. It never reads it (ferry may not: its Role
+// grants create and update only): an existing one is replaced by an
+// unconditional update, which a ConfigMap accepts without a
+// resourceVersion.
 func (c *Client) putSignatures(ctx context.Context, hex string, sigs [][]byte) error {
 	var want configMap
 	want.APIVersion, want.Kind = "v1", "ConfigMap"
@@ -79,27 +109,13 @@ func (c *Client) putSignatures(ctx context.Context, hex string, sigs [][]byte) e
 		if err == nil || !IsConflict(err) {
 			return err
 		}
-		var have configMap
-		if err := c.do(ctx, "GET", base+"/"+want.Metadata.Name, "", nil, &have); err != nil {
-			if IsNotFound(err) {
-				continue // deleted meanwhile: create again
-			}
+		err = c.do(ctx, "PUT", base+"/"+want.Metadata.Name, jsonType, want, nil)
+		if err == nil || !IsNotFound(err) {
 			return err
 		}
-		if reflect.DeepEqual(have.BinaryData, want.BinaryData) && have.Metadata.Labels != nil {
-			if _, ok := have.Metadata.Labels[SignatureLabel]; ok {
-				return nil
-			}
-		}
-		upd := want
-		upd.Metadata.ResourceVersion = have.Metadata.ResourceVersion
-		err = c.do(ctx, "PUT", base+"/"+want.Metadata.Name, jsonType, upd, nil)
-		if err == nil || !IsConflict(err) {
-			return err
-		}
-		time.Sleep(100 * time.Millisecond)
+		// deleted meanwhile: create it again
 	}
-	return fmt.Errorf("configmap %s/sha256-%s kept changing under ferry: try again", SignatureNamespace, hex)
+	return fmt.Errorf("configmap %s/sha256-%s kept vanishing under ferry: try again", SignatureNamespace, hex)
 }
 
 type condition struct {

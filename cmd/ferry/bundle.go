@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/internal/pacing"
 	"github.com/spf13/cobra"
 )
@@ -144,7 +145,19 @@ func runBundleVerify(ctx context.Context, w, stderr io.Writer, path string, t *t
 		return err
 	}
 	fmt.Fprintf(w, "OK %s %s (%s, %s, approval: %s)\n", src.Name(), res.Digest, res.Metadata.Version, res.Metadata.Arch, res.Approval)
+	fmt.Fprint(w, releaseApprovalText(res.Metadata.Release))
 	return nil
+}
+
+// releaseApprovalText is how the administrator approves the bundle's
+// release for the cluster upgrade (packaging/admission.yaml refuses it
+// until then), "" for a release not named by digest.
+func releaseApprovalText(release string) string {
+	cmd := cluster.ApproveCommand(release)
+	if cmd == "" {
+		return ""
+	}
+	return fmt.Sprintf("the cluster upgrade to release %s needs the administrator's approval, once:\n  %s\n", release, cmd)
 }
 
 type extractOptions struct {

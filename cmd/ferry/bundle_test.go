@@ -110,3 +110,15 @@ func TestBundleInspect_Golden(t *testing.T) {
 		})
 	}
 }
+
+func TestBundleVerify_PrintsTheCommandThatApprovesTheRelease(t *testing.T) {
+	release := "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat("ab", 32)
+	out := releaseApprovalText(release)
+	want := `oc -n openshift-ferry patch configmap ferry-admission --type merge -p '{"data":{"sha256-` + strings.Repeat("ab", 32) + `":"approved"}}'`
+	if !strings.Contains(out, release) || !strings.Contains(out, "\n  "+want+"\n") {
+		t.Errorf("output:\n%s\nwant the release and %s", out, want)
+	}
+	if out := releaseApprovalText("quay.io/x:4.13.7"); out != "" {
+		t.Errorf("a release by tag: %q", out)
+	}
+}

@@ -96,6 +96,8 @@ func TestHost_TheUpgradeLoopThroughARealAPI(t *testing.T) {
 	reg.PushImage(t, "my-company/my-workload", "v1")
 	firstTar, first := releaseBundle(t, reg, "4.13.7", 1)
 	secondTar, second := releaseBundle(t, reg, "4.13.8", 2)
+	e.ApproveRelease(first.Release) // the administrator's one command each (ferry bundle verify prints it)
+	e.ApproveRelease(second.Release)
 
 	cfg := nodeConfig(t, c)
 	cfg.NodeName = "node-a"
@@ -190,6 +192,7 @@ func TestHost_ManualProceedAFailedHookAnOutageAndARefusal(t *testing.T) {
 	reg := fixture.NewRegistry(t)
 	reg.PushImage(t, "my-company/my-workload", "v1")
 	tarPath, meta := releaseBundle(t, reg, "4.13.7", 3)
+	e.ApproveRelease(meta.Release)
 
 	flag := filepath.Join(t.TempDir(), "hook-may-succeed")
 	cfg := nodeConfig(t, c)

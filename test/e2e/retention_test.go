@@ -211,6 +211,7 @@ func TestHost_SpecCleanupOfALoadedBundleThatNeverRanKeepsTheRunningReleasePinned
 	reg.PushImage(t, "my-company/my-workload", "v1")
 	tarA, metaA := releaseBundle(t, reg, "4.13.7", 1)
 	tarB, metaB := releaseBundle(t, reg, "4.13.8", 2)
+	e.ApproveRelease(metaA.Release)
 
 	cfg := nodeConfig(t, c)
 	cfg.NodeName = "node-a"

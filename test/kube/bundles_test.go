@@ -109,8 +109,9 @@ func TestClient_UpgradeBundleStatusIsFerrysAndSpecTheAdministrators(t *testing.T
 // starts the upgrade, and reports it Updated, with the real API server,
 // CRI-O and ferry's shipped rights.
 func TestAgent_ABundleApprovedAheadInItsUpgradeBundleGoesThroughAlone(t *testing.T) {
-	n := startBundleNode(t, func(e *kubeenv.Env, name, digest string) {
-		e.PatchBundleSpec(name, map[string]any{"approvedDigest": digest, "schedule": "Automatic"})
+	n := startBundleNode(t, func(e *kubeenv.Env, b bundleNode) {
+		e.PatchBundleSpec(b.name, map[string]any{"approvedDigest": b.digest, "schedule": "Automatic"})
+		e.ApproveRelease(b.meta.Release)
 	})
 	e, a, meta, name := n.e, n.a, n.meta, n.name
 	a.WaitPhase(bound, agent.PhaseClusterReady)
@@ -154,14 +155,14 @@ type bundleNode struct {
 }
 
 // startBundleNode starts it; admin runs as the administrator before the
-// bundle is given.
-func startBundleNode(t *testing.T, admin func(e *kubeenv.Env, name, digest string)) bundleNode {
+// bundle is given (b holds the bundle, not its agent yet).
+func startBundleNode(t *testing.T, admin func(e *kubeenv.Env, b bundleNode)) bundleNode {
 	return startBundleNodeWith(t, admin, nil)
 }
 
 // startBundleNodeWith is startBundleNode with the agent's config set up
 // further by configure.
-func startBundleNodeWith(t *testing.T, admin func(e *kubeenv.Env, name, digest string), configure func(*kubeenv.Env, *agent.Config)) bundleNode {
+func startBundleNodeWith(t *testing.T, admin func(e *kubeenv.Env, b bundleNode), configure func(*kubeenv.Env, *agent.Config)) bundleNode {
 	c := crioenv.Start(t)
 	e := kubeenv.Start(t, current)
 	e.AddNode("node-a", "127.0.0.1")
@@ -174,7 +175,7 @@ func startBundleNodeWith(t *testing.T, admin func(e *kubeenv.Env, name, digest s
 	}
 	n := bundleNode{e: e, meta: meta, name: agent.ResourceName(meta.Version, meta.Arch), digest: "sha256:" + strings.Fields(string(sidecar))[0]}
 	if admin != nil {
-		admin(e, n.name, n.digest)
+		admin(e, n)
 	}
 	n.a = nodeAgent(t, e, tarPath, func(cfg *agent.Config) {
 		c.Configure(cfg)

@@ -125,6 +125,7 @@ func TestPolicy_AKubeletCertificateActsForItsOwnNodeOnly(t *testing.T) {
 	if err := a.BundleEvent(ctx, bundleName, "", "node-a", "Normal", "Loaded", "node-a: loaded"); err != nil {
 		t.Fatalf("its own Event: %v", err)
 	}
+	e.ApproveRelease(next)
 	if err := a.StartUpgrade(ctx, cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: [][]byte{[]byte("s")}}); err != nil {
 		t.Fatalf("starting the upgrade: %v", err)
 	}
@@ -171,9 +172,10 @@ func TestAgent_TheKubeletsCertificateRunsTheWholeLoop(t *testing.T) {
 		t.Fatalf("hostname %q, %v: the test needs one that is not node-a", host, err)
 	}
 	var kc string
-	n := startBundleNodeWith(t, func(e *kubeenv.Env, name, digest string) {
+	n := startBundleNodeWith(t, func(e *kubeenv.Env, b bundleNode) {
 		e.AddNode("node-b", "10.0.0.2")
-		e.PatchBundleSpec(name, map[string]any{"approvedDigest": digest, "schedule": "Automatic"})
+		e.PatchBundleSpec(b.name, map[string]any{"approvedDigest": b.digest, "schedule": "Automatic"})
+		e.ApproveRelease(b.meta.Release)
 	}, func(e *kubeenv.Env, cfg *agent.Config) {
 		kc = e.NodeCertKubeconfig("node-a")
 		cfg.Cluster.Kubeconfig = kc

@@ -72,6 +72,10 @@ func TestClient_TheUpgradeLoopWithOnlyFerrysRBAC(t *testing.T) {
 	}
 	sigs := [][]byte{[]byte("signature one\x00\xff"), []byte("signature two")}
 	req := cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: sigs}
+	if err := c.StartUpgrade(ctx, req); !errors.Is(err, cluster.ErrReleaseUnapproved) {
+		t.Fatalf("before the administrator approves the release: %v", err)
+	}
+	e.ApproveRelease(next)
 	if err := c.StartUpgrade(ctx, req); err != nil {
 		t.Fatal(err)
 	}
@@ -119,6 +123,7 @@ func TestClient_TheUpgradeLoopWithOnlyFerrysRBAC(t *testing.T) {
 func TestClient_ARefusedReleaseSaysWhyInTheOperatorsWords(t *testing.T) {
 	e := kubeenv.Start(t, current)
 	c := ferryClient(t, e)
+	e.ApproveRelease(next)
 	if err := c.StartUpgrade(t.Context(), cluster.Upgrade{Release: next, Version: "4.13.7"}); err != nil {
 		t.Fatal(err)
 	}

@@ -151,7 +151,10 @@ func TestPolicy_ClusterVersionTakesADesiredUpdateByDigestAndNothingElse(t *testi
 		t.Errorf("ClusterVersion's spec changed (generation %d)", g)
 	}
 
-	// What ferry does is allowed.
+	// What ferry does is allowed, once the administrator approved the
+	// release.
+	denied(t, "a release nobody approved", a.StartUpgrade(ctx, cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: [][]byte{[]byte("sig")}}), "ferry-release-signatures")
+	e.ApproveRelease(next)
 	if err := a.StartUpgrade(ctx, cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: [][]byte{[]byte("sig")}}); err != nil {
 		t.Fatalf("ferry's own upgrade: %v", err)
 	}
@@ -164,6 +167,7 @@ func TestPolicy_ClusterVersionTakesADesiredUpdateByDigestAndNothingElse(t *testi
 	if err := merge(t, e.Admin, "/api/v1/namespaces/openshift-ferry/configmaps/ferry-admission", map[string]any{"data": map[string]any{"allowForce": "true"}}); err != nil {
 		t.Fatal(err)
 	}
+	e.ApproveRelease(current) // force skips the version operator's checks, not the administrator's approval
 	waitUntil(t, "force allowed once the administrator says so", func() bool {
 		return merge(t, a, cvPath, desired(current, true)) == nil
 	})
@@ -198,6 +202,8 @@ func TestPolicy_OnlyReleaseSignatureConfigMaps(t *testing.T) {
 	denied(t, "a binaryData key not sha256-<hex>-N", post(managed, cm(managed, name, label, nil, map[string]any{"ca.crt": "c2lnbmF0dXJl"})), "ferry-release-signatures")
 	denied(t, "another release's key", post(managed, cm(managed, name, label, nil, map[string]any{"sha256-" + strings.Repeat("3", 64) + "-1": "c2lnbmF0dXJl"})), "ferry-release-signatures")
 	denied(t, "another namespace", post("openshift-config", cm("openshift-config", name, label, nil, good)), "")
+	denied(t, "a release nobody approved", post(managed, cm(managed, name, label, nil, good)), "ferry-release-signatures")
+	e.ApproveRelease(next)
 	if err := post(managed, cm(managed, name, label, nil, good)); err != nil {
 		t.Fatalf("a signature ConfigMap as ferry writes it: %v", err)
 	}

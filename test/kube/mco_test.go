@@ -94,6 +94,7 @@ func TestAgent_KeepsItsMirrorUntilTheMCOIsDoneWithTheNode(t *testing.T) {
 	e.SetPool(worker)
 	e.SetMachineConfig("node-a", "Done", oldConfig, oldConfig)
 	tarPath, meta := releaseBundle(t)
+	e.ApproveRelease(meta.Release) // the administrator's one command (ferry bundle verify prints it)
 
 	a := nodeAgent(t, e, tarPath, func(cfg *agent.Config) { c.Configure(cfg) })
 	a.WaitPhase(bound, agent.PhaseClusterReady)

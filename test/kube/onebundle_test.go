@@ -63,8 +63,11 @@ func nodeEntry(e *kubeenv.Env, name string) map[string]any {
 // a Warning Event on the stray one names it.
 func TestAgent_AnApprovalInAnotherUpgradeBundleNeverStartsTheUpgrade(t *testing.T) {
 	const stray = "4.13.7-amd64"
-	n := startBundleNode(t, func(e *kubeenv.Env, name, digest string) {
-		administrator{e}.spec(stray, map[string]any{"approvedDigest": digest, "schedule": "Manual"})
+	n := startBundleNode(t, func(e *kubeenv.Env, b bundleNode) {
+		// The release is approved: only the stray bundle approval stands
+		// between the load and the upgrade.
+		e.ApproveRelease(b.meta.Release)
+		administrator{e}.spec(stray, map[string]any{"approvedDigest": b.digest, "schedule": "Manual"})
 	})
 	logOnFailure(t, n)
 	waitUntil(t, "a Warning Event on "+stray+" naming "+n.name, func() bool {
@@ -104,9 +107,10 @@ func TestAgent_AnApprovalInAnotherUpgradeBundleNeverStartsTheUpgrade(t *testing.
 // upgrade, the cleanup goes on by itself.
 func TestAgent_CleanupAfterTheUpgradeWasAskedForIsRefused(t *testing.T) {
 	var admin administrator
-	n := startBundleNode(t, func(e *kubeenv.Env, name, digest string) {
+	n := startBundleNode(t, func(e *kubeenv.Env, b bundleNode) {
 		admin = administrator{e}
-		admin.spec(name, map[string]any{"approvedDigest": digest, "schedule": "Automatic"})
+		e.ApproveRelease(b.meta.Release)
+		admin.spec(b.name, map[string]any{"approvedDigest": b.digest, "schedule": "Automatic"})
 	})
 	logOnFailure(t, n)
 	n.a.WaitPhase(bound, agent.PhaseClusterReady)
@@ -144,8 +148,9 @@ func TestAgent_CleanupAfterTheUpgradeWasAskedForIsRefused(t *testing.T) {
 // tag, not as the bundle does. Before, the node waited for the operator
 // to start forever; now Completed is this release's, and it is upgraded.
 func TestAgent_AHistoryEntrySpelledByDigestAloneIsThisRelease(t *testing.T) {
-	n := startBundleNode(t, func(e *kubeenv.Env, name, digest string) {
-		administrator{e}.spec(name, map[string]any{"approvedDigest": digest, "schedule": "Automatic"})
+	n := startBundleNode(t, func(e *kubeenv.Env, b bundleNode) {
+		e.ApproveRelease(b.meta.Release)
+		administrator{e}.spec(b.name, map[string]any{"approvedDigest": b.digest, "schedule": "Automatic"})
 	})
 	logOnFailure(t, n)
 	n.a.WaitPhase(bound, agent.PhaseClusterReady)

@@ -27,6 +27,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/internal/testca"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/test/crioenv"
@@ -343,6 +344,55 @@ func (e *Env) InstallFerry() {
 			p.undo()
 			if time.Now().After(deadline) {
 				e.t.Fatalf("admission policy %s not enforced after 30 s (last answer: %v)\n%s", p.policy, err, e.Log())
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+}
+
+// ApproveRelease is what the administrator does, once per release, before
+// ferry may start the cluster upgrade to release (name@sha256:<hex>):
+// the one command ferry prints (cluster.ApproveCommand), a key
+// sha256-<hex> in ConfigMap openshift-ferry/ferry-admission. It waits
+// until both policies that read it enforce it (they read the ConfigMap
+// through a cache), probing with dry runs as a kubelet.
+func (e *Env) ApproveRelease(release string) {
+	e.t.Helper()
+	key, ok := cluster.ApprovalKey(release)
+	if !ok {
+		e.t.Fatalf("ApproveRelease: %q is not a release by digest", release)
+	}
+	ctx := context.Background()
+	must(e.t, e.Admin.Raw(ctx, "PATCH", "/api/v1/namespaces/openshift-ferry/configmaps/ferry-admission", "application/merge-patch+json",
+		map[string]any{"data": map[string]any{key: "approved"}}, nil))
+	c, err := kube.New(e.NodeCertKubeconfig("ferry-probe"), nil)
+	must(e.t, err)
+	c.Attempts = 1
+	sigs := map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+		"metadata":   map[string]any{"name": key, "namespace": "openshift-config-managed", "labels": map[string]any{kube.SignatureLabel: ""}},
+		"binaryData": map[string]any{key + "-1": "cHJvYmU="}}
+	probes := map[string]func() error{
+		"ferry-release-signatures": func() error {
+			err := c.Raw(ctx, "POST", "/api/v1/namespaces/openshift-config-managed/configmaps?dryRun=All", "application/json", sigs, nil)
+			if kube.IsConflict(err) {
+				return nil // it exists: admitted
+			}
+			return err
+		},
+		"ferry-clusterversion": func() error {
+			return c.Raw(ctx, "PATCH", "/apis/config.openshift.io/v1/clusterversions/version?dryRun=All", "application/merge-patch+json",
+				map[string]any{"spec": map[string]any{"desiredUpdate": map[string]any{"image": release, "version": "0.0.0"}}}, nil)
+		},
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for policy, try := range probes {
+		for {
+			err := try()
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				e.t.Fatalf("policy %s does not admit release %s 30 s after its approval: %v", policy, release, err)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}

@@ -60,6 +60,7 @@ func TestAgents_ThreeNodesOneAPIServerOneUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 	tarPath, meta, digest := realBundle(t, reg, "4.13.7", 0, "--release-signature", sig, "--signature-store", "")
+	e.ApproveRelease(meta.Release) // the administrator's one command (ferry bundle verify prints it)
 	a := f.nodes[0]
 	gen := e.Generation()
 
@@ -134,6 +135,7 @@ func TestAgents_ARefusedReleaseIsShownOnEveryNode(t *testing.T) {
 	f := newFleet(t, fleetOptions{Nodes: 3, CRIO: true, Setup: forwardAPI(t, e)})
 	reg := fixture.NewRegistry(t)
 	tarPath, meta, digest := realBundle(t, reg, "4.13.7", 5, "--signature-store", "")
+	e.ApproveRelease(meta.Release)
 	f.nodes[0].load(t, tarPath)
 	for _, n := range f.nodes {
 		n.waitHolds(t, agent.PhaseClusterReady, digest)

@@ -42,6 +42,7 @@ func TestAgents_RegistryModeEachByteCrossesTheLinkOnce(t *testing.T) {
 	reg := fixture.NewRegistry(t)
 	reg.PushImage(t, "my-company/my-workload", "v1")
 	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{Version: "4.13.8", PayloadImages: 6, ImageSize: 1 << 20, Seed: 36})
+	e.ApproveRelease(release) // the administrator's one command for the cluster upgrade
 	link := fixture.NewLink(t, reg, fixture.LinkOptions{CutEvery: 2, Rate: 4 << 20})
 	f := registryFleet(t, e, link, 3)
 	first := f.nodes[0]

@@ -224,5 +224,6 @@ func bundleFleet(t *testing.T) (e *kubeenv.Env, f *fleet, tarPath string, meta *
 		waitFor(t, n.Name+"'s record (its Lease)", func() bool { _, ok := e.Lease(n.Name); return ok })
 	}
 	tarPath, meta, digest = realBundle(t, fixture.NewRegistry(t), "4.13.7", 11, "--signature-store", "")
+	e.ApproveRelease(meta.Release) // the administrator's one command (ferry bundle verify prints it)
 	return e, f, tarPath, meta, digest
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/test/fixture"
 	"github.com/ferry-edge/ferry/test/kubeenv"
@@ -188,6 +189,9 @@ func TestDemo(t *testing.T) {
 	say("The administrator approves the engineer's digest (from the bundle's .sha256, never from a node)")
 	fmt.Printf("    $ oc patch upgradebundle %s --type=merge -p '{\"spec\":{\"approvedDigest\":\"%s\"}}'\n", bundleName, b.Digest)
 	api.env.PatchBundleSpec(bundleName, map[string]any{"approvedDigest": b.Digest})
+	say("And the release for the cluster upgrade, once (ferry bundle verify prints the command)")
+	fmt.Println("    $ " + cluster.ApproveCommand(b.Meta.Release))
+	api.env.ApproveRelease(b.Meta.Release)
 	follow(func(s ferryStatus) bool { return s.loadedWith(b.Digest) })
 	took := time.Since(start)
 	fmt.Printf("    loaded %.1fs after the plug\n", took.Seconds())
