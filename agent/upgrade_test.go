@@ -27,6 +27,7 @@ type fakeAPI struct {
 	history  []map[string]string // every annotation write, in order
 	annoFail int
 	addrs    map[string]string
+	machines int                           // the MCO's count of nodes (0: no MCO)
 	mco      map[string]cluster.NodeUpdate // node → the MCO's state (zero: no MCO)
 	mcoReads int
 	labels   map[string]map[string]string // node → labels
@@ -109,6 +110,12 @@ func (f *fakeAPI) NodeAddresses(context.Context) (map[string]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return maps.Clone(f.addrs), nil
+}
+
+func (f *fakeAPI) MachineCount(context.Context) (int, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.machines, f.machines > 0, nil
 }
 
 func (f *fakeAPI) NodeUpdate(_ context.Context, node string) (cluster.NodeUpdate, error) {
