@@ -762,6 +762,9 @@ func TestStepTable_NodesWithoutFerry(t *testing.T) {
 					!strings.Contains(s.Reason, "oc -n openshift-ferry get leases") || !strings.Contains(s.Reason, "spec.excludedNodes") || !m.records["held"].Condition.Healthy() {
 					t.Errorf("status %+v", s)
 				}
+				if d := m.cluster(m.standing()).Decision; d.Verdict != Waiting || !strings.Contains(d.Reason, "2 run ferry") {
+					t.Errorf("ferry status --cluster: %+v", d)
+				}
 			}},
 		{name: "the same at the next poll of the peers saves nothing", in: PhaseLoaded,
 			given: []func(*machine){loadedB, withoutFerry(1), with(func(m *machine) { m.records["held"].Condition = m.nodesWithoutFerry() })},
