@@ -22,6 +22,10 @@ type ClusterAPI interface {
 	// Lease; not a node without ferry, nor a deleted one) to its peer
 	// address.
 	NodeAddresses(ctx context.Context) (map[string]string, error)
+	// MachineCount is how many nodes the machine config operator counts,
+	// those without ferry (no record) too; known is false on a cluster
+	// without it (no pools).
+	MachineCount(ctx context.Context) (n int, known bool, err error)
 	// NodeUpdate is how the machine config operator stands with the Node
 	// named node.
 	NodeUpdate(ctx context.Context, node string) (cluster.NodeUpdate, error)

@@ -48,6 +48,7 @@ const (
 	ReasonPeerHoldsOther       = "PeerHoldsOtherBundle" // a peer holds a different bundle
 	ReasonPeerRefuses          = "PeerRefusesBundle"    // a peer's policy refuses this bundle
 	ReasonPeersNotHolding      = "PeersNotHolding"      // some peers do not hold the bundle yet
+	ReasonNodesWithoutFerry    = "NodesWithoutFerry"    // the MCO counts nodes with no ferry record
 	ReasonFetchFailed          = "FetchFailed"
 	ReasonNoRoomToExtract      = "NoRoomToExtract" // a fetched bundle, fetched again once there is room
 	ReasonFetchAbandoned       = "FetchAbandoned"  // the fetch filled the disk

@@ -103,8 +103,15 @@ type evPreflight struct {
 	warnings []string
 }
 
-// evPeerList: the other nodes, as the cluster's API lists them.
-type evPeerList struct{ peers []string }
+// evPeerList: the other nodes, as the cluster's API lists them; the names
+// of the nodes with a record (this one's included), and how many nodes
+// the machine config operator counts beyond them (ferry does not run
+// there: 0 without the MCO).
+type evPeerList struct {
+	peers      []string
+	recorded   []string
+	unrecorded int
+}
 
 // evRetry: the backoff timer fired.
 type evRetry struct{}

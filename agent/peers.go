@@ -163,6 +163,11 @@ func (a *Agent) Cluster() ClusterStatus { return a.snap.Load().cluster }
 
 func (m *machine) cluster(self peer.Status) ClusterStatus {
 	cs := ClusterStatus{Self: self, Peers: map[string]ClusterNode{}, Decision: Decide(self, m.gatedStatuses())}
+	if why := m.nodesWithoutFerry(); cs.Decision.Verdict == Ready && why != (Condition{}) {
+		// Every node that answers is loaded; the gate waits for those
+		// without ferry, which no peer status shows.
+		cs.Decision.Verdict, cs.Decision.Reason = Waiting, why.Message
+	}
 	for addr, st := range m.view.statuses {
 		n := ClusterNode{Status: st.Status}
 		if st.Err != nil {

@@ -66,6 +66,9 @@ type bundleReport struct {
 	line    string // the status line, for Events
 	healthy bool
 	phases  []phaseAt // every phase reached, for Events
+	// unrecorded: nodes the machine config operator counts, with no
+	// record and not excluded; the summary's nodesReady counts them.
+	unrecorded int
 }
 
 // evBundlePolicy: the administrator's policy for bundle name, and the
@@ -101,6 +104,7 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 	if s := strayApprovals(m.clusterApproved, rep.name, r.Digest); len(s) > 0 {
 		strays = []string{strayMessage(strings.Join(s, ", "), rep.name, r.Digest)}
 	}
+	rep.unrecorded, _ = m.unrecordedLeft()
 	rep.sum = cluster.BundleSummary{Version: md.Version, Arch: md.Arch, Release: SanitizeReason(md.Release), Digest: r.Digest, Size: sanitizeText(md.Size, maxSummarySize),
 		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: boundList(slices.Concat(strays, r.Warnings, r.SignaturePolicy), maxSummaryWarnings)}
 	rep.entry = cluster.BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Condition.Message), Conditions: conditions(r)}
@@ -206,7 +210,9 @@ func phaseRank(p string) int {
 // summarize fills the cluster's phase and nodes-ready count from every
 // node's entry (this one's as it is now), leaving out the excluded nodes;
 // nodes lists the nodes with a record (nil when unknown): an entry of any
-// other name is no node's and is not counted.
+// other name is no node's and is not counted. The nodes the machine
+// config operator counts with no record (rep.unrecorded) are waited for:
+// nodesReady counts them, never ready.
 func summarize(rep *bundleReport, view cluster.BundleView, self string, nodes []string, excluded map[string]string) cluster.BundleSummary {
 	sum := rep.sum
 	entries := map[string]cluster.BundleNodeEntry{}
@@ -242,6 +248,7 @@ func summarize(rep *bundleReport, view cluster.BundleView, self string, nodes []
 			phase = e.Phase
 		}
 	}
+	waited += rep.unrecorded
 	sum.Phase, sum.NodesReady = phase, fmt.Sprintf("%d/%d", ready, waited)
 	for n, why := range excluded {
 		sum.Excluded = append(sum.Excluded, n+": "+why)

@@ -146,6 +146,25 @@ func TestSummarize_UpgradedNodesCountAsReady(t *testing.T) {
 	}
 }
 
+// TestSummarize_NodesWithoutFerryAreWaitedFor: the nodes the machine
+// config operator counts with no record (not excluded) are in nodesReady's
+// total, never ready (a larger total is what the admission policy allows).
+func TestSummarize_NodesWithoutFerryAreWaitedFor(t *testing.T) {
+	const d = "sha256:aa"
+	loaded := cluster.BundleNodeEntry{Phase: string(PhaseLoaded), Digest: d}
+	rep := &bundleReport{entry: loaded, unrecorded: 1}
+	view := cluster.BundleView{Nodes: map[string]cluster.BundleNodeEntry{"b": loaded}}
+	if sum := summarize(rep, view, "a", []string{"a", "b"}, nil); sum.NodesReady != "2/3" {
+		t.Errorf("3 machines, 2 with ferry, both loaded: nodesReady %q, want 2/3", sum.NodesReady)
+	}
+	m := machineIn(t, PhaseLoaded)
+	m.recorded, m.unrecorded = []string{"b", "node-a"}, 1
+	m.excluded = map[string]string{"c": "listed in spec.excludedNodes"}
+	if rep := m.resourceReport(m.status()); rep.unrecorded != 0 {
+		t.Errorf("the third node excluded by name: %d unrecorded waited for, want 0", rep.unrecorded)
+	}
+}
+
 // TestSummary_AnEntryWithNoRecordIsNoNode: an entry of a name with no
 // Lease (its Node deleted, or a name someone made up) neither writes the
 // summary nor counts as a node; the first by name of the nodes with a

@@ -34,6 +34,12 @@ type machine struct {
 	hasAPI    bool
 	warnings  []string // Deps.Warnings: shown in every status
 
+	// recorded are the nodes with a record (the API's, this one
+	// included); unrecorded how many more the machine config operator
+	// counts: nodes without ferry, which the gate waits for.
+	recorded   []string
+	unrecorded int
+
 	records map[string]*Record
 	active  *Record // the bundle that holds the node, nil when none
 	lastBad *Record // the newest refusal or conflict, shown until a bundle succeeds
@@ -142,7 +148,10 @@ func (m *machine) step(ev event) []effect {
 		}
 		return nil
 	case evPeerList:
-		m.peers = ev.peers
+		m.peers, m.recorded, m.unrecorded = ev.peers, ev.recorded, ev.unrecorded
+		if r := m.active; r != nil && (r.Phase == PhaseLoaded || r.Phase == PhaseClusterReady) {
+			return m.gate(r) // a node without ferry found, or ferry started there
+		}
 		return nil
 	case evRetry:
 		return append(m.next(), m.restoreIfDue()...)

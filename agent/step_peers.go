@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -241,9 +242,19 @@ func (m *machine) gate(r *Record) []effect {
 	var effs []effect
 	switch d.Verdict {
 	case Ready:
-		if r.Phase == PhaseLoaded {
+		if why := m.nodesWithoutFerry(); why != (Condition{}) && r.Upgrade == nil {
+			if r.Condition == why {
+				return nil
+			}
+			m.log.Warn("not every node runs ferry: the upgrade waits", "phase", string(r.Phase), "bundle", r.Name, "reason", why.Message)
+			return m.move(r, r.Phase, why, r.Progress)
+		}
+		switch {
+		case r.Phase == PhaseLoaded:
 			effs = m.move(r, PhaseClusterReady, Condition{}, r.Progress)
 			m.log.Info("every node holds the bundle, loaded and pinned: the upgrade may proceed", "phase", string(PhaseClusterReady), "bundle", r.Name, "digest", r.Digest)
+		case r.Condition.Reason == ReasonNodesWithoutFerry:
+			effs = m.move(r, r.Phase, Condition{}, r.Progress) // ferry runs there now, or they are excluded
 		}
 		if r.Plugged && m.schedule() == "Automatic" && m.policyRead() {
 			effs = append(effs, m.proceed(r, false)...)
@@ -252,6 +263,35 @@ func (m *machine) gate(r *Record) []effect {
 		effs = m.reportConflict(d.Reason)
 	}
 	return effs
+}
+
+// nodesWithoutFerry is why the gate stays shut for nodes the machine
+// config operator counts but no record names: ferry does not run there,
+// so nothing says they hold the bundle, and after the upgrade their pods
+// could not pull the new release. Names the administrator excluded that
+// have no record stand for as many of them. The zero Condition when none
+// is left (or the MCO's count is not known).
+func (m *machine) nodesWithoutFerry() Condition {
+	left, excluded := m.unrecordedLeft()
+	if left <= 0 {
+		return Condition{}
+	}
+	counted := fmt.Sprintf("the machine config operator counts %d nodes, %d run ferry", len(m.recorded)+m.unrecorded, len(m.recorded))
+	if excluded > 0 {
+		counted += fmt.Sprintf(" and spec.excludedNodes leaves out %d more", excluded)
+	}
+	return waiting(ReasonNodesWithoutFerry, fmt.Sprintf("%s: start ferry on the other %d (oc -n openshift-ferry get leases shows which run it: one Lease per node) or exclude them in the UpgradeBundle (spec.excludedNodes)", counted, left))
+}
+
+// unrecordedLeft is how many nodes without a record the gate waits for,
+// and how many it does not: the excluded names that have no record.
+func (m *machine) unrecordedLeft() (left, excluded int) {
+	for n := range m.excluded {
+		if !slices.Contains(m.recorded, n) {
+			excluded++
+		}
+	}
+	return max(m.unrecorded-excluded, 0), excluded
 }
 
 func (m *machine) reportConflict(reason string) []effect {

@@ -62,6 +62,9 @@ func (m *machine) request(q evRequest) []effect {
 		return m.cleanup()
 	case reqProceed:
 		r := m.active
+		if r != nil && r.Phase == PhaseLoaded && r.Condition.Reason == ReasonNodesWithoutFerry {
+			return []effect{effReply{q.reply, errors.New(r.Condition.Message)}}
+		}
 		if r == nil || r.Phase != PhaseClusterReady && r.Phase != PhaseUpgrading {
 			return []effect{effReply{q.reply, errors.New("the cluster is not ready: every node must be loaded with the same bundle first (see 'ferry status --cluster')")}}
 		}

@@ -810,3 +810,70 @@ func excludeB(p cluster.BundlePolicy) evBundlePolicy {
 	return evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: p,
 		excluded: map[string]string{"b": "listed in spec.excludedNodes"}, hosts: map[string]string{"b": "10.0.0.2"}}
 }
+
+// withoutFerry: the API lists b and this node with a record, and the
+// machine config operator counts n more nodes (no ferry there).
+func withoutFerry(n int) func(*machine) {
+	return func(m *machine) { m.recorded, m.unrecorded = []string{"b", "node-a"}, n }
+}
+
+// TestStepTable_NodesWithoutFerry: the gate waits for the nodes the
+// machine config operator counts and no record names (ferry does not run
+// there), unless the administrator excludes them by name; loading goes on.
+func TestStepTable_NodesWithoutFerry(t *testing.T) {
+	reply := make(chan error, 1)
+	loadedB := withPeers(peerIn(PhaseLoaded, heldDigest))
+	threeMachines := evPeerList{peers: []string{peerB}, recorded: []string{"b", "node-a"}, unrecorded: 1}
+	runRows(t, []stepRow{
+		{name: "3 machines, 2 with ferry, both loaded: not cluster-ready, saying why", in: PhaseLoaded, given: []func(*machine){loadedB},
+			ev: threeMachines, phase: PhaseLoaded, why: ReasonNodesWithoutFerry, effs: []string{"save held"},
+			check: func(t *testing.T, m *machine) {
+				s := m.status()
+				if !strings.Contains(s.Reason, "the machine config operator counts 3 nodes, 2 run ferry") ||
+					!strings.Contains(s.Reason, "oc -n openshift-ferry get leases") || !strings.Contains(s.Reason, "spec.excludedNodes") || !m.records["held"].Condition.Healthy() {
+					t.Errorf("status %+v", s)
+				}
+				if d := m.cluster(m.standing()).Decision; d.Verdict != Waiting || !strings.Contains(d.Reason, "2 run ferry") {
+					t.Errorf("ferry status --cluster: %+v", d)
+				}
+			}},
+		{name: "the same at the next poll of the peers saves nothing", in: PhaseLoaded,
+			given: []func(*machine){loadedB, withoutFerry(1), with(func(m *machine) { m.records["held"].Condition = m.nodesWithoutFerry() })},
+			ev:    viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseLoaded, why: ReasonNodesWithoutFerry},
+		{name: "alone with ferry among 2 machines: the gate stays shut", in: PhaseLoaded, given: []func(*machine){withPeers(nil)},
+			ev: evPeerList{recorded: []string{"node-a"}, unrecorded: 1}, phase: PhaseLoaded, why: ReasonNodesWithoutFerry, effs: []string{"save held"}},
+		{name: "the administrator excludes the third name: the gate opens", in: PhaseLoaded, given: []func(*machine){withAPI, loadedB, withoutFerry(1)},
+			ev: evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{ExcludedNodes: []string{"c"}},
+				excluded: map[string]string{"c": "listed in spec.excludedNodes"}},
+			phase: PhaseClusterReady, effs: []string{"save held", "save held", "ask upgrade held"}},
+		{name: "excluding a node that runs ferry leaves out none without it", in: PhaseLoaded, given: []func(*machine){withAPI, loadedB, withoutFerry(1)},
+			ev: excludeB(cluster.BundlePolicy{}), phase: PhaseLoaded, why: ReasonNodesWithoutFerry, effs: []string{"save held"}},
+		{name: "pools unknown (no MCO): the gate opens as before", in: PhaseLoaded, given: []func(*machine){loadedB},
+			ev: evPeerList{peers: []string{peerB}, recorded: []string{"b", "node-a"}}, phase: PhaseClusterReady, effs: []string{"save held", "save held", "run hook held"}},
+		{name: "cluster-ready, a node without ferry counted before the ask: no hook, no ask", in: PhaseClusterReady, given: []func(*machine){loadedB},
+			ev: threeMachines, phase: PhaseClusterReady, why: ReasonNodesWithoutFerry, effs: []string{"save held"}},
+		{name: "ferry runs on every node counted now: the wait clears, the hook runs", in: PhaseClusterReady,
+			given: []func(*machine){loadedB, withoutFerry(1), with(func(m *machine) { m.records["held"].Condition = m.nodesWithoutFerry() })},
+			ev:    evPeerList{peers: []string{peerB}, recorded: []string{"b", "node-a"}}, phase: PhaseClusterReady, effs: []string{"save held", "save held", "run hook held"}},
+		{name: "the upgrade asked already: a node without ferry changes nothing", in: PhaseClusterReady,
+			given: []func(*machine){withAPI, loadedB, with(func(m *machine) { m.records["held"].Upgrade = &UpgradeRun{Requested: m.now()} })},
+			ev:    threeMachines, phase: PhaseClusterReady},
+		{name: "ferry proceed while nodes run no ferry is refused", in: PhaseLoaded,
+			given: []func(*machine){loadedB, withoutFerry(1), with(func(m *machine) { m.records["held"].Condition = m.nodesWithoutFerry() })},
+			ev:    evRequest{kind: reqProceed, reply: reply}, phase: PhaseLoaded, why: ReasonNodesWithoutFerry, effs: []string{"reply error"},
+			check: func(t *testing.T, m *machine) {
+				var err error
+				for _, e := range m.step(evRequest{kind: reqProceed, reply: reply}) {
+					if r, ok := e.(effReply); ok {
+						err = r.err
+					}
+				}
+				if err == nil || !strings.Contains(err.Error(), "counts 3 nodes, 2 run ferry") {
+					t.Errorf("reply %v", err)
+				}
+			}},
+		{name: "nodes without ferry do not hold the load back", in: PhaseExtracted,
+			given: []func(*machine){approvedHeld, withPeers(peerIn(PhaseExtracted, heldDigest)), withoutFerry(1)},
+			ev:    evRetry{}, phase: PhaseLoading, effs: []string{"save held", "start load"}},
+	})
+}

@@ -27,6 +27,9 @@ func (m *machine) proceed(r *Record, asked bool) []effect {
 	if m.cleanupAsked || m.cleanupWanted(r) {
 		return nil // the bundle is being taken out: never ask for its release
 	}
+	if r.Upgrade == nil && m.nodesWithoutFerry() != (Condition{}) {
+		return nil // nodes without ferry: the gate says so
+	}
 	if m.hasAPI && !m.asking && (r.Upgrade == nil || asked && r.Upgrade.Accepted.IsZero()) {
 		m.asking = true
 		r.Upgrade = &UpgradeRun{Requested: m.now().UTC()}
@@ -46,7 +49,9 @@ func (m *machine) proceed(r *Record, asked bool) []effect {
 
 // nothingToProceed says why ferry proceed has nothing to do.
 func (m *machine) nothingToProceed(r *Record) error {
-	switch {
+	switch why := m.nodesWithoutFerry(); {
+	case r.Upgrade == nil && why != (Condition{}):
+		return errors.New(why.Message)
 	case m.asking:
 		return errors.New("the cluster is being asked for the upgrade already (see 'ferry status')")
 	case r.Upgrade != nil && !r.Upgrade.Accepted.IsZero() && len(m.cfg.Cluster.OnReady) == 0:

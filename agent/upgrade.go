@@ -247,32 +247,67 @@ func (a *Agent) wantAnnotations(s Status) {
 	}
 }
 
-// findPeers keeps the peer list equal to the other Nodes' InternalIPs at
-// the peer port, for a config that names no peers: nodes added later are
-// included.
+// findPeers keeps the peer list equal to the other nodes' addresses (from
+// their records) at the peer port, for a config that names no peers:
+// nodes added later are included. With them it counts the nodes the
+// machine config operator counts beyond those records: ferry does not run
+// there, and the gate waits for them.
 func (a *Agent) findPeers(ctx context.Context, every time.Duration) {
 	port := peerPort(a.cfg.Peer.Listen)
-	var last []string
+	var last evPeerList
+	posted := false
+	var lastCountErr string
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		nodes, err := a.deps.API.NodeAddresses(cctx)
+		machines, known, cerr := 0, false, error(nil)
+		if err == nil {
+			machines, known, cerr = a.deps.API.MachineCount(cctx)
+		}
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			a.log.Warn("cannot list the cluster's nodes for peers; trying again", "err", err)
 		}
+		if cerr != nil && cerr.Error() != lastCountErr && ctx.Err() == nil {
+			a.log.Warn("cannot read the machine config operator's count of nodes; trying again", "err", cerr)
+		}
+		if cerr == nil {
+			lastCountErr = ""
+		} else {
+			lastCountErr = cerr.Error()
+		}
 		if err == nil {
-			var peers []string
+			ev := evPeerList{recorded: []string{a.cfg.NodeName}, unrecorded: last.unrecorded}
 			for name, ip := range nodes {
+				if name != a.cfg.NodeName {
+					ev.recorded = append(ev.recorded, name)
+				}
 				if name != a.cfg.NodeName && ip != "" {
-					peers = append(peers, net.JoinHostPort(ip, port))
+					ev.peers = append(ev.peers, net.JoinHostPort(ip, port))
 				}
 			}
-			slices.Sort(peers)
-			if !slices.Equal(peers, last) {
-				a.log.Info("peers from the cluster's API", "peers", strings.Join(peers, " "))
-				a.deps.Peers.SetPeers(peers)
-				a.post(evPeerList{peers: peers})
-				last = peers
+			slices.Sort(ev.peers)
+			slices.Sort(ev.recorded)
+			// This node counts as recorded before its Lease is written.
+			// A count that cannot be read keeps the last one: a failing
+			// read must not open the gate.
+			switch {
+			case cerr != nil:
+			case known:
+				ev.unrecorded = max(machines-len(ev.recorded), 0)
+			default:
+				ev.unrecorded = 0
+			}
+			if !slices.Equal(ev.peers, last.peers) {
+				a.log.Info("peers from the cluster's API", "peers", strings.Join(ev.peers, " "))
+				a.deps.Peers.SetPeers(ev.peers)
+			}
+			if ev.unrecorded != last.unrecorded && ev.unrecorded > 0 {
+				a.log.Warn("the machine config operator counts nodes that run no ferry: the upgrade waits for them", "machines", machines, "recorded", len(ev.recorded))
+			}
+			if !posted || !slices.Equal(ev.peers, last.peers) || !slices.Equal(ev.recorded, last.recorded) || ev.unrecorded != last.unrecorded {
+				a.post(ev)
+				last, posted = ev, true
 			}
 		}
 		select {

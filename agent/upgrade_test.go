@@ -27,6 +27,7 @@ type fakeAPI struct {
 	history  []map[string]string // every annotation write, in order
 	annoFail int
 	addrs    map[string]string
+	machines int                           // the MCO's count of nodes (0: no MCO)
 	mco      map[string]cluster.NodeUpdate // node → the MCO's state (zero: no MCO)
 	mcoReads int
 	labels   map[string]map[string]string // node → labels
@@ -109,6 +110,12 @@ func (f *fakeAPI) NodeAddresses(context.Context) (map[string]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return maps.Clone(f.addrs), nil
+}
+
+func (f *fakeAPI) MachineCount(context.Context) (int, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.machines, f.machines > 0, nil
 }
 
 func (f *fakeAPI) NodeUpdate(_ context.Context, node string) (cluster.NodeUpdate, error) {
@@ -299,6 +306,38 @@ func TestUpgrade_PeersComeFromTheAPIWhenTheConfigNamesNone(t *testing.T) {
 	if !strings.Contains(r.Condition.Message, "10.0.0.2:9000") || r.Phase != PhaseExtracted {
 		t.Fatalf("record %s %+v", r.Phase, r.Condition)
 	}
+}
+
+// TestUpgrade_WaitsForANodeWithoutFerryUntilExcluded: the machine config
+// operator counts 2 nodes, only this one has a record: loaded, the node
+// stays loaded saying why, the summary counts the other, nothing is asked;
+// the administrator excludes it by name and the upgrade is asked.
+func TestUpgrade_WaitsForANodeWithoutFerryUntilExcluded(t *testing.T) {
+	h, api := apiHarness(t)
+	api.addrs, api.machines = map[string]string{"node-a": "10.0.0.1"}, 2
+	h.peers = newFakePeers()
+	h.start()
+	src, _ := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	r := h.waitWhy(ReasonNodesWithoutFerry)
+	if r.Phase != PhaseLoaded || !strings.Contains(r.Condition.Message, "counts 2 nodes, 1 run ferry") {
+		t.Fatalf("record %s %+v", r.Phase, r.Condition)
+	}
+	name := ResourceName("4.13.7", "x86_64")
+	h.waitFor("nodesReady 1/2", func() bool {
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		return api.bundles[name] != nil && api.bundles[name].sum.NodesReady == "1/2"
+	})
+	api.mu.Lock()
+	asked := len(api.starts)
+	api.mu.Unlock()
+	if asked != 0 {
+		t.Fatalf("the upgrade asked with a node without ferry")
+	}
+	api.setPolicy(name, cluster.BundlePolicy{ExcludedNodes: []string{"node-b"}})
+	h.waitPhase(PhaseClusterReady)
+	h.waitFor("the upgrade asked", func() bool { api.mu.Lock(); defer api.mu.Unlock(); return len(api.starts) == 1 })
 }
 
 // fakeBundle is an UpgradeBundle as the fake API holds it.

@@ -33,8 +33,9 @@ type Follower struct {
 }
 
 // poolsFor is how long a list of the MachineConfigPools is used before
-// it is read again (the pools are not watched: ferry reads them only
-// while the MCO works on the node after an upgrade).
+// it is read again (the pools are not watched: ferry reads them while the
+// MCO works on the node after an upgrade, and for their count of nodes
+// each time it looks for its peers).
 const poolsFor = 30 * time.Second
 
 // Follow makes a Follower for the agent on node; Run runs it.
@@ -180,6 +181,12 @@ func (f *Follower) MachineConfigState(ctx context.Context, node string) (cluster
 		return cluster.NodeUpdate{}, fmt.Errorf("reading node %s: %w", node, err)
 	}
 	return n.state(ctx, f.cachedPools)
+}
+
+// MachineCount is Client.MachineCount, from the pools as read in the
+// last poolsFor.
+func (f *Follower) MachineCount(ctx context.Context) (int, bool, error) {
+	return machineCount(f.cachedPools(ctx))
 }
 
 func (f *Follower) cachedPools(ctx context.Context) ([]pool, error) {

@@ -89,6 +89,28 @@ type pool struct {
 			Name string `json:"name"`
 		} `json:"configuration"`
 	} `json:"spec"`
+	Status struct {
+		MachineCount int `json:"machineCount"`
+	} `json:"status"`
+}
+
+// MachineCount is how many nodes the machine config operator counts: the
+// sum of its pools' status.machineCount (a node is in exactly one pool).
+// It counts the nodes ferry does not run on too, which no Lease names;
+// known is false without pools (no MCO: not OpenShift).
+func (c *Client) MachineCount(ctx context.Context) (n int, known bool, err error) {
+	return machineCount(c.pools(ctx))
+}
+
+func machineCount(ps []pool, err error) (int, bool, error) {
+	if err != nil || len(ps) == 0 {
+		return 0, false, err
+	}
+	n := 0
+	for _, p := range ps {
+		n += p.Status.MachineCount
+	}
+	return n, true, nil
 }
 
 type labelSelector struct {

@@ -46,6 +46,10 @@ func (k clusterAPI) NodeAddresses(ctx context.Context) (map[string]string, error
 	return k.f.NodeAddresses(ctx)
 }
 
+func (k clusterAPI) MachineCount(ctx context.Context) (int, bool, error) {
+	return k.f.MachineCount(ctx)
+}
+
 func (k clusterAPI) NodeReadiness(ctx context.Context) (map[string]cluster.NodeReady, error) {
 	return k.f.NodeReadiness(ctx)
 }

@@ -45,6 +45,9 @@ func TestClient_TheMachineConfigStateWithOnlyFerrysRBAC(t *testing.T) {
 	if err != nil || st.Managed {
 		t.Fatalf("a Node without the MCO: %+v, %v", st, err)
 	}
+	if n, known, err := c.MachineCount(ctx); known || err != nil {
+		t.Fatalf("no MCP CRD: MachineCount %d %v %v, want not known", n, known, err)
+	}
 
 	e.InstallMachineConfigPools()
 	e.LabelNode("node-a", map[string]string{workerRole: ""})
@@ -59,6 +62,11 @@ func TestClient_TheMachineConfigStateWithOnlyFerrysRBAC(t *testing.T) {
 	want := cluster.NodeUpdate{Managed: true, State: "Working", Current: oldConfig, Desired: newConfig, Pool: "worker", Target: newConfig}
 	if err != nil || st != want {
 		t.Fatalf("node-a: %+v, %v; want %+v", st, err, want)
+	}
+	// The MCO's count of nodes: each pool's status.machineCount, summed,
+	// read with ferry's rights (master counts none here).
+	if n, known, err := c.MachineCount(ctx); n != 3 || !known || err != nil {
+		t.Fatalf("MachineCount %d %v %v, want 3 (worker 2, infra 1)", n, known, err)
 	}
 	// A custom pool's node matches worker's selector too: the custom pool
 	// is its pool, as the MCO has it.
