@@ -34,6 +34,11 @@ type NodeTLS struct {
 	// ServingCAs are the CAs a peer's serving certificate must chain to
 	// (OpenShift: openshift-config-managed/kubelet-serving-ca).
 	ServingCAs func() *x509.CertPool
+	// Known, when set, tells whether a node is one of the cluster's now
+	// (it has a record: a deleted Node's goes with it). A kubelet
+	// certificate outlives its Node; a peer whose node is not known is
+	// refused, however good its certificate.
+	Known func(node string) bool
 }
 
 // ErrNotAPeer is a certificate the peers do not take for a node's.
@@ -52,6 +57,14 @@ func nodeOf(c *x509.Certificate) (string, error) {
 		return "", fmt.Errorf("%w: its certificate names CN %q, O %q, not CN system:node:NAME, O system:nodes", ErrNotAPeer, c.Subject.CommonName, c.Subject.Organization)
 	}
 	return name, nil
+}
+
+// known refuses a node the cluster does not know (Known).
+func (n *NodeTLS) known(node string) error {
+	if n.Known != nil && !n.Known(node) {
+		return fmt.Errorf("%w: node %s has no record in the cluster (a deleted Node's certificate, or ferry not running there)", ErrNotAPeer, node)
+	}
+	return nil
 }
 
 // verify checks certs (leaf first) against roots for usage, and, when
@@ -88,8 +101,11 @@ func (n *NodeTLS) ServerConfig() *tls.Config {
 		},
 		ClientAuth: tls.RequireAnyClientCert,
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			_, err := verify(cs.PeerCertificates, n.ClientCAs(), x509.ExtKeyUsageClientAuth, "")
-			return err
+			node, err := verify(cs.PeerCertificates, n.ClientCAs(), x509.ExtKeyUsageClientAuth, "")
+			if err != nil {
+				return err
+			}
+			return n.known(node)
 		},
 	}
 }
@@ -110,7 +126,10 @@ func (n *NodeTLS) clientConfig(host string) *tls.Config {
 			return &tls.Certificate{}, nil
 		},
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			_, err := verify(cs.PeerCertificates, n.ServingCAs(), x509.ExtKeyUsageServerAuth, host)
+			node, err := verify(cs.PeerCertificates, n.ServingCAs(), x509.ExtKeyUsageServerAuth, host)
+			if err == nil {
+				err = n.known(node)
+			}
 			if err != nil {
 				return fmt.Errorf("peer %s: %w", host, err)
 			}

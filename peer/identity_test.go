@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/ferry-edge/ferry/internal/testca"
@@ -69,6 +70,34 @@ func TestNodeTLS_TwoNodesAuthenticateEachOther(t *testing.T) {
 		if st := c.status(t.Context(), addr); st.Err != nil || st.Node != st.Verified || st.Verified == "" {
 			t.Fatalf("status: %+v", st)
 		}
+	}
+}
+
+// TestNodeTLS_RefusesANodeTheClusterNoLongerKnows: a deleted Node's
+// kubelet certificates still chain to the cluster's CA; with Known, a
+// server refuses such a client and a client such a server, and both
+// take the node again once it is known.
+func TestNodeTLS_RefusesANodeTheClusterNoLongerKnows(t *testing.T) {
+	ca := testca.New(t, "kube-csr-signer")
+	var gone sync.Map // node name → deleted
+	known := func(node string) bool { _, deleted := gone.Load(node); return !deleted }
+	a, b := nodeTLS(t, ca, "a", ca), nodeTLS(t, ca, "b", ca)
+	a.Known, b.Known = known, known
+	addrA, addrB := serveTLS(t, a), serveTLS(t, b)
+	gone.Store("b", true)
+	// Fresh clients: a kept connection would skip the handshake.
+	if _, err := NewNodeClient(b).Offers(t.Context(), addrA); err == nil {
+		t.Fatalf("a deleted node's client served: %v", err)
+	}
+	if _, err := NewNodeClient(a).Offers(t.Context(), addrB); err == nil || !strings.Contains(err.Error(), "node b has no record in the cluster") {
+		t.Fatalf("a deleted node's server taken: %v", err)
+	}
+	gone.Delete("b")
+	if _, err := NewNodeClient(b).Offers(t.Context(), addrA); err != nil {
+		t.Fatalf("a known node's client refused: %v", err)
+	}
+	if _, err := NewNodeClient(a).Offers(t.Context(), addrB); err != nil {
+		t.Fatalf("a known node's server refused: %v", err)
 	}
 }
 

@@ -166,7 +166,7 @@ func runAgent(ctx context.Context, cfg agent.Config) error {
 	if deps.API, deps.Warnings, followCluster, err = newClusterAPI(&cfg, log); err != nil {
 		return err
 	}
-	peers, err := newPeers(cfg, gov, log)
+	peers, err := newPeers(cfg, gov, recordedNodes(deps.API), log)
 	if err != nil {
 		return err
 	}

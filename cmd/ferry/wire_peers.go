@@ -28,8 +28,9 @@ type peerSide struct {
 	access *pull.PeerAccess
 }
 
-// newPeers builds the peer side; nil when no peer is configured.
-func newPeers(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (*peerSide, error) {
+// newPeers builds the peer side; nil when no peer is configured. With
+// node identities, known says which nodes the cluster has now.
+func newPeers(cfg agent.Config, gov *pacing.Governor, known func(string) bool, log *slog.Logger) (*peerSide, error) {
 	if cfg.Peer.Listen == "" && len(cfg.Peer.Peers) == 0 {
 		return nil, nil
 	}
@@ -56,6 +57,7 @@ func newPeers(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (*peerSi
 		if err != nil {
 			return nil, err
 		}
+		nt.Known = known
 		fopts.Client, sopts.TLS = peer.NewNodeClient(nt), nt.ServerConfig()
 	}
 	client := fopts.Client
@@ -124,4 +126,20 @@ func caBundle(ctx context.Context, c *kube.Client, file, ns, name, key string) (
 		return kube.CAFile(file)
 	}
 	return c.CABundle(ctx, ns, name, key, caRefresh), nil
+}
+
+// recordedNodes tells whether a node has a record in the cluster's API
+// (its Lease: the garbage collector takes it with its Node), asked at
+// each peer handshake; nil without an API.
+func recordedNodes(api agent.ClusterAPI) func(string) bool {
+	if api == nil {
+		return nil
+	}
+	return func(node string) bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		nodes, err := api.NodeAddresses(ctx)
+		_, ok := nodes[node]
+		return err == nil && ok
+	}
 }

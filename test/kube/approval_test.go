@@ -158,6 +158,15 @@ var kubeletGains = []string{
 	"openshift-config-managed get configmaps/admin-gates",
 	"openshift-config-managed get configmaps/kubelet-serving-ca",
 	"openshift-config-managed update configmaps",
+	// Its own record (ferry-lease: one Lease, its own, never deleted;
+	// delete is there only because OwnerReferencesPermissionEnforcement
+	// asks it of whoever sets the Node as owner).
+	"openshift-ferry create leases.coordination.k8s.io",
+	"openshift-ferry delete leases.coordination.k8s.io",
+	"openshift-ferry get leases.coordination.k8s.io",
+	"openshift-ferry list leases.coordination.k8s.io",
+	"openshift-ferry update leases.coordination.k8s.io",
+	"openshift-ferry watch leases.coordination.k8s.io",
 }
 
 // TestRights_AKubeletGainsOnlyFerrysNarrowRights: before and after
