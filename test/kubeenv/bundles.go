@@ -154,3 +154,18 @@ func (e *Env) ExpireLease(node string, at time.Time) {
 	patch := map[string]any{"spec": map[string]any{"renewTime": renewed}}
 	must(e.t, e.Admin.Raw(context.Background(), "PATCH", leasesPath+node, "application/merge-patch+json", patch, nil))
 }
+
+// RecordNode plays the record of a node whose ferry the test runs outside
+// an agent (a peer played by the test): its Lease, ready, at address, as
+// the node's own ferry writes it (kube.Follower.KeepRecord).
+func (e *Env) RecordNode(node, address string) {
+	e.t.Helper()
+	now := time.Now().UTC()
+	l := map[string]any{
+		"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+		"metadata": map[string]any{"name": node, "namespace": "openshift-ferry", "annotations": map[string]string{
+			kube.AnnotationAddress: address, kube.AnnotationReady: "true", kube.AnnotationReadySince: now.Format(time.RFC3339)}},
+		"spec": map[string]any{"holderIdentity": node, "leaseDurationSeconds": 360, "renewTime": now.Format("2006-01-02T15:04:05.000000Z07:00")},
+	}
+	must(e.t, e.Admin.Raw(context.Background(), "POST", strings.TrimSuffix(leasesPath, "/"), "application/json", l, nil))
+}

@@ -223,7 +223,11 @@ func TestAgents_RegistryModeFollowsNoLiar(t *testing.T) {
 		first, other = other, first
 	}
 	puller.Store(first.Name)
+	// node-x is a node of the cluster (its Node, its record): its
+	// certificate passes every check but the one that binds what it says
+	// to the node it names.
 	e.AddNode("node-x", "127.0.0.1")
+	e.RecordNode("node-x", "127.0.0.1")
 
 	// Held, the link lets the pull resolve, not fetch the layers: the
 	// other node follows it meanwhile.
