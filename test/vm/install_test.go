@@ -57,7 +57,9 @@ func TestSingleNode_InstallsFerryFromAStick(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-X main.version=vm-newer-build", "-o", newFerry, "./cmd/ferry")
+	// A newer build says so: the installer refuses one that reports no
+	// version over one that does (install-policy, allow-downgrade).
+	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-X main.version=v9999.0.0-vm-newer-build", "-o", newFerry, "./cmd/ferry")
 	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build the newer ferry: %v\n%s", err, out)
