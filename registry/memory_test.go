@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
@@ -102,11 +103,35 @@ func pullLoad(t testing.TB, r *registry.Registry, repo string, blobs []string, c
 	return after.TotalAlloc - before.TotalAlloc, peak.Load()
 }
 
+// aloneEnv marks the test process runAlone starts.
+const aloneEnv = "FERRY_REGISTRY_TEST_ALONE"
+
+// runAlone runs t's test again in a process of its own, that one test
+// only, and fails t as it fails.
+func runAlone(t *testing.T) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), aloneEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	t.Logf("in a process of its own:\n%s", out)
+	if err != nil {
+		t.Fatalf("%s in a process of its own: %v", t.Name(), err)
+	}
+}
+
 // TestServe_BlobsStreamWithoutABufferPerRequest: serving a blob costs
 // the registry kilobytes, not the megabytes of a read buffer per request
 // (distribution's blob server reads through a 4 MiB bufio.Reader per GET,
 // which made the agent's heap grow with every concurrent layer pull).
+//
+// The process's allocations are read, so the measurement runs in a test
+// process of its own (this test run again, alone), never beside the
+// package's other tests.
 func TestServe_BlobsStreamWithoutABufferPerRequest(t *testing.T) {
+	if os.Getenv(aloneEnv) == "" {
+		runAlone(t)
+		return
+	}
 	tree := registrytest.NewTree(t)
 	const repo = "openshift-release-dev/ocp-v4.0-art-dev"
 	for range 4 {
