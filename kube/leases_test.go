@@ -106,6 +106,20 @@ func (s *leaseAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// keepRecord runs node-a's Follower and its KeepRecord(address) against
+// api; stop ends both.
+func keepRecord(t *testing.T, api *leaseAPI, address string) (stop func()) {
+	srv := httptest.NewTLSServer(api)
+	c := &Client{ep: endpoint{server: srv.URL}, tokens: &tokens{}, hc: srv.Client(), stream: srv.Client(), log: slog.New(slog.DiscardHandler), Attempts: 1}
+	f := c.Follow("node-a")
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { f.Run(ctx) })
+	wg.Go(func() { f.KeepRecord(ctx, address) })
+	var once sync.Once
+	return func() { once.Do(func() { cancel(); wg.Wait(); srv.Close() }) }
+}
+
 // TestKeepRecord_WritesItsOwnLeaseFromItsOwnNodeAndReadsNoOther: the
 // Follower watches its own Node only (a field selector on its name),
 // never lists Nodes or pods; the record it writes is the Lease the
@@ -113,15 +127,8 @@ func (s *leaseAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // owned by its Node alone, with its InternalIP and readiness.
 func TestKeepRecord_WritesItsOwnLeaseFromItsOwnNodeAndReadsNoOther(t *testing.T) {
 	api := &leaseAPI{t: t, node: "node-a"}
-	srv := httptest.NewTLSServer(api)
-	defer srv.Close()
-	c := &Client{ep: endpoint{server: srv.URL}, tokens: &tokens{}, hc: srv.Client(), stream: srv.Client(), log: slog.New(slog.DiscardHandler), Attempts: 1}
-	f := c.Follow("node-a")
-	ctx, cancel := context.WithCancel(t.Context())
-	var wg sync.WaitGroup
-	wg.Go(func() { f.Run(ctx) })
-	wg.Go(func() { f.KeepRecord(ctx, "") })
-	defer func() { cancel(); wg.Wait() }()
+	stop := keepRecord(t, api, "")
+	defer stop()
 
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -211,23 +218,29 @@ func TestKeepRecord_RenewsAnUnchangedRecord(t *testing.T) {
 	defer func(d time.Duration) { leaseRenew = d }(leaseRenew)
 	leaseRenew = 1100 * time.Millisecond
 	api := &leaseAPI{t: t, node: "node-a"}
-	srv := httptest.NewTLSServer(api)
-	defer srv.Close()
-	c := &Client{ep: endpoint{server: srv.URL}, tokens: &tokens{}, hc: srv.Client(), stream: srv.Client(), log: slog.New(slog.DiscardHandler), Attempts: 1}
-	f := c.Follow("node-a")
-	ctx, cancel := context.WithCancel(t.Context())
-	var wg sync.WaitGroup
-	wg.Go(func() { f.Run(ctx) })
-	wg.Go(func() { f.KeepRecord(ctx, "192.0.2.7") })
-	time.Sleep(3 * time.Second)
-	cancel()
-	wg.Wait()
+	stop := keepRecord(t, api, "192.0.2.7")
+	// Three writes, however slow the machine: then their own stamps say
+	// how far apart they were (a timer never fires early).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		api.mu.Lock()
+		n := len(api.writes)
+		api.mu.Unlock()
+		if n >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d writes in 30 s renewing every %s, want 3", n, leaseRenew)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stop()
 	api.mu.Lock()
 	defer api.mu.Unlock()
-	if n := len(api.writes); n < 2 || n > 4 {
-		t.Fatalf("%d writes in 3 s renewing every 1.1 s, want 2 to 4", n)
-	}
 	for i, l := range api.writes {
+		if i > 0 && l.renewed().Sub(api.writes[i-1].renewed()) < leaseRenew-100*time.Millisecond {
+			t.Errorf("renewal %d at %s, %s after the last: more often than every %s", i, l.Spec.RenewTime, l.renewed().Sub(api.writes[i-1].renewed()), leaseRenew)
+		}
 		if l.Metadata.Annotations[AnnotationAddress] != "192.0.2.7" {
 			t.Errorf("address %q, want the configured listen IP", l.Metadata.Annotations[AnnotationAddress])
 		}
