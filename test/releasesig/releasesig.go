@@ -17,8 +17,8 @@ import (
 
 	"go.podman.io/image/v5/signature"
 	//lint:ignore SA1019 what the version operator and containers/image verify with
-	"golang.org/x/crypto/openpgp" //nolint:staticcheck
-	"golang.org/x/crypto/openpgp/armor" //nolint:staticcheck
+	"golang.org/x/crypto/openpgp"        //nolint:staticcheck
+	"golang.org/x/crypto/openpgp/armor"  //nolint:staticcheck
 	"golang.org/x/crypto/openpgp/packet" //nolint:staticcheck
 
 	"github.com/ferry-edge/ferry/internal/imageref"
