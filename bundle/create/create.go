@@ -55,7 +55,7 @@ const (
 // Options are the inputs of Run (ferry bundle create's flags).
 type Options struct {
 	Release     string   // release image reference (tag or digest)
-	Version     string   // overrides or fills release-metadata's version
+	Version     string   // fills release-metadata's version; must agree with it
 	Arch        string   // uname -m (or GOARCH) name; overrides or fills the image config's
 	ExtraImages []string // custom images; tags are resolved and kept
 	Platforms   string   // PlatformsArch (default) or PlatformsAll
@@ -399,7 +399,11 @@ func (c *creator) run(ctx context.Context) (*Result, error) {
 	case version == "":
 		version = info.Version
 	case info.Version != "" && info.Version != version:
-		c.log.Warn("--version overrides the release image's version", "flag", version, "image", info.Version)
+		// The version operator downloads the release, reads its version
+		// and refuses it when desiredUpdate's (this one) differs: the
+		// bundle would load everywhere and then never upgrade.
+		return nil, fmt.Errorf("%w: --version %s, but release %s says it is %s (%s): the cluster version operator would refuse it after downloading it; drop --version, or give the release image of %s",
+			ErrRelease, version, rel, info.Version, bundle.ReleaseMetadataPath, version)
 	}
 
 	refs := []*imageRef{rel}

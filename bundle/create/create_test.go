@@ -379,11 +379,12 @@ func TestCreate_ProgressEndsDone(t *testing.T) {
 	}
 }
 
-func TestCreate_ReleaseByTagKeepsTagAndFlagsOverride(t *testing.T) {
+func TestCreate_ReleaseByTagKeepsTagAndFlagsAgree(t *testing.T) {
 	reg := fixture.NewRegistry(t)
 	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 2, Version: "4.14.1"})
 	o := createFrom(t, reg, "quay.io/openshift-release-dev/ocp-release:4.14.1-x86_64")
-	o.Version = "4.14.1-hotfix"
+	o.Arch = "x86_64"
+	o.Version = "4.14.1"
 	o.KeepWork = true
 	res, err := create.Run(t.Context(), o)
 	if err != nil {
@@ -393,12 +394,30 @@ func TestCreate_ReleaseByTagKeepsTagAndFlagsOverride(t *testing.T) {
 	if want := "quay.io/openshift-release-dev/ocp-release:4.14.1-x86_64@" + d; res.Metadata.Release != want {
 		t.Fatalf("release %s, want %s", res.Metadata.Release, want)
 	}
-	if filepath.Base(res.TarPath) != "upgrade-4.14.1-hotfix-x86_64.tar" {
+	if filepath.Base(res.TarPath) != "upgrade-4.14.1-x86_64.tar" {
 		t.Fatalf("tar %s", res.TarPath)
 	}
 	link, err := os.ReadFile(filepath.Join(res.WorkDir, "docker/registry/v2/repositories/openshift-release-dev/ocp-release/_manifests/tags/4.14.1-x86_64/current/link"))
 	if err != nil || string(link) != d {
 		t.Fatalf("tag link %q %v, want %s", link, err, d)
+	}
+}
+
+// A --version the release image's own metadata contradicts is refused,
+// naming both, before anything is copied: the version operator would
+// refuse the release after downloading it.
+func TestCreate_AVersionTheReleaseContradictsIsRefused(t *testing.T) {
+	reg := fixture.NewRegistry(t)
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 2, Version: "4.14.1"})
+	o := createFrom(t, reg, release)
+	o.Version = "4.14.2"
+	res, err := create.Run(t.Context(), o)
+	if !errors.Is(err, create.ErrRelease) || !strings.Contains(err.Error(), "--version 4.14.2, but release "+release+" says it is 4.14.1") ||
+		!strings.Contains(err.Error(), "drop --version") {
+		t.Fatalf("create with --version 4.14.2 of a 4.14.1 release: %v, %v", res, err)
+	}
+	if ents, _ := os.ReadDir(o.OutputDir); len(ents) != 0 {
+		t.Errorf("output written: %v", ents)
 	}
 }
 
