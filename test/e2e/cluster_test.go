@@ -14,9 +14,11 @@ import (
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/test/crioenv"
+	"github.com/ferry-edge/ferry/test/cvoverify"
 	"github.com/ferry-edge/ferry/test/ferryenv"
 	"github.com/ferry-edge/ferry/test/fixture"
 	"github.com/ferry-edge/ferry/test/kubeenv"
+	"github.com/ferry-edge/ferry/test/releasesig"
 )
 
 const runningRelease = "quay.io/openshift-release-dev/ocp-release@sha256:1111111111111111111111111111111111111111111111111111111111111111"
@@ -27,20 +29,17 @@ func repoFile(name string) string {
 }
 
 // releaseBundle makes the bundle of a release (payload by seed) plus a
-// custom image every release of the site carries, with one signature.
+// custom image every release of the site carries, with the release's
+// signature fetched from a signature store as Red Hat's serves it.
 func releaseBundle(t *testing.T, reg *fixture.Registry, version string, seed uint64) (string, *bundle.Metadata) {
 	t.Helper()
-	sig := filepath.Join(t.TempDir(), "signature-1")
-	if err := os.WriteFile(sig, []byte("signature of "+version), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	return createBundleFrom(t, reg, fixture.ReleaseOptions{Version: version, PayloadImages: 4, Seed: seed},
-		"--release-signature", sig, "--signature-store", "")
+		"--signature-store", reg.SignatureStore(t))
 }
 
 // upgradeOnce takes one bundle through the whole loop with the test as the
 // cluster version operator, checking what a node shows at each step.
-func upgradeOnce(t *testing.T, e *kubeenv.Env, a *ferryenv.Agent, tarPath string, meta *bundle.Metadata, previous string) {
+func upgradeOnce(t *testing.T, e *kubeenv.Env, a *ferryenv.Agent, reg *fixture.Registry, tarPath string, meta *bundle.Metadata, previous string) {
 	t.Helper()
 	if out, err := a.Ferry("load", tarPath); err != nil {
 		t.Fatalf("ferry load: %v\n%s", err, out)
@@ -52,9 +51,10 @@ func upgradeOnce(t *testing.T, e *kubeenv.Env, a *ferryenv.Agent, tarPath string
 	}
 	hex := strings.TrimPrefix(meta.Release[strings.Index(meta.Release, "@")+1:], "sha256:")
 	labels, data, ok := e.ConfigMap("openshift-config-managed", "sha256-"+hex)
-	if _, labelled := labels["release.openshift.io/verification-signatures"]; !ok || !labelled || string(data["sha256-"+hex+"-1"]) != "signature of "+meta.Version {
+	if _, labelled := labels["release.openshift.io/verification-signatures"]; !ok || !labelled || len(data) != 1 {
 		t.Fatalf("signature ConfigMap: exists %v, labels %v, data %q", ok, labels, data)
 	}
+	checkSignature(t, e, reg, meta, data["sha256-"+hex+"-1"])
 	waitAnnotated(t, e, "cluster-ready")
 
 	e.SetHistory(kubeenv.History{State: "Partial", Image: meta.Release, Version: meta.Version}, kubeenv.History{State: "Completed", Image: previous, Version: "old"})
@@ -75,6 +75,26 @@ func upgradeOnce(t *testing.T, e *kubeenv.Env, a *ferryenv.Agent, tarPath string
 		return s.Phase == string(agent.PhaseUpgraded) && s.Reason == ""
 	})
 	waitAnnotated(t, e, "upgraded")
+}
+
+// checkSignature checks the release signature ferry placed as the version
+// operator does (its verifier, for the digest desiredUpdate names) and as
+// a node does (containers/image, for the release's manifest and its
+// <version>-<arch> tag): signed by the test key.
+func checkSignature(t *testing.T, e *kubeenv.Env, reg *fixture.Registry, meta *bundle.Metadata, placed []byte) {
+	t.Helper()
+	key := releasesig.Test()
+	cvo, err := cvoverify.New(map[string]string{"verifier-public-key-redhat": string(key.PublicArmored())}, e.Admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cvo.VerifyDesiredUpdate(t.Context()); err != nil {
+		t.Fatalf("the version operator's verifier refuses ferry's request: %v", err)
+	}
+	name, _, d := bundle.SplitRef(meta.Release)
+	if got, err := key.Verify(placed, reg.Manifest(t, meta.Release), name+":"+meta.Version+"-"+meta.Arch); err != nil || got != d {
+		t.Fatalf("containers/image: the placed signature verifies for %q, %v; want %s", got, err, d)
+	}
 }
 
 func waitAnnotated(t *testing.T, e *kubeenv.Env, phase string) {
@@ -106,7 +126,7 @@ func TestHost_TheUpgradeLoopThroughARealAPI(t *testing.T) {
 	a.WaitPhase(bound, "idle")
 	cl := c.Client(t)
 
-	upgradeOnce(t, e, a, firstTar, first, runningRelease)
+	upgradeOnce(t, e, a, reg, firstTar, first, runningRelease)
 	if _, err := os.Stat(filepath.Join(cfg.Paths.ExtractDir, first.DirName(), bundle.MetadataName)); err != nil {
 		t.Errorf("the running release's tree is not kept after the upgrade: %v", err)
 	}
@@ -147,7 +167,7 @@ func TestHost_TheUpgradeLoopThroughARealAPI(t *testing.T) {
 
 	// The next upgrade: the first bundle's pins stay while it runs, and go
 	// at its end, except the image both carry.
-	upgradeOnce(t, e, a, secondTar, second, first.Release)
+	upgradeOnce(t, e, a, reg, secondTar, second, first.Release)
 	checkPinned(t, cl, refsOf(second), true)
 	shared := "quay.io/my-company/my-workload:v1"
 	var gone []string
