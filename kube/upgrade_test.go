@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/ferry-edge/ferry/cluster"
+	"github.com/ferry-edge/ferry/test/releasesig"
 )
 
 const testRelease = "quay.io/openshift-release-dev/ocp-release@sha256:2222222222222222222222222222222222222222222222222222222222222222"
@@ -50,7 +51,7 @@ func TestStartUpgrade_ReplacesSignaturesBlind(t *testing.T) {
 		}
 		return 0, ""
 	})
-	if err := c.StartUpgrade(t.Context(), cluster.Upgrade{Release: testRelease, Version: "4.13.7", Signatures: [][]byte{[]byte("s")}}); err != nil {
+	if err := c.StartUpgrade(t.Context(), cluster.Upgrade{Release: testRelease, Version: "4.13.7", Signatures: releasesig.Signatures(testRelease, "4.13.7")}); err != nil {
 		t.Fatal(err)
 	}
 	cm := "/api/v1/namespaces/openshift-config-managed/configmaps"
@@ -66,7 +67,7 @@ func TestStartUpgrade_ReplacesSignaturesBlind(t *testing.T) {
 func TestStartUpgrade_UnapprovedReleaseIsItsOwnError(t *testing.T) {
 	refusal := `configmaps "sha256-2222" is forbidden: ValidatingAdmissionPolicy 'ferry-release-signatures' with binding 'ferry-release-signatures' denied request: ferry: release sha256-2222 is not approved by the administrator; approve it with: oc -n openshift-ferry patch configmap ferry-admission ...`
 	c, _ := signatureAPI(t, func(r *http.Request) (int, string) { return http.StatusForbidden, refusal })
-	err := c.StartUpgrade(t.Context(), cluster.Upgrade{Release: testRelease, Version: "4.13.7", Signatures: [][]byte{[]byte("s")}})
+	err := c.StartUpgrade(t.Context(), cluster.Upgrade{Release: testRelease, Version: "4.13.7", Signatures: releasesig.Signatures(testRelease, "4.13.7")})
 	if !errors.Is(err, cluster.ErrReleaseUnapproved) || !errors.Is(err, ErrForbidden) || !strings.Contains(err.Error(), "oc -n openshift-ferry patch configmap ferry-admission") || strings.Contains(err.Error(), "rbac.yaml") {
 		t.Errorf("err %v: want ErrReleaseUnapproved (a 403) with the policy's command, no advice on RBAC", err)
 	}
@@ -80,7 +81,7 @@ func TestStartUpgrade_UnapprovedReleaseIsItsOwnError(t *testing.T) {
 		t.Errorf("desiredUpdate refused: %v, want ErrReleaseUnapproved", err)
 	}
 	c, _ = signatureAPI(t, func(r *http.Request) (int, string) { return http.StatusForbidden, "RBAC: access denied" })
-	err = c.StartUpgrade(t.Context(), cluster.Upgrade{Release: testRelease, Version: "4.13.7", Signatures: [][]byte{[]byte("s")}})
+	err = c.StartUpgrade(t.Context(), cluster.Upgrade{Release: testRelease, Version: "4.13.7", Signatures: releasesig.Signatures(testRelease, "4.13.7")})
 	if errors.Is(err, cluster.ErrReleaseUnapproved) || !errors.Is(err, ErrForbidden) {
 		t.Errorf("an RBAC refusal: %v, want ErrForbidden only", err)
 	}

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/test/kubeenv"
+	"github.com/ferry-edge/ferry/test/releasesig"
 )
 
 // What a kubelet gains when ferry is installed (issue 41): ferry's
@@ -302,7 +304,7 @@ func TestPolicy_AReleaseIsStartedOnlyOnceTheAdministratorApprovesIt(t *testing.T
 
 	says("the signatures of a release nobody approved", w1.Raw(ctx, "POST", "/api/v1/namespaces/"+kube.SignatureNamespace+"/configmaps", "application/json", sigs("c2ln"), nil), "ferry-release-signatures")
 	says("a desiredUpdate to a release nobody approved", merge(t, w1, cvPath, desired(release, false)), "ferry-clusterversion")
-	err := w1.StartUpgrade(ctx, cluster.Upgrade{Release: release, Version: "4.13.7", Signatures: [][]byte{[]byte("sig")}})
+	err := w1.StartUpgrade(ctx, cluster.Upgrade{Release: release, Version: "4.13.7", Signatures: releasesig.Signatures(release, "4.13.7")})
 	if !errors.Is(err, cluster.ErrReleaseUnapproved) {
 		t.Errorf("ferry's own call: %v, want cluster.ErrReleaseUnapproved", err)
 	}
@@ -320,7 +322,7 @@ func TestPolicy_AReleaseIsStartedOnlyOnceTheAdministratorApprovesIt(t *testing.T
 		t.Fatalf("the command %s", approve)
 	}
 	e.ApproveRelease(release)
-	if err := w1.StartUpgrade(ctx, cluster.Upgrade{Release: release, Version: "4.13.7", Signatures: [][]byte{[]byte("sig")}}); err != nil {
+	if err := w1.StartUpgrade(ctx, cluster.Upgrade{Release: release, Version: "4.13.7", Signatures: releasesig.Signatures(release, "4.13.7")}); err != nil {
 		t.Fatalf("after the approval: %v", err)
 	}
 	if du := e.DesiredUpdate(); du["image"] != release {
@@ -329,10 +331,11 @@ func TestPolicy_AReleaseIsStartedOnlyOnceTheAdministratorApprovesIt(t *testing.T
 	// Written again (the same release's signatures, read from another
 	// bundle), without a read: a kubelet may not get the ConfigMap.
 	denied(t, "reading the signatures back", w1.Raw(ctx, "GET", "/api/v1/namespaces/"+kube.SignatureNamespace+"/configmaps/"+name, "", nil, nil), "")
-	if err := w1.StartUpgrade(ctx, cluster.Upgrade{Release: release, Version: "4.13.7", Signatures: [][]byte{[]byte("sig"), []byte("sig2")}}); err != nil {
+	again := append(releasesig.Signatures(release, "4.13.7"), releasesig.NewKey().SignRelease(release, "4.13.7", "x86_64"))
+	if err := w1.StartUpgrade(ctx, cluster.Upgrade{Release: release, Version: "4.13.7", Signatures: again}); err != nil {
 		t.Fatalf("writing the signatures again: %v", err)
 	}
-	if _, data, ok := e.ConfigMap(kube.SignatureNamespace, name); !ok || string(data[name+"-2"]) != "sig2" {
+	if _, data, ok := e.ConfigMap(kube.SignatureNamespace, name); !ok || !bytes.Equal(data[name+"-2"], again[1]) {
 		t.Errorf("the signatures after the second write: %q", data)
 	}
 

@@ -13,6 +13,7 @@ import (
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/test/kubeenv"
+	"github.com/ferry-edge/ferry/test/releasesig"
 )
 
 // These tests give ferry the node's own kubelet credential, as on
@@ -126,7 +127,7 @@ func TestPolicy_AKubeletCertificateActsForItsOwnNodeOnly(t *testing.T) {
 		t.Fatalf("its own Event: %v", err)
 	}
 	e.ApproveRelease(next)
-	if err := a.StartUpgrade(ctx, cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: [][]byte{[]byte("s")}}); err != nil {
+	if err := a.StartUpgrade(ctx, cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: releasesig.Signatures(next, "4.13.7")}); err != nil {
 		t.Fatalf("starting the upgrade: %v", err)
 	}
 

@@ -16,6 +16,7 @@ import (
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/test/kubeenv"
+	"github.com/ferry-edge/ferry/test/releasesig"
 )
 
 const (
@@ -70,7 +71,7 @@ func TestClient_TheUpgradeLoopWithOnlyFerrysRBAC(t *testing.T) {
 	if u, err := c.UpgradeStatus(ctx, next); err != nil || u.State != cluster.UpgradeNotAsked {
 		t.Fatalf("before: %+v, %v", u, err)
 	}
-	sigs := [][]byte{[]byte("signature one\x00\xff"), []byte("signature two")}
+	sigs := append(releasesig.Signatures(next, "4.13.7"), releasesig.NewKey().SignRelease(next, "4.13.7", "x86_64"))
 	req := cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: sigs}
 	if err := c.StartUpgrade(ctx, req); !errors.Is(err, cluster.ErrReleaseUnapproved) {
 		t.Fatalf("before the administrator approves the release: %v", err)
@@ -146,7 +147,7 @@ func TestClient_WithoutRightsFailsNamingWhatIsMissing(t *testing.T) {
 	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), `cannot patch resource "nodes"`) || !strings.Contains(err.Error(), "rbac.yaml") {
 		t.Fatalf("annotate without rights: %v", err)
 	}
-	err = c.StartUpgrade(t.Context(), cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: [][]byte{[]byte("s")}})
+	err = c.StartUpgrade(t.Context(), cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: releasesig.Signatures(next, "4.13.7")})
 	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "configmaps") {
 		t.Fatalf("start without rights: %v", err)
 	}

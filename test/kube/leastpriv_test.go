@@ -11,6 +11,7 @@ import (
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/test/kubeenv"
+	"github.com/ferry-edge/ferry/test/releasesig"
 )
 
 // These tests apply exactly what ferry ships (packaging/rbac.yaml and
@@ -116,7 +117,7 @@ func TestPolicy_ANodesCredentialChangesOnlyItsOwnNodesFerryMetadata(t *testing.T
 	}
 	loose.Attempts = 1
 	denied(t, "a token bound to no Node", loose.Annotate(ctx, "node-a", map[string]string{"ferry.io/phase": "x"}, nil), "ferry-node")
-	denied(t, "a token bound to no Node starting an upgrade", loose.StartUpgrade(ctx, cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: [][]byte{[]byte("s")}}), "ferry-release-signatures")
+	denied(t, "a token bound to no Node starting an upgrade", loose.StartUpgrade(ctx, cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: releasesig.Signatures(next, "4.13.7")}), "ferry-release-signatures")
 }
 
 const cvPath = "/apis/config.openshift.io/v1/clusterversions/version"
@@ -153,9 +154,9 @@ func TestPolicy_ClusterVersionTakesADesiredUpdateByDigestAndNothingElse(t *testi
 
 	// What ferry does is allowed, once the administrator approved the
 	// release.
-	denied(t, "a release nobody approved", a.StartUpgrade(ctx, cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: [][]byte{[]byte("sig")}}), "ferry-release-signatures")
+	denied(t, "a release nobody approved", a.StartUpgrade(ctx, cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: releasesig.Signatures(next, "4.13.7")}), "ferry-release-signatures")
 	e.ApproveRelease(next)
-	if err := a.StartUpgrade(ctx, cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: [][]byte{[]byte("sig")}}); err != nil {
+	if err := a.StartUpgrade(ctx, cluster.Upgrade{Release: next, Version: "4.13.7", Signatures: releasesig.Signatures(next, "4.13.7")}); err != nil {
 		t.Fatalf("ferry's own upgrade: %v", err)
 	}
 	if du := e.DesiredUpdate(); du["image"] != next || du["force"] != false {

@@ -173,3 +173,9 @@ func (k *Key) Verify(sig, manifest []byte, identity string) (string, error) {
 type nopCloser struct{ *bytes.Buffer }
 
 func (nopCloser) Close() error { return nil }
+
+// Signatures are the signatures a test release carries: one, by Test(),
+// of release as Red Hat signs <version>-x86_64.
+func Signatures(release, version string) [][]byte {
+	return [][]byte{Test().SignRelease(release, version, "x86_64")}
+}
