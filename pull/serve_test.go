@@ -30,6 +30,7 @@ import (
 	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/pull"
 	"github.com/ferry-edge/ferry/test/fixture"
+	"github.com/ferry-edge/ferry/test/releasesig"
 )
 
 const shareToken = "cluster"
@@ -117,7 +118,7 @@ func newSharingOf(t *testing.T, imageSize int64, o pull.Options) *sharing {
 		t.Fatal(err)
 	}
 	s.gate = &gate{base: base, digest: s.layer, open: make(chan struct{})}
-	s.sigs = [][]byte{[]byte("signature one"), []byte("signature two")}
+	s.sigs = append(releasesig.Signatures(release, "4.13.7"), releasesig.NewKey().SignRelease(release, "4.13.7", "x86_64"))
 	relHex := release[strings.LastIndex(release, ":")+1:]
 	store := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		for i, b := range s.sigs {

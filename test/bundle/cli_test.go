@@ -12,6 +12,7 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/test/fixture"
+	"github.com/ferry-edge/ferry/test/releasesig"
 )
 
 // ferry runs the ferry binary and returns its exit code and stderr.
@@ -98,8 +99,9 @@ func TestCreateCLI_ReleaseSignaturesGoIntoTheBundleAndInspectCountsThem(t *testi
 	dir := t.TempDir()
 	reg := fixture.NewRegistry(t)
 	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{PayloadImages: 2})
-	for i, s := range []string{"sig one", "sig two"} {
-		if err := os.WriteFile(filepath.Join(dir, "signature-"+string(rune('1'+i))), []byte(s), 0o644); err != nil {
+	sigs := append(releasesig.Signatures(release, "4.13.7"), releasesig.NewKey().SignRelease(release, "4.13.7", "x86_64"))
+	for i, s := range sigs {
+		if err := os.WriteFile(filepath.Join(dir, "signature-"+string(rune('1'+i))), s, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -27,7 +27,7 @@ func TestSignatures_TheVersionOperatorsVerifierAcceptsFerrysRequest(t *testing.T
 	e := kubeenv.Start(t, current)
 	c := ferryClient(t, e)
 	key := releasesig.Test()
-	cvo, err := cvoverify.New(map[string]string{"verifier-public-key-redhat": string(key.PublicArmored())}, e.Admin)
+	cvo, err := cvoverify.Trusting(key.PublicArmored(), e.Admin)
 	if err != nil {
 		t.Fatal(err)
 	}

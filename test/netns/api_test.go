@@ -10,8 +10,10 @@ import (
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/test/cvoverify"
 	"github.com/ferry-edge/ferry/test/fixture"
 	"github.com/ferry-edge/ferry/test/kubeenv"
+	"github.com/ferry-edge/ferry/test/releasesig"
 )
 
 const runningRelease = "quay.io/openshift-release-dev/ocp-release@sha256:1111111111111111111111111111111111111111111111111111111111111111"
@@ -55,11 +57,7 @@ func TestAgents_ThreeNodesOneAPIServerOneUpgrade(t *testing.T) {
 	e.InstallFerry()
 	f := newFleet(t, fleetOptions{Nodes: 3, CRIO: true, Setup: forwardAPI(t, e)})
 	reg := fixture.NewRegistry(t)
-	sig := filepath.Join(t.TempDir(), "signature-1")
-	if err := os.WriteFile(sig, []byte("a release signature"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	tarPath, meta, digest := realBundle(t, reg, "4.13.7", 0, "--release-signature", sig, "--signature-store", "")
+	tarPath, meta, digest := realBundle(t, reg, "4.13.7", 0, "--signature-store", reg.SignatureStore(t))
 	e.ApproveRelease(meta.Release) // the administrator's one command (ferry bundle verify prints it)
 	a := f.nodes[0]
 	gen := e.Generation()
@@ -73,8 +71,15 @@ func TestAgents_ThreeNodesOneAPIServerOneUpgrade(t *testing.T) {
 		return du != nil && du["image"] == meta.Release && du["force"] == false
 	})
 	hex := strings.TrimPrefix(meta.Release[strings.Index(meta.Release, "@")+1:], "sha256:")
-	if _, data, ok := e.ConfigMap("openshift-config-managed", "sha256-"+hex); !ok || string(data["sha256-"+hex+"-1"]) != "a release signature" {
+	if _, data, ok := e.ConfigMap("openshift-config-managed", "sha256-"+hex); !ok || len(data) != 1 {
 		t.Fatalf("signature ConfigMap: %v %q", ok, data)
+	}
+	cvo, err := cvoverify.Trusting(releasesig.Test().PublicArmored(), e.Admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cvo.VerifyDesiredUpdate(t.Context()); err != nil {
+		t.Fatalf("the version operator's verifier refuses the request: %v", err)
 	}
 	waitFor(t, "A's hook after the API accepted the upgrade", func() bool { return len(hookLines(t, a.Hook)) == 1 })
 

@@ -44,8 +44,9 @@ func makeBundle(t *testing.T, ctx context.Context, e *env, version string, n int
 	b := &testBundle{}
 	if hasCommand(e.bins.Ferry, "bundle", "create") {
 		b.Via = "ferry bundle create"
+		// The release's signature from a store, as Red Hat's serves it.
 		args := []string{"bundle", "create", "--release", release,
-			"--mirror", reg.Mirror(), "--cert-dir", reg.CertsDir, "--output", out}
+			"--mirror", reg.Mirror(), "--cert-dir", reg.CertsDir, "--output", out, "--signature-store", reg.SignatureStore(t)}
 		b.Command = "ferry " + strings.Join(args, " ")
 		o, err := exec.CommandContext(ctx, e.bins.Ferry, args...).CombinedOutput()
 		b.Output = string(o)

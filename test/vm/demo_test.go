@@ -11,8 +11,10 @@ import (
 
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
+	"github.com/ferry-edge/ferry/test/cvoverify"
 	"github.com/ferry-edge/ferry/test/fixture"
 	"github.com/ferry-edge/ferry/test/kubeenv"
+	"github.com/ferry-edge/ferry/test/releasesig"
 )
 
 // demoRunning is the release the demo's cluster runs before the upgrade.
@@ -231,6 +233,16 @@ func TestDemo(t *testing.T) {
 	}
 	fmt.Println("    $ oc get clusterversion version -o jsonpath='{.spec.desiredUpdate}'")
 	fmt.Printf("    %v\n", du)
+	// What the version operator does first: verify the release's
+	// signature, from ferry's ConfigMap, against the key it trusts.
+	cvo, err := cvoverify.Trusting(releasesig.Test().PublicArmored(), api.env.Admin)
+	if err == nil {
+		err = cvo.VerifyDesiredUpdate(ctx)
+	}
+	if err != nil {
+		t.Fatalf("the version operator's verifier refuses the release: %v", err)
+	}
+	fmt.Println("    the version operator's verifier accepts the release's signature (the test key as Red Hat's)")
 
 	say("The demo plays the cluster version operator: the upgrade runs, then completes")
 	api.env.SetHistory(kubeenv.History{State: "Partial", Image: b.Meta.Release, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: demoRunning, Version: "4.13.6"})
