@@ -2,6 +2,9 @@ package kube
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -40,13 +43,28 @@ func TestSignatures_TheVersionOperatorsVerifierAcceptsFerrysRequest(t *testing.T
 		manifest := fmt.Appendf(nil, `{"schemaVersion":2,"n":%d}`, n)
 		return ref(digest.FromBytes(manifest).String()), manifest
 	}
+	// The operator's own code, built from its source, when given
+	// (test/cvoverify/upstream): it must say what the copy says.
+	upstream := os.Getenv("FERRY_CVO_VERIFY")
+	keyFile := filepath.Join(t.TempDir(), "verifier-public-key-redhat")
+	if err := os.WriteFile(keyFile, key.PublicArmored(), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	upgrade := func(t *testing.T, rel string, sig []byte) error {
 		t.Helper()
 		e.ApproveRelease(rel)
 		if err := c.StartUpgrade(ctx, cluster.Upgrade{Release: rel, Version: "4.13.7", Signatures: [][]byte{sig}}); err != nil {
 			t.Fatalf("ferry's request: %v", err)
 		}
-		return cvo.VerifyDesiredUpdate(ctx)
+		err := cvo.VerifyDesiredUpdate(ctx)
+		if upstream != "" {
+			out, uerr := exec.Command(upstream, "-kubeconfig", e.AdminKC, "-key", keyFile).CombinedOutput()
+			t.Logf("%s: %v %s", upstream, uerr, out)
+			if (uerr == nil) != (err == nil) {
+				t.Errorf("the operator's own verifier (%v: %s) and its copy (%v) disagree on %s", uerr, out, err, rel)
+			}
+		}
+		return err
 	}
 
 	for name, ref := range map[string]func(d string) string{
