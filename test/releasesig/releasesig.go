@@ -126,7 +126,7 @@ func (k *Key) Sign(identity, digest string) []byte {
 	if err != nil {
 		panic(err)
 	}
-	w, err := openpgp.Sign(z, k.entity, nil, nil)
+	w, err := openpgp.Sign(z, k.entity, &openpgp.FileHints{IsBinary: true}, nil) // literal data mode b, as gpg --sign
 	if err == nil {
 		_, err = w.Write(data)
 	}
