@@ -263,8 +263,17 @@ func TestHost_ManualProceedAFailedHookAnOutageAndARefusal(t *testing.T) {
 		t.Errorf("ClusterVersion's spec changed %d times, want one", g-gen)
 	}
 
-	e.SetConditions(kubeenv.Condition{Type: "ReleaseAccepted", Status: "False", Reason: "RetrievePayload",
-		Message: "The update cannot be verified: unable to verify " + meta.Release + " against keyrings: verifier-public-key-redhat"})
+	// The operator refuses the release: its verifier, trusting another
+	// key than the one that signed it, says why.
+	other, err := cvoverify.Trusting(releasesig.NewKey().PublicArmored(), e.Admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusal := other.VerifyDesiredUpdate(t.Context())
+	if refusal == nil {
+		t.Fatal("a verifier trusting another key accepts the release")
+	}
+	e.SetConditions(kubeenv.Condition{Type: "ReleaseAccepted", Status: "False", Reason: "RetrievePayload", Message: refusal.Error()})
 	s := a.Wait(bound, "the refusal to show", func(s agent.Status) bool {
 		return strings.Contains(s.Reason, "the cluster refuses the release")
 	})
