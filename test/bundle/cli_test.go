@@ -153,3 +153,20 @@ func TestCreateCLI_VersionAndArchNameTheRelease(t *testing.T) {
 		t.Fatalf("release %s, want %s…%s", m.Release, bundle.ReleaseRepo, digest)
 	}
 }
+
+// A --version the release image's own metadata contradicts: refused by
+// the command, naming both, with nothing written.
+func TestCreateCLI_AVersionTheReleaseContradictsIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	reg := fixture.NewRegistry(t)
+	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{Version: "4.13.7", Arch: "x86_64", PayloadImages: 2})
+	out := filepath.Join(dir, "out")
+	code, stderr := ferry(t, dir, "bundle", "create", "--quiet", "--release", release, "--version", "4.13.8",
+		"--mirror", reg.Mirror(), "--cert-dir", reg.CertsDir, "--output", out, "--signature-store", "")
+	if code == 0 || !strings.Contains(stderr, "--version 4.13.8, but release "+release+" says it is 4.13.7") {
+		t.Fatalf("exit %d:\n%s", code, stderr)
+	}
+	if ents, _ := os.ReadDir(out); len(ents) != 0 {
+		t.Errorf("written: %v", ents)
+	}
+}
