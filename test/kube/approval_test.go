@@ -2,6 +2,7 @@ package kube
 
 import (
 	"bytes"
+	"encoding/base64"
 	"context"
 	"errors"
 	"fmt"
@@ -302,7 +303,7 @@ func TestPolicy_AReleaseIsStartedOnlyOnceTheAdministratorApprovesIt(t *testing.T
 		}
 	}
 
-	says("the signatures of a release nobody approved", w1.Raw(ctx, "POST", "/api/v1/namespaces/"+kube.SignatureNamespace+"/configmaps", "application/json", sigs("c2ln"), nil), "ferry-release-signatures")
+	says("the signatures of a release nobody approved", w1.Raw(ctx, "POST", "/api/v1/namespaces/"+kube.SignatureNamespace+"/configmaps", "application/json", sigs(base64.StdEncoding.EncodeToString(releasesig.Signatures(release, "4.13.7")[0])), nil), "ferry-release-signatures")
 	says("a desiredUpdate to a release nobody approved", merge(t, w1, cvPath, desired(release, false)), "ferry-clusterversion")
 	err := w1.StartUpgrade(ctx, cluster.Upgrade{Release: release, Version: "4.13.7", Signatures: releasesig.Signatures(release, "4.13.7")})
 	if !errors.Is(err, cluster.ErrReleaseUnapproved) {
