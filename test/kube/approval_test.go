@@ -2,8 +2,8 @@ package kube
 
 import (
 	"bytes"
-	"encoding/base64"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"slices"
