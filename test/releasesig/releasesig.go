@@ -11,7 +11,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -82,12 +81,6 @@ func (k *Key) PublicArmored() []byte {
 		panic(fmt.Sprintf("releasesig: %v", err))
 	}
 	return b.Bytes()
-}
-
-// Fingerprint is the key's fingerprint in upper-case hex, what
-// containers/image calls the key identity.
-func (k *Key) Fingerprint() string {
-	return strings.ToUpper(fmt.Sprintf("%x", k.entity.PrimaryKey.Fingerprint))
 }
 
 // payload is the simple-signing JSON, with Red Hat's fields.
