@@ -62,6 +62,9 @@ func (m *machine) runsAlready(r *Record) bool {
 // fresh are the offers this node may take: not a bundle it is done with
 // (upgraded or cleaned up here), and not the release the peers run and
 // keep (an upgraded peer's Digest) while another bundle is offered too.
+// A peer whose status names another node than its certificate offers
+// nothing here: a party that lies about who it is makes no conflict and
+// no refusal on this node (issue 41).
 func (m *machine) fresh(v view) []peer.PeerOffer {
 	doneWith := map[digest.Digest]bool{}
 	for _, r := range m.records {
@@ -78,6 +81,7 @@ func (m *machine) fresh(v view) []peer.PeerOffer {
 	var out, kept []peer.PeerOffer
 	for _, o := range v.offers {
 		switch {
+		case errors.Is(v.statuses[o.Peer].Err, peer.ErrNodeMismatch):
 		case doneWith[o.Digest]:
 		case running[o.Digest]:
 			kept = append(kept, o)
