@@ -323,12 +323,12 @@ func (m *machine) peersDisagree(r *Record) Condition {
 	for _, p := range m.peers {
 		st, heard := m.view.statuses[p]
 		switch {
-		case m.gateExcluded(p, st.Node):
+		case m.gateExcluded(p, peerNode(st)):
 			continue
 		case !heard:
 			unheld = append(unheld, p+" (not heard from yet)")
 		case st.Err != nil:
-			unheld = append(unheld, p+" (unreachable)")
+			unheld = append(unheld, unheardWhy(p, st))
 		case conflicting(self, st.Status):
 			return fault(ReasonPeerHoldsOther, fmt.Sprintf("conflict: node %s holds another bundle (%s, %s): remove the second stick and run 'ferry cleanup' there", nodeName(p, st.Status), st.Version, sha256digest.Short(st.Digest)))
 		case refuses(st.Status, r.Digest):
