@@ -4,6 +4,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"os"
@@ -195,9 +197,10 @@ var servingCAs sync.Map
 // published through the API); the others follow the node the API names,
 // at the address whose certificate names it; nobody asks the liar for a
 // byte; all three load the puller's bundle, the tag resolved to the site
-// registry's digest on each, in its pins and in the UpgradeBundle. (The
-// liar is a Node the administrator excluded, or the gate, which waits for
-// a peer it cannot read, would hold the load.)
+// registry's digest on each, in its pins and in the UpgradeBundle. The
+// liar holds the gate (a peer the gate cannot read might be a node that
+// holds nothing), named on every node and in the UpgradeBundle with the
+// administrator's lever, until the administrator excludes it.
 func TestAgents_RegistryModeFollowsNoLiar(t *testing.T) {
 	e := kubeenv.Start(t, runningRelease)
 	e.InstallFerry()
@@ -266,7 +269,8 @@ func TestAgents_RegistryModeFollowsNoLiar(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second}
+	// Handshakes fail until node-x has its record (peers refuse it): quiet.
+	hs := &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
 	go hs.Serve(tls.NewListener(ln, liarTLS.ServerConfig()))
 	t.Cleanup(func() { hs.Close() })
 	liar := ln.Addr().String()
@@ -292,8 +296,7 @@ func TestAgents_RegistryModeFollowsNoLiar(t *testing.T) {
 	// others follow it meanwhile, the liar offering its bundle.
 	link.Hold()
 	name := "4.13.8-x86-64"
-	e.PatchBundleSpec(name, map[string]any{"excludedNodes": []string{"node-x"},
-		"source": map[string]any{"release": release, "node": first.Name, "extraImages": []string{tag}}})
+	e.PatchBundleSpec(name, map[string]any{"source": map[string]any{"release": release, "node": first.Name, "extraImages": []string{tag}}})
 	for _, n := range f.nodes {
 		if n != first {
 			n.A.Wait(agentBound, n.Name+" following "+first.Name+"'s pull, with bytes from it", func(s agent.Status) bool {
@@ -302,6 +305,26 @@ func TestAgents_RegistryModeFollowsNoLiar(t *testing.T) {
 		}
 	}
 	link.Release()
+	// The liar holds the gate (it might be a node that holds nothing),
+	// named for what it is, with the administrator's lever, on every node
+	// and in the UpgradeBundle; once the administrator excludes it, it
+	// holds nothing.
+	for _, n := range f.nodes {
+		n.A.Wait(agentBound, n.Name+" waiting for the liar, named", func(s agent.Status) bool {
+			return strings.Contains(s.Reason, `certificate names node node-x`) && strings.Contains(s.Reason, "spec.excludedNodes")
+		})
+	}
+	waitFor(t, "the UpgradeBundle's entries to name the liar", func() bool {
+		_, nodes := bundleStatus(e, name)
+		for _, n := range f.nodes {
+			entry, _ := nodes[n.Name].(map[string]any)
+			if reason, _ := entry["reason"].(string); !strings.Contains(reason, "node-x") {
+				return false
+			}
+		}
+		return true
+	})
+	e.PatchBundleSpec(name, map[string]any{"excludedNodes": []string{"node-x"}})
 	held := ""
 	var meta *bundle.Metadata
 	for _, n := range f.nodes {
