@@ -339,6 +339,7 @@ func TestAgents_RegistryModeFollowsNoLiar(t *testing.T) {
 		if n != first && (s.Pull == nil || s.Pull.From != first.Name) {
 			t.Errorf("%s followed %+v, want %s's pull", n.Name, s.Pull, first.Name)
 		}
+		meta = nil
 		for _, r := range s.Bundles {
 			if r.Digest == s.Digest && r.Metadata != nil {
 				meta = r.Metadata
@@ -347,15 +348,13 @@ func TestAgents_RegistryModeFollowsNoLiar(t *testing.T) {
 				t.Errorf("%s acted on the liar's offer: %+v", n.Name, r)
 			}
 		}
+		if meta == nil || !slices.Contains(meta.Images, tag+"@"+siteDigest) {
+			t.Fatalf("%s loaded %+v, want %s at the site registry's %s", n.Name, meta, tag, siteDigest)
+		}
+		n.checkPinned(t, meta, true)
 	}
 	if held == lieDigest {
 		t.Fatalf("the nodes hold the liar's bundle %s", lieDigest)
-	}
-	if meta == nil || !slices.Contains(meta.Images, tag+"@"+siteDigest) {
-		t.Fatalf("the bundle loaded: %+v, want %s at the site registry's %s", meta, tag, siteDigest)
-	}
-	for _, n := range f.nodes {
-		n.checkPinned(t, meta, true)
 	}
 	// The tag's resolution, as the puller published it for every node.
 	_, nodes := bundleStatus(e, name)
