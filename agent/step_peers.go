@@ -64,7 +64,8 @@ func (m *machine) runsAlready(r *Record) bool {
 // keep (an upgraded peer's Digest) while another bundle is offered too.
 // A peer whose status names another node than its certificate offers
 // nothing here: a party that lies about who it is makes no conflict and
-// no refusal on this node (issue 41).
+// no refusal on this node (issue 41); nor does a node the administrator
+// excluded, which takes no part.
 func (m *machine) fresh(v view) []peer.PeerOffer {
 	doneWith := map[digest.Digest]bool{}
 	for _, r := range m.records {
@@ -81,7 +82,7 @@ func (m *machine) fresh(v view) []peer.PeerOffer {
 	var out, kept []peer.PeerOffer
 	for _, o := range v.offers {
 		switch {
-		case errors.Is(v.statuses[o.Peer].Err, peer.ErrNodeMismatch):
+		case errors.Is(v.statuses[o.Peer].Err, peer.ErrNodeMismatch), m.gateExcluded(o.Peer, peerNode(v.statuses[o.Peer])):
 		case doneWith[o.Digest]:
 		case running[o.Digest]:
 			kept = append(kept, o)

@@ -483,6 +483,16 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 				return v
 			}(), phase: PhaseFetching,
 			effs: []string{"save 4.13.7-x86_64-20261122T080000", "remove 4.13.7-x86_64", "start fetch"}},
+		{name: "an offer from a node the administrator excluded is not looked at: no conflict", in: PhaseIdle,
+			given: []func(*machine){with(func(m *machine) { m.excluded = map[string]string{"node-x": "listed in spec.excludedNodes"} })},
+			ev: func() evView {
+				other := offerOf(t, otherDigest, meta138)
+				other.Peer = "10.0.0.9:8090"
+				v := viewOf(nil, offerOf(t, heldDigest, meta137), other)
+				v.statuses[other.Peer] = peer.PeerStatus{Status: peer.Status{Node: "node-x", Phase: string(PhaseLoaded), Digest: otherDigest}, Verified: "node-x"}
+				return v
+			}(), phase: PhaseFetching,
+			effs: []string{"save 4.13.7-x86_64-20261122T080000", "remove 4.13.7-x86_64", "start fetch"}},
 		{name: "an offer this node's policy refuses is rejected before a byte is fetched", in: PhaseIdle, given: []func(*machine){approvalRequired},
 			ev: viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseRejected, why: ReasonRefused,
 			effs: []string{"save 4.13.7-x86_64-20261122T080000"},
