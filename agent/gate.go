@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -79,6 +80,26 @@ func nodeName(addr string, s peer.Status) string {
 	return addr
 }
 
+// peerNode is the node a peer is: the one its certificate names (node
+// identities), else the one its status says.
+func peerNode(s peer.PeerStatus) string {
+	if s.Verified != "" {
+		return s.Verified
+	}
+	return s.Node
+}
+
+// unheardWhy names a peer whose status the gate cannot take, and why.
+// One whose status names another node than its certificate is not
+// unreachable: it holds the gate until the administrator excludes it
+// (docs/security.md, "A lying peer").
+func unheardWhy(addr string, s peer.PeerStatus) string {
+	if errors.Is(s.Err, peer.ErrNodeMismatch) {
+		return fmt.Sprintf("%s (its certificate names node %s, its status another node: refused; if %s is not to take part, add it to the UpgradeBundle's spec.excludedNodes)", addr, s.Verified, s.Verified)
+	}
+	return addr + " (unreachable)"
+}
+
 // label tells peers apart in the gate's lists: the node name and address.
 func label(addr string, s peer.Status) string {
 	if s.Node != "" && s.Node != addr {
@@ -101,8 +122,11 @@ func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 	}
 	d := Decision{Digests: map[digest.Digest][]string{}}
 	all := map[string]peer.Status{selfName: self}
-	var unreachable []string
+	var unreachable, refused []string
 	for addr, ps := range peers {
+		if errors.Is(ps.Err, peer.ErrNodeMismatch) {
+			refused = append(refused, unheardWhy(addr, ps))
+		}
 		if ps.Err != nil {
 			unreachable = append(unreachable, addr)
 			continue
@@ -140,6 +164,13 @@ func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 		d.Verdict = Waiting
 		d.Waiting = unreachable
 		d.Reason = "cannot reach " + strings.Join(unreachable, ", ") + ": check that ferry runs there and the peer port is open"
+		if len(refused) > 0 {
+			sort.Strings(refused)
+			d.Reason = "waiting for " + strings.Join(refused, ", ")
+			if len(refused) < len(unreachable) {
+				d.Reason += "; cannot reach others of " + strings.Join(unreachable, ", ")
+			}
+		}
 		return d
 	}
 	for _, n := range names {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -68,5 +69,34 @@ func TestDecide(t *testing.T) {
 				t.Fatalf("conflict reason %q / digests %v does not name both bundles", d.Reason, d.Digests)
 			}
 		})
+	}
+}
+
+// A peer whose status names another node than its certificate (a node
+// lying about who it is) holds the gate, named for what it is and with
+// the administrator's lever, not as unreachable; excluded by the node
+// its certificate names, it holds nothing.
+func TestGate_ALyingPeerWaitsForTheAdministratorThenIsLeftOut(t *testing.T) {
+	const d1 = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	liar := peer.PeerStatus{Verified: "node-x", Err: fmt.Errorf("peer 10.0.0.9:8090: %w: it says %q, its certificate names %q", peer.ErrNodeMismatch, "node-a", "node-x")}
+	peers := map[string]peer.PeerStatus{"10.0.0.2:8090": {Status: peer.Status{Node: "b", Phase: "loaded", Digest: d1}}, "10.0.0.9:8090": liar}
+	d := Decide(peer.Status{Node: "a", Phase: "loaded", Digest: d1}, peers)
+	if d.Verdict != Waiting || !strings.Contains(d.Reason, "certificate names node node-x") || !strings.Contains(d.Reason, "spec.excludedNodes") || strings.Contains(d.Reason, "cannot reach") {
+		t.Fatalf("the gate on a lying peer: %s: %q, want waiting, naming node-x and spec.excludedNodes", d.Verdict, d.Reason)
+	}
+
+	m := machineIn(t, PhaseIdle)
+	m.peersOn, m.peers = true, []string{"10.0.0.2:8090", "10.0.0.9:8090"}
+	m.view = view{statuses: peers, at: m.now()}
+	r := &Record{Digest: d1}
+	if why := m.peersDisagree(r); why.Reason != ReasonPeersNotHolding || !strings.Contains(why.Message, "certificate names node node-x") {
+		t.Fatalf("before loading, a lying peer: %+v, want waiting for it, named", why)
+	}
+	m.excluded = map[string]string{"node-x": "listed in spec.excludedNodes"}
+	if why := m.peersDisagree(r); why != (Condition{}) {
+		t.Fatalf("the lying peer excluded by the node its certificate names: %+v, want nothing to wait for", why)
+	}
+	if g := m.gatedStatuses(); len(g) != 1 {
+		t.Fatalf("the gate weighs %v, want only b", g)
 	}
 }

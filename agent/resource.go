@@ -540,7 +540,7 @@ func (m *machine) gatedStatuses() map[string]peer.PeerStatus {
 	}
 	out := map[string]peer.PeerStatus{}
 	for addr, st := range m.view.statuses {
-		if !m.gateExcluded(addr, st.Node) {
+		if !m.gateExcluded(addr, peerNode(st)) {
 			out[addr] = st
 		}
 	}

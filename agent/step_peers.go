@@ -62,6 +62,10 @@ func (m *machine) runsAlready(r *Record) bool {
 // fresh are the offers this node may take: not a bundle it is done with
 // (upgraded or cleaned up here), and not the release the peers run and
 // keep (an upgraded peer's Digest) while another bundle is offered too.
+// A peer whose status names another node than its certificate offers
+// nothing here: a party that lies about who it is makes no conflict and
+// no refusal on this node (issue 41); nor does a node the administrator
+// excluded, which takes no part.
 func (m *machine) fresh(v view) []peer.PeerOffer {
 	doneWith := map[digest.Digest]bool{}
 	for _, r := range m.records {
@@ -78,6 +82,7 @@ func (m *machine) fresh(v view) []peer.PeerOffer {
 	var out, kept []peer.PeerOffer
 	for _, o := range v.offers {
 		switch {
+		case errors.Is(v.statuses[o.Peer].Err, peer.ErrNodeMismatch), m.gateExcluded(o.Peer, peerNode(v.statuses[o.Peer])):
 		case doneWith[o.Digest]:
 		case running[o.Digest]:
 			kept = append(kept, o)
@@ -319,12 +324,12 @@ func (m *machine) peersDisagree(r *Record) Condition {
 	for _, p := range m.peers {
 		st, heard := m.view.statuses[p]
 		switch {
-		case m.gateExcluded(p, st.Node):
+		case m.gateExcluded(p, peerNode(st)):
 			continue
 		case !heard:
 			unheld = append(unheld, p+" (not heard from yet)")
 		case st.Err != nil:
-			unheld = append(unheld, p+" (unreachable)")
+			unheld = append(unheld, unheardWhy(p, st))
 		case conflicting(self, st.Status):
 			return fault(ReasonPeerHoldsOther, fmt.Sprintf("conflict: node %s holds another bundle (%s, %s): remove the second stick and run 'ferry cleanup' there", nodeName(p, st.Status), st.Version, sha256digest.Short(st.Digest)))
 		case refuses(st.Status, r.Digest):

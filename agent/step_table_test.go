@@ -474,6 +474,25 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 		{name: "two bundles offered is a conflict, nothing fetched", in: PhaseIdle,
 			ev: viewOf(nil, offerOf(t, heldDigest, meta137), offerOf(t, otherDigest, meta138)), phase: PhaseConflict, why: ReasonBundlesDiffer,
 			effs: []string{"save cluster-20261122T080000"}},
+		{name: "an offer from a peer whose status names another node than its certificate is not looked at: no conflict", in: PhaseIdle,
+			ev: func() evView {
+				liar := offerOf(t, otherDigest, meta138)
+				liar.Peer = "10.0.0.9:8090"
+				v := viewOf(nil, offerOf(t, heldDigest, meta137), liar)
+				v.statuses[liar.Peer] = peer.PeerStatus{Verified: "node-x", Err: fmt.Errorf("peer %s: %w", liar.Peer, peer.ErrNodeMismatch)}
+				return v
+			}(), phase: PhaseFetching,
+			effs: []string{"save 4.13.7-x86_64-20261122T080000", "remove 4.13.7-x86_64", "start fetch"}},
+		{name: "an offer from a node the administrator excluded is not looked at: no conflict", in: PhaseIdle,
+			given: []func(*machine){with(func(m *machine) { m.excluded = map[string]string{"node-x": "listed in spec.excludedNodes"} })},
+			ev: func() evView {
+				other := offerOf(t, otherDigest, meta138)
+				other.Peer = "10.0.0.9:8090"
+				v := viewOf(nil, offerOf(t, heldDigest, meta137), other)
+				v.statuses[other.Peer] = peer.PeerStatus{Status: peer.Status{Node: "node-x", Phase: string(PhaseLoaded), Digest: otherDigest}, Verified: "node-x"}
+				return v
+			}(), phase: PhaseFetching,
+			effs: []string{"save 4.13.7-x86_64-20261122T080000", "remove 4.13.7-x86_64", "start fetch"}},
 		{name: "an offer this node's policy refuses is rejected before a byte is fetched", in: PhaseIdle, given: []func(*machine){approvalRequired},
 			ev: viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseRejected, why: ReasonRefused,
 			effs: []string{"save 4.13.7-x86_64-20261122T080000"},

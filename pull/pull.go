@@ -253,6 +253,10 @@ type Options struct {
 	// ShareStall cuts a response to a follower that sends nothing for
 	// this long (a follower that stopped reading); 0: 30 s.
 	ShareStall time.Duration
+	// FollowStall cuts a response from the followed node that sends
+	// nothing for this long (that node, or the link to it, stalled): the
+	// follower asks again from where it stopped; 0: 30 s.
+	FollowStall time.Duration
 }
 
 // PeerAccess is the peers' transport: it adds the peers' token, or
@@ -291,6 +295,9 @@ func New(o Options) (*Puller, error) {
 	}
 	if o.ShareStall <= 0 {
 		o.ShareStall = 30 * time.Second
+	}
+	if o.FollowStall <= 0 {
+		o.FollowStall = 30 * time.Second
 	}
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("pull: %w", err)
@@ -589,12 +596,13 @@ func (p *Puller) following(ctx context.Context, req Request, o *create.Options) 
 	if err != nil {
 		return fmt.Errorf("%w: %v", create.ErrBadReference, err)
 	}
-	hc := &http.Client{Transport: p.o.Peers.Transport, Timeout: time.Minute}
+	rt := idleCut{base: p.o.Peers.Transport, stall: p.o.FollowStall}
+	hc := &http.Client{Transport: rt, Timeout: time.Minute}
 	sigs, err := create.FetchSignatures(ctx, hc, scheme+"://"+req.From+SignaturePath, ref.DigestStr())
 	if err != nil {
 		return fmt.Errorf("the release signatures from node %s: %w", req.FromNode, err)
 	}
-	o.Source, o.Transport, o.Insecure, o.ReleaseSignatures = req.From, p.o.Peers.Transport, !p.o.Peers.TLS, sigs
+	o.Source, o.Transport, o.Insecure, o.ReleaseSignatures = req.From, rt, !p.o.Peers.TLS, sigs
 	return nil
 }
 

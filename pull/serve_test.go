@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,8 +16,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -563,3 +566,78 @@ func TestShare_AFollowerThatStopsReadingHoldsNothing(t *testing.T) {
 		t.Fatalf("the stalled follower got %d bytes of a %d-byte blob (%v): its response was not cut", n+int64(len(head)), s.size, err)
 	}
 }
+
+// A followed node that sends 1 KiB of a blob and then nothing (it, or
+// the link to it, stalled) holds the follower only for FollowStall: the
+// follower drops the response, asks for the rest, and makes the same
+// bundle as the pull.
+func TestFollow_AFollowedNodeThatStopsSendingIsAskedAgain(t *testing.T) {
+	s := newSharing(t, time.Minute)
+	s.start(t)
+	inner := peer.NewServer(nil, peer.ServerOptions{Token: shareToken, Pull: s.p.Handler()})
+	var claimed atomic.Bool
+	gone := make(chan struct{}) // the stalled response's client hung up
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A large blob other than the held one: the pull still runs when
+		// the follower asks again.
+		if strings.Contains(r.URL.Path, "/blobs/") && !strings.HasSuffix(r.URL.Path, s.layer) && r.Header.Get("Range") == "" {
+			w = &stallingWriter{ResponseWriter: w, claim: &claimed, client: r.Context().Done(), gone: gone}
+		}
+		inner.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	f := newHarness(t, s.reg, pull.Options{Backoff: 300 * time.Millisecond, FollowStall: 500 * time.Millisecond,
+		Peers: &pull.PeerAccess{Transport: peer.NewClient(shareToken, nil).Transport()}})
+	f.run(t)
+	follow := s.req
+	follow.From, follow.FromNode = strings.TrimPrefix(srv.URL, "http://"), "node-a"
+	if err := f.p.Ensure(follow); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-gone:
+	case <-time.After(time.Minute):
+		t.Fatal("the follower never dropped the stalled response")
+	}
+	s.followed(t, f)
+	s.bothDone(t, f)
+}
+
+// stallingWriter, on the first response of 64 KiB or more to claim it,
+// sends 1 KiB, then blocks every write until the client hangs up.
+type stallingWriter struct {
+	http.ResponseWriter
+	claim    *atomic.Bool
+	stalling bool
+	sent     int
+	client   <-chan struct{}
+	gone     chan struct{}
+}
+
+func (w *stallingWriter) Write(b []byte) (int, error) {
+	if w.sent == 0 && !w.stalling {
+		size, _ := strconv.Atoi(w.Header().Get("Content-Length"))
+		w.stalling = size >= 64<<10 && w.claim.CompareAndSwap(false, true)
+	}
+	if !w.stalling {
+		return w.ResponseWriter.Write(b)
+	}
+	if w.sent < 1024 {
+		// The rest of b is taken and never sent: the server goes on as
+		// with a client that reads slower than it writes.
+		n, err := w.ResponseWriter.Write(b[:min(len(b), 1024-w.sent)])
+		w.sent += n
+		if err == nil && w.sent == 1024 {
+			err = http.NewResponseController(w.ResponseWriter).Flush()
+		}
+		if err != nil {
+			return n, err
+		}
+		return len(b), nil
+	}
+	<-w.client
+	close(w.gone)
+	return 0, errors.New("the client hung up")
+}
+
+func (w *stallingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

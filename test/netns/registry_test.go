@@ -3,15 +3,23 @@ package netns
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
@@ -19,6 +27,7 @@ import (
 	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/pull"
 	"github.com/ferry-edge/ferry/test/crioenv"
+	"github.com/ferry-edge/ferry/test/ferryenv"
 	"github.com/ferry-edge/ferry/test/fixture"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
@@ -177,50 +186,104 @@ func nodeIdentities(t testing.TB, e *kubeenv.Env) (func(n *Node, cfg *agent.Conf
 // servingCAs is each env's kubelet serving CA (nodeIdentities).
 var servingCAs sync.Map
 
-// TestAgents_RegistryModeFollowsNoLiar (issue 41): a fourth party on the
-// peers' network with a valid node certificate, node-x's, says in its
-// status that it is the pulling node. Every node refuses its status (its
-// certificate names another node), the follower follows the node the
-// API names at the address whose certificate names it, and nobody asks
-// the liar for the pull: both nodes load the puller's bundle. (The liar
-// is a Node the administrator excluded, or the gate, which waits for a
-// peer it cannot read, would hold the load.)
+// TestAgents_RegistryModeFollowsNoLiar (issue 41): three agents and a
+// fourth party on the peers' network with a valid node certificate,
+// node-x's, which offers a real bundle of the release the UpgradeBundle
+// asks for whose tagged extra (quay.io/my-company/my-workload:v1) is
+// another image than the site registry's, made from another registry,
+// and says in its status that it is the pulling node. Every node refuses
+// its status (its certificate names another node) and so looks at none of
+// its offers (which would be refused anyway: not the bundle the puller
+// published through the API); the others follow the node the API names,
+// at the address whose certificate names it; nobody asks the liar for a
+// byte; all three load the puller's bundle, the tag resolved to the site
+// registry's digest on each, in its pins and in the UpgradeBundle. The
+// liar holds the gate (a peer the gate cannot read might be a node that
+// holds nothing), named on every node and in the UpgradeBundle with the
+// administrator's lever, until the administrator excludes it.
 func TestAgents_RegistryModeFollowsNoLiar(t *testing.T) {
 	e := kubeenv.Start(t, runningRelease)
 	e.InstallFerry()
 	e.InstallUpgradeBundles(repoFile("packaging/upgradebundle-crd.yaml"))
+	const tag = "quay.io/my-company/my-workload:v1"
 	reg := fixture.NewRegistry(t)
-	reg.PushImage(t, "my-company/my-workload", "v1")
+	site := reg.PushImage(t, "my-company/my-workload", "v1")
+	siteDigest := site[strings.LastIndex(site, "@")+1:]
 	release, _ := reg.PushRelease(t, fixture.ReleaseOptions{Version: "4.13.8", PayloadImages: 3, ImageSize: 256 << 10, Seed: 41})
 	link := fixture.NewLink(t, reg, fixture.LinkOptions{Rate: 4 << 20})
 	_, servingCA := nodeIdentities(t, e)
 
+	// The liar's bundle: the release from the site's registry, the extra
+	// under the same tag from another registry, with another image.
+	other := fixture.NewRegistry(t)
+	forged, err := other.Image(t.Context(), "my-company/my-workload", "v1", "amd64", 8192)
+	if err != nil || forged == site {
+		t.Fatalf("the other registry's %s: %s (%v), the site's %s: the test shows nothing", tag, forged, err, site)
+	}
+	lieTar, lieMeta, lieDigest := liarBundle(t, release, tag, reg, other)
+	if !slices.Contains(lieMeta.Images, tag+"@"+forged[strings.LastIndex(forged, "@")+1:]) {
+		t.Fatalf("the liar's bundle holds %v, want %s at the other registry's digest", lieMeta.Images, tag)
+	}
+
 	// The liar: node-x's kubelet certificates, on the host, reached by
-	// every node at the same address; it counts what it is asked.
+	// every node at the same address; it serves its bundle with the peer
+	// protocol the agents use and counts every request but its status and
+	// its list of offers.
 	cert, key := servingCA.Serving(t, "node-x", "127.0.0.1")
 	serving := testca.KeyPair(t, cert, key)
 	clientCAs := testca.Pool(e.ClientCA)
 	liarTLS := &peer.NodeTLS{Serving: func() *tls.Certificate { return &serving }, ClientCAs: func() *x509.CertPool { return clientCAs }}
 	var puller atomic.Value // the node it says it is
 	puller.Store("")
-	var asked atomic.Int64
-	srv := peer.NewServer(peer.NewShelf(peer.ShelfOptions{}), peer.ServerOptions{TLS: liarTLS.ServerConfig(),
-		Status: func() peer.Status { return peer.Status{Node: puller.Load().(string), Phase: "loaded"} },
-		Pull:   http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { asked.Add(1); http.NotFound(w, r) })})
+	var asked, listed atomic.Int64
+	var askedFor sync.Map
+	shelf := peer.NewShelf(peer.ShelfOptions{})
+	t.Cleanup(func() { shelf.Close() })
+	tf, err := os.Open(lieTar)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tf.Close()
+	fi, _ := tf.Stat()
+	metaJSON, _ := json.Marshal(lieMeta)
+	if err := shelf.Add(digest.Digest(lieDigest), metaJSON, tf, fi.Size()); err != nil {
+		t.Fatal(err)
+	}
+	srv := peer.NewServer(shelf, peer.ServerOptions{TLS: liarTLS.ServerConfig(),
+		Status: func() peer.Status {
+			return peer.Status{Node: puller.Load().(string), Phase: "loaded", Digest: digest.Digest(lieDigest), Release: release}
+		},
+		Pull: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) })})
+	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/bundles":
+			listed.Add(1)
+		case "/v1/status":
+		default:
+			asked.Add(1)
+			askedFor.Store(r.URL.Path, true)
+		}
+		srv.ServeHTTP(w, r)
+	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve(t.Context(), ln)
+	// Handshakes fail until node-x has its record (peers refuse it): quiet.
+	hs := &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
+	go hs.Serve(tls.NewListener(ln, liarTLS.ServerConfig()))
+	t.Cleanup(func() { hs.Close() })
 	liar := ln.Addr().String()
 	toLiar := forwardPort(t, ln.Addr().(*net.TCPAddr).Port)
-	f := registryFleet(t, e, link, 2, func(n *Node, cfg *agent.Config) {
+	f := registryFleet(t, e, link, 3, func(n *Node, cfg *agent.Config) {
 		toLiar(n)
 		cfg.Peer.Peers = append(cfg.Peer.Peers, liar)
 	})
-	first, other := f.nodes[0], f.nodes[1]
-	if other.Name < first.Name {
-		first, other = other, first
+	first := f.nodes[0]
+	for _, n := range f.nodes[1:] {
+		if n.Name < first.Name {
+			first = n
+		}
 	}
 	puller.Store(first.Name)
 	// node-x is a node of the cluster (its Node, its record): its
@@ -230,27 +293,84 @@ func TestAgents_RegistryModeFollowsNoLiar(t *testing.T) {
 	e.RecordNode("node-x", "127.0.0.1")
 
 	// Held, the link lets the pull resolve, not fetch the layers: the
-	// other node follows it meanwhile.
+	// others follow it meanwhile, the liar offering its bundle.
 	link.Hold()
-	e.PatchBundleSpec("4.13.8-x86-64", map[string]any{"excludedNodes": []string{"node-x"},
-		"source": map[string]any{"release": release, "node": first.Name, "extraImages": []string{"quay.io/my-company/my-workload:v1"}}})
-	other.A.Wait(agentBound, other.Name+" following "+first.Name+"'s pull, with bytes from it", func(s agent.Status) bool {
-		return s.Pull != nil && s.Pull.From == first.Name && s.Pull.State == pull.StateFetching && s.Pull.Bytes > 0
-	})
+	name := "4.13.8-x86-64"
+	e.PatchBundleSpec(name, map[string]any{"source": map[string]any{"release": release, "node": first.Name, "extraImages": []string{tag}}})
+	for _, n := range f.nodes {
+		if n != first {
+			n.A.Wait(agentBound, n.Name+" following "+first.Name+"'s pull, with bytes from it", func(s agent.Status) bool {
+				return s.Pull != nil && s.Pull.From == first.Name && s.Pull.State == pull.StateFetching && s.Pull.Bytes > 0
+			})
+		}
+	}
 	link.Release()
-	digest := ""
+	// The liar holds the gate (it might be a node that holds nothing),
+	// named for what it is, with the administrator's lever, on every node
+	// and in the UpgradeBundle; once the administrator excludes it, it
+	// holds nothing.
+	for _, n := range f.nodes {
+		n.A.Wait(agentBound, n.Name+" waiting for the liar, named", func(s agent.Status) bool {
+			return strings.Contains(s.Reason, `certificate names node node-x`) && strings.Contains(s.Reason, "spec.excludedNodes")
+		})
+	}
+	waitFor(t, "the UpgradeBundle's entries to name the liar", func() bool {
+		_, nodes := bundleStatus(e, name)
+		for _, n := range f.nodes {
+			entry, _ := nodes[n.Name].(map[string]any)
+			if reason, _ := entry["reason"].(string); !strings.Contains(reason, "node-x") {
+				return false
+			}
+		}
+		return true
+	})
+	e.PatchBundleSpec(name, map[string]any{"excludedNodes": []string{"node-x"}})
+	held := ""
+	var meta *bundle.Metadata
 	for _, n := range f.nodes {
 		s := n.A.Wait(agentBound, n.Name+" loaded", func(s agent.Status) bool {
 			return s.Phase == string(agent.PhaseLoaded) || s.Phase == string(agent.PhaseClusterReady) || s.Phase == string(agent.PhaseUpgrading)
 		})
-		if digest == "" {
-			digest = string(s.Digest)
-		} else if string(s.Digest) != digest {
-			t.Fatalf("%s holds %s, another node %s", n.Name, s.Digest, digest)
+		if held == "" {
+			held = string(s.Digest)
+		} else if string(s.Digest) != held {
+			t.Fatalf("%s holds %s, another node %s", n.Name, s.Digest, held)
 		}
+		if n != first && (s.Pull == nil || s.Pull.From != first.Name) {
+			t.Errorf("%s followed %+v, want %s's pull", n.Name, s.Pull, first.Name)
+		}
+		meta = nil
+		for _, r := range s.Bundles {
+			if r.Digest == s.Digest && r.Metadata != nil {
+				meta = r.Metadata
+			}
+			if string(r.Digest) == lieDigest {
+				t.Errorf("%s acted on the liar's offer: %+v", n.Name, r)
+			}
+		}
+		if meta == nil || !slices.Contains(meta.Images, tag+"@"+siteDigest) {
+			t.Fatalf("%s loaded %+v, want %s at the site registry's %s", n.Name, meta, tag, siteDigest)
+		}
+		n.checkPinned(t, meta, true)
+	}
+	if held == lieDigest {
+		t.Fatalf("the nodes hold the liar's bundle %s", lieDigest)
+	}
+	// The tag's resolution, as the puller published it for every node.
+	_, nodes := bundleStatus(e, name)
+	entry, _ := nodes[first.Name].(map[string]any)
+	pulled, _ := entry["pull"].(map[string]any)
+	extras, _ := pulled["extras"].([]any)
+	if len(extras) != 1 || extras[0].(map[string]any)["image"] != tag || extras[0].(map[string]any)["digest"] != siteDigest {
+		t.Errorf("the UpgradeBundle's status.nodes.%s.pull: %v, want %s resolved to %s", first.Name, pulled, tag, siteDigest)
+	}
+	if listed.Load() == 0 {
+		t.Fatal("no node asked the liar what it offers: the test shows nothing")
 	}
 	if n := asked.Load(); n != 0 {
-		t.Fatalf("the liar was asked %d times for the pull", n)
+		var paths []string
+		askedFor.Range(func(k, _ any) bool { paths = append(paths, k.(string)); return true })
+		t.Fatalf("the liar was asked %d times for its bundle or the pull: %v", n, paths)
 	}
 	for _, n := range f.nodes {
 		c, err := n.cluster(t)
@@ -259,6 +379,35 @@ func TestAgents_RegistryModeFollowsNoLiar(t *testing.T) {
 			t.Errorf("%s's view of the liar: %+v (%v, %v), want its status refused for the node its certificate names", n.Name, p, ok, err)
 		}
 	}
+}
+
+// liarBundle makes, with `ferry bundle create`, a bundle of release from
+// reg whose extra tag comes from other: what a party with another
+// registry would offer under the workload's name.
+func liarBundle(t *testing.T, release, tag string, reg, other *fixture.Registry) (string, *bundle.Metadata, string) {
+	t.Helper()
+	certs := t.TempDir()
+	for _, r := range []*fixture.Registry{reg, other} {
+		if err := os.MkdirAll(filepath.Join(certs, r.Host), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(certs, r.Host, "ca.crt"), r.CAPEM, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := t.TempDir()
+	cmd := exec.Command(ferryenv.Binary(t), "bundle", "create", "--release", release, "--extra-image", tag,
+		"--mirror", reg.Mirror(), "--mirror", fixture.Upstream+"/my-company/="+other.Host+"/my-company/",
+		"--cert-dir", certs, "--signature-store", "", "--output", out, "--quiet")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("ferry bundle create: %v\n%s", err, b)
+	}
+	tarPath := filepath.Join(out, "upgrade-4.13.8-x86_64.tar")
+	meta, err := bundle.InspectFile(tarPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tarPath, meta, sidecarDigest(t, tarPath)
 }
 
 // linkPort is the port link listens on (on the host's loopback).
