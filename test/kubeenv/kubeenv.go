@@ -124,6 +124,16 @@ func (e *Env) StartAPIServer() {
 	}
 }
 
+// Kubectl is the path of the kubectl built beside kube-apiserver, of the
+// same release (test/setup/build-apiserver.sh): the docs' commands and
+// oc wait's run with it, never with whatever kubectl a machine has.
+func (e *Env) Kubectl() string {
+	p := filepath.Join(e.bin, "kubectl")
+	_, err := os.Stat(p)
+	crioenv.Need(e.t, err == nil, "no kubectl in %s: run bash test/setup/build-apiserver.sh", e.bin)
+	return p
+}
+
 // StopAPIServer stops kube-apiserver (etcd stays): the API is down.
 func (e *Env) StopAPIServer() {
 	if e.api != nil && e.api.Process != nil {

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build a real kube-apiserver from the Go module proxy, and fetch
+# Build a real kube-apiserver and kubectl (the docs' and oc wait's
+# commands run with it) from the Go module proxy, and fetch
 # OpenShift's ClusterVersion and MachineConfigPool CRDs from the
 # github.com/openshift/api module, for the tests that play the cluster
 # version operator and the machine config operator against a real API.
@@ -25,14 +26,37 @@ missing=()
 for name in "${!CRDS[@]}"; do
   [ -s "$OUT/$name" ] || missing+=("$name")
 done
-if [ -x "$OUT/kube-apiserver" ] && [ ${#missing[@]} -eq 0 ]; then
+if [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/kubectl" ] && [ ${#missing[@]} -eq 0 ]; then
   echo "$OUT"; exit 0
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 moddir() { (cd "$work" && go mod download -json "$1" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p'); }
 
+# k8s prepares Kubernetes' source in $work/k8s with the published
+# staging modules in place of ./staging.
+k8s() {
+  cp -r "$(moddir "k8s.io/kubernetes@$KUBE_VERSION")" "$work/k8s"
+  chmod -R u+w "$work/k8s"
+  cd "$work/k8s"
+  rm -rf vendor go.work go.work.sum
+  python3 - "$STAGING_VERSION" <<'PY'
+import re, sys
+v = sys.argv[1]
+s = open('go.mod').read()
+staged = re.findall(r'^\s*(k8s\.io/[\w.-]+) => \./staging/src/k8s\.io/[\w.-]+\s*$', s, re.M)
+s = re.sub(r'^\s*k8s\.io/[\w.-]+ => \./staging/src/k8s\.io/[\w.-]+\s*\n', '', s, flags=re.M)
+for m in staged:
+    s = re.sub(r'(^\s*' + re.escape(m) + r') v0\.0\.0\b', r'\1 ' + v, s, flags=re.M)
+open('go.mod', 'w').write(s)
+PY
+}
 if [ -x "$OUT/kube-apiserver" ]; then
+  # A cache made before a kubectl was built: add it in place.
+  if [ ! -x "$OUT/kubectl" ]; then
+    (k8s && GOFLAGS=-mod=mod go build -trimpath -o "$OUT/.kubectl.tmp" ./cmd/kubectl >&2)
+    mv "$OUT/.kubectl.tmp" "$OUT/kubectl"
+  fi
   # A cache made before a CRD was added to the list: add it in place
   # (renamed in, so that a test starting meanwhile never reads half).
   api=$(moddir "$OPENSHIFT_API")
@@ -47,20 +71,8 @@ api=$(moddir "$OPENSHIFT_API")
 for name in "${!CRDS[@]}"; do
   cp "$api/${CRDS[$name]}" "$OUT.tmp/$name"
 done
-cp -r "$(moddir "k8s.io/kubernetes@$KUBE_VERSION")" "$work/k8s"
-chmod -R u+w "$work/k8s"
-cd "$work/k8s"
-rm -rf vendor go.work go.work.sum
-python3 - "$STAGING_VERSION" <<'PY'
-import re, sys
-v = sys.argv[1]
-s = open('go.mod').read()
-staged = re.findall(r'^\s*(k8s\.io/[\w.-]+) => \./staging/src/k8s\.io/[\w.-]+\s*$', s, re.M)
-s = re.sub(r'^\s*k8s\.io/[\w.-]+ => \./staging/src/k8s\.io/[\w.-]+\s*\n', '', s, flags=re.M)
-for m in staged:
-    s = re.sub(r'(^\s*' + re.escape(m) + r') v0\.0\.0\b', r'\1 ' + v, s, flags=re.M)
-open('go.mod', 'w').write(s)
-PY
+k8s
 GOFLAGS=-mod=mod go build -trimpath -o "$OUT.tmp/kube-apiserver" ./cmd/kube-apiserver >&2
+GOFLAGS=-mod=mod go build -trimpath -o "$OUT.tmp/kubectl" ./cmd/kubectl >&2
 rm -rf "$OUT"; mv "$OUT.tmp" "$OUT"
 echo "$OUT"
