@@ -93,7 +93,9 @@ func label(addr string, s peer.Status) string {
 //  1. Two nodes holding different bundles: Conflict, whatever else holds.
 //  2. A peer that did not answer: Waiting (it might hold another bundle).
 //  3. Every node (this one included) loaded, with the same digest: Ready.
-//  4. Otherwise Waiting, naming the nodes not loaded yet.
+//  4. Otherwise Waiting, naming the nodes not loaded yet; a node with no
+//     CRI-O never loads, so then the reason says the cluster cannot
+//     upgrade until it is excluded.
 func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 	selfName := self.Node
 	if selfName == "" {
@@ -149,6 +151,10 @@ func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 	}
 	if len(d.Waiting) > 0 {
 		d.Verdict = Waiting
+		if none := withoutCRIO(all, d.Waiting); len(none) > 0 {
+			d.Reason = "the cluster cannot upgrade: " + strings.Join(none, ", ") + " has no CRI-O (crio.socket = \"\") and never loads the bundle; list it in the UpgradeBundle's spec.excludedNodes, or set crio.socket there"
+			return d
+		}
 		var parts []string
 		for _, n := range d.Waiting {
 			p := all[n].Phase
@@ -163,4 +169,15 @@ func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 	d.Verdict = Ready
 	d.Reason = fmt.Sprintf("all %d nodes loaded %s", len(names), sha256digest.Short(d.Digest))
 	return d
+}
+
+// withoutCRIO names the waiting nodes that will never load: no CRI-O.
+func withoutCRIO(all map[string]peer.Status, waiting []string) []string {
+	var none []string
+	for _, n := range waiting {
+		if all[n].LoadsNothing {
+			none = append(none, n)
+		}
+	}
+	return none
 }
