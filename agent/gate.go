@@ -36,6 +36,10 @@ type Decision struct {
 	Reason string `json:"reason"`
 	// Waiting lists nodes not loaded or not reachable (Waiting).
 	Waiting []string `json:"waiting,omitempty"`
+	// WithoutCRIO lists the waited-for nodes that have no CRI-O and so
+	// never load (Waiting): the cluster cannot upgrade until they are
+	// excluded.
+	WithoutCRIO []string `json:"withoutCRIO,omitempty"`
 	// Digests maps each bundle digest seen to the nodes holding it.
 	Digests map[digest.Digest][]string `json:"digests,omitempty"`
 }
@@ -152,6 +156,7 @@ func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 	if len(d.Waiting) > 0 {
 		d.Verdict = Waiting
 		if none := withoutCRIO(all, d.Waiting); len(none) > 0 {
+			d.WithoutCRIO = none
 			d.Reason = "the cluster cannot upgrade: " + strings.Join(none, ", ") + " has no CRI-O (crio.socket = \"\") and never loads the bundle; list it in the UpgradeBundle's spec.excludedNodes, or set crio.socket there"
 			return d
 		}
