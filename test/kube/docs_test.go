@@ -201,7 +201,9 @@ func (r *docRun) run(ctx context.Context, text string) (string, error) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-o", "pipefail", "-c", cmdText)
 	cmd.Dir = r.dir
-	cmd.Env = append(os.Environ(), "PATH="+r.binDir+":/usr/bin:/bin:/usr/sbin:/sbin", "KUBECONFIG="+r.kubeconfig)
+	// Logged in as the administrator, as oc login leaves it: the
+	// kubeconfig in $KUBECONFIG and in ~/.kube/config.
+	cmd.Env = append(os.Environ(), "PATH="+r.binDir+":/usr/bin:/bin:/usr/sbin:/sbin", "KUBECONFIG="+r.kubeconfig, "HOME="+r.dir)
 	out, err := cmd.CombinedOutput()
 	fmt.Fprintf(r.log, "$ %s\n%s\n", cmdText, out)
 	if err != nil {
@@ -270,6 +272,16 @@ func TestDocs_EveryCommandRunsAsWritten(t *testing.T) {
 	}
 	secret := filepath.Join(work, "pull-secret.json")
 	if err := os.WriteFile(secret, []byte(`{"auths":{}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kc, err := os.ReadFile(e.AdminKC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(work, ".kube"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(work, ".kube", "config"), kc, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	log := &strings.Builder{}
