@@ -165,9 +165,20 @@ type docRun struct {
 	dir, binDir, kubeconfig string
 	subst                   []string // old, new pairs, in order
 	names                   []string // the same for the bundle, once made
+	release                 string   // the bundle's release, once made
 	extra                   map[string]string
 	log                     *strings.Builder
+	// generation is the UpgradeBundle's metadata.generation now, for a
+	// wait on the status' observedGeneration ("=3" in the docs: the
+	// generation the reader's last patch made).
+	generation func() string
+	// meanwhile runs every 200 ms while a command runs: the test
+	// playing the cluster version operator.
+	meanwhile func()
 }
+
+// observedGeneration is the docs' wait for a generation read.
+var observedGeneration = regexp.MustCompile(`(\{\.status\.observedGeneration\}'=)[0-9]+`)
 
 // command is how text runs here: oc spelled kubectl (or translated when
 // it is an `oc adm` command), placeholders filled in, and the fixture
@@ -182,6 +193,9 @@ func (r *docRun) command(text string) (string, error) {
 		text = "kubectl " + strings.TrimPrefix(text, "oc ")
 	}
 	text = strings.NewReplacer(append(append([]string{}, r.subst...), r.names...)...).Replace(text)
+	if r.generation != nil && observedGeneration.MatchString(text) {
+		text = observedGeneration.ReplaceAllString(text, "${1}"+r.generation())
+	}
 	for prefix, flags := range r.extra {
 		if strings.HasPrefix(text, prefix) {
 			text += " " + flags
@@ -204,12 +218,31 @@ func (r *docRun) run(ctx context.Context, text string) (string, error) {
 	// Logged in as the administrator, as oc login leaves it: the
 	// kubeconfig in $KUBECONFIG and in ~/.kube/config.
 	cmd.Env = append(os.Environ(), "PATH="+r.binDir+":/usr/bin:/bin:/usr/sbin:/sbin", "KUBECONFIG="+r.kubeconfig, "HOME="+r.dir)
-	out, err := cmd.CombinedOutput()
+	var buf strings.Builder
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("%s: %v", cmdText, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for waiting := true; waiting; {
+		select {
+		case err = <-done:
+			waiting = false
+		case <-tick.C:
+			if r.meanwhile != nil {
+				r.meanwhile()
+			}
+		}
+	}
+	out := buf.String()
 	fmt.Fprintf(r.log, "$ %s\n%s\n", cmdText, out)
 	if err != nil {
-		return string(out), fmt.Errorf("%s: %v\n%s", cmdText, err, out)
+		return out, fmt.Errorf("%s: %v\n%s", cmdText, err, out)
 	}
-	return string(out), nil
+	return out, nil
 }
 
 // runnable is whether the test runs text itself: oc, kubectl and ferry
@@ -294,11 +327,29 @@ func TestDocs_EveryCommandRunsAsWritten(t *testing.T) {
 			t.Logf("the commands as run:\n%s", log)
 		}
 	})
+	r.generation = func() string {
+		o := e.Bundle(agent.ResourceName("4.13.7", "x86_64"))
+		md, _ := o["metadata"].(map[string]any)
+		return fmt.Sprint(md["generation"])
+	}
+	// The cluster version operator: once ferry asks for the bundle's
+	// release, the upgrade is done (the nodes' part is ferry's).
+	upgraded := false
+	r.meanwhile = func() {
+		if upgraded || r.release == "" {
+			return
+		}
+		if du := e.DesiredUpdate(); du != nil && du["image"] == r.release {
+			e.SetHistory(kubeenv.History{State: "Completed", Image: r.release, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
+			upgraded = true
+		}
+	}
 
 	out, _ := exec.Command(ferryenv.Binary(t), "approve").CombinedOutput()
 	noApprove := strings.Contains(string(out), `unknown command "approve`)
 	tarPath := filepath.Join(bundles, "upgrade-4.13.7-x86_64.tar")
 	var a *ferryenv.Agent
+	ran, pendingSkipped := 0, 0
 	ctx := t.Context()
 	for _, dc := range all {
 		if _, skip := skipped[dc.text]; skip {
@@ -306,6 +357,7 @@ func TestDocs_EveryCommandRunsAsWritten(t *testing.T) {
 		}
 		if noApprove && isPending(dc.text) {
 			t.Logf("%s:%d: PENDING (this ferry has no approve command yet): %s", dc.file, dc.line, dc.text)
+			pendingSkipped++
 			continue
 		}
 		// Once the bundle is made, the names the docs use for it are
@@ -317,10 +369,12 @@ func TestDocs_EveryCommandRunsAsWritten(t *testing.T) {
 		if a == nil && r.names != nil && (strings.HasPrefix(dc.text, "oc ") || strings.HasPrefix(dc.text, "kubectl ")) {
 			a = plugDocsBundle(t, e, c, tarPath)
 		}
+		ran++
 		if _, err := r.run(ctx, dc.text); err != nil {
 			t.Errorf("%s:%d: %q fails: %v", dc.file, dc.line, dc.text, err)
 		}
 	}
+	t.Logf("%d commands of the docs run, %d skipped (%d pending)", ran, len(all)-ran, pendingSkipped)
 	if a == nil {
 		t.Fatalf("no command made %s: the engineer's ferry bundle create did not run", tarPath)
 	}
@@ -350,7 +404,10 @@ func docNames(t *testing.T, tarPath string, r *docRun) {
 	}
 	dg := sidecarDigest(t, tarPath)
 	_, relHex, _ := strings.Cut(meta.Release, "@sha256:")
+	r.release = meta.Release
 	r.names = append(r.names[:0],
+		// A file named alone is the engineer's, in /srv/bundles.
+		" upgrade-4.16.3-x86_64.sha256", " "+strings.TrimSuffix(tarPath, ".tar")+".sha256",
 		"4.16.3-x86-64", agent.ResourceName(meta.Version, meta.Arch),
 		"sha256:3f5a…", dg, "sha256:…", dg,
 		"<release hex>", relHex, "<hex>", relHex)
