@@ -65,6 +65,14 @@ var admTranslations = map[string]string{
 	`oc adm upgrade --clear`: `kubectl patch clusterversion version --type=merge -p '{"spec":{"desiredUpdate":null}}'`,
 }
 
+// saysWhatTheDocsSay is what a command's output must hold where the docs
+// say what it prints, by the command's start in the docs.
+var saysWhatTheDocsSay = map[string]string{
+	// engineer.md: the workstation has no policy; "off" would read as
+	// if the nodes took any bundle.
+	"ferry bundle verify ": "approval: not checked here",
+}
+
 // docCommand is one command of a fenced code block.
 type docCommand struct {
 	file string
@@ -370,8 +378,14 @@ func TestDocs_EveryCommandRunsAsWritten(t *testing.T) {
 			a = plugDocsBundle(t, e, c, tarPath)
 		}
 		ran++
-		if _, err := r.run(ctx, dc.text); err != nil {
+		out, err := r.run(ctx, dc.text)
+		if err != nil {
 			t.Errorf("%s:%d: %q fails: %v", dc.file, dc.line, dc.text, err)
+		}
+		for prefix, want := range saysWhatTheDocsSay {
+			if strings.HasPrefix(dc.text, prefix) && !strings.Contains(out, want) {
+				t.Errorf("%s:%d: %q does not say %q:\n%s", dc.file, dc.line, dc.text, want, out)
+			}
 		}
 	}
 	t.Logf("%d commands of the docs run, %d skipped (%d pending)", ran, len(all)-ran, pendingSkipped)
