@@ -85,6 +85,11 @@ func TestAgents_ANodeWithoutCRIOHoldsTheGateSayingSoUntilExcluded(t *testing.T) 
 		return strings.Contains(e.Annotations("node-a")[agent.AnnotationReason], "has no CRI-O")
 	})
 
+	// ferry proceed says the same, rather than that the cluster is not ready.
+	if out, err := agents["node-a"].Ferry("proceed"); err == nil || !strings.Contains(out, "has no CRI-O") {
+		t.Errorf("ferry proceed on node-a: %v\n%s", err, out)
+	}
+
 	e.PatchBundleSpec(name, map[string]any{"excludedNodes": []string{"node-b"}})
 	agents["node-a"].WaitPhase(bound, agent.PhaseClusterReady)
 }
