@@ -291,6 +291,10 @@ func TestDocs_EveryCommandRunsAsWritten(t *testing.T) {
 		return
 	}
 
+	for _, tool := range []string{"kubectl", "minisign"} {
+		_, err := exec.LookPath(tool)
+		crioenv.Need(t, err == nil, "no %s: the docs' commands need it (kubectl 1.23 or later stands for oc; minisign: test/setup/install-deps.sh)", tool)
+	}
 	c := crioenv.Start(t)
 	e := kubeenv.Start(t, current)
 	e.AddNode("node-a", "127.0.0.1")
