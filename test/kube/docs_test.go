@@ -80,16 +80,25 @@ type docCommand struct {
 	text string
 }
 
-// docCommands reads the commands of section (the whole file without a
-// heading): each line of each fenced block, continued lines joined,
-// comments and blank lines dropped.
+// docCommands reads the commands of file's section under heading (the
+// whole file without one): each line of each fenced block, continued
+// lines joined, comments and blank lines dropped.
 func docCommands(t *testing.T, file, heading string) []docCommand {
 	t.Helper()
 	b, err := os.ReadFile(repoFile(file))
 	if err != nil {
 		t.Fatal(err)
 	}
-	lines := strings.Split(string(b), "\n")
+	cmds, err := parseCommands(file, string(b), heading)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cmds
+}
+
+// parseCommands is docCommands on text, the file named file.
+func parseCommands(file, text, heading string) ([]docCommand, error) {
+	lines := strings.Split(text, "\n")
 	start, end := 0, len(lines)
 	if heading != "" {
 		start = -1
@@ -103,7 +112,7 @@ func docCommands(t *testing.T, file, heading string) []docCommand {
 			}
 		}
 		if start < 0 {
-			t.Fatalf("%s has no heading %q: update docSections", file, heading)
+			return nil, fmt.Errorf("%s has no heading %q: update docSections", file, heading)
 		}
 	}
 	var cmds []docCommand
@@ -134,7 +143,7 @@ func docCommands(t *testing.T, file, heading string) []docCommand {
 			cmds = append(cmds, docCommand{file: file, line: n, text: s})
 		}
 	}
-	return cmds
+	return cmds, nil
 }
 
 // isHeadingAtOrAbove tells whether l is a Markdown heading of level (e.g.
@@ -447,4 +456,36 @@ func plugDocsBundle(t *testing.T, e *kubeenv.Env, c *crioenv.CRIO, tarPath strin
 	})
 	waitUntil(t, "the UpgradeBundle "+name+" made by the node", func() bool { return e.Bundle(name) != nil })
 	return a
+}
+
+// TestDocs_CommandsAreReadAsTheShellReadsThem: continued lines are one
+// command, a comment after the command goes, a # inside quotes stays,
+// text outside fences and outside the section is not read.
+func TestDocs_CommandsAreReadAsTheShellReadsThem(t *testing.T) {
+	md := "# Guide\n\n```\nnot this\n```\n\n## Section\n\nprose `oc get x`\n\n```\n" +
+		"ferry bundle create \\\n  --release r \\\n  --output o\n" +
+		"\n" +
+		"oc get nodes -L ferry.io/phase      # each node's phase\n" +
+		"oc patch cm x -p '{\"data\":{\"a\":\"#b\"}}'\n" +
+		"```\n\n### Deeper\n\n```\nalso this\n```\n\n## Next\n\n```\nnot this either\n```\n"
+	cmds, err := parseCommands("guide.md", md, "## Section")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, c := range cmds {
+		got = append(got, fmt.Sprintf("%d:%s", c.line, c.text))
+	}
+	want := []string{
+		"12:ferry bundle create --release r --output o",
+		"16:oc get nodes -L ferry.io/phase",
+		`17:oc patch cm x -p '{"data":{"a":"#b"}}'`,
+		"23:also this",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("read\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if _, err := parseCommands("guide.md", md, "## Missing"); err == nil {
+		t.Error("a section that is not there was read")
+	}
 }
