@@ -49,6 +49,7 @@ const (
 	ReasonPeerRefuses          = "PeerRefusesBundle"    // a peer's policy refuses this bundle
 	ReasonPeersNotHolding      = "PeersNotHolding"      // some peers do not hold the bundle yet
 	ReasonNodesWithoutFerry    = "NodesWithoutFerry"    // the MCO counts nodes with no ferry record
+	ReasonNodesWithoutCRIO     = "NodesWithoutCRIO"     // a gated node has no CRI-O and never loads
 	ReasonFetchFailed          = "FetchFailed"
 	ReasonNoRoomToExtract      = "NoRoomToExtract" // a fetched bundle, fetched again once there is room
 	ReasonFetchAbandoned       = "FetchAbandoned"  // the fetch filled the disk

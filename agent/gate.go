@@ -37,6 +37,10 @@ type Decision struct {
 	Reason string `json:"reason"`
 	// Waiting lists nodes not loaded or not reachable (Waiting).
 	Waiting []string `json:"waiting,omitempty"`
+	// WithoutCRIO lists the waited-for nodes that have no CRI-O and so
+	// never load (Waiting): the cluster cannot upgrade until they are
+	// excluded.
+	WithoutCRIO []string `json:"withoutCRIO,omitempty"`
 	// Digests maps each bundle digest seen to the nodes holding it.
 	Digests map[digest.Digest][]string `json:"digests,omitempty"`
 }
@@ -114,7 +118,9 @@ func label(addr string, s peer.Status) string {
 //  1. Two nodes holding different bundles: Conflict, whatever else holds.
 //  2. A peer that did not answer: Waiting (it might hold another bundle).
 //  3. Every node (this one included) loaded, with the same digest: Ready.
-//  4. Otherwise Waiting, naming the nodes not loaded yet.
+//  4. Otherwise Waiting, naming the nodes not loaded yet; a node with no
+//     CRI-O never loads, so then the reason says the cluster cannot
+//     upgrade until it is excluded.
 func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 	selfName := self.Node
 	if selfName == "" {
@@ -180,6 +186,11 @@ func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 	}
 	if len(d.Waiting) > 0 {
 		d.Verdict = Waiting
+		if none := withoutCRIO(all, d.Waiting); len(none) > 0 {
+			d.WithoutCRIO = none
+			d.Reason = "the cluster cannot upgrade: " + strings.Join(none, ", ") + " has no CRI-O (crio.socket = \"\") and never loads the bundle; list it in the UpgradeBundle's spec.excludedNodes, or set crio.socket there"
+			return d
+		}
 		var parts []string
 		for _, n := range d.Waiting {
 			p := all[n].Phase
@@ -194,4 +205,15 @@ func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 	d.Verdict = Ready
 	d.Reason = fmt.Sprintf("all %d nodes loaded %s", len(names), sha256digest.Short(d.Digest))
 	return d
+}
+
+// withoutCRIO names the waiting nodes that will never load: no CRI-O.
+func withoutCRIO(all map[string]peer.Status, waiting []string) []string {
+	var none []string
+	for _, n := range waiting {
+		if all[n].LoadsNothing {
+			none = append(none, n)
+		}
+	}
+	return none
 }

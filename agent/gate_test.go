@@ -100,3 +100,27 @@ func TestGate_ALyingPeerWaitsForTheAdministratorThenIsLeftOut(t *testing.T) {
 		t.Fatalf("the gate weighs %v, want only b", g)
 	}
 }
+
+// TestDecide_ANodeWithoutCRIOSaysTheClusterCannotUpgrade: a node with no
+// CRI-O (crio.socket = "") stays extracted for good; the gate says the
+// cluster cannot upgrade and how to go on, rather than waiting on it as
+// if it were still loading.
+func TestDecide_ANodeWithoutCRIOSaysTheClusterCannotUpgrade(t *testing.T) {
+	const d1 = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	self := peer.Status{Node: "a", Phase: "loaded", Digest: d1}
+	none := peer.Status{Node: "b", Phase: "extracted", Digest: d1, LoadsNothing: true}
+	d := Decide(self, map[string]peer.PeerStatus{"b:1": {Status: none}})
+	if d.Verdict != Waiting || !slices.Equal(d.Waiting, []string{"b (b:1)"}) {
+		t.Fatalf("verdict %s, waiting %v", d.Verdict, d.Waiting)
+	}
+	for _, want := range []string{"the cluster cannot upgrade", "b (b:1) has no CRI-O", "spec.excludedNodes"} {
+		if !strings.Contains(d.Reason, want) {
+			t.Errorf("reason %q does not say %q", d.Reason, want)
+		}
+	}
+	// The same node still loading (it has CRI-O) is only waited for.
+	none.LoadsNothing = false
+	if d := Decide(self, map[string]peer.PeerStatus{"b:1": {Status: none}}); strings.Contains(d.Reason, "cannot upgrade") {
+		t.Errorf("a node with CRI-O: %q", d.Reason)
+	}
+}

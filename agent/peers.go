@@ -121,6 +121,7 @@ func (m *machine) standing() peer.Status {
 	switch {
 	case m.active != nil:
 		st.Phase, st.Digest, st.Source = string(m.active.Phase), m.active.Digest, m.active.Plugged
+		st.LoadsNothing = !m.hasLoader
 	case m.lastBad != nil:
 		st.Phase = string(m.lastBad.Phase)
 		if m.lastBad.Phase == PhaseRejected {

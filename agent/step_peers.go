@@ -260,9 +260,21 @@ func (m *machine) gate(r *Record) []effect {
 			m.log.Info("every node holds the bundle, loaded and pinned: the upgrade may proceed", "phase", string(PhaseClusterReady), "bundle", r.Name, "digest", r.Digest)
 		case r.Condition.Reason == ReasonNodesWithoutFerry:
 			effs = m.move(r, r.Phase, Condition{}, r.Progress) // ferry runs there now, or they are excluded
+		case r.Condition.Reason == ReasonNodesWithoutCRIO:
+			effs = m.move(r, r.Phase, Condition{}, r.Progress)
 		}
 		if r.Plugged && m.schedule() == "Automatic" && m.policyRead() {
 			effs = append(effs, m.proceed(r, false)...)
+		}
+	case Waiting:
+		// A node with no CRI-O never loads: say so on the loaded node,
+		// rather than wait as if it were still loading.
+		switch why := waiting(ReasonNodesWithoutCRIO, d.Reason); {
+		case len(d.WithoutCRIO) > 0 && r.Phase == PhaseLoaded && r.Condition != why:
+			m.log.Warn("a node has no CRI-O: the cluster cannot upgrade", "phase", string(r.Phase), "bundle", r.Name, "reason", d.Reason)
+			effs = m.move(r, r.Phase, why, r.Progress)
+		case len(d.WithoutCRIO) == 0 && r.Condition.Reason == ReasonNodesWithoutCRIO:
+			effs = m.move(r, r.Phase, Condition{}, r.Progress)
 		}
 	case Conflict:
 		effs = m.reportConflict(d.Reason)

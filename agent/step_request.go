@@ -62,7 +62,7 @@ func (m *machine) request(q evRequest) []effect {
 		return m.cleanup()
 	case reqProceed:
 		r := m.active
-		if r != nil && r.Phase == PhaseLoaded && r.Condition.Reason == ReasonNodesWithoutFerry {
+		if r != nil && r.Phase == PhaseLoaded && (r.Condition.Reason == ReasonNodesWithoutFerry || r.Condition.Reason == ReasonNodesWithoutCRIO) {
 			return []effect{effReply{q.reply, errors.New(r.Condition.Message)}}
 		}
 		if r == nil || r.Phase != PhaseClusterReady && r.Phase != PhaseUpgrading {

@@ -166,8 +166,10 @@ func (f *Follower) Preflight(ctx context.Context, target string, images []string
 }
 
 // MachineConfigState is Client.MachineConfigState, the Node from the
-// copy (for the follower's own node) and the pools as read in the last
-// poolsFor.
+// copy (for the follower's own node) and the pools read afresh: the pools
+// are not watched, and a pool paused since the last list must be the
+// reason this node says it waits at once (the agent reads this at most
+// every 30 s, and only while the machine config operator works on it).
 func (f *Follower) MachineConfigState(ctx context.Context, node string) (cluster.NodeUpdate, error) {
 	raw, found, synced := f.nodes.Get(node)
 	if node != f.node || !synced {
@@ -180,7 +182,19 @@ func (f *Follower) MachineConfigState(ctx context.Context, node string) (cluster
 	if err := json.Unmarshal(raw, &n); err != nil {
 		return cluster.NodeUpdate{}, fmt.Errorf("reading node %s: %w", node, err)
 	}
-	return n.state(ctx, f.cachedPools)
+	return n.state(ctx, f.freshPools)
+}
+
+// freshPools lists the pools and keeps the list for MachineCount.
+func (f *Follower) freshPools(ctx context.Context) ([]pool, error) {
+	ps, err := f.c.pools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	f.pools, f.poolsAt = ps, time.Now()
+	f.mu.Unlock()
+	return ps, nil
 }
 
 // MachineCount is Client.MachineCount, from the pools as read in the

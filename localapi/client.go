@@ -22,6 +22,9 @@ import (
 // ErrNotRunning means nothing answers on the status socket.
 var ErrNotRunning = errors.New("the ferry agent is not running")
 
+// ErrNoPermission means the caller may not open the status socket.
+var ErrNoPermission = errors.New("permission denied on the ferry agent's socket")
+
 // Client talks to a running agent over its socket.
 type Client struct {
 	path string
@@ -83,6 +86,10 @@ func raw(ctx context.Context, hc *http.Client, method, path string) ([]byte, err
 		return nil, err
 	}
 	resp, err := hc.Do(req)
+	if errors.Is(err, os.ErrPermission) {
+		// The socket is root's only (0600): the agent may well run.
+		return nil, fmt.Errorf("%w (%v): the ferry socket is root's only; run it as root: sudo ferry …", ErrNoPermission, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w (%v): start it with 'systemctl start ferry'", ErrNotRunning, err)
 	}

@@ -456,3 +456,59 @@ func TestLoad_SenderChild(t *testing.T) {
 	}
 	t.Fatal("the agent accepted the bundle")
 }
+
+// statusCallerEnv names, for the child process of
+// TestStatus_ANonRootCallerIsToldToUseSudo, the socket to ask.
+const statusCallerEnv = "FERRY_TEST_STATUS_CALLER"
+
+// TestStatus_ANonRootCallerIsToldToUseSudo: the socket is root's only
+// (0600); a non-root `ferry status` while the agent runs is told to run
+// it as root, never that the agent is not running.
+func TestStatus_ANonRootCallerIsToldToUseSudo(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to ask as another user")
+	}
+	dir, err := os.MkdirTemp("", "ferry-status-")
+	must(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	must(t, os.Chmod(dir, 0o755))
+	sock := filepath.Join(dir, "ferry.sock")
+	_, c, _ := serveAt(t, sock)
+	if _, err := c.Status(t.Context()); err != nil {
+		t.Fatalf("root's own call: %v", err)
+	}
+	self, err := os.Executable()
+	must(t, err)
+	bin := filepath.Join(dir, "localapi.test")
+	b, err := os.ReadFile(self)
+	must(t, err)
+	must(t, os.WriteFile(bin, b, 0o755))
+
+	cmd := exec.CommandContext(t.Context(), bin, "-test.run=^TestStatus_CallerChild$", "-test.v")
+	cmd.Env = []string{statusCallerEnv + "=" + sock, "PATH=/usr/bin:/bin"}
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the caller: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "NOPERMISSION: ") || !strings.Contains(string(out), "sudo ferry") || strings.Contains(string(out), "not running") {
+		t.Fatalf("the non-root caller was not told to use sudo:\n%s", out)
+	}
+}
+
+// TestStatus_CallerChild is the asking side of
+// TestStatus_ANonRootCallerIsToldToUseSudo, run as nobody; it does nothing
+// in a plain test run.
+func TestStatus_CallerChild(t *testing.T) {
+	sock := os.Getenv(statusCallerEnv)
+	if sock == "" {
+		t.Skip("the asking side of TestStatus_ANonRootCallerIsToldToUseSudo")
+	}
+	_, err := NewClient(sock).Status(t.Context())
+	if errors.Is(err, ErrNoPermission) {
+		fmt.Printf("NOPERMISSION: %v\n", err)
+		return
+	}
+	t.Fatalf("a non-root caller got %v, want ErrNoPermission", err)
+}

@@ -100,6 +100,9 @@ type Status struct {
 	// Progress is the node's progress in words ("6.7/16.0 GiB",
 	// "120/183 images").
 	Progress string `json:"progress,omitempty"`
+	// LoadsNothing is true on a node with no CRI-O (crio.socket = ""): it
+	// verifies, extracts and shares, and never reaches loaded.
+	LoadsNothing bool `json:"loadsNothing,omitempty"`
 }
 
 // PeerStatus is one peer's answer to /v1/status, or why there is none.

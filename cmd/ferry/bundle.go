@@ -144,9 +144,20 @@ func runBundleVerify(ctx context.Context, w, stderr io.Writer, path string, t *t
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "OK %s %s (%s, %s, approval: %s)\n", src.Name(), res.Digest, res.Metadata.Version, res.Metadata.Arch, res.Approval)
+	fmt.Fprintf(w, "OK %s %s (%s, %s, approval: %s)\n", src.Name(), res.Digest, res.Metadata.Version, res.Metadata.Arch, approvalText(res.Approval))
 	fmt.Fprint(w, releaseApprovalText(res.Metadata.Release))
 	return nil
+}
+
+// approvalText is the approval verify found. With no --approved-digest
+// or --trusted-key (the engineer's workstation) nothing was checked: each
+// node checks its own policy and the cluster's UpgradeBundle, so "off"
+// would read as if the nodes took any bundle.
+func approvalText(a bundle.Approval) string {
+	if a == bundle.ApprovalOff {
+		return "not checked here (no --approved-digest or --trusted-key); the cluster approves this digest in its UpgradeBundle (spec.approvedDigest)"
+	}
+	return string(a)
 }
 
 // releaseApprovalText is how the administrator approves the bundle's

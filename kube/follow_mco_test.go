@@ -1,0 +1,73 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// poolAPI plays the API server for a Follower after an upgrade: its own
+// Node, Done on the old rendered config, and the worker pool, paused or
+// not; every other collection is empty and watches send nothing.
+type poolAPI struct{ paused atomic.Bool }
+
+func (s *poolAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Query().Get("watch") == "1" {
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+		return
+	}
+	switch r.URL.Path {
+	case "/api/v1/nodes":
+		fmt.Fprint(w, `{"metadata":{"resourceVersion":"5"},"items":[{"metadata":{"name":"node-a","resourceVersion":"4",
+			"labels":{"node-role.kubernetes.io/worker":""},
+			"annotations":{"machineconfiguration.openshift.io/state":"Done","machineconfiguration.openshift.io/currentConfig":"rendered-worker-1","machineconfiguration.openshift.io/desiredConfig":"rendered-worker-1"}}}]}`)
+	case poolsPath:
+		fmt.Fprintf(w, `{"items":[{"metadata":{"name":"worker"},"spec":{"paused":%v,"nodeSelector":{"matchLabels":{"node-role.kubernetes.io/worker":""}},
+			"configuration":{"name":"rendered-worker-2"}},"status":{"machineCount":1}}]}`, s.paused.Load())
+	default:
+		fmt.Fprint(w, `{"metadata":{"resourceVersion":"5"},"items":[]}`)
+	}
+}
+
+// TestFollower_APausedPoolIsTheReasonAtTheNextReading: the pools were
+// listed (for the count of nodes) just before the administrator paused
+// the worker pool; the next reading of this node's machine config state
+// says the pool is paused, not the pool as listed before.
+func TestFollower_APausedPoolIsTheReasonAtTheNextReading(t *testing.T) {
+	api := &poolAPI{}
+	srv := httptest.NewTLSServer(api)
+	defer srv.Close()
+	c := &Client{ep: endpoint{server: srv.URL}, tokens: &tokens{}, hc: srv.Client(), stream: srv.Client(), log: slog.New(slog.DiscardHandler), Attempts: 1}
+	f := c.Follow("node-a")
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { f.Run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, found, synced := f.nodes.Get("node-a"); found && synced {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the follower never read its Node")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n, known, err := f.MachineCount(ctx); n != 1 || !known || err != nil {
+		t.Fatalf("MachineCount %d %v %v", n, known, err)
+	}
+	api.paused.Store(true)
+	st, err := f.MachineConfigState(ctx, "node-a")
+	if err != nil || !st.Managed || st.Pool != "worker" || !st.Paused {
+		t.Fatalf("right after the pause: %+v, %v; want pool worker paused", st, err)
+	}
+}
