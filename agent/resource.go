@@ -99,16 +99,44 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 		return nil
 	}
 	md := r.Metadata
-	rep := &bundleReport{name: ResourceName(md.Version, md.Arch), line: s.Line, healthy: s.Healthy, phases: reached(r)}
+	rep := &bundleReport{name: ResourceName(md.Version, md.Arch), line: eventLine(s.Line), healthy: s.Healthy, phases: reached(r)}
 	var strays []string // said as long as they stand, approved or not
 	if s := strayApprovals(m.clusterApproved, rep.name, r.Digest); len(s) > 0 {
 		strays = []string{strayMessage(strings.Join(s, ", "), rep.name, r.Digest)}
 	}
+	// The node's standing warnings (approval off, a TLS check skipped)
+	// are said once, here, not in every Event and condition.
+	var standing []string
+	if s.ApprovalOff {
+		standing = append(standing, approvalOffWarning)
+	}
+	standing = append(standing, s.Warnings...)
 	rep.unrecorded, _ = m.unrecordedLeft()
 	rep.sum = cluster.BundleSummary{Version: md.Version, Arch: md.Arch, Release: SanitizeReason(md.Release), Digest: r.Digest, Size: sanitizeText(md.Size, maxSummarySize),
-		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: boundList(slices.Concat(strays, r.Warnings, r.SignaturePolicy), maxSummaryWarnings)}
-	rep.entry = cluster.BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Condition.Message), Conditions: conditions(r)}
+		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: boundList(slices.Concat(strays, standing, r.Warnings, r.SignaturePolicy), maxSummaryWarnings)}
+	rep.entry = cluster.BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(strings.TrimPrefix(r.Condition.Message+heldBack(s.HoldingBack), " — ")), Conditions: conditions(r)}
 	return rep
+}
+
+// eventLine is the status line as an Event says it: without the node's
+// standing warnings, which the summary's warnings say once.
+func eventLine(line string) string {
+	for _, w := range []string{" — " + approvalOffWarning, " — WARNING: "} {
+		if i := strings.Index(line, w); i >= 0 {
+			line = line[:i]
+		}
+	}
+	return line
+}
+
+// heldBack says in the node's entry that pacing holds its bulk work
+// back, and for what ("io pressure"), without the measure, which moves
+// with every reading and would rewrite the entry each time.
+func heldBack(why string) string {
+	if why = strings.TrimRight(why, "0123456789.% "); why == "" {
+		return ""
+	}
+	return " — holding back for " + why + ": the node's other work stalls (pacing)"
 }
 
 // summaryWriter is the node that writes a resource's summary: the first
@@ -143,6 +171,7 @@ const (
 	maxSummaryWarnings = 16
 	maxSummaryExcluded = 256
 	maxSummarySize     = 64
+	maxSummaryBehind   = 1024
 )
 
 // boundList is l, each item SanitizeReason'd, at most max items: the last
@@ -214,6 +243,13 @@ func phaseRank(p string) int {
 // config operator counts with no record (rep.unrecorded) are waited for:
 // nodesReady counts them, never ready.
 func summarize(rep *bundleReport, view cluster.BundleView, self string, nodes []string, excluded map[string]string) cluster.BundleSummary {
+	sum, _ := summarizeGated(rep, view, self, nodes, excluded)
+	return sum
+}
+
+// summarizeGated is summarize, with the entries of the nodes the gate
+// waits for (the resource's conditions are decided from them).
+func summarizeGated(rep *bundleReport, view cluster.BundleView, self string, nodes []string, excluded map[string]string) (cluster.BundleSummary, map[string]cluster.BundleNodeEntry) {
 	sum := rep.sum
 	entries := map[string]cluster.BundleNodeEntry{}
 	for n, e := range view.Nodes {
@@ -236,13 +272,17 @@ func summarize(rep *bundleReport, view cluster.BundleView, self string, nodes []
 		}
 	}
 	waited, ready, phase := 0, 0, ""
+	var behind []string
 	for n, e := range entries {
 		if _, out := excluded[n]; out {
+			delete(entries, n)
 			continue
 		}
 		waited++
 		if p := Phase(e.Phase); (p.Loaded() || p == PhaseUpgraded) && e.Digest == rep.entry.Digest {
 			ready++
+		} else {
+			behind = append(behind, n)
 		}
 		if phase == "" || phaseRank(e.Phase) < phaseRank(phase) {
 			phase = e.Phase
@@ -250,6 +290,11 @@ func summarize(rep *bundleReport, view cluster.BundleView, self string, nodes []
 	}
 	waited += rep.unrecorded
 	sum.Phase, sum.NodesReady = phase, fmt.Sprintf("%d/%d", ready, waited)
+	slices.Sort(behind)
+	if rep.unrecorded > 0 {
+		behind = append(behind, fmt.Sprintf("%d without ferry", rep.unrecorded))
+	}
+	sum.Behind = sanitizeText(strings.Join(behind, ", "), maxSummaryBehind)
 	for n, why := range excluded {
 		sum.Excluded = append(sum.Excluded, n+": "+why)
 	}
@@ -264,7 +309,7 @@ func summarize(rep *bundleReport, view cluster.BundleView, self string, nodes []
 		sum.Digest, sum.Approved = "", ApprovedDisagree
 		sum.Warnings = boundList(slices.Concat([]string{disagree}, sum.Warnings), maxSummaryWarnings)
 	}
-	return sum
+	return sum, entries
 }
 
 // The summary's approved when the nodes' entries name different digests
@@ -447,7 +492,9 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *bundleRepor
 		for n := range ready {
 			known = append(known, n)
 		}
-		sum = summarize(&rep2, view, a.cfg.NodeName, known, excluded)
+		var gated map[string]cluster.BundleNodeEntry
+		sum, gated = summarizeGated(&rep2, view, a.cfg.NodeName, known, excluded)
+		summaryConditions(&sum, &rep2, view, gated, a.deps.Now())
 		sump = &sum
 	}
 	if written.name != rep.name || !reflect.DeepEqual(written.sum, sum) || !reflect.DeepEqual(written.entry, entry) {
@@ -455,6 +502,11 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *bundleRepor
 			return err
 		}
 		written.name, written.sum, written.entry = rep.name, sum, entry
+		if sump != nil {
+			if err := a.approvalEvent(cctx, api, rep.name, view, sum); err != nil {
+				return err
+			}
+		}
 	}
 	// One Event per phase the record reached, in order, those passed
 	// between two polls too; the newest says the status line.

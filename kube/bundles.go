@@ -97,6 +97,8 @@ type bundleCondition struct {
 	Reason             string `json:"reason,omitempty"`
 	Message            string `json:"message,omitempty"`
 	LastTransitionTime string `json:"lastTransitionTime,omitempty"`
+	// ObservedGeneration: the resource's own conditions only.
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 }
 
 type upgradeBundle struct {
@@ -106,10 +108,12 @@ type upgradeBundle struct {
 		Name              string    `json:"name"`
 		UID               string    `json:"uid,omitempty"`
 		CreationTimestamp time.Time `json:"creationTimestamp,omitzero"`
+		Generation        int64     `json:"generation,omitempty"`
 	} `json:"metadata"`
 	Spec   bundleSpec `json:"spec"`
 	Status struct {
-		Nodes map[string]bundleNode `json:"nodes"`
+		Nodes      map[string]bundleNode `json:"nodes"`
+		Conditions []bundleCondition     `json:"conditions,omitempty"`
 	} `json:"status"`
 }
 
@@ -130,7 +134,7 @@ func (c *Client) UpgradeBundle(ctx context.Context, name string) (cluster.Bundle
 // view is the resource as ferry reads it.
 func (o *upgradeBundle) view() cluster.BundleView {
 	s := o.Spec
-	v := cluster.BundleView{UID: o.Metadata.UID, Nodes: map[string]cluster.BundleNodeEntry{}, Policy: cluster.BundlePolicy{
+	v := cluster.BundleView{UID: o.Metadata.UID, Generation: o.Metadata.Generation, Nodes: map[string]cluster.BundleNodeEntry{}, Policy: cluster.BundlePolicy{
 		ApprovedDigest: s.ApprovedDigest, Schedule: s.Schedule, Proceed: s.Proceed, ExcludedNodes: s.ExcludedNodes, Cleanup: s.Cleanup}}
 	if s.NotReadyTimeout != "" {
 		// The CRD's pattern admits only Go durations.
@@ -138,26 +142,41 @@ func (o *upgradeBundle) view() cluster.BundleView {
 	}
 	for n, e := range o.Status.Nodes {
 		entry := cluster.BundleNodeEntry{Phase: e.Phase, Digest: digest.Digest(e.Digest), Reason: e.Reason, Excluded: e.Excluded, Pull: e.Pull.record()}
-		for _, c := range e.Conditions {
-			since, _ := time.Parse(time.RFC3339, c.LastTransitionTime)
-			entry.Conditions = append(entry.Conditions, cluster.BundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message, Since: since})
-		}
+		entry.Conditions = conditionsOf(e.Conditions)
 		v.Nodes[n] = entry
 	}
+	v.Conditions = conditionsOf(o.Status.Conditions)
 	return v
+}
+
+// conditionsOf is conditions as ferry reads them.
+func conditionsOf(conditions []bundleCondition) []cluster.BundleCondition {
+	var out []cluster.BundleCondition
+	for _, c := range conditions {
+		since, _ := time.Parse(time.RFC3339, c.LastTransitionTime)
+		out = append(out, cluster.BundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message, Since: since,
+			ObservedGeneration: c.ObservedGeneration})
+	}
+	return out
+}
+
+// conditionsIn is conditions as the API holds them.
+func conditionsIn(conditions []cluster.BundleCondition) []bundleCondition {
+	var out []bundleCondition
+	for _, c := range conditions {
+		bc := bundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message, ObservedGeneration: c.ObservedGeneration}
+		if !c.Since.IsZero() {
+			bc.LastTransitionTime = c.Since.UTC().Format(time.RFC3339)
+		}
+		out = append(out, bc)
+	}
+	return out
 }
 
 // entryOf is a node's entry as the API holds it.
 func entryOf(e cluster.BundleNodeEntry) bundleNode {
-	out := bundleNode{Phase: e.Phase, Digest: string(e.Digest), Reason: e.Reason, Excluded: e.Excluded, Pull: pullOf(e.Pull)}
-	for _, c := range e.Conditions {
-		bc := bundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
-		if !c.Since.IsZero() {
-			bc.LastTransitionTime = c.Since.UTC().Format(time.RFC3339)
-		}
-		out.Conditions = append(out.Conditions, bc)
-	}
-	return out
+	return bundleNode{Phase: e.Phase, Digest: string(e.Digest), Reason: e.Reason, Excluded: e.Excluded, Pull: pullOf(e.Pull),
+		Conditions: conditionsIn(e.Conditions)}
 }
 
 // CreateUpgradeBundle creates the UpgradeBundle name with an empty spec
@@ -202,7 +221,8 @@ func (c *Client) publishBundle(ctx context.Context, name string, sum *cluster.Bu
 	status := map[string]any{"nodes": map[string]any{node: own}}
 	if sum != nil {
 		for k, v := range map[string]any{"version": sum.Version, "arch": sum.Arch, "release": sum.Release, "digest": string(sum.Digest),
-			"size": sum.Size, "images": sum.Images, "phase": sum.Phase, "nodesReady": sum.NodesReady, "approved": sum.Approved, "warnings": sum.Warnings, "excluded": sum.Excluded} {
+			"size": sum.Size, "images": sum.Images, "phase": sum.Phase, "nodesReady": sum.NodesReady, "approved": sum.Approved, "warnings": sum.Warnings, "excluded": sum.Excluded,
+			"behind": sum.Behind, "conditions": conditionsIn(sum.Conditions), "observedGeneration": sum.ObservedGeneration} {
 			status[k] = v
 		}
 	}
