@@ -309,3 +309,70 @@ func approvedOf(bundles []upgradeBundle) []cluster.Approval {
 	}
 	return out
 }
+
+// ApproveBundle writes the administrator's approval of d, and schedule
+// when not empty, into the spec of the UpgradeBundle name, creating it
+// when no node has yet (ferry approve, before the stick). before is the
+// spec it held (nil when it was created here).
+func (c *Client) ApproveBundle(ctx context.Context, name string, d digest.Digest, schedule string) (before *cluster.BundlePolicy, err error) {
+	spec := map[string]any{"approvedDigest": string(d)}
+	if schedule != "" {
+		spec["schedule"] = schedule
+	}
+	var o upgradeBundle
+	err = c.do(ctx, "GET", bundlesPath+"/"+url.PathEscape(name), "", nil, &o)
+	if IsNotFound(err) {
+		obj := map[string]any{"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundle", "metadata": map[string]any{"name": name}, "spec": spec}
+		err = c.do(ctx, "POST", bundlesPath, jsonType, obj, nil)
+		if err == nil {
+			return nil, nil
+		}
+		if !IsConflict(err) {
+			return nil, fmt.Errorf("creating upgradebundle %s: %w", name, err)
+		}
+		// A node created it meanwhile: write the spec into that one.
+		err = c.do(ctx, "GET", bundlesPath+"/"+url.PathEscape(name), "", nil, &o)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading upgradebundle %s: %w", name, err)
+	}
+	p := o.view().Policy
+	if err := c.do(ctx, "PATCH", bundlesPath+"/"+url.PathEscape(name), mergePatch, map[string]any{"spec": spec}, nil); err != nil {
+		return &p, fmt.Errorf("writing upgradebundle %s's spec: %w", name, err)
+	}
+	return &p, nil
+}
+
+// The ConfigMap in which the administrator approves releases
+// (packaging/admission.yaml): one key sha256-<hex> per release.
+const (
+	AdmissionNamespace = LeaseNamespace
+	AdmissionConfigMap = "ferry-admission"
+)
+
+// ReleaseKey is release digest d's key in the admission ConfigMap.
+func ReleaseKey(d digest.Digest) string { return "sha256-" + d.Encoded() }
+
+// ApproveRelease approves the release of digest d in the admission
+// ConfigMap (value note); already is true when it was approved before.
+func (c *Client) ApproveRelease(ctx context.Context, d digest.Digest, note string) (already bool, err error) {
+	path := "/api/v1/namespaces/" + AdmissionNamespace + "/configmaps/" + AdmissionConfigMap
+	var cm struct {
+		Data map[string]string `json:"data"`
+	}
+	err = c.do(ctx, "GET", path, "", nil, &cm)
+	if IsNotFound(err) {
+		return false, fmt.Errorf("ConfigMap %s/%s does not exist: apply ferry's admission policies first (oc apply -f packaging/admission.yaml)", AdmissionNamespace, AdmissionConfigMap)
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading ConfigMap %s/%s: %w", AdmissionNamespace, AdmissionConfigMap, err)
+	}
+	key := ReleaseKey(d)
+	if _, ok := cm.Data[key]; ok {
+		return true, nil
+	}
+	if err := c.do(ctx, "PATCH", path, mergePatch, map[string]any{"data": map[string]string{key: note}}, nil); err != nil {
+		return false, fmt.Errorf("approving release %s in ConfigMap %s/%s: %w", d, AdmissionNamespace, AdmissionConfigMap, err)
+	}
+	return false, nil
+}
