@@ -100,20 +100,11 @@ func tarNamed(b []byte, path string) (string, error) {
 	return line[66:], nil
 }
 
-// ReleaseDigest is the release's digest ("" when it names none).
-func (p Plan) ReleaseDigest() digest.Digest {
-	_, d, ok := strings.Cut(p.Release, "@")
-	if !ok {
-		return ""
-	}
-	return bundle.NormalizeDigest(d)
-}
-
 // API is what an approval writes (kube.Client with the administrator's
 // kubeconfig).
 type API interface {
 	ApproveBundle(ctx context.Context, name string, d digest.Digest, schedule string) (*cluster.BundlePolicy, error)
-	ApproveRelease(ctx context.Context, d digest.Digest, note string) (already bool, err error)
+	ApproveRelease(ctx context.Context, key, note string) (already bool, err error)
 }
 
 var _ API = (*kube.Client)(nil)
@@ -147,17 +138,17 @@ func Apply(ctx context.Context, api API, p Plan) (Result, error) {
 			res.Replaced = old
 		}
 	}
-	rd := p.ReleaseDigest()
+	key, byDigest := cluster.ApprovalKey(p.Release)
 	switch {
 	case p.Bundle == "":
 		res.Needed = fmt.Sprintf("the release is not approved yet: run ferry approve again with the bundle (--bundle upgrade-%s-%s.tar) so that it reads the release from its metadata.json, "+
 			`or approve it by hand: oc -n %s patch configmap %s --type merge -p '{"data":{"sha256-<release hex>":"approved"}}' with the release digest the engineer's ferry bundle verify printed`,
 			p.Version, p.Arch, kube.AdmissionNamespace, kube.AdmissionConfigMap)
-	case rd == "":
+	case !byDigest:
 		res.Needed = fmt.Sprintf("the bundle's release %q names no digest, so no release can be approved for it: ask the engineer for a bundle made with ferry bundle create", p.Release)
 	default:
-		res.ReleaseKey = kube.ReleaseKey(rd)
-		already, err := api.ApproveRelease(ctx, rd, "approved "+p.Version)
+		res.ReleaseKey = key
+		already, err := api.ApproveRelease(ctx, key, "approved "+p.Version)
 		if err != nil {
 			return res, err
 		}

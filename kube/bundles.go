@@ -350,12 +350,10 @@ const (
 	AdmissionConfigMap = "ferry-admission"
 )
 
-// ReleaseKey is release digest d's key in the admission ConfigMap.
-func ReleaseKey(d digest.Digest) string { return "sha256-" + d.Encoded() }
-
-// ApproveRelease approves the release of digest d in the admission
-// ConfigMap (value note); already is true when it was approved before.
-func (c *Client) ApproveRelease(ctx context.Context, d digest.Digest, note string) (already bool, err error) {
+// ApproveRelease approves a release in the admission ConfigMap: key is
+// its sha256-<hex> (cluster.ApprovalKey), note the value; already is
+// true when it was approved before.
+func (c *Client) ApproveRelease(ctx context.Context, key, note string) (already bool, err error) {
 	path := "/api/v1/namespaces/" + AdmissionNamespace + "/configmaps/" + AdmissionConfigMap
 	var cm struct {
 		Data map[string]string `json:"data"`
@@ -367,12 +365,11 @@ func (c *Client) ApproveRelease(ctx context.Context, d digest.Digest, note strin
 	if err != nil {
 		return false, fmt.Errorf("reading ConfigMap %s/%s: %w", AdmissionNamespace, AdmissionConfigMap, err)
 	}
-	key := ReleaseKey(d)
 	if _, ok := cm.Data[key]; ok {
 		return true, nil
 	}
 	if err := c.do(ctx, "PATCH", path, mergePatch, map[string]any{"data": map[string]string{key: note}}, nil); err != nil {
-		return false, fmt.Errorf("approving release %s in ConfigMap %s/%s: %w", d, AdmissionNamespace, AdmissionConfigMap, err)
+		return false, fmt.Errorf("approving release %s in ConfigMap %s/%s: %w", key, AdmissionNamespace, AdmissionConfigMap, err)
 	}
 	return false, nil
 }

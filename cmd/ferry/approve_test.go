@@ -21,7 +21,7 @@ import (
 type fakeApprovals struct {
 	before   *cluster.BundlePolicy
 	bundles  map[string]digest.Digest
-	releases map[digest.Digest]bool
+	releases map[string]bool // by key, sha256-<hex>
 }
 
 func (f *fakeApprovals) ApproveBundle(_ context.Context, name string, d digest.Digest, _ string) (*cluster.BundlePolicy, error) {
@@ -29,9 +29,9 @@ func (f *fakeApprovals) ApproveBundle(_ context.Context, name string, d digest.D
 	return f.before, nil
 }
 
-func (f *fakeApprovals) ApproveRelease(_ context.Context, d digest.Digest, _ string) (bool, error) {
-	already := f.releases[d]
-	f.releases[d] = true
+func (f *fakeApprovals) ApproveRelease(_ context.Context, key, _ string) (bool, error) {
+	already := f.releases[key]
+	f.releases[key] = true
 	return already, nil
 }
 
@@ -51,7 +51,7 @@ func approveDir(t *testing.T, withTar bool) (*fakeApprovals, string) {
 		os.WriteFile(filepath.Join(dir, "upgrade-4.13.7-x86_64.tar"), b, 0o644)
 	}
 	os.WriteFile(filepath.Join(dir, "upgrade-4.13.7-x86_64.sha256"), []byte(bundle.FormatSHA256File(approveHex, "upgrade-4.13.7-x86_64.tar")), 0o644)
-	return &fakeApprovals{bundles: map[string]digest.Digest{}, releases: map[digest.Digest]bool{}}, dir
+	return &fakeApprovals{bundles: map[string]digest.Digest{}, releases: map[string]bool{}}, dir
 }
 
 // runApproveWith runs ferry approve on dir's .sha256 file; the output
@@ -80,7 +80,7 @@ func TestApprove_Golden(t *testing.T) {
 			if f.bundles["4.13.7-x86-64"] != "sha256:"+approveHex {
 				t.Errorf("approved %v, want 4.13.7-x86-64 at the engineer's digest", f.bundles)
 			}
-			if release := digest.Digest("sha256:" + strings.Repeat("ab", 32)); f.releases[release] != tc.withTar {
+			if f.releases["sha256-"+strings.Repeat("ab", 32)] != tc.withTar {
 				t.Errorf("release approved: %v, want %v (the bundle beside the .sha256: %v)", f.releases, tc.withTar, tc.withTar)
 			}
 			golden(t, tc.file, []byte(out))
@@ -93,7 +93,7 @@ func TestApprove_Golden(t *testing.T) {
 func TestApprove_SaysWhatItReplacedAndWhatWasThere(t *testing.T) {
 	f, dir := approveDir(t, true)
 	f.before = &cluster.BundlePolicy{ApprovedDigest: "sha256:" + strings.Repeat("cd", 32)}
-	f.releases["sha256:"+digest.Digest(strings.Repeat("ab", 32))] = true
+	f.releases["sha256-"+strings.Repeat("ab", 32)] = true
 	out, err := runApproveWith(t, f, dir, approveFlags{})
 	if err != nil {
 		t.Fatal(err)

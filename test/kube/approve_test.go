@@ -1,0 +1,133 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/test/ferryenv"
+	"github.com/ferry-edge/ferry/test/kubeenv"
+)
+
+// Issue 45, items 1 and 4: the administrator approves with one command
+// before any node has the bundle, and follows it with kubectl wait on
+// the UpgradeBundle's own conditions, each run as the real binary
+// against the real API server.
+
+// kubectl runs the real kubectl as the administrator.
+func kubectl(t *testing.T, e *kubeenv.Env, args ...string) (string, error) {
+	t.Helper()
+	out, err := exec.Command("/usr/bin/kubectl", append([]string{"--kubeconfig", e.AdminKC}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+// condition is the UpgradeBundle name's top-level condition of type typ
+// (nil when there is none).
+func condition(e *kubeenv.Env, name, typ string) map[string]any {
+	st, _ := e.Bundle(name)["status"].(map[string]any)
+	cs, _ := st["conditions"].([]any)
+	for _, c := range cs {
+		if c, _ := c.(map[string]any); c["type"] == typ {
+			return c
+		}
+	}
+	return nil
+}
+
+// TestAgent_FerryApproveBeforeAnyNodeThenTheStickGoesThroughAndKubectlWaitReturns:
+// ferry approve FILE.sha256 (the bundle beside it) with the
+// administrator's kubeconfig creates the UpgradeBundle before any node
+// has the bundle and approves its release; the node given the bundle
+// loads it and asks for the upgrade with no further step, and kubectl
+// wait --for=condition=Approved, Loaded and Upgraded each return. A spec
+// patch afterwards is seen read in observedGeneration.
+func TestAgent_FerryApproveBeforeAnyNodeThenTheStickGoesThroughAndKubectlWaitReturns(t *testing.T) {
+	var approveOut string
+	n := startBundleNode(t, func(e *kubeenv.Env, b bundleNode) {
+		if e.Bundle(b.name) != nil {
+			t.Fatalf("UpgradeBundle %s exists before ferry approve", b.name)
+		}
+		out, err := exec.Command(ferryenv.Binary(t), "approve", strings.TrimSuffix(b.tar, ".tar")+".sha256",
+			"--kubeconfig", e.AdminKC, "--schedule", "Automatic").CombinedOutput()
+		if err != nil {
+			t.Fatalf("ferry approve: %v\n%s", err, out)
+		}
+		approveOut = string(out)
+		spec, _ := e.Bundle(b.name)["spec"].(map[string]any)
+		if spec["approvedDigest"] != b.digest || spec["schedule"] != "Automatic" {
+			t.Fatalf("ferry approve wrote the spec %v, want the engineer's digest %s", spec, b.digest)
+		}
+		var cm struct {
+			Data map[string]string `json:"data"`
+		}
+		if err := e.Admin.Raw(context.Background(), "GET", "/api/v1/namespaces/openshift-ferry/configmaps/ferry-admission", "", nil, &cm); err != nil {
+			t.Fatal(err)
+		}
+		if key := "sha256-" + b.meta.Release[strings.LastIndex(b.meta.Release, ":")+1:]; cm.Data[key] == "" {
+			t.Fatalf("the release is not approved in ferry-admission (%s): %v\n%s", key, cm.Data, out)
+		}
+	})
+	logOnFailure(t, n)
+	for _, want := range []string{"upgradebundle " + n.name + " created: approvedDigest " + n.digest, "release " + n.meta.Release + " approved",
+		"kubectl wait --for=condition=Approved upgradebundle/" + n.name} {
+		if !strings.Contains(approveOut, want) {
+			t.Errorf("ferry approve said:\n%s\nwant %q", approveOut, want)
+		}
+	}
+
+	wait := func(cond string) {
+		t.Helper()
+		out, err := kubectl(t, n.e, "wait", "--for=condition="+cond, "upgradebundle/"+n.name, fmt.Sprintf("--timeout=%ds", int(bound/time.Second)))
+		if err != nil {
+			t.Fatalf("kubectl wait --for=condition=%s: %v\n%s", cond, err, out)
+		}
+	}
+	wait("Approved")
+	wait("Loaded")
+	waitUntil(t, "the upgrade asked for", func() bool { du := n.e.DesiredUpdate(); return du != nil && du["image"] == n.meta.Release })
+	if c := condition(n.e, n.name, agent.CondDegraded); c["status"] != "False" {
+		t.Errorf("Degraded %v on the way", c)
+	}
+	n.e.SetHistory(kubeenv.History{State: "Completed", Image: n.meta.Release, Version: n.meta.Version}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
+	wait("Upgraded")
+	if c := condition(n.e, n.name, agent.CondApproved); c["status"] != "True" || c["reason"] != "ApprovedDigest" {
+		t.Errorf("Approved %v", c)
+	}
+	approvedEvent := false
+	for _, ev := range n.e.Events(n.name) {
+		approvedEvent = approvedEvent || strings.HasPrefix(ev, "Normal ApprovedDigest: node-a: ")
+	}
+	if !approvedEvent {
+		t.Errorf("no Event says the approval was taken: %q", n.e.Events(n.name))
+	}
+
+	// The administrator tells that a patch was read: observedGeneration
+	// follows metadata.generation.
+	gen := func() (int64, int64) {
+		o := n.e.Bundle(n.name)
+		md, _ := o["metadata"].(map[string]any)
+		st, _ := o["status"].(map[string]any)
+		g, _ := md["generation"].(float64)
+		og, _ := st["observedGeneration"].(float64)
+		return int64(g), int64(og)
+	}
+	if g, og := gen(); og != g {
+		t.Errorf("observedGeneration %d, metadata.generation %d", og, g)
+	}
+	n.e.PatchBundleSpec(n.name, map[string]any{"schedule": "Manual"})
+	g, _ := gen()
+	out, err := kubectl(t, n.e, "wait", fmt.Sprintf("--for=jsonpath={.status.observedGeneration}=%d", g), "upgradebundle/"+n.name, "--timeout=120s")
+	if err != nil {
+		t.Fatalf("the patch (generation %d) is never seen read: %v\n%s", g, err, out)
+	}
+	if c := condition(n.e, n.name, agent.CondUpgraded); c["status"] != "True" || c["observedGeneration"] != float64(g) {
+		t.Errorf("Upgraded after the patch: %v, want True at generation %d", c, g)
+	}
+	if out, err := kubectl(t, n.e, "get", "upgradebundle", n.name, "-o", "wide"); err != nil || !strings.Contains(out, "DIGEST") || !strings.Contains(out, n.digest) {
+		t.Errorf("kubectl get -o wide: %v\n%s", err, out)
+	}
+}
