@@ -139,6 +139,14 @@ func heldBack(why string) string {
 	return " — holding back for " + why + ": the node's other work stalls (pacing)"
 }
 
+// withoutHold is reason without what heldBack added.
+func withoutHold(reason string) string {
+	if i := strings.Index(reason, "holding back for "); i >= 0 {
+		return strings.TrimSuffix(reason[:i], " — ")
+	}
+	return reason
+}
+
 // summaryWriter is the node that writes a resource's summary: the first
 // by name of the nodes that have written their entry there (and this
 // one), leaving out those the gate leaves out and those not ready. A

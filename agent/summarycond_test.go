@@ -107,3 +107,23 @@ func TestEventLine_WarningsSaidOnceNotInEveryEvent(t *testing.T) {
 		t.Errorf("pacing's hold in the entry: %q", rep.entry.Reason)
 	}
 }
+
+// TestAnnotations_PacingsHoldIsInTheNodesReasonAsProgress: the Node's
+// reason says that pacing holds the node's bulk work back, and the hold
+// coming and going alone is written at the pace of progress, not at once.
+func TestAnnotations_PacingsHoldIsInTheNodesReasonAsProgress(t *testing.T) {
+	s := Status{Phase: string(PhaseLoading), Reason: "loading 3 of 40 images", Healthy: true}
+	plain := annotations(s)
+	s.HoldingBack = "io pressure 31%"
+	held := annotations(s)
+	if want := "loading 3 of 40 images — holding back for io pressure: the node's other work stalls (pacing)"; held[AnnotationReason] != want {
+		t.Errorf("reason %q, want %q", held[AnnotationReason], want)
+	}
+	if !onlyProgress(held, plain) || !onlyProgress(plain, held) {
+		t.Error("the hold alone is written at once, not as progress")
+	}
+	s.Reason = "loading 4 of 40 images"
+	if onlyProgress(annotations(s), held) {
+		t.Error("a change of the reason itself is taken for progress")
+	}
+}
