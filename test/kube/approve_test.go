@@ -2,13 +2,17 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/test/ferryenv"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
@@ -130,4 +134,64 @@ func TestAgent_FerryApproveBeforeAnyNodeThenTheStickGoesThroughAndKubectlWaitRet
 	if out, err := kubectl(t, n.e, "get", "upgradebundle", n.name, "-o", "wide"); err != nil || !strings.Contains(out, "DIGEST") || !strings.Contains(out, n.digest) {
 		t.Errorf("kubectl get -o wide: %v\n%s", err, out)
 	}
+}
+
+// TestAgent_AnApprovalOfAnotherDigestIsSaidInTheColumnAConditionAndAnEvent:
+// ferry approve with a .sha256 of another bundle of the same name (no
+// tar beside it: it approves no release and says what else is needed);
+// the node given this bundle does not load it, and the APPROVED column,
+// the Approved condition and a Warning Event say that another digest is
+// approved, not "waiting for approval". ferry approve with the engineer's
+// file of this bundle then lets it load, saying what it replaced.
+func TestAgent_AnApprovalOfAnotherDigestIsSaidInTheColumnAConditionAndAnEvent(t *testing.T) {
+	other := "sha256:" + strings.Repeat("0f", 32)
+	n := startBundleNode(t, func(e *kubeenv.Env, b bundleNode) {
+		file := filepath.Join(t.TempDir(), filepath.Base(strings.TrimSuffix(b.tar, ".tar")+".sha256"))
+		if err := os.WriteFile(file, []byte(bundle.FormatSHA256File(other, filepath.Base(b.tar))), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(ferryenv.Binary(t), "approve", file, "--kubeconfig", e.AdminKC).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "not done: the release is not approved yet") {
+			t.Fatalf("ferry approve without the bundle: %v\n%s", err, out)
+		}
+	})
+	logOnFailure(t, n)
+	waitUntil(t, "the Approved condition saying another digest is approved", func() bool {
+		c := condition(n.e, n.name, agent.CondApproved)
+		return c["status"] == "False" && c["reason"] == "OtherDigestApproved" && strings.Contains(c["message"].(string), "sha256:0f0f0f0f0f0f")
+	})
+	out, err := kubectl(t, n.e, "get", "upgradebundle", n.name)
+	if err != nil || !strings.Contains(out, "approves another digest") {
+		t.Errorf("kubectl get upgradebundle: %v\n%s", err, out)
+	}
+	waitUntil(t, "a Warning Event saying another digest is approved", func() bool {
+		for _, ev := range n.e.Events(n.name) {
+			if strings.HasPrefix(ev, "Warning OtherDigestApproved: node-a: spec.approvedDigest approves sha256:0f0f0f0f0f0f") {
+				return true
+			}
+		}
+		return false
+	})
+	if s, _ := n.a.Status(t.Context()); s.Phase != string(agent.PhaseExtracted) {
+		t.Fatalf("phase %s with another digest approved, want extracted", s.Phase)
+	}
+
+	cmd := exec.Command(ferryenv.Binary(t), "approve", strings.TrimSuffix(n.tar, ".tar")+".sha256", "-o", "json")
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+n.e.AdminKC) // the administrator's, as oc reads it
+	b, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("ferry approve: %v\n%s", err, b)
+	}
+	var res struct {
+		UpgradeBundle string `json:"upgradeBundle"`
+		Replaced      string `json:"replaced"`
+		Release       string `json:"release"`
+	}
+	if err := json.Unmarshal(b, &res); err != nil || res.UpgradeBundle != "updated" || res.Replaced != other || res.Release != "approved" {
+		t.Errorf("ferry approve -o json: %v %+v\n%s", err, res, b)
+	}
+	if out, err := kubectl(t, n.e, "wait", "--for=condition=Approved", "upgradebundle/"+n.name, fmt.Sprintf("--timeout=%ds", int(bound/time.Second))); err != nil {
+		t.Fatalf("kubectl wait --for=condition=Approved: %v\n%s", err, out)
+	}
+	n.a.WaitPhase(bound, agent.PhaseClusterReady)
 }
