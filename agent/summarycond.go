@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -54,7 +55,9 @@ func summaryConditions(sum *cluster.BundleSummary, rep *bundleReport, view clust
 		if ok {
 			st = "True"
 		}
-		return cluster.BundleCondition{Type: t, Status: st, Reason: reason, Message: SanitizeReason(message)}
+		// The CRD, as metav1.Condition, requires a reason and a message.
+		reason, message = cmp.Or(reason, "Unknown"), cmp.Or(SanitizeReason(message), reason, "unknown")
+		return cluster.BundleCondition{Type: t, Status: st, Reason: reason, Message: message}
 	}
 
 	approved := cond(CondApproved, false, ReasonAwaitingApproval,
@@ -90,7 +93,7 @@ func summaryConditions(sum *cluster.BundleSummary, rep *bundleReport, view clust
 	if ns := byPhase(PhaseUpgrading); len(ns) > 0 {
 		upgrading = cond(CondUpgrading, true, ReasonUpgrading, entryReason(gated, ns[0]))
 	}
-	upgraded := cond(CondUpgraded, false, phaseReason(Phase(sum.Phase)), "the least advanced node is "+sum.Phase)
+	upgraded := cond(CondUpgraded, false, cmp.Or(phaseReason(Phase(sum.Phase)), "NotUpgraded"), "the least advanced node is "+cmp.Or(sum.Phase, "unknown"))
 	if ns := byPhase(PhaseUpgraded); len(gated) > 0 && len(ns) == len(gated) {
 		upgraded = cond(CondUpgraded, true, "AllNodesUpgraded", "every node the gate waits for is upgraded")
 		upgrading.Reason, upgrading.Message = "Upgraded", "the upgrade is done"

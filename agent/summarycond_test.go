@@ -127,3 +127,18 @@ func TestAnnotations_PacingsHoldIsInTheNodesReasonAsProgress(t *testing.T) {
 		t.Error("a change of the reason itself is taken for progress")
 	}
 }
+
+// TestSummaryConditions_AlwaysAReasonAndAMessage: the CRD requires both,
+// as metav1.Condition does, even with every node left out of the gate
+// and a node unhealthy with no words of its own.
+func TestSummaryConditions_AlwaysAReasonAndAMessage(t *testing.T) {
+	rep := &bundleReport{entry: cluster.BundleNodeEntry{Phase: string(PhaseLoaded)}, healthy: false}
+	view := cluster.BundleView{Generation: 1, Nodes: map[string]cluster.BundleNodeEntry{}}
+	sum, gated := summarizeGated(rep, view, "a", []string{"a"}, map[string]string{"a": "listed in spec.excludedNodes"})
+	summaryConditions(&sum, rep, view, gated, time.Now())
+	for _, c := range sum.Conditions {
+		if c.Reason == "" || c.Message == "" {
+			t.Errorf("condition %+v", c)
+		}
+	}
+}
