@@ -139,6 +139,12 @@ func heldBack(why string) string {
 	return " — holding back for " + why + ": the node's other work stalls (pacing)"
 }
 
+// holdOnly tells whether entries a and b differ in pacing's hold alone.
+func holdOnly(a, b cluster.BundleNodeEntry) bool {
+	a.Reason, b.Reason = withoutHold(a.Reason), withoutHold(b.Reason)
+	return reflect.DeepEqual(a, b)
+}
+
 // withoutHold is reason without what heldBack added.
 func withoutHold(reason string) string {
 	if i := strings.Index(reason, "holding back for "); i >= 0 {
@@ -359,6 +365,7 @@ func (a *Agent) followBundle(ctx context.Context, api ClusterAPI) {
 		name  string
 		sum   cluster.BundleSummary
 		entry cluster.BundleNodeEntry
+		at    time.Time
 	}
 	var nodes nodesRead
 	lastPhase, lastErr := map[string]string{}, ""
@@ -454,6 +461,7 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *bundleRepor
 	name  string
 	sum   cluster.BundleSummary
 	entry cluster.BundleNodeEntry
+	at    time.Time
 }, nodes *nodesRead, lastPhase map[string]string) error {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -505,11 +513,15 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *bundleRepor
 		summaryConditions(&sum, &rep2, view, gated, a.deps.Now())
 		sump = &sum
 	}
-	if written.name != rep.name || !reflect.DeepEqual(written.sum, sum) || !reflect.DeepEqual(written.entry, entry) {
+	changed := written.name != rep.name || !reflect.DeepEqual(written.sum, sum) || !reflect.DeepEqual(written.entry, entry)
+	if changed && written.name == rep.name && reflect.DeepEqual(written.sum, sum) && holdOnly(written.entry, entry) && time.Since(written.at) < a.resync() {
+		changed = false // pacing's hold alone: at most once a resync, not with every reading
+	}
+	if changed {
 		if err := api.PublishBundle(cctx, rep.name, sump, a.cfg.NodeName, entry); err != nil {
 			return err
 		}
-		written.name, written.sum, written.entry = rep.name, sum, entry
+		written.name, written.sum, written.entry, written.at = rep.name, sum, entry, time.Now()
 		if sump != nil {
 			if err := a.approvalEvent(cctx, api, rep.name, view, sum); err != nil {
 				return err

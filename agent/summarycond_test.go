@@ -142,3 +142,17 @@ func TestSummaryConditions_AlwaysAReasonAndAMessage(t *testing.T) {
 		}
 	}
 }
+
+func TestHoldOnly_TellsPacingsHoldFromAChange(t *testing.T) {
+	e := cluster.BundleNodeEntry{Phase: string(PhaseLoading), Reason: "loading"}
+	held := e
+	held.Reason += heldBack("cpu pressure 91%")
+	if !holdOnly(e, held) || !holdOnly(held, e) {
+		t.Error("the hold alone is taken for a change")
+	}
+	moved := held
+	moved.Phase = string(PhaseLoaded)
+	if holdOnly(e, moved) {
+		t.Error("a phase change is taken for the hold alone")
+	}
+}
