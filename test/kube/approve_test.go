@@ -92,6 +92,7 @@ func TestAgent_FerryApproveBeforeAnyNodeThenTheStickGoesThroughAndKubectlWaitRet
 		if err != nil {
 			t.Fatalf("kubectl wait --for=condition=%s: %v\n%s", cond, err, out)
 		}
+		t.Logf("kubectl wait --for=condition=%s returned", cond)
 	}
 	wait("Approved")
 	wait("Loaded")
@@ -131,6 +132,7 @@ func TestAgent_FerryApproveBeforeAnyNodeThenTheStickGoesThroughAndKubectlWaitRet
 	if err != nil {
 		t.Fatalf("the patch (generation %d) is never seen read: %v\n%s", g, err, out)
 	}
+	t.Logf("observedGeneration %d seen", g)
 	if c := condition(n.e, n.name, agent.CondUpgraded); c["status"] != "True" || c["observedGeneration"] != float64(g) {
 		t.Errorf("Upgraded after the patch: %v, want True at generation %d", c, g)
 	}
