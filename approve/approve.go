@@ -105,6 +105,8 @@ func tarNamed(b []byte, path string) (string, error) {
 type API interface {
 	ApproveBundle(ctx context.Context, name string, d digest.Digest, schedule string) (*cluster.BundlePolicy, error)
 	ApproveRelease(ctx context.Context, key, note string) (already bool, err error)
+	// Approvals is every UpgradeBundle's spec.approvedDigest.
+	Approvals(ctx context.Context) ([]cluster.Approval, error)
 }
 
 var _ API = (*kube.Client)(nil)
@@ -122,6 +124,9 @@ type Result struct {
 	ReleaseKey string `json:"releaseKey,omitempty"` // its key in ConfigMap openshift-ferry/ferry-admission
 	// Needed says what else the administrator must do (empty: nothing).
 	Needed string `json:"needed,omitempty"`
+	// Strays are the other UpgradeBundles that approve this digest: they
+	// count for nothing (only Plan.Name's does) and are best deleted.
+	Strays []string `json:"strays,omitempty"`
 }
 
 // Apply writes the plan: the UpgradeBundle's spec, then the release's
@@ -136,6 +141,15 @@ func Apply(ctx context.Context, api API, p Plan) (Result, error) {
 		res.UpgradeBundle = "updated"
 		if old := bundle.NormalizeDigest(before.ApprovedDigest); old != "" && old != p.Digest {
 			res.Replaced = old
+		}
+	}
+	aps, err := api.Approvals(ctx)
+	if err != nil {
+		return res, err
+	}
+	for _, ap := range aps {
+		if ap.Bundle != p.Name && bundle.NormalizeDigest(ap.Digest) == p.Digest {
+			res.Strays = append(res.Strays, ap.Bundle)
 		}
 	}
 	key, byDigest := cluster.ApprovalKey(p.Release)

@@ -85,6 +85,9 @@ func approveText(res approve.Result) string {
 	if res.ReleaseKey != "" {
 		fmt.Fprintf(&b, "release %s %s (ConfigMap %s/%s, key %s)\n", p.Release, res.Release, kube.AdmissionNamespace, kube.AdmissionConfigMap, res.ReleaseKey)
 	}
+	for _, stray := range res.Strays {
+		fmt.Fprintf(&b, "note: upgradebundle %s approves this digest too but counts for nothing (only %s does): delete it (oc delete upgradebundle %s)\n", stray, p.Name, stray)
+	}
 	if res.Needed != "" {
 		fmt.Fprintf(&b, "not done: %s\n", res.Needed)
 	}

@@ -19,6 +19,7 @@ import (
 // fakeApprovals is the cluster as ferry approve writes it: the spec the
 // UpgradeBundle held, and the releases approved.
 type fakeApprovals struct {
+	others   []cluster.Approval // the other UpgradeBundles' approvals
 	before   *cluster.BundlePolicy
 	bundles  map[string]digest.Digest
 	releases map[string]bool // by key, sha256-<hex>
@@ -28,6 +29,8 @@ func (f *fakeApprovals) ApproveBundle(_ context.Context, name string, d digest.D
 	f.bundles[name] = d
 	return f.before, nil
 }
+
+func (f *fakeApprovals) Approvals(context.Context) ([]cluster.Approval, error) { return f.others, nil }
 
 func (f *fakeApprovals) ApproveRelease(_ context.Context, key, _ string) (bool, error) {
 	already := f.releases[key]
@@ -89,16 +92,19 @@ func TestApprove_Golden(t *testing.T) {
 }
 
 // TestApprove_SaysWhatItReplacedAndWhatWasThere: an UpgradeBundle that
-// approved another digest, and a release approved before, are said.
+// approved another digest, a release approved before, and another
+// UpgradeBundle approving this digest under another name, are said.
 func TestApprove_SaysWhatItReplacedAndWhatWasThere(t *testing.T) {
 	f, dir := approveDir(t, true)
 	f.before = &cluster.BundlePolicy{ApprovedDigest: "sha256:" + strings.Repeat("cd", 32)}
 	f.releases["sha256-"+strings.Repeat("ab", 32)] = true
+	f.others = []cluster.Approval{{Bundle: "4.13.7-amd64", Digest: approveHex}, {Bundle: "4.13.6-x86-64", Digest: "sha256:" + strings.Repeat("cd", 32)}}
 	out, err := runApproveWith(t, f, dir, approveFlags{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"upgradebundle 4.13.7-x86-64 updated", "it approved sha256:cdcdcdcdcdcd before", "already approved"} {
+	for _, want := range []string{"upgradebundle 4.13.7-x86-64 updated", "it approved sha256:cdcdcdcdcdcd before", "already approved",
+		"note: upgradebundle 4.13.7-amd64 approves this digest too but counts for nothing (only 4.13.7-x86-64 does): delete it"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
