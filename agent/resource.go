@@ -159,23 +159,31 @@ func withoutHold(reason string) string {
 // node is known by its record (ready holds only nodes with a Lease): an
 // entry of a name with none (a deleted Node, or a name someone made up)
 // never writes the summary. Every node picks alike from the same
-// resource; when the writer stops (it goes NotReady, is excluded or
-// deleted) the next one takes over.
+// resource, itself held to the same rule as the others (else a node not
+// ready would write beside the ready one the others pick); when none is
+// ready, the first by name of those known; when the writer stops (it
+// goes NotReady, is excluded or deleted) the next one takes over.
 func summaryWriter(view cluster.BundleView, ready map[string]cluster.NodeReady, excluded map[string]string, self string) string {
-	writer := self
-	for n, e := range view.Nodes {
-		if e.Phase == "" || n >= writer {
-			continue
+	first := func(wantReady bool) string {
+		writer := ""
+		consider := func(n string) {
+			if _, out := excluded[n]; out || writer != "" && n >= writer {
+				return
+			}
+			if r, known := ready[n]; !known || wantReady && !r.Ready {
+				return
+			}
+			writer = n
 		}
-		if _, out := excluded[n]; out {
-			continue
+		consider(self)
+		for n, e := range view.Nodes {
+			if e.Phase != "" {
+				consider(n)
+			}
 		}
-		if r, known := ready[n]; !known || !r.Ready {
-			continue
-		}
-		writer = n
+		return writer
 	}
-	return writer
+	return cmp.Or(first(true), first(false), self)
 }
 
 // What the resource's CRD (packaging/upgradebundle-crd.yaml) bounds, and
@@ -436,11 +444,35 @@ func awaitChange(ctx context.Context, wait time.Duration, changes, followed <-ch
 // it: a node without one (no ferry, or its Node deleted) is absent. Read
 // at most once a nodesEvery (a record expires by time, with no change).
 type nodesRead struct {
-	ready map[string]cluster.NodeReady
-	at    time.Time
+	ready   map[string]cluster.NodeReady
+	at      time.Time
+	readFor string // the unheard names last read again for (readAgainFor)
 }
 
 const nodesEvery = time.Minute
+
+// unheard names the nodes before self by name with an entry in view
+// that the last reading does not know ("" when none): each may be the
+// summary's writer (summaryWriter), or a name with no record.
+func (n *nodesRead) unheard(view cluster.BundleView, self string) string {
+	var out []string
+	for name, e := range view.Nodes {
+		if _, known := n.ready[name]; e.Phase != "" && name < self && !known {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return strings.Join(out, ",")
+}
+
+// readAgainFor makes the next refresh read again, once for each new set
+// of unheard names: a name with no record for good (a deleted Node's
+// entry) costs one reading, not one per sync.
+func (n *nodesRead) readAgainFor(unheard string) {
+	if unheard != "" && unheard != n.readFor {
+		n.ready, n.readFor = nil, unheard
+	}
+}
 
 // refresh reads the Nodes' readiness again when the last reading is older
 // than nodesEvery (or the resync, when shorter).
@@ -481,6 +513,10 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *bundleRepor
 			return err
 		}
 	}
+	// A node whose entry came after this one's readiness reading (both
+	// just started): read again, once for those names, rather than write
+	// a summary that may be that node's to write (one writer).
+	nodes.readAgainFor(nodes.unheard(view, a.cfg.NodeName))
 	if err := nodes.refresh(cctx, api, a.resync()); err != nil {
 		return err
 	}

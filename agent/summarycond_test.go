@@ -156,3 +156,47 @@ func TestHoldOnly_TellsPacingsHoldFromAChange(t *testing.T) {
 		t.Error("a phase change is taken for the hold alone")
 	}
 }
+
+// TestSummaryWriter_EveryNodePicksTheSameOneReadyOrNot: a node is held to
+// the rule it holds the others to, so that two nodes never both write:
+// with neither ready each picks the first by name of those known, with
+// one ready each picks that one.
+func TestSummaryWriter_EveryNodePicksTheSameOneReadyOrNot(t *testing.T) {
+	entry := cluster.BundleNodeEntry{Phase: string(PhaseExtracted)}
+	view := cluster.BundleView{Nodes: map[string]cluster.BundleNodeEntry{"a": entry, "b": entry}}
+	for _, tc := range []struct {
+		ready map[string]cluster.NodeReady
+		want  string
+	}{
+		{map[string]cluster.NodeReady{"a": {}, "b": {}}, "a"},
+		{map[string]cluster.NodeReady{"a": {}, "b": {Ready: true}}, "b"},
+		{map[string]cluster.NodeReady{"a": {Ready: true}, "b": {Ready: true}}, "a"},
+	} {
+		for _, self := range []string{"a", "b"} {
+			if w := summaryWriter(view, tc.ready, nil, self); w != tc.want {
+				t.Errorf("readiness %v, as %s: writer %s, want %s", tc.ready, self, w, tc.want)
+			}
+		}
+	}
+}
+
+// TestNodesRead_ReadAgainOnceForANodeItDoesNotKnow: an entry of a node
+// the last reading does not know has the readiness read again, once for
+// those names (a deleted Node's entry costs one reading, not one a sync).
+func TestNodesRead_ReadAgainOnceForANodeItDoesNotKnow(t *testing.T) {
+	entry := cluster.BundleNodeEntry{Phase: string(PhaseExtracted)}
+	view := cluster.BundleView{Nodes: map[string]cluster.BundleNodeEntry{"a": entry, "c": entry}}
+	n := nodesRead{ready: map[string]cluster.NodeReady{"b": {}}, at: time.Now()}
+	if u := n.unheard(view, "b"); u != "a" {
+		t.Fatalf("unheard %q, want a (c comes after b: never its writer)", u)
+	}
+	n.readAgainFor(n.unheard(view, "b"))
+	if n.ready != nil {
+		t.Fatal("not read again for a")
+	}
+	n.ready = map[string]cluster.NodeReady{"b": {}} // a has no record still
+	n.readAgainFor(n.unheard(view, "b"))
+	if n.ready == nil {
+		t.Error("read again for the same names")
+	}
+}

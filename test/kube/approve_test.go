@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -232,5 +233,92 @@ func TestPolicy_TheConditionsAreTheSummarysAndEchoNoGenerationAhead(t *testing.T
 	}
 	if c := condition(e, bundleName, agent.CondLoaded); c["status"] != "True" || c["observedGeneration"] != float64(1) {
 		t.Errorf("Loaded %v", c)
+	}
+}
+
+// TestAgents_TwoNodesOneWriterOfTheConditions: two real agents, each with
+// its own node credential, peers by a shared token, nothing loaded (no
+// CRI-O: they verify, extract and share). ferry approve before either has
+// the bundle; node-a is given it, node-b fetches it. The resource's
+// conditions have one writer, the summary's (node-a, first by name): the
+// API server's managedFields show that only ferry-node-a owns
+// status.conditions, and one node alone records the approval's Event.
+func TestAgents_TwoNodesOneWriterOfTheConditions(t *testing.T) {
+	e := kubeenv.Start(t, current)
+	e.AddNode("node-a", "127.0.0.1")
+	e.AddNode("node-b", "127.0.0.1")
+	e.InstallFerry()
+	installBundles(e)
+	tarPath, meta := releaseBundle(t)
+	name := agent.ResourceName(meta.Version, meta.Arch)
+	if out, err := exec.Command(ferryenv.Binary(t), "approve", strings.TrimSuffix(tarPath, ".tar")+".sha256", "--kubeconfig", e.AdminKC).CombinedOutput(); err != nil {
+		t.Fatalf("ferry approve: %v\n%s", err, out)
+	}
+	token := filepath.Join(t.TempDir(), "peer-token")
+	if err := os.WriteFile(token, []byte("a shared secret of the peers\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ports := map[string]int{"node-a": freePort(t), "node-b": freePort(t)}
+	agents := map[string]*ferryenv.Agent{}
+	for _, n := range []string{"node-a", "node-b"} {
+		cfg := ferryenv.Config(t.TempDir())
+		cfg.NodeName, cfg.Approval = n, "required"
+		cfg.Cluster.Kubeconfig = e.NodeKubeconfig(n)
+		cfg.Peer.Identity, cfg.Peer.TokenFile = "token", token
+		cfg.Peer.Listen = "127.0.0.1:" + strconv.Itoa(ports[n])
+		for m, p := range ports {
+			if m != n {
+				cfg.Peer.Peers = []string{"127.0.0.1:" + strconv.Itoa(p)}
+			}
+		}
+		agents[n] = ferryenv.Start(t, cfg)
+	}
+	for _, a := range agents {
+		a.WaitPhase(bound, "idle")
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the UpgradeBundle: %v\nnode-a's log:\n%s\nnode-b's log:\n%s", e.Bundle(name), agents["node-a"].Logs(), agents["node-b"].Logs())
+		}
+	})
+	if out, err := agents["node-a"].Ferry("load", tarPath); err != nil {
+		t.Fatalf("ferry load: %v\n%s", err, out)
+	}
+	agents["node-b"].Wait(bound, "node-b to fetch the bundle from node-a", func(s agent.Status) bool {
+		return s.Phase == string(agent.PhaseExtracted) && s.Version == meta.Version
+	})
+	if out, err := kubectl(t, e, "wait", "--for=condition=Approved", "upgradebundle/"+name, fmt.Sprintf("--timeout=%ds", int(bound/time.Second))); err != nil {
+		t.Fatalf("kubectl wait --for=condition=Approved: %v\n%s", err, out)
+	}
+	waitUntil(t, "both nodes' entries", func() bool {
+		st, _ := e.Bundle(name)["status"].(map[string]any)
+		nodes, _ := st["nodes"].(map[string]any)
+		return nodes["node-a"] != nil && nodes["node-b"] != nil
+	})
+
+	owners := func() []string {
+		var out []string
+		mfs, _ := e.Bundle(name)["metadata"].(map[string]any)["managedFields"].([]any)
+		for _, mf := range mfs {
+			m, _ := mf.(map[string]any)
+			fields, _ := m["fieldsV1"].(map[string]any)
+			status, _ := fields["f:status"].(map[string]any)
+			if _, ok := status["f:conditions"]; ok && m["subresource"] == "status" {
+				out = append(out, m["manager"].(string))
+			}
+		}
+		return out
+	}
+	if o := owners(); len(o) != 1 || o[0] != "ferry-node-a" {
+		t.Errorf("status.conditions owned by %q, want ferry-node-a alone", o)
+	}
+	var approvals []string
+	for _, ev := range e.Events(name) {
+		if strings.HasPrefix(ev, "Normal ApprovedDigest: ") {
+			approvals = append(approvals, ev)
+		}
+	}
+	if len(approvals) != 1 || !strings.HasPrefix(approvals[0], "Normal ApprovedDigest: node-a: ") {
+		t.Errorf("the approval's Events: %q, want one, node-a's", approvals)
 	}
 }
