@@ -99,16 +99,58 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 		return nil
 	}
 	md := r.Metadata
-	rep := &bundleReport{name: ResourceName(md.Version, md.Arch), line: s.Line, healthy: s.Healthy, phases: reached(r)}
+	rep := &bundleReport{name: ResourceName(md.Version, md.Arch), line: eventLine(s.Line), healthy: s.Healthy, phases: reached(r)}
 	var strays []string // said as long as they stand, approved or not
 	if s := strayApprovals(m.clusterApproved, rep.name, r.Digest); len(s) > 0 {
 		strays = []string{strayMessage(strings.Join(s, ", "), rep.name, r.Digest)}
 	}
+	// The node's standing warnings (approval off, a TLS check skipped)
+	// are said once, here, not in every Event and condition.
+	var standing []string
+	if s.ApprovalOff {
+		standing = append(standing, approvalOffWarning)
+	}
+	standing = append(standing, s.Warnings...)
 	rep.unrecorded, _ = m.unrecordedLeft()
 	rep.sum = cluster.BundleSummary{Version: md.Version, Arch: md.Arch, Release: SanitizeReason(md.Release), Digest: r.Digest, Size: sanitizeText(md.Size, maxSummarySize),
-		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: boundList(slices.Concat(strays, r.Warnings, r.SignaturePolicy), maxSummaryWarnings)}
-	rep.entry = cluster.BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Condition.Message), Conditions: conditions(r)}
+		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: boundList(slices.Concat(strays, r.Warnings, r.SignaturePolicy, standing), maxSummaryWarnings)}
+	rep.entry = cluster.BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(strings.TrimPrefix(r.Condition.Message+heldBack(s.HoldingBack), " — ")), Conditions: conditions(r)}
 	return rep
+}
+
+// eventLine is the status line as an Event says it: without the node's
+// standing warnings, which the summary's warnings say once.
+func eventLine(line string) string {
+	for _, w := range []string{" — " + approvalOffWarning, " — WARNING: "} {
+		if i := strings.Index(line, w); i >= 0 {
+			line = line[:i]
+		}
+	}
+	return line
+}
+
+// heldBack says in the node's entry that pacing holds its bulk work
+// back, and for what ("io pressure"), without the measure, which moves
+// with every reading and would rewrite the entry each time.
+func heldBack(why string) string {
+	if why = strings.TrimRight(why, "0123456789.% "); why == "" {
+		return ""
+	}
+	return " — holding back for " + why + ": the node's other work stalls (pacing)"
+}
+
+// holdOnly tells whether entries a and b differ in pacing's hold alone.
+func holdOnly(a, b cluster.BundleNodeEntry) bool {
+	a.Reason, b.Reason = withoutHold(a.Reason), withoutHold(b.Reason)
+	return reflect.DeepEqual(a, b)
+}
+
+// withoutHold is reason without what heldBack added.
+func withoutHold(reason string) string {
+	if i := strings.Index(reason, "holding back for "); i >= 0 {
+		return strings.TrimSuffix(reason[:i], " — ")
+	}
+	return reason
 }
 
 // summaryWriter is the node that writes a resource's summary: the first
@@ -117,23 +159,31 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 // node is known by its record (ready holds only nodes with a Lease): an
 // entry of a name with none (a deleted Node, or a name someone made up)
 // never writes the summary. Every node picks alike from the same
-// resource; when the writer stops (it goes NotReady, is excluded or
-// deleted) the next one takes over.
+// resource, itself held to the same rule as the others (else a node not
+// ready would write beside the ready one the others pick); when none is
+// ready, the first by name of those known; when the writer stops (it
+// goes NotReady, is excluded or deleted) the next one takes over.
 func summaryWriter(view cluster.BundleView, ready map[string]cluster.NodeReady, excluded map[string]string, self string) string {
-	writer := self
-	for n, e := range view.Nodes {
-		if e.Phase == "" || n >= writer {
-			continue
+	first := func(wantReady bool) string {
+		writer := ""
+		consider := func(n string) {
+			if _, out := excluded[n]; out || writer != "" && n >= writer {
+				return
+			}
+			if r, known := ready[n]; !known || wantReady && !r.Ready {
+				return
+			}
+			writer = n
 		}
-		if _, out := excluded[n]; out {
-			continue
+		consider(self)
+		for n, e := range view.Nodes {
+			if e.Phase != "" {
+				consider(n)
+			}
 		}
-		if r, known := ready[n]; !known || !r.Ready {
-			continue
-		}
-		writer = n
+		return writer
 	}
-	return writer
+	return cmp.Or(first(true), first(false), self)
 }
 
 // What the resource's CRD (packaging/upgradebundle-crd.yaml) bounds, and
@@ -143,6 +193,7 @@ const (
 	maxSummaryWarnings = 16
 	maxSummaryExcluded = 256
 	maxSummarySize     = 64
+	maxSummaryBehind   = 1024
 )
 
 // boundList is l, each item SanitizeReason'd, at most max items: the last
@@ -214,6 +265,13 @@ func phaseRank(p string) int {
 // config operator counts with no record (rep.unrecorded) are waited for:
 // nodesReady counts them, never ready.
 func summarize(rep *bundleReport, view cluster.BundleView, self string, nodes []string, excluded map[string]string) cluster.BundleSummary {
+	sum, _ := summarizeGated(rep, view, self, nodes, excluded)
+	return sum
+}
+
+// summarizeGated is summarize, with the entries of the nodes the gate
+// waits for (the resource's conditions are decided from them).
+func summarizeGated(rep *bundleReport, view cluster.BundleView, self string, nodes []string, excluded map[string]string) (cluster.BundleSummary, map[string]cluster.BundleNodeEntry) {
 	sum := rep.sum
 	entries := map[string]cluster.BundleNodeEntry{}
 	for n, e := range view.Nodes {
@@ -236,13 +294,17 @@ func summarize(rep *bundleReport, view cluster.BundleView, self string, nodes []
 		}
 	}
 	waited, ready, phase := 0, 0, ""
+	var behind []string
 	for n, e := range entries {
 		if _, out := excluded[n]; out {
+			delete(entries, n)
 			continue
 		}
 		waited++
 		if p := Phase(e.Phase); (p.Loaded() || p == PhaseUpgraded) && e.Digest == rep.entry.Digest {
 			ready++
+		} else {
+			behind = append(behind, n)
 		}
 		if phase == "" || phaseRank(e.Phase) < phaseRank(phase) {
 			phase = e.Phase
@@ -250,6 +312,11 @@ func summarize(rep *bundleReport, view cluster.BundleView, self string, nodes []
 	}
 	waited += rep.unrecorded
 	sum.Phase, sum.NodesReady = phase, fmt.Sprintf("%d/%d", ready, waited)
+	slices.Sort(behind)
+	if rep.unrecorded > 0 {
+		behind = append(behind, fmt.Sprintf("%d without ferry", rep.unrecorded))
+	}
+	sum.Behind = sanitizeText(strings.Join(behind, ", "), maxSummaryBehind)
 	for n, why := range excluded {
 		sum.Excluded = append(sum.Excluded, n+": "+why)
 	}
@@ -264,7 +331,7 @@ func summarize(rep *bundleReport, view cluster.BundleView, self string, nodes []
 		sum.Digest, sum.Approved = "", ApprovedDisagree
 		sum.Warnings = boundList(slices.Concat([]string{disagree}, sum.Warnings), maxSummaryWarnings)
 	}
-	return sum
+	return sum, entries
 }
 
 // The summary's approved when the nodes' entries name different digests
@@ -306,6 +373,7 @@ func (a *Agent) followBundle(ctx context.Context, api ClusterAPI) {
 		name  string
 		sum   cluster.BundleSummary
 		entry cluster.BundleNodeEntry
+		at    time.Time
 	}
 	var nodes nodesRead
 	lastPhase, lastErr := map[string]string{}, ""
@@ -376,11 +444,35 @@ func awaitChange(ctx context.Context, wait time.Duration, changes, followed <-ch
 // it: a node without one (no ferry, or its Node deleted) is absent. Read
 // at most once a nodesEvery (a record expires by time, with no change).
 type nodesRead struct {
-	ready map[string]cluster.NodeReady
-	at    time.Time
+	ready   map[string]cluster.NodeReady
+	at      time.Time
+	readFor string // the unheard names last read again for (readAgainFor)
 }
 
 const nodesEvery = time.Minute
+
+// unheard names the nodes before self by name with an entry in view
+// that the last reading does not know ("" when none): each may be the
+// summary's writer (summaryWriter), or a name with no record.
+func (n *nodesRead) unheard(view cluster.BundleView, self string) string {
+	var out []string
+	for name, e := range view.Nodes {
+		if _, known := n.ready[name]; e.Phase != "" && name < self && !known {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return strings.Join(out, ",")
+}
+
+// readAgainFor makes the next refresh read again, once for each new set
+// of unheard names: a name with no record for good (a deleted Node's
+// entry) costs one reading, not one per sync.
+func (n *nodesRead) readAgainFor(unheard string) {
+	if unheard != "" && unheard != n.readFor {
+		n.ready, n.readFor = nil, unheard
+	}
+}
 
 // refresh reads the Nodes' readiness again when the last reading is older
 // than nodesEvery (or the resync, when shorter).
@@ -401,6 +493,7 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *bundleRepor
 	name  string
 	sum   cluster.BundleSummary
 	entry cluster.BundleNodeEntry
+	at    time.Time
 }, nodes *nodesRead, lastPhase map[string]string) error {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -420,6 +513,10 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *bundleRepor
 			return err
 		}
 	}
+	// A node whose entry came after this one's readiness reading (both
+	// just started): read again, once for those names, rather than write
+	// a summary that may be that node's to write (one writer).
+	nodes.readAgainFor(nodes.unheard(view, a.cfg.NodeName))
 	if err := nodes.refresh(cctx, api, a.resync()); err != nil {
 		return err
 	}
@@ -447,14 +544,25 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *bundleRepor
 		for n := range ready {
 			known = append(known, n)
 		}
-		sum = summarize(&rep2, view, a.cfg.NodeName, known, excluded)
+		var gated map[string]cluster.BundleNodeEntry
+		sum, gated = summarizeGated(&rep2, view, a.cfg.NodeName, known, excluded)
+		summaryConditions(&sum, &rep2, view, gated, a.deps.Now())
 		sump = &sum
 	}
-	if written.name != rep.name || !reflect.DeepEqual(written.sum, sum) || !reflect.DeepEqual(written.entry, entry) {
+	changed := written.name != rep.name || !reflect.DeepEqual(written.sum, sum) || !reflect.DeepEqual(written.entry, entry)
+	if changed && written.name == rep.name && reflect.DeepEqual(written.sum, sum) && holdOnly(written.entry, entry) && time.Since(written.at) < a.resync() {
+		changed = false // pacing's hold alone: at most once a resync, not with every reading
+	}
+	if changed {
 		if err := api.PublishBundle(cctx, rep.name, sump, a.cfg.NodeName, entry); err != nil {
 			return err
 		}
-		written.name, written.sum, written.entry = rep.name, sum, entry
+		written.name, written.sum, written.entry, written.at = rep.name, sum, entry, time.Now()
+		if sump != nil {
+			if err := a.approvalEvent(cctx, api, rep.name, view, sum); err != nil {
+				return err
+			}
+		}
 	}
 	// One Event per phase the record reached, in order, those passed
 	// between two polls too; the newest says the status line.

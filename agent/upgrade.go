@@ -141,7 +141,7 @@ const (
 func annotations(s Status) map[string]string {
 	out := map[string]string{
 		AnnotationPhase: s.Phase, AnnotationBundle: "", AnnotationDigest: string(s.Digest),
-		AnnotationProgress: "", AnnotationReason: SanitizeReason(s.Reason),
+		AnnotationProgress: "", AnnotationReason: SanitizeReason(strings.TrimPrefix(s.Reason+heldBack(s.HoldingBack), " — ")),
 	}
 	if s.Bundle != "" {
 		out[AnnotationBundle] = SanitizeReason(strings.TrimSuffix(strings.TrimPrefix(s.Bundle, "upgrade-"), ".tar"))
@@ -204,6 +204,9 @@ func (a *Agent) retryBase() time.Duration { return cmp.Or(a.deps.RetryBase, time
 
 func onlyProgress(a, b map[string]string) bool {
 	for k, v := range a {
+		if k == AnnotationReason && withoutHold(v) == withoutHold(b[k]) {
+			continue // pacing's hold comes and goes with the load: progress
+		}
 		if k != AnnotationProgress && b[k] != v {
 			return false
 		}

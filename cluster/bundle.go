@@ -12,9 +12,15 @@ import (
 
 // BundleView is the resource as read: its spec and every node's entry.
 type BundleView struct {
-	UID    string
-	Policy BundlePolicy
-	Nodes  map[string]BundleNodeEntry
+	UID string
+	// Generation is metadata.generation: it counts the spec's changes,
+	// which the summary's conditions echo (observedGeneration).
+	Generation int64
+	Policy     BundlePolicy
+	Nodes      map[string]BundleNodeEntry
+	// Conditions are the top-level conditions as last written, so that
+	// a condition that did not change keeps its transition time.
+	Conditions []BundleCondition
 }
 
 // BundlePolicy is an UpgradeBundle's spec: the administrator's word.
@@ -53,11 +59,14 @@ type PullRecord struct {
 // spec.source.extraImages.
 const MaxPullExtras = 256
 
-// BundleCondition is one of a node's conditions: Extracted, Loaded,
-// Updated.
+// BundleCondition is one of a node's conditions (Extracted, Loaded,
+// Updated) or of the resource's own (BundleSummary.Conditions).
 type BundleCondition struct {
 	Type, Status, Reason, Message string
 	Since                         time.Time // the last transition; zero when unknown
+	// ObservedGeneration is the spec's generation the condition was
+	// decided from (the resource's own conditions only).
+	ObservedGeneration int64
 }
 
 // BundleSummary is the part of the status every node writes alike: the
@@ -70,6 +79,14 @@ type BundleSummary struct {
 	Phase, NodesReady, Approved string
 	Warnings                    []string
 	Excluded                    []string // "node: why", sorted
+	// Behind names the nodes the gate waits for that are not loaded yet
+	// ("worker-2, worker-3"), for oc get -o wide.
+	Behind string
+	// Conditions are the resource's own (Approved, Loaded, Upgrading,
+	// Upgraded, Degraded), for oc wait; ObservedGeneration the spec's
+	// generation they were decided from.
+	Conditions         []BundleCondition
+	ObservedGeneration int64
 }
 
 // Approval is one UpgradeBundle's spec.approvedDigest: it approves only

@@ -97,6 +97,8 @@ type bundleCondition struct {
 	Reason             string `json:"reason,omitempty"`
 	Message            string `json:"message,omitempty"`
 	LastTransitionTime string `json:"lastTransitionTime,omitempty"`
+	// ObservedGeneration: the resource's own conditions only.
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 }
 
 type upgradeBundle struct {
@@ -106,10 +108,12 @@ type upgradeBundle struct {
 		Name              string    `json:"name"`
 		UID               string    `json:"uid,omitempty"`
 		CreationTimestamp time.Time `json:"creationTimestamp,omitzero"`
+		Generation        int64     `json:"generation,omitempty"`
 	} `json:"metadata"`
 	Spec   bundleSpec `json:"spec"`
 	Status struct {
-		Nodes map[string]bundleNode `json:"nodes"`
+		Nodes      map[string]bundleNode `json:"nodes"`
+		Conditions []bundleCondition     `json:"conditions,omitempty"`
 	} `json:"status"`
 }
 
@@ -130,7 +134,7 @@ func (c *Client) UpgradeBundle(ctx context.Context, name string) (cluster.Bundle
 // view is the resource as ferry reads it.
 func (o *upgradeBundle) view() cluster.BundleView {
 	s := o.Spec
-	v := cluster.BundleView{UID: o.Metadata.UID, Nodes: map[string]cluster.BundleNodeEntry{}, Policy: cluster.BundlePolicy{
+	v := cluster.BundleView{UID: o.Metadata.UID, Generation: o.Metadata.Generation, Nodes: map[string]cluster.BundleNodeEntry{}, Policy: cluster.BundlePolicy{
 		ApprovedDigest: s.ApprovedDigest, Schedule: s.Schedule, Proceed: s.Proceed, ExcludedNodes: s.ExcludedNodes, Cleanup: s.Cleanup}}
 	if s.NotReadyTimeout != "" {
 		// The CRD's pattern admits only Go durations.
@@ -138,26 +142,41 @@ func (o *upgradeBundle) view() cluster.BundleView {
 	}
 	for n, e := range o.Status.Nodes {
 		entry := cluster.BundleNodeEntry{Phase: e.Phase, Digest: digest.Digest(e.Digest), Reason: e.Reason, Excluded: e.Excluded, Pull: e.Pull.record()}
-		for _, c := range e.Conditions {
-			since, _ := time.Parse(time.RFC3339, c.LastTransitionTime)
-			entry.Conditions = append(entry.Conditions, cluster.BundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message, Since: since})
-		}
+		entry.Conditions = conditionsOf(e.Conditions)
 		v.Nodes[n] = entry
 	}
+	v.Conditions = conditionsOf(o.Status.Conditions)
 	return v
+}
+
+// conditionsOf is conditions as ferry reads them.
+func conditionsOf(conditions []bundleCondition) []cluster.BundleCondition {
+	var out []cluster.BundleCondition
+	for _, c := range conditions {
+		since, _ := time.Parse(time.RFC3339, c.LastTransitionTime)
+		out = append(out, cluster.BundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message, Since: since,
+			ObservedGeneration: c.ObservedGeneration})
+	}
+	return out
+}
+
+// conditionsIn is conditions as the API holds them.
+func conditionsIn(conditions []cluster.BundleCondition) []bundleCondition {
+	var out []bundleCondition
+	for _, c := range conditions {
+		bc := bundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message, ObservedGeneration: c.ObservedGeneration}
+		if !c.Since.IsZero() {
+			bc.LastTransitionTime = c.Since.UTC().Format(time.RFC3339)
+		}
+		out = append(out, bc)
+	}
+	return out
 }
 
 // entryOf is a node's entry as the API holds it.
 func entryOf(e cluster.BundleNodeEntry) bundleNode {
-	out := bundleNode{Phase: e.Phase, Digest: string(e.Digest), Reason: e.Reason, Excluded: e.Excluded, Pull: pullOf(e.Pull)}
-	for _, c := range e.Conditions {
-		bc := bundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
-		if !c.Since.IsZero() {
-			bc.LastTransitionTime = c.Since.UTC().Format(time.RFC3339)
-		}
-		out.Conditions = append(out.Conditions, bc)
-	}
-	return out
+	return bundleNode{Phase: e.Phase, Digest: string(e.Digest), Reason: e.Reason, Excluded: e.Excluded, Pull: pullOf(e.Pull),
+		Conditions: conditionsIn(e.Conditions)}
 }
 
 // CreateUpgradeBundle creates the UpgradeBundle name with an empty spec
@@ -202,7 +221,8 @@ func (c *Client) publishBundle(ctx context.Context, name string, sum *cluster.Bu
 	status := map[string]any{"nodes": map[string]any{node: own}}
 	if sum != nil {
 		for k, v := range map[string]any{"version": sum.Version, "arch": sum.Arch, "release": sum.Release, "digest": string(sum.Digest),
-			"size": sum.Size, "images": sum.Images, "phase": sum.Phase, "nodesReady": sum.NodesReady, "approved": sum.Approved, "warnings": sum.Warnings, "excluded": sum.Excluded} {
+			"size": sum.Size, "images": sum.Images, "phase": sum.Phase, "nodesReady": sum.NodesReady, "approved": sum.Approved, "warnings": sum.Warnings, "excluded": sum.Excluded,
+			"behind": sum.Behind, "conditions": conditionsIn(sum.Conditions), "observedGeneration": sum.ObservedGeneration} {
 			status[k] = v
 		}
 	}
@@ -288,4 +308,68 @@ func approvedOf(bundles []upgradeBundle) []cluster.Approval {
 		}
 	}
 	return out
+}
+
+// ApproveBundle writes the administrator's approval of d, and schedule
+// when not empty, into the spec of the UpgradeBundle name, creating it
+// when no node has yet (ferry approve, before the stick). before is the
+// spec it held (nil when it was created here).
+func (c *Client) ApproveBundle(ctx context.Context, name string, d digest.Digest, schedule string) (before *cluster.BundlePolicy, err error) {
+	spec := map[string]any{"approvedDigest": string(d)}
+	if schedule != "" {
+		spec["schedule"] = schedule
+	}
+	var o upgradeBundle
+	err = c.do(ctx, "GET", bundlesPath+"/"+url.PathEscape(name), "", nil, &o)
+	if IsNotFound(err) {
+		obj := map[string]any{"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundle", "metadata": map[string]any{"name": name}, "spec": spec}
+		err = c.do(ctx, "POST", bundlesPath, jsonType, obj, nil)
+		if err == nil {
+			return nil, nil
+		}
+		if !IsConflict(err) {
+			return nil, fmt.Errorf("creating upgradebundle %s: %w", name, err)
+		}
+		// A node created it meanwhile: write the spec into that one.
+		err = c.do(ctx, "GET", bundlesPath+"/"+url.PathEscape(name), "", nil, &o)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading upgradebundle %s: %w", name, err)
+	}
+	p := o.view().Policy
+	if err := c.do(ctx, "PATCH", bundlesPath+"/"+url.PathEscape(name), mergePatch, map[string]any{"spec": spec}, nil); err != nil {
+		return &p, fmt.Errorf("writing upgradebundle %s's spec: %w", name, err)
+	}
+	return &p, nil
+}
+
+// The ConfigMap in which the administrator approves releases
+// (packaging/admission.yaml): one key sha256-<hex> per release.
+const (
+	AdmissionNamespace = LeaseNamespace
+	AdmissionConfigMap = "ferry-admission"
+)
+
+// ApproveRelease approves a release in the admission ConfigMap: key is
+// its sha256-<hex> (cluster.ApprovalKey), note the value; already is
+// true when it was approved before.
+func (c *Client) ApproveRelease(ctx context.Context, key, note string) (already bool, err error) {
+	path := "/api/v1/namespaces/" + AdmissionNamespace + "/configmaps/" + AdmissionConfigMap
+	var cm struct {
+		Data map[string]string `json:"data"`
+	}
+	err = c.do(ctx, "GET", path, "", nil, &cm)
+	if IsNotFound(err) {
+		return false, fmt.Errorf("ConfigMap %s/%s does not exist: apply ferry's admission policies first (oc apply -f packaging/admission.yaml)", AdmissionNamespace, AdmissionConfigMap)
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading ConfigMap %s/%s: %w", AdmissionNamespace, AdmissionConfigMap, err)
+	}
+	if _, ok := cm.Data[key]; ok {
+		return true, nil
+	}
+	if err := c.do(ctx, "PATCH", path, mergePatch, map[string]any{"data": map[string]string{key: note}}, nil); err != nil {
+		return false, fmt.Errorf("approving release %s in ConfigMap %s/%s: %w", key, AdmissionNamespace, AdmissionConfigMap, err)
+	}
+	return false, nil
 }

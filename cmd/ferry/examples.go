@@ -27,6 +27,12 @@ var examples = map[string]string{
   ferry status --cluster`,
 	"ferry cleanup": `  # The upgrade is done: remove the bundle's files, registry and mirror
   ferry cleanup`,
+	"ferry approve": `  # Before the stick arrives: approve the engineer's bundle (and its release, the tar beside it)
+  ferry approve /srv/bundles/upgrade-4.13.7-x86_64.sha256
+  # Hold the upgrade for proceed once every node is loaded
+  ferry approve upgrade-4.13.7-x86_64.sha256 --bundle /media/stick/upgrade-4.13.7-x86_64.tar --schedule Manual
+  # Then wait for the nodes to take it
+  kubectl wait --for=condition=Approved upgradebundle/4.13.7-x86-64 --timeout=30m`,
 	"ferry config": `  ferry config check --config /etc/ferry/config.toml`,
 	"ferry config check": `  # The agent's config, as the agent reads it (exit 2 if it is bad)
   ferry config check

@@ -55,7 +55,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func newRootCmd() *cobra.Command {
 	root := group("ferry <command>", "ferry upgrades disconnected OpenShift nodes from an upgrade bundle.",
-		newAgentCmd(), newStatusCmd(), newLoadCmd(), newProceedCmd(), newCleanupCmd(),
+		newAgentCmd(), newStatusCmd(), newLoadCmd(), newProceedCmd(), newCleanupCmd(), newApproveCmd(),
 		group("config <command>", "check the agent's config", newConfigCheckCmd()),
 		group("bundle <command>", "create, inspect, verify and extract upgrade bundles",
 			newBundleCreateCmd(), newBundleInspectCmd(), newBundleVerifyCmd(), newBundleExtractCmd()),

@@ -152,6 +152,7 @@ type bundleNode struct {
 	meta         *bundle.Metadata
 	name, digest string
 	tree         string // where the bundle is extracted
+	tar          string // the bundle, its .sha256 beside it
 }
 
 // startBundleNode starts it; admin runs as the administrator before the
@@ -173,7 +174,7 @@ func startBundleNodeWith(t *testing.T, admin func(e *kubeenv.Env, b bundleNode),
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := bundleNode{e: e, meta: meta, name: agent.ResourceName(meta.Version, meta.Arch), digest: "sha256:" + strings.Fields(string(sidecar))[0]}
+	n := bundleNode{e: e, meta: meta, name: agent.ResourceName(meta.Version, meta.Arch), digest: "sha256:" + strings.Fields(string(sidecar))[0], tar: tarPath}
 	if admin != nil {
 		admin(e, n)
 	}
