@@ -29,7 +29,7 @@ import (
 // kubectl runs the real kubectl as the administrator.
 func kubectl(t *testing.T, e *kubeenv.Env, args ...string) (string, error) {
 	t.Helper()
-	out, err := exec.Command("/usr/bin/kubectl", append([]string{"--kubeconfig", e.AdminKC}, args...)...).CombinedOutput()
+	out, err := exec.Command(e.Kubectl(), append([]string{"--kubeconfig", e.AdminKC}, args...)...).CombinedOutput()
 	return string(out), err
 }
 

@@ -50,15 +50,6 @@ var skipped = map[string]string{
 	`systemctl status ferry`:                    "systemd on a node (the agent here runs without it; test/vm runs the unit)",
 }
 
-// pending are commands of ferry's that another change adds (issue 45,
-// item 1: `ferry approve`, and the conditions `kubectl wait` waits for):
-// while this tree's ferry has no `approve` command they are listed and
-// not run; once it has, they run like every other.
-var pending = []*regexp.Regexp{
-	regexp.MustCompile(`^ferry approve `),
-	regexp.MustCompile(`^(oc|kubectl) wait --for=condition=`),
-}
-
 // admTranslations are the `oc adm` commands kubectl has no verb for, as
 // the kubectl command that does the same to the API.
 var admTranslations = map[string]string{
@@ -368,19 +359,12 @@ func TestDocs_EveryCommandRunsAsWritten(t *testing.T) {
 		}
 	}
 
-	out, _ := exec.Command(ferryenv.Binary(t), "approve").CombinedOutput()
-	noApprove := strings.Contains(string(out), `unknown command "approve`)
 	tarPath := filepath.Join(bundles, "upgrade-4.13.7-x86_64.tar")
 	var a *ferryenv.Agent
-	ran, pendingSkipped := 0, 0
+	ran := 0
 	ctx := t.Context()
 	for _, dc := range all {
 		if _, skip := skipped[dc.text]; skip {
-			continue
-		}
-		if noApprove && isPending(dc.text) {
-			t.Logf("%s:%d: PENDING (this ferry has no approve command yet): %s", dc.file, dc.line, dc.text)
-			pendingSkipped++
 			continue
 		}
 		// Once the bundle is made, the names the docs use for it are
@@ -403,7 +387,7 @@ func TestDocs_EveryCommandRunsAsWritten(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d commands of the docs run, %d skipped (%d pending)", ran, len(all)-ran, pendingSkipped)
+	t.Logf("%d commands of the docs run, %d skipped", ran, len(all)-ran)
 	if a == nil {
 		t.Fatalf("no command made %s: the engineer's ferry bundle create did not run", tarPath)
 	}
@@ -412,15 +396,6 @@ func TestDocs_EveryCommandRunsAsWritten(t *testing.T) {
 	if _, err := r.run(ctx, "oc get upgradebundle no-such-bundle"); err == nil {
 		t.Error("a command that fails (a bundle that does not exist) passed")
 	}
-}
-
-func isPending(text string) bool {
-	for _, p := range pending {
-		if p.MatchString(text) {
-			return true
-		}
-	}
-	return false
 }
 
 // docNames sets the names the docs use for the bundle in r: the
