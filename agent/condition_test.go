@@ -36,8 +36,8 @@ func TestCondition_HealthFollowsTheKindNotTheWords(t *testing.T) {
 			r := m.active
 			m.move(r, tc.phase, tc.cond, Progress{})
 			s := m.status()
-			if s.Healthy != tc.healthy || s.Reason != tc.cond.Message {
-				t.Fatalf("status healthy %v, reason %q; want %v, %q", s.Healthy, s.Reason, tc.healthy, tc.cond.Message)
+			if s.Healthy != tc.healthy || s.Reason != reasonOf(tc.phase, tc.cond) || s.Message != tc.cond.Message {
+				t.Fatalf("status healthy %v, reason %q, message %q; want %v, %q, %q", s.Healthy, s.Reason, s.Message, tc.healthy, reasonOf(tc.phase, tc.cond), tc.cond.Message)
 			}
 			if ann := annotations(s)[AnnotationReason]; ann != tc.cond.Message {
 				t.Fatalf("annotation reason %q, want %q", ann, tc.cond.Message)

@@ -273,17 +273,19 @@ func TestJobs_RefusedStickFileIsRejectedWithASanitisedReason(t *testing.T) {
 	why := fmt.Errorf("unsafe file on the stick: %s: it is a symbolic link: copy the file itself onto the stick", evil)
 	h.plugNow("/dev/sda", bundle.Source{Path: "", Label: "/run/ferry/media/sda-1/upgrade-1.0-x86_64.tar", Refused: why})
 	s := h.agent.Status()
-	if s.Phase != string(PhaseRejected) || s.Bundle != "upgrade-1.0-x86_64.tar" || !strings.Contains(s.Line, "unsafe file on the stick") {
+	if s.Phase != string(PhaseRejected) || s.Bundle != "upgrade-1.0-x86_64.tar" || s.Reason != ReasonRefused {
 		t.Fatalf("status %+v", s)
 	}
+	// The refusal's words are the product here: what the stick's author
+	// controls must leave sanitised, bounded, and still say what to fix.
 	ann := annotations(s)[AnnotationReason]
-	for what, v := range map[string]string{"reason": s.Reason, "line": s.Line, "peer error": h.agent.PeerStatus().Error, "annotation": ann} {
+	for what, v := range map[string]string{"message": s.Message, "line": s.Line, "peer error": h.agent.PeerStatus().Error, "annotation": ann} {
 		if !strings.Contains(v, "unsafe file") || strings.ContainsAny(v, "\n\x1b") || len(v) > 2*MaxReason {
 			t.Errorf("%s not the reason, sanitised: %q", what, v)
 		}
 	}
-	if len(s.Reason) > MaxReason || len(ann) > MaxReason || !strings.Contains(s.Reason, "…") || !strings.HasSuffix(s.Reason, "copy the file itself onto the stick") {
-		t.Errorf("reason not bounded: %d bytes", len(s.Reason))
+	if len(s.Message) > MaxReason || len(ann) > MaxReason || !strings.Contains(s.Message, "…") || !strings.HasSuffix(s.Message, "copy the file itself onto the stick") {
+		t.Errorf("message not bounded: %d bytes", len(s.Message))
 	}
 	if !slices.ContainsFunc(h.lines.all, func(l string) bool { return strings.Contains(l, "unsafe file on the stick") }) {
 		t.Fatal("no STATUS= line says why")

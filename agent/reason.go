@@ -4,6 +4,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/ferry-edge/ferry/pull"
 )
 
 // MaxReason bounds a reason (and every other piece of text from a stick,
@@ -72,4 +74,62 @@ func sanitizeText(s string, max int) string {
 		tail++
 	}
 	return strings.TrimRight(out[:head], " ") + ellipsis + strings.TrimLeft(out[tail:], " ")
+}
+
+// Reasons of the states that need no condition to explain them: the
+// phase says it all. Status.Reason is one of these when the shown
+// bundle's condition is zero, so that every state a node can be in has a
+// machine reason (the condition reasons are in condition.go).
+const (
+	ReasonWaitingForStick = "WaitingForStick" // idle: no bundle held
+	ReasonVerifying       = "Verifying"
+	ReasonFetching        = "Fetching"
+	ReasonExtracted       = "Extracted"
+	ReasonLoading         = "Loading"
+	ReasonLoaded          = "Loaded"
+	ReasonClusterReady    = "ClusterReady"
+	ReasonUpgraded        = "Upgraded"
+	ReasonCleaned         = "Cleaned"
+	// The peers' setup faults, shown when no bundle is bad.
+	ReasonPeerTokenMissing = "PeerTokenMissing" // peers configured, no peer.token_file
+	ReasonPeerRefusesNode  = "PeerRefusesNode"  // a peer refuses this node's token
+)
+
+// phaseReasons is each phase's reason when its record has no condition;
+// the terminal ones always have one, and these only stand in.
+var phaseReasons = map[Phase]string{
+	PhaseIdle:         ReasonWaitingForStick,
+	PhaseDetected:     ReasonVerifying,
+	PhaseFetching:     ReasonFetching,
+	PhaseExtracted:    ReasonExtracted,
+	PhaseLoading:      ReasonLoading,
+	PhaseLoaded:       ReasonLoaded,
+	PhaseClusterReady: ReasonClusterReady,
+	PhaseUpgrading:    ReasonUpgrading,
+	PhaseUpgraded:     ReasonUpgraded,
+	PhaseCleaned:      ReasonCleaned,
+	PhaseRejected:     ReasonRefused,
+	PhaseFailed:       ReasonLoadFailed,
+	PhaseConflict:     ReasonBundlesDiffer,
+}
+
+// reasonOf is the machine reason of a bundle in phase p with condition
+// c: the condition's, else the phase's.
+func reasonOf(p Phase, c Condition) string {
+	if c.Reason != "" {
+		return c.Reason
+	}
+	return phaseReasons[p]
+}
+
+// pullReasons is the reason of each state of a registry pull, shown
+// while the pull is what the node does.
+var pullReasons = map[string]string{
+	pull.StateNotStarted: "PullNotStarted",
+	pull.StateWaiting:    "PullWaitingForWindow",
+	pull.StateFetching:   "Pulling",
+	pull.StateRetrying:   "PullRetrying",
+	pull.StateHanding:    "PullHandingOver",
+	pull.StateDone:       "Pulled",
+	pull.StateFailed:     "PullFailed",
 }

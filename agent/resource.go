@@ -107,7 +107,7 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 	rep.unrecorded, _ = m.unrecordedLeft()
 	rep.sum = cluster.BundleSummary{Version: md.Version, Arch: md.Arch, Release: SanitizeReason(md.Release), Digest: r.Digest, Size: sanitizeText(md.Size, maxSummarySize),
 		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: boundList(slices.Concat(strays, r.Warnings, r.SignaturePolicy), maxSummaryWarnings)}
-	rep.entry = cluster.BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(r.Condition.Message), Conditions: conditions(r)}
+	rep.entry = cluster.BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: reasonOf(r.Phase, r.Condition), Message: SanitizeReason(r.Condition.Message), Conditions: conditions(r)}
 	return rep
 }
 

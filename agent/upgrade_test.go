@@ -183,17 +183,18 @@ func TestUpgrade_StartsFollowsAndCleansUpThroughTheAPI(t *testing.T) {
 	hookSaw := "4.13.7 " + release + " " + string(digest) + "\n"
 	h.waitFor("the hook after the API", func() bool { b, _ := os.ReadFile(marker); return string(b) == hookSaw })
 
-	api.set(release, cluster.UpgradeStatus{State: cluster.UpgradeRunning, Message: "Working towards 4.13.7: 106 of 841 done (12% complete)"})
+	const working = "Working towards 4.13.7: 106 of 841 done (12% complete)"
+	api.set(release, cluster.UpgradeStatus{State: cluster.UpgradeRunning, Message: working})
 	s := h.waitPhase(PhaseUpgrading)
-	if !strings.Contains(s.Line, "106 of 841 done") {
-		t.Fatalf("line %q", s.Line)
+	if s.Reason != ReasonUpgrading || s.ClusterMessage != working || !strings.Contains(s.Line, s.ClusterMessage) {
+		t.Fatalf("status %+v", s)
 	}
 	h.waitFor("the progress annotated", func() bool {
-		return strings.Contains(api.annotation("node-a", AnnotationProgress), "106 of 841")
+		return api.annotation("node-a", AnnotationProgress) == working
 	})
 	api.set(release, cluster.UpgradeStatus{State: cluster.UpgradeCompleted, Message: "Cluster version is 4.13.7"})
 	s = h.waitPhase(PhaseUpgraded)
-	h.waitFor("the bundle retired", func() bool { s := h.agent.Status(); return s.Phase == "upgraded" && s.Reason == "" })
+	h.waitFor("the bundle retired", func() bool { s := h.agent.Status(); return s.Phase == "upgraded" && s.Reason == ReasonUpgraded })
 	h.loader.mu.Lock()
 	if len(h.loader.retires) != 1 {
 		t.Errorf("retired %d times", len(h.loader.retires))

@@ -46,6 +46,7 @@ type bundleNode struct {
 	Phase      string            `json:"phase,omitempty"`
 	Digest     string            `json:"digest,omitempty"`
 	Reason     string            `json:"reason,omitempty"`
+	Message    string            `json:"message,omitempty"`
 	Excluded   string            `json:"excluded,omitempty"`
 	Conditions []bundleCondition `json:"conditions,omitempty"`
 	Pull       *bundlePull       `json:"pull,omitempty"`
@@ -137,7 +138,7 @@ func (o *upgradeBundle) view() cluster.BundleView {
 		v.Policy.NotReadyTimeout, _ = time.ParseDuration(s.NotReadyTimeout)
 	}
 	for n, e := range o.Status.Nodes {
-		entry := cluster.BundleNodeEntry{Phase: e.Phase, Digest: digest.Digest(e.Digest), Reason: e.Reason, Excluded: e.Excluded, Pull: e.Pull.record()}
+		entry := cluster.BundleNodeEntry{Phase: e.Phase, Digest: digest.Digest(e.Digest), Reason: e.Reason, Message: e.Message, Excluded: e.Excluded, Pull: e.Pull.record()}
 		for _, c := range e.Conditions {
 			since, _ := time.Parse(time.RFC3339, c.LastTransitionTime)
 			entry.Conditions = append(entry.Conditions, cluster.BundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message, Since: since})
@@ -149,7 +150,7 @@ func (o *upgradeBundle) view() cluster.BundleView {
 
 // entryOf is a node's entry as the API holds it.
 func entryOf(e cluster.BundleNodeEntry) bundleNode {
-	out := bundleNode{Phase: e.Phase, Digest: string(e.Digest), Reason: e.Reason, Excluded: e.Excluded, Pull: pullOf(e.Pull)}
+	out := bundleNode{Phase: e.Phase, Digest: string(e.Digest), Reason: e.Reason, Message: e.Message, Excluded: e.Excluded, Pull: pullOf(e.Pull)}
 	for _, c := range e.Conditions {
 		bc := bundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
 		if !c.Since.IsZero() {
@@ -188,7 +189,7 @@ func (c *Client) publishBundle(ctx context.Context, name string, sum *cluster.Bu
 	entry := entryOf(e)
 	// A merge patch keeps what it does not name: a field now empty is
 	// sent as null, or a reason from an earlier phase would stay.
-	own := map[string]any{"phase": entry.Phase, "digest": entry.Digest, "reason": entry.Reason, "excluded": entry.Excluded, "conditions": entry.Conditions}
+	own := map[string]any{"phase": entry.Phase, "digest": entry.Digest, "reason": entry.Reason, "message": entry.Message, "excluded": entry.Excluded, "conditions": entry.Conditions}
 	for k, v := range own {
 		if v == "" {
 			own[k] = nil
