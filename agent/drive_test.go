@@ -168,7 +168,7 @@ func TestJobs_AStickForAnotherArchIsRejected(t *testing.T) {
 	h.boot()
 	src, _ := stick(t, bundletest.Options{Arch: "aarch64"})
 	h.plugNow("/dev/sda", src)
-	if r := h.agent.m.lastBad; r == nil || r.Phase != PhaseRejected || r.Condition.Reason != ReasonRefused || !strings.Contains(r.Condition.Message, "aarch64") {
+	if r := h.agent.m.lastBad; r == nil || r.Phase != PhaseRejected || r.Condition.Reason != ReasonWrongArchitecture || !strings.Contains(r.Condition.Message, "aarch64") {
 		t.Fatalf("refusal %+v", r)
 	}
 }
@@ -187,7 +187,7 @@ func TestJobs_NoRoomRefusesBeforeWriting(t *testing.T) {
 		src, _ := stick(t, bundletest.Options{})
 		h.plugNow("/dev/sda", src)
 		r := h.record()
-		if r.Phase != PhaseRejected || r.Condition.Reason != ReasonRefused || !strings.Contains(r.Condition.Message, noRoom.Error()) {
+		if r.Phase != PhaseRejected || r.Condition.Reason != ReasonNotEnoughSpace || !strings.Contains(r.Condition.Message, noRoom.Error()) {
 			t.Fatalf("record %s %+v", r.Phase, r.Condition)
 		}
 		if ents, _ := os.ReadDir(h.cfg.Paths.ExtractDir); len(ents) != 0 {
@@ -388,7 +388,7 @@ func TestJobs_ABundleApprovedOnlyBySignatureReachesANodeWithTheKey(t *testing.T)
 			h.boot()
 			h.poll(p)
 			if !tc.ok {
-				if r := h.agent.m.lastBad; r == nil || r.Phase != PhaseRejected || r.Condition.Reason != ReasonRefused || p.fetched != 0 || len(h.loader.loads) != 0 {
+				if r := h.agent.m.lastBad; r == nil || r.Phase != PhaseRejected || r.Condition.Reason != ReasonNotApproved || p.fetched != 0 || len(h.loader.loads) != 0 {
 					t.Fatalf("refusal %+v; fetched %d times, loaded %d times", r, p.fetched, len(h.loader.loads))
 				}
 				return
@@ -484,7 +484,7 @@ func TestJobs_PreflightBeforeTheStickIsRead(t *testing.T) {
 			if tc.phase != PhaseRejected {
 				return
 			}
-			if r.Condition.Reason != ReasonRefused || !strings.Contains(r.Condition.Message, ErrPreflight.Error()) ||
+			if r.Condition.Reason != ReasonPreflightRefused || !strings.Contains(r.Condition.Message, ErrPreflight.Error()) ||
 				!strings.Contains(r.Condition.Message, tc.pre.Refusals[0]) {
 				t.Fatalf("condition %+v", r.Condition)
 			}

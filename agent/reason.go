@@ -1,10 +1,12 @@
 package agent
 
 import (
+	"errors"
 	"strings"
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/pull"
 )
 
@@ -132,4 +134,40 @@ var pullReasons = map[string]string{
 	pull.StateHanding:    "PullHandingOver",
 	pull.StateDone:       "Pulled",
 	pull.StateFailed:     "PullFailed",
+}
+
+// Why a bundle is rejected, by the refusal's cause; ReasonRefused when
+// none of these.
+const (
+	ReasonDigestMismatch    = "DigestMismatch"    // its sha256 is not the one its file names
+	ReasonWrongArchitecture = "WrongArchitecture" // built for another CPU than this node's
+	ReasonNotApproved       = "NotApproved"       // the node's approval refuses it
+	ReasonNotEnoughSpace    = "NotEnoughSpace"    // no room for it (or the disk filled while it was written)
+	ReasonSignaturePolicy   = "SignaturePolicyRefuses"
+	ReasonInvalidBundle     = "InvalidBundle"    // it breaks the bundle format, or the stick holds an unsafe file
+	ReasonPreflightRefused  = "PreflightRefused" // the cluster cannot take this upgrade
+)
+
+// refusalReason is the machine reason of a refusal, from its error chain.
+func refusalReason(err error) string {
+	for _, c := range []struct {
+		err    error
+		reason string
+	}{
+		{bundle.ErrMismatch, ReasonDigestMismatch},
+		{bundle.ErrWrongArch, ReasonWrongArchitecture},
+		{bundle.ErrNotApproved, ReasonNotApproved},
+		{bundle.ErrNoSpace, ReasonNotEnoughSpace},
+		{bundle.ErrPolicy, ReasonSignaturePolicy},
+		{bundle.ErrInvalid, ReasonInvalidBundle},
+		{ErrPreflight, ReasonPreflightRefused},
+	} {
+		if errors.Is(err, c.err) {
+			return c.reason
+		}
+	}
+	if bundle.DiskFilled(err) {
+		return ReasonNotEnoughSpace
+	}
+	return ReasonRefused
 }

@@ -201,10 +201,14 @@ func (m *machine) abandon(r *Record, err error) []effect {
 }
 
 func (m *machine) reject(r *Record, err error) []effect {
-	reason := strings.TrimPrefix(err.Error(), "bundle "+r.Name+": ")
-	m.log.Error("bundle refused", "phase", string(PhaseRejected), "bundle", r.Name, "reason", reason)
+	return m.rejectAs(r, refusalReason(err), strings.TrimPrefix(err.Error(), "bundle "+r.Name+": "))
+}
+
+// rejectAs rejects r for the machine reason given, saying message.
+func (m *machine) rejectAs(r *Record, reason, message string) []effect {
+	m.log.Error("bundle refused", "phase", string(PhaseRejected), "bundle", r.Name, "reason", reason, "message", message)
 	m.lastBad = r
-	return m.move(r, PhaseRejected, fault(ReasonRefused, reason), Progress{})
+	return m.move(r, PhaseRejected, fault(reason, message), Progress{})
 }
 
 // incomingPath is where a fetched tar lands, under its own name so that

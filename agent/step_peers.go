@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -163,7 +162,7 @@ func (m *machine) refuseOffer(r *Record, err error) []effect {
 	if len(reason) > maxRefusedReason {
 		reason = strings.ToValidUTF8(reason[:maxRefusedReason], "") + "…"
 	}
-	effs := m.reject(r, errors.New(reason))
+	effs := m.rejectAs(r, refusalReason(err), reason)
 	return append(effs, m.pruneRefused()...)
 }
 

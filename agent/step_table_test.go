@@ -261,7 +261,7 @@ func TestStepTable_DevicesAndOffers(t *testing.T) {
 			ev: evOffer{origin: OriginFile, noBundle: true, err: errNoBundle, reply: reply}, phase: PhaseIdle, effs: []string{"reply error"}},
 		{name: "an unreadable bundle is rejected", in: PhaseIdle,
 			ev:    evOffer{origin: OriginStick, device: "/dev/sdb", src: bundle.Source{Path: "/m/upgrade-x.tar"}, err: bundle.ErrInvalid},
-			phase: PhaseRejected, why: ReasonRefused, effs: []string{"save x-20261122T080000"},
+			phase: PhaseRejected, why: ReasonInvalidBundle, effs: []string{"save x-20261122T080000"},
 			check: func(t *testing.T, m *machine) {
 				// syncBundle's Event is a Warning when the report is unhealthy.
 				if rep := m.resourceReport(m.status()); rep != nil && rep.healthy || m.status().Healthy {
@@ -326,7 +326,7 @@ func TestStepTable_JobsEnd(t *testing.T) {
 			ev: evJobDone{kind: jobExtract, id: "held", res: extracted}, phase: PhaseExtracted, why: ReasonLoadsNothing,
 			effs: []string{"save held", "share held", "save held"}},
 		{name: "an extraction refused rejects the bundle", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
-			ev: doneErr(jobExtract, fmt.Errorf("%w: sha256 mismatch", bundle.ErrMismatch)), phase: PhaseRejected, why: ReasonRefused,
+			ev: doneErr(jobExtract, fmt.Errorf("%w: sha256 mismatch", bundle.ErrMismatch)), phase: PhaseRejected, why: ReasonDigestMismatch,
 			effs: []string{"save held"}, check: func(t *testing.T, m *machine) {
 				if m.active != nil || m.lastBad != m.records["held"] {
 					t.Errorf("active %v, last refusal %v", m.active, m.lastBad)
@@ -337,7 +337,7 @@ func TestStepTable_JobsEnd(t *testing.T) {
 			phase: PhaseDetected, why: ReasonCopyInterrupted, effs: []string{"save held"}},
 		{name: "a tar whose metadata is not the one read before is rejected", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
 			ev:    evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, Metadata: &meta138}},
-			phase: PhaseRejected, why: ReasonRefused, effs: []string{"remove 4.13.7-x86_64", "save held"}},
+			phase: PhaseRejected, why: ReasonInvalidBundle, effs: []string{"remove 4.13.7-x86_64", "save held"}},
 		{name: "a job's end for another phase is ignored", in: PhaseLoaded, given: []func(*machine){running(jobExtract)},
 			ev: evJobDone{kind: jobExtract, id: "held", res: extracted}, phase: PhaseLoaded},
 		{name: "a job's end for a record gone is ignored", in: PhaseIdle, given: []func(*machine){running(jobLoad)},
@@ -478,7 +478,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			ev: viewOf(nil, offerOf(t, heldDigest, meta137), offerOf(t, otherDigest, meta138)), phase: PhaseConflict, why: ReasonBundlesDiffer,
 			effs: []string{"save cluster-20261122T080000"}},
 		{name: "an offer this node's policy refuses is rejected before a byte is fetched", in: PhaseIdle, given: []func(*machine){approvalRequired},
-			ev: viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseRejected, why: ReasonRefused,
+			ev: viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseRejected, why: ReasonNotApproved,
 			effs: []string{"save 4.13.7-x86_64-20261122T080000"},
 			check: func(t *testing.T, m *machine) {
 				// It tells its peers which bundle it refused, so that they do not pin it.
@@ -488,7 +488,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			}},
 		{name: "an offer approved only in another UpgradeBundle is refused (issue 45)", in: PhaseIdle,
 			given: []func(*machine){approvalRequired, with(func(m *machine) { m.clusterApproved = []cluster.Approval{{Bundle: "4.13.7-amd64", Digest: heldDigest}} })},
-			ev:    viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseRejected, why: ReasonRefused,
+			ev:    viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseRejected, why: ReasonNotApproved,
 			effs: []string{"save 4.13.7-x86_64-20261122T080000"}},
 		{name: "an offer approved in its own UpgradeBundle is fetched", in: PhaseIdle,
 			given: []func(*machine){approvalRequired, with(func(m *machine) { m.clusterApproved = []cluster.Approval{{Bundle: heldResource, Digest: heldDigest}} })},

@@ -72,7 +72,7 @@ func upgradeOnce(t *testing.T, e *kubeenv.Env, a *ferryenv.Agent, tarPath string
 	e.SetHistory(kubeenv.History{State: "Completed", Image: meta.Release, Version: meta.Version}, kubeenv.History{State: "Completed", Image: previous, Version: "old"})
 	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "False", Message: "Cluster version is " + meta.Version})
 	a.Wait(bound, "upgraded and cleaned up", func(s agent.Status) bool {
-		return s.Phase == string(agent.PhaseUpgraded) && s.Reason == ""
+		return s.Phase == string(agent.PhaseUpgraded) && s.Reason == agent.ReasonUpgraded
 	})
 	waitAnnotated(t, e, "upgraded")
 }

@@ -99,7 +99,7 @@ func TestAgents_ThreeNodesOneAPIServerOneUpgrade(t *testing.T) {
 	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "False", Message: "Cluster version is 4.13.7"})
 	for _, n := range f.nodes {
 		n.A.Wait(agentBound, "upgraded and cleaned up", func(s agent.Status) bool {
-			return s.Phase == string(agent.PhaseUpgraded) && s.Reason == ""
+			return s.Phase == string(agent.PhaseUpgraded) && s.Reason == agent.ReasonUpgraded
 		})
 		if _, err := os.Stat(filepath.Join(n.Cfg.Paths.ExtractDir, meta.DirName(), bundle.MetadataName)); err != nil {
 			t.Errorf("%s: the running release's tree is not kept: %v", n.Name, err)
