@@ -124,16 +124,26 @@ func reasonOf(p Phase, c Condition) string {
 	return phaseReasons[p]
 }
 
-// pullReasons is the reason of each state of a registry pull, shown
-// while the pull is what the node does.
+// The reasons of a registry pull's states, shown while the pull is what
+// the node does (and in the pulling node's UpgradeBundle entry).
+const (
+	ReasonPullNotStarted = "PullNotStarted"
+	ReasonPullWaiting    = "PullWaitingForWindow"
+	ReasonPulling        = "Pulling"
+	ReasonPullRetrying   = "PullRetrying"
+	ReasonPullHanding    = "PullHandingOver"
+	ReasonPulled         = "Pulled"
+	ReasonPullFailed     = "PullFailed"
+)
+
 var pullReasons = map[string]string{
-	pull.StateNotStarted: "PullNotStarted",
-	pull.StateWaiting:    "PullWaitingForWindow",
-	pull.StateFetching:   "Pulling",
-	pull.StateRetrying:   "PullRetrying",
-	pull.StateHanding:    "PullHandingOver",
-	pull.StateDone:       "Pulled",
-	pull.StateFailed:     "PullFailed",
+	pull.StateNotStarted: ReasonPullNotStarted,
+	pull.StateWaiting:    ReasonPullWaiting,
+	pull.StateFetching:   ReasonPulling,
+	pull.StateRetrying:   ReasonPullRetrying,
+	pull.StateHanding:    ReasonPullHanding,
+	pull.StateDone:       ReasonPulled,
+	pull.StateFailed:     ReasonPullFailed,
 }
 
 // Why a bundle is rejected, by the refusal's cause; ReasonRefused when

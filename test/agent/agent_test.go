@@ -182,10 +182,11 @@ func TestAgent_CorruptStickIsRefusedAndNothingExtracted(t *testing.T) {
 	a.WaitPhase(bound, "idle")
 	udevenv.Attach(t, img)
 	s := a.WaitPhase(bound, agent.PhaseRejected)
-	if !strings.Contains(s.Line, "rejected upgrade-4.13.7-x86_64.tar: sha256 mismatch") || !strings.Contains(s.Line, "copy it again") {
-		t.Fatalf("line %q", s.Line)
+	// The fix is the refusal's product: copy the file again.
+	if s.Reason != agent.ReasonDigestMismatch || !strings.Contains(s.Message, "copy it again") || !strings.Contains(s.Line, s.Message) {
+		t.Fatalf("status %s: %q, line %q", s.Reason, s.Message, s.Line)
 	}
-	if !notify.saw("STATUS=rejected upgrade-4.13.7-x86_64.tar: sha256 mismatch") {
+	if !notify.saw("STATUS=" + s.Line) {
 		t.Errorf("systemd not told of the refusal:\n%s", notify.all())
 	}
 	ents, _ := os.ReadDir(cfg.Paths.ExtractDir)
@@ -224,7 +225,7 @@ func TestAgent_StickPulledMidReadThenPluggedAgain(t *testing.T) {
 	})
 	loop.Pull()
 	s := a.Wait(bound, "the pull to be noticed", func(s agent.Status) bool {
-		return s.Phase == string(agent.PhaseDetected) && strings.Contains(s.Reason, "plug it in again") ||
+		return s.Phase == string(agent.PhaseDetected) && s.Reason == agent.ReasonCopyInterrupted ||
 			s.Phase == string(agent.PhaseExtracted)
 	})
 	if s.Phase == string(agent.PhaseExtracted) {
@@ -289,7 +290,7 @@ func TestAgent_KillNineDuringExtraction(t *testing.T) {
 		// A file came as a descriptor, gone with the agent: an unfinished
 		// copy is rolled back and the agent asks for ferry load again.
 		s := a.Wait(bound, "extracted, or asking for ferry load again", func(s agent.Status) bool {
-			return s.Phase == string(agent.PhaseExtracted) || strings.Contains(s.Reason, "run 'ferry load "+tarPath+"' again")
+			return s.Phase == string(agent.PhaseExtracted) || s.Reason == agent.ReasonCopyInterrupted
 		})
 		if s.Phase != string(agent.PhaseExtracted) {
 			interrupted++

@@ -62,7 +62,7 @@ func upgradeOnce(t *testing.T, e *kubeenv.Env, a *ferryenv.Agent, tarPath string
 	// The history and the conditions are two writes: the node may show
 	// upgrading before it has read the operator's progress.
 	a.Wait(bound, "upgrading, with the operator's progress in the status line", func(s agent.Status) bool {
-		return s.Phase == string(agent.PhaseUpgrading) && strings.Contains(s.Line, "300 of 841 done")
+		return s.Phase == string(agent.PhaseUpgrading) && s.ClusterMessage == "Working towards "+meta.Version+": 300 of 841 done (35% complete)"
 	})
 	waitAnnotated(t, e, "upgrading")
 	waitUntil(t, "the operator's progress annotated", func() bool {
@@ -246,9 +246,9 @@ func TestHost_ManualProceedAFailedHookAnOutageAndARefusal(t *testing.T) {
 	e.SetConditions(kubeenv.Condition{Type: "ReleaseAccepted", Status: "False", Reason: "RetrievePayload",
 		Message: "The update cannot be verified: unable to verify " + meta.Release + " against keyrings: verifier-public-key-redhat"})
 	s := a.Wait(bound, "the refusal to show", func(s agent.Status) bool {
-		return strings.Contains(s.Reason, "the cluster refuses the release")
+		return s.Reason == agent.ReasonReleaseRefused
 	})
-	if s.Healthy || !strings.Contains(s.Line, "cannot be verified") {
+	if s.Healthy || !strings.Contains(s.Line, s.Message) {
 		t.Errorf("status %+v", s)
 	}
 	waitUntil(t, "the refusal on the Node", func() bool {

@@ -184,7 +184,7 @@ func TestHost_CleanupOfABundleThatNeverRanKeepsTheRunningReleasePinned(t *testin
 
 	ferryOK(t, a, "load", tarB)
 	a.Wait(bound, "B extracted, waiting for approval", func(s agent.Status) bool {
-		return s.Phase == string(agent.PhaseExtracted) && strings.Contains(s.Reason, "waiting for approval")
+		return s.Phase == string(agent.PhaseExtracted) && s.Reason == agent.ReasonAwaitingApproval
 	})
 	ferryOK(t, a, "cleanup")
 	a.Wait(bound, "B cleaned", func(s agent.Status) bool { return s.Phase != string(agent.PhaseExtracted) })

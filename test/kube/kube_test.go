@@ -108,9 +108,10 @@ func TestClient_TheUpgradeLoopWithOnlyFerrysRBAC(t *testing.T) {
 
 	// The version operator at work.
 	e.SetHistory(kubeenv.History{State: "Partial", Image: next, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
-	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "True", Reason: "", Message: "Working towards 4.13.7: 106 of 841 done (12% complete)"})
+	const working = "Working towards 4.13.7: 106 of 841 done (12% complete)"
+	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "True", Reason: "", Message: working})
 	u, err := c.UpgradeStatus(ctx, next)
-	if err != nil || u.State != cluster.UpgradeRunning || !strings.Contains(u.Message, "106 of 841") {
+	if err != nil || u.State != cluster.UpgradeRunning || u.Message != working {
 		t.Fatalf("upgrading: %+v, %v", u, err)
 	}
 	e.SetHistory(kubeenv.History{State: "Completed", Image: next, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})

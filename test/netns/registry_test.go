@@ -72,8 +72,8 @@ func TestAgents_RegistryModeEachByteCrossesTheLinkOnce(t *testing.T) {
 	waitFor(t, "the first node's pull in the UpgradeBundle, with its progress", func() bool {
 		_, nodes := bundleStatus(e, name)
 		n, _ := nodes[first.Name].(map[string]any)
-		reason, _ := n["reason"].(string)
-		return n["phase"] == "pulling" && strings.Contains(reason, "over the link")
+		message, _ := n["message"].(string)
+		return n["phase"] == "pulling" && n["reason"] == agent.ReasonPulling && message != ""
 	})
 	var meta *bundle.Metadata
 	digest := ""

@@ -30,9 +30,12 @@ type ferryStatus struct {
 	Digest  string `json:"digest"`
 	Error   string `json:"error"`
 	Reason  string `json:"reason"`
-	Line    string `json:"line"`
-	Healthy bool   `json:"healthy"`
-	Bundles []struct {
+	Message string `json:"message"`
+	// ClusterMessage is the cluster version operator's progress line.
+	ClusterMessage string `json:"clusterMessage"`
+	Line           string `json:"line"`
+	Healthy        bool   `json:"healthy"`
+	Bundles        []struct {
 		Name      string `json:"name"`
 		Digest    string `json:"digest"`
 		Phase     string `json:"phase"`
