@@ -263,7 +263,7 @@ func TestStatus_ASetupWarningIsInEveryStatus(t *testing.T) {
 		m := machineIn(t, p)
 		m.warnings = []string{"the kubeconfig turns TLS verification off"}
 		s := m.status()
-		if !slices.Equal(s.Warnings, m.warnings) || !strings.HasSuffix(s.Line, " — WARNING: "+m.warnings[0]) {
+		if !slices.Equal(s.Warnings, m.warnings) || !strings.HasSuffix(s.Line, m.warnings[0]) {
 			t.Errorf("%s: warnings %v, line %q", p, s.Warnings, s.Line)
 		}
 	}

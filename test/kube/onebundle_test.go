@@ -5,7 +5,6 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/test/kubeenv"
@@ -86,8 +85,9 @@ func TestAgent_AnApprovalInAnotherUpgradeBundleNeverStartsTheUpgrade(t *testing.
 	n.a.Wait(bound, "the node to say which resource counts", func(s agent.Status) bool {
 		return s.Reason == agent.ReasonAwaitingApproval
 	})
-	// Past the time the upgrade was asked for before (5 s after the load).
-	time.Sleep(8 * time.Second)
+	// The bug asked for the upgrade on a turn after the load: turns of the
+	// loop that bring nothing new must not.
+	n.a.TurnsRefused(3, "proceed")
 	if s, _ := n.a.Status(t.Context()); s.Phase != string(agent.PhaseExtracted) {
 		t.Errorf("phase %s, want extracted (not loaded)", s.Phase)
 	}
@@ -122,7 +122,9 @@ func TestAgent_CleanupAfterTheUpgradeWasAskedForIsRefused(t *testing.T) {
 		message, _ := entry["message"].(string)
 		return entry["reason"] == agent.ReasonCleanupRefused && strings.Contains(message, "oc adm upgrade --clear")
 	})
-	time.Sleep(3 * time.Second)
+	// Asked again by hand, the cleanup is refused the same way: turns of
+	// the loop, with spec.cleanup standing, that take nothing out.
+	n.a.TurnsRefused(2, "cleanup")
 	if s, _ := n.a.Status(t.Context()); s.Phase != string(agent.PhaseClusterReady) {
 		t.Fatalf("phase %s, want cluster-ready: the bundle went while desiredUpdate names its release", s.Phase)
 	}

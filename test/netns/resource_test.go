@@ -65,7 +65,9 @@ func TestAgents_TheUpgradeBundleRunsTheClusterFromTheAPI(t *testing.T) {
 	if spec, _ := e.Bundle(name)["spec"].(map[string]any); len(spec) != 0 {
 		t.Fatalf("ferry wrote the spec: %v", spec)
 	}
-	time.Sleep(3 * time.Second)
+	// Turns of both loops after the wait was published load nothing.
+	a.A.TurnsRefused(2, "proceed")
+	b.A.TurnsRefused(2, "proceed")
 	a.checkPinned(t, meta, false)
 	b.checkPinned(t, meta, false)
 	if s, _ := b.A.Status(t.Context()); s.Phase != string(agent.PhaseIdle) && s.Phase != string(agent.PhaseRejected) {
