@@ -137,6 +137,9 @@ func (m *machine) extractDone(r *Record, j evJobDone) []effect {
 		// A stop by the agent's own end never gets here (the loop is gone):
 		// this is a pulled stick, a read error or a cleanup.
 		reason := "the stick was pulled or could not be read before the copy finished: plug it in again"
+		if r.Origin == OriginFile {
+			reason = "the file could not be read before the copy finished: run 'ferry load " + r.Source + "' again"
+		}
 		m.log.Warn("extraction interrupted", "phase", string(PhaseDetected), "bundle", r.Name, "err", j.err)
 		return append(effs, m.move(r, PhaseDetected, waiting(ReasonCopyInterrupted, reason+" ("+j.err.Error()+")"), Progress{})...)
 	}

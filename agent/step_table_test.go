@@ -335,6 +335,18 @@ func TestStepTable_JobsEnd(t *testing.T) {
 		{name: "an extraction cut short (stick pulled) waits for the stick", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
 			ev:    evJobDone{kind: jobExtract, id: "held", stopped: true, err: errors.New("read: no such device")},
 			phase: PhaseDetected, why: ReasonCopyInterrupted, effs: []string{"save held"}},
+		{name: "an extraction of a file cut short asks for ferry load of that file again, not for a stick", in: PhaseDetected,
+			given: []func(*machine){running(jobExtract), with(func(m *machine) {
+				m.records["held"].Origin, m.records["held"].Source = OriginFile, "/root/upgrade-4.13.7-x86_64.tar"
+			})},
+			ev:    evJobDone{kind: jobExtract, id: "held", err: errors.New("read: input/output error")},
+			phase: PhaseDetected, why: ReasonCopyInterrupted, effs: []string{"save held"},
+			check: func(t *testing.T, m *machine) {
+				// The command to run again names the file the technician gave.
+				if msg := m.records["held"].Condition.Message; !strings.Contains(msg, "ferry load /root/upgrade-4.13.7-x86_64.tar") {
+					t.Errorf("message %q", msg)
+				}
+			}},
 		{name: "a tar whose metadata is not the one read before is rejected", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
 			ev:    evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, Metadata: &meta138}},
 			phase: PhaseRejected, why: ReasonInvalidBundle, effs: []string{"remove 4.13.7-x86_64", "save held"}},
