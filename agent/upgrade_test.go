@@ -30,6 +30,8 @@ type fakeAPI struct {
 	machines int                           // the MCO's count of nodes (0: no MCO)
 	mco      map[string]cluster.NodeUpdate // node → the MCO's state (zero: no MCO)
 	mcoReads int
+	// sourceReads counts the reads of the UpgradeBundles' sources.
+	sourceReads int
 	labels   map[string]map[string]string // node → labels
 	sources  []cluster.RegistrySource     // the UpgradeBundles' spec.source
 	// the UpgradeBundle resources, by name; readiness of the Nodes
@@ -429,6 +431,7 @@ func (f *fakeAPI) bundle(name string) (fakeBundle, bool) {
 func (f *fakeAPI) Sources(context.Context) ([]cluster.RegistrySource, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.sourceReads++
 	return slices.Clone(f.sources), nil
 }
 
