@@ -548,10 +548,11 @@ func TestAgents_TwoBundlesInOneClusterConflictNothingLoaded(t *testing.T) {
 		n.A.Wait(agentBound, n.Name+" to report the conflict", func(s agent.Status) bool {
 			return s.Reason == agent.ReasonPeerHoldsOther
 		})
-		out, err := n.A.Ferry("status", "-o", "json")
-		var st agent.Status
-		if err == nil || json.Unmarshal([]byte(out), &st) != nil || st.Reason != agent.ReasonPeerHoldsOther {
-			t.Errorf("%s: ferry status must fail and say PeerHoldsOtherBundle: %v\n%s", n.Name, err, out)
+		if out, err := n.A.Ferry("status"); err == nil {
+			t.Errorf("%s: ferry status must fail on a conflict:\n%s", n.Name, out)
+		}
+		if st, err := n.A.StatusCommand(t.Context()); err != nil || st.Reason != agent.ReasonPeerHoldsOther {
+			t.Errorf("%s: ferry status -o json must say %s: %s, %v", n.Name, agent.ReasonPeerHoldsOther, st.Reason, err)
 		}
 		cs, err := n.cluster(t)
 		if err == nil || cs.Decision.Verdict != agent.Conflict {
