@@ -16,7 +16,7 @@ export FERRY_SIGNATURE_STORE ?=
 # builds do; every go command here, and the tests' own builds, inherit it.
 export GOFLAGS ?= -tags=containers_image_openpgp
 
-.PHONY: help build setup unit integration e2e test fuzz fuzz-short bench bench-compare demo rpm faults clean
+.PHONY: help build setup unit check-english integration e2e test fuzz fuzz-short bench bench-compare demo rpm faults clean
 
 help:
 	@echo "make demo   the main job end to end in a VM: bundle → stick → agent → images pinned in CRI-O"
@@ -36,10 +36,18 @@ setup:
 	bash test/setup/build-crio.sh >/dev/null
 	bash test/setup/build-apiserver.sh >/dev/null
 
-unit:
+unit: check-english
 	$(GO) vet ./...
 	$(GO) vet -tags faults,containers_image_openpgp ./test/faults
 	$(GO) test -race -count=1 $(UNIT_PKGS)
+
+# Tests assert machine reasons and golden outputs, not English: no test
+# matches a status's Reason or Line against words (docs/design.md,
+# "Reasons and messages"). A refusal's facts are checked in its Message.
+ENGLISH_ASSERTIONS = grep -rnE 'strings\.(Contains|HasPrefix|HasSuffix)\([^,()]*\.(Reason|Line)\b,[[:space:]]*"' --include='*_test.go' agent cmd localapi peer kube cluster test
+check-english:
+	@n=$$($(ENGLISH_ASSERTIONS) | wc -l); echo "test assertions on English status text: $$n"; \
+	if [ "$$n" != 0 ]; then $(ENGLISH_ASSERTIONS); exit 1; fi
 
 # Brief runs of every fuzz target (CI); `make fuzz FUZZTIME=5m` for longer.
 fuzz-short fuzz:

@@ -1,10 +1,5 @@
 package agent
 
-import (
-	"encoding/json"
-	"strings"
-)
-
 // Condition is why a bundle is where it is, typed: health, the gate and
 // the peers' view are decided from its Kind (and step compares Reasons),
 // never from its Message, which is only rendered when the status is
@@ -66,7 +61,6 @@ const (
 	ReasonNodeUnread           = "NodeStateUnread" // this node's machine config state not read yet
 	ReasonPoolPaused           = "PoolPaused"
 	ReasonNodeUpdating         = "NodeUpdating" // the machine config operator is not done with the node
-	ReasonUnclassified         = "Unclassified" // an old record's reason no rule below knows
 )
 
 // ReasonReleaseUnapproved: the API server refuses the release until the
@@ -92,105 +86,4 @@ func retrying(reason, message string) Condition {
 
 func fault(reason, message string) Condition {
 	return Condition{Kind: KindFault, Reason: reason, Message: message}
-}
-
-// recordJSON is Record without its JSON methods.
-type recordJSON Record
-
-// MarshalJSON writes the record with its condition's message also under
-// "reason", as versions before the typed condition wrote it, and its
-// retirement also as the booleans versions before Retirement wrote:
-// `ferry status --json` readers and an older ferry find them there.
-func (r Record) MarshalJSON() ([]byte, error) {
-	t := r.Retirement
-	return json.Marshal(struct {
-		recordJSON
-		Reason   string `json:"reason,omitempty"`
-		Retiring bool   `json:"retiring,omitempty"`
-		Retired  bool   `json:"retired,omitempty"`
-		Unpinned bool   `json:"unpinned,omitempty"`
-	}{recordJSON(r), r.Condition.Message, t >= RetirementStarted, t >= RetirementDone, t == RetirementUnpinned})
-}
-
-// UnmarshalJSON reads a record, and gives one written before the typed
-// condition (a "reason" text only) the condition its words meant, and
-// one written before Retirement (booleans only) the state they meant.
-func (r *Record) UnmarshalJSON(b []byte) error {
-	var v struct {
-		recordJSON
-		Reason   string `json:"reason"`
-		Retiring bool   `json:"retiring"`
-		Retired  bool   `json:"retired"`
-		Unpinned bool   `json:"unpinned"`
-	}
-	if err := json.Unmarshal(b, &v); err != nil {
-		return err
-	}
-	*r = Record(v.recordJSON)
-	if r.Retirement == RetirementNone {
-		r.Retirement = legacyRetirement(v.Retiring, v.Retired, v.Unpinned)
-	}
-	if r.Condition == (Condition{}) {
-		r.Condition = legacyCondition(r.Phase, v.Reason)
-	}
-	return nil
-}
-
-// legacyReasons are the words with which versions before the typed
-// condition began their reasons, in the order they are tried. This is
-// the one place English is matched, and only for records on disk.
-var legacyReasons = []struct {
-	prefix string
-	cond   Condition
-}{
-	{"interrupted before the copy finished", waiting(ReasonCopyInterrupted, "")},
-	{"the stick was pulled", waiting(ReasonCopyInterrupted, "")},
-	{"not loading: UpgradeBundle", waiting(ReasonOtherBundleApproved, "")},
-	{"waiting for approval", waiting(ReasonAwaitingApproval, "")},
-	{"waiting to hear from the peers", waiting(ReasonPeersUnheard, "")},
-	{"conflict", fault(ReasonPeerHoldsOther, "")},
-	{"node ", waiting(ReasonPeerRefuses, "")},
-	{"waiting for the cluster version operator", waiting(ReasonUpgradePending, "")},
-	{"waiting for the machine config operator", waiting(ReasonNodeUpdating, "")},
-	{"waiting to read this node's machine config", waiting(ReasonNodeUnread, "")},
-	{"waiting: pool", waiting(ReasonPoolPaused, "")},
-	{"waiting for ", waiting(ReasonPeersNotHolding, "")},
-	{"fetching from the peers failed", retrying(ReasonFetchFailed, "")},
-	{"no room to extract", retrying(ReasonNoRoomToExtract, "")},
-	{"loading failed", retrying(ReasonLoadFailed, "")},
-	{"asking the cluster for the upgrade failed", retrying(ReasonUpgradeRequestFailed, "")},
-	{"the cluster refuses", fault(ReasonReleaseRefused, "")},
-	{"cleaning up after the upgrade failed", retrying(ReasonCleanupFailed, "")},
-	{"cleaning up", underway(ReasonCleaningUp, "")},
-}
-
-// legacyCondition is the condition an old record's phase and reason text
-// meant: the same health as when that version read its own words.
-func legacyCondition(p Phase, text string) Condition {
-	var c Condition
-	switch {
-	case p == PhaseFailed && strings.HasPrefix(text, "abandoned"):
-		c = fault(ReasonFetchAbandoned, "")
-	case p == PhaseFailed:
-		c = fault(ReasonLoadFailed, "")
-	case p == PhaseRejected:
-		c = fault(ReasonRefused, "")
-	case p == PhaseConflict:
-		c = fault(ReasonBundlesDiffer, "")
-	case text == "":
-		return Condition{}
-	default:
-		c = waiting(ReasonUnclassified, "")
-		if p == PhaseUpgrading {
-			c = underway(ReasonUpgrading, "")
-		}
-		for _, l := range legacyReasons {
-			if strings.HasPrefix(text, l.prefix) {
-				c = l.cond
-				break
-			}
-		}
-	}
-	c.Message = text
-	return c
 }

@@ -2,9 +2,6 @@ package agent
 
 import (
 	"encoding/json"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 )
 
@@ -39,8 +36,8 @@ func TestCondition_HealthFollowsTheKindNotTheWords(t *testing.T) {
 			r := m.active
 			m.move(r, tc.phase, tc.cond, Progress{})
 			s := m.status()
-			if s.Healthy != tc.healthy || s.Reason != tc.cond.Message {
-				t.Fatalf("status healthy %v, reason %q; want %v, %q", s.Healthy, s.Reason, tc.healthy, tc.cond.Message)
+			if s.Healthy != tc.healthy || s.Reason != reasonOf(tc.phase, tc.cond) || s.Message != tc.cond.Message {
+				t.Fatalf("status healthy %v, reason %q, message %q; want %v, %q, %q", s.Healthy, s.Reason, s.Message, tc.healthy, reasonOf(tc.phase, tc.cond), tc.cond.Message)
 			}
 			if ann := annotations(s)[AnnotationReason]; ann != tc.cond.Message {
 				t.Fatalf("annotation reason %q, want %q", ann, tc.cond.Message)
@@ -59,147 +56,40 @@ func TestCondition_HealthFollowsTheKindNotTheWords(t *testing.T) {
 	}
 }
 
-// A record written before the typed condition (a "reason" text only)
-// loads with the condition its words meant, and so with the same health.
-func TestStore_OldRecordsLoadWithTheConditionTheirWordsMeant(t *testing.T) {
-	for _, tc := range []struct {
-		phase  Phase
-		reason string
-		want   Condition
-	}{
-		{PhaseLoaded, "", Condition{}},
-		{PhaseExtracted, "waiting for approval: add its digest sha256:ab to approved_digests and restart ferry", waiting(ReasonAwaitingApproval, "")},
-		{PhaseExtracted, "conflict: node b holds another bundle (4.13.8, sha256:2222): remove the second stick", fault(ReasonPeerHoldsOther, "")},
-		{PhaseExtracted, "node b refuses this bundle (rejected x: not approved): every node must hold it", waiting(ReasonPeerRefuses, "")},
-		{PhaseExtracted, "waiting for node-b, node-c to hold the bundle", waiting(ReasonPeersNotHolding, "")},
-		{PhaseLoading, "loading failed, retrying in 5s: crio is down", retrying(ReasonLoadFailed, "")},
-		{PhaseClusterReady, "the cluster refuses the release: The update cannot be verified", fault(ReasonReleaseRefused, "")},
-		{PhaseUpgrading, "waiting for the cluster version operator to start: RetrievePayload", waiting(ReasonUpgradePending, "")},
-		{PhaseUpgrading, "Working towards 4.13.7", underway(ReasonUpgrading, "")},
-		{PhaseUpgraded, "cleaning up: removing the bundle's files, registry and mirror (its images stay pinned)", underway(ReasonCleaningUp, "")},
-		{PhaseUpgraded, "cleaning up after the upgrade failed, retrying in 30s: busy", retrying(ReasonCleanupFailed, "")},
-		{PhaseUpgraded, "waiting: pool worker is paused; the machine config operator updates this node once it is unpaused", waiting(ReasonPoolPaused, "")},
-		{PhaseUpgraded, "waiting for the machine config operator to update this node (state Working, a → b)", waiting(ReasonNodeUpdating, "")},
-		{PhaseFailed, "abandoned: no space left on device; free some space", fault(ReasonFetchAbandoned, "")},
-		{PhaseFailed, "image quay.io/x is not in the bundle", fault(ReasonLoadFailed, "")},
-		{PhaseRejected, "sha256 mismatch (got 3f…, want 9a…)", fault(ReasonRefused, "")},
-		{PhaseConflict, "upgrade-4.13.8-x86_64.tar differs from the bundle this node already holds", fault(ReasonBundlesDiffer, "")},
-		{PhaseDetected, "something an older version said", waiting(ReasonUnclassified, "")},
-	} {
-		dir := t.TempDir()
-		st, err := OpenStore(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		old := `{"id": "old", "name": "upgrade-4.13.7-x86_64.tar", "origin": "stick", "phase": "` + string(tc.phase) +
-			`", "reason": ` + jsonString(tc.reason) + `, "progress": {"done": 0, "total": 0, "unit": ""}, "times": {}, "approval": "digest"}`
-		if err := os.WriteFile(filepath.Join(dir, "bundles", "old.json"), []byte(old), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		recs, err := st.Load()
-		if err != nil || len(recs) != 1 {
-			t.Fatalf("%s %q: %d records, %v", tc.phase, tc.reason, len(recs), err)
-		}
-		want := tc.want
-		if want != (Condition{}) {
-			want.Message = tc.reason
-		}
-		if got := recs[0].Condition; got != want {
-			t.Errorf("%s %q: condition %+v, want %+v", tc.phase, tc.reason, got, want)
-		}
-		if recs[0].Approval != "digest" {
-			t.Errorf("approval %q", recs[0].Approval)
-		}
-	}
-}
-
-// A record saved now loads with its condition whole, and still says its
-// message under "reason" (ferry status --json readers, an older ferry).
-func TestStore_RecordsKeepTheirConditionAndReason(t *testing.T) {
+// A record saved now loads with its condition whole, and the status
+// JSON carries it typed: its reason and kind beside its message, and no
+// other copy of the message.
+func TestStore_RecordsKeepTheirCondition(t *testing.T) {
 	st, err := OpenStore(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &Record{ID: "new", Name: "upgrade-4.13.7-x86_64.tar", Phase: PhaseExtracted,
+	r := &Record{ID: "new", Name: "upgrade-4.13.7-x86_64.tar", Phase: PhaseExtracted, Retirement: RetirementDone,
 		Condition: waiting(ReasonPeersNotHolding, "waiting for node-b to hold the bundle")}
 	if err := st.Save(r); err != nil {
 		t.Fatal(err)
 	}
 	recs, err := st.Load()
-	if err != nil || len(recs) != 1 || recs[0].Condition != r.Condition {
+	if err != nil || len(recs) != 1 || recs[0].Condition != r.Condition || recs[0].Retirement != RetirementDone {
 		t.Fatalf("loaded %+v, %v", recs, err)
 	}
 	b, err := json.Marshal(Status{Bundles: []Record{*r}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var legacy struct {
-		Bundles []struct{ Reason string }
+	var got struct {
+		Bundles []map[string]json.RawMessage
 	}
-	if err := json.Unmarshal(b, &legacy); err != nil || legacy.Bundles[0].Reason != r.Condition.Message {
-		t.Fatalf("status JSON %s: %+v, %v", b, legacy, err)
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
 	}
-	if !strings.Contains(string(b), `"condition":{"kind":"Waiting","reason":"PeersNotHolding"`) {
-		t.Fatalf("status JSON %s lacks the condition", b)
+	var cond Condition
+	if err := json.Unmarshal(got.Bundles[0]["condition"], &cond); err != nil || cond != r.Condition {
+		t.Fatalf("status JSON %s: condition %+v, %v", b, cond, err)
 	}
-}
-
-func jsonString(s string) string {
-	b, _ := json.Marshal(s)
-	return string(b)
-}
-
-// A record written before Retirement (three booleans) loads in the
-// sub-phase they meant, and a record saved now round-trips its state and
-// still carries the booleans an older ferry reads.
-func TestStore_OldRetirementBooleansLoadAsTheirSubPhase(t *testing.T) {
-	for _, tc := range []struct {
-		flags string
-		want  Retirement
-	}{
-		{``, RetirementNone},
-		{`"retiring": true,`, RetirementStarted},
-		{`"retiring": true, "retired": true,`, RetirementDone},
-		{`"retired": true,`, RetirementDone},
-		{`"retiring": true, "retired": true, "unpinned": true, "retained": false,`, RetirementUnpinned},
-	} {
-		dir := t.TempDir()
-		st, err := OpenStore(dir)
-		if err != nil {
-			t.Fatal(err)
+	for _, old := range []string{"reason", "retiring", "retired", "unpinned"} {
+		if _, ok := got.Bundles[0][old]; ok {
+			t.Errorf("status JSON %s still has the record's %q", b, old)
 		}
-		old := `{"id": "old", "name": "upgrade-4.13.7-x86_64.tar", "origin": "stick", "phase": "upgraded", ` + tc.flags +
-			` "progress": {"done": 0, "total": 0, "unit": ""}, "times": {}}`
-		if err := os.WriteFile(filepath.Join(dir, "bundles", "old.json"), []byte(old), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		recs, err := st.Load()
-		if err != nil || len(recs) != 1 {
-			t.Fatalf("%s: %d records, %v", tc.flags, len(recs), err)
-		}
-		if got := recs[0].Retirement; got != tc.want {
-			t.Errorf("%s: retirement %v, want %v", tc.flags, got, tc.want)
-		}
-
-		// Saved again: the state by name, and the booleans it means.
-		must(t, st.Save(recs[0]))
-		b, err := os.ReadFile(filepath.Join(dir, "bundles", "old.json"))
-		must(t, err)
-		var legacy struct {
-			Retirement                  string
-			Retiring, Retired, Unpinned bool
-		}
-		must(t, json.Unmarshal(b, &legacy))
-		if legacy.Retirement != tc.want.String() || legacyRetirement(legacy.Retiring, legacy.Retired, legacy.Unpinned) != tc.want {
-			t.Errorf("%s: saved as %s", tc.flags, b)
-		}
-		again, err := st.Load()
-		if err != nil || again[0].Retirement != tc.want {
-			t.Errorf("%s: reloaded %v, %v", tc.flags, again[0].Retirement, err)
-		}
-	}
-	var r Record
-	if err := json.Unmarshal([]byte(`{"id": "x", "retirement": "gone"}`), &r); err == nil {
-		t.Error("an unknown retirement state loaded")
 	}
 }

@@ -168,7 +168,7 @@ func TestJobs_AStickForAnotherArchIsRejected(t *testing.T) {
 	h.boot()
 	src, _ := stick(t, bundletest.Options{Arch: "aarch64"})
 	h.plugNow("/dev/sda", src)
-	if r := h.agent.m.lastBad; r == nil || r.Phase != PhaseRejected || r.Condition.Reason != ReasonRefused || !strings.Contains(r.Condition.Message, "aarch64") {
+	if r := h.agent.m.lastBad; r == nil || r.Phase != PhaseRejected || r.Condition.Reason != ReasonWrongArchitecture || !strings.Contains(r.Condition.Message, "aarch64") {
 		t.Fatalf("refusal %+v", r)
 	}
 }
@@ -187,7 +187,7 @@ func TestJobs_NoRoomRefusesBeforeWriting(t *testing.T) {
 		src, _ := stick(t, bundletest.Options{})
 		h.plugNow("/dev/sda", src)
 		r := h.record()
-		if r.Phase != PhaseRejected || r.Condition.Reason != ReasonRefused || !strings.Contains(r.Condition.Message, noRoom.Error()) {
+		if r.Phase != PhaseRejected || r.Condition.Reason != ReasonNotEnoughSpace || !strings.Contains(r.Condition.Message, noRoom.Error()) {
 			t.Fatalf("record %s %+v", r.Phase, r.Condition)
 		}
 		if ents, _ := os.ReadDir(h.cfg.Paths.ExtractDir); len(ents) != 0 {
@@ -273,17 +273,19 @@ func TestJobs_RefusedStickFileIsRejectedWithASanitisedReason(t *testing.T) {
 	why := fmt.Errorf("unsafe file on the stick: %s: it is a symbolic link: copy the file itself onto the stick", evil)
 	h.plugNow("/dev/sda", bundle.Source{Path: "", Label: "/run/ferry/media/sda-1/upgrade-1.0-x86_64.tar", Refused: why})
 	s := h.agent.Status()
-	if s.Phase != string(PhaseRejected) || s.Bundle != "upgrade-1.0-x86_64.tar" || !strings.Contains(s.Line, "unsafe file on the stick") {
+	if s.Phase != string(PhaseRejected) || s.Bundle != "upgrade-1.0-x86_64.tar" || s.Reason != ReasonRefused {
 		t.Fatalf("status %+v", s)
 	}
+	// The refusal's words are the product here: what the stick's author
+	// controls must leave sanitised, bounded, and still say what to fix.
 	ann := annotations(s)[AnnotationReason]
-	for what, v := range map[string]string{"reason": s.Reason, "line": s.Line, "peer error": h.agent.PeerStatus().Error, "annotation": ann} {
+	for what, v := range map[string]string{"message": s.Message, "line": s.Line, "peer error": h.agent.PeerStatus().Error, "annotation": ann} {
 		if !strings.Contains(v, "unsafe file") || strings.ContainsAny(v, "\n\x1b") || len(v) > 2*MaxReason {
 			t.Errorf("%s not the reason, sanitised: %q", what, v)
 		}
 	}
-	if len(s.Reason) > MaxReason || len(ann) > MaxReason || !strings.Contains(s.Reason, "…") || !strings.HasSuffix(s.Reason, "copy the file itself onto the stick") {
-		t.Errorf("reason not bounded: %d bytes", len(s.Reason))
+	if len(s.Message) > MaxReason || len(ann) > MaxReason || !strings.Contains(s.Message, "…") || !strings.HasSuffix(s.Message, "copy the file itself onto the stick") {
+		t.Errorf("message not bounded: %d bytes", len(s.Message))
 	}
 	if !slices.ContainsFunc(h.lines.all, func(l string) bool { return strings.Contains(l, "unsafe file on the stick") }) {
 		t.Fatal("no STATUS= line says why")
@@ -386,7 +388,7 @@ func TestJobs_ABundleApprovedOnlyBySignatureReachesANodeWithTheKey(t *testing.T)
 			h.boot()
 			h.poll(p)
 			if !tc.ok {
-				if r := h.agent.m.lastBad; r == nil || r.Phase != PhaseRejected || r.Condition.Reason != ReasonRefused || p.fetched != 0 || len(h.loader.loads) != 0 {
+				if r := h.agent.m.lastBad; r == nil || r.Phase != PhaseRejected || r.Condition.Reason != ReasonNotApproved || p.fetched != 0 || len(h.loader.loads) != 0 {
 					t.Fatalf("refusal %+v; fetched %d times, loaded %d times", r, p.fetched, len(h.loader.loads))
 				}
 				return
@@ -482,7 +484,7 @@ func TestJobs_PreflightBeforeTheStickIsRead(t *testing.T) {
 			if tc.phase != PhaseRejected {
 				return
 			}
-			if r.Condition.Reason != ReasonRefused || !strings.Contains(r.Condition.Message, ErrPreflight.Error()) ||
+			if r.Condition.Reason != ReasonPreflightRefused || !strings.Contains(r.Condition.Message, ErrPreflight.Error()) ||
 				!strings.Contains(r.Condition.Message, tc.pre.Refusals[0]) {
 				t.Fatalf("condition %+v", r.Condition)
 			}

@@ -33,8 +33,8 @@ type Decision struct {
 	// Digest is the bundle every node agrees on (Ready, or Waiting with
 	// one digest seen).
 	Digest digest.Digest `json:"digest,omitempty"`
-	// Reason is one line for a technician.
-	Reason string `json:"reason"`
+	// Message is one line for a technician (the verdict is the machine word).
+	Message string `json:"message"`
 	// Waiting lists nodes not loaded or not reachable (Waiting).
 	Waiting []string `json:"waiting,omitempty"`
 	// WithoutCRIO lists the waited-for nodes that have no CRI-O and so
@@ -157,7 +157,7 @@ func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 			parts = append(parts, fmt.Sprintf("%s on %s", sha256digest.Short(dg), strings.Join(ns, ", ")))
 		}
 		sort.Strings(parts)
-		d.Reason = "different bundles in one cluster: " + strings.Join(parts, "; ") + "; remove the wrong stick's bundle (ferry status on each node) and plug one bundle only"
+		d.Message = "different bundles in one cluster: " + strings.Join(parts, "; ") + "; remove the wrong stick's bundle (ferry status on each node) and plug one bundle only"
 		return d
 	}
 	for dg := range d.Digests {
@@ -169,12 +169,12 @@ func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 	if len(unreachable) > 0 {
 		d.Verdict = Waiting
 		d.Waiting = unreachable
-		d.Reason = "cannot reach " + strings.Join(unreachable, ", ") + ": check that ferry runs there and the peer port is open"
+		d.Message = "cannot reach " + strings.Join(unreachable, ", ") + ": check that ferry runs there and the peer port is open"
 		if len(refused) > 0 {
 			sort.Strings(refused)
-			d.Reason = "waiting for " + strings.Join(refused, ", ")
+			d.Message = "waiting for " + strings.Join(refused, ", ")
 			if len(refused) < len(unreachable) {
-				d.Reason += "; cannot reach others of " + strings.Join(unreachable, ", ")
+				d.Message += "; cannot reach others of " + strings.Join(unreachable, ", ")
 			}
 		}
 		return d
@@ -188,7 +188,7 @@ func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 		d.Verdict = Waiting
 		if none := withoutCRIO(all, d.Waiting); len(none) > 0 {
 			d.WithoutCRIO = none
-			d.Reason = "the cluster cannot upgrade: " + strings.Join(none, ", ") + " has no CRI-O (crio.socket = \"\") and never loads the bundle; list it in the UpgradeBundle's spec.excludedNodes, or set crio.socket there"
+			d.Message = "the cluster cannot upgrade: " + strings.Join(none, ", ") + " has no CRI-O (crio.socket = \"\") and never loads the bundle; list it in the UpgradeBundle's spec.excludedNodes, or set crio.socket there"
 			return d
 		}
 		var parts []string
@@ -199,11 +199,11 @@ func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 			}
 			parts = append(parts, n+": "+p)
 		}
-		d.Reason = "not every node is loaded: " + strings.Join(parts, ", ")
+		d.Message = "not every node is loaded: " + strings.Join(parts, ", ")
 		return d
 	}
 	d.Verdict = Ready
-	d.Reason = fmt.Sprintf("all %d nodes loaded %s", len(names), sha256digest.Short(d.Digest))
+	d.Message = fmt.Sprintf("all %d nodes loaded %s", len(names), sha256digest.Short(d.Digest))
 	return d
 }
 

@@ -54,7 +54,7 @@ func TestDecide(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			d := Decide(tc.self, tc.peers)
 			if d.Verdict != tc.want {
-				t.Fatalf("verdict %s (%s), want %s", d.Verdict, d.Reason, tc.want)
+				t.Fatalf("verdict %s (%s), want %s", d.Verdict, d.Message, tc.want)
 			}
 			if tc.digest != "" && string(d.Digest) != tc.digest {
 				t.Fatalf("digest %s, want %s", d.Digest, tc.digest)
@@ -62,11 +62,11 @@ func TestDecide(t *testing.T) {
 			if tc.waiting != nil && !slices.Equal(d.Waiting, tc.waiting) {
 				t.Fatalf("waiting %v, want %v", d.Waiting, tc.waiting)
 			}
-			if d.Reason == "" {
+			if d.Message == "" {
 				t.Fatal("no reason given")
 			}
-			if tc.want == Conflict && (!strings.Contains(d.Reason, sha256digest.Short(d1)) || !strings.Contains(d.Reason, sha256digest.Short(d2)) || len(d.Digests) != 2) {
-				t.Fatalf("conflict reason %q / digests %v does not name both bundles", d.Reason, d.Digests)
+			if tc.want == Conflict && (!strings.Contains(d.Message, sha256digest.Short(d1)) || !strings.Contains(d.Message, sha256digest.Short(d2)) || len(d.Digests) != 2) {
+				t.Fatalf("conflict reason %q / digests %v does not name both bundles", d.Message, d.Digests)
 			}
 		})
 	}
@@ -81,8 +81,8 @@ func TestGate_ALyingPeerWaitsForTheAdministratorThenIsLeftOut(t *testing.T) {
 	liar := peer.PeerStatus{Verified: "node-x", Err: fmt.Errorf("peer 10.0.0.9:8090: %w: it says %q, its certificate names %q", peer.ErrNodeMismatch, "node-a", "node-x")}
 	peers := map[string]peer.PeerStatus{"10.0.0.2:8090": {Status: peer.Status{Node: "b", Phase: "loaded", Digest: d1}}, "10.0.0.9:8090": liar}
 	d := Decide(peer.Status{Node: "a", Phase: "loaded", Digest: d1}, peers)
-	if d.Verdict != Waiting || !strings.Contains(d.Reason, "certificate names node node-x") || !strings.Contains(d.Reason, "spec.excludedNodes") || strings.Contains(d.Reason, "cannot reach") {
-		t.Fatalf("the gate on a lying peer: %s: %q, want waiting, naming node-x and spec.excludedNodes", d.Verdict, d.Reason)
+	if d.Verdict != Waiting || !strings.Contains(d.Message, "certificate names node node-x") || !strings.Contains(d.Message, "spec.excludedNodes") || strings.Contains(d.Message, "cannot reach") {
+		t.Fatalf("the gate on a lying peer: %s: %q, want waiting, naming node-x and spec.excludedNodes", d.Verdict, d.Message)
 	}
 
 	m := machineIn(t, PhaseIdle)
@@ -114,13 +114,13 @@ func TestDecide_ANodeWithoutCRIOSaysTheClusterCannotUpgrade(t *testing.T) {
 		t.Fatalf("verdict %s, waiting %v", d.Verdict, d.Waiting)
 	}
 	for _, want := range []string{"the cluster cannot upgrade", "b (b:1) has no CRI-O", "spec.excludedNodes"} {
-		if !strings.Contains(d.Reason, want) {
-			t.Errorf("reason %q does not say %q", d.Reason, want)
+		if !strings.Contains(d.Message, want) {
+			t.Errorf("reason %q does not say %q", d.Message, want)
 		}
 	}
 	// The same node still loading (it has CRI-O) is only waited for.
 	none.LoadsNothing = false
-	if d := Decide(self, map[string]peer.PeerStatus{"b:1": {Status: none}}); strings.Contains(d.Reason, "cannot upgrade") {
-		t.Errorf("a node with CRI-O: %q", d.Reason)
+	if d := Decide(self, map[string]peer.PeerStatus{"b:1": {Status: none}}); strings.Contains(d.Message, "cannot upgrade") {
+		t.Errorf("a node with CRI-O: %q", d.Message)
 	}
 }

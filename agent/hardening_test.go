@@ -75,7 +75,7 @@ func TestExtractDone_TheMetadataInsideTheCheckedTarIsWhatTheNodeActsOn(t *testin
 	m = machineIn(t, PhaseDetected)
 	m.job = &job{kind: jobExtract, id: "held"}
 	m.step(evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, TarSize: 10, Metadata: other, Approval: "digest"}})
-	if r := m.records["held"]; r.Phase != PhaseRejected || r.Condition.Reason != ReasonRefused {
+	if r := m.records["held"]; r.Phase != PhaseRejected || r.Condition.Reason != ReasonInvalidBundle {
 		t.Fatalf("a tar whose metadata differs from what was read before: %s %q", r.Phase, r.Condition.Message)
 	}
 }

@@ -76,7 +76,7 @@ func (h *harness) keepsTheBundle(api *fakeAPI, why string) {
 	// "upgraded, the pool not at the node yet", "the MCO at work",
 	// "paused", "done on the config from before"); here, that the wiring
 	// shows it.
-	if s := h.agent.Status(); r.Phase != PhaseUpgraded || s.Reason == "" || !strings.Contains(s.Line, s.Reason) {
+	if s := h.agent.Status(); r.Phase != PhaseUpgraded || s.Reason != why || s.Message == "" || !strings.Contains(s.Line, s.Message) {
 		h.t.Fatalf("status %+v", s)
 	}
 	if n := h.retires(); n != 0 {
@@ -94,7 +94,7 @@ func (h *harness) retiresOnce() {
 	h.t.Helper()
 	h.waitFor("the bundle retired", func() bool {
 		s := h.agent.Status()
-		return s.Phase == "upgraded" && s.Reason == "" && h.record().Retirement == RetirementDone
+		return s.Phase == "upgraded" && s.Reason == ReasonUpgraded && h.record().Retirement == RetirementDone
 	})
 	if n := h.retires(); n != 1 {
 		h.t.Fatalf("retired %d times", n)

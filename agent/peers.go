@@ -167,7 +167,7 @@ func (m *machine) cluster(self peer.Status) ClusterStatus {
 	if why := m.nodesWithoutFerry(); cs.Decision.Verdict == Ready && why != (Condition{}) {
 		// Every node that answers is loaded; the gate waits for those
 		// without ferry, which no peer status shows.
-		cs.Decision.Verdict, cs.Decision.Reason = Waiting, why.Message
+		cs.Decision.Verdict, cs.Decision.Message = Waiting, why.Message
 	}
 	for addr, st := range m.view.statuses {
 		n := ClusterNode{Status: st.Status}

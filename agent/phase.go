@@ -108,17 +108,3 @@ func (t *Retirement) UnmarshalText(b []byte) error {
 	}
 	return fmt.Errorf("unknown retirement state %q", b)
 }
-
-// legacyRetirement is the state that the booleans of records written
-// before Retirement (retiring, retired, unpinned) meant.
-func legacyRetirement(retiring, retired, unpinned bool) Retirement {
-	switch {
-	case unpinned:
-		return RetirementUnpinned
-	case retired:
-		return RetirementDone
-	case retiring:
-		return RetirementStarted
-	}
-	return RetirementNone
-}

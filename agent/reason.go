@@ -1,9 +1,13 @@
 package agent
 
 import (
+	"errors"
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/pull"
 )
 
 // MaxReason bounds a reason (and every other piece of text from a stick,
@@ -72,4 +76,108 @@ func sanitizeText(s string, max int) string {
 		tail++
 	}
 	return strings.TrimRight(out[:head], " ") + ellipsis + strings.TrimLeft(out[tail:], " ")
+}
+
+// Reasons of the states that need no condition to explain them: the
+// phase says it all. Status.Reason is one of these when the shown
+// bundle's condition is zero, so that every state a node can be in has a
+// machine reason (the condition reasons are in condition.go).
+const (
+	ReasonWaitingForStick = "WaitingForStick" // idle: no bundle held
+	ReasonVerifying       = "Verifying"
+	ReasonFetching        = "Fetching"
+	ReasonExtracted       = "Extracted"
+	ReasonLoading         = "Loading"
+	ReasonLoaded          = "Loaded"
+	ReasonClusterReady    = "ClusterReady"
+	ReasonUpgraded        = "Upgraded"
+	ReasonCleaned         = "Cleaned"
+	// The peers' setup faults, shown when no bundle is bad.
+	ReasonPeerTokenMissing = "PeerTokenMissing" // peers configured, no peer.token_file
+	ReasonPeerRefusesNode  = "PeerRefusesNode"  // a peer refuses this node's token
+)
+
+// phaseReasons is each phase's reason when its record has no condition;
+// the terminal ones always have one, and these only stand in.
+var phaseReasons = map[Phase]string{
+	PhaseIdle:         ReasonWaitingForStick,
+	PhaseDetected:     ReasonVerifying,
+	PhaseFetching:     ReasonFetching,
+	PhaseExtracted:    ReasonExtracted,
+	PhaseLoading:      ReasonLoading,
+	PhaseLoaded:       ReasonLoaded,
+	PhaseClusterReady: ReasonClusterReady,
+	PhaseUpgrading:    ReasonUpgrading,
+	PhaseUpgraded:     ReasonUpgraded,
+	PhaseCleaned:      ReasonCleaned,
+	PhaseRejected:     ReasonRefused,
+	PhaseFailed:       ReasonLoadFailed,
+	PhaseConflict:     ReasonBundlesDiffer,
+}
+
+// reasonOf is the machine reason of a bundle in phase p with condition
+// c: the condition's, else the phase's.
+func reasonOf(p Phase, c Condition) string {
+	if c.Reason != "" {
+		return c.Reason
+	}
+	return phaseReasons[p]
+}
+
+// The reasons of a registry pull's states, shown while the pull is what
+// the node does (and in the pulling node's UpgradeBundle entry).
+const (
+	ReasonPullNotStarted = "PullNotStarted"
+	ReasonPullWaiting    = "PullWaitingForWindow"
+	ReasonPulling        = "Pulling"
+	ReasonPullRetrying   = "PullRetrying"
+	ReasonPullHanding    = "PullHandingOver"
+	ReasonPulled         = "Pulled"
+	ReasonPullFailed     = "PullFailed"
+)
+
+var pullReasons = map[string]string{
+	pull.StateNotStarted: ReasonPullNotStarted,
+	pull.StateWaiting:    ReasonPullWaiting,
+	pull.StateFetching:   ReasonPulling,
+	pull.StateRetrying:   ReasonPullRetrying,
+	pull.StateHanding:    ReasonPullHanding,
+	pull.StateDone:       ReasonPulled,
+	pull.StateFailed:     ReasonPullFailed,
+}
+
+// Why a bundle is rejected, by the refusal's cause; ReasonRefused when
+// none of these.
+const (
+	ReasonDigestMismatch    = "DigestMismatch"    // its sha256 is not the one its file names
+	ReasonWrongArchitecture = "WrongArchitecture" // built for another CPU than this node's
+	ReasonNotApproved       = "NotApproved"       // the node's approval refuses it
+	ReasonNotEnoughSpace    = "NotEnoughSpace"    // no room for it (or the disk filled while it was written)
+	ReasonSignaturePolicy   = "SignaturePolicyRefuses"
+	ReasonInvalidBundle     = "InvalidBundle"    // it breaks the bundle format, or the stick holds an unsafe file
+	ReasonPreflightRefused  = "PreflightRefused" // the cluster cannot take this upgrade
+)
+
+// refusalReason is the machine reason of a refusal, from its error chain.
+func refusalReason(err error) string {
+	for _, c := range []struct {
+		err    error
+		reason string
+	}{
+		{bundle.ErrMismatch, ReasonDigestMismatch},
+		{bundle.ErrWrongArch, ReasonWrongArchitecture},
+		{bundle.ErrNotApproved, ReasonNotApproved},
+		{bundle.ErrNoSpace, ReasonNotEnoughSpace},
+		{bundle.ErrPolicy, ReasonSignaturePolicy},
+		{bundle.ErrInvalid, ReasonInvalidBundle},
+		{ErrPreflight, ReasonPreflightRefused},
+	} {
+		if errors.Is(err, c.err) {
+			return c.reason
+		}
+	}
+	if bundle.DiskFilled(err) {
+		return ReasonNotEnoughSpace
+	}
+	return ReasonRefused
 }

@@ -1,6 +1,9 @@
 package agent
 
 import (
+	"maps"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"unicode"
@@ -74,4 +77,64 @@ func FuzzSanitizeReason(f *testing.F) {
 			t.Fatalf("not idempotent on %q", s)
 		}
 	})
+}
+
+// machineReason is what a machine reason looks like: one CamelCase word.
+var machineReason = regexp.MustCompile(`^[A-Z][a-z]+([A-Z][a-z]*)*$`)
+
+// Every phase a node can show has a machine reason, its own word with no
+// condition, and a condition's reason when there is one.
+func TestStatus_EveryPhaseHasAMachineReason(t *testing.T) {
+	want := map[Phase]string{PhaseIdle: ReasonWaitingForStick, PhaseDetected: ReasonVerifying, PhaseFetching: ReasonFetching,
+		PhaseExtracted: ReasonExtracted, PhaseLoading: ReasonLoading, PhaseLoaded: ReasonLoaded, PhaseClusterReady: ReasonClusterReady,
+		PhaseUpgrading: ReasonUpgrading, PhaseUpgraded: ReasonUpgraded, PhaseCleaned: ReasonWaitingForStick,
+		PhaseRejected: ReasonRefused, PhaseFailed: ReasonLoadFailed, PhaseConflict: ReasonBundlesDiffer}
+	for p, reason := range want {
+		m := machineIn(t, p)
+		if p == PhaseUpgraded || p == PhaseFailed {
+			m.done = m.records["held"]
+			m.lastBad = nil
+			if p == PhaseFailed {
+				m.lastBad = m.records["held"]
+			}
+		}
+		s := m.status()
+		if s.Phase != string(p) && !(p == PhaseCleaned && s.Phase == string(PhaseIdle)) {
+			t.Errorf("%s: status shows phase %s", p, s.Phase)
+		}
+		if s.Reason != reason || !machineReason.MatchString(s.Reason) {
+			t.Errorf("%s: reason %q, want %q", p, s.Reason, reason)
+		}
+		if r := m.records["held"]; r != nil && p.Active() {
+			m.move(r, p, waiting(ReasonPeersUnheard, "waiting to hear from the peers"), Progress{})
+			if s := m.status(); s.Reason != ReasonPeersUnheard || s.Message != "waiting to hear from the peers" {
+				t.Errorf("%s with a condition: reason %q, message %q", p, s.Reason, s.Message)
+			}
+		}
+	}
+	for _, r := range slices.Collect(maps.Values(phaseReasons)) {
+		if !machineReason.MatchString(r) {
+			t.Errorf("phase reason %q is not CamelCase", r)
+		}
+	}
+	for st, r := range pullReasons {
+		if !machineReason.MatchString(r) {
+			t.Errorf("pull %s: reason %q is not CamelCase", st, r)
+		}
+	}
+}
+
+// A node whose peers' setup is at fault says so in its reason, unless the
+// bundle it shows is at fault itself.
+func TestStatus_PeerSetupFaultsHaveTheirReason(t *testing.T) {
+	m := machineIn(t, PhaseLoaded)
+	m.peers = []string{"10.0.0.2:8090"}
+	if s := m.status(); s.Healthy || s.Reason != ReasonPeerTokenMissing {
+		t.Fatalf("no token: healthy %v, reason %q", s.Healthy, s.Reason)
+	}
+	r := m.records["held"]
+	m.move(r, PhaseLoaded, fault(ReasonPeerHoldsOther, "conflict: node b holds another bundle"), Progress{})
+	if s := m.status(); s.Reason != ReasonPeerHoldsOther {
+		t.Fatalf("a faulty bundle and no token: reason %q", s.Reason)
+	}
 }

@@ -229,7 +229,8 @@ func (a *Agent) holdsRelease(release string) bool {
 }
 
 // pullReport is this node's part of the UpgradeBundle while it pulls
-// the release it asks for: phase pulling, the pull's line as reason.
+// the release it asks for: phase pulling, the pull's state as reason and
+// its line as message.
 func pullReport(s Status) *bundleReport {
 	p := s.Pull
 	if p == nil || p.Bundle == "" || p.State == pull.StateDone {
@@ -238,5 +239,5 @@ func pullReport(s Status) *bundleReport {
 	const phase = "pulling"
 	return &bundleReport{name: p.Bundle, line: s.Line, healthy: s.Healthy,
 		sum:   cluster.BundleSummary{Release: SanitizeReason(p.Release), Phase: phase},
-		entry: cluster.BundleNodeEntry{Phase: phase, Reason: SanitizeReason(p.Coarse())}}
+		entry: cluster.BundleNodeEntry{Phase: phase, Reason: pullReasons[p.State], Message: SanitizeReason(p.Coarse())}}
 }

@@ -74,6 +74,28 @@ func TestAgent_ANodeNotPullingFollowsThePullerAtItsPeerAddress(t *testing.T) {
 }
 
 // waitAsked waits until the puller was asked for something.
+// readsAgain waits until the agent has read the sources from the API and
+// polled the peers twice more each: what it would act on, it has seen
+// (what a test then finds not done was decided against, not yet to come).
+func readsAgain(t *testing.T, api *fakeAPI, fp *fakePeers) {
+	t.Helper()
+	counts := func() (int, int) {
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		fp.mu.Lock()
+		defer fp.mu.Unlock()
+		return api.sourceReads, fp.polls
+	}
+	reads, polls := counts()
+	deadline := time.Now().Add(waitBound)
+	for r, p := counts(); r < reads+2 || p < polls+2; r, p = counts() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent read the sources %d times and polled the peers %d times since, want 2 each", r-reads, p-polls)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func waitAsked(t *testing.T, puller *fakePuller) []pull.Request {
 	t.Helper()
 	deadline := time.Now().Add(waitBound)
@@ -112,7 +134,7 @@ func TestAgent_AFollowerFollowsOnlyThePullerItsCertificateAndEntryName(t *testin
 	fp.offers = []peer.PeerOffer{{Peer: "10.0.0.66:8090", Offer: peer.Offer{Digest: digest.Digest("sha256:" + strings.Repeat("e", 64)), Metadata: lmeta, Size: 1 << 20, Complete: true}}}
 	h.peers, h.puller = fp, puller
 	h.start()
-	time.Sleep(300 * time.Millisecond) // several reads of the API and the peers
+	readsAgain(t, h.api, fp)
 	if got := puller.asked(); len(got) != 0 {
 		t.Fatalf("followed %+v: the liar's address, or before the puller published its tags", got)
 	}
@@ -120,7 +142,7 @@ func TestAgent_AFollowerFollowsOnlyThePullerItsCertificateAndEntryName(t *testin
 	fp.mu.Lock()
 	fp.statuses["10.0.0.9:8090"] = peer.PeerStatus{Status: peer.Status{Node: "node-0"}, Verified: "node-0"}
 	fp.mu.Unlock()
-	time.Sleep(300 * time.Millisecond)
+	readsAgain(t, h.api, fp)
 	if got := puller.asked(); len(got) != 0 {
 		t.Fatalf("followed %+v before the puller published what its tag resolved to", got)
 	}
@@ -128,7 +150,7 @@ func TestAgent_AFollowerFollowsOnlyThePullerItsCertificateAndEntryName(t *testin
 	h.api.mu.Lock()
 	h.api.sources[0].Pulled = map[string]cluster.PullRecord{"node-x": {Release: meta137.Release, Extras: map[string]digest.Digest{extra: pin}}}
 	h.api.mu.Unlock()
-	time.Sleep(300 * time.Millisecond)
+	readsAgain(t, h.api, fp)
 	if got := puller.asked(); len(got) != 0 {
 		t.Fatalf("followed %+v on another node's record", got)
 	}
@@ -144,7 +166,7 @@ func TestAgent_AFollowerFollowsOnlyThePullerItsCertificateAndEntryName(t *testin
 	h.api.mu.Lock()
 	h.api.sources[0].Pulled = map[string]cluster.PullRecord{"node-0": {Release: meta137.Release, Digest: digest.Digest("sha256:" + strings.Repeat("d", 64)), Extras: map[string]digest.Digest{extra: pin}}}
 	h.api.mu.Unlock()
-	time.Sleep(300 * time.Millisecond)
+	readsAgain(t, h.api, fp)
 	fp.mu.Lock()
 	fetched, polls := fp.fetched, fp.polls
 	fp.mu.Unlock()
@@ -163,7 +185,7 @@ func TestAgent_RegistryModeRefusesTheSharedToken(t *testing.T) {
 	fp, puller := newFakePeers(), &fakePuller{}
 	h.peers, h.puller = fp, puller
 	h.start()
-	time.Sleep(300 * time.Millisecond)
+	readsAgain(t, h.api, fp)
 	if got := puller.asked(); len(got) != 0 {
 		t.Fatalf("pulled %+v on the shared token", got)
 	}

@@ -114,7 +114,8 @@ func (m *machine) resourceReport(s Status) *bundleReport {
 	rep.unrecorded, _ = m.unrecordedLeft()
 	rep.sum = cluster.BundleSummary{Version: md.Version, Arch: md.Arch, Release: SanitizeReason(md.Release), Digest: r.Digest, Size: sanitizeText(md.Size, maxSummarySize),
 		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: boundList(slices.Concat(strays, r.Warnings, r.SignaturePolicy, standing), maxSummaryWarnings)}
-	rep.entry = cluster.BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: SanitizeReason(strings.TrimPrefix(r.Condition.Message+heldBack(s.HoldingBack), " — ")), Conditions: conditions(r)}
+	rep.entry = cluster.BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: reasonOf(r.Phase, r.Condition),
+		Message: SanitizeReason(strings.TrimPrefix(r.Condition.Message+heldBack(s.HoldingBack), " — ")), Conditions: conditions(r)}
 	return rep
 }
 

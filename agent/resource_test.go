@@ -104,7 +104,7 @@ func TestResource_AnApprovalInAnotherUpgradeBundleApprovesNothing(t *testing.T) 
 	})
 	h.waitFor("the node to say so while it waits", func() bool {
 		c := h.record().Condition
-		return c.Reason == ReasonAwaitingApproval && strings.Contains(c.Message, "UpgradeBundle 4.13.7-amd64 approves")
+		return c.Reason == ReasonAwaitingApproval && strings.Contains(c.Message, "4.13.7-amd64") // names the stray resource
 	})
 	h.waitFor("the summary's warnings to say so", func() bool {
 		b, _ := api.bundle(resourceName)

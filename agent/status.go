@@ -17,21 +17,26 @@ import (
 
 // Status is what `ferry status` shows.
 type Status struct {
-	Node      string              `json:"node"`
-	Phase     string              `json:"phase"` // the active bundle's phase, or "idle"
-	Bundle    string              `json:"bundle,omitempty"`
-	Version   string              `json:"version,omitempty"`
-	Digest    digest.Digest       `json:"digest,omitempty"`
-	Release   string              `json:"release,omitempty"`
-	Progress  *Progress           `json:"progress,omitempty"`
-	Reason    string              `json:"reason,omitempty"`
-	Message   string              `json:"message,omitempty"` // the cluster version operator's progress line
-	Error     string              `json:"error,omitempty"`   // the newest refusal or conflict
-	Times     map[Phase]time.Time `json:"times,omitempty"`
-	Healthy   bool                `json:"healthy"`
-	Notice    string              `json:"notice,omitempty"`    // a passing remark, e.g. a stick that holds the bundle already here
-	Warnings  []string            `json:"warnings,omitempty"`  // lasting setup faults that do not stop the node (Deps.Warnings)
-	Preflight []string            `json:"preflight,omitempty"` // the cluster's preflight warnings on the bundle
+	Node     string        `json:"node"`
+	Phase    string        `json:"phase"` // the active bundle's phase, or "idle"
+	Bundle   string        `json:"bundle,omitempty"`
+	Version  string        `json:"version,omitempty"`
+	Digest   digest.Digest `json:"digest,omitempty"`
+	Release  string        `json:"release,omitempty"`
+	Progress *Progress     `json:"progress,omitempty"`
+	// Reason is why the node is where it is, for machines: a stable
+	// CamelCase word (the Reason constants), never empty; Message says
+	// it to a person, with what to do.
+	Reason  string `json:"reason"`
+	Message string `json:"message,omitempty"`
+	// ClusterMessage is the cluster version operator's progress line.
+	ClusterMessage string              `json:"clusterMessage,omitempty"`
+	Error          string              `json:"error,omitempty"` // the newest refusal or conflict
+	Times          map[Phase]time.Time `json:"times,omitempty"`
+	Healthy        bool                `json:"healthy"`
+	Notice         string              `json:"notice,omitempty"`    // a passing remark, e.g. a stick that holds the bundle already here
+	Warnings       []string            `json:"warnings,omitempty"`  // lasting setup faults that do not stop the node (Deps.Warnings)
+	Preflight      []string            `json:"preflight,omitempty"` // the cluster's preflight warnings on the bundle
 	// SignaturePolicy are this node's signature policy's warnings on the
 	// bundle: images it loads by digest only (Record.SignaturePolicy).
 	SignaturePolicy []string `json:"signaturePolicy,omitempty"`
@@ -155,6 +160,7 @@ func (a *Agent) pulling(s *Status) {
 	switch Phase(s.Phase) {
 	case PhaseIdle, PhaseUpgraded, PhaseCleaned, PhaseRejected, PhaseFailed:
 		s.Line = p.Line()
+		s.Reason = pullReasons[p.State]
 	default:
 		s.Line += " — " + p.Line()
 	}
@@ -256,9 +262,10 @@ func (m *machine) status() Status {
 
 // text renders rep in words: the status, less its list of bundles.
 func (rep report) text() Status {
-	s := Status{Node: rep.node, Phase: string(PhaseIdle), Healthy: rep.healthy, Notice: rep.notice}
+	s := Status{Node: rep.node, Phase: string(PhaseIdle), Reason: ReasonWaitingForStick, Healthy: rep.healthy, Notice: rep.notice}
 	if r := rep.shown; r != nil {
-		s.Phase, s.Bundle, s.Digest, s.Reason, s.Times, s.Message = string(r.Phase), r.Name, r.Digest, r.Condition.Message, r.Times, r.Message
+		s.Phase, s.Bundle, s.Digest, s.Times = string(r.Phase), r.Name, r.Digest, r.Times
+		s.Reason, s.Message, s.ClusterMessage = reasonOf(r.Phase, r.Condition), r.Condition.Message, r.Message
 		s.Preflight = r.Warnings
 		for _, w := range r.SignaturePolicy {
 			s.SignaturePolicy = append(s.SignaturePolicy, SanitizeReason(w))
@@ -275,17 +282,20 @@ func (rep report) text() Status {
 	case b != nil:
 		s.Error = fmt.Sprintf("%s %s: %s", b.Phase, b.Name, b.Condition.Message)
 		if rep.shown == nil {
-			s.Phase, s.Bundle, s.Digest, s.Reason, s.Times = string(b.Phase), b.Name, b.Digest, b.Condition.Message, b.Times
+			s.Phase, s.Bundle, s.Digest, s.Times = string(b.Phase), b.Name, b.Digest, b.Times
+			s.Reason, s.Message = reasonOf(b.Phase, b.Condition), b.Condition.Message
 			s.Preflight = b.Warnings // found beside a refusal: shown with it
 		}
 	case rep.peersClosed:
+		s.Reason = peerFault(rep.shown, s.Reason, ReasonPeerTokenMissing)
 		s.Error = "peers are configured but there is no peer.token_file: this node serves no bundle to them and they refuse it; set the same token_file on every node (or peer.open = true on a closed network)"
 	case rep.refusedBy != "":
+		s.Reason = peerFault(rep.shown, s.Reason, ReasonPeerRefusesNode)
 		s.Error = fmt.Sprintf("peer %s refuses this node: %v", rep.refusedBy, rep.refusal)
 	}
 	// What a stick, a bundle or the cluster wrote leaves the node (the
 	// STATUS= line, annotations, peers) only sanitised and bounded.
-	for _, p := range []*string{&s.Bundle, &s.Reason, &s.Error, &s.Message, &s.Version, &s.Release} {
+	for _, p := range []*string{&s.Bundle, &s.Message, &s.Error, &s.ClusterMessage, &s.Version, &s.Release} {
 		*p = SanitizeReason(*p)
 	}
 	s.Line = statusLine(s)
@@ -303,6 +313,15 @@ func (rep report) text() Status {
 	return s
 }
 
+// peerFault is the reason of a node whose peers' setup is at fault:
+// that fault, unless the shown bundle's own fault says more.
+func peerFault(shown *Record, reason, fault string) string {
+	if shown != nil && !shown.Condition.Healthy() {
+		return reason
+	}
+	return fault
+}
+
 // statusLine is the one line a technician reads in `systemctl status`.
 func statusLine(s Status) string {
 	name := s.Bundle
@@ -310,8 +329,8 @@ func statusLine(s Status) string {
 	case PhaseIdle, PhaseCleaned:
 		return "waiting for an upgrade stick"
 	case PhaseDetected:
-		if s.Reason != "" {
-			return "waiting: " + name + ": " + s.Reason
+		if s.Message != "" {
+			return "waiting: " + name + ": " + s.Message
 		}
 		if p := s.Progress; p != nil && p.Total > 0 {
 			return fmt.Sprintf("verifying %s: %d%% (%s)", name, 100*p.Done/p.Total, ofTotal(p.Done, p.Total))
@@ -324,8 +343,8 @@ func statusLine(s Status) string {
 		return "fetching " + name + " from peers"
 	case PhaseExtracted:
 		line := fmt.Sprintf("extracted %s (%s): the stick can be unplugged", name, sha256digest.Short(s.Digest))
-		if s.Reason != "" {
-			line += " — " + s.Reason
+		if s.Message != "" {
+			line += " — " + s.Message
 		}
 		return line
 	case PhaseLoading:
@@ -333,8 +352,8 @@ func statusLine(s Status) string {
 		if p := s.Progress; p != nil {
 			line += fmt.Sprintf(": %d/%d images", p.Done, p.Total)
 		}
-		if s.Reason != "" {
-			line += " — " + s.Reason
+		if s.Message != "" {
+			line += " — " + s.Message
 		}
 		return line
 	case PhaseLoaded:
@@ -349,30 +368,30 @@ func statusLine(s Status) string {
 			n = s.Progress.Total
 		}
 		line := fmt.Sprintf("cluster-ready %s: every node is loaded, %d images pinned (%s)", s.Version, n, sha256digest.Short(s.Digest))
-		if s.Reason != "" {
-			line += " — " + s.Reason
+		if s.Message != "" {
+			line += " — " + s.Message
 		}
 		return line
 	case PhaseUpgrading:
 		line := "upgrading to " + s.Version
-		if s.Message != "" {
-			line += ": " + s.Message
+		if s.ClusterMessage != "" {
+			line += ": " + s.ClusterMessage
 		}
-		if s.Reason != "" {
-			line += " — " + s.Reason
+		if s.Message != "" {
+			line += " — " + s.Message
 		}
 		return line
 	case PhaseUpgraded:
-		if s.Reason != "" {
-			return "upgraded to " + s.Version + " — " + s.Reason
+		if s.Message != "" {
+			return "upgraded to " + s.Version + " — " + s.Message
 		}
 		return fmt.Sprintf("upgraded to %s (%s): its images stay pinned until the next upgrade; waiting for the next upgrade stick", s.Version, sha256digest.Short(s.Digest))
 	case PhaseRejected:
-		return "rejected " + name + ": " + s.Reason
+		return "rejected " + name + ": " + s.Message
 	case PhaseConflict:
-		return "conflict: " + s.Reason
+		return "conflict: " + s.Message
 	case PhaseFailed:
-		return "failed " + name + ": " + s.Reason
+		return "failed " + name + ": " + s.Message
 	}
 	return s.Phase + " " + name
 }

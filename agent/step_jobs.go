@@ -137,6 +137,9 @@ func (m *machine) extractDone(r *Record, j evJobDone) []effect {
 		// A stop by the agent's own end never gets here (the loop is gone):
 		// this is a pulled stick, a read error or a cleanup.
 		reason := "the stick was pulled or could not be read before the copy finished: plug it in again"
+		if r.Origin == OriginFile {
+			reason = "the file could not be read before the copy finished: run 'ferry load " + r.Source + "' again"
+		}
 		m.log.Warn("extraction interrupted", "phase", string(PhaseDetected), "bundle", r.Name, "err", j.err)
 		return append(effs, m.move(r, PhaseDetected, waiting(ReasonCopyInterrupted, reason+" ("+j.err.Error()+")"), Progress{})...)
 	}
@@ -201,10 +204,14 @@ func (m *machine) abandon(r *Record, err error) []effect {
 }
 
 func (m *machine) reject(r *Record, err error) []effect {
-	reason := strings.TrimPrefix(err.Error(), "bundle "+r.Name+": ")
-	m.log.Error("bundle refused", "phase", string(PhaseRejected), "bundle", r.Name, "reason", reason)
+	return m.rejectAs(r, refusalReason(err), strings.TrimPrefix(err.Error(), "bundle "+r.Name+": "))
+}
+
+// rejectAs rejects r for the machine reason given, saying message.
+func (m *machine) rejectAs(r *Record, reason, message string) []effect {
+	m.log.Error("bundle refused", "phase", string(PhaseRejected), "bundle", r.Name, "reason", reason, "message", message)
 	m.lastBad = r
-	return m.move(r, PhaseRejected, fault(ReasonRefused, reason), Progress{})
+	return m.move(r, PhaseRejected, fault(reason, message), Progress{})
 }
 
 // incomingPath is where a fetched tar lands, under its own name so that

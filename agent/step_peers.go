@@ -168,7 +168,7 @@ func (m *machine) refuseOffer(r *Record, err error) []effect {
 	if len(reason) > maxRefusedReason {
 		reason = strings.ToValidUTF8(reason[:maxRefusedReason], "") + "…"
 	}
-	effs := m.reject(r, errors.New(reason))
+	effs := m.rejectAs(r, refusalReason(err), reason)
 	return append(effs, m.pruneRefused()...)
 }
 
@@ -269,15 +269,15 @@ func (m *machine) gate(r *Record) []effect {
 	case Waiting:
 		// A node with no CRI-O never loads: say so on the loaded node,
 		// rather than wait as if it were still loading.
-		switch why := waiting(ReasonNodesWithoutCRIO, d.Reason); {
+		switch why := waiting(ReasonNodesWithoutCRIO, d.Message); {
 		case len(d.WithoutCRIO) > 0 && r.Phase == PhaseLoaded && r.Condition != why:
-			m.log.Warn("a node has no CRI-O: the cluster cannot upgrade", "phase", string(r.Phase), "bundle", r.Name, "reason", d.Reason)
+			m.log.Warn("a node has no CRI-O: the cluster cannot upgrade", "phase", string(r.Phase), "bundle", r.Name, "reason", d.Message)
 			effs = m.move(r, r.Phase, why, r.Progress)
 		case len(d.WithoutCRIO) == 0 && r.Condition.Reason == ReasonNodesWithoutCRIO:
 			effs = m.move(r, r.Phase, Condition{}, r.Progress)
 		}
 	case Conflict:
-		effs = m.reportConflict(d.Reason)
+		effs = m.reportConflict(d.Message)
 	}
 	return effs
 }

@@ -126,6 +126,9 @@ func runRows(t *testing.T, rows []stepRow) {
 			if phase != row.phase || why != row.why {
 				t.Errorf("subject %s (%q), want %s (%q)", phase, why, row.phase, row.why)
 			}
+			if s := m.status(); !machineReason.MatchString(s.Reason) {
+				t.Errorf("status reason %q is not a machine reason", s.Reason)
+			}
 			if row.check != nil {
 				row.check(t, m)
 			}
@@ -258,7 +261,7 @@ func TestStepTable_DevicesAndOffers(t *testing.T) {
 			ev: evOffer{origin: OriginFile, noBundle: true, err: errNoBundle, reply: reply}, phase: PhaseIdle, effs: []string{"reply error"}},
 		{name: "an unreadable bundle is rejected", in: PhaseIdle,
 			ev:    evOffer{origin: OriginStick, device: "/dev/sdb", src: bundle.Source{Path: "/m/upgrade-x.tar"}, err: bundle.ErrInvalid},
-			phase: PhaseRejected, why: ReasonRefused, effs: []string{"save x-20261122T080000"},
+			phase: PhaseRejected, why: ReasonInvalidBundle, effs: []string{"save x-20261122T080000"},
 			check: func(t *testing.T, m *machine) {
 				// syncBundle's Event is a Warning when the report is unhealthy.
 				if rep := m.resourceReport(m.status()); rep != nil && rep.healthy || m.status().Healthy {
@@ -323,7 +326,7 @@ func TestStepTable_JobsEnd(t *testing.T) {
 			ev: evJobDone{kind: jobExtract, id: "held", res: extracted}, phase: PhaseExtracted, why: ReasonLoadsNothing,
 			effs: []string{"save held", "share held", "save held"}},
 		{name: "an extraction refused rejects the bundle", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
-			ev: doneErr(jobExtract, fmt.Errorf("%w: sha256 mismatch", bundle.ErrMismatch)), phase: PhaseRejected, why: ReasonRefused,
+			ev: doneErr(jobExtract, fmt.Errorf("%w: sha256 mismatch", bundle.ErrMismatch)), phase: PhaseRejected, why: ReasonDigestMismatch,
 			effs: []string{"save held"}, check: func(t *testing.T, m *machine) {
 				if m.active != nil || m.lastBad != m.records["held"] {
 					t.Errorf("active %v, last refusal %v", m.active, m.lastBad)
@@ -332,9 +335,21 @@ func TestStepTable_JobsEnd(t *testing.T) {
 		{name: "an extraction cut short (stick pulled) waits for the stick", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
 			ev:    evJobDone{kind: jobExtract, id: "held", stopped: true, err: errors.New("read: no such device")},
 			phase: PhaseDetected, why: ReasonCopyInterrupted, effs: []string{"save held"}},
+		{name: "an extraction of a file cut short asks for ferry load of that file again, not for a stick", in: PhaseDetected,
+			given: []func(*machine){running(jobExtract), with(func(m *machine) {
+				m.records["held"].Origin, m.records["held"].Source = OriginFile, "/root/upgrade-4.13.7-x86_64.tar"
+			})},
+			ev:    evJobDone{kind: jobExtract, id: "held", err: errors.New("read: input/output error")},
+			phase: PhaseDetected, why: ReasonCopyInterrupted, effs: []string{"save held"},
+			check: func(t *testing.T, m *machine) {
+				// The command to run again names the file the technician gave.
+				if msg := m.records["held"].Condition.Message; !strings.Contains(msg, "ferry load /root/upgrade-4.13.7-x86_64.tar") {
+					t.Errorf("message %q", msg)
+				}
+			}},
 		{name: "a tar whose metadata is not the one read before is rejected", in: PhaseDetected, given: []func(*machine){running(jobExtract)},
 			ev:    evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, Metadata: &meta138}},
-			phase: PhaseRejected, why: ReasonRefused, effs: []string{"remove 4.13.7-x86_64", "save held"}},
+			phase: PhaseRejected, why: ReasonInvalidBundle, effs: []string{"remove 4.13.7-x86_64", "save held"}},
 		{name: "a job's end for another phase is ignored", in: PhaseLoaded, given: []func(*machine){running(jobExtract)},
 			ev: evJobDone{kind: jobExtract, id: "held", res: extracted}, phase: PhaseLoaded},
 		{name: "a job's end for a record gone is ignored", in: PhaseIdle, given: []func(*machine){running(jobLoad)},
@@ -494,7 +509,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			}(), phase: PhaseFetching,
 			effs: []string{"save 4.13.7-x86_64-20261122T080000", "remove 4.13.7-x86_64", "start fetch"}},
 		{name: "an offer this node's policy refuses is rejected before a byte is fetched", in: PhaseIdle, given: []func(*machine){approvalRequired},
-			ev: viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseRejected, why: ReasonRefused,
+			ev: viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseRejected, why: ReasonNotApproved,
 			effs: []string{"save 4.13.7-x86_64-20261122T080000"},
 			check: func(t *testing.T, m *machine) {
 				// It tells its peers which bundle it refused, so that they do not pin it.
@@ -504,7 +519,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			}},
 		{name: "an offer approved only in another UpgradeBundle is refused (issue 45)", in: PhaseIdle,
 			given: []func(*machine){approvalRequired, with(func(m *machine) { m.clusterApproved = []cluster.Approval{{Bundle: "4.13.7-amd64", Digest: heldDigest}} })},
-			ev:    viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseRejected, why: ReasonRefused,
+			ev:    viewOf(nil, offerOf(t, heldDigest, meta137)), phase: PhaseRejected, why: ReasonNotApproved,
 			effs: []string{"save 4.13.7-x86_64-20261122T080000"}},
 		{name: "an offer approved in its own UpgradeBundle is fetched", in: PhaseIdle,
 			given: []func(*machine){approvalRequired, with(func(m *machine) { m.clusterApproved = []cluster.Approval{{Bundle: heldResource, Digest: heldDigest}} })},
@@ -847,12 +862,11 @@ func TestStepTable_NodesWithoutFerry(t *testing.T) {
 		{name: "3 machines, 2 with ferry, both loaded: not cluster-ready, saying why", in: PhaseLoaded, given: []func(*machine){loadedB},
 			ev: threeMachines, phase: PhaseLoaded, why: ReasonNodesWithoutFerry, effs: []string{"save held"},
 			check: func(t *testing.T, m *machine) {
-				s := m.status()
-				if !strings.Contains(s.Reason, "the machine config operator counts 3 nodes, 2 run ferry") ||
-					!strings.Contains(s.Reason, "oc -n openshift-ferry get leases") || !strings.Contains(s.Reason, "spec.excludedNodes") || !m.records["held"].Condition.Healthy() {
+				held := m.records["held"].Condition
+				if s := m.status(); s.Message != held.Message || !held.Healthy() || m.unrecorded != 1 {
 					t.Errorf("status %+v", s)
 				}
-				if d := m.cluster(m.standing()).Decision; d.Verdict != Waiting || !strings.Contains(d.Reason, "2 run ferry") {
+				if d := m.cluster(m.standing()).Decision; d.Verdict != Waiting || d.Message != held.Message {
 					t.Errorf("ferry status --cluster: %+v", d)
 				}
 			}},

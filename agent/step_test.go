@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -262,7 +263,7 @@ func TestStatus_ASetupWarningIsInEveryStatus(t *testing.T) {
 		m := machineIn(t, p)
 		m.warnings = []string{"the kubeconfig turns TLS verification off"}
 		s := m.status()
-		if len(s.Warnings) != 1 || !strings.Contains(s.Line, "WARNING: the kubeconfig turns TLS verification off") {
+		if !slices.Equal(s.Warnings, m.warnings) || !strings.HasSuffix(s.Line, m.warnings[0]) {
 			t.Errorf("%s: warnings %v, line %q", p, s.Warnings, s.Line)
 		}
 	}

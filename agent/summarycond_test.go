@@ -103,8 +103,8 @@ func TestEventLine_WarningsSaidOnceNotInEveryEvent(t *testing.T) {
 		t.Errorf("summary warnings %q", rep.sum.Warnings)
 	}
 	s.HoldingBack = "io pressure 23%"
-	if rep := m.resourceReport(s); !strings.HasSuffix(rep.entry.Reason, "holding back for io pressure: the node's other work stalls (pacing)") {
-		t.Errorf("pacing's hold in the entry: %q", rep.entry.Reason)
+	if rep := m.resourceReport(s); !strings.HasSuffix(rep.entry.Message, "holding back for io pressure: the node's other work stalls (pacing)") {
+		t.Errorf("pacing's hold in the entry: %q", rep.entry.Message)
 	}
 }
 
@@ -112,7 +112,7 @@ func TestEventLine_WarningsSaidOnceNotInEveryEvent(t *testing.T) {
 // reason says that pacing holds the node's bulk work back, and the hold
 // coming and going alone is written at the pace of progress, not at once.
 func TestAnnotations_PacingsHoldIsInTheNodesReasonAsProgress(t *testing.T) {
-	s := Status{Phase: string(PhaseLoading), Reason: "loading 3 of 40 images", Healthy: true}
+	s := Status{Phase: string(PhaseLoading), Reason: ReasonLoading, Message: "loading 3 of 40 images", Healthy: true}
 	plain := annotations(s)
 	s.HoldingBack = "io pressure 31%"
 	held := annotations(s)
@@ -122,7 +122,7 @@ func TestAnnotations_PacingsHoldIsInTheNodesReasonAsProgress(t *testing.T) {
 	if !onlyProgress(held, plain) || !onlyProgress(plain, held) {
 		t.Error("the hold alone is written at once, not as progress")
 	}
-	s.Reason = "loading 4 of 40 images"
+	s.Message = "loading 4 of 40 images"
 	if onlyProgress(annotations(s), held) {
 		t.Error("a change of the reason itself is taken for progress")
 	}

@@ -141,7 +141,7 @@ const (
 func annotations(s Status) map[string]string {
 	out := map[string]string{
 		AnnotationPhase: s.Phase, AnnotationBundle: "", AnnotationDigest: string(s.Digest),
-		AnnotationProgress: "", AnnotationReason: SanitizeReason(strings.TrimPrefix(s.Reason+heldBack(s.HoldingBack), " — ")),
+		AnnotationProgress: "", AnnotationReason: SanitizeReason(strings.TrimPrefix(s.Message+heldBack(s.HoldingBack), " — ")),
 	}
 	if s.Bundle != "" {
 		out[AnnotationBundle] = SanitizeReason(strings.TrimSuffix(strings.TrimPrefix(s.Bundle, "upgrade-"), ".tar"))
@@ -219,7 +219,7 @@ func onlyProgress(a, b map[string]string) bool {
 func progressText(s Status) string {
 	switch p := s.Progress; {
 	case s.Phase == string(PhaseUpgrading):
-		return s.Message
+		return s.ClusterMessage
 	case p == nil || p.Total <= 0:
 		return ""
 	case s.Phase != string(PhaseDetected) && s.Phase != string(PhaseFetching) && s.Phase != string(PhaseLoading):

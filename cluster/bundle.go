@@ -35,10 +35,12 @@ type BundlePolicy struct {
 
 // BundleNodeEntry is one node's entry in the resource's status.
 type BundleNodeEntry struct {
-	Phase            string
-	Digest           digest.Digest
-	Reason, Excluded string
-	Conditions       []BundleCondition
+	Phase  string
+	Digest digest.Digest
+	// Reason is the node's machine reason (agent's Status.Reason), a
+	// CamelCase word; Message says it to a person.
+	Reason, Message, Excluded string
+	Conditions                []BundleCondition
 	// Pull is what the node that pulls a release from the registry
 	// publishes of it (registry mode); nil on the others. Written only
 	// with that node's credential, it is what the others bind its pull

@@ -46,6 +46,7 @@ type bundleNode struct {
 	Phase      string            `json:"phase,omitempty"`
 	Digest     string            `json:"digest,omitempty"`
 	Reason     string            `json:"reason,omitempty"`
+	Message    string            `json:"message,omitempty"`
 	Excluded   string            `json:"excluded,omitempty"`
 	Conditions []bundleCondition `json:"conditions,omitempty"`
 	Pull       *bundlePull       `json:"pull,omitempty"`
@@ -141,7 +142,7 @@ func (o *upgradeBundle) view() cluster.BundleView {
 		v.Policy.NotReadyTimeout, _ = time.ParseDuration(s.NotReadyTimeout)
 	}
 	for n, e := range o.Status.Nodes {
-		entry := cluster.BundleNodeEntry{Phase: e.Phase, Digest: digest.Digest(e.Digest), Reason: e.Reason, Excluded: e.Excluded, Pull: e.Pull.record()}
+		entry := cluster.BundleNodeEntry{Phase: e.Phase, Digest: digest.Digest(e.Digest), Reason: e.Reason, Message: e.Message, Excluded: e.Excluded, Pull: e.Pull.record()}
 		entry.Conditions = conditionsOf(e.Conditions)
 		v.Nodes[n] = entry
 	}
@@ -175,7 +176,7 @@ func conditionsIn(conditions []cluster.BundleCondition) []bundleCondition {
 
 // entryOf is a node's entry as the API holds it.
 func entryOf(e cluster.BundleNodeEntry) bundleNode {
-	return bundleNode{Phase: e.Phase, Digest: string(e.Digest), Reason: e.Reason, Excluded: e.Excluded, Pull: pullOf(e.Pull),
+	return bundleNode{Phase: e.Phase, Digest: string(e.Digest), Reason: e.Reason, Message: e.Message, Excluded: e.Excluded, Pull: pullOf(e.Pull),
 		Conditions: conditionsIn(e.Conditions)}
 }
 
@@ -207,7 +208,7 @@ func (c *Client) publishBundle(ctx context.Context, name string, sum *cluster.Bu
 	entry := entryOf(e)
 	// A merge patch keeps what it does not name: a field now empty is
 	// sent as null, or a reason from an earlier phase would stay.
-	own := map[string]any{"phase": entry.Phase, "digest": entry.Digest, "reason": entry.Reason, "excluded": entry.Excluded, "conditions": entry.Conditions}
+	own := map[string]any{"phase": entry.Phase, "digest": entry.Digest, "reason": entry.Reason, "message": entry.Message, "excluded": entry.Excluded, "conditions": entry.Conditions}
 	for k, v := range own {
 		if v == "" {
 			own[k] = nil

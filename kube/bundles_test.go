@@ -18,14 +18,14 @@ func TestUpgradeBundle_TheWireFormatStaysInKube(t *testing.T) {
 	var o upgradeBundle
 	if err := json.Unmarshal([]byte(`{"metadata":{"name":"4.13.7-x86-64","uid":"u1"},
 	 "spec":{"approvedDigest":"sha256:aa","schedule":"Manual","proceed":true,"excludedNodes":["b"],"notReadyTimeout":"90s","cleanup":true},
-	 "status":{"nodes":{"a":{"phase":"loaded","digest":"sha256:aa","reason":"r","excluded":"x",
+	 "status":{"nodes":{"a":{"phase":"loaded","digest":"sha256:aa","reason":"Loaded","message":"m","excluded":"x",
 	  "conditions":[{"type":"Loaded","status":"True","reason":"Loaded","lastTransitionTime":"2026-11-22T07:00:00Z"}]}}}}`), &o); err != nil {
 		t.Fatal(err)
 	}
 	since := time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)
 	want := cluster.BundleView{UID: "u1",
 		Policy: cluster.BundlePolicy{ApprovedDigest: "sha256:aa", Schedule: "Manual", Proceed: true, ExcludedNodes: []string{"b"}, NotReadyTimeout: 90 * time.Second, Cleanup: true},
-		Nodes: map[string]cluster.BundleNodeEntry{"a": {Phase: "loaded", Digest: "sha256:aa", Reason: "r", Excluded: "x",
+		Nodes: map[string]cluster.BundleNodeEntry{"a": {Phase: "loaded", Digest: "sha256:aa", Reason: "Loaded", Message: "m", Excluded: "x",
 			Conditions: []cluster.BundleCondition{{Type: "Loaded", Status: "True", Reason: "Loaded", Since: since}}}}}
 	if got := o.view(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("view\n%+v, want\n%+v", got, want)

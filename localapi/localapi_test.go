@@ -46,9 +46,9 @@ type readBundle struct {
 func (f *fakeAgent) Status() agent.Status {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	s := agent.Status{Node: "node-a", Phase: "idle"}
+	s := agent.Status{Node: "node-a", Phase: "idle", Reason: agent.ReasonWaitingForStick}
 	if n := len(f.read); n > 0 {
-		s.Line = "extracting " + filepath.Base(f.read[n-1].label)
+		s.Phase, s.Reason, s.Bundle = string(agent.PhaseDetected), agent.ReasonVerifying, filepath.Base(f.read[n-1].label)
 	}
 	return s
 }
@@ -213,8 +213,8 @@ func TestLoad_TheAgentReadsThePassedFilesNotThePath(t *testing.T) {
 	must(t, os.RemoveAll(dir))
 	s, err := c.pass(t.Context(), p)
 	must(t, err)
-	if !strings.Contains(s.Line, "upgrade-4.13.7-x86_64.tar") {
-		t.Errorf("status names %q, not the bundle", s.Line)
+	if s.Bundle != "upgrade-4.13.7-x86_64.tar" || s.Reason != agent.ReasonVerifying {
+		t.Errorf("status names %q (%s), not the bundle", s.Bundle, s.Reason)
 	}
 	read := a.bundlesRead()
 	if len(read) != 1 {

@@ -52,7 +52,7 @@ func runStatus(ctx context.Context, w io.Writer, cfg agent.Config, o *statusOpti
 			writeNodeAnnotations(w, server, nodes, err)
 		}
 		if cs.Decision.Verdict == agent.Conflict {
-			return fmt.Errorf("%s", cs.Decision.Reason)
+			return fmt.Errorf("%s", cs.Decision.Message)
 		}
 		return nil
 	}
@@ -83,11 +83,12 @@ func writeStatus(w io.Writer, s agent.Status, format string) error {
 	if s.Bundle != "" {
 		fmt.Fprintf(w, "bundle:  %s (%s)\nphase:   %s\n", s.Bundle, s.Digest, s.Phase)
 	}
+	fmt.Fprintf(w, "reason:  %s\n", s.Reason)
 	if s.Error != "" && s.Healthy {
 		fmt.Fprintf(w, "last refusal: %s\n", s.Error)
 	}
-	if s.Message != "" {
-		fmt.Fprintf(w, "cluster: %s\n", s.Message)
+	if s.ClusterMessage != "" {
+		fmt.Fprintf(w, "cluster: %s\n", s.ClusterMessage)
 	}
 	if s.Notice != "" {
 		fmt.Fprintf(w, "note:    %s\n", s.Notice)
@@ -109,10 +110,10 @@ func writeStatus(w io.Writer, s agent.Status, format string) error {
 	if format == outWide && len(s.Bundles) > 0 {
 		fmt.Fprintln(w)
 		t := newTable(w)
-		fmt.Fprintln(t, "BUNDLE\tORIGIN\tPHASE\tDIGEST\tPROGRESS\tREASON")
+		fmt.Fprintln(t, "BUNDLE\tORIGIN\tPHASE\tDIGEST\tPROGRESS\tREASON\tMESSAGE")
 		for _, r := range s.Bundles {
-			fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Origin, r.Phase, shortDigest(string(r.Digest)),
-				progressText(r.Progress), cmp.Or(r.Condition.Message, "-"))
+			fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Origin, r.Phase, shortDigest(string(r.Digest)),
+				progressText(r.Progress), cmp.Or(r.Condition.Reason, "-"), cmp.Or(r.Condition.Message, "-"))
 		}
 		return t.Flush()
 	}
@@ -175,7 +176,7 @@ func writeCluster(w io.Writer, cs agent.ClusterStatus, format string) error {
 	if err := t.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "\ncluster: %s — %s\n", cs.Decision.Verdict, cs.Decision.Reason)
+	_, err := fmt.Fprintf(w, "\ncluster: %s — %s\n", cs.Decision.Verdict, cs.Decision.Message)
 	return err
 }
 

@@ -29,7 +29,7 @@ func loadingStatus() agent.Status {
 	return agent.Status{
 		Node: "master-0", Phase: string(agent.PhaseLoading), Bundle: "upgrade-4.13.7-x86_64.tar", Version: "4.13.7", Digest: digestA,
 		Release:  "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat("ef", 32),
-		Progress: &agent.Progress{Done: 120, Total: 183, Unit: "images"}, Healthy: true,
+		Progress: &agent.Progress{Done: 120, Total: 183, Unit: "images"}, Healthy: true, Reason: agent.ReasonLoading,
 		Error:  "upgrade-4.12.0-x86_64.tar: arch aarch64, want x86_64",
 		Notice: "the stick holds the bundle already here", Warnings: []string{"cluster.kubeconfig: the API server's certificate is not verified"},
 		Preflight: []string{"etcd backup older than a day"}, Times: times,
@@ -38,7 +38,7 @@ func loadingStatus() agent.Status {
 			{ID: "r1", Digest: digestA, Name: "upgrade-4.13.7-x86_64.tar", Origin: agent.OriginStick, Phase: agent.PhaseLoading,
 				Progress: agent.Progress{Done: 120, Total: 183, Unit: "images"}, Times: times},
 			{ID: "r0", Digest: digestB, Name: "upgrade-4.12.0-x86_64.tar", Origin: agent.OriginFile, Phase: agent.PhaseRejected,
-				Condition: agent.Condition{Kind: agent.KindFault, Reason: "Refused", Message: "arch aarch64, want x86_64"},
+				Condition: agent.Condition{Kind: agent.KindFault, Reason: agent.ReasonRefused, Message: "arch aarch64, want x86_64"},
 				Progress:  agent.Progress{Done: 1 << 30, Total: 4 << 30, Unit: "bytes"}, Times: map[agent.Phase]time.Time{agent.PhaseRejected: t0.Add(-time.Hour)}},
 		},
 	}
@@ -53,7 +53,7 @@ func waitingCluster() agent.ClusterStatus {
 			"10.0.0.11:8443": {Status: peer.Status{Node: "master-1", Phase: string(agent.PhaseLoaded), Digest: digestA, Version: "4.13.7"}},
 			"10.0.0.13:8443": {Unreachable: "dial tcp 10.0.0.13:8443: connect: no route to host"},
 		},
-		Decision: agent.Decision{Verdict: agent.Waiting, Digest: digestA, Reason: "waiting for master-2, 10.0.0.13:8443",
+		Decision: agent.Decision{Verdict: agent.Waiting, Digest: digestA, Message: "waiting for master-2, 10.0.0.13:8443",
 			Waiting: []string{"master-2", "10.0.0.13:8443"}, Digests: map[digest.Digest][]string{digestA: {"master-0", "master-1", "master-2"}}},
 	}
 }

@@ -29,9 +29,10 @@ func TestHost_AnUnapprovedBundleIsExtractedButNeverLoadedUntilApproved(t *testin
 		t.Fatalf("ferry load: %v\n%s", err, out)
 	}
 	s := a.Wait(bound, "waiting for approval", func(s agent.Status) bool {
-		return strings.Contains(s.Reason, "waiting for approval")
+		return s.Reason == agent.ReasonAwaitingApproval
 	})
-	if s.Phase != string(agent.PhaseExtracted) || !strings.Contains(s.Line, string(s.Digest)) {
+	// The digest to approve is what the technician acts on.
+	if s.Phase != string(agent.PhaseExtracted) || !strings.Contains(s.Message, string(s.Digest)) {
 		t.Fatalf("status %+v", s)
 	}
 	time.Sleep(2 * time.Second) // the loop turns: still nothing loaded

@@ -119,7 +119,7 @@ func TestHost_StickBundleLoadedAndPinnedInRealCRIO(t *testing.T) {
 		t.Fatalf("ferry load: %v\n%s", err, out)
 	}
 	s := a.WaitPhase(bound, agent.PhaseClusterReady)
-	if s.Version != "4.13.7" || !strings.Contains(s.Line, "images pinned") {
+	if s.Version != "4.13.7" || s.Reason != agent.ReasonClusterReady {
 		t.Fatalf("status %+v", s)
 	}
 	cl := c.Client(t)
@@ -215,7 +215,7 @@ func TestHost_APullThatCannotHealEndsFailedNotRetriedForever(t *testing.T) {
 	start := time.Now()
 	c.Start(t)
 	s := a.WaitPhase(bound, agent.PhaseFailed)
-	if !strings.Contains(s.Reason, name) || !strings.Contains(s.Reason, "make it again") || s.Healthy {
+	if s.Reason != agent.ReasonLoadFailed || !strings.Contains(s.Message, name) || !strings.Contains(s.Message, "make it again") || s.Healthy {
 		t.Fatalf("status %+v", s)
 	}
 	t.Logf("failed %s after CRI-O came back: %s", time.Since(start).Round(time.Second), s.Line)

@@ -79,10 +79,10 @@ func TestHost_APeerThatLiesAboutItsBundleFillsNothing(t *testing.T) {
 				return s.Phase == string(agent.PhaseRejected)
 			})
 			close(stop)
-			if !strings.Contains(s.Reason, tc.saying) {
-				t.Errorf("the refusal does not say %q: %s", tc.saying, s.Reason)
+			if !strings.Contains(s.Message, tc.saying) {
+				t.Errorf("the refusal does not say %q: %s", tc.saying, s.Message)
 			}
-			t.Logf("refused: %s; the peer sent %d bytes; the tree peaked at %d bytes", s.Reason, sent.Load(), peak.Load())
+			t.Logf("refused: %s: %s; the peer sent %d bytes; the tree peaked at %d bytes", s.Reason, s.Message, sent.Load(), peak.Load())
 			if p := peak.Load(); p > claimed+64<<10 {
 				t.Errorf("%d bytes written to the extracted tree, past the %d the offer admitted", p, claimed)
 			}

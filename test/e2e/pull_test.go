@@ -51,8 +51,8 @@ func TestRegistryMode_LoadReleaseThroughACuttingLinkPinsEverythingOnce(t *testin
 	fetching := a.Wait(bound, "the pull's progress", func(s agent.Status) bool {
 		return s.Pull != nil && s.Pull.State == pull.StateFetching && s.Pull.ToFetch > 0 && s.Pull.Bytes > 0
 	})
-	if !strings.Contains(fetching.Line, "over the link") {
-		t.Errorf("the status line does not show the pull's progress: %q", fetching.Line)
+	if fetching.Reason != agent.ReasonPulling || fetching.Line != fetching.Pull.Line() {
+		t.Errorf("the status does not show the pull's progress: %s, %q", fetching.Reason, fetching.Line)
 	}
 	s := a.WaitPhase(bound, agent.PhaseClusterReady)
 	var meta *bundle.Metadata
@@ -111,7 +111,8 @@ func TestRegistryMode_AnImageTheRegistryLacksIsNamedAndNothingLoads(t *testing.T
 		t.Fatalf("ferry load --release: %v\n%s", err, out)
 	}
 	s := a.Wait(bound, "the pull's failure", func(s agent.Status) bool { return s.Pull != nil && s.Pull.State == pull.StateFailed })
-	if !strings.Contains(s.Pull.Error, "my-company/not-there") || !strings.Contains(s.Line, "my-company/not-there") {
+	// The failure's words are the product: the image the registry lacks.
+	if s.Reason != agent.ReasonPullFailed || !strings.Contains(s.Pull.Error, "my-company/not-there") || !strings.Contains(s.Line, s.Pull.Error) {
 		t.Errorf("the failure does not name the missing image: %q / %q", s.Pull.Error, s.Line)
 	}
 	if s.Pull.Attempts != 0 {
@@ -151,7 +152,7 @@ func TestRegistryMode_NoRoomIsSaidBeforeTheLinkCarriesTheImages(t *testing.T) {
 	s := a.Wait(bound, "the refusal for room", func(s agent.Status) bool {
 		return s.Pull != nil && s.Pull.State == pull.StateRetrying
 	})
-	if !strings.Contains(s.Pull.Error, "not enough space in "+store) || !strings.Contains(s.Line, "not enough space") {
+	if s.Reason != agent.ReasonPullRetrying || !strings.Contains(s.Pull.Error, "not enough space in "+store) || !strings.Contains(s.Line, s.Pull.Error) {
 		t.Errorf("the refusal does not say where room is missing: %q / %q", s.Pull.Error, s.Line)
 	}
 	if sent := link.Sent(); sent > 8<<20 {

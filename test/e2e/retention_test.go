@@ -184,7 +184,7 @@ func TestHost_CleanupOfABundleThatNeverRanKeepsTheRunningReleasePinned(t *testin
 
 	ferryOK(t, a, "load", tarB)
 	a.Wait(bound, "B extracted, waiting for approval", func(s agent.Status) bool {
-		return s.Phase == string(agent.PhaseExtracted) && strings.Contains(s.Reason, "waiting for approval")
+		return s.Phase == string(agent.PhaseExtracted) && s.Reason == agent.ReasonAwaitingApproval
 	})
 	ferryOK(t, a, "cleanup")
 	a.Wait(bound, "B cleaned", func(s agent.Status) bool { return s.Phase != string(agent.PhaseExtracted) })
@@ -227,7 +227,7 @@ func TestHost_SpecCleanupOfALoadedBundleThatNeverRanKeepsTheRunningReleasePinned
 	e.SetHistory(kubeenv.History{State: "Completed", Image: metaA.Release, Version: metaA.Version}, kubeenv.History{State: "Completed", Image: runningRelease, Version: "old"})
 	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "False", Message: "Cluster version is " + metaA.Version})
 	a.Wait(bound, "A upgraded and retired", func(s agent.Status) bool {
-		return s.Phase == string(agent.PhaseUpgraded) && s.Reason == ""
+		return s.Phase == string(agent.PhaseUpgraded) && s.Reason == agent.ReasonUpgraded
 	})
 	checkPinned(t, cl, refsOf(metaA), true)
 
@@ -266,7 +266,7 @@ func TestHost_CRIOLosesItsStorageAndTheRunningReleaseComesBack(t *testing.T) {
 	loadAndWait(t, a, tarPath)
 	ferryOK(t, a, "cleanup")
 	a.Wait(bound, "upgraded, its registry and mirror gone", func(s agent.Status) bool {
-		return s.Phase == string(agent.PhaseUpgraded) && s.Reason == ""
+		return s.Phase == string(agent.PhaseUpgraded) && s.Reason == agent.ReasonUpgraded
 	})
 	refs := refsOf(meta)
 	cl := c.Client(t)
@@ -338,7 +338,7 @@ func TestHost_ANodeThatComesBackEmptyGetsTheRunningReleaseFromItsPeer(t *testing
 	c2.Start(t)
 	a2.Restart()
 	s := a2.Wait(bound, "node-2 loaded A again, upgraded like its peer", func(s agent.Status) bool {
-		return s.Phase == string(agent.PhaseUpgraded) && s.Reason == "" && s.Digest != ""
+		return s.Phase == string(agent.PhaseUpgraded) && s.Reason == agent.ReasonUpgraded && s.Digest != ""
 	})
 	if s.Version != meta.Version {
 		t.Fatalf("node-2 status %+v", s)

@@ -61,8 +61,8 @@ func TestHost_ALoadThatWouldCrossTheKubeletsThresholdsIsRefused(t *testing.T) {
 	}
 	s := a.WaitPhase(bound, agent.PhaseRejected)
 	for _, want := range []string{"not enough space in " + store, "imageGCHighThresholdPercent", "free ", "crictl rmi --prune", "then run ferry load again"} {
-		if !strings.Contains(s.Reason, want) {
-			t.Errorf("the refusal does not say %q: %s", want, s.Reason)
+		if s.Reason != agent.ReasonNotEnoughSpace || !strings.Contains(s.Message, want) {
+			t.Errorf("the refusal does not say %q: %s: %s", want, s.Reason, s.Message)
 		}
 	}
 	t.Logf("%s", s.Line)
@@ -143,8 +143,8 @@ func TestHost_RoomOnOneFilesystemAsOnRHCOS(t *testing.T) {
 	st := a.WaitPhase(bound, agent.PhaseRejected)
 	for _, want := range []string{"not enough space in " + store + " (the filesystem mounted on " + fs + ")", "writing the bundle (" + bundle.HumanSize(s) + ")",
 		"loading the 4 images CRI-O does not hold", "evictionHard imagefs.available", "free ", "crictl rmi --prune"} {
-		if !strings.Contains(st.Reason, want) {
-			t.Errorf("the refusal does not say %q: %s", want, st.Reason)
+		if st.Reason != agent.ReasonNotEnoughSpace || !strings.Contains(st.Message, want) {
+			t.Errorf("the refusal does not say %q: %s: %s", want, st.Reason, st.Message)
 		}
 	}
 	t.Logf("%s", st.Line)

@@ -56,8 +56,8 @@ func TestHost_AManifestListIsJudgedAsCRIOJudgesIt(t *testing.T) {
 				checkPinned(t, c.Client(t), refsOf(meta), true) // CRI-O checked the instance's signature itself
 				return
 			}
-			if s.Phase != string(agent.PhaseRejected) || !strings.Contains(s.Reason, repo) {
-				t.Fatalf("a list signed at the list level only: %s %s", s.Phase, s.Reason)
+			if s.Phase != string(agent.PhaseRejected) || s.Reason != agent.ReasonSignaturePolicy || !strings.Contains(s.Message, repo) {
+				t.Fatalf("a list signed at the list level only: %s %s: %s", s.Phase, s.Reason, s.Message)
 			}
 			a.Stop()
 			cfg = nodeConfig(t, c)
@@ -66,12 +66,12 @@ func TestHost_AManifestListIsJudgedAsCRIOJudgesIt(t *testing.T) {
 			b.WaitPhase(bound, "idle")
 			b.Ferry("load", tarPath)
 			s = b.Wait(bound, "CRI-O's own verdict", func(s agent.Status) bool {
-				return s.Phase == string(agent.PhaseClusterReady) || strings.Contains(s.Reason, "ignature") || s.Phase == string(agent.PhaseFailed)
+				return s.Phase == string(agent.PhaseClusterReady) || s.Reason == agent.ReasonLoadFailed || s.Phase == string(agent.PhaseFailed)
 			})
 			if s.Phase == string(agent.PhaseClusterReady) {
 				t.Fatal("CRI-O pulled the list signed at the list level only: ferry's refusal disagrees with it")
 			}
-			t.Logf("CRI-O refuses it too: %s", s.Reason)
+			t.Logf("CRI-O refuses it too: %s: %s", s.Reason, s.Message)
 		})
 	}
 }

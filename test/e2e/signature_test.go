@@ -99,8 +99,8 @@ func TestHost_SigstorePolicyOfAnOpenShift421Node(t *testing.T) {
 		a.Ferry("load", tarPath)
 		s := a.WaitPhase(bound, agent.PhaseRejected)
 		for _, want := range []string{meta.Release, "sigstore signature by the key in " + filepath.Join(c.Root, "etc", "containers", "release.pub"), "carries none"} {
-			if !strings.Contains(s.Reason, want) {
-				t.Errorf("reason %q lacks %q", s.Reason, want)
+			if s.Reason != agent.ReasonSignaturePolicy || !strings.Contains(s.Message, want) {
+				t.Errorf("%s: %q lacks %q", s.Reason, s.Message, want)
 			}
 		}
 		checkPinned(t, cl, refsOf(meta), false)
@@ -122,9 +122,9 @@ func TestHost_SigstorePolicyOfAnOpenShift421Node(t *testing.T) {
 			t.Fatalf("ferry load: %v\n%s", err, out)
 		}
 		s = b.WaitPhase(bound, agent.PhaseFailed)
-		if !strings.Contains(s.Reason, meta.Release) || !strings.Contains(s.Reason, "signature") {
+		if s.Reason != agent.ReasonLoadFailed || !strings.Contains(s.Message, meta.Release) || !strings.Contains(s.Message, "signature") {
 			t.Errorf("CRI-O's refusal: %+v", s)
 		}
-		t.Logf("CRI-O refused the unsigned release: %s", s.Reason)
+		t.Logf("CRI-O refused the unsigned release: %s", s.Message)
 	})
 }

@@ -198,7 +198,7 @@ func TestFaults_CRIO(t *testing.T) {
 					return err
 				}
 				s, err := waitFor(n.a, bound, "the load to fail", func(s agent.Status) bool {
-					return s.Phase == string(agent.PhaseLoading) && strings.Contains(s.Reason, "failed") ||
+					return s.Phase == string(agent.PhaseLoading) && s.Reason == agent.ReasonLoadFailed ||
 						s.Phase == string(agent.PhaseClusterReady) || s.Phase == string(agent.PhaseFailed)
 				})
 				if err != nil {
@@ -277,7 +277,7 @@ func readOnly(dir string) (func() error, error) {
 // technician, as its status says, rather than resuming alone.
 func loadAgainIfAsked(n *node, tarPath string) error {
 	s, err := waitFor(n.a, bound, "the load resumed or asked for again", func(s agent.Status) bool {
-		return s.Phase == string(agent.PhaseClusterReady) || strings.Contains(s.Reason, "run 'ferry load")
+		return s.Phase == string(agent.PhaseClusterReady) || s.Reason == agent.ReasonCopyInterrupted
 	})
 	if err != nil || s.Phase == string(agent.PhaseClusterReady) {
 		return err

@@ -85,7 +85,7 @@ func TestFaults_KillDuringExtract(t *testing.T) {
 			// The file came as a descriptor, gone with the agent: an
 			// unfinished copy is rolled back and ferry load asked again.
 			s, err := waitFor(a, bound, "extracted, or asking for ferry load again", func(s agent.Status) bool {
-				return s.Phase == string(agent.PhaseExtracted) || strings.Contains(s.Reason, "run 'ferry load")
+				return s.Phase == string(agent.PhaseExtracted) || s.Reason == agent.ReasonCopyInterrupted
 			})
 			if err != nil {
 				return fmt.Errorf("killed %s in, after restart: %w", at, err)
@@ -133,8 +133,8 @@ func TestFaults_DiskFull(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if s.Phase == string(agent.PhaseExtracted) || !strings.Contains(s.Error, "space") {
-			return fmt.Errorf("a bundle too big for the disk ended %s, error %q", s.Phase, s.Error)
+		if s.Phase == string(agent.PhaseExtracted) || s.Reason != agent.ReasonNotEnoughSpace {
+			return fmt.Errorf("a bundle too big for the disk ended %s, %s: %q", s.Phase, s.Reason, s.Error)
 		}
 		t.Logf("too small: %s", s.Error)
 		return emptyExtractDir(n)
@@ -175,8 +175,8 @@ func TestFaults_DiskFull(t *testing.T) {
 			if s.Phase == string(agent.PhaseExtracted) {
 				return fmt.Errorf("%w: extracted before the disk filled", errNotExercised)
 			}
-			if !strings.Contains(s.Error, "filled up") && !strings.Contains(s.Error, "space") {
-				return fmt.Errorf("refused for %q, want a full disk reason", s.Error)
+			if s.Reason != agent.ReasonNotEnoughSpace {
+				return fmt.Errorf("refused for %s (%q), want %s", s.Reason, s.Error, agent.ReasonNotEnoughSpace)
 			}
 			t.Logf("disk filled: %s", s.Error)
 			if err := emptyExtractDir(n); err != nil {

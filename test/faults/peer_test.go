@@ -131,7 +131,7 @@ func TestFaults_PeerServesWrongBytes(t *testing.T) {
 			defer n.a.Stop()
 			before := lied.Load()
 			s, err := waitFor(n.a, bound, "the fetch to fail", func(s agent.Status) bool {
-				return lied.Load() > before && strings.Contains(s.Reason, "failed") || s.Phase == string(agent.PhaseExtracted)
+				return lied.Load() > before && s.Reason == agent.ReasonFetchFailed || s.Phase == string(agent.PhaseExtracted)
 			})
 			if err != nil {
 				return err

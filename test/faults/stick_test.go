@@ -50,7 +50,7 @@ func TestFaults_StickPulledMidRead(t *testing.T) {
 			}
 			loop.Pull()
 			s, err := waitFor(a, bound, "the pull to be noticed", func(s agent.Status) bool {
-				return s.Phase == string(agent.PhaseDetected) && strings.Contains(s.Reason, "plug it in again") ||
+				return s.Phase == string(agent.PhaseDetected) && s.Reason == agent.ReasonCopyInterrupted ||
 					s.Phase == string(agent.PhaseExtracted)
 			})
 			if err != nil {

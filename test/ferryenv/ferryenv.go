@@ -6,11 +6,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -237,6 +239,24 @@ func (a *Agent) Ferry(args ...string) (string, error) {
 	full = append(full, "--config", a.CfgPath)
 	out, err := exec.Command(full[0], full[1:]...).CombinedOutput()
 	return string(out), err
+}
+
+// TurnsRefused has the agent's loop turn n times on a request it refuses
+// (args: a ferry command, e.g. "proceed" when nothing is cluster-ready),
+// failing unless each is refused with exit 1. A turn publishes the status
+// and hands it to every follower (the Node's annotations, the
+// UpgradeBundle), as any event does, and the command returns only after
+// its turn: a test that shows nothing happens waits on these turns, not
+// on time.
+func (a *Agent) TurnsRefused(n int, args ...string) {
+	a.t.Helper()
+	for range n {
+		out, err := a.Ferry(args...)
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+			a.t.Fatalf("ferry %s, to be refused: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
 }
 
 type lockedWriter struct {

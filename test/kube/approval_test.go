@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -368,17 +367,18 @@ func TestAgent_WaitsForTheAdministratorsApprovalOfTheRelease(t *testing.T) {
 	})
 	approve := cluster.ApproveCommand(meta.Release)
 	s := a.Wait(bound, "waiting for the release's approval", func(s agent.Status) bool {
-		return s.Phase == string(agent.PhaseClusterReady) && strings.Contains(s.Reason, approve)
+		return s.Phase == string(agent.PhaseClusterReady) && s.Reason == agent.ReasonReleaseUnapproved
 	})
-	if !s.Healthy {
-		t.Errorf("status %+v: waiting for the administrator is healthy", s)
+	// The command that approves it is what the administrator acts on.
+	if !s.Healthy || !strings.Contains(s.Message, approve) {
+		t.Errorf("status %+v: waiting for the administrator is healthy and names the command %s", s, approve)
 	}
-	waitUntil(t, "the command on the Node", func() bool { return strings.Contains(e.Annotations("node-a")["ferry.io/reason"], approve) })
-	waitUntil(t, "the command in node-a's UpgradeBundle entry", func() bool {
+	waitUntil(t, "the command on the Node", func() bool { return e.Annotations("node-a")["ferry.io/reason"] == s.Message })
+	waitUntil(t, "the reason and the command in node-a's UpgradeBundle entry", func() bool {
 		st, _ := e.Bundle(name)["status"].(map[string]any)
 		nodes, _ := st["nodes"].(map[string]any)
 		entry, _ := nodes["node-a"].(map[string]any)
-		return strings.Contains(fmt.Sprint(entry["reason"]), approve)
+		return entry["reason"] == agent.ReasonReleaseUnapproved && entry["message"] == s.Message
 	})
 	if du := e.DesiredUpdate(); du != nil {
 		t.Fatalf("desiredUpdate before the approval: %v", du)
@@ -392,5 +392,5 @@ func TestAgent_WaitsForTheAdministratorsApprovalOfTheRelease(t *testing.T) {
 
 	e.ApproveRelease(meta.Release)
 	waitUntil(t, "the upgrade asked for", func() bool { du := e.DesiredUpdate(); return du != nil && du["image"] == meta.Release })
-	a.Wait(bound, "the wait over", func(s agent.Status) bool { return !strings.Contains(s.Reason, approve) })
+	a.Wait(bound, "the wait over", func(s agent.Status) bool { return s.Reason != agent.ReasonReleaseUnapproved })
 }

@@ -137,7 +137,7 @@ func TestPolicy_UpgradeBundlesAreBoundedByNameAndSize(t *testing.T) {
 	}
 	sum := cluster.BundleSummary{Version: "4.13.7", Arch: "x86_64", Release: "quay.io/" + strings.Repeat("r", 900) + "@sha256:" + sigHex,
 		Digest: "sha256:" + sigHex, Size: "14.2 GiB", Images: 190, Phase: "loading", NodesReady: "0/1", Approved: "waiting for approval", Warnings: warnings}
-	entry := cluster.BundleNodeEntry{Phase: "loading", Digest: "sha256:" + sigHex, Reason: long, Conditions: []cluster.BundleCondition{
+	entry := cluster.BundleNodeEntry{Phase: "loading", Digest: "sha256:" + sigHex, Reason: strings.Repeat("R", 64), Message: long, Conditions: []cluster.BundleCondition{
 		{Type: "Extracted", Status: "True", Reason: "Loading"}, {Type: "Loaded", Status: "False", Reason: "Loading", Message: long}, {Type: "Updated", Status: "False", Reason: "Loading", Message: long}}}
 	const name = bundleName
 	if err := a.PublishBundleStatus(ctx, name, sum, "node-a", entry); err != nil {
@@ -159,7 +159,9 @@ func TestPolicy_UpgradeBundlesAreBoundedByNameAndSize(t *testing.T) {
 			s.Excluded = append(s.Excluded, fmt.Sprintf("node-%d: listed in spec.excludedNodes", i))
 		}
 	}), "status.excluded")
-	invalid(t, "its own reason of 64 KiB", grown(func(_ *cluster.BundleSummary, n *cluster.BundleNodeEntry) { n.Reason = strings.Repeat("r", 64<<10) }), "reason")
+	invalid(t, "its own reason of 65 bytes", grown(func(_ *cluster.BundleSummary, n *cluster.BundleNodeEntry) { n.Reason = strings.Repeat("R", 65) }), "reason")
+	invalid(t, "its own reason in words", grown(func(_ *cluster.BundleSummary, n *cluster.BundleNodeEntry) { n.Reason = "waiting for approval" }), "reason")
+	invalid(t, "its own message of 64 KiB", grown(func(_ *cluster.BundleSummary, n *cluster.BundleNodeEntry) { n.Message = strings.Repeat("m", 64<<10) }), "message")
 	invalid(t, "its own excluded of 64 KiB", grown(func(_ *cluster.BundleSummary, n *cluster.BundleNodeEntry) { n.Excluded = strings.Repeat("r", 64<<10) }), "excluded")
 	invalid(t, "a condition message of 64 KiB", grown(func(_ *cluster.BundleSummary, n *cluster.BundleNodeEntry) {
 		n.Conditions[1].Message = strings.Repeat("m", 64<<10)
@@ -167,7 +169,7 @@ func TestPolicy_UpgradeBundlesAreBoundedByNameAndSize(t *testing.T) {
 	invalid(t, "a digest that is not one", grown(func(_ *cluster.BundleSummary, n *cluster.BundleNodeEntry) {
 		n.Digest = digest.Digest(strings.Repeat("d", 4096))
 	}), "digest")
-	if ub, _, err := a.UpgradeBundle(ctx, name); err != nil || ub.Nodes["node-a"].Reason != long {
+	if ub, _, err := a.UpgradeBundle(ctx, name); err != nil || ub.Nodes["node-a"].Message != long {
 		t.Errorf("after the refusals: %+v, %v", ub.Nodes["node-a"], err)
 	}
 }

@@ -131,8 +131,8 @@ func TestAgent_ABundleApprovedAheadInItsUpgradeBundleGoesThroughAlone(t *testing
 		cs, _ := n["conditions"].([]any)
 		for _, cd := range cs {
 			if cd, _ := cd.(map[string]any); cd["type"] == "Updated" && cd["status"] == "True" {
-				_, stale := n["reason"] // "waiting for approval", from before the spec was read
-				return st["approved"] == "digest" && st["nodesReady"] == "1/1" && !stale
+				_, stale := n["message"] // "waiting for approval", from before the spec was read
+				return st["approved"] == "digest" && st["nodesReady"] == "1/1" && n["reason"] == agent.ReasonUpgraded && !stale
 			}
 		}
 		return false
@@ -218,7 +218,7 @@ func nodeAgent(t *testing.T, e *kubeenv.Env, tarPath string, configure func(*age
 func TestAgent_SpecCleanupTakesOutABundleWaitingForApproval(t *testing.T) {
 	n := startBundleNode(t, nil)
 	n.a.Wait(bound, "waiting for approval", func(s agent.Status) bool {
-		return strings.Contains(s.Reason, "waiting for approval: oc patch upgradebundle "+n.name)
+		return s.Reason == agent.ReasonAwaitingApproval
 	})
 	if _, err := os.Stat(n.tree); err != nil {
 		t.Fatalf("the bundle is not extracted: %v", err)

@@ -123,20 +123,20 @@ func TestAgent_KeepsItsMirrorUntilTheMCOIsDoneWithTheNode(t *testing.T) {
 	worker.Paused, worker.Target, worker.Updated = true, newConfig, 0
 	e.SetPool(worker)
 	e.SetHistory(kubeenv.History{State: "Completed", Image: meta.Release, Version: meta.Version}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
-	keepsTheBundle(t, e, a, c, "waiting: pool worker is paused")
+	keepsTheBundle(t, e, a, c, agent.ReasonPoolPaused)
 
 	// Unpaused: the MCO sends this node to the new config; its daemon works.
 	worker.Paused = false
 	e.SetPool(worker)
 	e.SetMachineConfig("node-a", "Working", oldConfig, newConfig)
-	keepsTheBundle(t, e, a, c, "waiting for the machine config operator to update this node (state Working, "+oldConfig+" → "+newConfig+")")
+	keepsTheBundle(t, e, a, c, agent.ReasonNodeUpdating)
 
 	// Done on the new rendered config: the registry, mirror and certs.d
 	// entry go; the pins stay.
 	e.SetMachineConfig("node-a", "Done", newConfig, newConfig)
 	worker.Current, worker.Updated = newConfig, 1
 	e.SetPool(worker)
-	a.Wait(bound, "cleaned up", func(s agent.Status) bool { return s.Phase == string(agent.PhaseUpgraded) && s.Reason == "" })
+	a.Wait(bound, "cleaned up", func(s agent.Status) bool { return s.Phase == string(agent.PhaseUpgraded) && s.Reason == agent.ReasonUpgraded })
 	waitUntil(t, "the waiting reason gone from the Node", func() bool { return e.Annotations("node-a")["ferry.io/reason"] == "" })
 	if _, err := os.Stat(filepath.Join(c.Dropins.RegistriesConfDir, crio.DropinName)); !os.IsNotExist(err) {
 		t.Error("the mirror drop-in outlived the MCO's update")
@@ -158,17 +158,17 @@ func TestAgent_KeepsItsMirrorUntilTheMCOIsDoneWithTheNode(t *testing.T) {
 	}
 }
 
-// keepsTheBundle waits for the node to say why it waits, in its status
-// and on its Node, and checks that its registry, mirror and certs.d entry
+// keepsTheBundle waits for the node to say why it waits (the reason why),
+// in its status and, in words, on its Node, and checks that its registry, mirror and certs.d entry
 // are all still there.
 func keepsTheBundle(t *testing.T, e *kubeenv.Env, a *ferryenv.Agent, c *crioenv.CRIO, why string) {
 	t.Helper()
-	a.Wait(bound, "the reason "+why, func(s agent.Status) bool {
-		return s.Phase == string(agent.PhaseUpgraded) && strings.Contains(s.Reason, why)
+	s := a.Wait(bound, "the reason "+why, func(s agent.Status) bool {
+		return s.Phase == string(agent.PhaseUpgraded) && s.Reason == why
 	})
 	waitUntil(t, "the reason on the Node", func() bool {
 		ann := e.Annotations("node-a")
-		return ann["ferry.io/phase"] == "upgraded" && strings.Contains(ann["ferry.io/reason"], why)
+		return ann["ferry.io/phase"] == "upgraded" && ann["ferry.io/reason"] == s.Message
 	})
 	if _, err := os.Stat(filepath.Join(c.Dropins.RegistriesConfDir, crio.DropinName)); err != nil {
 		t.Fatalf("the mirror drop-in went while the node still needs it: %v", err)

@@ -71,14 +71,14 @@ func TestAgents_ANodeWithoutCRIOHoldsTheGateSayingSoUntilExcluded(t *testing.T) 
 		t.Fatalf("ferry load: %v\n%s", err, out)
 	}
 	agents["node-b"].Wait(bound, "node-b: extracted, loading nothing", func(s agent.Status) bool {
-		return s.Phase == string(agent.PhaseExtracted) && strings.Contains(s.Reason, "this node loads nothing")
+		return s.Phase == string(agent.PhaseExtracted) && s.Reason == agent.ReasonLoadsNothing
 	})
 	s := agents["node-a"].Wait(bound, "node-a: loaded, saying the cluster cannot upgrade", func(s agent.Status) bool {
-		return s.Phase == string(agent.PhaseLoaded) && strings.Contains(s.Reason, "the cluster cannot upgrade: node-b")
+		return s.Phase == string(agent.PhaseLoaded) && s.Reason == agent.ReasonNodesWithoutCRIO
 	})
-	for _, want := range []string{"has no CRI-O", "spec.excludedNodes"} {
-		if !strings.Contains(s.Reason, want) {
-			t.Errorf("node-a's reason %q does not say %q", s.Reason, want)
+	for _, want := range []string{"node-b", "spec.excludedNodes"} {
+		if !strings.Contains(s.Message, want) {
+			t.Errorf("node-a's message %q does not name %q", s.Message, want)
 		}
 	}
 	waitUntil(t, "the reason on node-a's Node", func() bool {

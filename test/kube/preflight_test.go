@@ -104,8 +104,9 @@ func TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake(t *testing.T) {
 	a := nodeAgent(t, e, "", nil)
 	a.Ferry("load", tarPath) // refused: the status says why
 	s := a.WaitPhase(bound, agent.PhaseRejected)
-	if !strings.Contains(s.Reason, "the vSphere CSI driver needs a newer vCenter") || !strings.Contains(s.Reason, "not upgradeable to a new minor version") {
-		t.Fatalf("reason %q", s.Reason)
+	// The refusal's words are the product: the cluster's own reasons.
+	if s.Reason != agent.ReasonPreflightRefused || !strings.Contains(s.Message, "the vSphere CSI driver needs a newer vCenter") {
+		t.Fatalf("reason %s: %q", s.Reason, s.Message)
 	}
 	if !strings.Contains(strings.Join(s.Preflight, "\n"), alwaysPull) {
 		t.Errorf("the refused bundle's status lacks the warning found beside the refusal: %q", s.Preflight)
@@ -121,8 +122,8 @@ func TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake(t *testing.T) {
 		st, _ := e.Bundle(name)["status"].(map[string]any)
 		nodes, _ := st["nodes"].(map[string]any)
 		n, _ := nodes["node-a"].(map[string]any)
-		reason, _ := n["reason"].(string)
-		return n["phase"] == string(agent.PhaseRejected) && strings.Contains(reason, "the vSphere CSI driver needs a newer vCenter") &&
+		message, _ := n["message"].(string)
+		return n["phase"] == string(agent.PhaseRejected) && n["reason"] == agent.ReasonPreflightRefused && strings.Contains(message, "the vSphere CSI driver needs a newer vCenter") &&
 			strings.Contains(strings.Join(e.Events(name), "\n"), "Warning")
 	})
 	waitUntil(t, "the warning found beside the refusal in the UpgradeBundle's status.warnings", func() bool {

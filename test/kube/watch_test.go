@@ -61,7 +61,7 @@ func TestAgents_TwentyIdleNodesAskTheAPIAtMostTwiceAMinuteAndSeeAnApprovalAtOnce
 		}
 	}
 	for _, n := range names {
-		agents[n].Wait(bound, "waiting for approval", func(s agent.Status) bool { return strings.Contains(s.Reason, "waiting for approval") })
+		agents[n].Wait(bound, "waiting for approval", func(s agent.Status) bool { return s.Reason == agent.ReasonAwaitingApproval })
 	}
 	// Settled: every node's entry is in, and the object has not changed
 	// for 5 s (the nodes' first writes are not idling).
@@ -120,7 +120,7 @@ func TestAgents_TwentyIdleNodesAskTheAPIAtMostTwiceAMinuteAndSeeAnApprovalAtOnce
 	}
 	for _, n := range names {
 		agents[n].Wait(bound, "approved", func(s agent.Status) bool {
-			return s.Reason != "" && !strings.Contains(s.Reason, "waiting for approval")
+			return s.Phase != string(agent.PhaseIdle) && s.Reason != agent.ReasonAwaitingApproval
 		})
 	}
 }
@@ -186,12 +186,12 @@ func TestAgents_ANodesStatusWriteChangesOnlyItsOwnEntry(t *testing.T) {
 		}
 	}
 	for _, a := range agents {
-		a.Wait(bound, "waiting for approval", func(s agent.Status) bool { return strings.Contains(s.Reason, "waiting for approval") })
+		a.Wait(bound, "waiting for approval", func(s agent.Status) bool { return s.Reason == agent.ReasonAwaitingApproval })
 	}
 	e.PatchBundleSpec(name, map[string]any{"approvedDigest": digest})
 	for _, a := range agents {
 		a.Wait(bound, "approved", func(s agent.Status) bool {
-			return s.Reason != "" && !strings.Contains(s.Reason, "waiting for approval")
+			return s.Phase != string(agent.PhaseIdle) && s.Reason != agent.ReasonAwaitingApproval
 		})
 	}
 	waitUntil(t, "both nodes approved in the UpgradeBundle", func() bool {
@@ -199,7 +199,7 @@ func TestAgents_ANodesStatusWriteChangesOnlyItsOwnEntry(t *testing.T) {
 		ns, _ := st["nodes"].(map[string]any)
 		for _, n := range []string{"node-a", "node-b"} {
 			en, _ := ns[n].(map[string]any)
-			if r, _ := en["reason"].(string); en == nil || strings.Contains(r, "waiting for approval") {
+			if en == nil || en["reason"] == agent.ReasonAwaitingApproval {
 				return false
 			}
 		}

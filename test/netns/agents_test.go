@@ -546,11 +546,13 @@ func TestAgents_TwoBundlesInOneClusterConflictNothingLoaded(t *testing.T) {
 
 	for _, n := range f.nodes {
 		n.A.Wait(agentBound, n.Name+" to report the conflict", func(s agent.Status) bool {
-			return strings.Contains(s.Line, "conflict")
+			return s.Reason == agent.ReasonPeerHoldsOther
 		})
-		out, err := n.A.Ferry("status")
-		if err == nil || !strings.Contains(out, "conflict") {
-			t.Errorf("%s: ferry status must fail and say conflict: %v\n%s", n.Name, err, out)
+		if out, err := n.A.Ferry("status"); err == nil {
+			t.Errorf("%s: ferry status must fail on a conflict:\n%s", n.Name, out)
+		}
+		if st, err := n.A.StatusCommand(t.Context()); err != nil || st.Reason != agent.ReasonPeerHoldsOther {
+			t.Errorf("%s: ferry status -o json must say %s: %s, %v", n.Name, agent.ReasonPeerHoldsOther, st.Reason, err)
 		}
 		cs, err := n.cluster(t)
 		if err == nil || cs.Decision.Verdict != agent.Conflict {
@@ -621,7 +623,7 @@ func TestAgents_TokenMismatchRefused(t *testing.T) {
 	if s.Phase != "idle" || len(s.Bundles) != 0 {
 		t.Fatalf("B with the wrong token got somewhere: %s (%d records)", s.Line, len(s.Bundles))
 	}
-	if s.Healthy || !strings.Contains(s.Line, "refuses this node") {
+	if s.Healthy || s.Reason != agent.ReasonPeerRefusesNode {
 		t.Errorf("B's own status does not say its token is refused: %s", s.Line)
 	}
 	if _, err := os.Stat(filepath.Join(b.Cfg.Paths.StateDir, "incoming")); !os.IsNotExist(err) {
@@ -658,7 +660,7 @@ func TestAgents_NoTokenServesNothingUnlessOpen(t *testing.T) {
 	})
 	for _, n := range []*anode{a, b} {
 		s, err := n.A.Status(t.Context())
-		if err != nil || s.Healthy || !strings.Contains(s.Error, "no peer.token_file") {
+		if err != nil || s.Healthy || s.Reason != agent.ReasonPeerTokenMissing {
 			t.Errorf("%s: status does not say the token is missing: %+v, %v", n.Name, s, err)
 		}
 	}

@@ -84,11 +84,12 @@ func TestAgents_ThreeNodesOneAPIServerOneUpgrade(t *testing.T) {
 	waitFor(t, "A's hook after the API accepted the upgrade", func() bool { return len(hookLines(t, a.Hook)) == 1 })
 
 	e.SetHistory(kubeenv.History{State: "Partial", Image: meta.Release, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: runningRelease, Version: "4.13.6"})
-	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "True", Message: "Working towards 4.13.7: 9 of 841 done (1% complete)"})
+	const working = "Working towards 4.13.7: 9 of 841 done (1% complete)"
+	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "True", Message: working})
 	for _, n := range f.nodes {
 		// Two writes: a node may show upgrading before the progress.
 		n.A.Wait(agentBound, n.Name+" upgrading, with the operator's progress", func(s agent.Status) bool {
-			return s.Phase == string(agent.PhaseUpgrading) && strings.Contains(s.Line, "9 of 841 done")
+			return s.Phase == string(agent.PhaseUpgrading) && s.ClusterMessage == working
 		})
 	}
 	waitFor(t, "every Node annotated upgrading", func() bool {
@@ -104,7 +105,7 @@ func TestAgents_ThreeNodesOneAPIServerOneUpgrade(t *testing.T) {
 	e.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "False", Message: "Cluster version is 4.13.7"})
 	for _, n := range f.nodes {
 		n.A.Wait(agentBound, "upgraded and cleaned up", func(s agent.Status) bool {
-			return s.Phase == string(agent.PhaseUpgraded) && s.Reason == ""
+			return s.Phase == string(agent.PhaseUpgraded) && s.Reason == agent.ReasonUpgraded
 		})
 		if _, err := os.Stat(filepath.Join(n.Cfg.Paths.ExtractDir, meta.DirName(), bundle.MetadataName)); err != nil {
 			t.Errorf("%s: the running release's tree is not kept: %v", n.Name, err)
@@ -150,7 +151,7 @@ func TestAgents_ARefusedReleaseIsShownOnEveryNode(t *testing.T) {
 		Message: "The update cannot be verified: unable to verify " + meta.Release + " against keyrings: verifier-public-key-redhat"})
 	for _, n := range f.nodes {
 		s := n.A.Wait(agentBound, "the refusal", func(s agent.Status) bool {
-			return strings.Contains(s.Reason, "the cluster refuses the release") && strings.Contains(s.Reason, "cannot be verified")
+			return s.Reason == agent.ReasonReleaseRefused
 		})
 		if s.Healthy || s.Phase != string(agent.PhaseClusterReady) {
 			t.Errorf("%s: %+v", n.Name, s)

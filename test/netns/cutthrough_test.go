@@ -184,7 +184,7 @@ func TestAgents_StickNodeRestartedMidRead(t *testing.T) {
 	t.Logf("killed the stick's node at %d of %d bytes read; B had %d", s.Progress.Done, s.Progress.Total, bs.Progress.Done)
 	src.A.Restart()
 	src.A.Wait(agentBound, "the stick's node to ask for the stick again", func(s agent.Status) bool {
-		return strings.Contains(s.Reason, "run 'ferry load "+stick.Tar+"' again")
+		return s.Reason == agent.ReasonCopyInterrupted
 	})
 	src.load(t, stick.Tar)
 	for _, n := range f.nodes {

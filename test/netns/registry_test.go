@@ -81,8 +81,8 @@ func TestAgents_RegistryModeEachByteCrossesTheLinkOnce(t *testing.T) {
 	waitFor(t, "the first node's pull in the UpgradeBundle, with its progress", func() bool {
 		_, nodes := bundleStatus(e, name)
 		n, _ := nodes[first.Name].(map[string]any)
-		reason, _ := n["reason"].(string)
-		return n["phase"] == "pulling" && strings.Contains(reason, "over the link")
+		message, _ := n["message"].(string)
+		return n["phase"] == "pulling" && n["reason"] == agent.ReasonPulling && message != ""
 	})
 	var meta *bundle.Metadata
 	digest := ""
@@ -311,14 +311,14 @@ func TestAgents_RegistryModeFollowsNoLiar(t *testing.T) {
 	// holds nothing.
 	for _, n := range f.nodes {
 		n.A.Wait(agentBound, n.Name+" waiting for the liar, named", func(s agent.Status) bool {
-			return strings.Contains(s.Reason, `certificate names node node-x`) && strings.Contains(s.Reason, "spec.excludedNodes")
+			return strings.Contains(s.Message, `certificate names node node-x`) && strings.Contains(s.Message, "spec.excludedNodes")
 		})
 	}
 	waitFor(t, "the UpgradeBundle's entries to name the liar", func() bool {
 		_, nodes := bundleStatus(e, name)
 		for _, n := range f.nodes {
 			entry, _ := nodes[n.Name].(map[string]any)
-			if reason, _ := entry["reason"].(string); !strings.Contains(reason, "node-x") {
+			if message, _ := entry["message"].(string); !strings.Contains(message, "node-x") {
 				return false
 			}
 		}

@@ -56,7 +56,7 @@ func TestAgents_TheUpgradeBundleRunsTheClusterFromTheAPI(t *testing.T) {
 	// Unapproved: extracted, shared, loaded nowhere.
 	a.load(t, tarPath)
 	a.A.Wait(agentBound, "waiting for approval", func(s agent.Status) bool {
-		return s.Phase == string(agent.PhaseExtracted) && strings.Contains(s.Reason, "oc patch upgradebundle "+name) && strings.Contains(s.Reason, digest)
+		return s.Phase == string(agent.PhaseExtracted) && s.Reason == agent.ReasonAwaitingApproval && string(s.Digest) == digest
 	})
 	waitFor(t, "the UpgradeBundle created by A, waiting for approval", func() bool {
 		st, nodes := bundleStatus(e, name)
@@ -65,7 +65,9 @@ func TestAgents_TheUpgradeBundleRunsTheClusterFromTheAPI(t *testing.T) {
 	if spec, _ := e.Bundle(name)["spec"].(map[string]any); len(spec) != 0 {
 		t.Fatalf("ferry wrote the spec: %v", spec)
 	}
-	time.Sleep(3 * time.Second)
+	// Turns of both loops after the wait was published load nothing.
+	a.A.TurnsRefused(2, "proceed")
+	b.A.TurnsRefused(2, "proceed")
 	a.checkPinned(t, meta, false)
 	b.checkPinned(t, meta, false)
 	if s, _ := b.A.Status(t.Context()); s.Phase != string(agent.PhaseIdle) && s.Phase != string(agent.PhaseRejected) {
@@ -77,7 +79,7 @@ func TestAgents_TheUpgradeBundleRunsTheClusterFromTheAPI(t *testing.T) {
 	e.PatchBundleSpec(name, map[string]any{"approvedDigest": digest})
 	for _, n := range []*anode{a, b} {
 		n.A.Wait(agentBound, "extracted, waiting for C", func(s agent.Status) bool {
-			return s.Phase == string(agent.PhaseExtracted) && string(s.Digest) == digest && strings.Contains(s.Reason, c.IP+":8090 (unreachable)")
+			return s.Phase == string(agent.PhaseExtracted) && string(s.Digest) == digest && s.Reason == agent.ReasonPeersNotHolding
 		})
 	}
 	a.checkPinned(t, meta, false)
@@ -171,7 +173,7 @@ func TestAgents_ABundleApprovedAheadInItsUpgradeBundle(t *testing.T) {
 	a.load(t, tarPath)
 	for _, n := range []*anode{a, b} {
 		n.A.Wait(agentBound, "extracted, approved, waiting for C", func(s agent.Status) bool {
-			return s.Phase == string(agent.PhaseExtracted) && string(s.Digest) == digest && strings.Contains(s.Reason, c.IP+":8090 (unreachable)")
+			return s.Phase == string(agent.PhaseExtracted) && string(s.Digest) == digest && s.Reason == agent.ReasonPeersNotHolding
 		})
 	}
 	waitFor(t, "status.approved to say how it was approved", func() bool {

@@ -182,7 +182,7 @@ func TestDemo(t *testing.T) {
 		}, func(s ferryStatus) bool { return s.Phase == "rejected" || s.Phase == "failed" || s.Phase == "conflict" })
 	}
 	follow(func(s ferryStatus) bool {
-		return s.Phase == "extracted" && s.Digest == b.Digest && strings.Contains(s.Reason, "waiting for approval")
+		return s.Phase == "extracted" && s.Digest == b.Digest && s.Reason == "AwaitingApproval"
 	})
 	bundleName := "4.13.7-x86-64"
 	fmt.Println("    $ oc get upgradebundles")
@@ -247,7 +247,9 @@ func TestDemo(t *testing.T) {
 	say("The demo plays the cluster version operator: the upgrade runs, then completes")
 	api.env.SetHistory(kubeenv.History{State: "Partial", Image: b.Meta.Release, Version: "4.13.7"}, kubeenv.History{State: "Completed", Image: demoRunning, Version: "4.13.6"})
 	api.env.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "True", Message: "Working towards 4.13.7: 412 of 841 done (48% complete)"})
-	follow(func(s ferryStatus) bool { return s.Phase == "upgrading" && strings.Contains(s.Line, "412 of 841") })
+	follow(func(s ferryStatus) bool {
+		return s.Phase == "upgrading" && s.ClusterMessage == "Working towards 4.13.7: 412 of 841 done (48% complete)"
+	})
 	// The operator's last word first, then the history's: the node takes
 	// the message it sees with the completed entry.
 	api.env.SetConditions(kubeenv.Condition{Type: "Progressing", Status: "False", Message: "Cluster version is 4.13.7"})

@@ -30,13 +30,19 @@ type ferryStatus struct {
 	Digest  string `json:"digest"`
 	Error   string `json:"error"`
 	Reason  string `json:"reason"`
-	Line    string `json:"line"`
-	Healthy bool   `json:"healthy"`
-	Bundles []struct {
-		Name   string `json:"name"`
-		Digest string `json:"digest"`
-		Phase  string `json:"phase"`
-		Reason string `json:"reason"`
+	Message string `json:"message"`
+	// ClusterMessage is the cluster version operator's progress line.
+	ClusterMessage string `json:"clusterMessage"`
+	Line           string `json:"line"`
+	Healthy        bool   `json:"healthy"`
+	Bundles        []struct {
+		Name      string `json:"name"`
+		Digest    string `json:"digest"`
+		Phase     string `json:"phase"`
+		Condition struct {
+			Reason  string `json:"reason"`
+			Message string `json:"message"`
+		} `json:"condition"`
 	} `json:"bundles"`
 }
 
@@ -56,11 +62,11 @@ func (s ferryStatus) loadedWith(digest string) bool {
 	return (s.Phase == "loaded" || s.Phase == "cluster-ready") && s.Digest == digest
 }
 
-// rejected is the record of digest's refusal, if any.
+// rejected is the message of digest's refusal, if any.
 func (s ferryStatus) rejected(digest string) (string, bool) {
 	for _, b := range s.Bundles {
 		if b.Digest == digest && (b.Phase == "rejected" || b.Phase == "failed") {
-			return b.Reason, true
+			return b.Condition.Message, true
 		}
 	}
 	return "", false
