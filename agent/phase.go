@@ -54,6 +54,10 @@ const (
 // config says approval = "off".
 const approvalOffWarning = "approval is off: any bundle whose sha256 checks is loaded"
 
+// warningsPointer ends the status line of a node with standing warnings:
+// the line points to them rather than carrying each one.
+const warningsPointer = "WARNING: %d standing warning(s), see ferry status"
+
 // WaitingForApproval is the reason an extracted bundle that no approved
 // digest or trusted key approves waits with: it is not loaded.
 func WaitingForApproval(digest digest.Digest) string {

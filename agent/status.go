@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"strings"
 	"sync"
 	"time"
 
@@ -305,9 +304,12 @@ func (rep report) text() Status {
 	if s.ApprovalOff = rep.approvalOff; s.ApprovalOff {
 		s.Line += " — " + approvalOffWarning
 	}
+	// The warnings themselves are said once, on lines of their own in
+	// ferry status and in the UpgradeBundle's warnings; the line that
+	// goes to systemctl status and the journal only points there.
 	if len(rep.warnings) > 0 {
 		s.Warnings = rep.warnings
-		s.Line += " — WARNING: " + strings.Join(rep.warnings, "; ")
+		s.Line += " — " + fmt.Sprintf(warningsPointer, len(rep.warnings))
 	}
 	s.Line = sanitizeText(s.Line, maxLine)
 	return s
