@@ -145,14 +145,26 @@ func TestAgent_ABundleApprovedAheadInItsUpgradeBundleGoesThroughAlone(t *testing
 // bundleNode is one real agent (approval required, nothing approved in
 // its config) with a real CRI-O, against the real API server with ferry's
 // CRD, RBAC and admission policies, given a release bundle with ferry
-// load.
+// load, or fetching it from a peer that was.
 type bundleNode struct {
 	e            *kubeenv.Env
 	a            *ferryenv.Agent
+	node         string // its Node's name
 	meta         *bundle.Metadata
 	name, digest string
 	tree         string // where the bundle is extracted
 	tar          string // the bundle, its .sha256 beside it
+}
+
+// givenBundle is the release bundle the technician brings, with e: no
+// node or agent yet.
+func givenBundle(t *testing.T, e *kubeenv.Env) bundleNode {
+	tarPath, meta := releaseBundle(t)
+	sidecar, err := os.ReadFile(strings.TrimSuffix(tarPath, ".tar") + ".sha256")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bundleNode{e: e, meta: meta, name: agent.ResourceName(meta.Version, meta.Arch), digest: "sha256:" + strings.Fields(string(sidecar))[0], tar: tarPath}
 }
 
 // startBundleNode starts it; admin runs as the administrator before the
@@ -169,24 +181,53 @@ func startBundleNodeWith(t *testing.T, admin func(e *kubeenv.Env, b bundleNode),
 	e.AddNode("node-a", "127.0.0.1")
 	e.InstallFerry()
 	installBundles(e)
-	tarPath, meta := releaseBundle(t)
-	sidecar, err := os.ReadFile(strings.TrimSuffix(tarPath, ".tar") + ".sha256")
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := bundleNode{e: e, meta: meta, name: agent.ResourceName(meta.Version, meta.Arch), digest: "sha256:" + strings.Fields(string(sidecar))[0], tar: tarPath}
+	n := givenBundle(t, e)
+	n.node = "node-a"
 	if admin != nil {
 		admin(e, n)
 	}
-	n.a = nodeAgent(t, e, tarPath, func(cfg *agent.Config) {
+	n.a = nodeAgent(t, e, n.tar, func(cfg *agent.Config) {
 		c.Configure(cfg)
 		cfg.Approval = "required"
-		n.tree = filepath.Join(cfg.Paths.ExtractDir, meta.DirName())
+		n.tree = filepath.Join(cfg.Paths.ExtractDir, n.meta.DirName())
 		if configure != nil {
 			configure(e, cfg)
 		}
 	})
 	return n
+}
+
+// startTwoBundleNodes is startBundleNode with two nodes, node-a and
+// node-b, each with its own CRI-O and only its kubelet's identity
+// (kubeletAgents): the bundle is given to node-a, node-b fetches it over
+// peer TLS.
+func startTwoBundleNodes(t *testing.T, admin func(e *kubeenv.Env, b bundleNode)) []bundleNode {
+	e := kubeenv.Start(t, current)
+	names := []string{"node-a", "node-b"}
+	for _, n := range names {
+		e.AddNode(n, "127.0.0.1")
+	}
+	e.InstallFerry()
+	installBundles(e)
+	b := givenBundle(t, e)
+	if admin != nil {
+		admin(e, b)
+	}
+	trees := map[string]string{}
+	agents := kubeletAgents(t, e, names, func(node string, cfg *agent.Config) {
+		crioenv.Start(t).Configure(cfg)
+		cfg.Approval = "required"
+		trees[node] = filepath.Join(cfg.Paths.ExtractDir, b.meta.DirName())
+	})
+	if out, err := agents["node-a"].Ferry("load", b.tar); err != nil {
+		t.Fatalf("ferry load: %v\n%s", err, out)
+	}
+	var nodes []bundleNode
+	for _, n := range names {
+		b.a, b.node, b.tree = agents[n], n, trees[n]
+		nodes = append(nodes, b)
+	}
+	return nodes
 }
 
 // nodeAgent starts the agent of node-a with its own credential, set up

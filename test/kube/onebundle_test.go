@@ -6,13 +6,17 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
 
 // Issue 45: three ways a trial against a real API server went wrong, each
-// with one real agent, its node's own credential, ferry's RBAC and
-// admission policies, and a real CRI-O.
+// with two real agents with kubelet-shaped identities (node client and
+// serving certificates, peer.identity = "node"), ferry's RBAC and
+// admission policies, and a real CRI-O each: the bundle is plugged on
+// node-a, node-b fetches it over peer TLS, and both behave.
 
 // administrator is what the cluster's administrator does in these tests,
 // in one place: writing an UpgradeBundle's spec (oc patch upgradebundle,
@@ -33,22 +37,22 @@ func (a administrator) clearUpgrade(t *testing.T) {
 	}
 }
 
-// logOnFailure shows the resource and the agent's status and log when t
-// fails.
+// logOnFailure shows the resource and the agent's status when t fails
+// (kubeletAgents shows the logs).
 func logOnFailure(t *testing.T, n bundleNode) {
 	t.Cleanup(func() {
 		if t.Failed() {
 			s, _ := n.a.Status(context.Background())
-			t.Logf("the UpgradeBundle: %v\nthe agent: %+v\nits log:\n%s", n.e.Bundle(n.name), s, n.a.Logs())
+			t.Logf("the UpgradeBundle: %v\n%s: %+v", n.e.Bundle(n.name), n.node, s)
 		}
 	})
 }
 
-// nodeEntry is node-a's entry in UpgradeBundle name's status.
-func nodeEntry(e *kubeenv.Env, name string) map[string]any {
-	st, _ := e.Bundle(name)["status"].(map[string]any)
+// entry is n's node entry in its UpgradeBundle's status.
+func (n bundleNode) entry() map[string]any {
+	st, _ := n.e.Bundle(n.name)["status"].(map[string]any)
 	nodes, _ := st["nodes"].(map[string]any)
-	entry, _ := nodes["node-a"].(map[string]any)
+	entry, _ := nodes[n.node].(map[string]any)
 	return entry
 }
 
@@ -58,43 +62,65 @@ func nodeEntry(e *kubeenv.Env, name string) map[string]any {
 // bundle's own resource is 4.13.7-x86-64. Before, the node took the
 // approval from the stray one, created its own with an empty spec
 // (Automatic) and asked for the upgrade seconds after loading. Now
-// nothing is loaded or asked, the node says which resource counts, and
-// a Warning Event on the stray one names it.
+// neither node loads or asks: node-a, given the bundle, says which
+// resource counts and a Warning Event on the stray one names it; node-b
+// refuses to fetch it from node-a, not approved.
 func TestAgent_AnApprovalInAnotherUpgradeBundleNeverStartsTheUpgrade(t *testing.T) {
 	const stray = "4.13.7-amd64"
-	n := startBundleNode(t, func(e *kubeenv.Env, b bundleNode) {
+	nodes := startTwoBundleNodes(t, func(e *kubeenv.Env, b bundleNode) {
 		// The release is approved: only the stray bundle approval stands
 		// between the load and the upgrade.
 		e.ApproveRelease(b.meta.Release)
 		administrator{e}.spec(stray, map[string]any{"approvedDigest": b.digest, "schedule": "Manual"})
 	})
-	logOnFailure(t, n)
-	waitUntil(t, "a Warning Event on "+stray+" naming "+n.name, func() bool {
-		for _, ev := range n.e.Events(stray) {
-			if strings.HasPrefix(ev, "Warning ApprovalIgnored: node-a: ") && strings.Contains(ev, stray) && strings.Contains(ev, n.name) {
+	for _, n := range nodes {
+		logOnFailure(t, n)
+	}
+	nodeA, nodeB := nodes[0], nodes[1]
+	nodeA.a.Wait(bound, "node-a to say which resource counts", func(s agent.Status) bool {
+		return s.Reason == agent.ReasonAwaitingApproval && s.Digest == digest.Digest(nodeA.digest)
+	})
+	waitUntil(t, "a Warning Event from node-a on "+stray+" naming "+nodeA.name, func() bool {
+		for _, ev := range nodeA.e.Events(stray) {
+			if strings.HasPrefix(ev, "Warning ApprovalIgnored: node-a: ") && strings.Contains(ev, stray) && strings.Contains(ev, nodeA.name) {
 				return true
 			}
 		}
 		return false
 	})
-	waitUntil(t, "the warnings of "+n.name+" to say so", func() bool {
-		st, _ := n.e.Bundle(n.name)["status"].(map[string]any)
+	waitUntil(t, "the warnings of "+nodeA.name+" to name "+stray, func() bool {
+		st, _ := nodeA.e.Bundle(nodeA.name)["status"].(map[string]any)
 		ws, _ := st["warnings"].([]any)
 		return len(ws) > 0 && strings.Contains(ws[0].(string), stray)
 	})
-	n.a.Wait(bound, "the node to say which resource counts", func(s agent.Status) bool {
-		return s.Reason == agent.ReasonAwaitingApproval
+	// node-b, offered the bundle by node-a, takes no approval from the
+	// stray resource either: it refuses to fetch it.
+	nodeB.a.Wait(bound, "node-b to refuse the peers' bundle", func(s agent.Status) bool {
+		for _, r := range s.Bundles {
+			if r.Origin == agent.OriginPeer && r.Digest == digest.Digest(nodeB.digest) && r.Phase == agent.PhaseRejected && r.Condition.Reason == agent.ReasonNotApproved {
+				return true
+			}
+		}
+		return false
 	})
 	// The bug asked for the upgrade on a turn after the load: turns of the
-	// loop that bring nothing new must not.
-	n.a.TurnsRefused(3, "proceed")
-	if s, _ := n.a.Status(t.Context()); s.Phase != string(agent.PhaseExtracted) {
-		t.Errorf("phase %s, want extracted (not loaded)", s.Phase)
+	// loop that bring nothing new must not, on either node.
+	for _, n := range nodes {
+		n.a.TurnsRefused(3, "proceed")
 	}
-	if du := n.e.DesiredUpdate(); du != nil {
+	if s, _ := nodeA.a.Status(t.Context()); s.Phase != string(agent.PhaseExtracted) || s.Reason != agent.ReasonAwaitingApproval {
+		t.Errorf("node-a: phase %s (%s), want extracted (not loaded) awaiting approval", s.Phase, s.Reason)
+	}
+	s, _ := nodeB.a.Status(t.Context())
+	for _, r := range s.Bundles {
+		if r.Phase.Loaded() || r.Phase == agent.PhaseExtracted {
+			t.Errorf("node-b holds %s %s", r.Digest, r.Phase)
+		}
+	}
+	if du := nodeA.e.DesiredUpdate(); du != nil {
 		t.Fatalf("desiredUpdate %v: the upgrade was asked for", du)
 	}
-	if spec, _ := n.e.Bundle(n.name)["spec"].(map[string]any); len(spec) != 0 {
+	if spec, _ := nodeA.e.Bundle(nodeA.name)["spec"].(map[string]any); len(spec) != 0 {
 		t.Errorf("the bundle's own resource has the spec %v", spec)
 	}
 }
@@ -103,43 +129,56 @@ func TestAgent_AnApprovalInAnotherUpgradeBundleNeverStartsTheUpgrade(t *testing.
 // 2): spec.cleanup right after ferry wrote desiredUpdate (cluster-ready,
 // the version operator not started). Before, the node took its images
 // and mirror out and said cleaned while desiredUpdate named the release.
-// Now it refuses, saying the way out; once the administrator clears the
-// upgrade, the cleanup goes on by itself.
+// Now both nodes refuse, saying the way out; once the administrator
+// clears the upgrade, the cleanup goes on by itself on both.
 func TestAgent_CleanupAfterTheUpgradeWasAskedForIsRefused(t *testing.T) {
 	var admin administrator
-	n := startBundleNode(t, func(e *kubeenv.Env, b bundleNode) {
+	nodes := startTwoBundleNodes(t, func(e *kubeenv.Env, b bundleNode) {
 		admin = administrator{e}
 		e.ApproveRelease(b.meta.Release)
 		admin.spec(b.name, map[string]any{"approvedDigest": b.digest, "schedule": "Automatic"})
 	})
-	logOnFailure(t, n)
-	n.a.WaitPhase(bound, agent.PhaseClusterReady)
+	for _, n := range nodes {
+		logOnFailure(t, n)
+		n.a.WaitPhase(bound, agent.PhaseClusterReady)
+	}
+	n := nodes[0]
 	waitUntil(t, "the upgrade asked for", func() bool { du := n.e.DesiredUpdate(); return du != nil && du["image"] == n.meta.Release })
 
 	admin.spec(n.name, map[string]any{"cleanup": true})
-	waitUntil(t, "node-a refusing the cleanup in the UpgradeBundle", func() bool {
-		entry := nodeEntry(n.e, n.name)
-		message, _ := entry["message"].(string)
-		return entry["reason"] == agent.ReasonCleanupRefused && strings.Contains(message, "oc adm upgrade --clear")
-	})
+	for _, n := range nodes {
+		n.a.Wait(bound, n.node+" to refuse the cleanup", func(s agent.Status) bool { return s.Reason == agent.ReasonCleanupRefused })
+		waitUntil(t, n.node+" refusing the cleanup in the UpgradeBundle", func() bool {
+			entry := n.entry()
+			message, _ := entry["message"].(string)
+			return entry["reason"] == agent.ReasonCleanupRefused && strings.Contains(message, "oc adm upgrade --clear")
+		})
+	}
 	// Asked again by hand, the cleanup is refused the same way: turns of
 	// the loop, with spec.cleanup standing, that take nothing out.
-	n.a.TurnsRefused(2, "cleanup")
-	if s, _ := n.a.Status(t.Context()); s.Phase != string(agent.PhaseClusterReady) {
-		t.Fatalf("phase %s, want cluster-ready: the bundle went while desiredUpdate names its release", s.Phase)
-	}
-	if _, err := os.Stat(n.tree); err != nil {
-		t.Fatalf("the bundle's tree went while desiredUpdate names its release: %v", err)
-	}
-	if out, err := n.a.Ferry("cleanup"); err == nil || !strings.Contains(out, "oc adm upgrade --clear") {
-		t.Errorf("ferry cleanup on the node: %v\n%s", err, out)
+	for _, n := range nodes {
+		n.a.TurnsRefused(2, "cleanup")
+		if s, _ := n.a.Status(t.Context()); s.Phase != string(agent.PhaseClusterReady) || s.Reason != agent.ReasonCleanupRefused {
+			t.Fatalf("%s: phase %s (%s), want cluster-ready, cleanup refused: the bundle went while desiredUpdate names its release", n.node, s.Phase, s.Reason)
+		}
+		if _, err := os.Stat(n.tree); err != nil {
+			t.Fatalf("%s: the bundle's tree went while desiredUpdate names its release: %v", n.node, err)
+		}
+		if out, err := n.a.Ferry("cleanup"); err == nil || !strings.Contains(out, "oc adm upgrade --clear") {
+			t.Errorf("ferry cleanup on %s: %v\n%s", n.node, err, out)
+		}
 	}
 	if du := n.e.DesiredUpdate(); du == nil || du["image"] != n.meta.Release {
 		t.Fatalf("desiredUpdate %v", du)
 	}
 
 	admin.clearUpgrade(t)
-	waitUntil(t, "node-a cleaned once the upgrade is cleared", func() bool { return nodeEntry(n.e, n.name)["phase"] == string(agent.PhaseCleaned) })
+	for _, n := range nodes {
+		waitUntil(t, n.node+" cleaned once the upgrade is cleared", func() bool { return n.entry()["phase"] == string(agent.PhaseCleaned) })
+		if _, err := os.Stat(n.tree); !os.IsNotExist(err) {
+			t.Errorf("%s: the bundle's tree is still there after the cleanup: %v", n.node, err)
+		}
+	}
 	if du := n.e.DesiredUpdate(); du != nil {
 		t.Errorf("desiredUpdate %v after the cleanup: ferry asked again", du)
 	}
@@ -149,14 +188,18 @@ func TestAgent_CleanupAfterTheUpgradeWasAskedForIsRefused(t *testing.T) {
 // item 3): the version operator's history names the release as oc adm
 // upgrade --to-image name@sha256:… wrote it, another repository and no
 // tag, not as the bundle does. Before, the node waited for the operator
-// to start forever; now Completed is this release's, and it is upgraded.
+// to start forever; now Completed is this release's, and both nodes are
+// upgraded.
 func TestAgent_AHistoryEntrySpelledByDigestAloneIsThisRelease(t *testing.T) {
-	n := startBundleNode(t, func(e *kubeenv.Env, b bundleNode) {
+	nodes := startTwoBundleNodes(t, func(e *kubeenv.Env, b bundleNode) {
 		e.ApproveRelease(b.meta.Release)
 		administrator{e}.spec(b.name, map[string]any{"approvedDigest": b.digest, "schedule": "Automatic"})
 	})
-	logOnFailure(t, n)
-	n.a.WaitPhase(bound, agent.PhaseClusterReady)
+	for _, n := range nodes {
+		logOnFailure(t, n)
+		n.a.WaitPhase(bound, agent.PhaseClusterReady)
+	}
+	n := nodes[0]
 	waitUntil(t, "the upgrade asked for", func() bool { du := n.e.DesiredUpdate(); return du != nil && du["image"] == n.meta.Release })
 	at := strings.LastIndex(n.meta.Release, "@")
 	spelled := "mirror.example.com:5000/ocp4/openshift4" + n.meta.Release[at:]
@@ -164,14 +207,17 @@ func TestAgent_AHistoryEntrySpelledByDigestAloneIsThisRelease(t *testing.T) {
 		t.Fatalf("the release %s is spelled so already", n.meta.Release)
 	}
 	n.e.SetHistory(kubeenv.History{State: "Completed", Image: spelled, Version: n.meta.Version}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
-	n.a.WaitPhase(bound, agent.PhaseUpgraded)
-	waitUntil(t, "Updated in the UpgradeBundle", func() bool {
-		cs, _ := nodeEntry(n.e, n.name)["conditions"].([]any)
-		for _, c := range cs {
-			if c, _ := c.(map[string]any); c["type"] == "Updated" && c["status"] == "True" {
-				return true
+	for _, n := range nodes {
+		n.a.WaitPhase(bound, agent.PhaseUpgraded)
+		waitUntil(t, n.node+" Updated in the UpgradeBundle", func() bool {
+			entry := n.entry()
+			cs, _ := entry["conditions"].([]any)
+			for _, c := range cs {
+				if c, _ := c.(map[string]any); c["type"] == "Updated" && c["status"] == "True" {
+					return entry["reason"] == agent.ReasonUpgraded
+				}
 			}
-		}
-		return false
-	})
+			return false
+		})
+	}
 }

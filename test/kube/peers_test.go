@@ -144,6 +144,60 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// kubeletAgents starts the real agents of nodes (already in e), each with
+// only its kubelet's kubeconfig (client certificate) and serving
+// certificate and peer.identity = "node" (no token anywhere), peers of
+// each other, the kubelets' serving CA published as OpenShift's operator
+// does. configure (nil: nothing) sets each one up further before it
+// starts. It waits for them idle, and shows their logs when t fails.
+func kubeletAgents(t *testing.T, e *kubeenv.Env, nodes []string, configure func(node string, cfg *agent.Config)) map[string]*ferryenv.Agent {
+	t.Helper()
+	servingCA := testca.New(t, "kubelet-signer")
+	e.Create("/api/v1/namespaces/openshift-config-managed/configmaps", map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+		"metadata": map[string]any{"name": "kubelet-serving-ca"}, "data": map[string]any{"ca-bundle.crt": string(servingCA.PEM)}})
+	ports := map[string]int{}
+	for _, n := range nodes {
+		ports[n] = freePort(t)
+	}
+	agents := map[string]*ferryenv.Agent{}
+	for _, n := range nodes {
+		cfg := ferryenv.Config(t.TempDir())
+		cfg.NodeName = n
+		// Given bundles by ferry load only: a loop device another test
+		// plugs is no stick of theirs.
+		cfg.Media.Detect = "manual"
+		cfg.Cluster.Kubeconfig = e.NodeCertKubeconfig(n)
+		cert, key := servingCA.Serving(t, n, "127.0.0.1")
+		cfg.Peer.Cert = testca.WriteCurrent(t, t.TempDir(), "kubelet-server", cert, key)
+		cfg.Peer.Identity = "node"
+		cfg.Peer.Listen = "127.0.0.1:" + strconv.Itoa(ports[n])
+		for _, m := range nodes {
+			if m != n {
+				cfg.Peer.Peers = append(cfg.Peer.Peers, "127.0.0.1:"+strconv.Itoa(ports[m]))
+			}
+		}
+		if configure != nil {
+			configure(n, &cfg)
+		}
+		// As on a node (CRI-O's certs.d exists there).
+		if err := os.MkdirAll(cfg.Paths.CertsDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		agents[n] = ferryenv.Start(t, cfg)
+	}
+	for _, a := range agents {
+		a.WaitPhase(bound, "idle")
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range nodes {
+				t.Logf("%s's log:\n%s", n, agents[n].Logs())
+			}
+		}
+	})
+	return agents
+}
+
 // TestAgents_TwoNodesShareABundleOverTLSWithTheirKubeletIdentities: two
 // real agents, each with only its kubelet's kubeconfig and serving
 // certificate and peer.identity = "node" (no token anywhere), the CA
@@ -155,39 +209,8 @@ func TestAgents_TwoNodesShareABundleOverTLSWithTheirKubeletIdentities(t *testing
 	e.AddNode("node-b", "127.0.0.1")
 	e.InstallFerry()
 	installBundles(e)
-	servingCA := testca.New(t, "kubelet-signer")
-	e.Create("/api/v1/namespaces/openshift-config-managed/configmaps", map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
-		"metadata": map[string]any{"name": "kubelet-serving-ca"}, "data": map[string]any{"ca-bundle.crt": string(servingCA.PEM)}})
 	tarPath, meta := releaseBundle(t)
-	ports := map[string]int{"node-a": freePort(t), "node-b": freePort(t)}
-	agents := map[string]*ferryenv.Agent{}
-	for _, n := range []string{"node-a", "node-b"} {
-		cfg := ferryenv.Config(t.TempDir())
-		cfg.NodeName = n
-		// As on a node (CRI-O's certs.d exists there).
-		if err := os.MkdirAll(cfg.Paths.CertsDir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		cfg.Cluster.Kubeconfig = e.NodeCertKubeconfig(n)
-		cert, key := servingCA.Serving(t, n, "127.0.0.1")
-		cfg.Peer.Cert = testca.WriteCurrent(t, t.TempDir(), "kubelet-server", cert, key)
-		cfg.Peer.Identity = "node"
-		cfg.Peer.Listen = "127.0.0.1:" + strconv.Itoa(ports[n])
-		for m, p := range ports {
-			if m != n {
-				cfg.Peer.Peers = []string{"127.0.0.1:" + strconv.Itoa(p)}
-			}
-		}
-		agents[n] = ferryenv.Start(t, cfg)
-	}
-	for _, a := range agents {
-		a.WaitPhase(bound, "idle")
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("node-a's log:\n%s\nnode-b's log:\n%s", agents["node-a"].Logs(), agents["node-b"].Logs())
-		}
-	})
+	agents := kubeletAgents(t, e, []string{"node-a", "node-b"}, nil)
 	if out, err := agents["node-a"].Ferry("load", tarPath); err != nil {
 		t.Fatalf("ferry load: %v\n%s", err, out)
 	}
