@@ -56,6 +56,19 @@ func (n bundleNode) entry() map[string]any {
 	return entry
 }
 
+// fetchedFromPeer fails t unless n holds its bundle fetched from a peer,
+// as node-b does from node-a.
+func fetchedFromPeer(t *testing.T, n bundleNode) {
+	t.Helper()
+	s, err := n.a.Status(t.Context())
+	for _, r := range s.Bundles {
+		if r.Digest == digest.Digest(n.digest) && r.Origin == agent.OriginPeer && r.Phase != agent.PhaseRejected {
+			return
+		}
+	}
+	t.Fatalf("%s holds no bundle %s fetched from a peer: %+v, %v", n.node, n.digest, s.Bundles, err)
+}
+
 // TestAgent_AnApprovalInAnotherUpgradeBundleNeverStartsTheUpgrade (issue
 // 45, item 1): the administrator wrote the engineer's digest and
 // schedule Manual into 4.13.7-amd64, the spelling people use, while the
@@ -142,6 +155,7 @@ func TestAgent_CleanupAfterTheUpgradeWasAskedForIsRefused(t *testing.T) {
 		logOnFailure(t, n)
 		n.a.WaitPhase(bound, agent.PhaseClusterReady)
 	}
+	fetchedFromPeer(t, nodes[1])
 	n := nodes[0]
 	waitUntil(t, "the upgrade asked for", func() bool { du := n.e.DesiredUpdate(); return du != nil && du["image"] == n.meta.Release })
 
@@ -199,6 +213,7 @@ func TestAgent_AHistoryEntrySpelledByDigestAloneIsThisRelease(t *testing.T) {
 		logOnFailure(t, n)
 		n.a.WaitPhase(bound, agent.PhaseClusterReady)
 	}
+	fetchedFromPeer(t, nodes[1])
 	n := nodes[0]
 	waitUntil(t, "the upgrade asked for", func() bool { du := n.e.DesiredUpdate(); return du != nil && du["image"] == n.meta.Release })
 	at := strings.LastIndex(n.meta.Release, "@")
