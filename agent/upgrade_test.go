@@ -32,8 +32,8 @@ type fakeAPI struct {
 	mcoReads int
 	// sourceReads counts the reads of the UpgradeBundles' sources.
 	sourceReads int
-	labels   map[string]map[string]string // node → labels
-	sources  []cluster.RegistrySource     // the UpgradeBundles' spec.source
+	labels      map[string]map[string]string // node → labels
+	sources     []cluster.RegistrySource     // the UpgradeBundles' spec.source
 	// the UpgradeBundle resources, by name; readiness of the Nodes
 	bundles   map[string]*fakeBundle
 	readiness map[string]cluster.NodeReady

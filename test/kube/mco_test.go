@@ -136,7 +136,9 @@ func TestAgent_KeepsItsMirrorUntilTheMCOIsDoneWithTheNode(t *testing.T) {
 	e.SetMachineConfig("node-a", "Done", newConfig, newConfig)
 	worker.Current, worker.Updated = newConfig, 1
 	e.SetPool(worker)
-	a.Wait(bound, "cleaned up", func(s agent.Status) bool { return s.Phase == string(agent.PhaseUpgraded) && s.Reason == agent.ReasonUpgraded })
+	a.Wait(bound, "cleaned up", func(s agent.Status) bool {
+		return s.Phase == string(agent.PhaseUpgraded) && s.Reason == agent.ReasonUpgraded
+	})
 	waitUntil(t, "the waiting reason gone from the Node", func() bool { return e.Annotations("node-a")["ferry.io/reason"] == "" })
 	if _, err := os.Stat(filepath.Join(c.Dropins.RegistriesConfDir, crio.DropinName)); !os.IsNotExist(err) {
 		t.Error("the mirror drop-in outlived the MCO's update")
