@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -237,8 +236,8 @@ func TestPolicy_TheConditionsAreTheSummarysAndEchoNoGenerationAhead(t *testing.T
 }
 
 // TestAgents_TwoNodesOneWriterOfTheConditions: two real agents, each with
-// its own node credential, peers by a shared token, nothing loaded (no
-// CRI-O: they verify, extract and share). ferry approve before either has
+// its kubelet's credentials (peers by their node certificates), nothing
+// loaded (no CRI-O: they verify, extract and share). ferry approve before either has
 // the bundle; node-a is given it, node-b fetches it. The resource's
 // conditions have one writer, the summary's (node-a, first by name): the
 // API server's managedFields show that only ferry-node-a owns
@@ -254,31 +253,10 @@ func TestAgents_TwoNodesOneWriterOfTheConditions(t *testing.T) {
 	if out, err := exec.Command(ferryenv.Binary(t), "approve", strings.TrimSuffix(tarPath, ".tar")+".sha256", "--kubeconfig", e.AdminKC).CombinedOutput(); err != nil {
 		t.Fatalf("ferry approve: %v\n%s", err, out)
 	}
-	token := filepath.Join(t.TempDir(), "peer-token")
-	if err := os.WriteFile(token, []byte("a shared secret of the peers\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ports := map[string]int{"node-a": freePort(t), "node-b": freePort(t)}
-	agents := map[string]*ferryenv.Agent{}
-	for _, n := range []string{"node-a", "node-b"} {
-		cfg := ferryenv.Config(t.TempDir())
-		cfg.NodeName, cfg.Approval = n, "required"
-		cfg.Cluster.Kubeconfig = e.NodeKubeconfig(n)
-		cfg.Peer.Identity, cfg.Peer.TokenFile = "token", token
-		cfg.Peer.Listen = "127.0.0.1:" + strconv.Itoa(ports[n])
-		for m, p := range ports {
-			if m != n {
-				cfg.Peer.Peers = []string{"127.0.0.1:" + strconv.Itoa(p)}
-			}
-		}
-		agents[n] = ferryenv.Start(t, cfg)
-	}
-	for _, a := range agents {
-		a.WaitPhase(bound, "idle")
-	}
+	agents := kubeletAgents(t, e, []string{"node-a", "node-b"}, func(_ string, cfg *agent.Config) { cfg.Approval = "required" })
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("the UpgradeBundle: %v\nnode-a's log:\n%s\nnode-b's log:\n%s", e.Bundle(name), agents["node-a"].Logs(), agents["node-b"].Logs())
+			t.Logf("the UpgradeBundle: %v", e.Bundle(name))
 		}
 	})
 	if out, err := agents["node-a"].Ferry("load", tarPath); err != nil {

@@ -1,15 +1,11 @@
 package kube
 
 import (
-	"os"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/ferry-edge/ferry/agent"
-	"github.com/ferry-edge/ferry/internal/testca"
 	"github.com/ferry-edge/ferry/test/crioenv"
-	"github.com/ferry-edge/ferry/test/ferryenv"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
 
@@ -27,44 +23,20 @@ func TestAgents_ANodeWithoutCRIOHoldsTheGateSayingSoUntilExcluded(t *testing.T) 
 	e.AddNode("node-b", "127.0.0.1")
 	e.InstallFerry()
 	installBundles(e)
-	servingCA := testca.New(t, "kubelet-signer")
-	e.Create("/api/v1/namespaces/openshift-config-managed/configmaps", map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
-		"metadata": map[string]any{"name": "kubelet-serving-ca"}, "data": map[string]any{"ca-bundle.crt": string(servingCA.PEM)}})
 	tarPath, meta := releaseBundle(t)
 	name := agent.ResourceName(meta.Version, meta.Arch)
-	ports := map[string]int{"node-a": freePort(t), "node-b": freePort(t)}
-	agents := map[string]*ferryenv.Agent{}
-	for _, n := range []string{"node-a", "node-b"} {
-		cfg := ferryenv.Config(t.TempDir())
-		cfg.NodeName = n
+	agents := kubeletAgents(t, e, []string{"node-a", "node-b"}, func(n string, cfg *agent.Config) {
 		if n == "node-a" {
-			c.Configure(&cfg)
+			c.Configure(cfg)
 		}
-		if err := os.MkdirAll(cfg.Paths.CertsDir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		cfg.Cluster.Kubeconfig = e.NodeCertKubeconfig(n)
 		cfg.Cluster.Schedule = "Manual" // the gate is what is tested, not the upgrade
-		cert, key := servingCA.Serving(t, n, "127.0.0.1")
-		cfg.Peer.Cert = testca.WriteCurrent(t, t.TempDir(), "kubelet-server", cert, key)
-		cfg.Peer.Identity = "node"
-		cfg.Peer.Listen = "127.0.0.1:" + strconv.Itoa(ports[n])
-		for m, p := range ports {
-			if m != n {
-				cfg.Peer.Peers = []string{"127.0.0.1:" + strconv.Itoa(p)}
-			}
-		}
-		agents[n] = ferryenv.Start(t, cfg)
-	}
+	})
 	if agents["node-b"].Cfg.CRIO.Socket != "" {
 		t.Fatalf("node-b has a CRI-O socket %q", agents["node-b"].Cfg.CRIO.Socket)
 	}
-	for _, a := range agents {
-		a.WaitPhase(bound, "idle")
-	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("the UpgradeBundle: %v\nnode-a's log:\n%s\nnode-b's log:\n%s", e.Bundle(name), agents["node-a"].Logs(), agents["node-b"].Logs())
+			t.Logf("the UpgradeBundle: %v", e.Bundle(name))
 		}
 	})
 	if out, err := agents["node-a"].Ferry("load", tarPath); err != nil {
