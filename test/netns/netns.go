@@ -118,6 +118,11 @@ func New(t testing.TB, opts Options) *Lab {
 		l.ip("netns", "add", n.NS)
 		l.nodes = append(l.nodes, n)
 		l.ip("-n", n.NS, "link", "set", "lo", "up")
+		// What binds port 0 in a node (CRI-O's stream server, ferry's
+		// registry) takes a port below the host's ephemeral range, where
+		// the host's servers that forwardPort brings into the node live:
+		// the two never meet on one port.
+		l.run("ip", "netns", "exec", n.NS, "sysctl", "-q", "-w", "net.ipv4.ip_local_port_range=20000 29999")
 		// Both ends are created inside the lab's namespaces: the host's
 		// namespace never sees them.
 		l.ip("-n", l.bridge, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", n.NS)
