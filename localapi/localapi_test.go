@@ -385,6 +385,28 @@ func TestLoad_AnOPathDescriptorIsRefused(t *testing.T) {
 	}
 }
 
+// runAsNobody runs test child of this test binary as nobody (uid 65534)
+// with env, from a copy of the binary in dir (a tree nobody can reach),
+// and returns what it printed.
+func runAsNobody(t *testing.T, dir, child, env string) string {
+	t.Helper()
+	self, err := os.Executable()
+	must(t, err)
+	bin := filepath.Join(dir, "localapi.test")
+	b, err := os.ReadFile(self)
+	must(t, err)
+	must(t, os.WriteFile(bin, b, 0o755))
+	cmd := exec.CommandContext(t.Context(), bin, "-test.run=^"+child+"$", "-test.v")
+	cmd.Env = []string{env, "PATH=/usr/bin:/bin"}
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s as nobody: %v\n%s", child, err, out)
+	}
+	return string(out)
+}
+
 // senderEnv names, for the child process of
 // TestLoad_ANonRootSenderIsRefusedBySOPeerCred, the socket and the
 // bundle it passes.
@@ -412,23 +434,9 @@ func TestLoad_ANonRootSenderIsRefusedBySOPeerCred(t *testing.T) {
 	for _, p := range []string{tarPath, strings.TrimSuffix(tarPath, ".tar") + ".sha256"} {
 		must(t, os.Chmod(p, 0o644))
 	}
-	self, err := os.Executable()
-	must(t, err)
-	bin := filepath.Join(dir, "localapi.test")
-	b, err := os.ReadFile(self)
-	must(t, err)
-	must(t, os.WriteFile(bin, b, 0o755))
-
-	cmd := exec.CommandContext(t.Context(), bin, "-test.run=^TestLoad_SenderChild$", "-test.v")
-	cmd.Env = []string{senderEnv + "=" + sock + "," + tarPath, "PATH=/usr/bin:/bin"}
-	cmd.Dir = dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("the sender: %v\n%s", err, out)
-	}
-	if !strings.Contains(string(out), "REFUSED: ") || !strings.Contains(string(out), "refused uid 65534") ||
-		!strings.Contains(string(out), "only root may pass bundles") {
+	out := runAsNobody(t, dir, "TestLoad_SenderChild", senderEnv+"="+sock+","+tarPath)
+	if !strings.Contains(out, "REFUSED: ") || !strings.Contains(out, "refused uid 65534") ||
+		!strings.Contains(out, "only root may pass bundles") {
 		t.Fatalf("the non-root sender was not refused by its uid:\n%s", out)
 	}
 	if got := a.asked(); len(got) != 0 {
@@ -477,22 +485,8 @@ func TestStatus_ANonRootCallerIsToldToUseSudo(t *testing.T) {
 	if _, err := c.Status(t.Context()); err != nil {
 		t.Fatalf("root's own call: %v", err)
 	}
-	self, err := os.Executable()
-	must(t, err)
-	bin := filepath.Join(dir, "localapi.test")
-	b, err := os.ReadFile(self)
-	must(t, err)
-	must(t, os.WriteFile(bin, b, 0o755))
-
-	cmd := exec.CommandContext(t.Context(), bin, "-test.run=^TestStatus_CallerChild$", "-test.v")
-	cmd.Env = []string{statusCallerEnv + "=" + sock, "PATH=/usr/bin:/bin"}
-	cmd.Dir = dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("the caller: %v\n%s", err, out)
-	}
-	if !strings.Contains(string(out), "NOPERMISSION: ") || !strings.Contains(string(out), "sudo ferry") || strings.Contains(string(out), "not running") {
+	out := runAsNobody(t, dir, "TestStatus_CallerChild", statusCallerEnv+"="+sock)
+	if !strings.Contains(out, "NOPERMISSION: ") || !strings.Contains(out, "sudo ferry") || strings.Contains(out, "not running") {
 		t.Fatalf("the non-root caller was not told to use sudo:\n%s", out)
 	}
 }
