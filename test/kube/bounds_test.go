@@ -116,8 +116,9 @@ func TestPolicy_UpgradeBundlesAreBoundedByNameAndSize(t *testing.T) {
 		return a.Raw(ctx, "POST", "/apis/ferry.io/v1alpha1/upgradebundles", "application/json",
 			map[string]any{"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundle", "metadata": md}, nil)
 	}
-	for _, name := range []string{"evil", "ferry-probe", "4.13.7-x86-64-and-more", strings.Repeat("4", 70) + "-x86-64", "4.13.7-riscv64"} {
-		denied(t, "an UpgradeBundle named "+name, create(name, nil), "ferry-upgradebundle")
+	// A name ferry would never read is refused for everyone, by the CRD.
+	for _, name := range []string{"evil", "ferry-probe", "4.13.7-x86-64-and-more", strings.Repeat("4", 70) + "-x86-64", "4.13.7-riscv64", "4.13.7-amd64"} {
+		invalid(t, "an UpgradeBundle named "+name, create(name, nil), "as ferry spells it")
 	}
 	denied(t, "an UpgradeBundle with a large annotation", create("4.13.8-x86-64", map[string]any{"annotations": map[string]any{"x": strings.Repeat("y", 200<<10)}}), "ferry-upgradebundle")
 	denied(t, "an UpgradeBundle with a label", create("4.13.8-x86-64", map[string]any{"labels": map[string]any{"x": "y"}}), "ferry-upgradebundle")

@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -70,17 +71,19 @@ func fetchedFromPeer(t *testing.T, n bundleNode) {
 }
 
 // TestAgent_AnApprovalInAnotherUpgradeBundleNeverStartsTheUpgrade (issue
-// 45, item 1): the administrator wrote the engineer's digest and
-// schedule Manual into 4.13.7-amd64, the spelling people use, while the
-// bundle's own resource is 4.13.7-x86-64. Before, the node took the
+// 45, item 1): 4.13.7-amd64, the spelling people use, is refused by the
+// CRD, naming 4.13.7-x86-64; the administrator then wrote the engineer's
+// digest and schedule Manual into 4.13.7-aarch64, a valid name but not
+// this bundle's own resource, 4.13.7-x86-64. Before, the node took the
 // approval from the stray one, created its own with an empty spec
 // (Automatic) and asked for the upgrade seconds after loading. Now
 // neither node loads or asks: node-a, given the bundle, says which
 // resource counts and a Warning Event on the stray one names it; node-b
 // refuses to fetch it from node-a, not approved.
 func TestAgent_AnApprovalInAnotherUpgradeBundleNeverStartsTheUpgrade(t *testing.T) {
-	const stray = "4.13.7-amd64"
+	const stray = "4.13.7-aarch64"
 	nodes := startTwoBundleNodes(t, func(e *kubeenv.Env, b bundleNode) {
+		refusedName(t, e, "4.13.7-amd64", "name it 4.13.7-x86-64")
 		// The release is approved: only the stray bundle approval stands
 		// between the load and the upgrade.
 		e.ApproveRelease(b.meta.Release)
@@ -234,5 +237,17 @@ func TestAgent_AHistoryEntrySpelledByDigestAloneIsThisRelease(t *testing.T) {
 			}
 			return false
 		})
+	}
+}
+
+// refusedName shows that the API server refuses to create UpgradeBundle
+// name, its message saying want (the spelling ferry reads).
+func refusedName(t *testing.T, e *kubeenv.Env, name, want string) {
+	t.Helper()
+	cmd := exec.Command(e.Kubectl(), "--kubeconfig", e.AdminKC, "create", "-f", "-")
+	cmd.Stdin = strings.NewReader(`{"apiVersion":"ferry.io/v1alpha1","kind":"UpgradeBundle","metadata":{"name":"` + name + `"}}`)
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), want) {
+		t.Fatalf("creating UpgradeBundle %s: %v, want refused saying %q:\n%s", name, err, want, out)
 	}
 }

@@ -26,17 +26,19 @@ func (e *Env) InstallUpgradeBundles(crd string) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	// The admission policy (InstallFerry's) holds for the new type once a
-	// credential bound to no Node is refused a create.
+	// credential bound to no Node is refused a create (of a name the CRD
+	// takes, so that the policy is what answers).
+	const probeBundle = "0.0.0-probe-x86-64"
 	c, err := kube.New(e.ServiceAccountKubeconfig("openshift-ferry", "ferry"), nil)
 	must(e.t, err)
 	c.Attempts = 1
 	for {
-		err := c.CreateUpgradeBundle(context.Background(), "ferry-probe")
+		err := c.CreateUpgradeBundle(context.Background(), probeBundle)
 		if err != nil && strings.Contains(err.Error(), "bound to no Node") {
 			return
 		}
 		if err == nil {
-			e.Admin.Raw(context.Background(), "DELETE", bundlesPath+"/ferry-probe", "", nil, nil)
+			e.Admin.Raw(context.Background(), "DELETE", bundlesPath+"/"+probeBundle, "", nil, nil)
 		}
 		if time.Now().After(deadline) {
 			e.t.Fatalf("the ferry-upgradebundle admission policy never held (apply InstallFerry first): %v", err)
