@@ -243,11 +243,7 @@ func TestPolicy_TheConditionsAreTheSummarysAndEchoNoGenerationAhead(t *testing.T
 // API server's managedFields show that only ferry-node-a owns
 // status.conditions, and one node alone records the approval's Event.
 func TestAgents_TwoNodesOneWriterOfTheConditions(t *testing.T) {
-	e := kubeenv.Start(t, current)
-	e.AddNode("node-a", "127.0.0.1")
-	e.AddNode("node-b", "127.0.0.1")
-	e.InstallFerry()
-	installBundles(e)
+	e := twoNodeCluster(t)
 	tarPath, meta := releaseBundle(t)
 	name := agent.ResourceName(meta.Version, meta.Arch)
 	if out, err := exec.Command(ferryenv.Binary(t), "approve", strings.TrimSuffix(tarPath, ".tar")+".sha256", "--kubeconfig", e.AdminKC).CombinedOutput(); err != nil {

@@ -6,7 +6,6 @@ import (
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/test/crioenv"
-	"github.com/ferry-edge/ferry/test/kubeenv"
 )
 
 // TestAgents_ANodeWithoutCRIOHoldsTheGateSayingSoUntilExcluded: two real
@@ -18,11 +17,7 @@ import (
 // spec.excludedNodes, node-a is cluster-ready.
 func TestAgents_ANodeWithoutCRIOHoldsTheGateSayingSoUntilExcluded(t *testing.T) {
 	c := crioenv.Start(t)
-	e := kubeenv.Start(t, current)
-	e.AddNode("node-a", "127.0.0.1")
-	e.AddNode("node-b", "127.0.0.1")
-	e.InstallFerry()
-	installBundles(e)
+	e := twoNodeCluster(t)
 	tarPath, meta := releaseBundle(t)
 	name := agent.ResourceName(meta.Version, meta.Arch)
 	agents := kubeletAgents(t, e, []string{"node-a", "node-b"}, func(n string, cfg *agent.Config) {

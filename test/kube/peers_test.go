@@ -144,6 +144,19 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// twoNodeCluster is the real API server with Nodes node-a and node-b,
+// ferry's RBAC, admission policies and UpgradeBundle CRD: where the
+// two-agent tests start.
+func twoNodeCluster(t *testing.T) *kubeenv.Env {
+	t.Helper()
+	e := kubeenv.Start(t, current)
+	e.AddNode("node-a", "127.0.0.1")
+	e.AddNode("node-b", "127.0.0.1")
+	e.InstallFerry()
+	installBundles(e)
+	return e
+}
+
 // kubeletAgents starts the real agents of nodes (already in e), each with
 // only its kubelet's kubeconfig (client certificate) and serving
 // certificate and peer.identity = "node" (no token anywhere), peers of
@@ -204,11 +217,7 @@ func kubeletAgents(t *testing.T, e *kubeenv.Env, nodes []string, configure func(
 // bundles read through the real API server: the bundle given to node-a
 // reaches node-b through the peers.
 func TestAgents_TwoNodesShareABundleOverTLSWithTheirKubeletIdentities(t *testing.T) {
-	e := kubeenv.Start(t, current)
-	e.AddNode("node-a", "127.0.0.1")
-	e.AddNode("node-b", "127.0.0.1")
-	e.InstallFerry()
-	installBundles(e)
+	e := twoNodeCluster(t)
 	tarPath, meta := releaseBundle(t)
 	agents := kubeletAgents(t, e, []string{"node-a", "node-b"}, nil)
 	if out, err := agents["node-a"].Ferry("load", tarPath); err != nil {
