@@ -5,11 +5,13 @@ import (
 	"crypto/tls"
 	"encoding/pem"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/ferry-edge/ferry/internal/testca"
 )
@@ -32,14 +34,22 @@ func kubeletKubeconfig(t *testing.T, dir, server string, serverCA []byte, curren
 // TestClient_PresentsTheKubeletsRotatedCertificate: the kubelet moves its
 // -current.pem link to a new certificate; the client's next request
 // presents the new one (the API server checks the certificate on every
-// request, so an old connection must not carry on with the old one).
+// request, so an old connection must not carry on with the old one: over
+// HTTP/2 the one connection a watch keeps busy is closed too).
 func TestClient_PresentsTheKubeletsRotatedCertificate(t *testing.T) {
 	ca := testca.New(t, "kube-csr-signer")
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/watch" {
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+			return
+		}
 		c := r.TLS.PeerCertificates[0]
 		w.Write([]byte(`{"cn":"` + c.Subject.CommonName + `","serial":"` + c.SerialNumber.String() + `"}`))
 	}))
 	srv.TLS = &tls.Config{ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: testca.Pool(ca)}
+	srv.EnableHTTP2 = true
 	srv.StartTLS()
 	defer srv.Close()
 	servingCA := srv.Certificate().Raw
@@ -60,11 +70,29 @@ func TestClient_PresentsTheKubeletsRotatedCertificate(t *testing.T) {
 		t.Fatalf("first request: %+v %v", got, err)
 	}
 	first := got.Serial
+	// A watch keeps the connection busy, as the agent's do.
+	watchCtx, stopWatch := context.WithCancel(t.Context())
+	defer stopWatch() // before srv.Close, which waits for the handler
+	req, _ := http.NewRequestWithContext(watchCtx, "GET", srv.URL+"/watch", nil)
+	resp, err := c.stream.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.ProtoMajor != 2 {
+		t.Fatalf("the watch went over %s, want HTTP/2", resp.Proto)
+	}
+	watchEnded := make(chan error, 1)
+	go func() { _, err := io.Copy(io.Discard, resp.Body); watchEnded <- err }()
 
 	cert, key = ca.Node(t, "a")
 	testca.WriteCurrent(t, pki, "kubelet-client", cert, key)
 	if err := c.Raw(t.Context(), "GET", "/whoami", "", nil, &got); err != nil || got.Serial == first {
 		t.Fatalf("after the rotation the client presents serial %s (before %s), %v", got.Serial, first, err)
+	}
+	select {
+	case <-watchEnded: // ended with its connection: the informer watches again on a new one
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch on the old certificate's connection still runs after the rotation")
 	}
 
 	// A half-written rotation keeps the last good pair.

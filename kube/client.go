@@ -114,17 +114,22 @@ func New(kubeconfig string, log *slog.Logger) (*Client, error) {
 		certs.seen = certs.stamps()
 		ep.tls.GetClientCertificate = certs.clientCertificate
 	}
+	dialer := &conns{dial: (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext}
 	tr := &http.Transport{
 		TLSClientConfig:     ep.tls,
-		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:         dialer.DialContext,
 		TLSHandshakeTimeout: 10 * time.Second,
 		MaxIdleConns:        2,
 		IdleConnTimeout:     90 * time.Second,
+		// A custom TLS config and dialer turn Go's HTTP/2 off unless
+		// asked: with it every watch and request shares one connection,
+		// as client-go's do, instead of one TLS connection per watch.
+		ForceAttemptHTTP2: true,
 	}
 	if certs != nil {
 		// Connections kept open still carry the old certificate, which
-		// the API server checks on every request: drop the idle ones.
-		certs.changed = tr.CloseIdleConnections
+		// the API server checks on every request: drop them all.
+		certs.changed = dialer.closeAll
 	}
 	return &Client{ep: ep, tokens: newTokens(ep), certs: certs, hc: &http.Client{Transport: tr, Timeout: time.Minute}, stream: &http.Client{Transport: tr},
 		log: log, Attempts: 4, Backoff: 250 * time.Millisecond}, nil
@@ -159,7 +164,8 @@ func (c *Client) do(ctx context.Context, method, path, contentType string, body 
 	var last error
 	for attempt := 1; ; attempt++ {
 		last = c.once(ctx, method, path, contentType, payload, out)
-		if last == nil || !retryable(last) || attempt >= c.Attempts || ctx.Err() != nil {
+		if last == nil || !retryable(last) || attempt >= c.Attempts || ctx.Err() != nil ||
+			method == http.MethodPost && !unsent(last) {
 			return last
 		}
 		c.log.Debug("kube: retrying", "method", method, "path", path, "err", last)
@@ -269,6 +275,19 @@ func statusError(b []byte, code int) *APIError {
 		st.Message = http.StatusText(st.Code)
 	}
 	return &APIError{Code: st.Code, Reason: st.Reason, Message: st.Message}
+}
+
+// unsent: an answer that says the request was not acted on, so a POST
+// can be sent again without making a second object (429: turned away by
+// the server's flow control; a failed dial: never sent). Anything else, a
+// 5xx or a connection lost mid-answer, may have created it.
+func unsent(err error) bool {
+	var a *APIError
+	if errors.As(err, &a) {
+		return a.Code == http.StatusTooManyRequests
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // retryable: network errors, 429 and 5xx; not 4xx.

@@ -147,10 +147,11 @@ func (i *Informer) Run(ctx context.Context) {
 		}
 		wait = min(2*wait, backoffMax)
 	}
+	quorum := false
 	for ctx.Err() == nil {
 		if rv == "" {
 			var err error
-			if rv, err = i.list(ctx); err != nil {
+			if rv, err = i.list(ctx, quorum); err != nil {
 				if ctx.Err() == nil {
 					fail(err)
 				}
@@ -170,7 +171,9 @@ func (i *Informer) Run(ctx context.Context) {
 			// The server ended it: watch on from rv.
 		case errors.Is(err, ErrGone):
 			i.c.log.Debug("kube: resourceVersion expired; listing again", "path", i.path)
-			rv = ""
+			// The watch cache may be behind what the watch saw: this
+			// list reads etcd, so the copy never goes back in time.
+			rv, quorum = "", true
 		default:
 			if errors.Is(err, ErrForbidden) {
 				// Listed but not watched: the reads ask the API again.
@@ -191,11 +194,21 @@ type meta struct {
 	} `json:"metadata"`
 }
 
-// list reads the whole collection and replaces the copy with it.
-func (i *Informer) list(ctx context.Context) (string, error) {
-	path := i.path
+// list reads the whole collection and replaces the copy with it. As
+// client-go's reflector, it asks with resourceVersion=0, which the API
+// server answers from its watch cache instead of a quorum read of etcd;
+// quorum asks etcd (after a 410, when the cache may lag the watch).
+func (i *Informer) list(ctx context.Context, quorum bool) (string, error) {
+	q := url.Values{}
 	if i.selector != "" {
-		path += "?" + url.Values{"fieldSelector": {i.selector}}.Encode()
+		q.Set("fieldSelector", i.selector)
+	}
+	if !quorum {
+		q.Set("resourceVersion", "0")
+	}
+	path := i.path
+	if len(q) > 0 {
+		path += "?" + q.Encode()
 	}
 	var list struct {
 		Metadata struct {
