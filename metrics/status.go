@@ -150,8 +150,14 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(phaseDesc, prometheus.GaugeValue, boolValue(r.Phase == p), r.Name, d, string(p))
 		}
 		if r.Progress.Unit == "images" {
+			pinned := r.Progress.Done
+			if r.Phase.Loaded() || r.Phase == agent.PhaseUpgraded {
+				// Loaded: the loader checked every image pinned (the
+				// load's last progress report may not have been shown).
+				pinned = r.Progress.Total
+			}
 			ch <- prometheus.MustNewConstMetric(expectedDesc, prometheus.GaugeValue, float64(r.Progress.Total), r.Name, d)
-			ch <- prometheus.MustNewConstMetric(pinnedDesc, prometheus.GaugeValue, float64(r.Progress.Done), r.Name, d)
+			ch <- prometheus.MustNewConstMetric(pinnedDesc, prometheus.GaugeValue, float64(pinned), r.Name, d)
 		}
 	}
 }
