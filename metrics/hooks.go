@@ -2,7 +2,6 @@ package metrics
 
 import (
 	"context"
-	"errors"
 	"net/http"
 
 	"github.com/ferry-edge/ferry/agent"
@@ -27,8 +26,6 @@ func (c countedReloader) Reload(ctx context.Context) error {
 	err := c.Reloader.Reload(ctx)
 	switch {
 	case ctx.Err() != nil:
-	case errors.Is(err, crio.ErrNotRunning):
-		c.m.reloads.WithLabelValues("crio_down").Inc()
 	default:
 		c.m.Reloaded(err)
 	}

@@ -7,12 +7,15 @@
 package metrics
 
 import (
+	"errors"
 	"net/http"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ferry-edge/ferry/crio"
 )
 
 // Source kinds, the values of the source label of fetched bytes and the
@@ -72,7 +75,7 @@ func New() *Metrics {
 
 // Handler serves the metrics in Prometheus' text format.
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 }
 
 // Registry is the metrics' registry (tests gather from it).
@@ -102,12 +105,20 @@ func (m *Metrics) ServedAs(kind string) func(n int64) {
 	return func(n int64) { m.Served(kind, n) }
 }
 
-// Reloaded counts one reload of CRI-O and its result.
+// Reloaded counts one reload of CRI-O and its result: ok, failed, or
+// crio_down (no CRI-O to reload: the loader waits for it).
 func (m *Metrics) Reloaded(err error) {
 	if m == nil {
 		return
 	}
-	m.reloads.WithLabelValues(result(err, "ok")).Inc()
+	r := "ok"
+	switch {
+	case errors.Is(err, crio.ErrNotRunning):
+		r = "crio_down"
+	case err != nil:
+		r = "failed"
+	}
+	m.reloads.WithLabelValues(r).Inc()
 }
 
 // Checked records a check of the running release in CRI-O: missing
@@ -133,16 +144,12 @@ func (m *Metrics) Checked(missing int, err error) {
 
 // apiRequest counts one request to the API server.
 func (m *Metrics) apiRequest(method string, code int) {
+	if m == nil {
+		return
+	}
 	c := "error"
 	if code > 0 {
 		c = strconv.Itoa(code)
 	}
 	m.api.WithLabelValues(method, c).Inc()
-}
-
-func result(err error, ok string) string {
-	if err != nil {
-		return "failed"
-	}
-	return ok
 }

@@ -1,10 +1,12 @@
 package peer
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ferry-edge/ferry/internal/testca"
@@ -80,5 +82,30 @@ func TestNodeTLS_TheClusterMonitoringReadsMetricsOnly(t *testing.T) {
 		if got := statusOf(c.hc, c.url); got != c.want {
 			t.Errorf("%s: %d, want %d (0: refused at the handshake)", c.what, got, c.want)
 		}
+	}
+}
+
+// TestServer_MetricsBehindTheTokenAndTheBytesCounted: with a peer token,
+// /metrics answers only the token, like every route; a range sent to a
+// peer counts its bytes on both sides (Served, Received).
+func TestServer_MetricsBehindTheTokenAndTheBytesCounted(t *testing.T) {
+	data, digest := randomBundle(t, 3*testPieceSize+17)
+	var served, received atomic.Int64
+	n := newSource(t, data, digest, ServerOptions{Token: "s3cret", Served: func(k int64) { served.Add(k) },
+		Metrics: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("metrics")) })})
+	if resp, _ := get(t, "http://"+n.addr+"/metrics", nil); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("/metrics without the token: %d", resp.StatusCode)
+	}
+	if resp, body := get(t, "http://"+n.addr+"/metrics", map[string]string{"Authorization": "Bearer s3cret"}); resp.StatusCode != http.StatusOK || string(body) != "metrics" {
+		t.Errorf("/metrics with the token: %d %q", resp.StatusCode, body)
+	}
+	c := NewClient("s3cret", nil)
+	c.Received = func(k int64) { received.Add(k) }
+	var buf bytes.Buffer
+	if err := c.CopyRange(t.Context(), n.addr, digest, 5, int64(len(data))-5, &buf); err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(len(data)) - 5; served.Load() != want || received.Load() != want {
+		t.Errorf("served %d, received %d bytes, want %d", served.Load(), received.Load(), want)
 	}
 }
