@@ -117,6 +117,9 @@ type Deps struct {
 	// Puller, when set, is registry mode: releases pulled from the site's
 	// registry (ferry load --release), handed back with RequestPulled.
 	Puller Puller
+	// Published, when set, is given every status the loop publishes, in
+	// order (the metrics follow the phases with it); it must not block.
+	Published func(Status)
 }
 
 // Puller copies a release from the site's registry into a bundle on this

@@ -77,6 +77,9 @@ func (a *Agent) publish() {
 	}
 	snap.bundle = withPullRecord(snap.bundle, s.Pull)
 	old := a.snap.Swap(snap)
+	if a.deps.Published != nil {
+		a.deps.Published(s)
+	}
 	if old == nil || !reflect.DeepEqual(old.followKey(), snap.followKey()) {
 		a.followed.fire()
 	}

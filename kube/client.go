@@ -135,6 +135,12 @@ func New(kubeconfig string, log *slog.Logger) (*Client, error) {
 		log: log, Attempts: 4, Backoff: 250 * time.Millisecond}, nil
 }
 
+// WrapTransport puts wrap around the transport of every request the
+// client sends, watches included (cmd/ferry counts them in metrics).
+func (c *Client) WrapTransport(wrap func(http.RoundTripper) http.RoundTripper) {
+	c.hc.Transport, c.stream.Transport = wrap(c.hc.Transport), wrap(c.stream.Transport)
+}
+
 // Server is the API server's URL.
 func (c *Client) Server() string { return c.ep.server }
 

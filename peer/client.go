@@ -30,6 +30,9 @@ type Client struct {
 	// a peer that drips a byte now and then never holds one for long.
 	minRate    int64
 	rateWindow time.Duration
+	// Received, when set, is told of each tar byte received from a peer
+	// (cmd/ferry counts them in metrics).
+	Received func(n int64)
 }
 
 // Default minimum rate of a range from a peer: what a node's LAN gives
@@ -274,6 +277,9 @@ func (c *Client) copyRange(ctx context.Context, peer string, digest digest.Diges
 				return werr
 			}
 			got.Add(int64(k))
+			if c.Received != nil {
+				c.Received(int64(k))
+			}
 		}
 		if rerr != nil && got.Load() < n {
 			if rerr == io.EOF {

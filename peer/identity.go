@@ -39,6 +39,22 @@ type NodeTLS struct {
 	// certificate outlives its Node; a peer whose node is not known is
 	// refused, however good its certificate.
 	Known func(node string) bool
+	// Monitoring lets the cluster's monitoring connect too (a client
+	// certificate from ClientCAs naming MonitoringUser), to read
+	// /metrics and nothing else (Server).
+	Monitoring bool
+}
+
+// MonitoringUser is who OpenShift's cluster monitoring scrapes as: its
+// Prometheus presents a client certificate with this CN, signed by the
+// API server's client CA (openshift-monitoring/metrics-client-certs),
+// as it does to every kubelet and CRI-O.
+const MonitoringUser = "system:serviceaccount:openshift-monitoring:prometheus-k8s"
+
+// MetricsReader reports whether r came with the monitoring's
+// certificate (checked against ClientCAs at the handshake).
+func MetricsReader(r *http.Request) bool {
+	return r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && r.TLS.PeerCertificates[0].Subject.CommonName == MonitoringUser
 }
 
 // ErrNotAPeer is a certificate the peers do not take for a node's.
@@ -70,11 +86,19 @@ func (n *NodeTLS) known(node string) error {
 // verify checks certs (leaf first) against roots for usage, and, when
 // host is not "", that the leaf names host; it returns the node named.
 func verify(certs []*x509.Certificate, roots *x509.CertPool, usage x509.ExtKeyUsage, host string) (string, error) {
+	if err := verifyChain(certs, roots, usage, host); err != nil {
+		return "", err
+	}
+	return nodeOf(certs[0])
+}
+
+// verifyChain is verify, whoever the leaf names.
+func verifyChain(certs []*x509.Certificate, roots *x509.CertPool, usage x509.ExtKeyUsage, host string) error {
 	if len(certs) == 0 {
-		return "", fmt.Errorf("%w: no certificate", ErrNotAPeer)
+		return fmt.Errorf("%w: no certificate", ErrNotAPeer)
 	}
 	if roots == nil {
-		return "", fmt.Errorf("%w: this node has no CA bundle to check it against yet", ErrNotAPeer)
+		return fmt.Errorf("%w: this node has no CA bundle to check it against yet", ErrNotAPeer)
 	}
 	inter := x509.NewCertPool()
 	for _, c := range certs[1:] {
@@ -82,9 +106,9 @@ func verify(certs []*x509.Certificate, roots *x509.CertPool, usage x509.ExtKeyUs
 	}
 	opts := x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{usage}, DNSName: host}
 	if _, err := certs[0].Verify(opts); err != nil {
-		return "", fmt.Errorf("%w: %v", ErrNotAPeer, err)
+		return fmt.Errorf("%w: %v", ErrNotAPeer, err)
 	}
-	return nodeOf(certs[0])
+	return nil
 }
 
 // ServerConfig is the peer server's TLS: a client certificate is
@@ -101,8 +125,15 @@ func (n *NodeTLS) ServerConfig() *tls.Config {
 		},
 		ClientAuth: tls.RequireAnyClientCert,
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			node, err := verify(cs.PeerCertificates, n.ClientCAs(), x509.ExtKeyUsageClientAuth, "")
+			certs := cs.PeerCertificates
+			if err := verifyChain(certs, n.ClientCAs(), x509.ExtKeyUsageClientAuth, ""); err != nil {
+				return err
+			}
+			node, err := nodeOf(certs[0])
 			if err != nil {
+				if n.Monitoring && certs[0].Subject.CommonName == MonitoringUser {
+					return nil // it reads /metrics only (Server)
+				}
 				return err
 			}
 			return n.known(node)

@@ -15,6 +15,8 @@
 //	/v1/status                       Status (JSON) of this node
 //	/v2/…, /v1/pull/…                the registry pull under way, for the nodes following it
 //	                                 (ServerOptions.Pull; pull/serve.go)
+//	/metrics                         the agent's Prometheus metrics (ServerOptions.Metrics); with
+//	                                 node identities also for the cluster's monitoring (MonitoringUser), which reads nothing else
 //
 // With a token configured every request needs "Authorization: Bearer <token>".
 package peer

@@ -72,6 +72,12 @@ type ServerOptions struct {
 	// following it (pull.Puller.Handler): /v2/ and /v1/pull/, behind the
 	// same authentication as the bundles.
 	Pull http.Handler
+	// Metrics, when set, serves /metrics behind the same authentication
+	// as the bundles; with TLS, the cluster's monitoring
+	// (MetricsReader) reaches it too, and nothing else.
+	Metrics http.Handler
+	// Served, when set, is told of each tar byte sent to a peer.
+	Served func(n int64)
 }
 
 // Server is the read-only peer HTTP handler. See the package comment for
@@ -112,6 +118,9 @@ func NewServer(store Store, opts ServerOptions) *Server {
 		s.mux.Handle("GET /v2/", opts.Pull)
 		s.mux.Handle("GET /v1/pull/", opts.Pull)
 	}
+	if opts.Metrics != nil {
+		s.mux.Handle("GET /metrics", opts.Metrics)
+	}
 	return s
 }
 
@@ -123,6 +132,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.opts.TLS != nil {
 		// The handshake checked the certificate; this only makes sure
 		// no request comes in any other way.
+		if s.opts.Metrics != nil && r.URL.Path == "/metrics" && MetricsReader(r) {
+			s.opts.Metrics.ServeHTTP(w, r)
+			return
+		}
 		if PeerNode(r) == "" {
 			s.opts.Log.Warn("peer request refused: no node certificate", "remote", r.RemoteAddr, "path", r.URL.Path)
 			http.Error(w, "this node serves bundles only to the cluster's nodes, over TLS with their kubelet certificates", http.StatusUnauthorized)
@@ -369,6 +382,9 @@ func (s *Server) copyRange(w http.ResponseWriter, r *http.Request, o Offer, ra i
 			if _, werr := w.Write(buf[:m]); werr != nil {
 				s.opts.Log.Debug("peer tar write stopped", "remote", r.RemoteAddr, "digest", o.Digest, "err", werr)
 				return false
+			}
+			if s.opts.Served != nil {
+				s.opts.Served(int64(m))
 			}
 			if s.opts.Pacer != nil && s.opts.Pacer.Pace(r.Context(), m) != nil {
 				return false

@@ -76,6 +76,7 @@ type front struct {
 	next   http.Handler
 	blobs  blobFiles
 	stats  *counter
+	served func(n int64)
 	listed listed
 	log    *slog.Logger
 }
@@ -116,6 +117,9 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(rec, `{"errors":[{"code":"UNSUPPORTED","message":"ferry's embedded registry is read-only"}]}`, http.StatusMethodNotAllowed)
 	}
 
+	if f.served != nil {
+		f.served(rec.n)
+	}
 	c := f.stats
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -146,6 +150,7 @@ type statusRecorder struct {
 	http.ResponseWriter
 	status int
 	wrote  bool
+	n      int64 // bytes written
 }
 
 func (s *statusRecorder) WriteHeader(code int) {
@@ -157,7 +162,9 @@ func (s *statusRecorder) WriteHeader(code int) {
 
 func (s *statusRecorder) Write(b []byte) (int, error) {
 	s.wrote = true
-	return s.ResponseWriter.Write(b)
+	n, err := s.ResponseWriter.Write(b)
+	s.n += int64(n)
+	return n, err
 }
 
 func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }

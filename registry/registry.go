@@ -48,6 +48,9 @@ type Registry struct {
 	// MaxConns bounds the connections served at once, set before Serve;
 	// 0 is DefaultMaxConns. Those past it wait to be accepted.
 	MaxConns int
+	// Served, when set before Serve, is told of the bytes of each
+	// answer sent (cmd/ferry counts them in metrics).
+	Served func(n int64)
 
 	log     *slog.Logger
 	ln      net.Listener
@@ -156,7 +159,7 @@ func (r *Registry) Handler(ctx context.Context, root string) (http.Handler, func
 		stopLogs()
 		return nil, nil, err
 	}
-	h := &front{next: app, blobs: blobFiles{root: root, pacer: r.Pacer}, stats: r.stats, listed: listed, log: r.log}
+	h := &front{next: app, blobs: blobFiles{root: root, pacer: r.Pacer}, stats: r.stats, served: r.Served, listed: listed, log: r.log}
 	return h, func() { app.Shutdown(); stopLogs() }, nil
 }
 

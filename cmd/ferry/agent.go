@@ -20,6 +20,7 @@ import (
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/media"
+	"github.com/ferry-edge/ferry/metrics"
 	"github.com/ferry-edge/ferry/pull"
 	"github.com/ferry-edge/ferry/systemd"
 	"github.com/ferry-edge/ferry/udev"
@@ -144,7 +145,9 @@ func runAgent(ctx context.Context, cfg agent.Config) error {
 	if err := sticks.Sweep(); err != nil { // mounts a crashed agent left behind
 		log.Warn("cleaning the mount dir", "err", err)
 	}
-	deps := agent.Deps{Notify: notifier{}, Log: log, Admit: imagepolicy.Checker{Path: cfg.Paths.SignaturePolicy}.Admit}
+	// What the agent does, as metrics, served on the peer port.
+	m := metrics.New()
+	deps := agent.Deps{Notify: notifier{}, Log: log, Admit: imagepolicy.Checker{Path: cfg.Paths.SignaturePolicy}.Admit, Published: m.Observe}
 	// One governor paces all bulk work: extraction, peers, pulls.
 	gov, runPacer := agent.NewPacer(cfg.Pacing, log)
 	if gov != nil {
@@ -155,18 +158,18 @@ func runAgent(ctx context.Context, cfg agent.Config) error {
 	} else {
 		log.Info("media.detect is manual: plugged devices are not read; give bundles with ferry load")
 	}
-	loader, err := newLoader(cfg, gov, log)
+	loader, err := newLoader(cfg, gov, m, log)
 	if err != nil {
 		return err
 	}
 	if loader != nil {
-		deps.Loader = loader
+		deps.Loader = m.Loader(loader)
 	}
 	var followCluster func(context.Context) error
-	if deps.API, deps.Warnings, followCluster, err = newClusterAPI(&cfg, log); err != nil {
+	if deps.API, deps.Warnings, followCluster, err = newClusterAPI(&cfg, m, log); err != nil {
 		return err
 	}
-	peers, err := newPeers(cfg, gov, recordedNodes(deps.API), log)
+	peers, err := newPeers(cfg, gov, recordedNodes(deps.API), m, log)
 	if err != nil {
 		return err
 	}

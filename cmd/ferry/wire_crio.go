@@ -8,6 +8,7 @@ import (
 	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/internal/pacing"
 	"github.com/ferry-edge/ferry/load"
+	"github.com/ferry-edge/ferry/metrics"
 	"github.com/ferry-edge/ferry/registry"
 	"github.com/ferry-edge/ferry/systemd"
 )
@@ -18,7 +19,7 @@ var _ agent.Loader = (*load.Loader)(nil)
 
 // newLoader wires the embedded registry and CRI-O, or nothing when no CRI
 // socket is configured.
-func newLoader(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (*load.Loader, error) {
+func newLoader(cfg agent.Config, gov *pacing.Governor, m *metrics.Metrics, log *slog.Logger) (*load.Loader, error) {
 	if cfg.CRIO.Socket == "" {
 		return nil, nil
 	}
@@ -31,6 +32,7 @@ func newLoader(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (*load.
 	default:
 		rl = crio.NoReload{}
 	}
+	rl = m.Reloader(rl)
 	cl, err := crio.Dial(cfg.CRIO.Socket)
 	if err != nil {
 		return nil, err
@@ -45,6 +47,9 @@ func newLoader(cfg agent.Config, gov *pacing.Governor, log *slog.Logger) (*load.
 			reg, err := registry.New(regDir, cfg.Registry.Port, log)
 			if err == nil && gov != nil {
 				reg.Pacer = gov
+			}
+			if err == nil {
+				reg.Served = m.ServedAs(metrics.SourceRegistry)
 			}
 			return reg, err
 		},

@@ -10,6 +10,7 @@ import (
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/kube"
+	"github.com/ferry-edge/ferry/metrics"
 )
 
 // clusterAPI is the agent's ClusterAPI on the kube client: what the agent
@@ -73,7 +74,7 @@ func (k clusterAPI) PublishBundle(ctx context.Context, name string, sum *cluster
 // kubeconfig), and that writes this node's record for its peers (its
 // Lease). With the kubelet's credential, the node is the one its
 // certificate names (cfg.NodeName is set to it).
-func newClusterAPI(cfg *agent.Config, log *slog.Logger) (agent.ClusterAPI, []string, func(context.Context) error, error) {
+func newClusterAPI(cfg *agent.Config, m *metrics.Metrics, log *slog.Logger) (agent.ClusterAPI, []string, func(context.Context) error, error) {
 	if cfg.Cluster.Kubeconfig == "" {
 		return nil, nil, nil, nil
 	}
@@ -84,6 +85,7 @@ func newClusterAPI(cfg *agent.Config, log *slog.Logger) (agent.ClusterAPI, []str
 	if err := nodeFromIdentity(cfg, c, log); err != nil {
 		return nil, nil, nil, err
 	}
+	c.WrapTransport(m.Transport)
 	// Each node's writes under its own name in managedFields.
 	c.FieldManager = kube.FieldManager(cfg.NodeName)
 	var warnings []string

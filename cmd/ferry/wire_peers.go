@@ -14,6 +14,7 @@ import (
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/internal/pacing"
 	"github.com/ferry-edge/ferry/kube"
+	"github.com/ferry-edge/ferry/metrics"
 	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/pull"
 )
@@ -30,7 +31,7 @@ type peerSide struct {
 
 // newPeers builds the peer side; nil when no peer is configured. With
 // node identities, known says which nodes the cluster has now.
-func newPeers(cfg agent.Config, gov *pacing.Governor, known func(string) bool, log *slog.Logger) (*peerSide, error) {
+func newPeers(cfg agent.Config, gov *pacing.Governor, known func(string) bool, m *metrics.Metrics, log *slog.Logger) (*peerSide, error) {
 	if cfg.Peer.Listen == "" && len(cfg.Peer.Peers) == 0 {
 		return nil, nil
 	}
@@ -51,19 +52,21 @@ func newPeers(cfg agent.Config, gov *pacing.Governor, known func(string) bool, l
 		pacer = gov
 	}
 	fopts := peer.FetcherOptions{Peers: cfg.Peer.Peers, Token: token, Shelf: shelf, Log: log, Pacer: pacer}
-	sopts := peer.ServerOptions{Token: token, Closed: cfg.Peer.Closed(), Log: log, Pacer: pacer}
+	sopts := peer.ServerOptions{Token: token, Closed: cfg.Peer.Closed(), Log: log, Pacer: pacer,
+		Metrics: m.Handler(), Served: m.ServedAs(metrics.SourcePeer)}
 	if cfg.Peer.NodeIdentity() {
 		nt, err := newNodeTLS(cfg, log)
 		if err != nil {
 			return nil, err
 		}
-		nt.Known = known
+		nt.Known, nt.Monitoring = known, true
 		fopts.Client, sopts.TLS = peer.NewNodeClient(nt), nt.ServerConfig()
 	}
-	client := fopts.Client
-	if client == nil {
-		client = peer.NewClient(token, nil)
+	if fopts.Client == nil {
+		fopts.Client = peer.NewClient(token, nil)
 	}
+	client := fopts.Client
+	client.Received = m.FetchedFrom(metrics.SourcePeer)
 	f := peer.NewFetcher(fopts)
 	side := &peerSide{peers: peer.Node{Shelf: shelf, Fetcher: f},
 		access: &pull.PeerAccess{Transport: client.Transport(), TLS: client.TLS()}}

@@ -15,6 +15,7 @@ pkgs=(
   shellcheck                                  # test/packaging: the MachineConfig's installer script
   etcd-server                                 # test/kubeenv: the real API server's store
   fio                                         # test/bench/n1-etcd-fsync.sh: etcd's WAL pattern
+  prometheus                                  # promtool (test/packaging: the PrometheusRule); a real Prometheus scraping an agent (test/kube)
   libgpgme-dev                                # a bare go build without GOFLAGS' containers_image_openpgp tag
 )
 missing=()
