@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/ferry-edge/ferry/cluster"
+	"github.com/ferry-edge/ferry/hop"
 )
 
 const (
@@ -52,6 +53,23 @@ func (c *Client) Preflight(ctx context.Context, node, target string, images []st
 	return p, nil
 }
 
+// PreflightPath is Preflight for a bundle's path (each hop's version, in
+// order): every hop must be one the version operator accepts after the
+// one before, from the cluster's version (a gap is refused naming the
+// missing minor), and the first hop passes Preflight's checks; each
+// later hop's Upgradeable and admin-acks are checked when it is asked
+// (AdvancePath), since the release before it sets them.
+func (c *Client) PreflightPath(ctx context.Context, node string, path []string, images []string) (cluster.Preflight, error) {
+	p, err := c.Preflight(ctx, node, path[0], images)
+	if err != nil || len(p.Refusals) > 0 || len(path) == 1 {
+		return p, err
+	}
+	if err := hop.CheckPath(path[0], path[1:]); err != nil {
+		p.Refusals = append(p.Refusals, fmt.Sprintf("the bundle's path %s: %s", strings.Join(path, " → "), strings.TrimPrefix(err.Error(), hop.ErrRefused.Error()+": ")))
+	}
+	return p, nil
+}
+
 // current is the cluster's version: the newest Completed history entry's,
 // else what it is moving to.
 func (cv *clusterVersion) current() string {
@@ -78,11 +96,11 @@ func (c *Client) checkVersion(ctx context.Context, p *cluster.Preflight, cv *clu
 		p.Refusals = append(p.Refusals, fmt.Sprintf("%s is older than the cluster's %s: OpenShift does not downgrade; bring a newer bundle", target, p.Current))
 		return nil
 	}
-	if to.major != cur.major || to.minor > cur.minor+1 {
-		p.Refusals = append(p.Refusals, fmt.Sprintf("%s skips a minor version from the cluster's %s: update to %d.%d first (or make an EUS-to-EUS bundle path)", target, p.Current, cur.major, cur.minor+1))
+	if err := hop.Check(p.Current, target); err != nil {
+		p.Refusals = append(p.Refusals, strings.TrimPrefix(err.Error(), hop.ErrRefused.Error()+": "))
 		return nil
 	}
-	if to.minor == cur.minor {
+	if to.major == cur.major && to.minor == cur.minor {
 		return nil // a z-stream update: Upgradeable and admin-acks do not apply
 	}
 	if u := cv.condition("Upgradeable"); u != nil && u.Status == "False" {
