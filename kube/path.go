@@ -184,5 +184,6 @@ func (c *Client) pathEvent(ctx context.Context, p cluster.Path, reason, message 
 	if v, found, err := c.UpgradeBundle(ctx, p.Bundle); err == nil && found {
 		uid = v.UID
 	}
-	c.BundleEvent(ctx, p.Bundle, uid, p.Node, typ, reason, message)
+	// A node records Events as itself (packaging/admission.yaml).
+	c.BundleEvent(ctx, p.Bundle, uid, p.Node, typ, reason, p.Node+": "+message)
 }
