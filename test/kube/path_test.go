@@ -210,3 +210,24 @@ func TestClient_APathWithThePoolsLeftAsTheAdministratorChose(t *testing.T) {
 		t.Errorf("events:\n%s\nwant one PathHopAsked for each hop", strings.Join(evs, "\n"))
 	}
 }
+
+// TestAgent_APathWithAGapIsRefusedBeforeAnyByteMoves: a cluster at
+// 4.13.6 and a bundle 4.15.1 → 4.16.0: the node refuses it, naming the
+// missing minor, before it is extracted or shared.
+func TestAgent_APathWithAGapIsRefusedBeforeAnyByteMoves(t *testing.T) {
+	e := kubeenv.Start(t, current)
+	e.AddNode("node-a", "127.0.0.1")
+	e.InstallFerry()
+	tarPath, meta := pathBundle(t, "4.15.1", "4.16.0")
+	a := nodeAgent(t, e, tarPath, nil)
+	s := a.WaitPhase(bound, agent.PhaseRejected)
+	if s.Reason != agent.ReasonPreflightRefused || !strings.Contains(s.Message, "skips 4.14") {
+		t.Fatalf("reason %s: %q; want the preflight's refusal naming 4.14", s.Reason, s.Message)
+	}
+	if _, err := statDir(a.Cfg.Paths.ExtractDir, meta.DirName()); err == nil {
+		t.Error("the refused bundle was extracted")
+	}
+	if got := desiredImage(e); got != "" {
+		t.Errorf("desiredUpdate set to %s", got)
+	}
+}
