@@ -78,7 +78,9 @@ func (c *Client) AdvancePath(ctx context.Context, p cluster.Path) (cluster.Upgra
 			return cluster.UpgradeStatus{State: cluster.UpgradePending, Message: what}, nil
 		case hop.WaitHop:
 			one := upgradeOf(cv, p.Hops[a.Hop].Release)
-			one.Message = what + ": " + one.Message
+			// The hop in progress, in each node's condition (and so its
+			// entry in the UpgradeBundle), with the operator's words.
+			one.Reason = strings.TrimSuffix(what+"; "+one.Reason, "; ")
 			if one.State == cluster.UpgradeCompleted || one.State == cluster.UpgradeNotAsked {
 				one.State = cluster.UpgradePending
 			}

@@ -133,7 +133,9 @@ func TestAgent_APathRunsHopByHopWithTheWorkerPoolPaused(t *testing.T) {
 	}
 	e.SetHistory(kubeenv.History{State: "Partial", Image: hops[1].Release, Version: hops[1].Version},
 		kubeenv.History{State: "Completed", Image: hops[0].Release, Version: hops[0].Version}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
-	a.Wait(bound, "the second hop followed", func(s agent.Status) bool { return strings.Contains(s.ClusterMessage, "hop 2 of 2") })
+	a.Wait(bound, "the second hop followed", func(s agent.Status) bool {
+		return strings.Contains(s.Message, "hop 2 of 2: the cluster is upgrading to 4.15.1")
+	})
 	e.SetHistory(kubeenv.History{State: "Completed", Image: hops[1].Release, Version: hops[1].Version},
 		kubeenv.History{State: "Completed", Image: hops[0].Release, Version: hops[0].Version}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
 	waitUntil(t, "the worker pool unpaused", func() bool { paused, mark := pool(t, e, "worker"); return !paused && mark == "" })
@@ -167,7 +169,9 @@ func TestClient_APathWithThePoolsLeftAsTheAdministratorChose(t *testing.T) {
 	name := "4.15.1-x86-64"
 	e.Create("/apis/ferry.io/v1alpha1/upgradebundles", map[string]any{"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundle",
 		"metadata": map[string]any{"name": name}, "spec": map[string]any{"pausePools": false}})
-	rel := func(c string) string { return "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat(c, 64) }
+	rel := func(c string) string {
+		return "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat(c, 64)
+	}
 	p := cluster.Path{Bundle: name, Node: "node-a", Hops: []cluster.Upgrade{{Release: rel("2"), Version: "4.14.2"}, {Release: rel("3"), Version: "4.15.1"}}}
 	for _, h := range p.Hops {
 		e.ApproveRelease(h.Release)
