@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -207,6 +208,28 @@ func TestClient_APathWithThePoolsLeftAsTheAdministratorChose(t *testing.T) {
 		if paused, mark := pool(t, e, name); paused || mark != "" {
 			t.Errorf("pool %s: paused %v, mark %q; the administrator chose not to pause", name, paused, mark)
 		}
+	}
+	// A node's credential may touch a pool's spec.paused and its own mark
+	// only, never master's, and never unpause a pool the administrator
+	// paused (packaging/admission.yaml, ferry-machineconfigpools).
+	e.SetPool(kubeenv.MachineConfigPool{Name: "infra", NodeSelector: map[string]string{"node-role.kubernetes.io/infra": ""}, Paused: true, Target: "rendered-infra-1", Current: "rendered-infra-1"})
+	mark := map[string]any{kube.PausedForAnnotation: "sha256-" + strings.Repeat("3", 64)}
+	pools := "/apis/machineconfiguration.openshift.io/v1/machineconfigpools/"
+	for _, tc := range []struct {
+		what, pool string
+		patch      map[string]any
+	}{
+		{"pause master", "master", map[string]any{"metadata": map[string]any{"annotations": mark}, "spec": map[string]any{"paused": true}}},
+		{"pause unmarked", "worker", map[string]any{"spec": map[string]any{"paused": true}}},
+		{"change a pool's configuration", "worker", map[string]any{"spec": map[string]any{"configuration": map[string]any{"name": "rendered-worker-evil"}}}},
+		{"unpause the administrator's pause", "infra", map[string]any{"spec": map[string]any{"paused": false}}},
+	} {
+		if err := merge(t, c, pools+tc.pool, tc.patch); !errors.Is(err, kube.ErrForbidden) {
+			t.Errorf("%s with a node's credential: %v, want Forbidden", tc.what, err)
+		}
+	}
+	if paused, _ := pool(t, e, "infra"); !paused {
+		t.Error("the administrator's paused pool was unpaused")
 	}
 	evs := e.Events(name)
 	asked := slices.DeleteFunc(slices.Clone(evs), func(s string) bool { return !strings.Contains(s, "PathHopAsked") })
