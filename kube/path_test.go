@@ -1,0 +1,35 @@
+package kube
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/ferry-edge/ferry/cluster"
+)
+
+// TestAdvancePath_ARefusedHopStopsThePathAndSaysSo: the second hop
+// refused by the version operator: the path is refused, naming the hop
+// and where it stops, in the operator's words.
+func TestAdvancePath_ARefusedHopStopsThePathAndSaysSo(t *testing.T) {
+	rel := func(c string) string { return "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat(c, 64) }
+	cv := map[string]any{
+		"spec": map[string]any{"desiredUpdate": map[string]any{"image": rel("3"), "version": "4.18.10"}},
+		"status": map[string]any{
+			"history": []any{
+				map[string]string{"state": "Completed", "image": rel("2"), "version": "4.17.20"},
+				map[string]string{"state": "Completed", "image": rel("1"), "version": "4.16.3"},
+			},
+			"conditions": []any{map[string]string{"type": "ReleaseAccepted", "status": "False", "message": "The update cannot be verified: no signature"}},
+		},
+	}
+	c := fakeAPI(t, map[string]any{clusterVersionPath: cv})
+	p := cluster.Path{Hops: []cluster.Upgrade{{Release: rel("2"), Version: "4.17.20"}, {Release: rel("3"), Version: "4.18.10"}}}
+	st, err := c.AdvancePath(t.Context(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != cluster.UpgradeRefused || !strings.Contains(st.Reason, "hop 2 of 2 (4.18.10) failed: the path stops at 4.17.20") ||
+		!strings.Contains(st.Reason, "no signature") {
+		t.Errorf("AdvancePath = %+v; want refused, naming the hop, where it stops and the operator's words", st)
+	}
+}
