@@ -33,3 +33,29 @@ func TestAdvancePath_ARefusedHopStopsThePathAndSaysSo(t *testing.T) {
 		t.Errorf("AdvancePath = %+v; want refused, naming the hop, where it stops and the operator's words", st)
 	}
 }
+
+// TestAdvancePath_UpgradeableFalseHoldsTheNextMinorHop: the first hop
+// Completed, the operator says Upgradeable=False: the second hop waits,
+// in the operator's words, and is not asked.
+func TestAdvancePath_UpgradeableFalseHoldsTheNextMinorHop(t *testing.T) {
+	rel := func(c string) string { return "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat(c, 64) }
+	cv := map[string]any{
+		"spec": map[string]any{"desiredUpdate": map[string]any{"image": rel("2"), "version": "4.17.20"}},
+		"status": map[string]any{
+			"history": []any{
+				map[string]string{"state": "Completed", "image": rel("2"), "version": "4.17.20"},
+				map[string]string{"state": "Completed", "image": rel("1"), "version": "4.16.3"},
+			},
+			"conditions": []any{map[string]string{"type": "Upgradeable", "status": "False", "reason": "AdminAckRequired", "message": "Kubernetes 1.31 removes APIs in use"}},
+		},
+	}
+	c := fakeAPI(t, map[string]any{clusterVersionPath: cv})
+	p := cluster.Path{Hops: []cluster.Upgrade{{Release: rel("2"), Version: "4.17.20"}, {Release: rel("3"), Version: "4.18.10"}}}
+	st, err := c.AdvancePath(t.Context(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != cluster.UpgradePending || !strings.Contains(st.Reason, "hop 2 of 2 (4.18.10) waits") || !strings.Contains(st.Reason, "Kubernetes 1.31 removes APIs in use") {
+		t.Errorf("AdvancePath = %+v; want the second hop waiting, in the operator's words", st)
+	}
+}
