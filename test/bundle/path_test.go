@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/test/fixture"
 )
 
@@ -83,6 +84,14 @@ func TestCreateCLI_PathOfTwoReleasesStoresSharedBlobsOnce(t *testing.T) {
 	b, err = exec.Command(ferryBin, "bundle", "inspect", tarPath).Output()
 	if err != nil || !strings.Contains(string(b), "path:     4.17.3 → 4.18.1 (2 hops") || !strings.Contains(string(b), "hop 1: 4.17.3 ") {
 		t.Errorf("inspect: %v\n%s", err, b)
+	}
+
+	// verify prints the command that approves each release of the path.
+	b, err = exec.Command(ferryBin, "bundle", "verify", "--quiet", tarPath).Output()
+	for _, rel := range []string{relA, relB} {
+		if key, _ := cluster.ApprovalKey(rel); err != nil || !strings.Contains(string(b), `{"data":{"`+key+`":"approved"}}`) {
+			t.Errorf("verify: %v\n%s\nwant the command approving %s", err, b, rel)
+		}
 	}
 
 	relD, _ := reg.PushRelease(t, fixture.ReleaseOptions{Version: "4.20.0", PayloadImages: 2})
