@@ -11,7 +11,9 @@ import (
 // refused by the version operator: the path is refused, naming the hop
 // and where it stops, in the operator's words.
 func TestAdvancePath_ARefusedHopStopsThePathAndSaysSo(t *testing.T) {
-	rel := func(c string) string { return "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat(c, 64) }
+	rel := func(c string) string {
+		return "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat(c, 64)
+	}
 	cv := map[string]any{
 		"spec": map[string]any{"desiredUpdate": map[string]any{"image": rel("3"), "version": "4.18.10"}},
 		"status": map[string]any{
@@ -38,7 +40,9 @@ func TestAdvancePath_ARefusedHopStopsThePathAndSaysSo(t *testing.T) {
 // Completed, the operator says Upgradeable=False: the second hop waits,
 // in the operator's words, and is not asked.
 func TestAdvancePath_UpgradeableFalseHoldsTheNextMinorHop(t *testing.T) {
-	rel := func(c string) string { return "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat(c, 64) }
+	rel := func(c string) string {
+		return "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat(c, 64)
+	}
 	cv := map[string]any{
 		"spec": map[string]any{"desiredUpdate": map[string]any{"image": rel("2"), "version": "4.17.20"}},
 		"status": map[string]any{
