@@ -18,6 +18,8 @@ type PathAPI interface {
 	// the next hop once the one before is Completed, unpause the pools)
 	// and says how it stands: Completed once its last hop is.
 	AdvancePath(ctx context.Context, p cluster.Path) (cluster.UpgradeStatus, error)
+	// PathStatus says how the path stands without taking a step.
+	PathStatus(ctx context.Context, p cluster.Path) (cluster.UpgradeStatus, error)
 	// PreflightPath is Preflight for every hop of the path, in order.
 	PreflightPath(ctx context.Context, path []string, images []string) (cluster.Preflight, error)
 }
@@ -47,7 +49,9 @@ func (a *Agent) startUpgrade(ctx context.Context, r *Record, u cluster.Upgrade) 
 }
 
 // upgradeStatus reads how the upgrade of s's release stands: for a
-// bundle with a path, the path's, taken one step further.
+// bundle with a path, the path's, taken one step further by the node
+// whose request the cluster accepted (the one that started it: the
+// stick's, or where ferry proceed ran), only read by the others.
 func (a *Agent) upgradeStatus(ctx context.Context, s Status) (cluster.UpgradeStatus, error) {
 	for i := range s.Bundles {
 		r := &s.Bundles[i]
@@ -55,7 +59,10 @@ func (a *Agent) upgradeStatus(ctx context.Context, s Status) (cluster.UpgradeSta
 			continue
 		}
 		if api, p, ok := a.pathOf(r); ok {
-			return api.AdvancePath(ctx, p)
+			if r.Upgrade != nil && !r.Upgrade.Accepted.IsZero() {
+				return api.AdvancePath(ctx, p)
+			}
+			return api.PathStatus(ctx, p)
 		}
 	}
 	return a.deps.API.UpgradeStatus(ctx, s.Release)

@@ -31,6 +31,18 @@ const maxPathSteps = 3
 // hop is asked only when ClusterVersion, read just before, says every
 // hop before it is Completed and none after it asked.
 func (c *Client) AdvancePath(ctx context.Context, p cluster.Path) (cluster.UpgradeStatus, error) {
+	return c.path(ctx, p, true)
+}
+
+// PathStatus is how a path stands, as AdvancePath says it, without taking
+// a step: for the nodes that follow a path another node started (and for
+// every node before the upgrade is asked for: a node ready first must not
+// start it). Nothing asked yet is UpgradeNotAsked; between hops, Running.
+func (c *Client) PathStatus(ctx context.Context, p cluster.Path) (cluster.UpgradeStatus, error) {
+	return c.path(ctx, p, false)
+}
+
+func (c *Client) path(ctx context.Context, p cluster.Path, act bool) (cluster.UpgradeStatus, error) {
 	if len(p.Hops) == 0 {
 		return cluster.UpgradeStatus{}, fmt.Errorf("a path of no hop")
 	}
@@ -51,6 +63,16 @@ func (c *Client) AdvancePath(ctx context.Context, p cluster.Path) (cluster.Upgra
 		}
 		a := hop.Next(s)
 		what := s.Describe(a)
+		if !act {
+			switch {
+			case a.Do == hop.PausePools || a.Do == hop.AskHop && a.Hop == 0 && !s.Paused:
+				return cluster.UpgradeStatus{State: cluster.UpgradeNotAsked}, nil
+			case a.Do == hop.AskHop && a.Hop == 0:
+				return cluster.UpgradeStatus{State: cluster.UpgradePending, Message: what, Reason: what}, nil
+			case a.Do == hop.AskHop || a.Do == hop.UnpausePools:
+				return cluster.UpgradeStatus{State: cluster.UpgradeRunning, Message: what, Reason: what}, nil
+			}
+		}
 		switch a.Do {
 		case hop.PausePools:
 			if err := c.setPaused(ctx, pools, key, true); err != nil {

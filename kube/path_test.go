@@ -1,6 +1,10 @@
 package kube
 
 import (
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -61,5 +65,46 @@ func TestAdvancePath_UpgradeableFalseHoldsTheNextMinorHop(t *testing.T) {
 	}
 	if st.State != cluster.UpgradePending || !strings.Contains(st.Reason, "hop 2 of 2 (4.18.10) waits") || !strings.Contains(st.Reason, "Kubernetes 1.31 removes APIs in use") {
 		t.Errorf("AdvancePath = %+v; want the second hop waiting, in the operator's words", st)
+	}
+}
+
+// TestPathStatus_TakesNoStep: a node that did not start the path (or
+// before the upgrade is asked for) only reads: nothing asked yet is
+// UpgradeNotAsked, and it writes nothing, though AdvancePath would pause
+// the worker pool.
+func TestPathStatus_TakesNoStep(t *testing.T) {
+	rel := func(c string) string {
+		return "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat(c, 64)
+	}
+	objs := map[string]any{
+		clusterVersionPath: map[string]any{"status": map[string]any{"history": []any{map[string]string{"state": "Completed", "image": rel("1"), "version": "4.16.3"}}}},
+		poolsPath: map[string]any{"items": []any{
+			map[string]any{"metadata": map[string]any{"name": "master"}, "spec": map[string]any{}},
+			map[string]any{"metadata": map[string]any{"name": "worker"}, "spec": map[string]any{}},
+		}},
+	}
+	var writes []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			writes = append(writes, r.Method+" "+r.URL.Path)
+		}
+		o, ok := objs[r.URL.Path]
+		if !ok {
+			w.WriteHeader(http.StatusNotFound)
+			json.NewEncoder(w).Encode(map[string]string{"reason": "NotFound", "message": r.URL.Path + " not found"})
+			return
+		}
+		json.NewEncoder(w).Encode(o)
+	}))
+	t.Cleanup(srv.Close)
+	c := &Client{ep: endpoint{server: srv.URL}, tokens: &tokens{}, hc: srv.Client(), log: slog.New(slog.DiscardHandler), Attempts: 1}
+	p := cluster.Path{Hops: []cluster.Upgrade{{Release: rel("2"), Version: "4.17.20"}, {Release: rel("3"), Version: "4.18.10"}}}
+	st, err := c.PathStatus(t.Context(), p)
+	if err != nil || st.State != cluster.UpgradeNotAsked || len(writes) > 0 {
+		t.Fatalf("PathStatus: %+v, %v, writes %v; want not asked, nothing written", st, err, writes)
+	}
+	c.AdvancePath(t.Context(), p) // the fake answers its write 404: only the write counts
+	if len(writes) == 0 || writes[0] != "PATCH "+poolsPath+"/worker" {
+		t.Errorf("AdvancePath writes %v; want the worker pool paused first", writes)
 	}
 }
