@@ -26,10 +26,11 @@ const maxPathSteps = 3
 // hop is Completed and the pools ferry paused are unpaused; Refused when
 // a hop is refused (the path stops there, and says so); Pending while a
 // hop waits for the administrator (Upgradeable=False, an admin-ack).
-// Every node may call it: each step is one the cluster takes once
-// (a pool already paused, a desiredUpdate already set, are left), and a
-// hop is asked only when ClusterVersion, read just before, says every
-// hop before it is Completed and none after it asked.
+// The node that started the path calls it (the others read PathStatus);
+// each step is one the cluster takes once (a pool already paused, a
+// desiredUpdate already set, are left), and a hop is asked only when
+// ClusterVersion, read just before, says every hop before it is
+// Completed and none after it asked.
 func (c *Client) AdvancePath(ctx context.Context, p cluster.Path) (cluster.UpgradeStatus, error) {
 	return c.path(ctx, p, true)
 }
