@@ -52,3 +52,24 @@ func TestCheckPath_NamesTheMissingMinor(t *testing.T) {
 		t.Errorf("path with a gap: %v, want it to name 4.17", err)
 	}
 }
+
+func TestVersion_ComparesAsReleasesDo(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		want int
+	}{
+		{"4.13.7", "4.13.7", 0}, {"4.13.8", "4.13.7", 1}, {"4.14.0", "4.13.20", 1},
+		{"4.14.0-rc.1", "4.14.0", -1}, {"4.14.0-rc.2", "4.14.0-rc.1", 1}, {"5.0.0", "4.99.9", 1},
+	} {
+		a, okA := Parse(c.a)
+		b, okB := Parse(c.b)
+		if !okA || !okB || a.Compare(b) != c.want {
+			t.Errorf("Compare(%s, %s) = %d (%v %v), want %d", c.a, c.b, a.Compare(b), okA, okB, c.want)
+		}
+	}
+	for _, bad := range []string{"", "4.13", "4.x.1", "latest"} {
+		if _, ok := Parse(bad); ok {
+			t.Errorf("Parse(%q) accepted", bad)
+		}
+	}
+}

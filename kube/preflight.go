@@ -7,7 +7,6 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/ferry-edge/ferry/cluster"
@@ -82,13 +81,13 @@ func (cv *clusterVersion) current() string {
 }
 
 func (c *Client) checkVersion(ctx context.Context, p *cluster.Preflight, cv *clusterVersion, target string) error {
-	cur, okCur := parseVersion(p.Current)
-	to, okTo := parseVersion(target)
+	cur, okCur := hop.Parse(p.Current)
+	to, okTo := hop.Parse(target)
 	if !okCur || !okTo {
 		p.Warnings = append(p.Warnings, fmt.Sprintf("cannot compare the bundle's version %q with the cluster's %q", target, p.Current))
 		return nil
 	}
-	switch cmp := to.compare(cur); {
+	switch cmp := to.Compare(cur); {
 	case cmp == 0:
 		p.Refusals = append(p.Refusals, fmt.Sprintf("the cluster is at %s already: this bundle would change nothing", p.Current))
 		return nil
@@ -100,7 +99,7 @@ func (c *Client) checkVersion(ctx context.Context, p *cluster.Preflight, cv *clu
 		p.Refusals = append(p.Refusals, strings.TrimPrefix(err.Error(), hop.ErrRefused.Error()+": "))
 		return nil
 	}
-	if to.major == cur.major && to.minor == cur.minor {
+	if !cur.IsMinorUpdate(to) {
 		return nil // a z-stream update: Upgradeable and admin-acks do not apply
 	}
 	if u := cv.condition("Upgradeable"); u != nil && u.Status == "False" {
@@ -115,7 +114,7 @@ var adminGateRE = regexp.MustCompile(`^ack-([4-5][.][0-9]{1,})-[^-]`)
 
 // checkAdminAcks refuses a minor update while an admin gate of the
 // cluster's current minor is not acknowledged ("true" in admin-acks).
-func (c *Client) checkAdminAcks(ctx context.Context, p *cluster.Preflight, cur version) error {
+func (c *Client) checkAdminAcks(ctx context.Context, p *cluster.Preflight, cur hop.Version) error {
 	var gates, acks configMapData
 	if err := c.do(ctx, "GET", adminGatesPath, "", nil, &gates); err != nil && !IsNotFound(err) {
 		return fmt.Errorf("reading openshift-config-managed/admin-gates: %w", err)
@@ -126,7 +125,7 @@ func (c *Client) checkAdminAcks(ctx context.Context, p *cluster.Preflight, cur v
 	var missing []string
 	for gate, what := range gates.Data {
 		m := adminGateRE.FindStringSubmatch(gate)
-		if m == nil || m[1] != fmt.Sprintf("%d.%d", cur.major, cur.minor) || acks.Data[gate] == "true" {
+		if m == nil || m[1] != cur.MinorOf() || acks.Data[gate] == "true" {
 			continue
 		}
 		missing = append(missing, fmt.Sprintf("%s (%s)", gate, what))
@@ -271,49 +270,4 @@ func listed(items []string) string {
 		return strings.Join(items, ", ")
 	}
 	return strings.Join(items[:maxListed], ", ") + fmt.Sprintf(" and %d more", len(items)-maxListed)
-}
-
-// version is a release version, major.minor.patch[-pre].
-type version struct {
-	major, minor, patch int
-	pre                 string
-}
-
-func parseVersion(s string) (version, bool) {
-	core, pre, _ := strings.Cut(strings.SplitN(s, "+", 2)[0], "-")
-	parts := strings.Split(core, ".")
-	if len(parts) != 3 {
-		return version{}, false
-	}
-	var n [3]int
-	for i, p := range parts {
-		v, err := strconv.Atoi(p)
-		if err != nil || v < 0 {
-			return version{}, false
-		}
-		n[i] = v
-	}
-	return version{n[0], n[1], n[2], pre}, true
-}
-
-// compare orders versions as semver does (a pre-release sorts before its
-// release; pre-releases compare as strings, enough for rc.N and ec.N).
-func (v version) compare(w version) int {
-	for _, d := range [][2]int{{v.major, w.major}, {v.minor, w.minor}, {v.patch, w.patch}} {
-		if d[0] != d[1] {
-			if d[0] < d[1] {
-				return -1
-			}
-			return 1
-		}
-	}
-	switch {
-	case v.pre == w.pre:
-		return 0
-	case v.pre == "":
-		return 1
-	case w.pre == "":
-		return -1
-	}
-	return strings.Compare(v.pre, w.pre)
 }

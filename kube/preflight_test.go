@@ -9,27 +9,6 @@ import (
 	"testing"
 )
 
-func TestVersion_ComparesAsReleasesDo(t *testing.T) {
-	for _, c := range []struct {
-		a, b string
-		want int
-	}{
-		{"4.13.7", "4.13.7", 0}, {"4.13.8", "4.13.7", 1}, {"4.14.0", "4.13.20", 1},
-		{"4.14.0-rc.1", "4.14.0", -1}, {"4.14.0-rc.2", "4.14.0-rc.1", 1}, {"5.0.0", "4.99.9", 1},
-	} {
-		a, okA := parseVersion(c.a)
-		b, okB := parseVersion(c.b)
-		if !okA || !okB || a.compare(b) != c.want {
-			t.Errorf("compare(%s, %s) = %d (%v %v), want %d", c.a, c.b, a.compare(b), okA, okB, c.want)
-		}
-	}
-	for _, bad := range []string{"", "4.13", "4.x.1", "latest"} {
-		if _, ok := parseVersion(bad); ok {
-			t.Errorf("parseVersion(%q) accepted", bad)
-		}
-	}
-}
-
 // fakeAPI answers GETs from a path → JSON map; anything else is a 404.
 func fakeAPI(t *testing.T, objs map[string]any) *Client {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
