@@ -27,7 +27,7 @@ func (a *Agent) preflight(ctx context.Context, r *Record) error {
 		return nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, preflightTimeout)
-	p, err := a.deps.API.Preflight(cctx, r.Metadata.Version, r.Metadata.AllImages())
+	p, err := a.preflightOf(cctx, r)
 	cancel()
 	if ctx.Err() != nil {
 		return ctx.Err()

@@ -40,7 +40,7 @@ func (a *Agent) askUpgrade(ctx context.Context, r *Record) {
 		wait := a.retryBase()
 		for {
 			cctx, cancel := context.WithTimeout(ctx, time.Minute)
-			err := a.deps.API.StartUpgrade(cctx, u)
+			err := a.startUpgrade(cctx, r, u)
 			cancel()
 			if ctx.Err() != nil {
 				return
@@ -86,7 +86,7 @@ func (a *Agent) followUpgrade(ctx context.Context) {
 		}
 		if s := snap.status; s.Release != "" && (s.Phase == string(PhaseClusterReady) || s.Phase == string(PhaseUpgrading)) {
 			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			st, err := a.deps.API.UpgradeStatus(cctx, s.Release)
+			st, err := a.upgradeStatus(cctx, s)
 			cancel()
 			if err != nil {
 				if err.Error() != lastErr && ctx.Err() == nil {

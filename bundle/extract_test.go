@@ -204,7 +204,7 @@ func TestExtract_Rejects(t *testing.T) {
 	otherArch := testMetadata(1 << 20)
 	otherArch.Arch = "aarch64"
 	future := testMetadata(1 << 20)
-	future.FormatVersion = 2
+	future.FormatVersion = FormatVersion + 1
 	small := testMetadata(100)
 	cases := []struct {
 		name    string

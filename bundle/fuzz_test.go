@@ -8,7 +8,7 @@ import (
 
 func FuzzParseMetadata(f *testing.F) {
 	f.Add([]byte(`{"formatVersion":1,"version":"4.13.7","arch":"x86_64","size":"1 KiB","sizeBytes":1024,"release":"quay.io/a/b@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef","images":[]}`))
-	f.Add([]byte(`{"formatVersion":2}`))
+	f.Add([]byte(`{"formatVersion":3}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := ParseMetadata(b)

@@ -21,7 +21,14 @@ import (
 )
 
 // FormatVersion is the newest metadata.json format this ferry understands.
-const FormatVersion = 1
+// A bundle of one release is written as format 1, which every ferry
+// reads; a bundle with a path of several releases as FormatPath, which a
+// ferry older than paths refuses ("update ferry") rather than aiming
+// straight at the last release and skipping the hops before it.
+const FormatVersion = FormatPath
+
+// FormatPath is the first format with a path of several releases.
+const FormatPath = 2
 
 const (
 	// MetadataName is the tar's first entry.
@@ -65,12 +72,48 @@ type Metadata struct {
 	// for the release); the embedded registry serves them as the source did.
 	Signatures []string `json:"signatures,omitempty"`
 
+	// Path (formats FormatPath and later), for a bundle of several
+	// releases, is every hop the cluster takes, in order: the last is the
+	// bundle's own version and release (its signatures are
+	// releaseSignatures, not repeated there), the earlier ones are among
+	// images. Empty: one hop, to release. Hops reads both.
+	Path []Hop `json:"path,omitempty"`
+
 	// Shape is how the metadata was written: ShapeFerry, or ShapeSeed (no
 	// formatVersion: the seed's example and upgrade-tool), read leniently.
 	Shape string `json:"-"`
 	// Duplicates are images a seed-shaped metadata listed more than once
 	// (counted once).
 	Duplicates []string `json:"-"`
+}
+
+// Hop is one release of a bundle's path.
+type Hop struct {
+	Version string `json:"version"`
+	Release string `json:"release"` // name@sha256:…
+	// ReleaseSignatures are this release image's signatures, as
+	// Metadata's; empty for the last hop (Metadata carries them).
+	ReleaseSignatures [][]byte `json:"releaseSignatures,omitempty"`
+}
+
+// OldestFormat is the oldest format that holds m: 1 for one release, so
+// that every ferry reads it; FormatPath for a path.
+func (m *Metadata) OldestFormat() int {
+	if len(m.Path) > 0 {
+		return FormatPath
+	}
+	return 1
+}
+
+// Hops is the bundle's path, the last hop carrying the bundle's release
+// signatures: one hop for a bundle without a path.
+func (m *Metadata) Hops() []Hop {
+	last := Hop{Version: m.Version, Release: m.Release, ReleaseSignatures: m.ReleaseSignatures}
+	if len(m.Path) == 0 {
+		return []Hop{last}
+	}
+	out := append([]Hop(nil), m.Path[:len(m.Path)-1]...)
+	return append(out, last)
 }
 
 // Metadata shapes.
@@ -226,6 +269,9 @@ func (m *Metadata) Validate() error {
 		}
 		seen[ref] = true
 	}
+	if err := m.validatePath(seen); err != nil {
+		return bad("%v", err)
+	}
 	names := map[string]bool{}
 	for ref := range seen {
 		n, _, _ := SplitRef(ref)
@@ -254,6 +300,37 @@ func (m *Metadata) Validate() error {
 		if n < 0 || m.SizeBytes > 0 && n > m.SizeBytes {
 			return bad("imageBytes: %s: %d bytes does not fit in sizeBytes %d", ref, n, m.SizeBytes)
 		}
+	}
+	return nil
+}
+
+// validatePath checks the path against the images (images: the release
+// and every image, by reference).
+func (m *Metadata) validatePath(images map[string]bool) error {
+	if len(m.Path) == 0 {
+		return nil
+	}
+	switch last := m.Path[len(m.Path)-1]; {
+	case m.FormatVersion < FormatPath:
+		return fmt.Errorf("path needs formatVersion %d or later, not %d", FormatPath, m.FormatVersion)
+	case len(m.Path) < 2:
+		return errors.New("path of one hop: a bundle of one release has no path")
+	case last.Version != m.Version || last.Release != m.Release:
+		return fmt.Errorf("path ends at %s (%s), not at the bundle's version %s and release %s", last.Version, last.Release, m.Version, m.Release)
+	case len(last.ReleaseSignatures) > 0:
+		return errors.New("path: the last hop's signatures are releaseSignatures, not repeated in the path")
+	}
+	versions := map[string]bool{}
+	for i, h := range m.Path {
+		switch {
+		case !versionRE.MatchString(h.Version):
+			return fmt.Errorf("path[%d]: version %q missing or malformed", i, h.Version)
+		case versions[h.Version]:
+			return fmt.Errorf("path[%d]: version %s listed twice", i, h.Version)
+		case !images[h.Release]:
+			return fmt.Errorf("path[%d]: release %q is not one of the bundle's images", i, h.Release)
+		}
+		versions[h.Version] = true
 	}
 	return nil
 }

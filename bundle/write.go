@@ -38,7 +38,8 @@ type tarTreeEntry struct {
 // metadata always give the same bytes.
 //
 // WriteTar fills meta.SizeBytes and meta.Size with the extracted size (every
-// file including metadata.json) and meta.FormatVersion when unset, then
+// file including metadata.json) and meta.FormatVersion when unset (the
+// oldest format that holds it), then
 // validates meta. It refuses a tree holding anything but directories and
 // regular files (ErrTreeEntry). It returns the tar's digest
 // ("sha256:<hex>") and length.
@@ -48,7 +49,7 @@ func WriteTar(w io.Writer, meta *Metadata, root string) (d digest.Digest, size i
 		return "", 0, err
 	}
 	if meta.FormatVersion == 0 {
-		meta.FormatVersion = FormatVersion
+		meta.FormatVersion = meta.OldestFormat()
 	}
 	mjson, err := sizeMetadata(meta, files)
 	if err != nil {

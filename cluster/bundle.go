@@ -31,6 +31,10 @@ type BundlePolicy struct {
 	ExcludedNodes   []string
 	NotReadyTimeout time.Duration // 0: never
 	Cleanup         bool          // take the bundle out, as ferry cleanup does
+	// KeepPools (spec.pausePools false): a path across minor versions
+	// leaves the machine config pools as they are; by default ferry
+	// pauses the non-master ones for the path.
+	KeepPools bool
 }
 
 // BundleNodeEntry is one node's entry in the resource's status.

@@ -17,6 +17,16 @@ type Upgrade struct {
 	Force      bool
 }
 
+// Path is an upgrade through several releases, one hop after another
+// (a bundle's path): each hop an Upgrade, the last the bundle's release.
+type Path struct {
+	Hops []Upgrade
+	// Bundle is the UpgradeBundle whose spec says whether to pause the
+	// pools (spec.pausePools) and on which the hops are marked by Events.
+	Bundle string
+	Node   string // the node that acts (the Events' source)
+}
+
 // UpgradeState is where the cluster's upgrade to one release stands.
 type UpgradeState string
 

@@ -27,6 +27,7 @@ type bundleSpec struct {
 	ExcludedNodes   []string `json:"excludedNodes,omitempty"`
 	NotReadyTimeout string   `json:"notReadyTimeout,omitempty"`
 	Cleanup         bool     `json:"cleanup,omitempty"`
+	PausePools      *bool    `json:"pausePools,omitempty"`
 	// Source, when set, has the release pulled from the site's registry
 	// (registry mode) instead of brought on a stick.
 	Source *bundleSource `json:"source,omitempty"`
@@ -136,7 +137,8 @@ func (c *Client) UpgradeBundle(ctx context.Context, name string) (cluster.Bundle
 func (o *upgradeBundle) view() cluster.BundleView {
 	s := o.Spec
 	v := cluster.BundleView{UID: o.Metadata.UID, Generation: o.Metadata.Generation, Nodes: map[string]cluster.BundleNodeEntry{}, Policy: cluster.BundlePolicy{
-		ApprovedDigest: s.ApprovedDigest, Schedule: s.Schedule, Proceed: s.Proceed, ExcludedNodes: s.ExcludedNodes, Cleanup: s.Cleanup}}
+		ApprovedDigest: s.ApprovedDigest, Schedule: s.Schedule, Proceed: s.Proceed, ExcludedNodes: s.ExcludedNodes, Cleanup: s.Cleanup,
+		KeepPools: s.PausePools != nil && !*s.PausePools}}
 	if s.NotReadyTimeout != "" {
 		// The CRD's pattern admits only Go durations.
 		v.Policy.NotReadyTimeout, _ = time.ParseDuration(s.NotReadyTimeout)

@@ -165,6 +165,11 @@ func (f *Follower) Preflight(ctx context.Context, target string, images []string
 	return f.c.Preflight(ctx, f.node, target, images)
 }
 
+// PreflightPath is Client.PreflightPath on this node's own pods.
+func (f *Follower) PreflightPath(ctx context.Context, path []string, images []string) (cluster.Preflight, error) {
+	return f.c.PreflightPath(ctx, f.node, path, images)
+}
+
 // MachineConfigState is Client.MachineConfigState, the Node from the
 // copy (for the follower's own node) and the pools read afresh: the pools
 // are not watched, and a pool paused since the last list must be the

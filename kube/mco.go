@@ -80,7 +80,8 @@ func (c *Client) pools(ctx context.Context) ([]pool, error) {
 
 type pool struct {
 	Metadata struct {
-		Name string `json:"name"`
+		Name        string            `json:"name"`
+		Annotations map[string]string `json:"annotations"`
 	} `json:"metadata"`
 	Spec struct {
 		NodeSelector  *labelSelector `json:"nodeSelector"`

@@ -7,10 +7,10 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/ferry-edge/ferry/cluster"
+	"github.com/ferry-edge/ferry/hop"
 )
 
 const (
@@ -52,6 +52,23 @@ func (c *Client) Preflight(ctx context.Context, node, target string, images []st
 	return p, nil
 }
 
+// PreflightPath is Preflight for a bundle's path (each hop's version, in
+// order): every hop must be one the version operator accepts after the
+// one before, from the cluster's version (a gap is refused naming the
+// missing minor), and the first hop passes Preflight's checks; each
+// later hop's Upgradeable and admin-acks are checked when it is asked
+// (AdvancePath), since the release before it sets them.
+func (c *Client) PreflightPath(ctx context.Context, node string, path []string, images []string) (cluster.Preflight, error) {
+	p, err := c.Preflight(ctx, node, path[0], images)
+	if err != nil || len(p.Refusals) > 0 || len(path) == 1 {
+		return p, err
+	}
+	if err := hop.CheckPath(path[0], path[1:]); err != nil {
+		p.Refusals = append(p.Refusals, fmt.Sprintf("the bundle's path %s: %s", strings.Join(path, " → "), strings.TrimPrefix(err.Error(), hop.ErrRefused.Error()+": ")))
+	}
+	return p, nil
+}
+
 // current is the cluster's version: the newest Completed history entry's,
 // else what it is moving to.
 func (cv *clusterVersion) current() string {
@@ -64,13 +81,13 @@ func (cv *clusterVersion) current() string {
 }
 
 func (c *Client) checkVersion(ctx context.Context, p *cluster.Preflight, cv *clusterVersion, target string) error {
-	cur, okCur := parseVersion(p.Current)
-	to, okTo := parseVersion(target)
+	cur, okCur := hop.Parse(p.Current)
+	to, okTo := hop.Parse(target)
 	if !okCur || !okTo {
 		p.Warnings = append(p.Warnings, fmt.Sprintf("cannot compare the bundle's version %q with the cluster's %q", target, p.Current))
 		return nil
 	}
-	switch cmp := to.compare(cur); {
+	switch cmp := to.Compare(cur); {
 	case cmp == 0:
 		p.Refusals = append(p.Refusals, fmt.Sprintf("the cluster is at %s already: this bundle would change nothing", p.Current))
 		return nil
@@ -78,11 +95,11 @@ func (c *Client) checkVersion(ctx context.Context, p *cluster.Preflight, cv *clu
 		p.Refusals = append(p.Refusals, fmt.Sprintf("%s is older than the cluster's %s: OpenShift does not downgrade; bring a newer bundle", target, p.Current))
 		return nil
 	}
-	if to.major != cur.major || to.minor > cur.minor+1 {
-		p.Refusals = append(p.Refusals, fmt.Sprintf("%s skips a minor version from the cluster's %s: update to %d.%d first (or make an EUS-to-EUS bundle path)", target, p.Current, cur.major, cur.minor+1))
+	if err := hop.Check(p.Current, target); err != nil {
+		p.Refusals = append(p.Refusals, strings.TrimPrefix(err.Error(), hop.ErrRefused.Error()+": "))
 		return nil
 	}
-	if to.minor == cur.minor {
+	if !cur.IsMinorUpdate(to) {
 		return nil // a z-stream update: Upgradeable and admin-acks do not apply
 	}
 	if u := cv.condition("Upgradeable"); u != nil && u.Status == "False" {
@@ -97,7 +114,7 @@ var adminGateRE = regexp.MustCompile(`^ack-([4-5][.][0-9]{1,})-[^-]`)
 
 // checkAdminAcks refuses a minor update while an admin gate of the
 // cluster's current minor is not acknowledged ("true" in admin-acks).
-func (c *Client) checkAdminAcks(ctx context.Context, p *cluster.Preflight, cur version) error {
+func (c *Client) checkAdminAcks(ctx context.Context, p *cluster.Preflight, cur hop.Version) error {
 	var gates, acks configMapData
 	if err := c.do(ctx, "GET", adminGatesPath, "", nil, &gates); err != nil && !IsNotFound(err) {
 		return fmt.Errorf("reading openshift-config-managed/admin-gates: %w", err)
@@ -108,7 +125,7 @@ func (c *Client) checkAdminAcks(ctx context.Context, p *cluster.Preflight, cur v
 	var missing []string
 	for gate, what := range gates.Data {
 		m := adminGateRE.FindStringSubmatch(gate)
-		if m == nil || m[1] != fmt.Sprintf("%d.%d", cur.major, cur.minor) || acks.Data[gate] == "true" {
+		if m == nil || m[1] != cur.MinorOf() || acks.Data[gate] == "true" {
 			continue
 		}
 		missing = append(missing, fmt.Sprintf("%s (%s)", gate, what))
@@ -253,49 +270,4 @@ func listed(items []string) string {
 		return strings.Join(items, ", ")
 	}
 	return strings.Join(items[:maxListed], ", ") + fmt.Sprintf(" and %d more", len(items)-maxListed)
-}
-
-// version is a release version, major.minor.patch[-pre].
-type version struct {
-	major, minor, patch int
-	pre                 string
-}
-
-func parseVersion(s string) (version, bool) {
-	core, pre, _ := strings.Cut(strings.SplitN(s, "+", 2)[0], "-")
-	parts := strings.Split(core, ".")
-	if len(parts) != 3 {
-		return version{}, false
-	}
-	var n [3]int
-	for i, p := range parts {
-		v, err := strconv.Atoi(p)
-		if err != nil || v < 0 {
-			return version{}, false
-		}
-		n[i] = v
-	}
-	return version{n[0], n[1], n[2], pre}, true
-}
-
-// compare orders versions as semver does (a pre-release sorts before its
-// release; pre-releases compare as strings, enough for rc.N and ec.N).
-func (v version) compare(w version) int {
-	for _, d := range [][2]int{{v.major, w.major}, {v.minor, w.minor}, {v.patch, w.patch}} {
-		if d[0] != d[1] {
-			if d[0] < d[1] {
-				return -1
-			}
-			return 1
-		}
-	}
-	switch {
-	case v.pre == w.pre:
-		return 0
-	case v.pre == "":
-		return 1
-	case w.pre == "":
-		return -1
-	}
-	return strings.Compare(v.pre, w.pre)
 }

@@ -9,27 +9,6 @@ import (
 	"testing"
 )
 
-func TestVersion_ComparesAsReleasesDo(t *testing.T) {
-	for _, c := range []struct {
-		a, b string
-		want int
-	}{
-		{"4.13.7", "4.13.7", 0}, {"4.13.8", "4.13.7", 1}, {"4.14.0", "4.13.20", 1},
-		{"4.14.0-rc.1", "4.14.0", -1}, {"4.14.0-rc.2", "4.14.0-rc.1", 1}, {"5.0.0", "4.99.9", 1},
-	} {
-		a, okA := parseVersion(c.a)
-		b, okB := parseVersion(c.b)
-		if !okA || !okB || a.compare(b) != c.want {
-			t.Errorf("compare(%s, %s) = %d (%v %v), want %d", c.a, c.b, a.compare(b), okA, okB, c.want)
-		}
-	}
-	for _, bad := range []string{"", "4.13", "4.x.1", "latest"} {
-		if _, ok := parseVersion(bad); ok {
-			t.Errorf("parseVersion(%q) accepted", bad)
-		}
-	}
-}
-
 // fakeAPI answers GETs from a path → JSON map; anything else is a 404.
 func fakeAPI(t *testing.T, objs map[string]any) *Client {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -52,6 +31,32 @@ func cvAt(version string, conds ...map[string]string) map[string]any {
 	}}
 }
 
+func TestPreflightPath_RefusesAGapNamingTheMissingMinor(t *testing.T) {
+	for _, c := range []struct {
+		name, at string
+		path     []string
+		refusal  string
+	}{
+		{"EUS to EUS", "4.16.3", []string{"4.17.20", "4.18.10"}, ""},
+		{"4.last to 5.0", "4.21.7", []string{"4.22.3", "5.0.0"}, ""},
+		{"the cluster is a minor behind the path", "4.15.9", []string{"4.17.20", "4.18.10"}, "skips 4.16"},
+		{"a gap inside the path", "4.16.3", []string{"4.17.20", "4.19.1"}, "skips 4.18"},
+		{"a downgrade", "4.18.3", []string{"4.17.20", "4.18.10"}, "does not downgrade"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cl := fakeAPI(t, map[string]any{clusterVersionPath: cvAt(c.at), "/api/v1/pods": map[string]any{"items": []any{}}})
+			p, err := cl.PreflightPath(t.Context(), "node-a", c.path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := strings.Join(p.Refusals, "; ")
+			if c.refusal == "" && got != "" || c.refusal != "" && !strings.Contains(got, c.refusal) {
+				t.Errorf("refusals %q, want %q", got, c.refusal)
+			}
+		})
+	}
+}
+
 func TestPreflight_VersionRules(t *testing.T) {
 	notUpgradeable := map[string]string{"type": "Upgradeable", "status": "False", "reason": "AdminAckRequired", "message": "Kubernetes 1.32 removes APIs"}
 	for _, c := range []struct {
@@ -63,7 +68,10 @@ func TestPreflight_VersionRules(t *testing.T) {
 		{"minor", "4.20.3", "4.21.0", nil, ""},
 		{"same", "4.20.3", "4.20.3", nil, "at 4.20.3 already"},
 		{"downgrade", "4.20.3", "4.20.1", nil, "does not downgrade"},
-		{"skipped minor", "4.19.3", "4.21.0", nil, "update to 4.20 first"},
+		{"skipped minor", "4.19.3", "4.21.0", nil, "skips 4.20"},
+		{"4.last to 5.0, as the version operator allows", "4.22.3", "5.0.0", nil, ""},
+		{"4 to 5.1", "4.22.3", "5.1.0", nil, "crosses a major version"},
+		{"to 5.0 while not upgradeable", "4.22.3", "5.0.0", []map[string]string{notUpgradeable}, "Kubernetes 1.32 removes APIs"},
 		{"minor while not upgradeable", "4.20.3", "4.21.0", []map[string]string{notUpgradeable}, "Kubernetes 1.32 removes APIs"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

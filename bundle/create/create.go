@@ -54,7 +54,12 @@ const (
 
 // Options are the inputs of Run (ferry bundle create's flags).
 type Options struct {
-	Release     string   // release image reference (tag or digest)
+	Release string // release image reference (tag or digest)
+	// Releases, when more than one, replace Release: the bundle holds
+	// each and the path through them in version order (metadata's path),
+	// one hop the version operator accepts after another; their versions
+	// are their own (Version must be empty).
+	Releases    []string
 	Version     string   // fills release-metadata's version; must agree with it
 	Arch        string   // uname -m (or GOARCH) name; overrides or fills the image config's
 	ExtraImages []string // custom images; tags are resolved and kept
@@ -160,7 +165,7 @@ type creator struct {
 }
 
 func newCreator(ctx context.Context, o Options) (*creator, error) {
-	if o.Release == "" {
+	if o.Release == "" && len(o.Releases) == 0 {
 		return nil, fmt.Errorf("%w: no release image given", ErrBadReference)
 	}
 	if o.OutputDir == "" {
@@ -370,10 +375,10 @@ func (r *imageRef) fromRoutes(ctx context.Context, log *slog.Logger, try func(na
 
 func (c *creator) run(ctx context.Context) (*Result, error) {
 	o := c.o
-	// The release: what it is, its version and arch, its payload.
-	rel, err := c.parseRef(o.Release)
+	// The releases: what they are, their versions and arch, their payloads.
+	rels, err := c.parseReleases()
 	if err != nil {
-		return nil, fmt.Errorf("--release: %w", err)
+		return nil, err
 	}
 	// The extras are checked first: a bad one (or one the node's
 	// configuration blocks) fails before anything is fetched.
@@ -388,31 +393,34 @@ func (c *creator) run(ctx context.Context) (*Result, error) {
 		}
 		extras = append(extras, r)
 	}
-	info, err := c.inspectRelease(ctx, rel)
+	path, version, err := c.inspectPath(ctx, rels)
 	if err != nil {
 		return nil, err
 	}
-	version := o.Version
-	switch {
-	case version == "" && info.Version == "":
-		return nil, fmt.Errorf("%w: %s has no version in %s: pass --version", ErrRelease, rel, bundle.ReleaseMetadataPath)
-	case version == "":
-		version = info.Version
-	case info.Version != "" && info.Version != version:
-		// The version operator downloads the release, reads its version
-		// and refuses it when desiredUpdate's (this one) differs: the
-		// bundle would load everywhere and then never upgrade.
-		return nil, fmt.Errorf("%w: --version %s, but release %s says it is %s (%s): the cluster version operator would refuse it after downloading it; drop --version, or give the release image of %s",
-			ErrRelease, version, rel, info.Version, bundle.ReleaseMetadataPath, version)
+	if err := c.checkSignatureFiles(path); err != nil {
+		return nil, err
 	}
+	rel := path[len(path)-1].ref
 
+	// The bundle's release first, each image once: releases of a path
+	// share most of their payload.
 	refs := []*imageRef{rel}
-	for _, s := range info.Payload {
-		r, err := c.parseRef(s)
-		if err != nil {
-			return nil, fmt.Errorf("release %s names %w", rel, err)
+	planned := map[string]bool{rel.String(): true}
+	for _, p := range path[:len(path)-1] {
+		planned[p.ref.String()] = true
+		refs = append(refs, p.ref)
+	}
+	for _, p := range path {
+		for _, s := range p.info.Payload {
+			r, err := c.parseRef(s)
+			if err != nil {
+				return nil, fmt.Errorf("release %s names %w", p.ref, err)
+			}
+			if !planned[r.String()] {
+				planned[r.String()] = true
+				refs = append(refs, r)
+			}
 		}
-		refs = append(refs, r)
 	}
 	refs = append(refs, extras...)
 	var names []string
@@ -432,7 +440,7 @@ func (c *creator) run(ctx context.Context) (*Result, error) {
 		return nil, fmt.Errorf("work directory %s: %w", workDir, err)
 	}
 	c.log.Info("bundle create", "release", rel.String(), "version", version, "arch", c.arch,
-		"images", len(refs), "workDir", workDir, "platforms", o.Platforms)
+		"images", len(refs), "workDir", workDir, "platforms", o.Platforms, "hops", len(path))
 
 	// Resolve every image to its manifests and blobs.
 	plans := make([]*imagePlan, len(refs))
@@ -450,8 +458,9 @@ func (c *creator) run(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 	// One entry per distinct reference; the release is not in images.
-	meta := &bundle.Metadata{FormatVersion: bundle.FormatVersion, Version: version, Arch: c.arch, Release: rel.String(), Created: o.Created}
-	meta.ReleaseSignatures = c.releaseSignatures(ctx, rel.digest)
+	meta := &bundle.Metadata{Version: version, Arch: c.arch, Release: rel.String(), Created: o.Created}
+	c.pathMetadata(ctx, meta, path)
+	meta.FormatVersion = meta.OldestFormat()
 	seen := map[string]bool{rel.String(): true}
 	for _, p := range plans[1:] {
 		if s := p.ref.String(); !seen[s] {
@@ -467,11 +476,12 @@ func (c *creator) run(ctx context.Context) (*Result, error) {
 		meta.Signatures = append(meta.Signatures, p.ref.String())
 	}
 	c.prog.imagesTotal.Add(int64(len(sigs)))
-	if !slices.ContainsFunc(meta.Signatures, func(s string) bool { return meta.SignatureOf(s) == rel.name+"@"+rel.digest }) {
-		c.log.Warn("the release image carries no sigstore signature: OpenShift 4.21+ nodes refuse it unless their policy allows unsigned images", "release", rel.String())
-	} else {
-		c.log.Info("sigstore signatures copied", "signatures", len(sigs))
+	for _, p := range path {
+		if !slices.ContainsFunc(meta.Signatures, func(s string) bool { return meta.SignatureOf(s) == p.ref.name+"@"+p.ref.digest }) {
+			c.log.Warn("the release image carries no sigstore signature: OpenShift 4.21+ nodes refuse it unless their policy allows unsigned images", "release", p.ref.String())
+		}
 	}
+	c.log.Info("sigstore signatures copied", "signatures", len(sigs))
 	plans = append(plans, sigs...)
 	if o.Share != nil {
 		r := resolution(workDir, plans, meta.ReleaseSignatures)

@@ -62,11 +62,18 @@ func FetchSignatures(ctx context.Context, hc *http.Client, store, digest string)
 // or those the store has. Without any, the cluster half of the upgrade
 // will be refused by a disconnected cluster: said loudly, not a failure.
 func (c *creator) releaseSignatures(ctx context.Context, digest string) [][]byte {
-	if len(c.o.ReleaseSignatures) > 0 {
-		return c.o.ReleaseSignatures
-	}
 	var sigs [][]byte
-	if c.o.SignatureStore != "" {
+	switch {
+	case len(c.o.ReleaseSignatures) > 0 && len(c.o.givenReleases()) == 1:
+		return c.o.ReleaseSignatures
+	case len(c.o.ReleaseSignatures) > 0:
+		// A path: each file goes with the release it signs.
+		for _, b := range c.o.ReleaseSignatures {
+			if d, err := signedManifestDigest(b); err == nil && d == digest {
+				sigs = append(sigs, b)
+			}
+		}
+	case c.o.SignatureStore != "":
 		hc := c.o.SignatureClient
 		if hc == nil {
 			hc = &http.Client{Timeout: 20 * time.Second}

@@ -67,6 +67,12 @@ func inspectText(m *bundle.Metadata, tarSize int64) string {
 	}
 	fmt.Fprintf(&b, "bundle:   %s\nversion:  %s\narch:     %s\nsize:     %s\nrelease:  %s\nimages:   %d (+ release)\ncreated:  %s\n",
 		m.Name(), m.Version, m.Arch, size, m.Release, len(m.Images), created)
+	if len(m.Path) > 0 {
+		fmt.Fprintf(&b, "path:     %s (%d hops, taken one after another)\n", hopVersions(m.Hops()), len(m.Path))
+		for i, h := range m.Hops() {
+			fmt.Fprintf(&b, "  hop %d: %s %s (release signatures: %d)\n", i+1, h.Version, h.Release, len(h.ReleaseSignatures))
+		}
+	}
 	fmt.Fprintf(&b, "shape:    %s\n", m.Shape)
 	if len(m.Duplicates) > 0 {
 		fmt.Fprintf(&b, "warning:  images listed more than once (counted once): %s\n", strings.Join(m.Duplicates, ", "))
@@ -145,7 +151,9 @@ func runBundleVerify(ctx context.Context, w, stderr io.Writer, path string, t *t
 		return err
 	}
 	fmt.Fprintf(w, "OK %s %s (%s, %s, approval: %s)\n", src.Name(), res.Digest, res.Metadata.Version, res.Metadata.Arch, approvalText(res.Approval))
-	fmt.Fprint(w, releaseApprovalText(res.Metadata.Release))
+	for _, h := range res.Metadata.Hops() {
+		fmt.Fprint(w, releaseApprovalText(h.Release))
+	}
 	return nil
 }
 

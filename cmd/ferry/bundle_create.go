@@ -7,20 +7,22 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/create"
+	"github.com/ferry-edge/ferry/hop"
 	"github.com/spf13/cobra"
 )
 
 // createOptions are the flags of bundle create.
 type createOptions struct {
-	release, version, arch, extraFile, pullSecret, certDir, output, signKey string
-	platforms, signatures, workDir, sigStore, rateLimit                     string
-	tlsVerify, keepWork, quiet                                              bool
-	jobs                                                                    int
-	extras, mirrors, sigFiles                                               []string
+	version, arch, extraFile, pullSecret, certDir, output, signKey string
+	platforms, signatures, workDir, sigStore, rateLimit            string
+	tlsVerify, keepWork, quiet                                     bool
+	jobs                                                           int
+	releases, extras, mirrors, sigFiles                            []string
 }
 
 func newBundleCreateCmd() *cobra.Command {
@@ -35,7 +37,7 @@ func newBundleCreateCmd() *cobra.Command {
 		},
 	}
 	f := c.Flags()
-	f.StringVar(&o.release, "release", "", "release image (e.g. quay.io/openshift-release-dev/ocp-release:4.13.7-x86_64 or …@sha256:…); default: that of --version and --arch")
+	f.StringArrayVar(&o.releases, "release", nil, "release image (e.g. quay.io/openshift-release-dev/ocp-release:4.13.7-x86_64 or …@sha256:…), or a version (4.13.7: its image for --arch); default: that of --version and --arch. Repeat it for a path (an EUS-to-EUS update: --release 4.17.20 --release 4.18.10): one bundle holds every release, the cluster takes them one after another in version order")
 	f.StringVar(&o.version, "version", "", "bundle version (default: the release image's release-metadata)")
 	f.StringVar(&o.arch, "arch", "", "x86_64, aarch64, ppc64le or s390x (default: the release image's architecture)")
 	f.StringVar(&o.extraFile, "extra-images-file", "", "file of extra images, one a line (# comments, blank lines ignored)")
@@ -77,15 +79,13 @@ func signatureStoreDefault() string {
 }
 
 func runBundleCreate(ctx context.Context, stdout, stderr io.Writer, f *createOptions) error {
-	if f.release == "" {
-		if f.version == "" || f.arch == "" {
-			return usageError("--release, or --version and --arch, is required")
-		}
-		f.release = bundle.ReleaseImage(f.version, f.arch)
+	releases, err := releaseImages(f)
+	if err != nil {
+		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	o := create.Options{
-		Release:     f.release,
+		Releases:    releases,
 		Version:     f.version,
 		Arch:        f.arch,
 		ExtraImages: f.extras,
@@ -128,7 +128,6 @@ func runBundleCreate(ctx context.Context, stdout, stderr io.Writer, f *createOpt
 		}
 		o.Mirrors = append(o.Mirrors, mm)
 	}
-	var err error
 	if o.Transport, err = create.NewTransport(f.certDir, f.tlsVerify); err != nil {
 		return usageError("%v", err)
 	}
@@ -173,6 +172,41 @@ func runBundleCreate(ctx context.Context, stdout, stderr io.Writer, f *createOpt
 	}
 	fmt.Fprintln(stdout, res.TarPath)
 	log.Info("bundle created", "tar", res.TarPath, "digest", res.Digest, "size", bundle.HumanSize(res.TarSize),
-		"images", len(res.Metadata.AllImages()), "blobsFetched", res.BlobsFetched, "blobsReused", res.BlobsReused)
+		"images", len(res.Metadata.AllImages()), "blobsFetched", res.BlobsFetched, "blobsReused", res.BlobsReused,
+		"path", hopVersions(res.Metadata.Hops()))
 	return nil
+}
+
+// releaseImages are the --release images, a version standing for its
+// release image for --arch; with none, that of --version and --arch.
+func releaseImages(f *createOptions) ([]string, error) {
+	if len(f.releases) == 0 {
+		if f.version == "" || f.arch == "" {
+			return nil, usageError("--release, or --version and --arch, is required")
+		}
+		return []string{bundle.ReleaseImage(f.version, f.arch)}, nil
+	}
+	if len(f.releases) > 1 && f.version != "" {
+		return nil, usageError("--version names one release; with several --release each release says its own version: drop --version")
+	}
+	var out []string
+	for _, r := range f.releases {
+		if _, ok := hop.Parse(r); ok && !strings.ContainsAny(r, "/:@") {
+			if f.arch == "" {
+				return nil, usageError("--release %s is a version: give --arch too (its image is %s)", r, bundle.ReleaseImage(r, "<arch>"))
+			}
+			r = bundle.ReleaseImage(r, f.arch)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// hopVersions is a path as the engineer reads it: 4.17.20 → 4.18.10.
+func hopVersions(hops []bundle.Hop) string {
+	var v []string
+	for _, h := range hops {
+		v = append(v, h.Version)
+	}
+	return strings.Join(v, " → ")
 }

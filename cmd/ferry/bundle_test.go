@@ -122,3 +122,16 @@ func TestBundleVerify_PrintsTheCommandThatApprovesTheRelease(t *testing.T) {
 		t.Errorf("a release by tag: %q", out)
 	}
 }
+
+func TestBundleCreate_ReleasesByVersionOrImage(t *testing.T) {
+	got, err := releaseImages(&createOptions{releases: []string{"4.17.20", "quay.io/x/y@sha256:" + strings.Repeat("ab", 32)}, arch: "x86_64"})
+	if err != nil || len(got) != 2 || got[0] != bundle.ReleaseImage("4.17.20", "x86_64") || !strings.HasPrefix(got[1], "quay.io/x/y@") {
+		t.Errorf("releaseImages = %v, %v", got, err)
+	}
+	if _, err := releaseImages(&createOptions{releases: []string{"4.17.20"}}); err == nil || !strings.Contains(err.Error(), "give --arch") {
+		t.Errorf("a version without --arch: %v", err)
+	}
+	if _, err := releaseImages(&createOptions{releases: []string{"4.17.20", "4.18.3"}, arch: "x86_64", version: "4.18.3"}); err == nil || !strings.Contains(err.Error(), "drop --version") {
+		t.Errorf("--version with a path: %v", err)
+	}
+}

@@ -43,7 +43,9 @@ var examples = map[string]string{
   ferry bundle create --release quay.io/openshift-release-dev/ocp-release:4.13.7-x86_64 \
     --extra-image quay.io/my-company/my-workload:v1 --pull-secret pull-secret.json --output /media/stick
   # By version and arch, signed with the site's minisign key
-  ferry bundle create --version 4.13.7 --arch x86_64 --sign-key ferry.key --output /media/stick`,
+  ferry bundle create --version 4.13.7 --arch x86_64 --sign-key ferry.key --output /media/stick
+  # An EUS-to-EUS path on one stick: every image of both releases, once
+  ferry bundle create --release 4.17.20 --release 4.18.10 --arch x86_64 --pull-secret pull-secret.json --output /media/stick`,
 	"ferry bundle inspect": `  ferry bundle inspect /media/stick/upgrade-4.13.7-x86_64.tar
   # metadata.json, for a script
   ferry bundle inspect /media/stick/upgrade-4.13.7-x86_64.tar -o json`,

@@ -21,6 +21,9 @@ type clusterAPI struct {
 	f *kube.Follower
 }
 
+// It takes a bundle's path of several releases too.
+var _ agent.PathAPI = clusterAPI{}
+
 func (k clusterAPI) Changes() <-chan struct{} { return k.f.Changes() }
 
 func (k clusterAPI) Approvals(ctx context.Context) ([]cluster.Approval, error) {
@@ -53,6 +56,10 @@ func (k clusterAPI) MachineCount(ctx context.Context) (int, bool, error) {
 
 func (k clusterAPI) NodeReadiness(ctx context.Context) (map[string]cluster.NodeReady, error) {
 	return k.f.NodeReadiness(ctx)
+}
+
+func (k clusterAPI) PreflightPath(ctx context.Context, path []string, images []string) (cluster.Preflight, error) {
+	return k.f.PreflightPath(ctx, path, images)
 }
 
 func (k clusterAPI) Preflight(ctx context.Context, version string, images []string) (cluster.Preflight, error) {

@@ -48,6 +48,9 @@ var skipped = map[string]string{
 	`cp /usr/local/bin/ferry /mnt/ferry-x86_64`: "copies onto the mounted stick",
 	`(cd /mnt && sha256sum ferry-x86_64)`:       "reads the mounted stick",
 	`systemctl status ferry`:                    "systemd on a node (the agent here runs without it; test/vm runs the unit)",
+	`ferry bundle create --release 4.17.20 --release 4.18.10 --arch x86_64 --pull-secret ~/pull-secret.json --output /srv/bundles`: "a path of two releases: test/bundle's TestCreateCLI_PathOfTwoReleasesStoresSharedBlobsOnce makes one from the fixture's releases",
+	`ferry bundle create --release 4.22.9 --release 5.0.2 --arch x86_64 --pull-secret ~/pull-secret.json --output /srv/bundles`:    "a path of two releases: test/bundle's TestCreateCLI_PathOfTwoReleasesStoresSharedBlobsOnce makes one from the fixture's releases",
+	`ferry bundle inspect /srv/bundles/upgrade-4.18.10-x86_64.tar`:                                                                 "inspects that path's bundle (the same test runs it)",
 }
 
 // admTranslations are the `oc adm` commands kubectl has no verb for, as
