@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"reflect"
@@ -18,6 +19,12 @@ import (
 // earlier phase, the summary it no longer writes) is taken out by the API
 // server, not left behind.
 //
+// What a write leaves out, though, stays as another manager wrote it: the
+// summary moves from node to node, and an entry written before ferry
+// applied was written by a merge patch. So every field of the summary, and
+// of the node's entry, is stated, an empty one as empty: the write says
+// the whole of what it owns.
+//
 // The pulling node's record of its pull (registry mode) is the one part
 // that stays once written though later writes leave it out: the others
 // bind the pull to it after the pull too. It is applied as a field
@@ -30,10 +37,6 @@ const applyPatch = "application/apply-patch+yaml"
 // nil, to the UpgradeBundle name's status.
 func (c *Client) applyBundleStatus(ctx context.Context, name string, sum *cluster.BundleSummary, node string, e cluster.BundleNodeEntry) error {
 	now := time.Now()
-	var status v1alpha1.UpgradeBundleStatus
-	if sum != nil {
-		status = summaryOf(*sum, now)
-	}
 	entry := entryOf(e, now)
 	if pull := entry.Pull; pull != nil {
 		if err := c.applyPull(ctx, name, node, pull); err != nil {
@@ -41,11 +44,41 @@ func (c *Client) applyBundleStatus(ctx context.Context, name string, sum *cluste
 		}
 		entry.Pull = nil
 	}
-	status.Nodes = map[string]v1alpha1.NodeStatus{node: entry}
+	status := map[string]any{}
+	if sum != nil {
+		status = stated(summaryOf(*sum, now), summaryZeros)
+	}
+	status["nodes"] = map[string]any{node: stated(entry, entryZeros)}
 	if err := c.applyStatus(ctx, name, FieldManager(node), status); err != nil {
 		return fmt.Errorf("writing upgradebundle %s status: %w", name, err)
 	}
 	return nil
+}
+
+// The fields of the summary and of an entry, each with its empty value.
+var (
+	summaryZeros = map[string]any{"version": "", "arch": "", "release": "", "digest": "", "size": "", "images": 0, "phase": "", "nodesReady": "",
+		"approved": "", "warnings": []string{}, "behind": "", "observedGeneration": 0, "excluded": []string{}}
+	entryZeros = map[string]any{"phase": "", "digest": "", "reason": "", "message": "", "excluded": ""}
+)
+
+// stated is v's JSON fields, each of zeros' fields that v leaves out
+// (omitempty) stated as its empty value.
+func stated(v any, zeros map[string]any) map[string]any {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // the API's own types always marshal
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		panic(err)
+	}
+	for k, z := range zeros {
+		if _, ok := m[k]; !ok {
+			m[k] = z
+		}
+	}
+	return m
 }
 
 // applyPull applies node's pull record as its own field manager, once
@@ -55,7 +88,7 @@ func (c *Client) applyPull(ctx context.Context, name, node string, pull *v1alpha
 	if last, ok := c.pulls.Load(key); ok && reflect.DeepEqual(last, pull) {
 		return nil
 	}
-	status := v1alpha1.UpgradeBundleStatus{Nodes: map[string]v1alpha1.NodeStatus{node: {Pull: pull}}}
+	status := map[string]any{"nodes": map[string]any{node: map[string]any{"pull": pull}}}
 	if err := c.applyStatus(ctx, name, pullFieldManager(node), status); err != nil {
 		return fmt.Errorf("writing upgradebundle %s's pull record: %w", name, err)
 	}
@@ -66,7 +99,7 @@ func (c *Client) applyPull(ctx context.Context, name, node string, pull *v1alpha
 // applyStatus applies status to the UpgradeBundle name as manager,
 // forcing: a node's entry is its own, and the summary moves to whichever
 // node writes it now.
-func (c *Client) applyStatus(ctx context.Context, name, manager string, status v1alpha1.UpgradeBundleStatus) error {
+func (c *Client) applyStatus(ctx context.Context, name, manager string, status map[string]any) error {
 	body := map[string]any{"apiVersion": v1alpha1.APIVersion, "kind": v1alpha1.Kind, "metadata": map[string]any{"name": name}, "status": status}
 	path := bundlesPath + "/" + url.PathEscape(name) + "/status?force=true&fieldManager=" + url.QueryEscape(manager)
 	return c.do(ctx, "PATCH", path, applyPatch, body, nil)
