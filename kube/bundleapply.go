@@ -15,9 +15,10 @@ import (
 // A node writes its part of an UpgradeBundle's status with server-side
 // apply, as its own field manager (ferry-<node>): status.nodes is a
 // granular map, so each node owns its entry and nothing else, and what a
-// write leaves out of what that node wrote before (a reason from an
-// earlier phase, the summary it no longer writes) is taken out by the API
-// server, not left behind.
+// write leaves out of what that node alone wrote before (a pull record's
+// absence aside, below) is taken out by the API server, not left behind.
+// The summary moves to whichever node applies it (force); the fields the
+// former writer wrote with the same value stay, owned by both.
 //
 // What a write leaves out, though, stays as another manager wrote it: the
 // summary moves from node to node, and an entry written before ferry
