@@ -17,8 +17,11 @@ import (
 // granular map, so each node owns its entry and nothing else, and what a
 // write leaves out of what that node alone wrote before (a pull record's
 // absence aside, below) is taken out by the API server, not left behind.
-// The summary moves to whichever node applies it (force); the fields the
-// former writer wrote with the same value stay, owned by both.
+// The summary moves to whichever node applies it (force): fields of the
+// same value become owned by both. Should the former writer write its
+// entry alone before the new writer wrote, the summary fields it still
+// owns alone go until the new writer's write (agent.summaryWriter: at
+// its next reading).
 //
 // What a write leaves out, though, stays as another manager wrote it: the
 // summary moves from node to node, and an entry written before ferry
