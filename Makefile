@@ -16,13 +16,14 @@ export FERRY_SIGNATURE_STORE ?=
 # builds do; every go command here, and the tests' own builds, inherit it.
 export GOFLAGS ?= -tags=containers_image_openpgp
 
-.PHONY: help build setup unit check-english integration e2e test fuzz fuzz-short bench bench-compare demo rpm faults clean
+.PHONY: help build setup generate check-generate unit check-english integration e2e test fuzz fuzz-short bench bench-compare demo rpm faults clean
 
 help:
 	@echo "make demo   the main job end to end in a VM: bundle → stick → agent → images pinned in CRI-O"
 	@echo "make test   every test: unit, real udev/CRI-O/registry/netns integration, VM end to end"
 	@echo "make build  bin/ferry;  make bench  performance report (make bench-compare: vs an earlier commit);  make fuzz  longer fuzzing"
 	@echo "make rpm    the RPM;    make e2e    only the VM tests"
+	@echo "make generate  the UpgradeBundle CRD and deep copies from api/v1alpha1"
 
 build:
 	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/ferry
@@ -36,7 +37,27 @@ setup:
 	bash test/setup/build-crio.sh >/dev/null
 	bash test/setup/build-apiserver.sh >/dev/null
 
-unit: check-english
+# The UpgradeBundle CRD is generated from its Go types (api/v1alpha1) by
+# controller-gen, pinned here and fetched from the module proxy (kept out
+# of go.mod: its x/tools would raise x/net and x/crypto for the agent).
+CONTROLLER_GEN = $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.19.0
+CRD = packaging/upgradebundle-crd.yaml
+# gen-crd OUT: the CRD, as generated from the types, into OUT.
+gen-crd = tmp=$$(mktemp -d); \
+	$(CONTROLLER_GEN) crd paths=./api/... output:crd:dir=$$tmp && \
+	{ cat api/crd-header.txt; grep -vx -- '---' $$tmp/ferry.io_upgradebundles.yaml; } >$(1); \
+	st=$$?; rm -rf $$tmp; test $$st = 0
+generate:
+	$(CONTROLLER_GEN) object paths=./api/...
+	@$(call gen-crd,$(CRD))
+
+# CI fails when the checked-in CRD is not what the types generate.
+check-generate:
+	@out=$$(mktemp); $(call gen-crd,$$out) && \
+	if ! diff -u $(CRD) $$out; then rm -f $$out; echo "$(CRD) is not what api/v1alpha1 generates: run make generate and commit it"; exit 1; fi; \
+	rm -f $$out; echo "$(CRD) is current"
+
+unit: check-english check-generate
 	$(GO) vet ./...
 	$(GO) vet -tags faults,containers_image_openpgp ./test/faults
 	$(GO) test -race -count=1 $(UNIT_PKGS)

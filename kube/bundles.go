@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/ferry-edge/ferry/api/v1alpha1"
 	"github.com/ferry-edge/ferry/cluster"
 )
 
@@ -17,57 +19,13 @@ import (
 // upgradebundle-crd.yaml): its spec is the administrator's, its status
 // ferry's, each node writing its own entry.
 
-const bundlesPath = "/apis/ferry.io/v1alpha1/upgradebundles"
+const bundlesPath = "/apis/" + v1alpha1.APIVersion + "/" + v1alpha1.Resource
 
-// bundleSpec is an UpgradeBundle's spec as the API holds it.
-type bundleSpec struct {
-	ApprovedDigest  string   `json:"approvedDigest,omitempty"`
-	Schedule        string   `json:"schedule,omitempty"`
-	Proceed         bool     `json:"proceed,omitempty"`
-	ExcludedNodes   []string `json:"excludedNodes,omitempty"`
-	NotReadyTimeout string   `json:"notReadyTimeout,omitempty"`
-	Cleanup         bool     `json:"cleanup,omitempty"`
-	PausePools      *bool    `json:"pausePools,omitempty"`
-	// Source, when set, has the release pulled from the site's registry
-	// (registry mode) instead of brought on a stick.
-	Source *bundleSource `json:"source,omitempty"`
-}
+// typeMeta is what every UpgradeBundle ferry sends says it is.
+var typeMeta = metav1.TypeMeta{APIVersion: v1alpha1.APIVersion, Kind: v1alpha1.Kind}
 
-// bundleSource is an UpgradeBundle's spec.source.
-type bundleSource struct {
-	Release     string   `json:"release"`
-	ExtraImages []string `json:"extraImages,omitempty"`
-	Node        string   `json:"node,omitempty"`
-	RateLimit   string   `json:"rateLimit,omitempty"`
-	Window      string   `json:"window,omitempty"`
-}
-
-// bundleNode is one node's entry in an UpgradeBundle's status.
-type bundleNode struct {
-	Phase      string            `json:"phase,omitempty"`
-	Digest     string            `json:"digest,omitempty"`
-	Reason     string            `json:"reason,omitempty"`
-	Message    string            `json:"message,omitempty"`
-	Excluded   string            `json:"excluded,omitempty"`
-	Conditions []bundleCondition `json:"conditions,omitempty"`
-	Pull       *bundlePull       `json:"pull,omitempty"`
-}
-
-// bundlePull is the pulling node's record of its pull (registry mode).
-type bundlePull struct {
-	Release string      `json:"release,omitempty"`
-	Digest  string      `json:"digest,omitempty"`
-	Extras  []pullExtra `json:"extras,omitempty"`
-}
-
-// pullExtra is an extra image given by tag and the digest it resolved to.
-type pullExtra struct {
-	Image  string `json:"image"`
-	Digest string `json:"digest"`
-}
-
-// record is p as ferry reads it.
-func (p *bundlePull) record() *cluster.PullRecord {
+// pullRecord is p as ferry reads it.
+func pullRecord(p *v1alpha1.PullStatus) *cluster.PullRecord {
 	if p == nil {
 		return nil
 	}
@@ -80,49 +38,22 @@ func (p *bundlePull) record() *cluster.PullRecord {
 
 // pullOf is r as the API holds it, its extras sorted, at most
 // cluster.MaxPullExtras (the CRD's bound).
-func pullOf(r *cluster.PullRecord) *bundlePull {
+func pullOf(r *cluster.PullRecord) *v1alpha1.PullStatus {
 	if r == nil {
 		return nil
 	}
-	p := &bundlePull{Release: r.Release, Digest: string(r.Digest)}
+	p := &v1alpha1.PullStatus{Release: r.Release, Digest: string(r.Digest)}
 	for _, img := range slices.Sorted(maps.Keys(r.Extras)) {
-		p.Extras = append(p.Extras, pullExtra{Image: img, Digest: string(r.Extras[img])})
+		p.Extras = append(p.Extras, v1alpha1.PulledImage{Image: img, Digest: string(r.Extras[img])})
 	}
 	p.Extras = p.Extras[:min(len(p.Extras), cluster.MaxPullExtras)]
 	return p
 }
 
-// bundleCondition is one of a node's conditions.
-type bundleCondition struct {
-	Type               string `json:"type"`
-	Status             string `json:"status"`
-	Reason             string `json:"reason,omitempty"`
-	Message            string `json:"message,omitempty"`
-	LastTransitionTime string `json:"lastTransitionTime,omitempty"`
-	// ObservedGeneration: the resource's own conditions only.
-	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-}
-
-type upgradeBundle struct {
-	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
-	Metadata   struct {
-		Name              string    `json:"name"`
-		UID               string    `json:"uid,omitempty"`
-		CreationTimestamp time.Time `json:"creationTimestamp,omitzero"`
-		Generation        int64     `json:"generation,omitempty"`
-	} `json:"metadata"`
-	Spec   bundleSpec `json:"spec"`
-	Status struct {
-		Nodes      map[string]bundleNode `json:"nodes"`
-		Conditions []bundleCondition     `json:"conditions,omitempty"`
-	} `json:"status"`
-}
-
 // UpgradeBundle reads the UpgradeBundle name; ok is false when there is
 // none (or no CRD).
 func (c *Client) UpgradeBundle(ctx context.Context, name string) (cluster.BundleView, bool, error) {
-	var o upgradeBundle
+	var o v1alpha1.UpgradeBundle
 	err := c.do(ctx, "GET", bundlesPath+"/"+url.PathEscape(name), "", nil, &o)
 	if IsNotFound(err) {
 		return cluster.BundleView{}, false, nil
@@ -130,13 +61,13 @@ func (c *Client) UpgradeBundle(ctx context.Context, name string) (cluster.Bundle
 	if err != nil {
 		return cluster.BundleView{}, false, fmt.Errorf("reading upgradebundle %s: %w", name, err)
 	}
-	return o.view(), true, nil
+	return view(&o), true, nil
 }
 
-// view is the resource as ferry reads it.
-func (o *upgradeBundle) view() cluster.BundleView {
+// view is the resource o as ferry reads it.
+func view(o *v1alpha1.UpgradeBundle) cluster.BundleView {
 	s := o.Spec
-	v := cluster.BundleView{UID: o.Metadata.UID, Generation: o.Metadata.Generation, Nodes: map[string]cluster.BundleNodeEntry{}, Policy: cluster.BundlePolicy{
+	v := cluster.BundleView{UID: string(o.UID), Generation: o.Generation, Nodes: map[string]cluster.BundleNodeEntry{}, Policy: cluster.BundlePolicy{
 		ApprovedDigest: s.ApprovedDigest, Schedule: s.Schedule, Proceed: s.Proceed, ExcludedNodes: s.ExcludedNodes, Cleanup: s.Cleanup,
 		KeepPools: s.PausePools != nil && !*s.PausePools}}
 	if s.NotReadyTimeout != "" {
@@ -144,7 +75,7 @@ func (o *upgradeBundle) view() cluster.BundleView {
 		v.Policy.NotReadyTimeout, _ = time.ParseDuration(s.NotReadyTimeout)
 	}
 	for n, e := range o.Status.Nodes {
-		entry := cluster.BundleNodeEntry{Phase: e.Phase, Digest: digest.Digest(e.Digest), Reason: e.Reason, Message: e.Message, Excluded: e.Excluded, Pull: e.Pull.record()}
+		entry := cluster.BundleNodeEntry{Phase: e.Phase, Digest: digest.Digest(e.Digest), Reason: e.Reason, Message: e.Message, Excluded: e.Excluded, Pull: pullRecord(e.Pull)}
 		entry.Conditions = conditionsOf(e.Conditions)
 		v.Nodes[n] = entry
 	}
@@ -153,40 +84,49 @@ func (o *upgradeBundle) view() cluster.BundleView {
 }
 
 // conditionsOf is conditions as ferry reads them.
-func conditionsOf(conditions []bundleCondition) []cluster.BundleCondition {
+func conditionsOf(conditions []metav1.Condition) []cluster.BundleCondition {
 	var out []cluster.BundleCondition
 	for _, c := range conditions {
-		since, _ := time.Parse(time.RFC3339, c.LastTransitionTime)
-		out = append(out, cluster.BundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message, Since: since,
-			ObservedGeneration: c.ObservedGeneration})
+		out = append(out, cluster.BundleCondition{Type: c.Type, Status: string(c.Status), Reason: c.Reason, Message: c.Message,
+			Since: c.LastTransitionTime.UTC(), ObservedGeneration: c.ObservedGeneration})
 	}
 	return out
 }
 
-// conditionsIn is conditions as the API holds them.
-func conditionsIn(conditions []cluster.BundleCondition) []bundleCondition {
-	var out []bundleCondition
+// conditionsIn is conditions as the API holds them, written at now: a
+// metav1.Condition always has a lastTransitionTime, so one ferry does not
+// know is the time of the write, as the API conventions allow.
+func conditionsIn(conditions []cluster.BundleCondition, now time.Time) []metav1.Condition {
+	var out []metav1.Condition
 	for _, c := range conditions {
-		bc := bundleCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message, ObservedGeneration: c.ObservedGeneration}
-		if !c.Since.IsZero() {
-			bc.LastTransitionTime = c.Since.UTC().Format(time.RFC3339)
+		since := c.Since
+		if since.IsZero() {
+			since = now
 		}
-		out = append(out, bc)
+		out = append(out, metav1.Condition{Type: c.Type, Status: metav1.ConditionStatus(c.Status), Reason: c.Reason, Message: c.Message,
+			ObservedGeneration: c.ObservedGeneration, LastTransitionTime: metav1.NewTime(since.UTC().Truncate(time.Second))})
 	}
 	return out
 }
 
 // entryOf is a node's entry as the API holds it.
-func entryOf(e cluster.BundleNodeEntry) bundleNode {
-	return bundleNode{Phase: e.Phase, Digest: string(e.Digest), Reason: e.Reason, Message: e.Message, Excluded: e.Excluded, Pull: pullOf(e.Pull),
-		Conditions: conditionsIn(e.Conditions)}
+func entryOf(e cluster.BundleNodeEntry, now time.Time) v1alpha1.NodeStatus {
+	return v1alpha1.NodeStatus{Phase: e.Phase, Digest: string(e.Digest), Reason: e.Reason, Message: e.Message, Excluded: e.Excluded, Pull: pullOf(e.Pull),
+		Conditions: conditionsIn(e.Conditions, now)}
+}
+
+// summaryOf is the summary as the API holds it.
+func summaryOf(sum cluster.BundleSummary, now time.Time) v1alpha1.UpgradeBundleStatus {
+	return v1alpha1.UpgradeBundleStatus{Version: sum.Version, Arch: sum.Arch, Release: sum.Release, Digest: string(sum.Digest), Size: sum.Size,
+		Images: sum.Images, Phase: sum.Phase, NodesReady: sum.NodesReady, Approved: sum.Approved, Warnings: sum.Warnings, Excluded: sum.Excluded,
+		Behind: sum.Behind, Conditions: conditionsIn(sum.Conditions, now), ObservedGeneration: sum.ObservedGeneration}
 }
 
 // CreateUpgradeBundle creates the UpgradeBundle name with an empty spec
 // (the administrator's to fill); one that exists already is fine.
 func (c *Client) CreateUpgradeBundle(ctx context.Context, name string) error {
-	var o upgradeBundle
-	o.APIVersion, o.Kind, o.Metadata.Name = "ferry.io/v1alpha1", "UpgradeBundle", name
+	o := v1alpha1.UpgradeBundle{TypeMeta: typeMeta}
+	o.Name = name
 	err := c.do(ctx, "POST", bundlesPath, jsonType, o, nil)
 	if err != nil && !IsConflict(err) {
 		return fmt.Errorf("creating upgradebundle %s: %w", name, err)
@@ -195,45 +135,15 @@ func (c *Client) CreateUpgradeBundle(ctx context.Context, name string) error {
 }
 
 // PublishBundleStatus writes the summary and node's own entry into the
-// UpgradeBundle's status with one merge patch: other nodes' entries stay.
+// UpgradeBundle's status (applyBundleStatus): other nodes' entries stay.
 func (c *Client) PublishBundleStatus(ctx context.Context, name string, sum cluster.BundleSummary, node string, entry cluster.BundleNodeEntry) error {
-	return c.publishBundle(ctx, name, &sum, node, entry)
+	return c.applyBundleStatus(ctx, name, &sum, node, entry)
 }
 
 // PublishBundleEntry writes node's own entry only: the summary is one
 // other node's to write.
 func (c *Client) PublishBundleEntry(ctx context.Context, name, node string, entry cluster.BundleNodeEntry) error {
-	return c.publishBundle(ctx, name, nil, node, entry)
-}
-
-func (c *Client) publishBundle(ctx context.Context, name string, sum *cluster.BundleSummary, node string, e cluster.BundleNodeEntry) error {
-	entry := entryOf(e)
-	// A merge patch keeps what it does not name: a field now empty is
-	// sent as null, or a reason from an earlier phase would stay.
-	own := map[string]any{"phase": entry.Phase, "digest": entry.Digest, "reason": entry.Reason, "message": entry.Message, "excluded": entry.Excluded, "conditions": entry.Conditions}
-	for k, v := range own {
-		if v == "" {
-			own[k] = nil
-		}
-	}
-	// The pull's record stays once written (a merge patch keeps what it
-	// does not name): the others bind the pull to it after the pull too.
-	if entry.Pull != nil {
-		own["pull"] = entry.Pull
-	}
-	status := map[string]any{"nodes": map[string]any{node: own}}
-	if sum != nil {
-		for k, v := range map[string]any{"version": sum.Version, "arch": sum.Arch, "release": sum.Release, "digest": string(sum.Digest),
-			"size": sum.Size, "images": sum.Images, "phase": sum.Phase, "nodesReady": sum.NodesReady, "approved": sum.Approved, "warnings": sum.Warnings, "excluded": sum.Excluded,
-			"behind": sum.Behind, "conditions": conditionsIn(sum.Conditions), "observedGeneration": sum.ObservedGeneration} {
-			status[k] = v
-		}
-	}
-	err := c.do(ctx, "PATCH", bundlesPath+"/"+url.PathEscape(name)+"/status", mergePatch, map[string]any{"status": status}, nil)
-	if err != nil {
-		return fmt.Errorf("writing upgradebundle %s status: %w", name, err)
-	}
-	return nil
+	return c.applyBundleStatus(ctx, name, nil, node, entry)
 }
 
 // BundleEvent records an Event on the UpgradeBundle (uid may be empty),
@@ -269,10 +179,8 @@ func (c *Client) Sources(ctx context.Context) ([]cluster.RegistrySource, error) 
 }
 
 // listBundles is every UpgradeBundle (none without the CRD).
-func (c *Client) listBundles(ctx context.Context) ([]upgradeBundle, error) {
-	var list struct {
-		Items []upgradeBundle `json:"items"`
-	}
+func (c *Client) listBundles(ctx context.Context) ([]v1alpha1.UpgradeBundle, error) {
+	var list v1alpha1.UpgradeBundleList
 	err := c.do(ctx, "GET", bundlesPath, "", nil, &list)
 	if IsNotFound(err) {
 		return nil, nil
@@ -283,14 +191,14 @@ func (c *Client) listBundles(ctx context.Context) ([]upgradeBundle, error) {
 	return list.Items, nil
 }
 
-func sourcesOf(bundles []upgradeBundle) []cluster.RegistrySource {
+func sourcesOf(bundles []v1alpha1.UpgradeBundle) []cluster.RegistrySource {
 	var out []cluster.RegistrySource
 	for _, b := range bundles {
 		if s := b.Spec.Source; s != nil && s.Release != "" && !b.Spec.Cleanup {
-			src := cluster.RegistrySource{Bundle: b.Metadata.Name, Release: s.Release, Extras: s.ExtraImages,
-				Node: s.Node, RateLimit: s.RateLimit, Window: s.Window, Created: b.Metadata.CreationTimestamp}
+			src := cluster.RegistrySource{Bundle: b.Name, Release: s.Release, Extras: s.ExtraImages,
+				Node: s.Node, RateLimit: s.RateLimit, Window: s.Window, Created: b.CreationTimestamp.UTC()}
 			for n, e := range b.Status.Nodes {
-				if r := e.Pull.record(); r != nil {
+				if r := pullRecord(e.Pull); r != nil {
 					if src.Pulled == nil {
 						src.Pulled = map[string]cluster.PullRecord{}
 					}
@@ -303,11 +211,11 @@ func sourcesOf(bundles []upgradeBundle) []cluster.RegistrySource {
 	return out
 }
 
-func approvedOf(bundles []upgradeBundle) []cluster.Approval {
+func approvedOf(bundles []v1alpha1.UpgradeBundle) []cluster.Approval {
 	var out []cluster.Approval
 	for _, b := range bundles {
 		if b.Spec.ApprovedDigest != "" {
-			out = append(out, cluster.Approval{Bundle: b.Metadata.Name, Digest: b.Spec.ApprovedDigest})
+			out = append(out, cluster.Approval{Bundle: b.Name, Digest: b.Spec.ApprovedDigest})
 		}
 	}
 	return out
@@ -322,7 +230,7 @@ func (c *Client) ApproveBundle(ctx context.Context, name string, d digest.Digest
 	if schedule != "" {
 		spec["schedule"] = schedule
 	}
-	var o upgradeBundle
+	var o v1alpha1.UpgradeBundle
 	err = c.do(ctx, "GET", bundlesPath+"/"+url.PathEscape(name), "", nil, &o)
 	if IsNotFound(err) {
 		obj := map[string]any{"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundle", "metadata": map[string]any{"name": name}, "spec": spec}
@@ -339,7 +247,7 @@ func (c *Client) ApproveBundle(ctx context.Context, name string, d digest.Digest
 	if err != nil {
 		return nil, fmt.Errorf("reading upgradebundle %s: %w", name, err)
 	}
-	p := o.view().Policy
+	p := view(&o).Policy
 	if err := c.do(ctx, "PATCH", bundlesPath+"/"+url.PathEscape(name), mergePatch, map[string]any{"spec": spec}, nil); err != nil {
 		return &p, fmt.Errorf("writing upgradebundle %s's spec: %w", name, err)
 	}

@@ -27,6 +27,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -82,6 +83,9 @@ type Client struct {
 	// ("ferry-<node>"), so that each node's part of a shared object shows
 	// as its own; "" lets the API server name it after the user agent.
 	FieldManager string
+
+	// pulls is the pull record last applied, by bundle/node (bundleapply.go).
+	pulls sync.Map
 }
 
 // FieldManager is node's field manager: "ferry-<node>", within the API
@@ -228,7 +232,7 @@ func (c *Client) once(ctx context.Context, method, path, contentType string, pay
 
 // request is a request to path with ferry's identity.
 func (c *Client) request(ctx context.Context, method, path, contentType string, body io.Reader) (*http.Request, error) {
-	if c.FieldManager != "" && (method == http.MethodPatch || method == http.MethodPost || method == http.MethodPut) {
+	if c.FieldManager != "" && !strings.Contains(path, "fieldManager=") && (method == http.MethodPatch || method == http.MethodPost || method == http.MethodPut) {
 		sep := "?"
 		if strings.Contains(path, "?") {
 			sep = "&"

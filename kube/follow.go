@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferry-edge/ferry/api/v1alpha1"
 	"github.com/ferry-edge/ferry/cluster"
 )
 
@@ -74,11 +75,11 @@ func (f *Follower) UpgradeBundle(ctx context.Context, name string) (cluster.Bund
 	if !found {
 		return cluster.BundleView{}, false, nil
 	}
-	var o upgradeBundle
+	var o v1alpha1.UpgradeBundle
 	if err := json.Unmarshal(raw, &o); err != nil {
 		return cluster.BundleView{}, false, fmt.Errorf("reading upgradebundle %s: %w", name, err)
 	}
-	return o.view(), true, nil
+	return view(&o), true, nil
 }
 
 // Approvals is Client.Approvals, from the copy.
@@ -101,8 +102,8 @@ func (f *Follower) Sources(ctx context.Context) ([]cluster.RegistrySource, error
 
 // bundleList is every UpgradeBundle of the copy; nil, nil before the
 // watch has synced.
-func (f *Follower) bundleList() ([]upgradeBundle, error) {
-	return decodeAll[upgradeBundle](f.bundles, "upgradebundles")
+func (f *Follower) bundleList() ([]v1alpha1.UpgradeBundle, error) {
+	return decodeAll[v1alpha1.UpgradeBundle](f.bundles, "upgradebundles")
 }
 
 // decodeAll decodes every object of i's copy; nil, nil before its watch

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
@@ -34,15 +36,9 @@ func kubectl(t *testing.T, e *kubeenv.Env, args ...string) (string, error) {
 
 // condition is the UpgradeBundle name's top-level condition of type typ
 // (nil when there is none).
-func condition(e *kubeenv.Env, name, typ string) map[string]any {
-	st, _ := e.Bundle(name)["status"].(map[string]any)
-	cs, _ := st["conditions"].([]any)
-	for _, c := range cs {
-		if c, _ := c.(map[string]any); c["type"] == typ {
-			return c
-		}
-	}
-	return nil
+func condition(e *kubeenv.Env, name, typ string) *metav1.Condition {
+	o, _ := e.UpgradeBundle(name)
+	return apimeta.FindStatusCondition(o.Status.Conditions, typ)
 }
 
 // TestAgent_FerryApproveBeforeAnyNodeThenTheStickGoesThroughAndKubectlWaitReturns:
@@ -97,12 +93,12 @@ func TestAgent_FerryApproveBeforeAnyNodeThenTheStickGoesThroughAndKubectlWaitRet
 	wait("Approved")
 	wait("Loaded")
 	waitUntil(t, "the upgrade asked for", func() bool { du := n.e.DesiredUpdate(); return du != nil && du["image"] == n.meta.Release })
-	if c := condition(n.e, n.name, agent.CondDegraded); c["status"] != "False" {
+	if c := condition(n.e, n.name, agent.CondDegraded); c == nil || c.Status != metav1.ConditionFalse {
 		t.Errorf("Degraded %v on the way", c)
 	}
 	n.e.SetHistory(kubeenv.History{State: "Completed", Image: n.meta.Release, Version: n.meta.Version}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
 	wait("Upgraded")
-	if c := condition(n.e, n.name, agent.CondApproved); c["status"] != "True" || c["reason"] != "ApprovedDigest" {
+	if c := condition(n.e, n.name, agent.CondApproved); c == nil || c.Status != metav1.ConditionTrue || c.Reason != "ApprovedDigest" {
 		t.Errorf("Approved %v", c)
 	}
 	approvedEvent := false
@@ -116,12 +112,8 @@ func TestAgent_FerryApproveBeforeAnyNodeThenTheStickGoesThroughAndKubectlWaitRet
 	// The administrator tells that a patch was read: observedGeneration
 	// follows metadata.generation.
 	gen := func() (int64, int64) {
-		o := n.e.Bundle(n.name)
-		md, _ := o["metadata"].(map[string]any)
-		st, _ := o["status"].(map[string]any)
-		g, _ := md["generation"].(float64)
-		og, _ := st["observedGeneration"].(float64)
-		return int64(g), int64(og)
+		o, _ := n.e.UpgradeBundle(n.name)
+		return o.Generation, o.Status.ObservedGeneration
 	}
 	if g, og := gen(); og != g {
 		t.Errorf("observedGeneration %d, metadata.generation %d", og, g)
@@ -133,7 +125,7 @@ func TestAgent_FerryApproveBeforeAnyNodeThenTheStickGoesThroughAndKubectlWaitRet
 		t.Fatalf("the patch (generation %d) is never seen read: %v\n%s", g, err, out)
 	}
 	t.Logf("observedGeneration %d seen", g)
-	if c := condition(n.e, n.name, agent.CondUpgraded); c["status"] != "True" || c["observedGeneration"] != float64(g) {
+	if c := condition(n.e, n.name, agent.CondUpgraded); c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != g {
 		t.Errorf("Upgraded after the patch: %v, want True at generation %d", c, g)
 	}
 	if out, err := kubectl(t, n.e, "get", "upgradebundle", n.name, "-o", "wide"); err != nil || !strings.Contains(out, "DIGEST") || !strings.Contains(out, n.digest) {
@@ -163,7 +155,7 @@ func TestAgent_AnApprovalOfAnotherDigestIsSaidInTheColumnAConditionAndAnEvent(t 
 	logOnFailure(t, n)
 	waitUntil(t, "the Approved condition saying another digest is approved", func() bool {
 		c := condition(n.e, n.name, agent.CondApproved)
-		return c["status"] == "False" && c["reason"] == "OtherDigestApproved" && strings.Contains(c["message"].(string), "sha256:0f0f0f0f0f0f")
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == "OtherDigestApproved" && strings.Contains(c.Message, "sha256:0f0f0f0f0f0f")
 	})
 	out, err := kubectl(t, n.e, "get", "upgradebundle", n.name)
 	if err != nil || !strings.Contains(out, "approves another digest") {
@@ -230,7 +222,7 @@ func TestPolicy_TheConditionsAreTheSummarysAndEchoNoGenerationAhead(t *testing.T
 	if err := a.PublishBundleStatus(ctx, bundleName, sum(1, agent.CondLoaded), "node-a", entry); err != nil {
 		t.Fatalf("the conditions of generation 1 with its own entry: %v", err)
 	}
-	if c := condition(e, bundleName, agent.CondLoaded); c["status"] != "True" || c["observedGeneration"] != float64(1) {
+	if c := condition(e, bundleName, agent.CondLoaded); c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != 1 {
 		t.Errorf("Loaded %v", c)
 	}
 }

@@ -220,9 +220,9 @@ func TestPolicy_ANodeCannotForgeTheSummaryOrAnotherNodesEvents(t *testing.T) {
 	denied(t, "a phase no node is in", publish(agreeing(func(s *cluster.BundleSummary) { s.Phase = "upgraded" })), policy)
 	denied(t, "another version", publish(agreeing(func(s *cluster.BundleSummary) { s.Version = "4.13.9" })), policy)
 	invalid(t, "an approval the CRD does not know", publish(agreeing(func(s *cluster.BundleSummary) { s.Approved = "approved by the administrator" })), "status.approved")
-	got := e.Bundle(name)["status"].(map[string]any)
-	if got["digest"] != real || got["nodesReady"] != "1/2" || got["approved"] != "digest" {
-		t.Fatalf("the summary after the refusals: %v", got)
+	o, _ := e.UpgradeBundle(name)
+	if got := o.Status; got.Digest != real || got.NodesReady != "1/2" || got.Approved != "digest" {
+		t.Fatalf("the summary after the refusals: %+v", got)
 	}
 
 	// What a node may write: its own entry, and the disagreement said
@@ -233,8 +233,8 @@ func TestPolicy_ANodeCannotForgeTheSummaryOrAnotherNodesEvents(t *testing.T) {
 		t.Fatalf("node-a's own entry with the disagreement said: %v", err)
 	}
 	denied(t, "node-b's summary hiding the disagreement", b.PublishBundleStatus(ctx, name, honest, "node-b", cluster.BundleNodeEntry{Phase: "loaded", Digest: digest.Digest(real)}), policy)
-	if got := e.Bundle(name)["status"].(map[string]any); got["approved"] != "digests disagree" || got["digest"] != nil && got["digest"] != "" {
-		t.Errorf("the summary with the entries disagreeing: %v", got)
+	if o, _ := e.UpgradeBundle(name); o.Status.Approved != "digests disagree" || o.Status.Digest != "" {
+		t.Errorf("the summary with the entries disagreeing: %+v", o.Status)
 	}
 
 	// Events: only in its own name, about an UpgradeBundle, short.

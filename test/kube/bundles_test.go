@@ -2,7 +2,6 @@ package kube
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -10,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/opencontainers/go-digest"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
@@ -124,18 +125,11 @@ func TestAgent_ABundleApprovedAheadInItsUpgradeBundleGoesThroughAlone(t *testing
 		}
 	})
 	waitUntil(t, "Updated in the UpgradeBundle", func() bool {
-		o := e.Bundle(name)
-		st, _ := o["status"].(map[string]any)
-		nodes, _ := st["nodes"].(map[string]any)
-		n, _ := nodes["node-a"].(map[string]any)
-		cs, _ := n["conditions"].([]any)
-		for _, cd := range cs {
-			if cd, _ := cd.(map[string]any); cd["type"] == "Updated" && cd["status"] == "True" {
-				_, stale := n["message"] // "waiting for approval", from before the spec was read
-				return st["approved"] == "digest" && st["nodesReady"] == "1/1" && n["reason"] == agent.ReasonUpgraded && !stale
-			}
-		}
-		return false
+		o, _ := e.UpgradeBundle(name)
+		st, n := o.Status, o.Status.Nodes["node-a"]
+		stale := n.Message != "" // "waiting for approval", from before the spec was read
+		return apimeta.IsStatusConditionTrue(n.Conditions, "Updated") &&
+			st.Approved == "digest" && st.NodesReady == "1/1" && n.Reason == agent.ReasonUpgraded && !stale
 	})
 	if l := e.NodeLabels("node-a")[agent.LabelPhase]; l != string(agent.PhaseUpgraded) {
 		t.Errorf("label %s=%q", agent.LabelPhase, l)
@@ -266,10 +260,8 @@ func TestAgent_SpecCleanupTakesOutABundleWaitingForApproval(t *testing.T) {
 	}
 	n.e.PatchBundleSpec(n.name, map[string]any{"cleanup": true})
 	waitUntil(t, "node-a cleaned in the UpgradeBundle", func() bool {
-		st, _ := n.e.Bundle(n.name)["status"].(map[string]any)
-		nodes, _ := st["nodes"].(map[string]any)
-		e, _ := nodes["node-a"].(map[string]any)
-		return e["phase"] == string(agent.PhaseCleaned)
+		o, _ := n.e.UpgradeBundle(n.name)
+		return o.Status.Nodes["node-a"].Phase == string(agent.PhaseCleaned)
 	})
 	if _, err := os.Stat(n.tree); !os.IsNotExist(err) {
 		t.Fatalf("the extracted tree is still there: %v", err)
@@ -300,20 +292,20 @@ func TestClient_EachNodeWritesOnlyItsOwn(t *testing.T) {
 	if err := cb.PublishBundleEntry(ctx, bundleName, "node-b", cluster.BundleNodeEntry{Phase: "loaded", Digest: d}); err != nil {
 		t.Fatal(err)
 	}
-	o := e.Bundle(bundleName)
-	st, _ := o["status"].(map[string]any)
-	if st["phase"] != "loading" || st["nodesReady"] != "0/2" {
-		t.Errorf("node-b's entry changed the summary: %v", st)
+	o, _ := e.UpgradeBundle(bundleName)
+	if st := o.Status; st.Phase != "loading" || st.NodesReady != "0/2" {
+		t.Errorf("node-b's entry changed the summary: %+v", st)
 	}
+	// Each node applies its part (server-side apply) as its own manager.
 	owned := map[string]string{}
-	mfs, _ := o["metadata"].(map[string]any)["managedFields"].([]any)
-	for _, mf := range mfs {
-		m, _ := mf.(map[string]any)
-		if m["subresource"] != "status" {
+	for _, m := range o.ManagedFields {
+		if m.Subresource != "status" {
 			continue
 		}
-		b, _ := json.Marshal(m["fieldsV1"])
-		owned[m["manager"].(string)] += string(b)
+		if m.Operation != metav1.ManagedFieldsOperationApply {
+			t.Errorf("%s wrote the status with %s, want Apply", m.Manager, m.Operation)
+		}
+		owned[m.Manager] += string(m.FieldsV1.Raw)
 	}
 	a, b := owned["ferry-node-a"], owned["ferry-node-b"]
 	if !strings.Contains(a, `"f:nodesReady"`) || !strings.Contains(a, `"f:node-a"`) || strings.Contains(a, `"f:node-b"`) {

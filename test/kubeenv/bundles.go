@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferry-edge/ferry/api/v1alpha1"
 	"github.com/ferry-edge/ferry/kube"
 )
 
@@ -61,7 +62,20 @@ func (e *Env) PatchBundleSpec(name string, spec map[string]any) {
 	must(e.t, err)
 }
 
-// Bundle returns an UpgradeBundle as stored (nil when there is none).
+// UpgradeBundle returns an UpgradeBundle decoded into ferry's API types,
+// as kube/ decodes it; ok is false when there is none.
+func (e *Env) UpgradeBundle(name string) (o v1alpha1.UpgradeBundle, ok bool) {
+	e.t.Helper()
+	err := e.Admin.Raw(context.Background(), "GET", bundlesPath+"/"+name, "", nil, &o)
+	if kube.IsNotFound(err) {
+		return v1alpha1.UpgradeBundle{}, false
+	}
+	must(e.t, err)
+	return o, true
+}
+
+// Bundle returns an UpgradeBundle as stored, every field the API server
+// holds (nil when there is none): for a test's log.
 func (e *Env) Bundle(name string) map[string]any {
 	e.t.Helper()
 	var o map[string]any
