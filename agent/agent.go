@@ -22,7 +22,7 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/pacing"
-	"github.com/ferry-edge/ferry/pull"
+	"github.com/ferry-edge/ferry/pull/pullspec"
 )
 
 // DeviceEvent is a block device appearing, changing or going away.
@@ -124,14 +124,14 @@ type Deps struct {
 type Puller interface {
 	// Start pulls req, again if it failed or was done before (the
 	// technician's ferry load --release).
-	Start(req pull.Request) error
+	Start(req pullspec.Request) error
 	// Ensure pulls req unless it is under way, done or failed for good
 	// (the cluster's UpgradeBundle, read again and again).
-	Ensure(req pull.Request) error
+	Ensure(req pullspec.Request) error
 	// Unfollow ends this node's following of another's pull of release
 	// (the agent holds it already).
 	Unfollow(release string)
-	Status() *pull.Status
+	Status() *pullspec.Status
 }
 
 // Pacer holds the bulk work back while the node is under pressure
@@ -270,7 +270,7 @@ func (a *Agent) RequestPulled(ctx context.Context, m Medium, digest digest.Diges
 }
 
 // Pull asks for a release from the site's registry (ferry load --release).
-func (a *Agent) Pull(req pull.Request) error {
+func (a *Agent) Pull(req pullspec.Request) error {
 	if a.deps.Puller == nil {
 		return errors.New("registry mode is off on this node")
 	}

@@ -16,7 +16,7 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/pacing"
-	"github.com/ferry-edge/ferry/pull"
+	"github.com/ferry-edge/ferry/pull/pullspec"
 )
 
 // DefaultConfigPath is where the agent reads its config when no --config
@@ -395,7 +395,7 @@ func (c *Config) Validate() error {
 			return bad("pull.rate_limit", "%q is not a size per second (e.g. 2MiB); leave it empty for no limit", c.Pull.RateLimit)
 		}
 	}
-	if _, err := pull.ParseWindow(c.Pull.Window); err != nil {
+	if _, err := pullspec.ParseWindow(c.Pull.Window); err != nil {
 		return bad("pull.window", "%v", err)
 	}
 	if p := c.Pull.PullSecret; p != "" && !filepath.IsAbs(p) {

@@ -10,7 +10,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/peer"
-	"github.com/ferry-edge/ferry/pull"
+	"github.com/ferry-edge/ferry/pull/pullspec"
 )
 
 // Peers is the agent's view of the other nodes (peer.Shelf + peer.Fetcher).
@@ -97,7 +97,7 @@ func (a *Agent) moving(peers map[string]peer.PeerStatus) bool {
 		return false
 	}
 	s := a.snap.Load().status
-	if inFlight(s.Phase) || s.Pull != nil && s.Pull.State != pull.StateDone && s.Pull.State != pull.StateFailed {
+	if inFlight(s.Phase) || s.Pull != nil && s.Pull.State != pullspec.StateDone && s.Pull.State != pullspec.StateFailed {
 		return true
 	}
 	for _, p := range peers {

@@ -7,7 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/ferry-edge/ferry/bundle"
-	"github.com/ferry-edge/ferry/pull"
+	"github.com/ferry-edge/ferry/pull/pullspec"
 )
 
 // MaxReason bounds a reason (and every other piece of text from a stick,
@@ -137,13 +137,13 @@ const (
 )
 
 var pullReasons = map[string]string{
-	pull.StateNotStarted: ReasonPullNotStarted,
-	pull.StateWaiting:    ReasonPullWaiting,
-	pull.StateFetching:   ReasonPulling,
-	pull.StateRetrying:   ReasonPullRetrying,
-	pull.StateHanding:    ReasonPullHanding,
-	pull.StateDone:       ReasonPulled,
-	pull.StateFailed:     ReasonPullFailed,
+	pullspec.StateNotStarted: ReasonPullNotStarted,
+	pullspec.StateWaiting:    ReasonPullWaiting,
+	pullspec.StateFetching:   ReasonPulling,
+	pullspec.StateRetrying:   ReasonPullRetrying,
+	pullspec.StateHanding:    ReasonPullHanding,
+	pullspec.StateDone:       ReasonPulled,
+	pullspec.StateFailed:     ReasonPullFailed,
 }
 
 // Why a bundle is rejected, by the refusal's cause; ReasonRefused when

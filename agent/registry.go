@@ -14,7 +14,7 @@ import (
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/peer"
-	"github.com/ferry-edge/ferry/pull"
+	"github.com/ferry-edge/ferry/pull/pullspec"
 )
 
 // Registry mode with the cluster's API: an UpgradeBundle whose
@@ -100,7 +100,7 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 			a.deps.Puller.Unfollow(s.Release)
 			continue
 		}
-		req := pull.Request{Release: s.Release, Extras: s.Extras, Bundle: s.Bundle, RateLimit: s.RateLimit, Window: s.Window, Created: s.Created}
+		req := pullspec.Request{Release: s.Release, Extras: s.Extras, Bundle: s.Bundle, RateLimit: s.RateLimit, Window: s.Window, Created: s.Created}
 		if puller := pullerOf(s, nodes.ready); puller != a.cfg.NodeName {
 			// Followed once it published what its tags resolved to, at
 			// the peer address whose certificate names it.
@@ -189,7 +189,7 @@ func sameSource(a, b cluster.RegistrySource) bool {
 // withPullRecord is rep with this node's pull record in its entry, when
 // this node pulls rep's UpgradeBundle's source itself: what the others
 // bind its pull to.
-func withPullRecord(rep *bundleReport, p *pull.Status) *bundleReport {
+func withPullRecord(rep *bundleReport, p *pullspec.Status) *bundleReport {
 	if rep == nil || p == nil || p.From != "" || p.Bundle == "" || p.Bundle != rep.name || len(p.Extras) == 0 && p.Digest == "" {
 		return rep
 	}
@@ -233,7 +233,7 @@ func (a *Agent) holdsRelease(release string) bool {
 // its line as message.
 func pullReport(s Status) *bundleReport {
 	p := s.Pull
-	if p == nil || p.Bundle == "" || p.State == pull.StateDone {
+	if p == nil || p.Bundle == "" || p.State == pullspec.StateDone {
 		return nil
 	}
 	const phase = "pulling"

@@ -11,7 +11,7 @@ import (
 
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer"
-	"github.com/ferry-edge/ferry/pull"
+	"github.com/ferry-edge/ferry/pull/pullspec"
 )
 
 // Status is what `ferry status` shows.
@@ -46,9 +46,9 @@ type Status struct {
 	// sha256 checks is loaded).
 	ApprovalOff bool `json:"approvalOff,omitempty"`
 	// Pull is registry mode's pull under way (ferry load --release).
-	Pull    *pull.Status `json:"pull,omitempty"`
-	Line    string       `json:"line"` // the systemd STATUS= line
-	Bundles []Record     `json:"bundles,omitempty"`
+	Pull    *pullspec.Status `json:"pull,omitempty"`
+	Line    string           `json:"line"` // the systemd STATUS= line
+	Bundles []Record         `json:"bundles,omitempty"`
 }
 
 // Status reports the node's state, as of the loop's last step.
@@ -153,7 +153,7 @@ func (a *Agent) pulling(s *Status) {
 		return
 	}
 	s.Pull = p
-	if p.State == pull.StateDone {
+	if p.State == pullspec.StateDone {
 		return
 	}
 	switch Phase(s.Phase) {
