@@ -163,6 +163,8 @@ type Agent struct {
 	log   *slog.Logger
 	store *Store
 	m     *machine // owned by the loop goroutine
+	// handles are the open media and waiting callers the machine names.
+	handles handles
 
 	snap atomic.Pointer[snapshot]
 	beat atomic.Int64 // unix nanos of the loop's last turn, for the watchdog
@@ -219,7 +221,8 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		Required: !cfg.ApprovalOff(), Off: cfg.ApprovalOff(), Unapproved: true}
 	a := &Agent{
 		cfg: cfg, deps: deps, log: deps.Log, store: store,
-		m:        newMachine(cfg, policy, deps),
+		m: newMachine(settingsOf(cfg), policy, Wiring{Now: deps.Now, Log: deps.Log, Media: deps.Media != nil,
+			Loader: deps.Loader != nil, Peers: deps.Peers != nil, API: deps.API != nil, Warnings: deps.Warnings}),
 		events:   make(chan event, 16),
 		progress: make(chan evProgress, 1),
 	}
@@ -240,22 +243,24 @@ func (nopNotifier) Status(string) {}
 // "load" the bundle in m (files ferry load opened and passed), "cleanup",
 // or "proceed" (m nil). The agent owns m from then on.
 func (a *Agent) Request(ctx context.Context, kind string, m Medium) error {
-	return a.ask(ctx, evRequest{kind: requestKind(kind), medium: m})
+	return a.ask(ctx, evRequest{kind: requestKind(kind), medium: a.handles.addMedium(m)})
 }
 
 // ask sends req to the loop and waits for its reply.
 func (a *Agent) ask(ctx context.Context, req evRequest) error {
-	req.reply = make(chan error, 1)
+	id, reply := a.handles.addReply()
+	req.reply = id
 	select {
 	case a.events <- req:
 	case <-ctx.Done():
-		if req.medium != nil {
-			req.medium.Close()
+		a.handles.takeReply(id)
+		if m := a.handles.takeMedium(req.medium); m != nil {
+			m.Close()
 		}
 		return ctx.Err()
 	}
 	select {
-	case err := <-req.reply:
+	case err := <-reply:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
@@ -266,7 +271,7 @@ func (a *Agent) ask(ctx context.Context, req evRequest) error {
 // as asked: loaded like a file given to ferry load, approved by the
 // request (its digest is approved here, on this node only).
 func (a *Agent) RequestPulled(ctx context.Context, m Medium, digest digest.Digest) error {
-	return a.ask(ctx, evRequest{kind: reqLoad, medium: m, approve: string(digest)})
+	return a.ask(ctx, evRequest{kind: reqLoad, medium: a.handles.addMedium(m), approve: string(digest)})
 }
 
 // Pull asks for a release from the site's registry (ferry load --release).

@@ -504,3 +504,14 @@ func clientCertKubeconfig(path string) bool {
 func WriteConfig(w io.Writer, c Config) error {
 	return toml.NewEncoder(w).Encode(c)
 }
+
+// settingsOf is what of c the machine decides with.
+func settingsOf(c Config) Settings {
+	return Settings{
+		NodeName: c.NodeName, ApprovalOff: c.ApprovalOff(),
+		OnReady: c.Cluster.OnReady, Schedule: c.Cluster.Schedule,
+		ExtractDir: c.Paths.ExtractDir, StateDir: c.Paths.StateDir,
+		KeepRunningRelease: c.Retention.KeepRunningRelease,
+		Peers:              c.Peer.Peers, PeersClosed: c.Peer.Closed(),
+	}
+}

@@ -110,8 +110,8 @@ func (h *harness) poll(p Peers) {
 // ask sends a request from the local socket and returns its answer.
 func (h *harness) ask(kind requestKind) error {
 	h.t.Helper()
-	reply := make(chan error, 1)
-	h.drive(evRequest{kind: kind, reply: reply})
+	id, reply := h.agent.handles.addReply()
+	h.drive(evRequest{kind: kind, reply: id})
 	select {
 	case err := <-reply:
 		return err

@@ -16,6 +16,15 @@ import (
 
 type event interface{ isEvent() }
 
+// The machine holds no open file and no channel: the agent keeps them and
+// gives the machine their ids (0: none).
+type (
+	// MediumID names an open stick or the files ferry load passed.
+	MediumID uint64
+	// ReplyID names a caller waiting for its request's answer.
+	ReplyID uint64
+)
+
 // evStart: the agent starts with the records found on disk.
 type evStart struct{ records []*Record }
 
@@ -27,7 +36,7 @@ type evOffer struct {
 	origin Origin
 	device string // "" for a file
 	src    bundle.Source
-	medium Medium // open until step keeps it for an extraction or closes it
+	medium MediumID // open until step keeps it for an extraction or closes it
 	meta   *bundle.Metadata
 	// digest is what the source says it is (.sha256, or a raw device read
 	// whole because the node holds a bundle already); "" when unknown.
@@ -37,7 +46,7 @@ type evOffer struct {
 	noBundle bool
 	// differs: a raw device read whole does not hold the held bundle.
 	differs bool
-	reply   chan error // ferry load waits for the decision
+	reply   ReplyID // ferry load waits for the decision
 }
 
 // evJobDone: the running job ended.
@@ -68,11 +77,11 @@ type evView struct{ view }
 // evRequest: a request from the status API.
 type evRequest struct {
 	kind   requestKind
-	medium Medium // load: the bundle's open files (ferry load passes them)
+	medium MediumID // load: the bundle's open files (ferry load passes them)
 	// approve is the digest of a bundle this node made from the registry
 	// as asked (registry mode): the request is its approval.
 	approve string
-	reply   chan error
+	reply   ReplyID
 }
 
 // evHookDone: the on_ready hook finished.
@@ -169,9 +178,9 @@ type effForget struct{ id string }
 type effProbe struct {
 	origin Origin
 	ev     DeviceEvent   // a stick
-	medium Medium        // a file given to ferry load, open
+	medium MediumID      // a file given to ferry load, open
 	held   digest.Digest // the held bundle's digest, "" for none
-	reply  chan error
+	reply  ReplyID
 }
 
 // effStartJob starts the one job a node runs at a time.
@@ -198,7 +207,7 @@ type effUnshare struct{ digest digest.Digest }
 // effStopJob cancels the running job; its evJobDone follows.
 type effStopJob struct{}
 
-type effCloseMedium struct{ m Medium }
+type effCloseMedium struct{ m MediumID }
 
 // effShare serves an extracted bundle to the peers.
 type effShare struct {
@@ -230,7 +239,7 @@ type effAnnounce struct{ rep report }
 
 // effReply answers a request.
 type effReply struct {
-	ch  chan error
+	ch  ReplyID
 	err error
 }
 

@@ -31,7 +31,7 @@ var errNoBundle = errors.New("no upgrade bundle here")
 func (a *Agent) probe(ctx context.Context, p effProbe) event {
 	o := evOffer{origin: p.origin, device: p.ev.Device, reply: p.reply}
 	if p.origin == OriginFile {
-		o.src, o.medium = p.medium.Bundles()[0], p.medium
+		o.src, o.medium = a.handles.medium(p.medium).Bundles()[0], p.medium
 	} else {
 		m, err := a.deps.Media.Open(ctx, p.ev)
 		if err != nil {
@@ -45,7 +45,7 @@ func (a *Agent) probe(ctx context.Context, p effProbe) event {
 			return o
 		}
 		a.log.Info("upgrade stick found", "device", p.ev.Device, "bundles", len(srcs))
-		o.src, o.medium = srcs[0], m
+		o.src, o.medium = srcs[0], a.handles.addMedium(m)
 	}
 	if o.src.Refused != nil {
 		// A file on the stick ferry does not read (a link, a FIFO…):

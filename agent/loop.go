@@ -151,7 +151,9 @@ func (a *Agent) perform(ctx context.Context, e effect) {
 			a.jobStop()
 		}
 	case effCloseMedium:
-		if err := e.m.Close(); err != nil {
+		if m := a.handles.takeMedium(e.m); m == nil {
+			a.log.Warn("no open medium to close", "medium", e.m)
+		} else if err := m.Close(); err != nil {
 			a.log.Warn("unmounting the stick", "err", err)
 		}
 	case effShare:
@@ -187,8 +189,8 @@ func (a *Agent) perform(ctx context.Context, e effect) {
 	case effAnnounce:
 		a.say(e.rep.text().Line)
 	case effReply:
-		if e.ch != nil {
-			e.ch <- e.err
+		if ch := a.handles.takeReply(e.ch); ch != nil {
+			ch <- e.err
 		}
 	default:
 		panic("agent: unknown effect")

@@ -662,7 +662,7 @@ func (m *machine) schedule() string {
 	if p := m.bundlePolicy; p != nil && p.Schedule != "" && m.activeResource() == m.bundleName {
 		return p.Schedule
 	}
-	return m.cfg.Cluster.Schedule
+	return m.cfg.Schedule
 }
 
 // bundlePolicySeen takes the administrator's newest word on a bundle: who

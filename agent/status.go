@@ -215,7 +215,7 @@ type report struct {
 
 // report decides the node's status from the machine's state.
 func (m *machine) report() report {
-	rep := report{node: m.cfg.NodeName, notice: m.notice, healthy: true, approvalOff: m.cfg.ApprovalOff(), warnings: m.warnings}
+	rep := report{node: m.cfg.NodeName, notice: m.notice, healthy: true, approvalOff: m.cfg.ApprovalOff, warnings: m.warnings}
 	switch {
 	case m.active != nil:
 		rep.shown = m.active.clone()
@@ -233,7 +233,7 @@ func (m *machine) report() report {
 	if rep.bad != nil {
 		return rep
 	}
-	if len(m.peers) > 0 && m.cfg.Peer.Closed() {
+	if len(m.peers) > 0 && m.cfg.PeersClosed {
 		rep.peersClosed, rep.healthy = true, false
 		return rep
 	}

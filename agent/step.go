@@ -23,7 +23,7 @@ import (
 // does no I/O: it returns effects, which the loop performs. Only the loop
 // goroutine calls step.
 type machine struct {
-	cfg       Config
+	cfg       Settings
 	policy    bundle.Policy
 	now       func() time.Time
 	log       *slog.Logger
@@ -63,7 +63,7 @@ type machine struct {
 	view    view // the peers, as last polled
 	backoff time.Duration
 	// cleanupReply: a cleanup waits for the running job to stop.
-	cleanupReply chan error
+	cleanupReply ReplyID
 	cleanupAsked bool
 	// notice is a passing remark for the status (e.g. a stick that holds
 	// the bundle already here).
@@ -94,15 +94,15 @@ type machine struct {
 type job struct {
 	kind   jobKind
 	id     string
-	device string // the stick it reads, if any
-	medium Medium // kept open while it is read
+	device string   // the stick it reads, if any
+	medium MediumID // kept open while it is read
 }
 
-func newMachine(cfg Config, policy bundle.Policy, d Deps) *machine {
+func newMachine(s Settings, policy bundle.Policy, w Wiring) *machine {
 	return &machine{
-		cfg: cfg, policy: policy, now: d.Now, log: d.Log,
-		hasMedia: d.Media != nil, hasLoader: d.Loader != nil, peersOn: d.Peers != nil, peers: cfg.Peer.Peers,
-		hasAPI: d.API != nil, warnings: d.Warnings,
+		cfg: s, policy: policy, now: w.Now, log: w.Log,
+		hasMedia: w.Media, hasLoader: w.Loader, peersOn: w.Peers, peers: s.Peers,
+		hasAPI: w.API, warnings: w.Warnings,
 		records: map[string]*Record{}, probing: map[string]bool{},
 	}
 }

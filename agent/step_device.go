@@ -43,12 +43,12 @@ func (m *machine) offer(o evOffer) (effs []effect) {
 	log := m.log.With("device", o.device)
 	keep := false
 	defer func() {
-		if o.medium != nil && !keep {
+		if o.medium != 0 && !keep {
 			effs = append(effs, effCloseMedium{o.medium})
 		}
 	}()
 	reply := func(err error) {
-		if o.reply != nil {
+		if o.reply != 0 {
 			effs = append(effs, effReply{o.reply, err})
 		}
 	}
@@ -85,12 +85,12 @@ func (m *machine) offer(o evOffer) (effs []effect) {
 	if o.origin == OriginStick {
 		r.Source = o.device
 	}
-	r.Dir = filepath.Join(m.cfg.Paths.ExtractDir, o.meta.DirName())
+	r.Dir = filepath.Join(m.cfg.ExtractDir, o.meta.DirName())
 	m.active = r
 	m.notice = ""
 	effs = append(effs, m.move(r, PhaseDetected, Condition{}, Progress{Total: o.meta.SizeBytes, Unit: "bytes"})...)
 	effs = append(effs, m.extract(r, o.src, o.device, o.medium, m.polFor(o.meta))...)
-	keep = o.medium != nil
+	keep = o.medium != 0
 	reply(nil)
 	return effs
 }
@@ -126,7 +126,7 @@ func orFile(device string) string {
 }
 
 // extract starts verifying and extracting r from src.
-func (m *machine) extract(r *Record, src bundle.Source, device string, medium Medium, pol bundle.Policy) []effect {
+func (m *machine) extract(r *Record, src bundle.Source, device string, medium MediumID, pol bundle.Policy) []effect {
 	m.log.Info("verifying and extracting", "phase", string(PhaseDetected), "bundle", r.Name, "device", device)
 	effs := append(m.keepsDir(r.Dir), effRemove{r.Dir}) // never trust a dir whose extraction was not recorded
 	effs = append(effs, m.startJob(effStartJob{kind: jobExtract, rec: r, src: src, policy: pol,

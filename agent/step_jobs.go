@@ -16,7 +16,7 @@ import (
 
 func (m *machine) jobDone(j evJobDone) []effect {
 	var effs []effect
-	if m.job != nil && m.job.medium != nil {
+	if m.job != nil && m.job.medium != 0 {
 		effs = append(effs, effCloseMedium{m.job.medium})
 	}
 	m.job = nil
@@ -86,7 +86,7 @@ func (m *machine) fetchDone(r *Record, j evJobDone) []effect {
 	if r.Approval == bundle.ApprovalSignature {
 		src.SigPath = src.Path + ".minisig"
 	}
-	return m.extract(r, src, "", nil, m.extractPolicy(r))
+	return m.extract(r, src, "", 0, m.extractPolicy(r))
 }
 
 // extractPolicy is the policy a bundle fetched from the peers is
@@ -197,7 +197,7 @@ func (m *machine) loadDone(r *Record, j evJobDone) []effect {
 // shared with CRI-O and etcd. What it wrote goes; a restart, once there
 // is room, fetches it again.
 func (m *machine) abandon(r *Record, err error) []effect {
-	reason := fmt.Sprintf("abandoned: %v; free some space in %s, then restart ferry to fetch it again", err, m.cfg.Paths.ExtractDir)
+	reason := fmt.Sprintf("abandoned: %v; free some space in %s, then restart ferry to fetch it again", err, m.cfg.ExtractDir)
 	m.log.Error("fetch abandoned: the disk filled up", "phase", string(PhaseFailed), "bundle", r.Name, "err", err)
 	effs := []effect{effRemove{filepath.Dir(m.incomingPath(r))}, effRemove{bundle.StagingDir(r.Dir)}, effRemove{r.Dir}}
 	return append(effs, m.move(r, PhaseFailed, fault(ReasonFetchAbandoned, reason), Progress{})...)
@@ -217,7 +217,7 @@ func (m *machine) rejectAs(r *Record, reason, message string) []effect {
 // incomingPath is where a fetched tar lands, under its own name so that
 // messages about it read as they would for a stick.
 func (m *machine) incomingPath(r *Record) string {
-	return filepath.Join(m.cfg.Paths.StateDir, "incoming", strings.TrimPrefix(string(r.Digest), "sha256:"), r.Name)
+	return filepath.Join(m.cfg.StateDir, "incoming", strings.TrimPrefix(string(r.Digest), "sha256:"), r.Name)
 }
 
 // Permanent reports whether err says that retrying cannot fix it (an

@@ -143,7 +143,7 @@ func (m *machine) maybeFetch(v view) []effect {
 	if err != nil {
 		return m.refuseOffer(r, err)
 	}
-	r.Dir = filepath.Join(m.cfg.Paths.ExtractDir, meta.DirName())
+	r.Dir = filepath.Join(m.cfg.ExtractDir, meta.DirName())
 	m.active = r
 	effs := m.move(r, PhaseFetching, Condition{}, Progress{Unit: "bytes"})
 	m.log.Info("fetching the bundle from the peers", "phase", string(PhaseFetching), "bundle", r.Name, "digest", r.Digest)

@@ -14,7 +14,7 @@ import (
 func (m *machine) request(q evRequest) []effect {
 	switch q.kind {
 	case reqLoad:
-		if q.medium == nil {
+		if q.medium == 0 {
 			return []effect{effReply{q.reply, errors.New("no bundle given")}}
 		}
 		if m.job != nil {
@@ -90,7 +90,7 @@ func (m *machine) cleanup() []effect {
 
 func (m *machine) cleanupDone(r *Record, j evJobDone) []effect {
 	reply := m.cleanupReply
-	m.cleanupAsked, m.cleanupReply = false, nil
+	m.cleanupAsked, m.cleanupReply = false, 0
 	if j.err != nil {
 		return []effect{effReply{reply, fmt.Errorf("cleanup of %s: %w", r.Name, j.err)}}
 	}

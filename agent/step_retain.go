@@ -29,7 +29,7 @@ func (m *machine) resumeRetained() []effect {
 	if r == nil {
 		return nil
 	}
-	if !m.cfg.Retention.KeepRunningRelease {
+	if !m.cfg.KeepRunningRelease {
 		m.log.Info("retention.keep_running_release is off: removing the copy kept of the running release", "bundle", r.Name, "dir", r.Dir)
 		return m.dropRetained(r)
 	}

@@ -109,7 +109,7 @@ func TestStep_CleanupOfALoadedBundle(t *testing.T) {
 			m := machineIn(t, tc.phase)
 			m.hasAPI = tc.api
 			m.desired = desiredRead{release: m.records["held"].Metadata.Release} // read: another release asked for
-			reply := make(chan error, 1)
+			reply := ReplyID(1)
 			effs := m.step(evRequest{kind: reqCleanup, reply: reply})
 			j, started := jobOf(effs)
 			if tc.want != "" && (!started || j.kind != tc.want) {
@@ -169,7 +169,7 @@ func TestStep_FreshOffersLeaveOutWhatThePeersRunWhenAnotherIsOffered(t *testing.
 
 func TestStep_RetentionTurnedOffRemovesTheKeptTreeAtStart(t *testing.T) {
 	m := machineIn(t, PhaseIdle)
-	m.cfg.Retention.KeepRunningRelease = false
+	m.cfg.KeepRunningRelease = false
 	r := &Record{ID: "running", Digest: heldDigest, Name: "upgrade-4.13.7-x86_64.tar", Metadata: &bundleMeta,
 		Dir: "/nonexistent/4.13.7-x86_64", Phase: PhaseUpgraded, Retirement: RetirementDone, Retained: true}
 	effs := m.step(evStart{records: []*Record{r}})

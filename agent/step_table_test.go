@@ -159,7 +159,7 @@ func cleanupSpec(m *machine) {
 
 func noLoader(m *machine) { m.hasLoader = false }
 
-func noHook(m *machine) { m.cfg.Cluster.OnReady = nil }
+func noHook(m *machine) { m.cfg.OnReady = nil }
 
 // approvalRequired: approval = "required", nothing approved, and the
 // held bundle extracted unapproved.
@@ -228,11 +228,11 @@ var (
 
 func stickOffer(meta *bundle.Metadata, digest digest.Digest) evOffer {
 	return evOffer{origin: OriginStick, device: "/dev/sdb", src: bundle.Source{Path: "/m/upgrade-" + meta.Version + "-x86_64.tar"},
-		medium: &fakeMedium{f: &fakeMedia{}}, meta: meta, digest: digest}
+		medium: MediumID(1), meta: meta, digest: digest}
 }
 
 func TestStepTable_DevicesAndOffers(t *testing.T) {
-	reply := make(chan error, 1)
+	reply := ReplyID(1)
 	runRows(t, []stepRow{
 		{name: "a stick plugged on an idle node is probed", in: PhaseIdle,
 			ev: evDevice{DeviceEvent{Action: "add", Device: "/dev/sdb"}}, phase: PhaseIdle, effs: []string{"probe stick"}},
@@ -253,7 +253,7 @@ func TestStepTable_DevicesAndOffers(t *testing.T) {
 			ev: stickOffer(&meta137, heldDigest), phase: PhaseDetected,
 			effs: []string{"save 4.13.7-x86_64-20261122T080000", "remove 4.13.7-x86_64", "start extract"},
 			check: func(t *testing.T, m *machine) {
-				if !m.active.Plugged || m.job.medium == nil || m.job.device != "/dev/sdb" {
+				if !m.active.Plugged || m.job.medium == 0 || m.job.device != "/dev/sdb" {
 					t.Errorf("active %+v, job %+v", m.active, m.job)
 				}
 			}},
@@ -387,7 +387,7 @@ func TestStepTable_JobsEnd(t *testing.T) {
 			ev: evJobDone{kind: jobLoad, id: "held", stopped: true}, phase: PhaseLoading},
 
 		{name: "a cleanup done: cleaned, the request answered", in: PhaseExtracted,
-			given: []func(*machine){running(jobCleanup), with(func(m *machine) { m.cleanupAsked, m.cleanupReply = true, make(chan error, 1) })},
+			given: []func(*machine){running(jobCleanup), with(func(m *machine) { m.cleanupAsked, m.cleanupReply = true, ReplyID(1) })},
 			ev:    done(jobCleanup), phase: PhaseCleaned, effs: []string{"save held", "reply ok"},
 			check: func(t *testing.T, m *machine) {
 				if m.active != nil || m.cleaned != m.records["held"] || m.cleanupAsked {
@@ -395,7 +395,7 @@ func TestStepTable_JobsEnd(t *testing.T) {
 				}
 			}},
 		{name: "a cleanup that failed is answered, the bundle kept", in: PhaseExtracted,
-			given: []func(*machine){running(jobCleanup), with(func(m *machine) { m.cleanupAsked, m.cleanupReply = true, make(chan error, 1) })},
+			given: []func(*machine){running(jobCleanup), with(func(m *machine) { m.cleanupAsked, m.cleanupReply = true, ReplyID(1) })},
 			ev:    doneErr(jobCleanup, errBoom), phase: PhaseExtracted, effs: []string{"reply error"}},
 
 		{name: "a retirement done: retired, tree kept", in: PhaseUpgraded, given: []func(*machine){running(jobRetire), retiringHeld},
@@ -471,8 +471,8 @@ func previousBundle(m *machine) {
 }
 
 func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
-	reply := make(chan error, 1)
-	cleanupAsked := with(func(m *machine) { m.cleanupAsked, m.cleanupReply = true, make(chan error, 1) })
+	reply := ReplyID(1)
+	cleanupAsked := with(func(m *machine) { m.cleanupAsked, m.cleanupReply = true, ReplyID(1) })
 	managed := func(st string, cur, des, target string, paused bool) cluster.NodeUpdate {
 		return cluster.NodeUpdate{Managed: true, State: st, Current: cur, Desired: des, Pool: "worker", Target: target, Paused: paused}
 	}
@@ -575,7 +575,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 		{name: "the gate on a peer never heard from stays shut", in: PhaseLoaded, given: []func(*machine){withPeers(nil)},
 			ev: viewOf(nil), phase: PhaseLoaded},
 		{name: "the gate opens on Manual without the hook", in: PhaseLoaded,
-			given: []func(*machine){withPeers(nil), with(func(m *machine) { m.cfg.Cluster.Schedule = "Manual" })},
+			given: []func(*machine){withPeers(nil), with(func(m *machine) { m.cfg.Schedule = "Manual" })},
 			ev:    viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseClusterReady, effs: []string{"save held"}},
 		{name: "cluster-ready, another poll does not run the hook again", in: PhaseClusterReady,
 			given: []func(*machine){withPeers(nil), with(func(m *machine) { m.records["held"].Hook = &HookRun{Started: m.now()} })},
@@ -587,17 +587,17 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 		// Requests from the local socket.
 		{name: "ferry load with no bundle is answered", in: PhaseIdle, ev: evRequest{kind: reqLoad, reply: reply},
 			phase: PhaseIdle, effs: []string{"reply error"}},
-		{name: "ferry load probes the file", in: PhaseIdle, ev: evRequest{kind: reqLoad, medium: &fakeMedium{}, reply: reply},
+		{name: "ferry load probes the file", in: PhaseIdle, ev: evRequest{kind: reqLoad, medium: MediumID(1), reply: reply},
 			phase: PhaseIdle, effs: []string{"probe file"}},
 		{name: "ferry load of a bundle made from the registry approves it", in: PhaseIdle,
-			ev: evRequest{kind: reqLoad, medium: &fakeMedium{}, approve: otherDigest, reply: reply}, phase: PhaseIdle, effs: []string{"probe file"},
+			ev: evRequest{kind: reqLoad, medium: MediumID(1), approve: otherDigest, reply: reply}, phase: PhaseIdle, effs: []string{"probe file"},
 			check: func(t *testing.T, m *machine) {
 				if !m.polFor(nil).Approves(otherDigest) {
 					t.Error("the registry's bundle is not approved")
 				}
 			}},
 		{name: "ferry load while busy closes the files and says busy", in: PhaseLoading, given: []func(*machine){running(jobLoad)},
-			ev: evRequest{kind: reqLoad, medium: &fakeMedium{f: &fakeMedia{}}, reply: reply}, phase: PhaseLoading, effs: []string{"close medium", "reply error"}},
+			ev: evRequest{kind: reqLoad, medium: MediumID(1), reply: reply}, phase: PhaseLoading, effs: []string{"close medium", "reply error"}},
 		{name: "ferry cleanup with nothing held is answered", in: PhaseIdle, ev: evRequest{kind: reqCleanup, reply: reply},
 			phase: PhaseIdle, effs: []string{"reply error"}},
 		{name: "ferry cleanup of an extracted bundle starts its cleanup", in: PhaseExtracted, ev: evRequest{kind: reqCleanup, reply: reply},
@@ -716,7 +716,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			given: []func(*machine){withAPI, withPeers(nil), cleanupSpec},
 			ev:    viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseClusterReady, effs: []string{"save held"}},
 		{name: "spec.proceed on Manual asks for the upgrade", in: PhaseClusterReady,
-			given: []func(*machine){withAPI, with(func(m *machine) { m.cfg.Cluster.Schedule = "Manual" })},
+			given: []func(*machine){withAPI, with(func(m *machine) { m.cfg.Schedule = "Manual" })},
 			ev:    evBundlePolicy{name: ResourceName("4.13.7", "x86_64"), policy: cluster.BundlePolicy{Schedule: "Manual", Proceed: true}},
 			phase: PhaseClusterReady, effs: []string{"save held", "ask upgrade held"}},
 		{name: "Manual in the spec: the gate opens, nothing asked", in: PhaseLoaded,
@@ -855,7 +855,7 @@ func withoutFerry(n int) func(*machine) {
 // machine config operator counts and no record names (ferry does not run
 // there), unless the administrator excludes them by name; loading goes on.
 func TestStepTable_NodesWithoutFerry(t *testing.T) {
-	reply := make(chan error, 1)
+	reply := ReplyID(1)
 	loadedB := withPeers(peerIn(PhaseLoaded, heldDigest))
 	threeMachines := evPeerList{peers: []string{peerB}, recorded: []string{"b", "node-a"}, unrecorded: 1}
 	runRows(t, []stepRow{

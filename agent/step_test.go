@@ -24,12 +24,11 @@ var allPhases = []Phase{PhaseIdle, PhaseDetected, PhaseFetching, PhaseExtracted,
 
 // machineIn is a machine whose one bundle is in phase p (PhaseIdle: none).
 func machineIn(t *testing.T, p Phase) *machine {
-	cfg := DefaultConfig()
-	cfg.NodeName, cfg.Arch = "node-a", "x86_64"
-	cfg.Paths.StateDir, cfg.Paths.ExtractDir = t.TempDir(), t.TempDir()
-	cfg.Cluster.OnReady = []string{"true"}
+	// A node with the default config but for its name, dirs and hook.
+	s := Settings{NodeName: "node-a", StateDir: t.TempDir(), ExtractDir: t.TempDir(), OnReady: []string{"true"},
+		Schedule: "Automatic", KeepRunningRelease: true, PeersClosed: true}
 	clock := time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)
-	m := newMachine(cfg, bundle.Policy{Arch: "x86_64"}, Deps{Media: &fakeMedia{}, Loader: &fakeLoader{},
+	m := newMachine(s, bundle.Policy{Arch: "x86_64"}, Wiring{Media: true, Loader: true,
 		Log: slog.New(slog.DiscardHandler), Now: func() time.Time { return clock }})
 	if p == PhaseIdle {
 		return m
@@ -53,7 +52,7 @@ func heldRecord() *Record {
 }
 
 // events is one of each kind of event, as it would reach a node.
-func events(reply chan error) map[string]event {
+func events(reply ReplyID) map[string]event {
 	meta := &bundle.Metadata{Version: "4.13.8", Arch: "x86_64"}
 	same := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64"}
 	return map[string]event{
@@ -70,7 +69,7 @@ func events(reply chan error) map[string]event {
 		"peers seen":           evView{view{statuses: map[string]peer.PeerStatus{}, at: time.Now()}},
 		"cleanup asked":        evRequest{kind: reqCleanup, reply: reply},
 		"proceed asked":        evRequest{kind: reqProceed, reply: reply},
-		"load asked":           evRequest{kind: reqLoad, medium: &fakeMedium{srcs: []bundle.Source{{Path: "/root/b.tar"}}}, reply: reply},
+		"load asked":           evRequest{kind: reqLoad, medium: MediumID(1), reply: reply},
 		"hook done":            evHookDone{id: "held", run: HookRun{Exit: 0}},
 		"retry":                evRetry{},
 	}
@@ -92,10 +91,10 @@ var want = map[string]map[Phase]Phase{
 // checks the rules that hold everywhere, and the phase that follows.
 func TestStep_EveryPhaseTimesEveryEvent(t *testing.T) {
 	for _, p := range allPhases {
-		for name := range events(nil) {
+		for name := range events(0) {
 			t.Run(fmt.Sprintf("%s/%s", p, name), func(t *testing.T) {
 				m := machineIn(t, p)
-				reply := make(chan error, 1)
+				reply := ReplyID(1)
 				ev := events(reply)[name]
 				if j, ok := ev.(evJobDone); ok {
 					m.job = &job{kind: j.kind, id: j.id}
@@ -170,7 +169,7 @@ func countProbes(effs []effect) int {
 func TestStep_OtherBundleWhileOneIsHeldIsAConflictRecordNotAnExtraction(t *testing.T) {
 	for _, p := range []Phase{PhaseDetected, PhaseFetching, PhaseExtracted, PhaseLoading, PhaseLoaded, PhaseClusterReady} {
 		m := machineIn(t, p)
-		effs := m.step(events(nil)["other bundle offered"])
+		effs := m.step(events(0)["other bundle offered"])
 		if m.active.ID != "held" || m.lastBad == nil || m.lastBad.Phase != PhaseConflict || m.lastBad.ID == "held" {
 			t.Fatalf("%s: active %+v, last refusal %+v", p, m.active, m.lastBad)
 		}
@@ -210,7 +209,7 @@ func TestStep_AStickPulledMidReadStopsTheJobAndWaitsForIt(t *testing.T) {
 func TestStep_CleanupWaitsForTheRunningJob(t *testing.T) {
 	m := machineIn(t, PhaseLoading)
 	m.job = &job{kind: jobLoad, id: "held"}
-	reply := make(chan error, 1)
+	reply := ReplyID(1)
 	if effs := m.step(evRequest{kind: reqCleanup, reply: reply}); len(effs) != 1 || effs[0] != (effStopJob{}) {
 		t.Fatalf("effects %v", effs)
 	}
@@ -274,13 +273,13 @@ func TestStatus_ASetupWarningIsInEveryStatus(t *testing.T) {
 // though healthy), peers and no token_file, a peer refusing its token; a
 // peer merely unreachable may be down, and is not one.
 func TestReport_ShowsTheNodesOwnMistakes(t *testing.T) {
-	open := func(m *machine) { m.cfg.Peer.Open = true }
+	open := func(m *machine) { m.cfg.PeersClosed = false }
 	for _, tc := range []struct {
 		name  string
 		given []func(*machine)
 		ok    func(r report) bool
 	}{
-		{"approval off", []func(*machine){func(m *machine) { m.cfg.Approval = "off" }},
+		{"approval off", []func(*machine){func(m *machine) { m.cfg.ApprovalOff = true }},
 			func(r report) bool {
 				return r.approvalOff && r.healthy && r.text().ApprovalOff && strings.Contains(r.text().Line, approvalOffWarning)
 			}},

@@ -39,7 +39,7 @@ func (m *machine) proceed(r *Record, asked bool) []effect {
 	if m.hasAPI && (r.Upgrade == nil || r.Upgrade.Accepted.IsZero()) {
 		return nil // the hook runs once the cluster has accepted
 	}
-	if len(m.cfg.Cluster.OnReady) == 0 || r.Hook != nil && (r.Hook.Error == "" || !asked) {
+	if len(m.cfg.OnReady) == 0 || r.Hook != nil && (r.Hook.Error == "" || !asked) {
 		return nil
 	}
 	r.Hook = nil
@@ -54,7 +54,7 @@ func (m *machine) nothingToProceed(r *Record) error {
 		return errors.New(why.Message)
 	case m.asking:
 		return errors.New("the cluster is being asked for the upgrade already (see 'ferry status')")
-	case r.Upgrade != nil && !r.Upgrade.Accepted.IsZero() && len(m.cfg.Cluster.OnReady) == 0:
+	case r.Upgrade != nil && !r.Upgrade.Accepted.IsZero() && len(m.cfg.OnReady) == 0:
 		return errors.New("the cluster accepted the upgrade already: follow it with 'ferry status' or 'oc get clusterversion'")
 	case r.Hook != nil && r.Hook.Finished.IsZero():
 		return errors.New("the on_ready hook is running")
@@ -270,19 +270,19 @@ func (m *machine) retire(r *Record) []effect {
 	if prev == r || prev != nil && prev.Retirement == RetirementUnpinned {
 		prev = nil
 	}
-	retain := m.cfg.Retention.KeepRunningRelease && r.Dir != "" && r.Metadata != nil
+	retain := m.cfg.KeepRunningRelease && r.Dir != "" && r.Metadata != nil
 	return m.startJob(effStartJob{kind: jobRetire, rec: r, unload: m.hasLoader, previous: prev, retain: retain}, "")
 }
 
 func (m *machine) retireDone(r *Record, j evJobDone) []effect {
 	reply := m.cleanupReply
-	m.cleanupAsked, m.cleanupReply = false, nil
+	m.cleanupAsked, m.cleanupReply = false, 0
 	var effs []effect
 	if j.err != nil {
 		why := fmt.Sprintf("cleaning up after the upgrade failed, retrying in 30s: %v", j.err)
 		m.log.Error("cleaning up after the upgrade failed", "phase", string(PhaseUpgraded), "bundle", r.Name, "err", j.err)
 		effs = append(m.move(r, PhaseUpgraded, retrying(ReasonCleanupFailed, why), r.Progress), effRetryIn{after: retireRetry})
-		if reply != nil {
+		if reply != 0 {
 			effs = append(effs, effReply{reply, fmt.Errorf("cleanup of %s: %w", r.Name, j.err)})
 		}
 		return effs
@@ -292,7 +292,7 @@ func (m *machine) retireDone(r *Record, j evJobDone) []effect {
 		effs = append(effs, effSave{p})
 	}
 	r.Retirement = RetirementDone
-	r.Retained = m.cfg.Retention.KeepRunningRelease && r.Dir != "" && r.Metadata != nil
+	r.Retained = m.cfg.KeepRunningRelease && r.Dir != "" && r.Metadata != nil
 	effs = append(effs, m.move(r, PhaseUpgraded, Condition{}, r.Progress)...)
 	m.previous, m.done, m.active, m.cleaned = r, r, nil, nil
 	if r.Retained {
@@ -302,7 +302,7 @@ func (m *machine) retireDone(r *Record, j evJobDone) []effect {
 		m.log.Info("upgrade done: the bundle's files, registry and mirror are gone; its images stay pinned until the next upgrade",
 			"phase", string(PhaseUpgraded), "bundle", r.Name, "digest", r.Digest)
 	}
-	if reply != nil {
+	if reply != 0 {
 		effs = append(effs, effReply{reply, nil})
 	}
 	return effs
@@ -311,7 +311,7 @@ func (m *machine) retireDone(r *Record, j evJobDone) []effect {
 // startHook marks the hook started (persisted first, so a crash never
 // runs it twice) and runs it.
 func (m *machine) startHook(r *Record) ([]effect, error) {
-	if len(m.cfg.Cluster.OnReady) == 0 {
+	if len(m.cfg.OnReady) == 0 {
 		return nil, errors.New("no on_ready hook is configured")
 	}
 	if r.Hook != nil {
