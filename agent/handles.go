@@ -1,5 +1,6 @@
 package agent
 
+import "github.com/ferry-edge/ferry/agent/machine"
 import "sync"
 
 // handles keeps what the machine names by id: open media and the channels
@@ -7,8 +8,8 @@ import "sync"
 type handles struct {
 	mu      sync.Mutex
 	next    uint64
-	media   map[MediumID]Medium
-	replies map[ReplyID]chan error
+	media   map[machine.MediumID]Medium
+	replies map[machine.ReplyID]chan error
 }
 
 func (h *handles) newID() uint64 {
@@ -17,29 +18,29 @@ func (h *handles) newID() uint64 {
 }
 
 // addMedium keeps m and names it; nil is 0.
-func (h *handles) addMedium(m Medium) MediumID {
+func (h *handles) addMedium(m Medium) machine.MediumID {
 	if m == nil {
 		return 0
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.media == nil {
-		h.media = map[MediumID]Medium{}
+		h.media = map[machine.MediumID]Medium{}
 	}
-	id := MediumID(h.newID())
+	id := machine.MediumID(h.newID())
 	h.media[id] = m
 	return id
 }
 
 // medium is the medium named id, still kept.
-func (h *handles) medium(id MediumID) Medium {
+func (h *handles) medium(id machine.MediumID) Medium {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.media[id]
 }
 
 // takeMedium forgets the medium named id and returns it (nil if none).
-func (h *handles) takeMedium(id MediumID) Medium {
+func (h *handles) takeMedium(id machine.MediumID) Medium {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	m := h.media[id]
@@ -48,19 +49,19 @@ func (h *handles) takeMedium(id MediumID) Medium {
 }
 
 // addReply makes the channel a caller waits on for its answer.
-func (h *handles) addReply() (ReplyID, chan error) {
+func (h *handles) addReply() (machine.ReplyID, chan error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.replies == nil {
-		h.replies = map[ReplyID]chan error{}
+		h.replies = map[machine.ReplyID]chan error{}
 	}
-	id, ch := ReplyID(h.newID()), make(chan error, 1)
+	id, ch := machine.ReplyID(h.newID()), make(chan error, 1)
 	h.replies[id] = ch
 	return id, ch
 }
 
 // takeReply forgets the channel named id and returns it (nil if none).
-func (h *handles) takeReply(id ReplyID) chan error {
+func (h *handles) takeReply(id machine.ReplyID) chan error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	ch := h.replies[id]

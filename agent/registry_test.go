@@ -2,6 +2,8 @@ package agent
 
 import (
 	"encoding/json"
+	"github.com/ferry-edge/ferry/agent/machine"
+	"github.com/ferry-edge/ferry/bundle"
 	"reflect"
 	"slices"
 	"strings"
@@ -116,7 +118,7 @@ func waitAsked(t *testing.T, puller *fakePuller) []pullspec.Request {
 func TestAgent_AFollowerFollowsOnlyThePullerItsCertificateAndEntryName(t *testing.T) {
 	h := newHarness(t, t.TempDir())
 	h.cfg.Peer.Identity = PeerIdentityNode
-	h.cfg.Approval = ApprovalModeRequired
+	h.cfg.Approval = machine.ApprovalModeRequired
 	h.api = newFakeAPI()
 	extra := "quay.io/my-company/my-workload:v1"
 	pin := digest.Digest("sha256:" + strings.Repeat("a", 64))
@@ -200,23 +202,26 @@ func TestAgent_RegistryModeRefusesTheSharedToken(t *testing.T) {
 func TestWithPullRecord_OnlyThePullersOwnPull(t *testing.T) {
 	d := digest.Digest("sha256:" + strings.Repeat("b", 64))
 	extras := map[string]digest.Digest{"quay.io/x/y:v1": digest.Digest("sha256:" + strings.Repeat("c", 64))}
-	rep := &bundleReport{name: "4.13.8-x86-64"}
+	rep := &machine.BundleReport{Name: "4.13.8-x86-64"}
 	for name, tc := range map[string]struct {
 		p    *pullspec.Status
 		want *cluster.PullRecord
 	}{
-		"resolved":            {&pullspec.Status{Bundle: rep.name, Release: meta137.Release, Extras: extras}, &cluster.PullRecord{Release: meta137.Release, Extras: extras}},
-		"made":                {&pullspec.Status{Bundle: rep.name, Release: meta137.Release, Extras: extras, Digest: d}, &cluster.PullRecord{Release: meta137.Release, Extras: extras, Digest: d}},
-		"nothing resolved":    {&pullspec.Status{Bundle: rep.name, Release: meta137.Release}, nil},
-		"a follower's":        {&pullspec.Status{Bundle: rep.name, Release: meta137.Release, Digest: d, From: "node-0"}, nil},
+		"resolved":            {&pullspec.Status{Bundle: rep.Name, Release: meta137.Release, Extras: extras}, &cluster.PullRecord{Release: meta137.Release, Extras: extras}},
+		"made":                {&pullspec.Status{Bundle: rep.Name, Release: meta137.Release, Extras: extras, Digest: d}, &cluster.PullRecord{Release: meta137.Release, Extras: extras, Digest: d}},
+		"nothing resolved":    {&pullspec.Status{Bundle: rep.Name, Release: meta137.Release}, nil},
+		"a follower's":        {&pullspec.Status{Bundle: rep.Name, Release: meta137.Release, Digest: d, From: "node-0"}, nil},
 		"another resource's":  {&pullspec.Status{Bundle: "other", Release: meta137.Release, Digest: d}, nil},
 		"ferry load's, local": {&pullspec.Status{Release: meta137.Release, Digest: d}, nil},
 	} {
 		t.Run(name, func(t *testing.T) {
-			got := withPullRecord(rep, tc.p).entry.Pull
+			got := withPullRecord(rep, tc.p).Entry.Pull
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
 		})
 	}
 }
+
+// meta137 is the release the pulls here ask for.
+var meta137 = bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: "quay.io/r@sha256:1111111111111111111111111111111111111111111111111111111111111111"}

@@ -1,4 +1,4 @@
-package agent
+package machine
 
 import (
 	"errors"
@@ -23,23 +23,23 @@ var allPhases = []Phase{PhaseIdle, PhaseDetected, PhaseFetching, PhaseExtracted,
 	PhaseClusterReady, PhaseUpgrading, PhaseUpgraded, PhaseCleaned, PhaseRejected, PhaseFailed, PhaseConflict}
 
 // machineIn is a machine whose one bundle is in phase p (PhaseIdle: none).
-func machineIn(t *testing.T, p Phase) *machine {
+func machineIn(t *testing.T, p Phase) *Machine {
 	// A node with the default config but for its name, dirs and hook.
 	s := Settings{NodeName: "node-a", StateDir: t.TempDir(), ExtractDir: t.TempDir(), OnReady: []string{"true"},
 		Schedule: "Automatic", KeepRunningRelease: true, PeersClosed: true}
 	clock := time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)
-	m := newMachine(s, bundle.Policy{Arch: "x86_64"}, Wiring{Media: true, Loader: true,
+	m := NewMachine(s, bundle.Policy{Arch: "x86_64"}, Wiring{Media: true, Loader: true,
 		Log: slog.New(slog.DiscardHandler), Now: func() time.Time { return clock }})
 	if p == PhaseIdle {
 		return m
 	}
 	r := heldRecord()
-	m.move(r, p, Condition{}, Progress{})
+	m.Move(r, p, Condition{}, Progress{})
 	switch {
 	case p.Active():
-		m.active = r
+		m.Active = r
 	case p == PhaseRejected || p == PhaseConflict:
-		m.lastBad = r
+		m.LastBad = r
 	}
 	return m
 }
@@ -52,26 +52,26 @@ func heldRecord() *Record {
 }
 
 // events is one of each kind of event, as it would reach a node.
-func events(reply ReplyID) map[string]event {
+func events(reply ReplyID) map[string]Event {
 	meta := &bundle.Metadata{Version: "4.13.8", Arch: "x86_64"}
 	same := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64"}
-	return map[string]event{
-		"stick plugged":        evDevice{DeviceEvent{Action: "add", Device: "/dev/sdb"}},
-		"stick pulled":         evDevice{DeviceEvent{Action: "remove", Device: "/dev/sdb"}},
-		"same bundle offered":  evOffer{origin: OriginStick, device: "/dev/sdb", src: bundle.Source{Path: "/m/upgrade-4.13.7-x86_64.tar"}, meta: same, digest: heldDigest},
-		"other bundle offered": evOffer{origin: OriginStick, device: "/dev/sdb", src: bundle.Source{Path: "/m/upgrade-4.13.8-x86_64.tar"}, meta: meta, digest: otherDigest},
-		"unreadable offer":     evOffer{origin: OriginFile, src: bundle.Source{Path: "/m/upgrade-x.tar"}, err: errors.New("bad metadata"), reply: reply},
-		"extract done":         evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, TarSize: 10}},
-		"load done":            evJobDone{kind: jobLoad, id: "held"},
-		"load failed":          evJobDone{kind: jobLoad, id: "held", err: errors.New("crio is down")},
-		"fetch done":           evJobDone{kind: jobFetch, id: "held"},
-		"progress":             evProgress{id: "held", p: Progress{Done: 1, Total: 2, Unit: "bytes"}},
-		"peers seen":           evView{view{statuses: map[string]peer.PeerStatus{}, at: time.Now()}},
-		"cleanup asked":        evRequest{kind: reqCleanup, reply: reply},
-		"proceed asked":        evRequest{kind: reqProceed, reply: reply},
-		"load asked":           evRequest{kind: reqLoad, medium: MediumID(1), reply: reply},
-		"hook done":            evHookDone{id: "held", run: HookRun{Exit: 0}},
-		"retry":                evRetry{},
+	return map[string]Event{
+		"stick plugged":        EvDevice{DeviceEvent{Action: "add", Device: "/dev/sdb"}},
+		"stick pulled":         EvDevice{DeviceEvent{Action: "remove", Device: "/dev/sdb"}},
+		"same bundle offered":  EvOffer{Origin: OriginStick, Device: "/dev/sdb", Src: bundle.Source{Path: "/m/upgrade-4.13.7-x86_64.tar"}, Meta: same, Digest: heldDigest},
+		"other bundle offered": EvOffer{Origin: OriginStick, Device: "/dev/sdb", Src: bundle.Source{Path: "/m/upgrade-4.13.8-x86_64.tar"}, Meta: meta, Digest: otherDigest},
+		"unreadable offer":     EvOffer{Origin: OriginFile, Src: bundle.Source{Path: "/m/upgrade-x.tar"}, Err: errors.New("bad metadata"), Reply: reply},
+		"extract done":         EvJobDone{Kind: JobExtract, ID: "held", Res: &bundle.Result{Digest: heldDigest, TarSize: 10}},
+		"load done":            EvJobDone{Kind: JobLoad, ID: "held"},
+		"load failed":          EvJobDone{Kind: JobLoad, ID: "held", Err: errors.New("crio is down")},
+		"fetch done":           EvJobDone{Kind: JobFetch, ID: "held"},
+		"progress":             EvProgress{ID: "held", P: Progress{Done: 1, Total: 2, Unit: "bytes"}},
+		"peers seen":           EvView{View{Statuses: map[string]peer.PeerStatus{}, At: time.Now()}},
+		"cleanup asked":        EvRequest{Kind: ReqCleanup, Reply: reply},
+		"proceed asked":        EvRequest{Kind: reqProceed, Reply: reply},
+		"load asked":           EvRequest{Kind: ReqLoad, Medium: MediumID(1), Reply: reply},
+		"hook done":            EvHookDone{ID: "held", Run: HookRun{Exit: 0}},
+		"retry":                EvRetry{},
 	}
 }
 
@@ -96,47 +96,47 @@ func TestStep_EveryPhaseTimesEveryEvent(t *testing.T) {
 				m := machineIn(t, p)
 				reply := ReplyID(1)
 				ev := events(reply)[name]
-				if j, ok := ev.(evJobDone); ok {
-					m.job = &job{kind: j.kind, id: j.id}
+				if j, ok := ev.(EvJobDone); ok {
+					m.Job = &Job{Kind: j.Kind, ID: j.ID}
 				}
-				busyBefore := m.job != nil
-				effs := m.step(ev)
+				busyBefore := m.Job != nil
+				effs := m.Step(ev)
 
 				starts, replies := 0, 0
 				for _, e := range effs {
 					switch e := e.(type) {
-					case effStartJob:
+					case EffStartJob:
 						starts++
-					case effReply:
+					case EffReply:
 						replies++
-						if e.ch != reply {
+						if e.Ch != reply {
 							t.Errorf("a reply to someone else")
 						}
-					case effSave:
-						if e.rec.ID == "" || e.rec.Phase == "" || e.rec.Times[e.rec.Phase].IsZero() {
-							t.Errorf("saved a record without id, phase or time: %+v", e.rec)
+					case EffSave:
+						if e.Rec.ID == "" || e.Rec.Phase == "" || e.Rec.Times[e.Rec.Phase].IsZero() {
+							t.Errorf("saved a record without id, phase or time: %+v", e.Rec)
 						}
 					}
 				}
 				if starts > 1 || starts == 1 && busyBefore && !isJobDone(ev) {
 					t.Errorf("%d jobs started while busy=%v", starts, busyBefore)
 				}
-				if starts == 1 && m.job == nil {
+				if starts == 1 && m.Job == nil {
 					t.Error("a job started but the machine does not know it")
 				}
-				if _, ok := ev.(evRequest); ok && replies != 1 && !(name == "cleanup asked" && m.cleanupAsked) && !(name == "load asked") {
+				if _, ok := ev.(EvRequest); ok && replies != 1 && !(name == "cleanup asked" && m.cleanupAsked) && !(name == "load asked") {
 					t.Errorf("%d replies to a request", replies)
 				}
 				if name == "load asked" && replies == 0 && countProbes(effs) != 1 {
 					t.Error("ferry load neither answered nor probed")
 				}
-				if m.active != nil && !m.active.Phase.Active() && !(m.active.Phase == PhaseUpgraded && m.active.Retirement < RetirementDone) {
-					t.Errorf("active bundle in phase %s, which does not hold the node", m.active.Phase)
+				if m.Active != nil && !m.Active.Phase.Active() && !(m.Active.Phase == PhaseUpgraded && m.Active.Retirement < RetirementDone) {
+					t.Errorf("active bundle in phase %s, which does not hold the node", m.Active.Phase)
 				}
-				if m.lastBad != nil && m.lastBad.Phase != PhaseRejected && m.lastBad.Phase != PhaseConflict {
-					t.Errorf("last refusal in phase %s", m.lastBad.Phase)
+				if m.LastBad != nil && m.LastBad.Phase != PhaseRejected && m.LastBad.Phase != PhaseConflict {
+					t.Errorf("last refusal in phase %s", m.LastBad.Phase)
 				}
-				if r := m.records["held"]; r != nil && p != PhaseIdle {
+				if r := m.Records["held"]; r != nil && p != PhaseIdle {
 					exp := p
 					if w, ok := want[name][p]; ok {
 						exp = w
@@ -145,7 +145,7 @@ func TestStep_EveryPhaseTimesEveryEvent(t *testing.T) {
 						t.Errorf("held bundle went %s → %s, want %s", p, r.Phase, exp)
 					}
 				}
-				if st := m.status(); st.Line == "" || st.Node != "node-a" {
+				if st := m.Status(); st.Line == "" || st.Node != "node-a" {
 					t.Errorf("status %+v", st)
 				}
 			})
@@ -153,12 +153,12 @@ func TestStep_EveryPhaseTimesEveryEvent(t *testing.T) {
 	}
 }
 
-func isJobDone(ev event) bool { _, ok := ev.(evJobDone); return ok }
+func isJobDone(ev Event) bool { _, ok := ev.(EvJobDone); return ok }
 
-func countProbes(effs []effect) int {
+func countProbes(effs []Effect) int {
 	n := 0
 	for _, e := range effs {
-		if _, ok := e.(effProbe); ok {
+		if _, ok := e.(EffProbe); ok {
 			n++
 		}
 	}
@@ -169,12 +169,12 @@ func countProbes(effs []effect) int {
 func TestStep_OtherBundleWhileOneIsHeldIsAConflictRecordNotAnExtraction(t *testing.T) {
 	for _, p := range []Phase{PhaseDetected, PhaseFetching, PhaseExtracted, PhaseLoading, PhaseLoaded, PhaseClusterReady} {
 		m := machineIn(t, p)
-		effs := m.step(events(0)["other bundle offered"])
-		if m.active.ID != "held" || m.lastBad == nil || m.lastBad.Phase != PhaseConflict || m.lastBad.ID == "held" {
-			t.Fatalf("%s: active %+v, last refusal %+v", p, m.active, m.lastBad)
+		effs := m.Step(events(0)["other bundle offered"])
+		if m.Active.ID != "held" || m.LastBad == nil || m.LastBad.Phase != PhaseConflict || m.LastBad.ID == "held" {
+			t.Fatalf("%s: active %+v, last refusal %+v", p, m.Active, m.LastBad)
 		}
 		for _, e := range effs {
-			if _, ok := e.(effStartJob); ok {
+			if _, ok := e.(EffStartJob); ok {
 				t.Fatalf("%s: a job started for the conflicting bundle", p)
 			}
 		}
@@ -183,53 +183,53 @@ func TestStep_OtherBundleWhileOneIsHeldIsAConflictRecordNotAnExtraction(t *testi
 
 func TestStep_RecordIDsStayWhenThePhaseChanges(t *testing.T) {
 	m := machineIn(t, PhaseIdle)
-	m.step(evOffer{origin: OriginStick, device: "/dev/sda", src: bundle.Source{Path: "/m/upgrade-4.13.7-x86_64.tar", Raw: true},
-		meta: &bundle.Metadata{Version: "4.13.7", Arch: "x86_64"}})
-	id := m.active.ID
-	m.step(evJobDone{kind: jobExtract, id: id, res: &bundle.Result{Digest: heldDigest}})
-	if m.active == nil || m.active.ID != id || m.active.Digest != heldDigest || len(m.records) != 1 {
-		t.Fatalf("after extraction: %+v, %d records", m.active, len(m.records))
+	m.Step(EvOffer{Origin: OriginStick, Device: "/dev/sda", Src: bundle.Source{Path: "/m/upgrade-4.13.7-x86_64.tar", Raw: true},
+		Meta: &bundle.Metadata{Version: "4.13.7", Arch: "x86_64"}})
+	id := m.Active.ID
+	m.Step(EvJobDone{Kind: JobExtract, ID: id, Res: &bundle.Result{Digest: heldDigest}})
+	if m.Active == nil || m.Active.ID != id || m.Active.Digest != heldDigest || len(m.Records) != 1 {
+		t.Fatalf("after extraction: %+v, %d records", m.Active, len(m.Records))
 	}
 }
 
 func TestStep_AStickPulledMidReadStopsTheJobAndWaitsForIt(t *testing.T) {
 	m := machineIn(t, PhaseIdle)
-	m.step(evOffer{origin: OriginStick, device: "/dev/sda", src: bundle.Source{Path: "/dev/sda", Raw: true},
-		meta: &bundle.Metadata{Version: "4.13.7", Arch: "x86_64"}})
-	effs := m.step(evDevice{DeviceEvent{Action: "remove", Device: "/dev/sda"}})
-	if len(effs) != 1 || effs[0] != (effStopJob{}) {
+	m.Step(EvOffer{Origin: OriginStick, Device: "/dev/sda", Src: bundle.Source{Path: "/dev/sda", Raw: true},
+		Meta: &bundle.Metadata{Version: "4.13.7", Arch: "x86_64"}})
+	effs := m.Step(EvDevice{DeviceEvent{Action: "remove", Device: "/dev/sda"}})
+	if len(effs) != 1 || effs[0] != (EffStopJob{}) {
 		t.Fatalf("effects %v", effs)
 	}
-	m.step(evJobDone{kind: jobExtract, id: m.active.ID, stopped: true, err: errors.New("read: no such device")})
-	if m.active.Phase != PhaseDetected || m.job != nil {
-		t.Fatalf("after the pull: %+v", m.active)
+	m.Step(EvJobDone{Kind: JobExtract, ID: m.Active.ID, Stopped: true, Err: errors.New("read: no such device")})
+	if m.Active.Phase != PhaseDetected || m.Job != nil {
+		t.Fatalf("after the pull: %+v", m.Active)
 	}
 }
 
 func TestStep_CleanupWaitsForTheRunningJob(t *testing.T) {
 	m := machineIn(t, PhaseLoading)
-	m.job = &job{kind: jobLoad, id: "held"}
+	m.Job = &Job{Kind: JobLoad, ID: "held"}
 	reply := ReplyID(1)
-	if effs := m.step(evRequest{kind: reqCleanup, reply: reply}); len(effs) != 1 || effs[0] != (effStopJob{}) {
+	if effs := m.Step(EvRequest{Kind: ReqCleanup, Reply: reply}); len(effs) != 1 || effs[0] != (EffStopJob{}) {
 		t.Fatalf("effects %v", effs)
 	}
-	effs := m.step(evJobDone{kind: jobLoad, id: "held", stopped: true})
-	if m.job == nil || m.job.kind != jobCleanup || countStarts(effs) != 1 {
+	effs := m.Step(EvJobDone{Kind: JobLoad, ID: "held", Stopped: true})
+	if m.Job == nil || m.Job.Kind != JobCleanup || countStarts(effs) != 1 {
 		t.Fatalf("no cleanup after the stop: %v", effs)
 	}
-	effs = m.step(evJobDone{kind: jobCleanup, id: "held"})
-	if m.active != nil || m.records["held"].Phase != PhaseCleaned {
-		t.Fatalf("after cleanup: %+v", m.records["held"])
+	effs = m.Step(EvJobDone{Kind: JobCleanup, ID: "held"})
+	if m.Active != nil || m.Records["held"].Phase != PhaseCleaned {
+		t.Fatalf("after cleanup: %+v", m.Records["held"])
 	}
-	if last := effs[len(effs)-1]; last != (effReply{reply, nil}) {
+	if last := effs[len(effs)-1]; last != (EffReply{reply, nil}) {
 		t.Fatalf("no reply: %v", effs)
 	}
 }
 
-func countStarts(effs []effect) int {
+func countStarts(effs []Effect) int {
 	n := 0
 	for _, e := range effs {
-		if _, ok := e.(effStartJob); ok {
+		if _, ok := e.(EffStartJob); ok {
 			n++
 		}
 	}
@@ -239,17 +239,17 @@ func countStarts(effs []effect) int {
 // Peers (and ferry status --cluster) see each node's progress in words.
 func TestPeerStatus_CarriesProgressInWords(t *testing.T) {
 	m := machineIn(t, PhaseLoading)
-	m.step(evProgress{id: "held", p: Progress{Done: 120, Total: 183, Unit: "images"}})
-	if got := m.peerStatus(m.status()).Progress; got != "120/183 images" {
+	m.Step(EvProgress{ID: "held", P: Progress{Done: 120, Total: 183, Unit: "images"}})
+	if got := m.PeerStatus(m.Status()).Progress; got != "120/183 images" {
 		t.Fatalf("loading: %q", got)
 	}
 	m = machineIn(t, PhaseFetching)
-	m.step(evProgress{id: "held", p: Progress{Done: 7 << 29, Total: 16 << 30, Unit: "bytes"}})
-	if got := m.peerStatus(m.status()).Progress; got != "3.5/16.0 GiB" {
+	m.Step(EvProgress{ID: "held", P: Progress{Done: 7 << 29, Total: 16 << 30, Unit: "bytes"}})
+	if got := m.PeerStatus(m.Status()).Progress; got != "3.5/16.0 GiB" {
 		t.Fatalf("fetching: %q", got)
 	}
 	m = machineIn(t, PhaseClusterReady)
-	if got := m.peerStatus(m.status()).Progress; got != "" {
+	if got := m.PeerStatus(m.Status()).Progress; got != "" {
 		t.Fatalf("cluster-ready: %q", got)
 	}
 }
@@ -261,7 +261,7 @@ func TestStatus_ASetupWarningIsInEveryStatus(t *testing.T) {
 	for _, p := range []Phase{PhaseIdle, PhaseLoaded} {
 		m := machineIn(t, p)
 		m.warnings = []string{"the kubeconfig turns TLS verification off"}
-		s := m.status()
+		s := m.Status()
 		if !slices.Equal(s.Warnings, m.warnings) || strings.Contains(s.Line, m.warnings[0]) || !strings.HasSuffix(s.Line, fmt.Sprintf(warningsPointer, 1)) {
 			t.Errorf("%s: warnings %v, line %q", p, s.Warnings, s.Line)
 		}
@@ -273,23 +273,23 @@ func TestStatus_ASetupWarningIsInEveryStatus(t *testing.T) {
 // though healthy), peers and no token_file, a peer refusing its token; a
 // peer merely unreachable may be down, and is not one.
 func TestReport_ShowsTheNodesOwnMistakes(t *testing.T) {
-	open := func(m *machine) { m.cfg.PeersClosed = false }
+	open := func(m *Machine) { m.cfg.PeersClosed = false }
 	for _, tc := range []struct {
 		name  string
-		given []func(*machine)
+		given []func(*Machine)
 		ok    func(r report) bool
 	}{
-		{"approval off", []func(*machine){func(m *machine) { m.cfg.ApprovalOff = true }},
+		{"approval off", []func(*Machine){func(m *Machine) { m.cfg.ApprovalOff = true }},
 			func(r report) bool {
-				return r.approvalOff && r.healthy && r.text().ApprovalOff && strings.Contains(r.text().Line, approvalOffWarning)
+				return r.approvalOff && r.healthy && r.Text().ApprovalOff && strings.Contains(r.Text().Line, ApprovalOffWarning)
 			}},
-		{"peers and no token_file", []func(*machine){withPeers(nil)},
+		{"peers and no token_file", []func(*Machine){withPeers(nil)},
 			func(r report) bool {
-				return r.peersClosed && !r.healthy && strings.Contains(r.text().Error, "token_file")
+				return r.peersClosed && !r.healthy && strings.Contains(r.Text().Error, "token_file")
 			}},
-		{"a peer refusing this node's token", []func(*machine){open, withPeers(&peer.PeerStatus{Err: fmt.Errorf("%s: %w", peerB, peer.ErrUnauthorized)})},
-			func(r report) bool { return r.refusedBy == peerB && !r.healthy && !r.text().Healthy }},
-		{"a peer unreachable", []func(*machine){open, withPeers(&peer.PeerStatus{Err: errors.New("connection refused")})},
+		{"a peer refusing this node's token", []func(*Machine){open, withPeers(&peer.PeerStatus{Err: fmt.Errorf("%s: %w", peerB, peer.ErrUnauthorized)})},
+			func(r report) bool { return r.refusedBy == peerB && !r.healthy && !r.Text().Healthy }},
+		{"a peer unreachable", []func(*Machine){open, withPeers(&peer.PeerStatus{Err: errors.New("connection refused")})},
 			func(r report) bool { return r.refusedBy == "" && !r.peersClosed && r.healthy }},
 	} {
 		m := machineIn(t, PhaseIdle)
@@ -310,47 +310,47 @@ func TestReport_ShowsTheNodesOwnMistakes(t *testing.T) {
 func TestStep_ANodeThatLoadsNothingSaysSoOnceApproved(t *testing.T) {
 	for _, c := range []struct {
 		name    string
-		approve func(m *machine) event // nil: approval is off, nothing to wait for
+		approve func(m *Machine) Event // nil: approval is off, nothing to wait for
 	}{
-		{"approved in the cluster", func(m *machine) event {
-			return evClusterApprovals{approvals: []cluster.Approval{{Bundle: "4.13.7-x86-64", Digest: heldDigest}}}
+		{"approved in the cluster", func(m *Machine) Event {
+			return EvClusterApprovals{Approvals: []cluster.Approval{{Bundle: "4.13.7-x86-64", Digest: heldDigest}}}
 		}},
-		{"approved in the config", func(m *machine) event {
+		{"approved in the config", func(m *Machine) Event {
 			m.policy.ApprovedDigests = []string{heldDigest}
-			return evRetry{}
+			return EvRetry{}
 		}},
 		{"approval off", nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			m := machineIn(t, PhaseIdle)
-			m.hasLoader, m.hasAPI = false, true
+			m.hasLoader, m.HasAPI = false, true
 			m.policy.Required = c.approve != nil
 			m.policy.Off = c.approve == nil
-			m.step(evOffer{origin: OriginStick, device: "/dev/sda", src: bundle.Source{Path: "/dev/sda", Raw: true},
-				meta: &bundle.Metadata{Version: "4.13.7", Arch: "x86_64"}})
-			id := m.active.ID
+			m.Step(EvOffer{Origin: OriginStick, Device: "/dev/sda", Src: bundle.Source{Path: "/dev/sda", Raw: true},
+				Meta: &bundle.Metadata{Version: "4.13.7", Arch: "x86_64"}})
+			id := m.Active.ID
 			approval := bundle.ApprovalOff
 			if c.approve != nil {
 				approval = bundle.ApprovalNone
 			}
-			effs := m.step(evJobDone{kind: jobExtract, id: id, res: &bundle.Result{Digest: heldDigest, TarSize: 10, Approval: approval}})
+			effs := m.Step(EvJobDone{Kind: JobExtract, ID: id, Res: &bundle.Result{Digest: heldDigest, TarSize: 10, Approval: approval}})
 			if c.approve != nil {
-				if r := m.records[id]; r.Phase != PhaseExtracted || r.Condition.Reason != ReasonAwaitingApproval {
+				if r := m.Records[id]; r.Phase != PhaseExtracted || r.Condition.Reason != ReasonAwaitingApproval {
 					t.Fatalf("before the approval: phase %s, condition %+v", r.Phase, r.Condition)
 				}
-				effs = m.step(c.approve(m))
+				effs = m.Step(c.approve(m))
 			}
-			if n := countStarts(effs); n != 0 || m.job != nil {
-				t.Fatalf("a node with no loader started %d jobs (%+v)", n, m.job)
+			if n := countStarts(effs); n != 0 || m.Job != nil {
+				t.Fatalf("a node with no loader started %d jobs (%+v)", n, m.Job)
 			}
-			s := m.status()
+			s := m.Status()
 			if s.Phase != string(PhaseExtracted) || !s.Healthy || !strings.Contains(s.Line, loadsNothing.Message) {
 				t.Fatalf("after the approval: phase %s, healthy %v, line %q", s.Phase, s.Healthy, s.Line)
 			}
-			if r := m.records[id]; r.Condition.Reason != ReasonLoadsNothing || r.Approval == bundle.ApprovalNone {
+			if r := m.Records[id]; r.Condition.Reason != ReasonLoadsNothing || r.Approval == bundle.ApprovalNone {
 				t.Fatalf("record: condition %+v, approval %q", r.Condition, r.Approval)
 			}
-			if effs := m.step(evRetry{}); len(effs) != 0 {
+			if effs := m.Step(EvRetry{}); len(effs) != 0 {
 				t.Fatalf("a later turn of the loop: %v", effs)
 			}
 		})

@@ -1,4 +1,4 @@
-package agent
+package machine
 
 import (
 	"errors"
@@ -87,12 +87,12 @@ func TestGate_ALyingPeerWaitsForTheAdministratorThenIsLeftOut(t *testing.T) {
 
 	m := machineIn(t, PhaseIdle)
 	m.peersOn, m.peers = true, []string{"10.0.0.2:8090", "10.0.0.9:8090"}
-	m.view = view{statuses: peers, at: m.now()}
+	m.view = View{Statuses: peers, At: m.Now()}
 	r := &Record{Digest: d1}
 	if why := m.peersDisagree(r); why.Reason != ReasonPeersNotHolding || !strings.Contains(why.Message, "certificate names node node-x") {
 		t.Fatalf("before loading, a lying peer: %+v, want waiting for it, named", why)
 	}
-	m.excluded = map[string]string{"node-x": "listed in spec.excludedNodes"}
+	m.Excluded = map[string]string{"node-x": "listed in spec.excludedNodes"}
 	if why := m.peersDisagree(r); why != (Condition{}) {
 		t.Fatalf("the lying peer excluded by the node its certificate names: %+v, want nothing to wait for", why)
 	}
