@@ -1,15 +1,22 @@
 package agent
 
-import "github.com/ferry-edge/ferry/agent/machine"
-import "sync"
+import (
+	"sync"
 
-// handles keeps what the machine names by id: open media and the channels
-// callers wait on. Callers' goroutines add; the loop takes.
+	"github.com/ferry-edge/ferry/agent/machine"
+	"github.com/ferry-edge/ferry/peer"
+)
+
+// handles keeps what the machine names by id, or does not see at all:
+// open media, the channels callers wait on, the piece lists jobs hashed.
+// Callers' goroutines and jobs add; the loop takes.
 type handles struct {
 	mu      sync.Mutex
 	next    uint64
 	media   map[machine.MediumID]Medium
 	replies map[machine.ReplyID]chan error
+	// pieces are the piece lists a job hashed, by record, until shared.
+	pieces map[string]*peer.PieceList
 }
 
 func (h *handles) newID() uint64 {
@@ -67,4 +74,27 @@ func (h *handles) takeReply(id machine.ReplyID) chan error {
 	ch := h.replies[id]
 	delete(h.replies, id)
 	return ch
+}
+
+// setPieces keeps the piece list the job on record id hashed (nil: none).
+func (h *handles) setPieces(id string, pl *peer.PieceList) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if pl == nil {
+		delete(h.pieces, id)
+		return
+	}
+	if h.pieces == nil {
+		h.pieces = map[string]*peer.PieceList{}
+	}
+	h.pieces[id] = pl
+}
+
+// takePieces forgets and returns the piece list kept for record id.
+func (h *handles) takePieces(id string) *peer.PieceList {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	pl := h.pieces[id]
+	delete(h.pieces, id)
+	return pl
 }

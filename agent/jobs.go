@@ -97,9 +97,13 @@ func (a *Agent) runJob(ctx context.Context, j machine.EffStartJob) machine.Event
 	done := machine.EvJobDone{Kind: j.Kind, ID: r.ID}
 	switch j.Kind {
 	case machine.JobExtract:
-		done.Res, done.Pieces, done.Err = a.extract(ctx, r, j)
+		var pl *peer.PieceList
+		done.Res, pl, done.Err = a.extract(ctx, r, j)
+		a.handles.setPieces(r.ID, pl)
 	case machine.JobFetch:
-		done.Res, done.Pieces, done.Err = a.fetch(ctx, r, j)
+		var pl *peer.PieceList
+		done.Res, pl, done.Err = a.fetch(ctx, r, j)
+		a.handles.setPieces(r.ID, pl)
 	case machine.JobLoad:
 		p := a.throttle(r.ID, "images")
 		done.Err = a.deps.Loader.Load(ctx, r.Metadata, r.Images(), r.Dir, j.Keep, func(d, t int) { p(int64(d), int64(t)) })

@@ -158,7 +158,7 @@ func (a *Agent) perform(ctx context.Context, e machine.Effect) {
 			a.log.Warn("unmounting the stick", "err", err)
 		}
 	case machine.EffShare:
-		a.share(e.Rec, e.Pieces)
+		a.share(e.Rec, a.handles.takePieces(e.Rec.ID))
 	case machine.EffUnshare:
 		if a.deps.Peers != nil {
 			a.deps.Peers.Unshare(e.Digest)

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -57,6 +58,33 @@ const (
 
 func sameRequest(r, o Request) bool {
 	return r.Release == o.Release && slices.Equal(r.Extras, o.Extras) && r.From == o.From && maps.Equal(r.Pins, o.Pins)
+}
+
+// Check refuses a request that names no release by digest, or an image
+// that is no image reference.
+func Check(r Request) error {
+	ref, err := name.ParseReference(r.Release)
+	if err != nil {
+		return fmt.Errorf("release %q is not an image reference: %v", r.Release, err)
+	}
+	if _, ok := ref.(name.Digest); !ok {
+		return fmt.Errorf("release %q names no digest: give the release by digest (NAME@sha256:…, as 'oc adm release info' prints it): a tag can move between the request and the pull", r.Release)
+	}
+	for _, e := range r.Extras {
+		if _, err := name.ParseReference(e); err != nil {
+			return fmt.Errorf("extra image %q is not an image reference: %v", e, err)
+		}
+	}
+	if r.RateLimit != "" {
+		if n, err := bundle.ParseSize(r.RateLimit); err != nil || n <= 0 {
+			return fmt.Errorf("rate limit %q is not a size per second (e.g. 2MiB)", r.RateLimit)
+		}
+	}
+	if _, _, err := net.SplitHostPort(r.From); r.From != "" && err != nil {
+		return fmt.Errorf("the node to follow, %q, is no host:port: %v", r.From, err)
+	}
+	_, err = ParseWindow(r.Window)
+	return err
 }
 
 // limits are the rate and window req runs under: its own, else the
@@ -168,7 +196,7 @@ func New(o Options) (*Puller, error) {
 	p.shared.resolved = func(r *create.Resolution) { p.set(func(s *Status) { s.Extras = maps.Clone(r.Extras) }) }
 	if b, err := os.ReadFile(p.requestPath()); err == nil {
 		var r Request
-		if json.Unmarshal(b, &r) == nil && r.Check() == nil {
+		if json.Unmarshal(b, &r) == nil && Check(r) == nil {
 			p.req = &r
 			p.st = &Status{State: StateNotStarted, Release: r.Release, Bundle: r.Bundle, From: r.FromNode}
 		}
@@ -192,7 +220,7 @@ func (p *Puller) Start(req Request) error { return p.start(req, true) }
 func (p *Puller) Ensure(req Request) error { return p.start(req, false) }
 
 func (p *Puller) start(req Request, again bool) error {
-	if err := req.Check(); err != nil {
+	if err := Check(req); err != nil {
 		return err
 	}
 	p.mu.Lock()

@@ -7,7 +7,6 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
-	"github.com/ferry-edge/ferry/peer"
 )
 
 // The loop turns everything that happens into an event, hands it to step
@@ -55,7 +54,6 @@ type EvJobDone struct {
 	ID      string
 	Stopped bool // cancelled (agent stopping, stick pulled, cleanup)
 	Res     *bundle.Result
-	Pieces  *peer.PieceList
 	Err     error
 	// restore: how many images CRI-O lacked
 	Restored int
@@ -211,8 +209,7 @@ type EffCloseMedium struct{ M MediumID }
 
 // effShare serves an extracted bundle to the peers.
 type EffShare struct {
-	Rec    *Record
-	Pieces *peer.PieceList
+	Rec *Record
 }
 
 // effRemove deletes a path (a dir never to be trusted, a fetched tar).

@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-edge/ferry/bundle"
-	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/peer/wire"
 )
 
 // Refused peer offers are kept short and few: a peer offering bundle
@@ -34,7 +34,7 @@ func TestMaybeFetch_RefusedOffersAreBoundedAndExpire(t *testing.T) {
 	for i := range 500 {
 		clock = clock.Add(time.Second)
 		d := fmt.Sprintf("sha256:%064x", i)
-		effs := m.MaybeFetch(View{Offers: []peer.PeerOffer{{Peer: "10.0.0.2:8090", Offer: peer.Offer{Digest: digest.Digest(d), Metadata: mb, Signature: make([]byte, 4096)}}}})
+		effs := m.MaybeFetch(View{Offers: []wire.PeerOffer{{Peer: "10.0.0.2:8090", Offer: wire.Offer{Digest: digest.Digest(d), Metadata: mb, Signature: make([]byte, 4096)}}}})
 		for _, e := range effs {
 			if _, ok := e.(EffForget); ok {
 				forgotten++

@@ -2,7 +2,6 @@ package machine
 
 import (
 	"fmt"
-	"net"
 	"reflect"
 	"slices"
 	"strings"
@@ -13,7 +12,7 @@ import (
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
-	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/peer/wire"
 )
 
 // ResourceName is the UpgradeBundle's name for a bundle: <version>-<arch>
@@ -306,20 +305,38 @@ func (m *Machine) gateExcluded(addr, node string) bool {
 	if _, ok := m.Excluded[node]; ok && node != "" {
 		return true
 	}
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		host = addr
+	return m.excludedHosts[hostOf(addr)]
+}
+
+// hostOf is addr's host as net.SplitHostPort splits "host:port" and
+// "[v6]:port"; addr itself when it is neither (the machine links no
+// network package for one split).
+func hostOf(addr string) string {
+	i := strings.LastIndexByte(addr, ':')
+	if i < 0 {
+		return addr
 	}
-	return m.excludedHosts[host]
+	if strings.HasPrefix(addr, "[") {
+		end := strings.IndexByte(addr, ']')
+		if end != i-1 || strings.ContainsAny(addr[1:end], "[]") || strings.ContainsAny(addr[i+1:], "[]") {
+			return addr
+		}
+		return addr[1:end]
+	}
+	host := addr[:i]
+	if strings.ContainsAny(host, ":[]") || strings.ContainsAny(addr[i+1:], "[]") {
+		return addr
+	}
+	return host
 }
 
 // gatedStatuses are the peers' statuses the gate weighs: the excluded
 // nodes' left out.
-func (m *Machine) gatedStatuses() map[string]peer.PeerStatus {
+func (m *Machine) gatedStatuses() map[string]wire.PeerStatus {
 	if len(m.Excluded) == 0 {
 		return m.view.Statuses
 	}
-	out := map[string]peer.PeerStatus{}
+	out := map[string]wire.PeerStatus{}
 	for addr, st := range m.view.Statuses {
 		if !m.gateExcluded(addr, peerNode(st)) {
 			out[addr] = st

@@ -8,7 +8,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/internal/sha256digest"
-	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/peer/wire"
 	"github.com/ferry-edge/ferry/pull/pullspec"
 )
 
@@ -99,7 +99,7 @@ func (m *Machine) report() report {
 	// A peer that refuses our token is a config mistake to show here; an
 	// unreachable one may just be down.
 	for _, p := range m.peers {
-		if err := m.view.Statuses[p].Err; err != nil && errors.Is(err, peer.ErrUnauthorized) {
+		if err := m.view.Statuses[p].Err; err != nil && errors.Is(err, wire.ErrUnauthorized) {
 			rep.refusedBy, rep.refusal, rep.healthy = p, err, false
 			break
 		}

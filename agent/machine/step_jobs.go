@@ -165,7 +165,7 @@ func (m *Machine) extractDone(r *Record, j EvJobDone) []Effect {
 		why = WaitingFor(ReasonAwaitingApproval, m.WaitingForApproval(r))
 	}
 	effs = append(effs, m.Move(r, PhaseExtracted, why, Progress{Done: j.Res.TarSize, Total: j.Res.TarSize, Unit: "bytes"})...)
-	effs = append(effs, EffShare{Rec: r, Pieces: j.Pieces})
+	effs = append(effs, EffShare{Rec: r})
 	m.LastBad = nil
 	m.log.Info("verified and extracted: the stick can be unplugged", "phase", string(PhaseExtracted),
 		"bundle", r.Name, "digest", r.Digest, "approval", j.Res.Approval)

@@ -13,7 +13,7 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
-	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/peer/wire"
 )
 
 // Transitions of the peers' view (evView): fetching an offer, refusing
@@ -66,7 +66,7 @@ func (m *Machine) runsAlready(r *Record) bool {
 // nothing here: a party that lies about who it is makes no conflict and
 // no refusal on this node (issue 41); nor does a node the administrator
 // excluded, which takes no part.
-func (m *Machine) fresh(v View) []peer.PeerOffer {
+func (m *Machine) fresh(v View) []wire.PeerOffer {
 	doneWith := map[digest.Digest]bool{}
 	for _, r := range m.Records {
 		if r.Phase == PhaseUpgraded || r.Phase == PhaseCleaned {
@@ -79,10 +79,10 @@ func (m *Machine) fresh(v View) []peer.PeerOffer {
 			running[st.Digest] = true
 		}
 	}
-	var out, kept []peer.PeerOffer
+	var out, kept []wire.PeerOffer
 	for _, o := range v.Offers {
 		switch {
-		case errors.Is(v.Statuses[o.Peer].Err, peer.ErrNodeMismatch), m.gateExcluded(o.Peer, peerNode(v.Statuses[o.Peer])):
+		case errors.Is(v.Statuses[o.Peer].Err, wire.ErrNodeMismatch), m.gateExcluded(o.Peer, peerNode(v.Statuses[o.Peer])):
 		case doneWith[o.Digest]:
 		case running[o.Digest]:
 			kept = append(kept, o)
@@ -213,8 +213,8 @@ func (m *Machine) fetch(r *Record) []Effect {
 }
 
 // oneOffer is the one bundle the peers offer, or why there is a conflict.
-func oneOffer(offers []peer.PeerOffer) (*peer.PeerOffer, string) {
-	var one *peer.PeerOffer
+func oneOffer(offers []wire.PeerOffer) (*wire.PeerOffer, string) {
+	var one *wire.PeerOffer
 	digests := map[digest.Digest]bool{}
 	for i := range offers {
 		if !digests[offers[i].Digest] {

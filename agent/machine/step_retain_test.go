@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/ferry-edge/ferry/bundle"
-	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/peer/wire"
 )
 
 var bundleMeta = bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: "quay.io/r@" + heldDigest}
@@ -136,7 +136,7 @@ func TestStep_CleanupOfALoadedBundle(t *testing.T) {
 func TestStep_ANodeThatJoinsLaterLoadsTheRunningReleaseAndIsUpgraded(t *testing.T) {
 	m := machineIn(t, PhaseLoaded)
 	m.peersOn, m.peers = true, []string{"b:8090"}
-	m.view = View{Statuses: map[string]peer.PeerStatus{"b:8090": {Status: peer.Status{Node: "b", Phase: string(PhaseUpgraded), Digest: heldDigest}}}}
+	m.view = View{Statuses: map[string]wire.PeerStatus{"b:8090": {Status: wire.Status{Node: "b", Phase: string(PhaseUpgraded), Digest: heldDigest}}}}
 	j, ok := jobOf(m.Step(EvView{m.view}))
 	if !ok || j.Kind != JobRetire || !j.Retain {
 		t.Fatalf("job %+v: want the bundle retired and kept as the running release", j)
@@ -148,16 +148,16 @@ func TestStep_ANodeThatJoinsLaterLoadsTheRunningReleaseAndIsUpgraded(t *testing.
 
 func TestStep_FreshOffersLeaveOutWhatThePeersRunWhenAnotherIsOffered(t *testing.T) {
 	m := machineIn(t, PhaseIdle)
-	running := peer.PeerOffer{Peer: "b:8090", Offer: peer.Offer{Digest: heldDigest}}
-	next := peer.PeerOffer{Peer: "c:8090", Offer: peer.Offer{Digest: otherDigest}}
+	running := wire.PeerOffer{Peer: "b:8090", Offer: wire.Offer{Digest: heldDigest}}
+	next := wire.PeerOffer{Peer: "c:8090", Offer: wire.Offer{Digest: otherDigest}}
 	v := View{
-		Statuses: map[string]peer.PeerStatus{"b:8090": {Status: peer.Status{Phase: string(PhaseUpgraded), Digest: heldDigest}}},
-		Offers:   []peer.PeerOffer{running, next},
+		Statuses: map[string]wire.PeerStatus{"b:8090": {Status: wire.Status{Phase: string(PhaseUpgraded), Digest: heldDigest}}},
+		Offers:   []wire.PeerOffer{running, next},
 	}
 	if got := m.fresh(v); len(got) != 1 || got[0].Digest != otherDigest {
 		t.Errorf("with a next bundle offered: %+v, want it alone", got)
 	}
-	v.Offers = []peer.PeerOffer{running}
+	v.Offers = []wire.PeerOffer{running}
 	if got := m.fresh(v); len(got) != 1 || got[0].Digest != heldDigest {
 		t.Errorf("with only the running release offered: %+v, want it (a node that joins later)", got)
 	}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
-	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/peer/wire"
 )
 
 // The reducer tested as a reducer: each row builds a machine in a given
@@ -178,10 +178,10 @@ func approvedHeld(m *Machine) {
 
 // withPeers gives the machine one peer, b, last seen in st (nil: never
 // heard from).
-func withPeers(st *peer.PeerStatus) func(*Machine) {
+func withPeers(st *wire.PeerStatus) func(*Machine) {
 	return func(m *Machine) {
 		m.peersOn, m.peers = true, []string{peerB}
-		m.view = View{Statuses: map[string]peer.PeerStatus{}, At: m.Now()}
+		m.view = View{Statuses: map[string]wire.PeerStatus{}, At: m.Now()}
 		if st != nil {
 			m.view.Statuses[peerB] = *st
 		}
@@ -198,26 +198,26 @@ const heldResource = "4.13.7-x86-64"
 // heldHex names the dir a fetched tar of the held bundle lands in.
 var heldHex = strings.TrimPrefix(heldDigest, "sha256:")
 
-func peerIn(p Phase, digest digest.Digest) *peer.PeerStatus {
-	return &peer.PeerStatus{Status: peer.Status{Node: "b", Phase: string(p), Digest: digest, Version: "4.13.7"}}
+func peerIn(p Phase, digest digest.Digest) *wire.PeerStatus {
+	return &wire.PeerStatus{Status: wire.Status{Node: "b", Phase: string(p), Digest: digest, Version: "4.13.7"}}
 }
 
-func viewOf(st *peer.PeerStatus, offers ...peer.PeerOffer) EvView {
-	v := View{Statuses: map[string]peer.PeerStatus{}, Offers: offers, At: time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)}
+func viewOf(st *wire.PeerStatus, offers ...wire.PeerOffer) EvView {
+	v := View{Statuses: map[string]wire.PeerStatus{}, Offers: offers, At: time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)}
 	if st != nil {
 		v.Statuses[peerB] = *st
 	}
 	return EvView{v}
 }
 
-func offerOf(t *testing.T, d string, meta bundle.Metadata) peer.PeerOffer {
+func offerOf(t *testing.T, d string, meta bundle.Metadata) wire.PeerOffer {
 	t.Helper()
 	meta.FormatVersion, meta.Size, meta.SizeBytes, meta.Images = 1, "1 KiB", 1024, []string{"quay.io/x/app@" + heldDigest}
 	b, err := json.Marshal(meta)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return peer.PeerOffer{Peer: peerB, Offer: peer.Offer{Digest: digest.Digest(d), Metadata: b, Size: 10, Complete: true}}
+	return wire.PeerOffer{Peer: peerB, Offer: wire.Offer{Digest: digest.Digest(d), Metadata: b, Size: 10, Complete: true}}
 }
 
 var (
@@ -494,7 +494,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 				liar := offerOf(t, otherDigest, meta138)
 				liar.Peer = "10.0.0.9:8090"
 				v := viewOf(nil, offerOf(t, heldDigest, meta137), liar)
-				v.Statuses[liar.Peer] = peer.PeerStatus{Verified: "node-x", Err: fmt.Errorf("peer %s: %w", liar.Peer, peer.ErrNodeMismatch)}
+				v.Statuses[liar.Peer] = wire.PeerStatus{Verified: "node-x", Err: fmt.Errorf("peer %s: %w", liar.Peer, wire.ErrNodeMismatch)}
 				return v
 			}(), phase: PhaseFetching,
 			effs: []string{"save 4.13.7-x86_64-20261122T080000", "remove 4.13.7-x86_64", "start fetch"}},
@@ -504,7 +504,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 				other := offerOf(t, otherDigest, meta138)
 				other.Peer = "10.0.0.9:8090"
 				v := viewOf(nil, offerOf(t, heldDigest, meta137), other)
-				v.Statuses[other.Peer] = peer.PeerStatus{Status: peer.Status{Node: "node-x", Phase: string(PhaseLoaded), Digest: otherDigest}, Verified: "node-x"}
+				v.Statuses[other.Peer] = wire.PeerStatus{Status: wire.Status{Node: "node-x", Phase: string(PhaseLoaded), Digest: otherDigest}, Verified: "node-x"}
 				return v
 			}(), phase: PhaseFetching,
 			effs: []string{"save 4.13.7-x86_64-20261122T080000", "remove 4.13.7-x86_64", "start fetch"}},
@@ -553,10 +553,10 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 				}
 			}},
 		{name: "extracted, a peer refusing the bundle: it waits", in: PhaseExtracted, given: []func(*Machine){approvedHeld, withPeers(nil)},
-			ev:    viewOf(&peer.PeerStatus{Status: peer.Status{Node: "b", Phase: string(PhaseRejected), Digest: heldDigest, Error: "not approved"}}),
+			ev:    viewOf(&wire.PeerStatus{Status: wire.Status{Node: "b", Phase: string(PhaseRejected), Digest: heldDigest, Error: "not approved"}}),
 			phase: PhaseExtracted, why: ReasonPeerRefuses, effs: []string{"save held"}},
 		{name: "extracted, a peer unreachable: it waits for it", in: PhaseExtracted, given: []func(*Machine){approvedHeld, withPeers(nil)},
-			ev: viewOf(&peer.PeerStatus{Err: errors.New("connection refused")}), phase: PhaseExtracted, why: ReasonPeersNotHolding, effs: []string{"save held"}},
+			ev: viewOf(&wire.PeerStatus{Err: errors.New("connection refused")}), phase: PhaseExtracted, why: ReasonPeersNotHolding, effs: []string{"save held"}},
 		{name: "extracted, the peer holding it too: loading starts", in: PhaseExtracted, given: []func(*Machine){approvedHeld, withPeers(nil)},
 			ev: viewOf(peerIn(PhaseExtracted, heldDigest)), phase: PhaseLoading, effs: []string{"save held", "start load"}},
 		{name: "extracted, no view of the peers yet: it waits to hear", in: PhaseExtracted,
@@ -672,13 +672,13 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			ev:    EvBundlePolicy{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{ApprovedDigest: otherDigest}},
 			phase: PhaseExtracted, why: ReasonOtherBundleApproved, effs: []string{"save held"}},
 		{name: "a spec approving this bundle, the unreachable node excluded: loading starts", in: PhaseExtracted,
-			given: []func(*Machine){approvedHeld, withAPI, withPeers(&peer.PeerStatus{Err: errors.New("connection refused")})},
+			given: []func(*Machine){approvedHeld, withAPI, withPeers(&wire.PeerStatus{Err: errors.New("connection refused")})},
 			ev:    excludeB(cluster.BundlePolicy{ApprovedDigest: heldDigest}), phase: PhaseLoading, effs: []string{"save held", "start load"}},
 		{name: "the unreachable node excluded (listed, or NotReady too long): loading starts", in: PhaseExtracted,
-			given: []func(*Machine){approvedHeld, withAPI, withPeers(&peer.PeerStatus{Err: errors.New("connection refused")})},
+			given: []func(*Machine){approvedHeld, withAPI, withPeers(&wire.PeerStatus{Err: errors.New("connection refused")})},
 			ev:    excludeB(cluster.BundlePolicy{}), phase: PhaseLoading, effs: []string{"save held", "start load"}},
 		{name: "the unreachable node excluded while loaded: the gate opens", in: PhaseLoaded,
-			given: []func(*Machine){withAPI, withPeers(&peer.PeerStatus{Err: errors.New("connection refused")})},
+			given: []func(*Machine){withAPI, withPeers(&wire.PeerStatus{Err: errors.New("connection refused")})},
 			ev:    excludeB(cluster.BundlePolicy{}), phase: PhaseClusterReady, effs: []string{"save held", "save held", "ask upgrade held"}},
 		{name: "a spec cleanup of a bundle waiting for approval takes it out", in: PhaseExtracted, given: []func(*Machine){approvalRequired, withAPI},
 			ev:    EvBundlePolicy{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{Cleanup: true}},

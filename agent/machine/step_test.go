@@ -11,7 +11,7 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
-	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/peer/wire"
 )
 
 const (
@@ -66,7 +66,7 @@ func events(reply ReplyID) map[string]Event {
 		"load failed":          EvJobDone{Kind: JobLoad, ID: "held", Err: errors.New("crio is down")},
 		"fetch done":           EvJobDone{Kind: JobFetch, ID: "held"},
 		"progress":             EvProgress{ID: "held", P: Progress{Done: 1, Total: 2, Unit: "bytes"}},
-		"peers seen":           EvView{View{Statuses: map[string]peer.PeerStatus{}, At: time.Now()}},
+		"peers seen":           EvView{View{Statuses: map[string]wire.PeerStatus{}, At: time.Now()}},
 		"cleanup asked":        EvRequest{Kind: ReqCleanup, Reply: reply},
 		"proceed asked":        EvRequest{Kind: reqProceed, Reply: reply},
 		"load asked":           EvRequest{Kind: ReqLoad, Medium: MediumID(1), Reply: reply},
@@ -287,9 +287,9 @@ func TestReport_ShowsTheNodesOwnMistakes(t *testing.T) {
 			func(r report) bool {
 				return r.peersClosed && !r.healthy && strings.Contains(r.Text().Error, "token_file")
 			}},
-		{"a peer refusing this node's token", []func(*Machine){open, withPeers(&peer.PeerStatus{Err: fmt.Errorf("%s: %w", peerB, peer.ErrUnauthorized)})},
+		{"a peer refusing this node's token", []func(*Machine){open, withPeers(&wire.PeerStatus{Err: fmt.Errorf("%s: %w", peerB, wire.ErrUnauthorized)})},
 			func(r report) bool { return r.refusedBy == peerB && !r.healthy && !r.Text().Healthy }},
-		{"a peer unreachable", []func(*Machine){open, withPeers(&peer.PeerStatus{Err: errors.New("connection refused")})},
+		{"a peer unreachable", []func(*Machine){open, withPeers(&wire.PeerStatus{Err: errors.New("connection refused")})},
 			func(r report) bool { return r.refusedBy == "" && !r.peersClosed && r.healthy }},
 	} {
 		m := machineIn(t, PhaseIdle)

@@ -3,13 +3,13 @@ package machine
 import (
 	"time"
 
-	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/peer/wire"
 )
 
 // view is one poll of the peers.
 type View struct {
-	Offers   []peer.PeerOffer
-	Statuses map[string]peer.PeerStatus
+	Offers   []wire.PeerOffer
+	Statuses map[string]wire.PeerStatus
 	At       time.Time
 }
 
@@ -18,8 +18,8 @@ type View struct {
 // while a bundle holds it (a held one in conflict too, so that the peers
 // see the conflict), or while it shows a bundle it refused, so that the
 // peers do not pin one that this node will never hold.
-func (m *Machine) standing() peer.Status {
-	st := peer.Status{Node: m.cfg.NodeName, Phase: string(PhaseIdle)}
+func (m *Machine) standing() wire.Status {
+	st := wire.Status{Node: m.cfg.NodeName, Phase: string(PhaseIdle)}
 	switch {
 	case m.Active != nil:
 		st.Phase, st.Digest, st.Source = string(m.Active.Phase), m.Active.Digest, m.Active.Plugged
@@ -42,7 +42,7 @@ func (m *Machine) standing() peer.Status {
 
 // peerStatus is what this node tells its peers: its standing, in the
 // words of s, its status as published.
-func (m *Machine) PeerStatus(s Status) peer.Status {
+func (m *Machine) PeerStatus(s Status) wire.Status {
 	st := m.standing()
 	st.Version, st.Release, st.Error, st.Progress = s.Version, s.Release, SanitizeReason(s.Error), progressText(s)
 	return st
@@ -50,18 +50,18 @@ func (m *Machine) PeerStatus(s Status) peer.Status {
 
 // ClusterStatus is `ferry status --cluster`.
 type ClusterStatus struct {
-	Self     peer.Status            `json:"self"`
+	Self     wire.Status            `json:"self"`
 	Peers    map[string]ClusterNode `json:"peers"`
 	Decision Decision               `json:"decision"`
 }
 
 // ClusterNode is one peer as last polled.
 type ClusterNode struct {
-	peer.Status
+	wire.Status
 	Unreachable string `json:"unreachable,omitempty"`
 }
 
-func (m *Machine) Cluster(self peer.Status) ClusterStatus {
+func (m *Machine) Cluster(self wire.Status) ClusterStatus {
 	cs := ClusterStatus{Self: self, Peers: map[string]ClusterNode{}, Decision: Decide(self, m.gatedStatuses())}
 	if why := m.nodesWithoutFerry(); cs.Decision.Verdict == Ready && why != (Condition{}) {
 		// Every node that answers is loaded; the gate waits for those

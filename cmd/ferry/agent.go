@@ -285,7 +285,7 @@ func (notifier) Status(line string) { systemd.Status("%s", line) }
 func runLoad(ctx context.Context, w io.Writer, cfg agent.Config, o *loadOptions, args []string) error {
 	if o.release != "" {
 		req := pull.Request{Release: o.release, Extras: o.extras}
-		if err := req.Check(); err != nil {
+		if err := pull.Check(req); err != nil {
 			return usageError("%v", err)
 		}
 		s, err := localapi.NewClient(cfg.Paths.Socket).Pull(ctx, req)

@@ -5,11 +5,9 @@ package pullspec
 
 import (
 	"fmt"
-	"net"
 	"strings"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/bundle"
@@ -39,32 +37,6 @@ type Request struct {
 	FromNode string `json:"fromNode,omitempty"`
 }
 
-// Check refuses a request that names no release by digest, or an image
-// that is no image reference.
-func (r Request) Check() error {
-	ref, err := name.ParseReference(r.Release)
-	if err != nil {
-		return fmt.Errorf("release %q is not an image reference: %v", r.Release, err)
-	}
-	if _, ok := ref.(name.Digest); !ok {
-		return fmt.Errorf("release %q names no digest: give the release by digest (NAME@sha256:…, as 'oc adm release info' prints it): a tag can move between the request and the pull", r.Release)
-	}
-	for _, e := range r.Extras {
-		if _, err := name.ParseReference(e); err != nil {
-			return fmt.Errorf("extra image %q is not an image reference: %v", e, err)
-		}
-	}
-	if r.RateLimit != "" {
-		if n, err := bundle.ParseSize(r.RateLimit); err != nil || n <= 0 {
-			return fmt.Errorf("rate limit %q is not a size per second (e.g. 2MiB)", r.RateLimit)
-		}
-	}
-	if _, _, err := net.SplitHostPort(r.From); r.From != "" && err != nil {
-		return fmt.Errorf("the node to follow, %q, is no host:port: %v", r.From, err)
-	}
-	_, err = ParseWindow(r.Window)
-	return err
-}
 
 // States of a pull (Status.State).
 const (
