@@ -421,7 +421,7 @@ func TestJobs_CleanupBeforeLoadingTakesTheBundleOut(t *testing.T) {
 				t.Fatalf("record %s %+v", r.Phase, r.Condition)
 			}
 			if fromSpec {
-				h.drive(machine.EvBundlePolicy{Name: resourceName, Policy: cluster.BundlePolicy{Cleanup: true}})
+				h.drive(machine.EvCluster{Policy: &machine.PolicyRead{Name: resourceName, Policy: cluster.BundlePolicy{Cleanup: true}}})
 			} else {
 				must(t, h.ask(machine.ReqCleanup))
 			}

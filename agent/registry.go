@@ -42,7 +42,7 @@ var ErrSourceNeedsNodeIdentity = errors.New(`registry mode (an UpgradeBundle's s
 
 // readSources keeps the loop's view of the cluster's sources and has
 // this node pull those it is the one to pull.
-func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.RegistrySource, nodes *nodesRead) error {
+func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.RegistrySource, nodes *nodesRead, read *machine.EvCluster) error {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	srcs, err := api.Sources(cctx)
@@ -54,7 +54,7 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 			a.log.Error("the UpgradeBundles' sources are not pulled, followed or approved", "bundle", srcs[0].Bundle, "err", ErrSourceNeedsNodeIdentity)
 		}
 		*last = srcs
-		a.postSources(nil)
+		a.postSources(read, nil)
 		return nil
 	}
 	if len(srcs) > 0 {
@@ -71,7 +71,7 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 		}
 		approved = append(approved, rs)
 	}
-	a.postSources(approved)
+	a.postSources(read, approved)
 	awaiting := false
 	for _, s := range srcs {
 		awaiting = awaiting || !a.holdsRelease(s.Release)
@@ -105,15 +105,15 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 	return nil
 }
 
-// postSources gives the loop the sources as they approve, when they
-// changed.
-func (a *Agent) postSources(srcs []bundle.ReleaseSource) {
+// postSources puts the sources as they approve into the reading for the
+// loop, when they changed.
+func (a *Agent) postSources(read *machine.EvCluster, srcs []bundle.ReleaseSource) {
 	old := a.postedSources.Load()
 	if old == nil && len(srcs) == 0 || old != nil && reflect.DeepEqual(*old, srcs) {
 		return
 	}
 	a.postedSources.Store(&srcs)
-	a.post(machine.EvClusterSources{Sources: srcs})
+	read.Sources = &machine.SourcesRead{Sources: srcs}
 }
 
 // publishedPull is what puller published of its pull of s in its own

@@ -99,7 +99,8 @@ func summarize(rep *machine.BundleReport, view cluster.BundleView, self string, 
 }
 
 // followBundle reads the active bundle's resource and writes this node's
-// part of it: the policy goes to the loop (evBundlePolicy), the report to
+// part of it: what it read goes to the loop as one event (EvCluster:
+// approvals, sources, the bundle's policy), the report to
 // the status, an Event for each new phase. It reads when the API's watch
 // sees a change, when this node's report changes, at each resync, and
 // after a failure with backoff.
@@ -120,8 +121,10 @@ func (a *Agent) followBundle(ctx context.Context, api ClusterAPI) {
 	for {
 		// Taken before reading: a change while reading wakes the next round.
 		changes, followed := api.Changes(), a.followed.c()
-		a.readApprovals(ctx, api, &approved, &approvalsErr)
-		if err := a.readSources(ctx, api, &sources, &nodes); err != nil {
+		// One reading of the watched list, one event for the loop.
+		var read machine.EvCluster
+		a.readApprovals(ctx, api, &approved, &approvalsErr, &read)
+		if err := a.readSources(ctx, api, &sources, &nodes, &read); err != nil {
 			if approvalsErr == "" && ctx.Err() == nil {
 				a.log.Warn("cannot read the cluster's UpgradeBundles for registry sources; trying again", "err", err)
 			}
@@ -129,13 +132,16 @@ func (a *Agent) followBundle(ctx context.Context, api ClusterAPI) {
 		}
 		err := error(nil)
 		if rep := a.snap.Load().bundle; rep != nil {
-			err = a.syncBundle(ctx, api, rep, &written, &nodes, lastPhase)
+			err = a.syncBundle(ctx, api, rep, &written, &nodes, lastPhase, &read)
 			if err == nil {
 				err = a.warnStrays(ctx, api, rep, approved, strays)
 			}
 			if err != nil && err.Error() != lastErr && ctx.Err() == nil {
 				a.log.Warn("cannot sync the UpgradeBundle resource; trying again", "bundle", rep.Name, "err", err)
 			}
+		}
+		if read != (machine.EvCluster{}) {
+			a.post(read)
 		}
 		wait := a.resync()
 		if err != nil || approvalsErr != "" {
@@ -229,7 +235,7 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *machine.Bun
 	sum   cluster.BundleSummary
 	entry cluster.BundleNodeEntry
 	at    time.Time
-}, nodes *nodesRead, lastPhase map[string]string) error {
+}, nodes *nodesRead, lastPhase map[string]string, read *machine.EvCluster) error {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	view, ok, err := api.UpgradeBundle(cctx, rep.Name)
@@ -239,7 +245,7 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *machine.Bun
 	if !ok {
 		// None yet (or no CRD): the node's config is the policy until
 		// the administrator writes one.
-		a.post(machine.EvBundlePolicy{Name: rep.Name})
+		read.Policy = &machine.PolicyRead{Name: rep.Name}
 		if err := api.CreateUpgradeBundle(cctx, rep.Name); err != nil {
 			return err
 		}
@@ -263,7 +269,7 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *machine.Bun
 			return err
 		}
 	}
-	a.post(machine.EvBundlePolicy{Name: rep.Name, Policy: view.Policy, Excluded: excluded, Hosts: hosts})
+	read.Policy = &machine.PolicyRead{Name: rep.Name, Policy: view.Policy, Excluded: excluded, Hosts: hosts}
 
 	entry := rep.Entry
 	entry.Excluded = excluded[a.cfg.NodeName]
@@ -340,7 +346,7 @@ func excludedNodes(p cluster.BundlePolicy, ready map[string]cluster.NodeReady, n
 
 // readApprovals keeps the loop's view of the cluster's approvals: every
 // UpgradeBundle's spec.approvedDigest, as the API's watch last saw them.
-func (a *Agent) readApprovals(ctx context.Context, api BundleAPI, last *[]cluster.Approval, lastErr *string) {
+func (a *Agent) readApprovals(ctx context.Context, api BundleAPI, last *[]cluster.Approval, lastErr *string, read *machine.EvCluster) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	aps, err := api.Approvals(cctx)
 	cancel()
@@ -361,7 +367,7 @@ func (a *Agent) readApprovals(ctx context.Context, api BundleAPI, last *[]cluste
 	slices.SortFunc(norm, func(x, y cluster.Approval) int { return strings.Compare(x.Bundle, y.Bundle) })
 	if !slices.Equal(norm, *last) {
 		*last = norm
-		a.post(machine.EvClusterApprovals{Approvals: norm})
+		read.Approvals = &machine.ApprovalsRead{Approvals: norm}
 	}
 }
 

@@ -120,6 +120,18 @@ type EvPeerList struct {
 	Unrecorded int
 }
 
+// EvCluster: one reading of the cluster's UpgradeBundles, by the one
+// follower of their watched list. A part is nil when that reading did not
+// change it, or could not read it.
+type EvCluster struct {
+	// Approvals: every UpgradeBundle's spec.approvedDigest.
+	Approvals *ApprovalsRead
+	// Sources: the releases their spec.source asks for, as they approve.
+	Sources *SourcesRead
+	// Policy: the active bundle's own UpgradeBundle.
+	Policy *PolicyRead
+}
+
 // evRetry: the backoff timer fired.
 type EvRetry struct{}
 
@@ -240,24 +252,22 @@ type EffReply struct {
 	Err error
 }
 
-func (EffSave) isEffect()           {}
-func (EffForget) isEffect()         {}
-func (EffProbe) isEffect()          {}
-func (EffStartJob) isEffect()       {}
-func (EffUnshare) isEffect()        {}
-func (EffStopJob) isEffect()        {}
-func (EffCloseMedium) isEffect()    {}
-func (EffShare) isEffect()          {}
-func (EffRemove) isEffect()         {}
-func (EffResumeLoader) isEffect()   {}
-func (EffRunHook) isEffect()        {}
-func (EffRetryIn) isEffect()        {}
-func (EffReply) isEffect()          {}
-func (EffAnnounce) isEffect()       {}
-func (EffAskUpgrade) isEffect()     {}
-func (EvBundlePolicy) isEvent()     {}
-func (EvClusterSources) isEvent()   {}
-func (EvClusterApprovals) isEvent() {}
+func (EffSave) isEffect()         {}
+func (EffForget) isEffect()       {}
+func (EffProbe) isEffect()        {}
+func (EffStartJob) isEffect()     {}
+func (EffUnshare) isEffect()      {}
+func (EffStopJob) isEffect()      {}
+func (EffCloseMedium) isEffect()  {}
+func (EffShare) isEffect()        {}
+func (EffRemove) isEffect()       {}
+func (EffResumeLoader) isEffect() {}
+func (EffRunHook) isEffect()      {}
+func (EffRetryIn) isEffect()      {}
+func (EffReply) isEffect()        {}
+func (EffAnnounce) isEffect()     {}
+func (EffAskUpgrade) isEffect()   {}
+func (EvCluster) isEvent()        {}
 
 // DeviceEvent is a block device appearing, changing or going away.
 type DeviceEvent struct {

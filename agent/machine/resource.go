@@ -42,9 +42,9 @@ type BundleReport struct {
 	Unrecorded int
 }
 
-// evBundlePolicy: the administrator's policy for bundle name, and the
+// PolicyRead: the administrator's policy for bundle name, and the
 // nodes the gate leaves out (node name → why; their peer addresses too).
-type EvBundlePolicy struct {
+type PolicyRead struct {
 	Name     string
 	Policy   cluster.BundlePolicy
 	Excluded map[string]string
@@ -356,7 +356,7 @@ func (m *Machine) schedule() string {
 
 // bundlePolicySeen takes the administrator's newest word on a bundle: who
 // the gate leaves out, the schedule, and proceed (Manual).
-func (m *Machine) bundlePolicySeen(ev EvBundlePolicy) []Effect {
+func (m *Machine) bundlePolicySeen(ev PolicyRead) []Effect {
 	changed := m.bundleName != ev.Name || m.bundlePolicy == nil || !reflect.DeepEqual(*m.bundlePolicy, ev.Policy) ||
 		!reflect.DeepEqual(m.Excluded, ev.Excluded)
 	if !changed {
@@ -443,9 +443,9 @@ func (m *Machine) policyRead() bool {
 	return !m.HasAPI || m.bundlePolicy != nil && m.bundleName == m.activeResource()
 }
 
-// evClusterApprovals: the digests the cluster's UpgradeBundles approve,
+// ApprovalsRead: the digests the cluster's UpgradeBundles approve,
 // each with the resource that holds it, digests normalized.
-type EvClusterApprovals struct{ Approvals []cluster.Approval }
+type ApprovalsRead struct{ Approvals []cluster.Approval }
 
 // polFor is the node's approval policy for a bundle of md (nil: none in
 // view): its config's, what registry mode approves, and the digest md's
@@ -499,7 +499,7 @@ func StrayApprovals(approvals []cluster.Approval, name string, d digest.Digest) 
 
 // clusterApprovalsSeen takes the cluster's approvals: a bundle waiting
 // for approval that is now approved goes on (next), with no restart.
-func (m *Machine) clusterApprovalsSeen(ev EvClusterApprovals) []Effect {
+func (m *Machine) clusterApprovalsSeen(ev ApprovalsRead) []Effect {
 	if slices.Equal(m.clusterApproved, ev.Approvals) {
 		return nil
 	}

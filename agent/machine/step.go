@@ -136,12 +136,8 @@ func (m *Machine) Step(ev Event) []Effect {
 		return m.upgradeRead(ev)
 	case EvNodeSeen:
 		return m.nodeSeen(ev)
-	case EvBundlePolicy:
-		return m.bundlePolicySeen(ev)
-	case EvClusterSources:
-		return m.clusterSourcesSeen(ev)
-	case EvClusterApprovals:
-		return m.clusterApprovalsSeen(ev)
+	case EvCluster:
+		return m.clusterRead(ev)
 	case EvPreflight:
 		if r := m.Records[ev.ID]; r != nil {
 			r.Warnings = ev.Warnings

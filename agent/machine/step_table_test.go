@@ -635,9 +635,9 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 
 		// The cluster's approvals, sources and UpgradeBundle spec.
 		{name: "the cluster approving a waiting bundle loads it, no restart", in: PhaseExtracted, given: []func(*Machine){approvalRequired},
-			ev: EvClusterApprovals{Approvals: []cluster.Approval{{Bundle: heldResource, Digest: heldDigest}}}, phase: PhaseLoading, effs: []string{"save held", "start load"}},
+			ev: EvCluster{Approvals: &ApprovalsRead{Approvals: []cluster.Approval{{Bundle: heldResource, Digest: heldDigest}}}}, phase: PhaseLoading, effs: []string{"save held", "start load"}},
 		{name: "an approval in another UpgradeBundle approves nothing and names the one that counts (issue 45)", in: PhaseExtracted, given: []func(*Machine){approvalRequired, withAPI},
-			ev: EvClusterApprovals{Approvals: []cluster.Approval{{Bundle: "4.13.7-amd64", Digest: heldDigest}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval,
+			ev: EvCluster{Approvals: &ApprovalsRead{Approvals: []cluster.Approval{{Bundle: "4.13.7-amd64", Digest: heldDigest}}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval,
 			effs: []string{"save held"},
 			check: func(t *testing.T, m *Machine) {
 				if msg := m.Records["held"].Condition.Message; !strings.Contains(msg, "UpgradeBundle 4.13.7-amd64 approves") || !strings.Contains(msg, "from UpgradeBundle "+heldResource+" only") {
@@ -648,15 +648,15 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			given: []func(*Machine){approvalRequired, with(func(m *Machine) {
 				m.Records["held"].Condition = WaitingFor(ReasonAwaitingApproval, m.WaitingForApproval(m.Records["held"]))
 			})},
-			ev: EvClusterApprovals{Approvals: []cluster.Approval{{Bundle: heldResource, Digest: otherDigest}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval},
+			ev: EvCluster{Approvals: &ApprovalsRead{Approvals: []cluster.Approval{{Bundle: heldResource, Digest: otherDigest}}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval},
 		{name: "the same approvals again do nothing", in: PhaseExtracted,
 			given: []func(*Machine){approvalRequired, with(func(m *Machine) { m.clusterApproved = []cluster.Approval{{Bundle: heldResource, Digest: otherDigest}} })},
-			ev:    EvClusterApprovals{Approvals: []cluster.Approval{{Bundle: heldResource, Digest: otherDigest}}}, phase: PhaseExtracted},
+			ev:    EvCluster{Approvals: &ApprovalsRead{Approvals: []cluster.Approval{{Bundle: heldResource, Digest: otherDigest}}}}, phase: PhaseExtracted},
 		{name: "sources read: a bundle extracted unapproved still waits (a source approves at extraction, by what the tree holds)", in: PhaseExtracted,
 			given: []func(*Machine){approvalRequired, with(func(m *Machine) {
 				m.Records["held"].Condition = WaitingFor(ReasonAwaitingApproval, m.WaitingForApproval(m.Records["held"]))
 			})},
-			ev: EvClusterSources{Sources: []bundle.ReleaseSource{{Release: meta137.Release, Digest: heldDigest}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval,
+			ev: EvCluster{Sources: &SourcesRead{Sources: []bundle.ReleaseSource{{Release: meta137.Release, Digest: heldDigest}}}}, phase: PhaseExtracted, why: ReasonAwaitingApproval,
 			check: func(t *testing.T, m *Machine) {
 				if len(m.polFor(nil).ApprovedSources) != 1 || m.polFor(nil).SourceFor(heldDigest, &meta137) == nil {
 					t.Errorf("sources %+v", m.polFor(nil).ApprovedSources)
@@ -667,9 +667,9 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 				}
 			}},
 		{name: "sources read while loaded do nothing", in: PhaseLoaded,
-			ev: EvClusterSources{Sources: []bundle.ReleaseSource{{Release: meta137.Release}}}, phase: PhaseLoaded},
+			ev: EvCluster{Sources: &SourcesRead{Sources: []bundle.ReleaseSource{{Release: meta137.Release}}}}, phase: PhaseLoaded},
 		{name: "a spec approving another digest holds the load", in: PhaseExtracted, given: []func(*Machine){approvedHeld, withAPI},
-			ev:    EvBundlePolicy{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{ApprovedDigest: otherDigest}},
+			ev:    EvCluster{Policy: &PolicyRead{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{ApprovedDigest: otherDigest}}},
 			phase: PhaseExtracted, why: ReasonOtherBundleApproved, effs: []string{"save held"}},
 		{name: "a spec approving this bundle, the unreachable node excluded: loading starts", in: PhaseExtracted,
 			given: []func(*Machine){approvedHeld, withAPI, withPeers(&wire.PeerStatus{Err: errors.New("connection refused")})},
@@ -681,14 +681,14 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			given: []func(*Machine){withAPI, withPeers(&wire.PeerStatus{Err: errors.New("connection refused")})},
 			ev:    excludeB(cluster.BundlePolicy{}), phase: PhaseClusterReady, effs: []string{"save held", "save held", "ask upgrade held"}},
 		{name: "a spec cleanup of a bundle waiting for approval takes it out", in: PhaseExtracted, given: []func(*Machine){approvalRequired, withAPI},
-			ev:    EvBundlePolicy{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{Cleanup: true}},
+			ev:    EvCluster{Policy: &PolicyRead{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{Cleanup: true}}},
 			phase: PhaseExtracted, effs: []string{"start cleanup unload"}},
 		{name: "spec.cleanup takes a loaded bundle out", in: PhaseClusterReady, given: []func(*Machine){withAPI, notDesired},
-			ev:    EvBundlePolicy{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{Cleanup: true}},
+			ev:    EvCluster{Policy: &PolicyRead{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{Cleanup: true}}},
 			phase: PhaseClusterReady, effs: []string{"start cleanup unload"}},
 		// Issue 45, item 2: never while ClusterVersion asks for the release.
 		{name: "spec.cleanup while desiredUpdate names the release is refused with the way out", in: PhaseClusterReady, given: []func(*Machine){withAPI, desiredHeld},
-			ev:    EvBundlePolicy{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{Cleanup: true}},
+			ev:    EvCluster{Policy: &PolicyRead{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{Cleanup: true}}},
 			phase: PhaseClusterReady, why: ReasonCleanupRefused, effs: []string{"save held"},
 			check: func(t *testing.T, m *Machine) {
 				if msg := m.Records["held"].Condition.Message; !strings.Contains(msg, "oc adm upgrade --clear") || !strings.Contains(msg, meta137.Release) {
@@ -697,10 +697,10 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			}},
 		{name: "spec.cleanup right after ferry asked, its copy not showing it yet, is refused", in: PhaseClusterReady,
 			given: []func(*Machine){withAPI, notDesired, with(func(m *Machine) { m.askedUnseen = true })},
-			ev:    EvBundlePolicy{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{Cleanup: true}},
+			ev:    EvCluster{Policy: &PolicyRead{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{Cleanup: true}}},
 			phase: PhaseClusterReady, why: ReasonCleanupRefused, effs: []string{"save held"}},
 		{name: "spec.cleanup at cluster-ready before ClusterVersion is read waits for it", in: PhaseClusterReady, given: []func(*Machine){withAPI},
-			ev:    EvBundlePolicy{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{Cleanup: true}},
+			ev:    EvCluster{Policy: &PolicyRead{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{Cleanup: true}}},
 			phase: PhaseClusterReady, why: ReasonCleanupRefused, effs: []string{"save held"}},
 		{name: "a reading that desiredUpdate names the release keeps the refusal, not the pending line", in: PhaseClusterReady,
 			given: []func(*Machine){withAPI, cleanupSpec},
@@ -717,7 +717,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			ev:    viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseClusterReady, effs: []string{"save held"}},
 		{name: "spec.proceed on Manual asks for the upgrade", in: PhaseClusterReady,
 			given: []func(*Machine){withAPI, with(func(m *Machine) { m.cfg.Schedule = "Manual" })},
-			ev:    EvBundlePolicy{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{Schedule: "Manual", Proceed: true}},
+			ev:    EvCluster{Policy: &PolicyRead{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{Schedule: "Manual", Proceed: true}}},
 			phase: PhaseClusterReady, effs: []string{"save held", "ask upgrade held"}},
 		{name: "Manual in the spec: the gate opens, nothing asked", in: PhaseLoaded,
 			given: []func(*Machine){withAPI, withPeers(nil), with(func(m *Machine) {
@@ -725,7 +725,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			})},
 			ev: viewOf(peerIn(PhaseLoaded, heldDigest)), phase: PhaseClusterReady, effs: []string{"save held"}},
 		{name: "another bundle's spec does nothing here", in: PhaseClusterReady, given: []func(*Machine){withAPI},
-			ev: EvBundlePolicy{Name: ResourceName("4.13.8", "x86_64"), Policy: cluster.BundlePolicy{Cleanup: true}}, phase: PhaseClusterReady},
+			ev: EvCluster{Policy: &PolicyRead{Name: ResourceName("4.13.8", "x86_64"), Policy: cluster.BundlePolicy{Cleanup: true}}}, phase: PhaseClusterReady},
 
 		// Following the cluster's upgrade.
 		{name: "the ask refused is retried, said once", in: PhaseClusterReady,
@@ -839,10 +839,10 @@ func TestStepTable_Restarts(t *testing.T) {
 
 // excludeB is the administrator's spec for the held bundle, with node b
 // (the peer at peerB) left out of the gate.
-func excludeB(p cluster.BundlePolicy) EvBundlePolicy {
+func excludeB(p cluster.BundlePolicy) EvCluster {
 	p.ExcludedNodes = []string{"b"}
-	return EvBundlePolicy{Name: ResourceName("4.13.7", "x86_64"), Policy: p,
-		Excluded: map[string]string{"b": "listed in spec.excludedNodes"}, Hosts: map[string]string{"b": "10.0.0.2"}}
+	return EvCluster{Policy: &PolicyRead{Name: ResourceName("4.13.7", "x86_64"), Policy: p,
+		Excluded: map[string]string{"b": "listed in spec.excludedNodes"}, Hosts: map[string]string{"b": "10.0.0.2"}}}
 }
 
 // withoutFerry: the API lists b and this node with a record, and the
@@ -876,8 +876,8 @@ func TestStepTable_NodesWithoutFerry(t *testing.T) {
 		{name: "alone with ferry among 2 machines: the gate stays shut", in: PhaseLoaded, given: []func(*Machine){withPeers(nil)},
 			ev: EvPeerList{Recorded: []string{"node-a"}, Unrecorded: 1}, phase: PhaseLoaded, why: ReasonNodesWithoutFerry, effs: []string{"save held"}},
 		{name: "the administrator excludes the third name: the gate opens", in: PhaseLoaded, given: []func(*Machine){withAPI, loadedB, withoutFerry(1)},
-			ev: EvBundlePolicy{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{ExcludedNodes: []string{"c"}},
-				Excluded: map[string]string{"c": "listed in spec.excludedNodes"}},
+			ev: EvCluster{Policy: &PolicyRead{Name: ResourceName("4.13.7", "x86_64"), Policy: cluster.BundlePolicy{ExcludedNodes: []string{"c"}},
+				Excluded: map[string]string{"c": "listed in spec.excludedNodes"}}},
 			phase: PhaseClusterReady, effs: []string{"save held", "save held", "ask upgrade held"}},
 		{name: "excluding a node that runs ferry leaves out none without it", in: PhaseLoaded, given: []func(*Machine){withAPI, loadedB, withoutFerry(1)},
 			ev: excludeB(cluster.BundlePolicy{}), phase: PhaseLoaded, why: ReasonNodesWithoutFerry, effs: []string{"save held"}},

@@ -313,7 +313,7 @@ func TestStep_ANodeThatLoadsNothingSaysSoOnceApproved(t *testing.T) {
 		approve func(m *Machine) Event // nil: approval is off, nothing to wait for
 	}{
 		{"approved in the cluster", func(m *Machine) Event {
-			return EvClusterApprovals{Approvals: []cluster.Approval{{Bundle: "4.13.7-x86-64", Digest: heldDigest}}}
+			return EvCluster{Approvals: &ApprovalsRead{Approvals: []cluster.Approval{{Bundle: "4.13.7-x86-64", Digest: heldDigest}}}}
 		}},
 		{"approved in the config", func(m *Machine) Event {
 			m.policy.ApprovedDigests = []string{heldDigest}
