@@ -98,19 +98,19 @@ func (a *Agent) runJob(ctx context.Context, j machine.EffStartJob) machine.Event
 	switch j.Kind {
 	case machine.JobExtract:
 		var pl *peer.PieceList
-		done.Res, pl, done.Err = a.extract(ctx, r, j)
+		done.Res, pl, done.Err = a.extractJob(ctx, r, j)
 		a.handles.setPieces(r.ID, pl)
 	case machine.JobFetch:
 		var pl *peer.PieceList
-		done.Res, pl, done.Err = a.fetch(ctx, r, j)
+		done.Res, pl, done.Err = a.fetchJob(ctx, r, j)
 		a.handles.setPieces(r.ID, pl)
 	case machine.JobLoad:
 		p := a.throttle(r.ID, "images")
 		done.Err = a.deps.Loader.Load(ctx, r.Metadata, r.Images(), r.Dir, j.Keep, func(d, t int) { p(int64(d), int64(t)) })
 	case machine.JobCleanup:
-		done.Err = a.cleanup(ctx, r, j.Unload)
+		done.Err = a.cleanupJob(ctx, r, j.Unload)
 	case machine.JobRetire:
-		done.Err = a.retire(ctx, r, j)
+		done.Err = a.retireJob(ctx, r, j)
 	case machine.JobRestore:
 		done.Restored, done.Err = a.restore(ctx, r)
 	}
@@ -118,7 +118,7 @@ func (a *Agent) runJob(ctx context.Context, j machine.EffStartJob) machine.Event
 	return done
 }
 
-func (a *Agent) extract(ctx context.Context, r *machine.Record, j machine.EffStartJob) (*bundle.Result, *peer.PieceList, error) {
+func (a *Agent) extractJob(ctx context.Context, r *machine.Record, j machine.EffStartJob) (*bundle.Result, *peer.PieceList, error) {
 	again := "then plug the stick in again"
 	switch r.Origin {
 	case machine.OriginFile:
@@ -227,7 +227,7 @@ func (a *Agent) shareLive(r *machine.Record, src bundle.Source) *peer.LiveHasher
 	return live
 }
 
-// fetch gets the bundle from the peers and extracts it as its bytes
+// fetchJob gets the bundle from the peers and extracts it as its bytes
 // arrive (cut-through): the disk holds its tree and at most a window of
 // the tar (peer.StreamWindow), never the whole tar. The sidecars are
 // written first, so that the extraction checks the digest in its own
@@ -235,7 +235,7 @@ func (a *Agent) shareLive(r *machine.Record, src bundle.Source) *peer.LiveHasher
 // approved the bundle by it. After a restart it resumes from the
 // extraction's last checkpoint (peer.FetchStream). In serial mode it
 // keeps the whole tar and the extraction is a job of its own.
-func (a *Agent) fetch(ctx context.Context, r *machine.Record, j machine.EffStartJob) (*bundle.Result, *peer.PieceList, error) {
+func (a *Agent) fetchJob(ctx context.Context, r *machine.Record, j machine.EffStartJob) (*bundle.Result, *peer.PieceList, error) {
 	if a.cfg.Peer.Serial {
 		return nil, nil, a.fetchWhole(ctx, r)
 	}
@@ -374,9 +374,9 @@ func (a *Agent) roomBefore(ctx context.Context, r *machine.Record, writes map[st
 	return nil
 }
 
-// cleanup takes a bundle out of CRI-O, stops sharing it and removes its
+// cleanupJob takes a bundle out of CRI-O, stops sharing it and removes its
 // files.
-func (a *Agent) cleanup(ctx context.Context, r *machine.Record, unload bool) error {
+func (a *Agent) cleanupJob(ctx context.Context, r *machine.Record, unload bool) error {
 	if unload {
 		if err := a.deps.Loader.Cleanup(ctx, r.Metadata, r.Dir); err != nil {
 			return err
@@ -396,18 +396,18 @@ func (a *Agent) cleanup(ctx context.Context, r *machine.Record, unload bool) err
 	return nil
 }
 
-// retire ends a bundle whose upgrade is done: registry, mirror and CA go
+// retireJob ends a bundle whose upgrade is done: registry, mirror and CA go
 // (pins stay); its files and sharing go too unless the node keeps it as
 // the running release's source (j.retain). The previous bundle's pins go,
 // except the images this one holds too, and so does the tree kept for it.
-func (a *Agent) retire(ctx context.Context, r *machine.Record, j machine.EffStartJob) error {
+func (a *Agent) retireJob(ctx context.Context, r *machine.Record, j machine.EffStartJob) error {
 	if j.Unload {
 		if err := a.deps.Loader.Retire(ctx, r.Metadata, r.Dir); err != nil {
 			return err
 		}
 	}
 	if !j.Retain {
-		if err := a.cleanup(ctx, r, false); err != nil {
+		if err := a.cleanupJob(ctx, r, false); err != nil {
 			return err
 		}
 	}
@@ -423,7 +423,7 @@ func (a *Agent) retire(ctx context.Context, r *machine.Record, j machine.EffStar
 	}
 	if p.Retained && p.Dir != r.Dir {
 		a.log.Info("removing the copy kept of the previous release", "bundle", p.Name, "dir", p.Dir)
-		return a.cleanup(ctx, p, false)
+		return a.cleanupJob(ctx, p, false)
 	}
 	return nil
 }

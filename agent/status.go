@@ -25,11 +25,11 @@ type snapshot struct {
 
 // publish makes the machine's state visible to readers.
 func (a *Agent) publish() {
-	s := a.m.Status()
-	ps := a.m.PeerStatus(s)
+	s := a.m.NodeStatus()
+	ps := a.m.StatusForPeers(s)
 	a.holdingBack(&s)
 	a.pulling(&s)
-	snap := &snapshot{status: s, peer: ps, cluster: a.m.Cluster(ps), readNode: a.m.ReadsNode(), bundle: a.m.ResourceReport(s)}
+	snap := &snapshot{status: s, peer: ps, cluster: a.m.ClusterView(ps), readNode: a.m.ReadsNode(), bundle: a.m.ResourceReport(s)}
 	if snap.bundle == nil {
 		snap.bundle = pullReport(s)
 	}

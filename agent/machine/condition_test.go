@@ -34,7 +34,7 @@ func TestCondition_HealthFollowsTheKindNotTheWords(t *testing.T) {
 			m.Active = m.Records["held"]
 			r := m.Active
 			m.Move(r, tc.phase, tc.cond, Progress{})
-			s := m.Status()
+			s := m.NodeStatus()
 			if s.Healthy != tc.healthy || s.Reason != ReasonOf(tc.phase, tc.cond) || s.Message != tc.cond.Message {
 				t.Fatalf("status healthy %v, reason %q, message %q; want %v, %q, %q", s.Healthy, s.Reason, s.Message, tc.healthy, ReasonOf(tc.phase, tc.cond), tc.cond.Message)
 			}
@@ -42,13 +42,13 @@ func TestCondition_HealthFollowsTheKindNotTheWords(t *testing.T) {
 				t.Fatalf("annotation reason %q, want %q", ann, tc.cond.Message)
 			}
 			// Reworded, the condition decides the same.
-			before := m.PeerStatus(s)
+			before := m.StatusForPeers(s)
 			tc.cond.Message = "something else entirely"
 			m.Move(r, tc.phase, tc.cond, Progress{})
-			if got := m.Status(); got.Healthy != tc.healthy {
+			if got := m.NodeStatus(); got.Healthy != tc.healthy {
 				t.Fatalf("reworded: healthy %v", got.Healthy)
 			}
-			if after := m.PeerStatus(m.Status()); after != before {
+			if after := m.StatusForPeers(m.NodeStatus()); after != before {
 				t.Fatalf("reworded: the peers are told %+v, before %+v", after, before)
 			}
 		})

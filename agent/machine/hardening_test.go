@@ -49,7 +49,7 @@ func TestMaybeFetch_RefusedOffersAreBoundedAndExpire(t *testing.T) {
 			t.Fatalf("a refused offer keeps metadata %v, signature %d bytes, reason %d bytes", r.Metadata != nil, len(r.Signature), len(r.Condition.Message))
 		}
 	}
-	if s, _ := json.Marshal(m.Status()); len(s) > 16<<10 {
+	if s, _ := json.Marshal(m.NodeStatus()); len(s) > 16<<10 {
 		t.Fatalf("status is %d bytes", len(s))
 	}
 	clock = clock.Add(RefusedOfferTTL + time.Minute)

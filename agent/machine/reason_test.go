@@ -98,7 +98,7 @@ func TestStatus_EveryPhaseHasAMachineReason(t *testing.T) {
 				m.LastBad = m.Records["held"]
 			}
 		}
-		s := m.Status()
+		s := m.NodeStatus()
 		if s.Phase != string(p) && !(p == PhaseCleaned && s.Phase == string(PhaseIdle)) {
 			t.Errorf("%s: status shows phase %s", p, s.Phase)
 		}
@@ -107,7 +107,7 @@ func TestStatus_EveryPhaseHasAMachineReason(t *testing.T) {
 		}
 		if r := m.Records["held"]; r != nil && p.Active() {
 			m.Move(r, p, WaitingFor(ReasonPeersUnheard, "waiting to hear from the peers"), Progress{})
-			if s := m.Status(); s.Reason != ReasonPeersUnheard || s.Message != "waiting to hear from the peers" {
+			if s := m.NodeStatus(); s.Reason != ReasonPeersUnheard || s.Message != "waiting to hear from the peers" {
 				t.Errorf("%s with a condition: reason %q, message %q", p, s.Reason, s.Message)
 			}
 		}
@@ -129,12 +129,12 @@ func TestStatus_EveryPhaseHasAMachineReason(t *testing.T) {
 func TestStatus_PeerSetupFaultsHaveTheirReason(t *testing.T) {
 	m := machineIn(t, PhaseLoaded)
 	m.peers = []string{"10.0.0.2:8090"}
-	if s := m.Status(); s.Healthy || s.Reason != ReasonPeerTokenMissing {
+	if s := m.NodeStatus(); s.Healthy || s.Reason != ReasonPeerTokenMissing {
 		t.Fatalf("no token: healthy %v, reason %q", s.Healthy, s.Reason)
 	}
 	r := m.Records["held"]
 	m.Move(r, PhaseLoaded, Fault(ReasonPeerHoldsOther, "conflict: node b holds another bundle"), Progress{})
-	if s := m.Status(); s.Reason != ReasonPeerHoldsOther {
+	if s := m.NodeStatus(); s.Reason != ReasonPeerHoldsOther {
 		t.Fatalf("a faulty bundle and no token: reason %q", s.Reason)
 	}
 }

@@ -409,7 +409,7 @@ func (m *Machine) cleanupAskedByCluster(r *Record) []Effect {
 		return m.Move(r, r.Phase, why, r.Progress)
 	}
 	m.log.Info("the UpgradeBundle asks for cleanup (spec.cleanup)", "bundle", r.Name, "phase", string(r.Phase))
-	return m.request(EvRequest{Kind: ReqCleanup})
+	return m.requestArrived(EvRequest{Kind: ReqCleanup})
 }
 
 // specRefuses is why r must not load: its UpgradeBundle approves another

@@ -26,7 +26,7 @@ func TestResourceReport_ExcludedNodesAreNotWaitedFor(t *testing.T) {
 	m := machineIn(t, PhaseLoaded)
 	m.Recorded, m.Unrecorded = []string{"b", "node-a"}, 1
 	m.Excluded = map[string]string{"c": "listed in spec.excludedNodes"}
-	if rep := m.ResourceReport(m.Status()); rep.Unrecorded != 0 {
+	if rep := m.ResourceReport(m.NodeStatus()); rep.Unrecorded != 0 {
 		t.Errorf("the third node excluded by name: %d unrecorded waited for, want 0", rep.Unrecorded)
 	}
 }

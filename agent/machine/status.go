@@ -107,8 +107,8 @@ func (m *Machine) report() report {
 	return rep
 }
 
-// status builds the node's status from the machine's state.
-func (m *Machine) Status() Status {
+// NodeStatus builds the node's status from the machine's state.
+func (m *Machine) NodeStatus() Status {
 	s := m.report().Text()
 	for _, r := range m.Records {
 		c := *r.Clone()

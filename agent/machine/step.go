@@ -127,7 +127,7 @@ func (m *Machine) Step(ev Event) []Effect {
 	case EvView:
 		return m.peersSeen(ev.View)
 	case EvRequest:
-		return m.request(ev)
+		return m.requestArrived(ev)
 	case EvHookDone:
 		return m.hookDone(ev)
 	case EvUpgradeAsked:

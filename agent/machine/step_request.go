@@ -8,10 +8,11 @@ import (
 	"github.com/opencontainers/go-digest"
 )
 
-// Transitions of the local socket's requests (evRequest): ferry load,
+// Transitions of the local socket's requests (EvRequest): ferry load,
 // ferry cleanup (and the cleanup job's end), ferry proceed.
 
-func (m *Machine) request(q EvRequest) []Effect {
+// requestArrived answers one request.
+func (m *Machine) requestArrived(q EvRequest) []Effect {
 	switch q.Kind {
 	case ReqLoad:
 		if q.Medium == 0 {

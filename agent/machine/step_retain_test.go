@@ -84,7 +84,7 @@ func TestStep_RestoreDoneSaysWhatItLoadedAgain(t *testing.T) {
 	m, _ := upgradedMachine(t, true)
 	m.Job = &Job{Kind: JobRestore, ID: "running"}
 	m.Step(EvJobDone{Kind: JobRestore, ID: "running", Restored: 3})
-	if s := m.Status(); s.Notice == "" || s.Phase != string(PhaseUpgraded) {
+	if s := m.NodeStatus(); s.Notice == "" || s.Phase != string(PhaseUpgraded) {
 		t.Fatalf("status %+v: want upgraded with a notice of the 3 images", s)
 	}
 }

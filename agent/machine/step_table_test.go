@@ -126,7 +126,7 @@ func runRows(t *testing.T, rows []stepRow) {
 			if phase != row.phase || why != row.why {
 				t.Errorf("subject %s (%q), want %s (%q)", phase, why, row.phase, row.why)
 			}
-			if s := m.Status(); !machineReason.MatchString(s.Reason) {
+			if s := m.NodeStatus(); !machineReason.MatchString(s.Reason) {
 				t.Errorf("status reason %q is not a machine reason", s.Reason)
 			}
 			if row.check != nil {
@@ -264,7 +264,7 @@ func TestStepTable_DevicesAndOffers(t *testing.T) {
 			phase: PhaseRejected, why: ReasonInvalidBundle, effs: []string{"save x-20261122T080000"},
 			check: func(t *testing.T, m *Machine) {
 				// syncBundle's Event is a Warning when the report is unhealthy.
-				if rep := m.ResourceReport(m.Status()); rep != nil && rep.Healthy || m.Status().Healthy {
+				if rep := m.ResourceReport(m.NodeStatus()); rep != nil && rep.Healthy || m.NodeStatus().Healthy {
 					t.Errorf("a refusal reported healthy: %+v", rep)
 				}
 			}},
@@ -286,7 +286,7 @@ func TestStepTable_DevicesAndOffers(t *testing.T) {
 				if m.LastBad == nil || m.LastBad.Phase != PhaseConflict || m.LastBad.Condition.Reason != ReasonBundlesDiffer {
 					t.Errorf("last refusal %+v", m.LastBad)
 				}
-				if s := m.Status(); s.Digest != heldDigest || !strings.Contains(s.Error, "upgrade-4.13.8-x86_64.tar") {
+				if s := m.NodeStatus(); s.Digest != heldDigest || !strings.Contains(s.Error, "upgrade-4.13.8-x86_64.tar") {
 					t.Errorf("status %+v: want the held bundle shown, the other named", s)
 				}
 			}},
@@ -318,7 +318,7 @@ func TestStepTable_JobsEnd(t *testing.T) {
 			ev:    EvJobDone{Kind: JobExtract, ID: "held", Res: &bundle.Result{Digest: heldDigest, TarSize: 10, Approval: bundle.ApprovalNone, Metadata: &meta137}},
 			phase: PhaseExtracted, why: ReasonAwaitingApproval, effs: []string{"save held", "share held"},
 			check: func(t *testing.T, m *Machine) {
-				if c := m.Records["held"].Condition.Message; !strings.Contains(c, heldDigest) || !strings.Contains(c, "approved_digests") || m.Status().ApprovalOff {
+				if c := m.Records["held"].Condition.Message; !strings.Contains(c, heldDigest) || !strings.Contains(c, "approved_digests") || m.NodeStatus().ApprovalOff {
 					t.Errorf("condition %q: want the digest read and the config key to approve it", c)
 				}
 			}},
@@ -405,7 +405,7 @@ func TestStepTable_JobsEnd(t *testing.T) {
 				if r.Retirement != RetirementDone || !r.Retained || m.Active != nil || m.previous != r || m.done != r {
 					t.Errorf("retirement %v, retained %v; active %v, previous %v", r.Retirement, r.Retained, m.Active, m.previous)
 				}
-				if s := m.Status(); s.Phase != string(PhaseUpgraded) || Annotations(s)[AnnotationReason] != "" || m.ReadsNode() {
+				if s := m.NodeStatus(); s.Phase != string(PhaseUpgraded) || Annotations(s)[AnnotationReason] != "" || m.ReadsNode() {
 					t.Errorf("status %+v: want upgraded, no reason on the Node, the node no longer read", s)
 				}
 			}},
@@ -513,7 +513,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			effs: []string{"save 4.13.7-x86_64-20261122T080000"},
 			check: func(t *testing.T, m *Machine) {
 				// It tells its peers which bundle it refused, so that they do not pin it.
-				if ps := m.PeerStatus(m.Status()); ps.Phase != string(PhaseRejected) || ps.Digest != heldDigest || ps.Error == "" {
+				if ps := m.StatusForPeers(m.NodeStatus()); ps.Phase != string(PhaseRejected) || ps.Digest != heldDigest || ps.Error == "" {
 					t.Errorf("peer status %+v", ps)
 				}
 			}},
@@ -544,11 +544,11 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			check: func(t *testing.T, m *Machine) {
 				// In conflict, it still tells its peers its bundle: a peer
 				// polling it later would otherwise not see the conflict.
-				ps := m.PeerStatus(m.Status())
+				ps := m.StatusForPeers(m.NodeStatus())
 				if ps.Digest != heldDigest || ps.Phase != string(PhaseExtracted) {
 					t.Errorf("peers are told %s %q", ps.Phase, ps.Digest)
 				}
-				if d := m.Cluster(ps).Decision; d.Verdict != Conflict || len(d.Digests) != 2 {
+				if d := m.ClusterView(ps).Decision; d.Verdict != Conflict || len(d.Digests) != 2 {
 					t.Errorf("cluster decision %+v, want a conflict between both bundles", d)
 				}
 			}},
@@ -736,7 +736,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			ev:    EvUpgradeAsked{ID: "held", Err: fmt.Errorf("writing the release signatures: %w: denied", cluster.ErrReleaseUnapproved)},
 			phase: PhaseClusterReady, why: ReasonReleaseUnapproved, effs: []string{"save held"},
 			check: func(t *testing.T, m *Machine) {
-				s := m.Status()
+				s := m.NodeStatus()
 				if !s.Healthy || !strings.Contains(Annotations(s)[AnnotationReason], cluster.ApproveCommand(meta137.Release)) || !m.asking {
 					t.Errorf("status %+v asking %v: want healthy, the oc command on the Node, still asking", s, m.asking)
 				}
@@ -753,7 +753,7 @@ func TestStepTable_PeersRequestsAndTheCluster(t *testing.T) {
 			ev:    EvUpgradeSeen{Release: meta137.Release, St: cluster.UpgradeStatus{State: cluster.UpgradeRefused, Reason: "cannot be verified"}},
 			phase: PhaseClusterReady, why: ReasonReleaseRefused, effs: []string{"save held"},
 			check: func(t *testing.T, m *Machine) {
-				if s := m.Status(); s.Healthy || !strings.Contains(Annotations(s)[AnnotationReason], "cannot be verified") {
+				if s := m.NodeStatus(); s.Healthy || !strings.Contains(Annotations(s)[AnnotationReason], "cannot be verified") {
 					t.Errorf("status %+v: want unhealthy, the operator's words on the Node", s)
 				}
 			}},
@@ -863,10 +863,10 @@ func TestStepTable_NodesWithoutFerry(t *testing.T) {
 			ev: threeMachines, phase: PhaseLoaded, why: ReasonNodesWithoutFerry, effs: []string{"save held"},
 			check: func(t *testing.T, m *Machine) {
 				held := m.Records["held"].Condition
-				if s := m.Status(); s.Message != held.Message || !held.Healthy() || m.Unrecorded != 1 {
+				if s := m.NodeStatus(); s.Message != held.Message || !held.Healthy() || m.Unrecorded != 1 {
 					t.Errorf("status %+v", s)
 				}
-				if d := m.Cluster(m.standing()).Decision; d.Verdict != Waiting || d.Message != held.Message {
+				if d := m.ClusterView(m.standing()).Decision; d.Verdict != Waiting || d.Message != held.Message {
 					t.Errorf("ferry status --cluster: %+v", d)
 				}
 			}},

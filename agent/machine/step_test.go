@@ -145,7 +145,7 @@ func TestStep_EveryPhaseTimesEveryEvent(t *testing.T) {
 						t.Errorf("held bundle went %s → %s, want %s", p, r.Phase, exp)
 					}
 				}
-				if st := m.Status(); st.Line == "" || st.Node != "node-a" {
+				if st := m.NodeStatus(); st.Line == "" || st.Node != "node-a" {
 					t.Errorf("status %+v", st)
 				}
 			})
@@ -240,16 +240,16 @@ func countStarts(effs []Effect) int {
 func TestPeerStatus_CarriesProgressInWords(t *testing.T) {
 	m := machineIn(t, PhaseLoading)
 	m.Step(EvProgress{ID: "held", P: Progress{Done: 120, Total: 183, Unit: "images"}})
-	if got := m.PeerStatus(m.Status()).Progress; got != "120/183 images" {
+	if got := m.StatusForPeers(m.NodeStatus()).Progress; got != "120/183 images" {
 		t.Fatalf("loading: %q", got)
 	}
 	m = machineIn(t, PhaseFetching)
 	m.Step(EvProgress{ID: "held", P: Progress{Done: 7 << 29, Total: 16 << 30, Unit: "bytes"}})
-	if got := m.PeerStatus(m.Status()).Progress; got != "3.5/16.0 GiB" {
+	if got := m.StatusForPeers(m.NodeStatus()).Progress; got != "3.5/16.0 GiB" {
 		t.Fatalf("fetching: %q", got)
 	}
 	m = machineIn(t, PhaseClusterReady)
-	if got := m.PeerStatus(m.Status()).Progress; got != "" {
+	if got := m.StatusForPeers(m.NodeStatus()).Progress; got != "" {
 		t.Fatalf("cluster-ready: %q", got)
 	}
 }
@@ -261,7 +261,7 @@ func TestStatus_ASetupWarningIsInEveryStatus(t *testing.T) {
 	for _, p := range []Phase{PhaseIdle, PhaseLoaded} {
 		m := machineIn(t, p)
 		m.warnings = []string{"the kubeconfig turns TLS verification off"}
-		s := m.Status()
+		s := m.NodeStatus()
 		if !slices.Equal(s.Warnings, m.warnings) || strings.Contains(s.Line, m.warnings[0]) || !strings.HasSuffix(s.Line, fmt.Sprintf(warningsPointer, 1)) {
 			t.Errorf("%s: warnings %v, line %q", p, s.Warnings, s.Line)
 		}
@@ -343,7 +343,7 @@ func TestStep_ANodeThatLoadsNothingSaysSoOnceApproved(t *testing.T) {
 			if n := countStarts(effs); n != 0 || m.Job != nil {
 				t.Fatalf("a node with no loader started %d jobs (%+v)", n, m.Job)
 			}
-			s := m.Status()
+			s := m.NodeStatus()
 			if s.Phase != string(PhaseExtracted) || !s.Healthy || !strings.Contains(s.Line, loadsNothing.Message) {
 				t.Fatalf("after the approval: phase %s, healthy %v, line %q", s.Phase, s.Healthy, s.Line)
 			}

@@ -96,7 +96,7 @@ func TestEventLine_WarningsSaidOnceNotInEveryEvent(t *testing.T) {
 		t.Errorf("event line %q", got)
 	}
 	m := machineIn(t, PhaseLoaded)
-	s := m.Status()
+	s := m.NodeStatus()
 	s.ApprovalOff, s.Warnings = true, []string{"TLS check skipped"}
 	rep := m.ResourceReport(s)
 	if w := strings.Join(rep.Sum.Warnings, "|"); !strings.Contains(w, ApprovalOffWarning) || !strings.Contains(w, "TLS check skipped") {

@@ -40,9 +40,9 @@ func (m *Machine) standing() wire.Status {
 	return st
 }
 
-// peerStatus is what this node tells its peers: its standing, in the
+// StatusForPeers is what this node tells its peers: its standing, in the
 // words of s, its status as published.
-func (m *Machine) PeerStatus(s Status) wire.Status {
+func (m *Machine) StatusForPeers(s Status) wire.Status {
 	st := m.standing()
 	st.Version, st.Release, st.Error, st.Progress = s.Version, s.Release, SanitizeReason(s.Error), progressText(s)
 	return st
@@ -61,7 +61,9 @@ type ClusterNode struct {
 	Unreachable string `json:"unreachable,omitempty"`
 }
 
-func (m *Machine) Cluster(self wire.Status) ClusterStatus {
+// ClusterView is every node's phase as last polled, this one's (self)
+// included.
+func (m *Machine) ClusterView(self wire.Status) ClusterStatus {
 	cs := ClusterStatus{Self: self, Peers: map[string]ClusterNode{}, Decision: Decide(self, m.gatedStatuses())}
 	if why := m.nodesWithoutFerry(); cs.Decision.Verdict == Ready && why != (Condition{}) {
 		// Every node that answers is loaded; the gate waits for those
