@@ -131,17 +131,25 @@ func (a *Agent) followBundle(ctx context.Context, api ClusterAPI) {
 			approvalsErr = err.Error()
 		}
 		err := error(nil)
-		if rep := a.snap.Load().bundle; rep != nil {
-			err = a.syncBundle(ctx, api, rep, &written, &nodes, lastPhase, &read)
+		rep := a.snap.Load().bundle
+		var own bundleRead
+		if rep != nil {
+			own, err = a.readBundle(ctx, api, rep, &nodes, &read)
+		}
+		// The loop has the reading before this node writes its part.
+		if read != (machine.EvCluster{}) {
+			a.post(read)
+		}
+		if rep != nil {
+			if err == nil {
+				err = a.writeBundle(ctx, api, rep, own, &written, lastPhase)
+			}
 			if err == nil {
 				err = a.warnStrays(ctx, api, rep, approved, strays)
 			}
 			if err != nil && err.Error() != lastErr && ctx.Err() == nil {
 				a.log.Warn("cannot sync the UpgradeBundle resource; trying again", "bundle", rep.Name, "err", err)
 			}
-		}
-		if read != (machine.EvCluster{}) {
-			a.post(read)
 		}
 		wait := a.resync()
 		if err != nil || approvalsErr != "" {
@@ -230,28 +238,33 @@ func (n *nodesRead) refresh(ctx context.Context, api BundleAPI, resync time.Dura
 	return nil
 }
 
-func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *machine.BundleReport, written *struct {
-	name  string
-	sum   cluster.BundleSummary
-	entry cluster.BundleNodeEntry
-	at    time.Time
-}, nodes *nodesRead, lastPhase map[string]string, read *machine.EvCluster) error {
+// bundleRead is the active bundle's UpgradeBundle as readBundle read it,
+// for writeBundle.
+type bundleRead struct {
+	view     cluster.BundleView
+	ready    map[string]cluster.NodeReady
+	excluded map[string]string
+}
+
+// readBundle reads the active bundle's UpgradeBundle (creating it when
+// there is none) and the nodes' readiness; its policy goes into read.
+func (a *Agent) readBundle(ctx context.Context, api ClusterAPI, rep *machine.BundleReport, nodes *nodesRead, read *machine.EvCluster) (bundleRead, error) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	view, ok, err := api.UpgradeBundle(cctx, rep.Name)
 	if err != nil {
-		return err
+		return bundleRead{}, err
 	}
 	if !ok {
 		// None yet (or no CRD): the node's config is the policy until
 		// the administrator writes one.
 		read.Policy = &machine.PolicyRead{Name: rep.Name}
 		if err := api.CreateUpgradeBundle(cctx, rep.Name); err != nil {
-			return err
+			return bundleRead{}, err
 		}
 		a.log.Info("created the UpgradeBundle resource: waiting for the administrator's policy (spec)", "bundle", rep.Name)
 		if view, _, err = api.UpgradeBundle(cctx, rep.Name); err != nil {
-			return err
+			return bundleRead{}, err
 		}
 	}
 	// A node whose entry came after this one's readiness reading (both
@@ -259,18 +272,32 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *machine.Bun
 	// a summary that may be that node's to write (one writer).
 	nodes.readAgainFor(nodes.unheard(view, a.cfg.NodeName))
 	if err := nodes.refresh(cctx, api, a.resync()); err != nil {
-		return err
+		return bundleRead{}, err
 	}
 	ready := nodes.ready
 	excluded := excludedNodes(view.Policy, ready, a.deps.Now(), a.cfg.NodeName)
 	var hosts map[string]string
 	if len(excluded) > 0 {
 		if hosts, err = api.NodeAddresses(cctx); err != nil {
-			return err
+			return bundleRead{}, err
 		}
 	}
 	read.Policy = &machine.PolicyRead{Name: rep.Name, Policy: view.Policy, Excluded: excluded, Hosts: hosts}
+	return bundleRead{view: view, ready: ready, excluded: excluded}, nil
+}
 
+// writeBundle writes this node's entry of the active bundle's
+// UpgradeBundle (and the summary, when this node is its writer), and an
+// Event for each phase the record reached.
+func (a *Agent) writeBundle(ctx context.Context, api ClusterAPI, rep *machine.BundleReport, own bundleRead, written *struct {
+	name  string
+	sum   cluster.BundleSummary
+	entry cluster.BundleNodeEntry
+	at    time.Time
+}, lastPhase map[string]string) error {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	view, ready, excluded := own.view, own.ready, own.excluded
 	entry := rep.Entry
 	entry.Excluded = excluded[a.cfg.NodeName]
 	rep2 := *rep
