@@ -1,10 +1,11 @@
-// Package agent is the state machine that drives one node: it takes a
-// bundle from a stick (or a file, or its peers), verifies and extracts it,
-// has it loaded into CRI-O, persists every step and reports status.
+// Package agent drives one node: it takes a bundle from a stick (or a
+// file, or its peers), verifies and extracts it, has it loaded into
+// CRI-O, persists every step and reports status.
 //
-// One goroutine, the loop (loop.go), owns the state: events go into step
-// (step.go), the transition table, which returns effects that the loop
-// performs; long work runs as jobs (jobs.go) that report back with events.
+// One goroutine, the loop (loop.go), owns the state machine
+// (agent/machine): events go into its Step, the transition table, which
+// returns effects that the loop performs; long work runs as jobs (jobs.go)
+// that report back with events.
 // After each step the loop publishes an immutable snapshot that Status,
 // PeerStatus and Cluster read without locks.
 package agent
@@ -13,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ferry-edge/ferry/agent/machine"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -22,24 +24,17 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/pacing"
-	"github.com/ferry-edge/ferry/pull"
+	"github.com/ferry-edge/ferry/pull/pullspec"
 )
-
-// DeviceEvent is a block device appearing, changing or going away.
-type DeviceEvent struct {
-	Action string // "add", "change", "remove"
-	Device string // /dev/sda1
-	FSType string // "" for none (a raw tar, or not yet probed)
-}
 
 // DeviceSource delivers device events, starting with the devices present.
 type DeviceSource interface {
-	Events(ctx context.Context) (<-chan DeviceEvent, error)
+	Events(ctx context.Context) (<-chan machine.DeviceEvent, error)
 }
 
 // MediaOpener mounts (or opens raw) a device and lists the bundles on it.
 type MediaOpener interface {
-	Open(ctx context.Context, ev DeviceEvent) (Medium, error)
+	Open(ctx context.Context, ev machine.DeviceEvent) (Medium, error)
 }
 
 // Medium is an opened stick.
@@ -127,14 +122,14 @@ type Deps struct {
 type Puller interface {
 	// Start pulls req, again if it failed or was done before (the
 	// technician's ferry load --release).
-	Start(req pull.Request) error
+	Start(req pullspec.Request) error
 	// Ensure pulls req unless it is under way, done or failed for good
 	// (the cluster's UpgradeBundle, read again and again).
-	Ensure(req pull.Request) error
+	Ensure(req pullspec.Request) error
 	// Unfollow ends this node's following of another's pull of release
 	// (the agent holds it already).
 	Unfollow(release string)
-	Status() *pull.Status
+	Status() *pullspec.Status
 }
 
 // Pacer holds the bulk work back while the node is under pressure
@@ -165,7 +160,9 @@ type Agent struct {
 	deps  Deps
 	log   *slog.Logger
 	store *Store
-	m     *machine // owned by the loop goroutine
+	m     *machine.Machine // owned by the loop goroutine
+	// handles are the open media and waiting callers the machine names.
+	handles handles
 
 	snap atomic.Pointer[snapshot]
 	beat atomic.Int64 // unix nanos of the loop's last turn, for the watchdog
@@ -182,8 +179,8 @@ type Agent struct {
 	// the snapshot (followKey).
 	followed signal
 
-	events   chan event      // from jobs, probes, hooks, requests
-	progress chan evProgress // throttled job progress; dropped when full
+	events   chan machine.Event      // from jobs, probes, hooks, requests
+	progress chan machine.EvProgress // throttled job progress; dropped when full
 	// annotations carries the newest Node annotations to annotate (nil
 	// without an API).
 	annotations chan map[string]string
@@ -222,9 +219,10 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		Required: !cfg.ApprovalOff(), Off: cfg.ApprovalOff(), Unapproved: true}
 	a := &Agent{
 		cfg: cfg, deps: deps, log: deps.Log, store: store,
-		m:        newMachine(cfg, policy, deps),
-		events:   make(chan event, 16),
-		progress: make(chan evProgress, 1),
+		m: machine.NewMachine(settingsOf(cfg), policy, machine.Wiring{Now: deps.Now, Log: deps.Log, Media: deps.Media != nil,
+			Loader: deps.Loader != nil, Peers: deps.Peers != nil, API: deps.API != nil, Warnings: deps.Warnings}),
+		events:   make(chan machine.Event, 16),
+		progress: make(chan machine.EvProgress, 1),
 	}
 	if deps.API != nil {
 		a.annotations = make(chan map[string]string, 1)
@@ -243,22 +241,24 @@ func (nopNotifier) Status(string) {}
 // "load" the bundle in m (files ferry load opened and passed), "cleanup",
 // or "proceed" (m nil). The agent owns m from then on.
 func (a *Agent) Request(ctx context.Context, kind string, m Medium) error {
-	return a.ask(ctx, evRequest{kind: requestKind(kind), medium: m})
+	return a.ask(ctx, machine.EvRequest{Kind: machine.RequestKind(kind), Medium: a.handles.addMedium(m)})
 }
 
 // ask sends req to the loop and waits for its reply.
-func (a *Agent) ask(ctx context.Context, req evRequest) error {
-	req.reply = make(chan error, 1)
+func (a *Agent) ask(ctx context.Context, req machine.EvRequest) error {
+	id, reply := a.handles.addReply()
+	req.Reply = id
 	select {
 	case a.events <- req:
 	case <-ctx.Done():
-		if req.medium != nil {
-			req.medium.Close()
+		a.handles.takeReply(id)
+		if m := a.handles.takeMedium(req.Medium); m != nil {
+			m.Close()
 		}
 		return ctx.Err()
 	}
 	select {
-	case err := <-req.reply:
+	case err := <-reply:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
@@ -269,11 +269,11 @@ func (a *Agent) ask(ctx context.Context, req evRequest) error {
 // as asked: loaded like a file given to ferry load, approved by the
 // request (its digest is approved here, on this node only).
 func (a *Agent) RequestPulled(ctx context.Context, m Medium, digest digest.Digest) error {
-	return a.ask(ctx, evRequest{kind: reqLoad, medium: m, approve: string(digest)})
+	return a.ask(ctx, machine.EvRequest{Kind: machine.ReqLoad, Medium: a.handles.addMedium(m), Approve: string(digest)})
 }
 
 // Pull asks for a release from the site's registry (ferry load --release).
-func (a *Agent) Pull(req pull.Request) error {
+func (a *Agent) Pull(req pullspec.Request) error {
 	if a.deps.Puller == nil {
 		return errors.New("registry mode is off on this node")
 	}

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"github.com/ferry-edge/ferry/agent/machine"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,9 +19,11 @@ import (
 )
 
 // fakeDevices is a DeviceSource the test feeds.
-type fakeDevices struct{ ch chan DeviceEvent }
+type fakeDevices struct{ ch chan machine.DeviceEvent }
 
-func (f *fakeDevices) Events(ctx context.Context) (<-chan DeviceEvent, error) { return f.ch, nil }
+func (f *fakeDevices) Events(ctx context.Context) (<-chan machine.DeviceEvent, error) {
+	return f.ch, nil
+}
 
 // fakeMedia maps a device to the bundles on it.
 type fakeMedia struct {
@@ -29,7 +32,7 @@ type fakeMedia struct {
 	open   int
 }
 
-func (f *fakeMedia) Open(_ context.Context, ev DeviceEvent) (Medium, error) {
+func (f *fakeMedia) Open(_ context.Context, ev machine.DeviceEvent) (Medium, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, ok := f.sticks[ev.Device]
@@ -205,7 +208,7 @@ func newHarness(t *testing.T, root string) *harness {
 	cfg.Approval = "off" // most tests are about something else; approval's own tests set it back
 	cfg.Paths.StateDir = filepath.Join(root, "state")
 	cfg.Paths.ExtractDir = filepath.Join(root, "upgrade")
-	h := &harness{t: t, cfg: cfg, dev: &fakeDevices{ch: make(chan DeviceEvent)},
+	h := &harness{t: t, cfg: cfg, dev: &fakeDevices{ch: make(chan machine.DeviceEvent)},
 		media: &fakeMedia{sticks: map[string][]bundle.Source{}}, loader: &fakeLoader{}, lines: &lines{}}
 	return h
 }
@@ -251,7 +254,7 @@ func (h *harness) plug(dev string, srcs ...bundle.Source) {
 	h.media.mu.Lock()
 	h.media.sticks[dev] = srcs
 	h.media.mu.Unlock()
-	h.dev.ch <- DeviceEvent{Action: "add", Device: dev, FSType: "vfat"}
+	h.dev.ch <- machine.DeviceEvent{Action: "add", Device: dev, FSType: "vfat"}
 }
 
 // waitBound is how long a harness wait polls before the test fails
@@ -273,17 +276,17 @@ func (h *harness) waitFor(what string, cond func() bool) {
 	}
 }
 
-func (h *harness) waitPhase(p Phase) Status {
+func (h *harness) waitPhase(p machine.Phase) machine.Status {
 	h.t.Helper()
-	var s Status
+	var s machine.Status
 	h.waitFor("phase "+string(p), func() bool { s = h.agent.Status(); return s.Phase == string(p) })
 	return s
 }
 
 // waitWhy waits until the bundle's condition has the reason why.
-func (h *harness) waitWhy(why string) Record {
+func (h *harness) waitWhy(why string) machine.Record {
 	h.t.Helper()
-	var r Record
+	var r machine.Record
 	h.waitFor("reason "+why, func() bool { r = h.record(); return r.Condition.Reason == why })
 	return r
 }
@@ -303,7 +306,7 @@ func TestAgent_StickToLoaded(t *testing.T) {
 	idle := h.agent.Status().Line // published by New
 	src, digest := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
-	s := h.waitPhase(PhaseClusterReady)
+	s := h.waitPhase(machine.PhaseClusterReady)
 	if s.Digest != digest || s.Version != "4.13.7" {
 		t.Fatalf("status %+v", s)
 	}
@@ -330,12 +333,12 @@ func TestAgent_ResumesAfterRestart(t *testing.T) {
 	h.start()
 	src, digest := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
-	h.waitPhase(PhaseClusterReady)
+	h.waitPhase(machine.PhaseClusterReady)
 	h.stop()
 
 	h2 := newHarness(t, root)
 	h2.start()
-	s := h2.waitPhase(PhaseClusterReady)
+	s := h2.waitPhase(machine.PhaseClusterReady)
 	h2.stop()
 	if s.Digest != digest || len(h2.loader.loads) != 0 {
 		t.Fatalf("after restart: %+v, %d loads", s, len(h2.loader.loads))
@@ -349,7 +352,7 @@ func TestAgent_CleanupOfALoadedBundleIsTheUpgradeDone(t *testing.T) {
 	shared, old := bundletest.Ref("quay.io/a/shared", 0), bundletest.Ref("quay.io/a/old", 0)
 	src, _ := stick(t, first)
 	h.plug("/dev/sda", src)
-	h.waitPhase(PhaseClusterReady)
+	h.waitPhase(machine.PhaseClusterReady)
 	must(t, h.agent.Request(t.Context(), "cleanup", nil))
 	h.loader.mu.Lock()
 	retires, cleanups := len(h.loader.retires), h.loader.cleanups
@@ -361,7 +364,7 @@ func TestAgent_CleanupOfALoadedBundleIsTheUpgradeDone(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(firstDir, bundle.MetadataName)); err != nil || !h.record().Retained {
 		t.Fatalf("the running release's tree is not kept: %v, retained %v", err, h.record().Retained)
 	}
-	if got := h.agent.Status(); got.Phase != string(PhaseUpgraded) || h.record().Condition != (Condition{}) || !got.Healthy {
+	if got := h.agent.Status(); got.Phase != string(machine.PhaseUpgraded) || h.record().Condition != (machine.Condition{}) || !got.Healthy {
 		t.Fatalf("after cleanup %+v", got)
 	}
 	// The next bundle is the next upgrade, not a conflict; it loads
@@ -369,7 +372,7 @@ func TestAgent_CleanupOfALoadedBundleIsTheUpgradeDone(t *testing.T) {
 	// the images both hold).
 	next, _ := stick(t, bundletest.Options{Version: "4.13.8", Images: []string{"quay.io/a/shared"}})
 	h.plug("/dev/sdb", next)
-	if s := h.waitPhase(PhaseClusterReady); s.Version != "4.13.8" {
+	if s := h.waitPhase(machine.PhaseClusterReady); s.Version != "4.13.8" {
 		t.Fatal(s.Version)
 	}
 	h.loader.mu.Lock()

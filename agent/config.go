@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"github.com/ferry-edge/ferry/agent/machine"
 	"io"
 	"os"
 	"path/filepath"
@@ -16,7 +17,7 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/pacing"
-	"github.com/ferry-edge/ferry/pull"
+	"github.com/ferry-edge/ferry/pull/pullspec"
 )
 
 // DefaultConfigPath is where the agent reads its config when no --config
@@ -37,7 +38,7 @@ type Config struct {
 	TrustedKeys []string `toml:"trusted_keys"`
 	// Approval is whether a bundle must be approved to be loaded
 	// (ApprovalModes).
-	Approval ApprovalMode `toml:"approval"`
+	Approval machine.ApprovalMode `toml:"approval"`
 
 	Paths     Paths     `toml:"paths"`
 	CRIO      CRIO      `toml:"crio"`
@@ -223,7 +224,7 @@ type Peer struct {
 }
 
 // ApprovalOff reports whether the config turned approval off.
-func (c *Config) ApprovalOff() bool { return c.Approval == ApprovalModeOff }
+func (c *Config) ApprovalOff() bool { return c.Approval == machine.ApprovalModeOff }
 
 // Closed reports whether the peer server refuses everyone (no token, not
 // open).
@@ -262,7 +263,7 @@ func DefaultConfig() Config {
 	return Config{
 		NodeName: host,
 		Arch:     bundle.UnameArch(runtime.GOARCH),
-		Approval: ApprovalModeRequired,
+		Approval: machine.ApprovalModeRequired,
 		Paths: Paths{
 			StateDir:          "/var/lib/ferry",
 			ExtractDir:        "/var/lib/upgrade",
@@ -336,7 +337,7 @@ func (c *Config) Validate() error {
 			return bad("approved_digests", "entry %d %q is not a sha256 digest (64 hex digits, optional sha256: prefix)", i, d)
 		}
 	}
-	if _, err := ParseApprovalMode(string(c.Approval)); err != nil {
+	if _, err := machine.ParseApprovalMode(string(c.Approval)); err != nil {
 		return bad("approval", "%v", err)
 	}
 	for _, p := range []struct{ key, val string }{
@@ -395,7 +396,7 @@ func (c *Config) Validate() error {
 			return bad("pull.rate_limit", "%q is not a size per second (e.g. 2MiB); leave it empty for no limit", c.Pull.RateLimit)
 		}
 	}
-	if _, err := pull.ParseWindow(c.Pull.Window); err != nil {
+	if _, err := pullspec.ParseWindow(c.Pull.Window); err != nil {
 		return bad("pull.window", "%v", err)
 	}
 	if p := c.Pull.PullSecret; p != "" && !filepath.IsAbs(p) {
@@ -503,4 +504,15 @@ func clientCertKubeconfig(path string) bool {
 // WriteConfig prints c as TOML (the effective config).
 func WriteConfig(w io.Writer, c Config) error {
 	return toml.NewEncoder(w).Encode(c)
+}
+
+// settingsOf is what of c the machine decides with.
+func settingsOf(c Config) machine.Settings {
+	return machine.Settings{
+		NodeName: c.NodeName, ApprovalOff: c.ApprovalOff(),
+		OnReady: c.Cluster.OnReady, Schedule: c.Cluster.Schedule,
+		ExtractDir: c.Paths.ExtractDir, StateDir: c.Paths.StateDir,
+		KeepRunningRelease: c.Retention.KeepRunningRelease,
+		Peers:              c.Peer.Peers, PeersClosed: c.Peer.Closed(),
+	}
 }

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"errors"
+	"github.com/ferry-edge/ferry/agent/machine"
 	"os"
 	"path/filepath"
 	"strings"
@@ -98,7 +99,7 @@ func FuzzLoadConfig(f *testing.F) {
 }
 
 func TestLoadConfig_ApprovalNamesTheAllowedModes(t *testing.T) {
-	for _, mode := range ApprovalModes {
+	for _, mode := range machine.ApprovalModes {
 		c, err := LoadConfig(writeConfig(t, "approval = \""+string(mode)+"\"\n"), true)
 		if err != nil || c.Approval != mode {
 			t.Fatalf("approval = %q: %v, got %q", mode, err, c.Approval)

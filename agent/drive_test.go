@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/ferry-edge/ferry/agent/machine"
 	"os"
 	"path/filepath"
 	"slices"
@@ -40,16 +41,16 @@ func (h *harness) boot() {
 	recs, err := h.agent.store.Load()
 	must(h.t, err)
 	h.agent.removeStaging(recs)
-	h.drive(evStart{records: recs})
+	h.drive(machine.EvStart{Records: recs})
 }
 
 // drive steps ev and everything that follows from it.
-func (h *harness) drive(ev event) {
+func (h *harness) drive(ev machine.Event) {
 	h.t.Helper()
 	a, ctx := h.agent, h.t.Context()
-	queue := []event{ev}
+	queue := []machine.Event{ev}
 	// then queues what a background task posted, then its own end.
-	then := func(end event) {
+	then := func(end machine.Event) {
 		for {
 			select {
 			case posted := <-a.events:
@@ -66,23 +67,23 @@ func (h *harness) drive(ev event) {
 	for len(queue) > 0 {
 		ev := queue[0]
 		queue = queue[1:]
-		effs := a.m.step(ev)
+		effs := a.m.Step(ev)
 		a.publish()
 		for _, e := range effs {
 			switch e := e.(type) {
-			case effProbe:
+			case machine.EffProbe:
 				then(a.probe(ctx, e))
-			case effStartJob:
-				e.rec = e.rec.clone()
+			case machine.EffStartJob:
+				e.Rec = e.Rec.Clone()
 				then(a.runJob(ctx, e))
-			case effRunHook:
-				then(a.runHook(ctx, e.rec.clone()))
-			case effRetryIn:
-				h.retries = append(h.retries, e.after)
-			case effAskUpgrade:
+			case machine.EffRunHook:
+				then(a.runHook(ctx, e.Rec.Clone()))
+			case machine.EffRetryIn:
+				h.retries = append(h.retries, e.After)
+			case machine.EffAskUpgrade:
 				h.asked++ // the ask's retries are the wiring's (TestUpgrade_AnUnreachableAPIIsRetriedAndNothingIsLost)
-			case effResumeLoader:
-				must(h.t, a.deps.Loader.Resume(ctx, e.rec.Metadata, e.rec.Images(), e.rec.Dir, e.keep))
+			case machine.EffResumeLoader:
+				must(h.t, a.deps.Loader.Resume(ctx, e.Rec.Metadata, e.Rec.Images(), e.Rec.Dir, e.Keep))
 			default:
 				a.perform(ctx, e)
 			}
@@ -97,21 +98,21 @@ func (h *harness) plugNow(dev string, srcs ...bundle.Source) {
 	h.media.mu.Lock()
 	h.media.sticks[dev] = srcs
 	h.media.mu.Unlock()
-	h.drive(evDevice{DeviceEvent{Action: "add", Device: dev, FSType: "vfat"}})
+	h.drive(machine.EvDevice{DeviceEvent: machine.DeviceEvent{Action: "add", Device: dev, FSType: "vfat"}})
 }
 
 // poll gives the machine one view of the peers, as pollPeers takes it.
 func (h *harness) poll(p Peers) {
 	h.t.Helper()
 	offers, _ := p.Discover(h.t.Context())
-	h.drive(evView{view{offers: offers, statuses: p.Statuses(h.t.Context()), at: harnessClock}})
+	h.drive(machine.EvView{View: machine.View{Offers: offers, Statuses: p.Statuses(h.t.Context()), At: harnessClock}})
 }
 
 // ask sends a request from the local socket and returns its answer.
-func (h *harness) ask(kind requestKind) error {
+func (h *harness) ask(kind machine.RequestKind) error {
 	h.t.Helper()
-	reply := make(chan error, 1)
-	h.drive(evRequest{kind: kind, reply: reply})
+	id, reply := h.agent.handles.addReply()
+	h.drive(machine.EvRequest{Kind: kind, Reply: id})
 	select {
 	case err := <-reply:
 		return err
@@ -144,7 +145,7 @@ func TestJobs_ImageTheNodesPolicyAdmitsByDigestOnlyIsLoadedWithoutItsTag(t *test
 		}})
 	h.plugNow("/dev/sda", src)
 	s := h.agent.Status()
-	if s.Phase != string(PhaseClusterReady) {
+	if s.Phase != string(machine.PhaseClusterReady) {
 		t.Fatalf("status %+v", s)
 	}
 	name, _, digest := bundle.SplitRef(app)
@@ -168,7 +169,7 @@ func TestJobs_AStickForAnotherArchIsRejected(t *testing.T) {
 	h.boot()
 	src, _ := stick(t, bundletest.Options{Arch: "aarch64"})
 	h.plugNow("/dev/sda", src)
-	if r := h.agent.m.lastBad; r == nil || r.Phase != PhaseRejected || r.Condition.Reason != ReasonWrongArchitecture || !strings.Contains(r.Condition.Message, "aarch64") {
+	if r := h.agent.m.LastBad; r == nil || r.Phase != machine.PhaseRejected || r.Condition.Reason != machine.ReasonWrongArchitecture || !strings.Contains(r.Condition.Message, "aarch64") {
 		t.Fatalf("refusal %+v", r)
 	}
 }
@@ -187,7 +188,7 @@ func TestJobs_NoRoomRefusesBeforeWriting(t *testing.T) {
 		src, _ := stick(t, bundletest.Options{})
 		h.plugNow("/dev/sda", src)
 		r := h.record()
-		if r.Phase != PhaseRejected || r.Condition.Reason != ReasonNotEnoughSpace || !strings.Contains(r.Condition.Message, noRoom.Error()) {
+		if r.Phase != machine.PhaseRejected || r.Condition.Reason != machine.ReasonNotEnoughSpace || !strings.Contains(r.Condition.Message, noRoom.Error()) {
 			t.Fatalf("record %s %+v", r.Phase, r.Condition)
 		}
 		if ents, _ := os.ReadDir(h.cfg.Paths.ExtractDir); len(ents) != 0 {
@@ -214,7 +215,7 @@ func TestJobs_NoRoomRefusesBeforeWriting(t *testing.T) {
 			h.boot()
 			h.poll(p)
 			r := h.record()
-			if r.Phase != PhaseFetching || r.Condition.Reason != ReasonNoRoomToExtract || !strings.Contains(r.Condition.Message, noRoom.Error()) ||
+			if r.Phase != machine.PhaseFetching || r.Condition.Reason != machine.ReasonNoRoomToExtract || !strings.Contains(r.Condition.Message, noRoom.Error()) ||
 				!slices.Equal(h.retries, []time.Duration{10 * time.Second}) {
 				t.Fatalf("record %s %+v, retries %v", r.Phase, r.Condition, h.retries)
 			}
@@ -241,7 +242,7 @@ func TestJobs_NoRoomRefusesBeforeWriting(t *testing.T) {
 		p.offer(t, "10.0.0.2:8090", tarPath, digest)
 		h.boot()
 		h.poll(p)
-		if r := h.record(); r.Phase != PhaseFetching || r.Condition.Reason != ReasonNoRoomToExtract || !strings.Contains(r.Condition.Message, noRoom.Error()) {
+		if r := h.record(); r.Phase != machine.PhaseFetching || r.Condition.Reason != machine.ReasonNoRoomToExtract || !strings.Contains(r.Condition.Message, noRoom.Error()) {
 			t.Fatalf("record %s %+v", r.Phase, r.Condition)
 		}
 		if ents, _ := os.ReadDir(filepath.Join(h.cfg.Paths.StateDir, "incoming")); len(ents) != 0 {
@@ -249,9 +250,9 @@ func TestJobs_NoRoomRefusesBeforeWriting(t *testing.T) {
 		}
 		// Space freed; the retry fetches and loads it.
 		h.loader.roomFor = nil
-		h.drive(evRetry{})
+		h.drive(machine.EvRetry{})
 		h.poll(p)
-		if s := h.agent.Status(); s.Phase != string(PhaseLoaded) || s.Digest != digest {
+		if s := h.agent.Status(); s.Phase != string(machine.PhaseLoaded) || s.Digest != digest {
 			t.Fatalf("status %+v", s)
 		}
 		if p.fetched != 2 {
@@ -269,22 +270,22 @@ func TestJobs_RefusedStickFileIsRejectedWithASanitisedReason(t *testing.T) {
 	h := newHarness(t, t.TempDir())
 	h.api = newFakeAPI()
 	h.boot()
-	evil := "upgrade-1.0-x86_64.sha256\nSTATUS=all good\x1b[2J" + strings.Repeat("x", 2*MaxReason)
+	evil := "upgrade-1.0-x86_64.sha256\nSTATUS=all good\x1b[2J" + strings.Repeat("x", 2*machine.MaxReason)
 	why := fmt.Errorf("unsafe file on the stick: %s: it is a symbolic link: copy the file itself onto the stick", evil)
 	h.plugNow("/dev/sda", bundle.Source{Path: "", Label: "/run/ferry/media/sda-1/upgrade-1.0-x86_64.tar", Refused: why})
 	s := h.agent.Status()
-	if s.Phase != string(PhaseRejected) || s.Bundle != "upgrade-1.0-x86_64.tar" || s.Reason != ReasonRefused {
+	if s.Phase != string(machine.PhaseRejected) || s.Bundle != "upgrade-1.0-x86_64.tar" || s.Reason != machine.ReasonRefused {
 		t.Fatalf("status %+v", s)
 	}
 	// The refusal's words are the product here: what the stick's author
 	// controls must leave sanitised, bounded, and still say what to fix.
-	ann := annotations(s)[AnnotationReason]
+	ann := machine.Annotations(s)[machine.AnnotationReason]
 	for what, v := range map[string]string{"message": s.Message, "line": s.Line, "peer error": h.agent.PeerStatus().Error, "annotation": ann} {
-		if !strings.Contains(v, "unsafe file") || strings.ContainsAny(v, "\n\x1b") || len(v) > 2*MaxReason {
+		if !strings.Contains(v, "unsafe file") || strings.ContainsAny(v, "\n\x1b") || len(v) > 2*machine.MaxReason {
 			t.Errorf("%s not the reason, sanitised: %q", what, v)
 		}
 	}
-	if len(s.Message) > MaxReason || len(ann) > MaxReason || !strings.Contains(s.Message, "…") || !strings.HasSuffix(s.Message, "copy the file itself onto the stick") {
+	if len(s.Message) > machine.MaxReason || len(ann) > machine.MaxReason || !strings.Contains(s.Message, "…") || !strings.HasSuffix(s.Message, "copy the file itself onto the stick") {
 		t.Errorf("message not bounded: %d bytes", len(s.Message))
 	}
 	if !slices.ContainsFunc(h.lines.all, func(l string) bool { return strings.Contains(l, "unsafe file on the stick") }) {
@@ -326,7 +327,7 @@ func TestJobs_StickOfferedWhileReadThenSharedWithItsPiecesOrWithdrawn(t *testing
 				must(t, os.WriteFile(src.Path, b, 0o644))
 			}
 			h.plugNow("/dev/sda", src)
-			if want := map[bool]Phase{false: PhaseExtracted, true: PhaseRejected}[damaged]; h.record().Phase != want {
+			if want := map[bool]machine.Phase{false: machine.PhaseExtracted, true: machine.PhaseRejected}[damaged]; h.record().Phase != want {
 				t.Fatalf("record %+v, want %s", h.record(), want)
 			}
 			if len(p.live) != 1 {
@@ -388,13 +389,13 @@ func TestJobs_ABundleApprovedOnlyBySignatureReachesANodeWithTheKey(t *testing.T)
 			h.boot()
 			h.poll(p)
 			if !tc.ok {
-				if r := h.agent.m.lastBad; r == nil || r.Phase != PhaseRejected || r.Condition.Reason != ReasonNotApproved || p.fetched != 0 || len(h.loader.loads) != 0 {
+				if r := h.agent.m.LastBad; r == nil || r.Phase != machine.PhaseRejected || r.Condition.Reason != machine.ReasonNotApproved || p.fetched != 0 || len(h.loader.loads) != 0 {
 					t.Fatalf("refusal %+v; fetched %d times, loaded %d times", r, p.fetched, len(h.loader.loads))
 				}
 				return
 			}
 			rec := h.record()
-			if rec.Phase != PhaseLoaded || rec.Approval != bundle.ApprovalSignature || len(rec.Signature) == 0 {
+			if rec.Phase != machine.PhaseLoaded || rec.Approval != bundle.ApprovalSignature || len(rec.Signature) == 0 {
 				t.Fatalf("record %s, approval %q, signature %d bytes", rec.Phase, rec.Approval, len(rec.Signature))
 			}
 			if !bytes.Equal(p.held[digest].sig, rec.Signature) {
@@ -416,26 +417,26 @@ func TestJobs_CleanupBeforeLoadingTakesTheBundleOut(t *testing.T) {
 			h.boot()
 			src, _ := stick(t, bundletest.Options{})
 			h.plugNow("/dev/sda", src)
-			if r := h.record(); r.Phase != PhaseExtracted || r.Condition.Reason != ReasonAwaitingApproval {
+			if r := h.record(); r.Phase != machine.PhaseExtracted || r.Condition.Reason != machine.ReasonAwaitingApproval {
 				t.Fatalf("record %s %+v", r.Phase, r.Condition)
 			}
 			if fromSpec {
-				h.drive(evBundlePolicy{name: resourceName, policy: cluster.BundlePolicy{Cleanup: true}})
+				h.drive(machine.EvCluster{Policy: &machine.PolicyRead{Name: resourceName, Policy: cluster.BundlePolicy{Cleanup: true}}})
 			} else {
-				must(t, h.ask(reqCleanup))
+				must(t, h.ask(machine.ReqCleanup))
 			}
 			if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); !os.IsNotExist(err) {
 				t.Fatalf("extracted dir kept: %v", err)
 			}
-			if s := h.agent.Status(); s.Phase != string(PhaseIdle) || h.record().Phase != PhaseCleaned || h.loads() != 0 {
+			if s := h.agent.Status(); s.Phase != string(machine.PhaseIdle) || h.record().Phase != machine.PhaseCleaned || h.loads() != 0 {
 				t.Fatalf("after cleanup %+v, %d loads", s, h.loads())
 			}
-			if rep := h.agent.snap.Load().bundle; rep == nil || rep.entry.Phase != string(PhaseCleaned) {
+			if rep := h.agent.snap.Load().bundle; rep == nil || rep.Entry.Phase != string(machine.PhaseCleaned) {
 				t.Fatalf("the UpgradeBundle report %+v, want cleaned", rep)
 			}
 			next, _ := stick(t, bundletest.Options{Version: "4.13.8"})
 			h.plugNow("/dev/sdb", next)
-			if s := h.agent.Status(); s.Phase != string(PhaseExtracted) || s.Version != "4.13.8" {
+			if s := h.agent.Status(); s.Phase != string(machine.PhaseExtracted) || s.Version != "4.13.8" {
 				t.Fatalf("the next bundle: %+v", s)
 			}
 		})
@@ -455,13 +456,13 @@ func TestJobs_PreflightBeforeTheStickIsRead(t *testing.T) {
 		name  string
 		pre   cluster.Preflight
 		err   error
-		phase Phase
+		phase machine.Phase
 		warns []string // what the status shows; nil: the API's error, once
 	}{
-		{"a refusal", cluster.Preflight{Current: "4.13.7", Refusals: []string{"at 4.13.7 already"}}, nil, PhaseRejected, []string{}},
-		{"a refusal beside warnings", cluster.Preflight{Current: "4.12.9", Refusals: []string{refusal}, Warnings: warnings}, nil, PhaseRejected, warnings},
-		{"warnings", cluster.Preflight{Current: "4.13.6", Warnings: warnings[1:]}, nil, PhaseClusterReady, warnings[1:]},
-		{"an API that cannot be asked", cluster.Preflight{}, unreachable, PhaseClusterReady, nil},
+		{"a refusal", cluster.Preflight{Current: "4.13.7", Refusals: []string{"at 4.13.7 already"}}, nil, machine.PhaseRejected, []string{}},
+		{"a refusal beside warnings", cluster.Preflight{Current: "4.12.9", Refusals: []string{refusal}, Warnings: warnings}, nil, machine.PhaseRejected, warnings},
+		{"warnings", cluster.Preflight{Current: "4.13.6", Warnings: warnings[1:]}, nil, machine.PhaseClusterReady, warnings[1:]},
+		{"an API that cannot be asked", cluster.Preflight{}, unreachable, machine.PhaseClusterReady, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h, api := apiHarness(t)
@@ -481,18 +482,18 @@ func TestJobs_PreflightBeforeTheStickIsRead(t *testing.T) {
 			case !slices.Equal(s.Preflight, tc.warns) && len(s.Preflight)+len(tc.warns) > 0:
 				t.Fatalf("warnings %q, want %q", s.Preflight, tc.warns)
 			}
-			if tc.phase != PhaseRejected {
+			if tc.phase != machine.PhaseRejected {
 				return
 			}
-			if r.Condition.Reason != ReasonPreflightRefused || !strings.Contains(r.Condition.Message, ErrPreflight.Error()) ||
+			if r.Condition.Reason != machine.ReasonPreflightRefused || !strings.Contains(r.Condition.Message, machine.ErrPreflight.Error()) ||
 				!strings.Contains(r.Condition.Message, tc.pre.Refusals[0]) {
 				t.Fatalf("condition %+v", r.Condition)
 			}
 			want := tc.pre.Warnings
 			if h.cfg.ApprovalOff() { // the node's standing warning, said once in the summary
-				want = append(slices.Clone(want), approvalOffWarning)
+				want = append(slices.Clone(want), machine.ApprovalOffWarning)
 			}
-			if rep := h.agent.snap.Load().bundle; rep == nil || !slices.Equal(rep.sum.Warnings, want) {
+			if rep := h.agent.snap.Load().bundle; rep == nil || !slices.Equal(rep.Sum.Warnings, want) {
 				t.Fatalf("the UpgradeBundle report %+v, want the warnings %q", rep, want)
 			}
 			if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); !errors.Is(err, os.ErrNotExist) || h.loads() != 0 {
@@ -513,7 +514,7 @@ func TestRemoveStaging_DropsInterruptedExtractionsButAFetchsOwn(t *testing.T) {
 	for _, d := range []string{bundle.StagingDir(stuck), bundle.StagingDir(fetching), stuck} {
 		must(t, os.MkdirAll(d, 0o755))
 	}
-	a.removeStaging([]*Record{{ID: "a", Phase: PhaseDetected, Dir: stuck}, {ID: "b", Phase: PhaseFetching, Dir: fetching}})
+	a.removeStaging([]*machine.Record{{ID: "a", Phase: machine.PhaseDetected, Dir: stuck}, {ID: "b", Phase: machine.PhaseFetching, Dir: fetching}})
 	if _, err := os.Stat(bundle.StagingDir(stuck)); !os.IsNotExist(err) {
 		t.Error("staging dir kept")
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/ferry-edge/ferry/agent/machine"
 	"io"
 	"os"
 	"os/exec"
@@ -28,47 +29,47 @@ var errNoBundle = errors.New("no upgrade bundle here")
 // metadata. A raw device with no .sha256 says its digest only when read
 // whole: that long read happens here, never on the loop, and only when the
 // node holds a bundle to compare it with.
-func (a *Agent) probe(ctx context.Context, p effProbe) event {
-	o := evOffer{origin: p.origin, device: p.ev.Device, reply: p.reply}
-	if p.origin == OriginFile {
-		o.src, o.medium = p.medium.Bundles()[0], p.medium
+func (a *Agent) probe(ctx context.Context, p machine.EffProbe) machine.Event {
+	o := machine.EvOffer{Origin: p.Origin, Device: p.Ev.Device, Reply: p.Reply}
+	if p.Origin == machine.OriginFile {
+		o.Src, o.Medium = a.handles.medium(p.Medium).Bundles()[0], p.Medium
 	} else {
-		m, err := a.deps.Media.Open(ctx, p.ev)
+		m, err := a.deps.Media.Open(ctx, p.Ev)
 		if err != nil {
-			o.noBundle, o.err = true, err
+			o.NoBundle, o.Err = true, err
 			return o
 		}
 		srcs := m.Bundles()
 		if len(srcs) == 0 {
 			m.Close()
-			o.noBundle, o.err = true, errNoBundle
+			o.NoBundle, o.Err = true, errNoBundle
 			return o
 		}
-		a.log.Info("upgrade stick found", "device", p.ev.Device, "bundles", len(srcs))
-		o.src, o.medium = srcs[0], m
+		a.log.Info("upgrade stick found", "device", p.Ev.Device, "bundles", len(srcs))
+		o.Src, o.Medium = srcs[0], a.handles.addMedium(m)
 	}
-	if o.src.Refused != nil {
+	if o.Src.Refused != nil {
 		// A file on the stick ferry does not read (a link, a FIFO…):
 		// refused with its reason, nothing opened.
-		o.err = fmt.Errorf("bundle %s: %w", o.src.Name(), o.src.Refused)
+		o.Err = fmt.Errorf("bundle %s: %w", o.Src.Name(), o.Src.Refused)
 		return o
 	}
-	o.meta, o.err = bundle.InspectFile(o.src.Path)
-	if o.err != nil {
+	o.Meta, o.Err = bundle.InspectFile(o.Src.Path)
+	if o.Err != nil {
 		return o
 	}
-	o.digest = sidecarDigest(o.src)
-	if o.digest == "" && p.held != "" && o.src.Raw {
-		a.log.Info("reading the whole stick to compare it with the bundle held", "device", p.ev.Device, "bundle", o.src.Name())
-		res, err := bundle.Verify(ctx, o.src, bundle.Options{Policy: bundle.Policy{SpaceFactor: -1, ApprovedDigests: []string{string(p.held)}}})
+	o.Digest = sidecarDigest(o.Src)
+	if o.Digest == "" && p.Held != "" && o.Src.Raw {
+		a.log.Info("reading the whole stick to compare it with the bundle held", "device", p.Ev.Device, "bundle", o.Src.Name())
+		res, err := bundle.Verify(ctx, o.Src, bundle.Options{Policy: bundle.Policy{SpaceFactor: -1, ApprovedDigests: []string{string(p.Held)}}})
 		switch {
-		case err == nil && res.Digest == p.held:
-			o.digest = p.held
+		case err == nil && res.Digest == p.Held:
+			o.Digest = p.Held
 		case err == nil || bundle.IsRefusal(err):
-			o.differs = true
+			o.Differs = true
 		default:
 			// Unreadable (pulled mid-read): neither the same nor a conflict.
-			o.noBundle, o.err = true, err
+			o.NoBundle, o.Err = true, err
 		}
 	}
 	return o
@@ -91,37 +92,41 @@ func sidecarDigest(src bundle.Source) digest.Digest {
 }
 
 // runJob runs one job to its end.
-func (a *Agent) runJob(ctx context.Context, j effStartJob) event {
-	r := j.rec // a copy (perform)
-	done := evJobDone{kind: j.kind, id: r.ID}
-	switch j.kind {
-	case jobExtract:
-		done.res, done.pieces, done.err = a.extract(ctx, r, j)
-	case jobFetch:
-		done.res, done.pieces, done.err = a.fetch(ctx, r, j)
-	case jobLoad:
+func (a *Agent) runJob(ctx context.Context, j machine.EffStartJob) machine.Event {
+	r := j.Rec // a copy (perform)
+	done := machine.EvJobDone{Kind: j.Kind, ID: r.ID}
+	switch j.Kind {
+	case machine.JobExtract:
+		var pl *peer.PieceList
+		done.Res, pl, done.Err = a.extractJob(ctx, r, j)
+		a.handles.setPieces(r.ID, pl)
+	case machine.JobFetch:
+		var pl *peer.PieceList
+		done.Res, pl, done.Err = a.fetchJob(ctx, r, j)
+		a.handles.setPieces(r.ID, pl)
+	case machine.JobLoad:
 		p := a.throttle(r.ID, "images")
-		done.err = a.deps.Loader.Load(ctx, r.Metadata, r.Images(), r.Dir, j.keep, func(d, t int) { p(int64(d), int64(t)) })
-	case jobCleanup:
-		done.err = a.cleanup(ctx, r, j.unload)
-	case jobRetire:
-		done.err = a.retire(ctx, r, j)
-	case jobRestore:
-		done.restored, done.err = a.restore(ctx, r)
+		done.Err = a.deps.Loader.Load(ctx, r.Metadata, r.Images(), r.Dir, j.Keep, func(d, t int) { p(int64(d), int64(t)) })
+	case machine.JobCleanup:
+		done.Err = a.cleanupJob(ctx, r, j.Unload)
+	case machine.JobRetire:
+		done.Err = a.retireJob(ctx, r, j)
+	case machine.JobRestore:
+		done.Restored, done.Err = a.restore(ctx, r)
 	}
-	done.stopped = ctx.Err() != nil
+	done.Stopped = ctx.Err() != nil
 	return done
 }
 
-func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.Result, *peer.PieceList, error) {
+func (a *Agent) extractJob(ctx context.Context, r *machine.Record, j machine.EffStartJob) (*bundle.Result, *peer.PieceList, error) {
 	again := "then plug the stick in again"
 	switch r.Origin {
-	case OriginFile:
+	case machine.OriginFile:
 		again = "then run ferry load again"
-	case OriginPeer:
+	case machine.OriginPeer:
 		again = "then it is fetched again by itself"
 	}
-	if r.Origin != OriginPeer {
+	if r.Origin != machine.OriginPeer {
 		if err := a.preflight(ctx, r); err != nil {
 			return nil, nil, err
 		}
@@ -130,19 +135,19 @@ func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.
 		return nil, nil, err
 	}
 	var ix bundle.Index
-	opts := a.extractOptions(r, j.policy, &ix)
+	opts := a.extractOptions(r, j.Policy, &ix)
 	opts.Progress = a.throttle(r.ID, "bytes")
 	var hasher interface {
 		io.Writer
 		List(digest digest.Digest) *peer.PieceList
 	}
-	if a.deps.Peers != nil && j.pieces {
+	if a.deps.Peers != nil && j.Pieces {
 		// The piece list for the peers, hashed in the same pass; offered
 		// piece by piece as it is (cut-through) when the digest is known
 		// before the read. A fetched bundle's shelf entry keeps the list
 		// it was fetched and checked with.
 		hasher = peer.NewPieceHasher(peer.DefaultPieceSize)
-		if live := a.shareLive(r, j.src); live != nil {
+		if live := a.shareLive(r, j.Src); live != nil {
 			// Withdrawn at the end either way: refused, the peers drop it;
 			// extracted, the tree's offer (effShare) replaces it, and the
 			// stick can be unmounted.
@@ -151,7 +156,7 @@ func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.
 		}
 		opts.Tee = hasher
 	}
-	res, err := bundle.Extract(ctx, j.src, r.Dir, opts)
+	res, err := bundle.Extract(ctx, j.Src, r.Dir, opts)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -165,7 +170,7 @@ func (a *Agent) extract(ctx context.Context, r *Record, j effStartJob) (*bundle.
 
 // extractOptions are those of every extraction of r (from a stick, a
 // file, or streamed from the peers).
-func (a *Agent) extractOptions(r *Record, pol bundle.Policy, ix *bundle.Index) bundle.Options {
+func (a *Agent) extractOptions(r *machine.Record, pol bundle.Policy, ix *bundle.Index) bundle.Options {
 	opts := bundle.Options{Policy: pol, Sync: true, Index: ix, Admit: a.deps.Admit, Log: a.log}
 	if a.deps.Pacer != nil {
 		opts.Pacer = a.deps.Pacer
@@ -181,7 +186,7 @@ func (a *Agent) extractOptions(r *Record, pol bundle.Policy, ix *bundle.Index) b
 }
 
 // keepIndex writes the tar index with which the tree is served again.
-func (a *Agent) keepIndex(r *Record, res *bundle.Result, ix *bundle.Index) {
+func (a *Agent) keepIndex(r *machine.Record, res *bundle.Result, ix *bundle.Index) {
 	if err := ix.WriteFile(a.store.IndexPath(res.Digest)); err != nil {
 		a.log.Warn("cannot keep the tar index; peers will not be served", "bundle", r.Name, "err", err)
 	}
@@ -192,7 +197,7 @@ func (a *Agent) keepIndex(r *Record, res *bundle.Result, ix *bundle.Index) {
 // read must end with, or the offer is withdrawn. nil when the digest is
 // not known before the read (a raw device without one learns it at the
 // end), in serial mode, or when the file cannot be opened twice.
-func (a *Agent) shareLive(r *Record, src bundle.Source) *peer.LiveHasher {
+func (a *Agent) shareLive(r *machine.Record, src bundle.Source) *peer.LiveHasher {
 	d := sidecarDigest(src)
 	if src.Raw || a.cfg.Peer.Serial || d == "" || r.Metadata == nil {
 		return nil
@@ -222,7 +227,7 @@ func (a *Agent) shareLive(r *Record, src bundle.Source) *peer.LiveHasher {
 	return live
 }
 
-// fetch gets the bundle from the peers and extracts it as its bytes
+// fetchJob gets the bundle from the peers and extracts it as its bytes
 // arrive (cut-through): the disk holds its tree and at most a window of
 // the tar (peer.StreamWindow), never the whole tar. The sidecars are
 // written first, so that the extraction checks the digest in its own
@@ -230,11 +235,11 @@ func (a *Agent) shareLive(r *Record, src bundle.Source) *peer.LiveHasher {
 // approved the bundle by it. After a restart it resumes from the
 // extraction's last checkpoint (peer.FetchStream). In serial mode it
 // keeps the whole tar and the extraction is a job of its own.
-func (a *Agent) fetch(ctx context.Context, r *Record, j effStartJob) (*bundle.Result, *peer.PieceList, error) {
+func (a *Agent) fetchJob(ctx context.Context, r *machine.Record, j machine.EffStartJob) (*bundle.Result, *peer.PieceList, error) {
 	if a.cfg.Peer.Serial {
 		return nil, nil, a.fetchWhole(ctx, r)
 	}
-	dest := a.m.incomingPath(r)
+	dest := a.m.IncomingPath(r)
 	window := peer.StreamWindow(r.Metadata.SizeBytes)
 	admitted := fetchBound(r)
 	writes := map[string]int64{a.cfg.Paths.ExtractDir: admitted}
@@ -251,7 +256,7 @@ func (a *Agent) fetch(ctx context.Context, r *Record, j effStartJob) (*bundle.Re
 	p := a.throttle(r.ID, "bytes")
 	_, err = a.deps.Peers.FetchStream(ctx, r.Digest, dest, window, func(pr peer.Progress) { p(pr.Done, pr.Total) },
 		func(rd io.Reader, from *peer.StreamResume, checkpoint peer.Checkpoint) error {
-			opts, err := a.streamOptions(r, j.policy, &ix, from, checkpoint)
+			opts, err := a.streamOptions(r, j.Policy, &ix, from, checkpoint)
 			if err != nil {
 				return err
 			}
@@ -273,7 +278,7 @@ func (a *Agent) fetch(ctx context.Context, r *Record, j effStartJob) (*bundle.Re
 // fetchBound is what a fetch of r may write, checked for room before it
 // starts: its offer's metadata's size (an eighth more when that size is
 // approximate, as the extraction allows), else the offer's tar length.
-func fetchBound(r *Record) int64 {
+func fetchBound(r *machine.Record) int64 {
 	n := r.Metadata.SizeBytes
 	if n > 0 && r.Metadata.Shape == bundle.ShapeSeed {
 		n += n / 8
@@ -288,7 +293,7 @@ func fetchBound(r *Record) int64 {
 // fetch: resumed from where the fetch's record says it had got to, and
 // telling the fetch where it gets to, entry by entry (the tar index so
 // far, encoded only when the fetch writes its record).
-func (a *Agent) streamOptions(r *Record, pol bundle.Policy, ix *bundle.Index, from *peer.StreamResume, checkpoint peer.Checkpoint) (bundle.Options, error) {
+func (a *Agent) streamOptions(r *machine.Record, pol bundle.Policy, ix *bundle.Index, from *peer.StreamResume, checkpoint peer.Checkpoint) (bundle.Options, error) {
 	opts := a.extractOptions(r, pol, ix)
 	if from != nil {
 		var old bundle.Index
@@ -312,7 +317,7 @@ func (a *Agent) streamOptions(r *Record, pol bundle.Policy, ix *bundle.Index, fr
 // writeSidecars writes the .sha256 of the digest this node asked for and
 // the .minisig that came with the offer beside dest, the bundle's source
 // for its extraction.
-func (a *Agent) writeSidecars(r *Record, dest string) (bundle.Source, error) {
+func (a *Agent) writeSidecars(r *machine.Record, dest string) (bundle.Source, error) {
 	src := bundle.Source{Path: dest, SHA256Path: strings.TrimSuffix(dest, ".tar") + ".sha256"}
 	if err := os.MkdirAll(filepath.Dir(dest), 0o700); err != nil {
 		return src, err
@@ -329,8 +334,8 @@ func (a *Agent) writeSidecars(r *Record, dest string) (bundle.Source, error) {
 }
 
 // fetchWhole gets the whole tar from the peers (serial mode).
-func (a *Agent) fetchWhole(ctx context.Context, r *Record) error {
-	dest := a.m.incomingPath(r)
+func (a *Agent) fetchWhole(ctx context.Context, r *machine.Record) error {
+	dest := a.m.IncomingPath(r)
 	if _, err := os.Stat(dest); os.IsNotExist(err) {
 		// The tar where it lands, then its tree where it extracts.
 		writes := map[string]int64{a.cfg.Paths.ExtractDir: r.Metadata.SizeBytes}
@@ -354,7 +359,7 @@ func (a *Agent) fetchWhole(ctx context.Context, r *Record) error {
 // (writes: bytes by directory), that there is room for them and for its
 // load within what the kubelet tolerates (Loader.CheckRoomBefore); a
 // refusal ends with what comes after freeing space (again).
-func (a *Agent) roomBefore(ctx context.Context, r *Record, writes map[string]int64, again string) error {
+func (a *Agent) roomBefore(ctx context.Context, r *machine.Record, writes map[string]int64, again string) error {
 	if a.deps.Loader == nil || r.Metadata == nil {
 		return nil
 	}
@@ -369,9 +374,9 @@ func (a *Agent) roomBefore(ctx context.Context, r *Record, writes map[string]int
 	return nil
 }
 
-// cleanup takes a bundle out of CRI-O, stops sharing it and removes its
+// cleanupJob takes a bundle out of CRI-O, stops sharing it and removes its
 // files.
-func (a *Agent) cleanup(ctx context.Context, r *Record, unload bool) error {
+func (a *Agent) cleanupJob(ctx context.Context, r *machine.Record, unload bool) error {
 	if unload {
 		if err := a.deps.Loader.Cleanup(ctx, r.Metadata, r.Dir); err != nil {
 			return err
@@ -391,26 +396,26 @@ func (a *Agent) cleanup(ctx context.Context, r *Record, unload bool) error {
 	return nil
 }
 
-// retire ends a bundle whose upgrade is done: registry, mirror and CA go
+// retireJob ends a bundle whose upgrade is done: registry, mirror and CA go
 // (pins stay); its files and sharing go too unless the node keeps it as
 // the running release's source (j.retain). The previous bundle's pins go,
 // except the images this one holds too, and so does the tree kept for it.
-func (a *Agent) retire(ctx context.Context, r *Record, j effStartJob) error {
-	if j.unload {
+func (a *Agent) retireJob(ctx context.Context, r *machine.Record, j machine.EffStartJob) error {
+	if j.Unload {
 		if err := a.deps.Loader.Retire(ctx, r.Metadata, r.Dir); err != nil {
 			return err
 		}
 	}
-	if !j.retain {
-		if err := a.cleanup(ctx, r, false); err != nil {
+	if !j.Retain {
+		if err := a.cleanupJob(ctx, r, false); err != nil {
 			return err
 		}
 	}
-	p := j.previous
+	p := j.Previous
 	if p == nil {
 		return nil
 	}
-	if j.unload && p.Metadata != nil {
+	if j.Unload && p.Metadata != nil {
 		a.log.Info("unpinning the previous bundle's images", "bundle", p.Name, "images", len(p.Images()))
 		if err := a.deps.Loader.Unpin(ctx, p.Metadata, p.Images()); err != nil {
 			return err
@@ -418,14 +423,14 @@ func (a *Agent) retire(ctx context.Context, r *Record, j effStartJob) error {
 	}
 	if p.Retained && p.Dir != r.Dir {
 		a.log.Info("removing the copy kept of the previous release", "bundle", p.Name, "dir", p.Dir)
-		return a.cleanup(ctx, p, false)
+		return a.cleanupJob(ctx, p, false)
 	}
 	return nil
 }
 
 // restore loads the running release's images CRI-O lacks again from the
 // tree kept for it.
-func (a *Agent) restore(ctx context.Context, r *Record) (int, error) {
+func (a *Agent) restore(ctx context.Context, r *machine.Record) (int, error) {
 	return a.deps.Loader.Restore(ctx, r.Metadata, r.Images(), r.Dir)
 }
 
@@ -438,7 +443,7 @@ func (a *Agent) throttle(id, unit string) func(done, total int64) {
 		if now := time.Now(); now.Sub(last) > 500*time.Millisecond || done == total {
 			last = now
 			select {
-			case a.progress <- evProgress{id: id, p: Progress{Done: done, Total: total, Unit: unit}}:
+			case a.progress <- machine.EvProgress{ID: id, P: machine.Progress{Done: done, Total: total, Unit: unit}}:
 			default:
 			}
 		}
@@ -447,7 +452,7 @@ func (a *Agent) throttle(id, unit string) func(done, total int64) {
 
 // share puts an extracted bundle on the shelf for the peers, with pieces
 // if its piece list was hashed in the extraction pass.
-func (a *Agent) share(r *Record, pieces *peer.PieceList) {
+func (a *Agent) share(r *machine.Record, pieces *peer.PieceList) {
 	if a.deps.Peers == nil || r.Metadata == nil {
 		return
 	}
@@ -463,7 +468,7 @@ func (a *Agent) share(r *Record, pieces *peer.PieceList) {
 }
 
 // runHook runs on_ready, which the machine marked started.
-func (a *Agent) runHook(ctx context.Context, r *Record) event {
+func (a *Agent) runHook(ctx context.Context, r *machine.Record) machine.Event {
 	argv := a.cfg.Cluster.OnReady
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), "FERRY_RELEASE="+r.Metadata.Release, "FERRY_VERSION="+r.Metadata.Version, "FERRY_DIGEST="+string(r.Digest))
@@ -478,5 +483,5 @@ func (a *Agent) runHook(ctx context.Context, r *Record) event {
 	if err != nil {
 		run.Error = fmt.Sprintf("on_ready hook: %v", err)
 	}
-	return evHookDone{id: r.ID, run: run}
+	return machine.EvHookDone{ID: r.ID, Run: run}
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"github.com/ferry-edge/ferry/agent/machine"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,7 +17,7 @@ import (
 // changes the agent's state.
 func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.ApprovalOff() {
-		a.log.Warn(approvalOffWarning + ": remove approval = \"off\" from the config and set approved_digests or trusted_keys")
+		a.log.Warn(machine.ApprovalOffWarning + ": remove approval = \"off\" from the config and set approved_digests or trusted_keys")
 	}
 	recs, err := a.store.Load()
 	if err != nil {
@@ -31,9 +32,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		stopAll()
 		a.bg.Wait()
 	}()
-	a.turn(jctx, evStart{records: recs})
+	a.turn(jctx, machine.EvStart{Records: recs})
 
-	var devices <-chan DeviceEvent
+	var devices <-chan machine.DeviceEvent
 	if a.deps.Devices != nil {
 		if devices, err = a.deps.Devices.Events(ctx); err != nil {
 			return errors.New("watching devices: " + err.Error())
@@ -50,7 +51,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if a.retry != nil {
 			retry = a.retry.C
 		}
-		var ev event
+		var ev machine.Event
 		select {
 		case <-ctx.Done():
 			return nil
@@ -58,15 +59,15 @@ func (a *Agent) Run(ctx context.Context) error {
 			if !ok {
 				return errors.New("device events stopped")
 			}
-			ev = evDevice{d}
+			ev = machine.EvDevice{DeviceEvent: d}
 		case ev = <-a.events:
 		case p := <-a.progress:
 			ev = p
 		case v := <-views:
-			ev = evView{v}
+			ev = machine.EvView{View: v}
 		case <-retry:
 			a.retry = nil
-			ev = evRetry{}
+			ev = machine.EvRetry{}
 		case <-tick.C:
 			if a.pacingChanged() || a.pullChanged() {
 				a.publish()
@@ -85,8 +86,8 @@ const tickEvery = 2 * time.Second
 // watchers starts what watches the outside for the loop: the peers' view
 // (sent on the returned channel), and with an API the Node's annotations,
 // the cluster's upgrade and, when the config names none, the peer list.
-func (a *Agent) watchers(ctx context.Context) <-chan view {
-	views := make(chan view)
+func (a *Agent) watchers(ctx context.Context) <-chan machine.View {
+	views := make(chan machine.View)
 	goBG := func(f func()) {
 		a.bg.Add(1)
 		go func() { defer a.bg.Done(); f() }()
@@ -110,8 +111,8 @@ func (a *Agent) watchers(ctx context.Context) <-chan view {
 
 // turn is one step: the state changes, the snapshot is published, then
 // the effects are performed in order.
-func (a *Agent) turn(ctx context.Context, ev event) {
-	effs := a.m.step(ev)
+func (a *Agent) turn(ctx context.Context, ev machine.Event) {
+	effs := a.m.Step(ev)
 	a.publish()
 	for _, e := range effs {
 		a.perform(ctx, e)
@@ -121,52 +122,54 @@ func (a *Agent) turn(ctx context.Context, ev event) {
 
 // perform carries out one effect on the loop goroutine; anything long is
 // started in the background and reports back with an event.
-func (a *Agent) perform(ctx context.Context, e effect) {
+func (a *Agent) perform(ctx context.Context, e machine.Effect) {
 	switch e := e.(type) {
-	case effSave:
-		if err := a.store.Save(e.rec.clone()); err != nil {
-			a.log.Error("cannot save state", "bundle", e.rec.Name, "err", err)
+	case machine.EffSave:
+		if err := a.store.Save(e.Rec.Clone()); err != nil {
+			a.log.Error("cannot save state", "bundle", e.Rec.Name, "err", err)
 		}
-	case effForget:
-		if err := a.store.Delete(e.id); err != nil {
-			a.log.Warn("cannot remove an expired record", "record", e.id, "err", err)
+	case machine.EffForget:
+		if err := a.store.Delete(e.ID); err != nil {
+			a.log.Warn("cannot remove an expired record", "record", e.ID, "err", err)
 		}
-	case effProbe:
-		a.background(ctx, func(ctx context.Context) event { return a.probe(ctx, e) })
-	case effStartJob:
+	case machine.EffProbe:
+		a.background(ctx, func(ctx context.Context) machine.Event { return a.probe(ctx, e) })
+	case machine.EffStartJob:
 		// The job gets copies, made here on the loop: the loop goes on
 		// changing the records (progress) while the job runs.
-		e.rec = e.rec.clone()
-		if e.previous != nil {
-			e.previous = e.previous.clone()
+		e.Rec = e.Rec.Clone()
+		if e.Previous != nil {
+			e.Previous = e.Previous.Clone()
 		}
 		jctx, cancel := context.WithCancel(ctx)
 		a.jobStop = cancel
-		a.background(jctx, func(ctx context.Context) event {
+		a.background(jctx, func(ctx context.Context) machine.Event {
 			defer cancel()
 			return a.runJob(ctx, e)
 		})
-	case effStopJob:
+	case machine.EffStopJob:
 		if a.jobStop != nil {
 			a.jobStop()
 		}
-	case effCloseMedium:
-		if err := e.m.Close(); err != nil {
+	case machine.EffCloseMedium:
+		if m := a.handles.takeMedium(e.M); m == nil {
+			a.log.Warn("no open medium to close", "medium", e.M)
+		} else if err := m.Close(); err != nil {
 			a.log.Warn("unmounting the stick", "err", err)
 		}
-	case effShare:
-		a.share(e.rec, e.pieces)
-	case effUnshare:
+	case machine.EffShare:
+		a.share(e.Rec, a.handles.takePieces(e.Rec.ID))
+	case machine.EffUnshare:
 		if a.deps.Peers != nil {
-			a.deps.Peers.Unshare(e.digest)
+			a.deps.Peers.Unshare(e.Digest)
 		}
-	case effRemove:
-		if err := os.RemoveAll(e.path); err != nil {
-			a.log.Warn("cannot remove", "path", e.path, "err", err)
+	case machine.EffRemove:
+		if err := os.RemoveAll(e.Path); err != nil {
+			a.log.Warn("cannot remove", "path", e.Path, "err", err)
 		}
-	case effResumeLoader:
+	case machine.EffResumeLoader:
 		// In the background: CRI-O may still be starting.
-		meta, images, name, dir, keep := e.rec.Metadata, e.rec.Images(), e.rec.Name, e.rec.Dir, e.keep
+		meta, images, name, dir, keep := e.Rec.Metadata, e.Rec.Images(), e.Rec.Name, e.Rec.Dir, e.Keep
 		a.bg.Add(1)
 		go func() {
 			defer a.bg.Done()
@@ -174,21 +177,21 @@ func (a *Agent) perform(ctx context.Context, e effect) {
 				a.log.Error("cannot serve the loaded bundle again", "bundle", name, "err", err)
 			}
 		}()
-	case effRunHook:
-		r := e.rec.clone()
-		a.background(ctx, func(ctx context.Context) event { return a.runHook(ctx, r) })
-	case effAskUpgrade:
-		a.askUpgrade(ctx, e.rec.clone())
-	case effRetryIn:
+	case machine.EffRunHook:
+		r := e.Rec.Clone()
+		a.background(ctx, func(ctx context.Context) machine.Event { return a.runHook(ctx, r) })
+	case machine.EffAskUpgrade:
+		a.askUpgrade(ctx, e.Rec.Clone())
+	case machine.EffRetryIn:
 		if a.retry != nil {
 			a.retry.Stop()
 		}
-		a.retry = time.NewTimer(e.after)
-	case effAnnounce:
-		a.say(e.rep.text().Line)
-	case effReply:
-		if e.ch != nil {
-			e.ch <- e.err
+		a.retry = time.NewTimer(e.After)
+	case machine.EffAnnounce:
+		a.say(e.Rep.Text().Line)
+	case machine.EffReply:
+		if ch := a.handles.takeReply(e.Ch); ch != nil {
+			ch <- e.Err
 		}
 	default:
 		panic("agent: unknown effect")
@@ -197,7 +200,7 @@ func (a *Agent) perform(ctx context.Context, e effect) {
 
 // background runs fn in its own goroutine and posts its event to the loop
 // (unless the loop itself has ended: a cancelled job still reports).
-func (a *Agent) background(ctx context.Context, fn func(context.Context) event) {
+func (a *Agent) background(ctx context.Context, fn func(context.Context) machine.Event) {
 	a.bg.Add(1)
 	go func() {
 		defer a.bg.Done()
@@ -212,14 +215,14 @@ func (a *Agent) background(ctx context.Context, fn func(context.Context) event) 
 // removeStaging drops staging dirs left by a crash: they are never taken
 // as good. A bundle being fetched keeps its own: its fetch extracts as it
 // goes and resumes there (every byte read back is checked again).
-func (a *Agent) removeStaging(recs []*Record) {
+func (a *Agent) removeStaging(recs []*machine.Record) {
 	ents, err := os.ReadDir(a.cfg.Paths.ExtractDir)
 	if err != nil {
 		return
 	}
 	resumes := map[string]bool{}
 	for _, r := range recs {
-		if r.Phase == PhaseFetching && r.Dir != "" && !a.cfg.Peer.Serial {
+		if r.Phase == machine.PhaseFetching && r.Dir != "" && !a.cfg.Peer.Serial {
 			resumes[filepath.Base(bundle.StagingDir(r.Dir))] = true
 		}
 	}
@@ -235,7 +238,7 @@ func (a *Agent) removeStaging(recs []*Record) {
 func (a *Agent) announce() { a.say(a.snap.Load().status.Line) }
 
 func (a *Agent) say(line string) {
-	line = sanitizeText(line, maxLine) // one line: a newline would add a field
+	line = machine.SanitizeText(line, machine.MaxLine) // one line: a newline would add a field
 	if line != a.lastLine {
 		a.lastLine = line
 		a.deps.Notify.Status(line)

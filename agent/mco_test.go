@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"github.com/ferry-edge/ferry/agent/machine"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,25 +31,25 @@ func upgradedWhileTheMCOIsAtWork(t *testing.T, before cluster.NodeUpdate) (*harn
 	h.start()
 	src, _ := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
-	h.waitPhase(PhaseClusterReady)
+	h.waitPhase(machine.PhaseClusterReady)
 	h.waitFor("the config from before the upgrade recorded", func() bool { return h.record().MachineConfig == oldConfig })
 	api.setNode("node-a", before)
 	release := h.agent.Status().Release
 	api.set(release, cluster.UpgradeStatus{State: cluster.UpgradeRunning, Message: "Working towards 4.13.7"})
-	h.waitPhase(PhaseUpgrading)
+	h.waitPhase(machine.PhaseUpgrading)
 	api.set(release, cluster.UpgradeStatus{State: cluster.UpgradeCompleted, Message: "Cluster version is 4.13.7"})
-	h.waitPhase(PhaseUpgraded)
+	h.waitPhase(machine.PhaseUpgraded)
 	return h, api
 }
 
 // record is the active bundle's record, as the status shows it.
-func (h *harness) record() Record {
+func (h *harness) record() machine.Record {
 	for _, r := range h.agent.Status().Bundles {
 		if r.Name == "upgrade-4.13.7-x86_64.tar" {
 			return r
 		}
 	}
-	return Record{}
+	return machine.Record{}
 }
 
 // loads is how many loads the fake loader was asked for.
@@ -70,13 +71,13 @@ func (h *harness) keepsTheBundle(api *fakeAPI, why string) {
 	h.t.Helper()
 	r := h.waitWhy(why)
 	h.waitFor("the waiting reason on the Node", func() bool {
-		return api.annotation("node-a", AnnotationReason) == annotations(h.agent.Status())[AnnotationReason]
+		return api.annotation("node-a", machine.AnnotationReason) == machine.Annotations(h.agent.Status())[machine.AnnotationReason]
 	})
 	// That a reading of the node keeps it is the reducer's (its table:
 	// "upgraded, the pool not at the node yet", "the MCO at work",
 	// "paused", "done on the config from before"); here, that the wiring
 	// shows it.
-	if s := h.agent.Status(); r.Phase != PhaseUpgraded || s.Reason != why || s.Message == "" || !strings.Contains(s.Line, s.Message) {
+	if s := h.agent.Status(); r.Phase != machine.PhaseUpgraded || s.Reason != why || s.Message == "" || !strings.Contains(s.Line, s.Message) {
 		h.t.Fatalf("status %+v", s)
 	}
 	if n := h.retires(); n != 0 {
@@ -85,7 +86,7 @@ func (h *harness) keepsTheBundle(api *fakeAPI, why string) {
 	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); err != nil {
 		h.t.Fatalf("the extracted tree went while the node still needs it: %v", err)
 	}
-	if got := api.annotation("node-a", AnnotationPhase); got != "upgraded" {
+	if got := api.annotation("node-a", machine.AnnotationPhase); got != "upgraded" {
 		h.t.Fatalf("phase annotation %q", got)
 	}
 }
@@ -94,7 +95,7 @@ func (h *harness) retiresOnce() {
 	h.t.Helper()
 	h.waitFor("the bundle retired", func() bool {
 		s := h.agent.Status()
-		return s.Phase == "upgraded" && s.Reason == ReasonUpgraded && h.record().Retirement == RetirementDone
+		return s.Phase == "upgraded" && s.Reason == machine.ReasonUpgraded && h.record().Retirement == machine.RetirementDone
 	})
 	if n := h.retires(); n != 1 {
 		h.t.Fatalf("retired %d times", n)
@@ -106,10 +107,10 @@ func (h *harness) retiresOnce() {
 
 func TestUpgrade_ARestartWhileWaitingForTheMCOWaitsAgain(t *testing.T) {
 	h, api := upgradedWhileTheMCOIsAtWork(t, cluster.NodeUpdate{Managed: true, State: "Working", Current: oldConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
-	h.keepsTheBundle(api, ReasonNodeUpdating)
+	h.keepsTheBundle(api, machine.ReasonNodeUpdating)
 	h.stop()
 	h.start()
-	h.keepsTheBundle(api, ReasonNodeUpdating)
+	h.keepsTheBundle(api, machine.ReasonNodeUpdating)
 	api.setNode("node-a", cluster.NodeUpdate{Managed: true, State: "Done", Current: newConfig, Desired: newConfig, Pool: "worker", Target: newConfig})
 	h.retiresOnce()
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"github.com/ferry-edge/ferry/agent/machine"
 	"io"
 	"log/slog"
 	"strings"
@@ -10,7 +11,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/peer"
-	"github.com/ferry-edge/ferry/pull"
+	"github.com/ferry-edge/ferry/pull/pullspec"
 )
 
 // Peers is the agent's view of the other nodes (peer.Shelf + peer.Fetcher).
@@ -34,15 +35,8 @@ type Peers interface {
 	SetPeers(peers []string)
 }
 
-// view is one poll of the peers.
-type view struct {
-	offers   []peer.PeerOffer
-	statuses map[string]peer.PeerStatus
-	at       time.Time
-}
-
 // pollPeers sends a view of the peers to the main loop every interval.
-func (a *Agent) pollPeers(ctx context.Context, interval time.Duration, out chan<- view) {
+func (a *Agent) pollPeers(ctx context.Context, interval time.Duration, out chan<- machine.View) {
 	for {
 		pctx, cancel := context.WithTimeout(ctx, interval+5*time.Second)
 		offers, _ := a.deps.Peers.Discover(pctx)
@@ -50,7 +44,7 @@ func (a *Agent) pollPeers(ctx context.Context, interval time.Duration, out chan<
 		cancel()
 		a.notePeerNodes(st)
 		select {
-		case out <- view{offers: offers, statuses: st, at: time.Now()}:
+		case out <- machine.View{Offers: offers, Statuses: st, At: time.Now()}:
 		case <-ctx.Done():
 			return
 		}
@@ -90,14 +84,14 @@ const movingPoll = 400 * time.Millisecond
 // to hold it, or this node pulls one from the registry.
 func (a *Agent) moving(peers map[string]peer.PeerStatus) bool {
 	inFlight := func(p string) bool {
-		switch Phase(p) {
-		case PhaseDetected, PhaseFetching, PhaseExtracted, PhaseLoading:
+		switch machine.Phase(p) {
+		case machine.PhaseDetected, machine.PhaseFetching, machine.PhaseExtracted, machine.PhaseLoading:
 			return true
 		}
 		return false
 	}
 	s := a.snap.Load().status
-	if inFlight(s.Phase) || s.Pull != nil && s.Pull.State != pull.StateDone && s.Pull.State != pull.StateFailed {
+	if inFlight(s.Phase) || s.Pull != nil && s.Pull.State != pullspec.StateDone && s.Pull.State != pullspec.StateFailed {
 		return true
 	}
 	for _, p := range peers {
@@ -111,73 +105,8 @@ func (a *Agent) moving(peers map[string]peer.PeerStatus) bool {
 // PeerStatus is what this node tells its peers.
 func (a *Agent) PeerStatus() peer.Status { return a.snap.Load().peer }
 
-// standing is where this node stands for the gate and its peers, decided
-// from the machine's state: the phase its status shows, and its digest
-// while a bundle holds it (a held one in conflict too, so that the peers
-// see the conflict), or while it shows a bundle it refused, so that the
-// peers do not pin one that this node will never hold.
-func (m *machine) standing() peer.Status {
-	st := peer.Status{Node: m.cfg.NodeName, Phase: string(PhaseIdle)}
-	switch {
-	case m.active != nil:
-		st.Phase, st.Digest, st.Source = string(m.active.Phase), m.active.Digest, m.active.Plugged
-		st.LoadsNothing = !m.hasLoader
-	case m.lastBad != nil:
-		st.Phase = string(m.lastBad.Phase)
-		if m.lastBad.Phase == PhaseRejected {
-			st.Digest = m.lastBad.Digest
-		}
-	case m.done != nil:
-		st.Phase = string(m.done.Phase)
-		if m.done.Retained {
-			// The release it runs and keeps: a node that joins later
-			// fetches it (fresh, runsAlready).
-			st.Digest = m.done.Digest
-		}
-	}
-	return st
-}
-
-// peerStatus is what this node tells its peers: its standing, in the
-// words of s, its status as published.
-func (m *machine) peerStatus(s Status) peer.Status {
-	st := m.standing()
-	st.Version, st.Release, st.Error, st.Progress = s.Version, s.Release, SanitizeReason(s.Error), progressText(s)
-	return st
-}
-
-// ClusterStatus is `ferry status --cluster`.
-type ClusterStatus struct {
-	Self     peer.Status            `json:"self"`
-	Peers    map[string]ClusterNode `json:"peers"`
-	Decision Decision               `json:"decision"`
-}
-
-// ClusterNode is one peer as last polled.
-type ClusterNode struct {
-	peer.Status
-	Unreachable string `json:"unreachable,omitempty"`
-}
-
 // Cluster reports every node's phase as last polled.
-func (a *Agent) Cluster() ClusterStatus { return a.snap.Load().cluster }
-
-func (m *machine) cluster(self peer.Status) ClusterStatus {
-	cs := ClusterStatus{Self: self, Peers: map[string]ClusterNode{}, Decision: Decide(self, m.gatedStatuses())}
-	if why := m.nodesWithoutFerry(); cs.Decision.Verdict == Ready && why != (Condition{}) {
-		// Every node that answers is loaded; the gate waits for those
-		// without ferry, which no peer status shows.
-		cs.Decision.Verdict, cs.Decision.Message = Waiting, why.Message
-	}
-	for addr, st := range m.view.statuses {
-		n := ClusterNode{Status: st.Status}
-		if st.Err != nil {
-			n.Unreachable = st.Err.Error()
-		}
-		cs.Peers[addr] = n
-	}
-	return cs
-}
+func (a *Agent) Cluster() machine.ClusterStatus { return a.snap.Load().cluster }
 
 // logWriter sends a child's output to the log line by line.
 type logWriter struct {

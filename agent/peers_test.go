@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/ferry-edge/ferry/agent/machine"
 	"io"
 	"os"
 	"path/filepath"
@@ -271,7 +272,7 @@ func TestCluster_FetchesFromAPeerThenLoadsAndPassesTheGate(t *testing.T) {
 	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "extracted", Digest: digest})
 	p.offer(t, "10.0.0.2:8090", tarPath, digest)
 	h.start()
-	s := h.waitPhase(PhaseLoaded)
+	s := h.waitPhase(machine.PhaseLoaded)
 	if s.Digest != digest {
 		t.Fatal(s.Digest)
 	}
@@ -290,7 +291,7 @@ func TestCluster_FetchesFromAPeerThenLoadsAndPassesTheGate(t *testing.T) {
 	// The gate: once the peer says it loaded the bundle too, the cluster
 	// is ready.
 	p.set("10.0.0.2:8090", peer.Status{Node: "b", Phase: "loaded", Digest: digest})
-	h.waitPhase(PhaseClusterReady)
+	h.waitPhase(machine.PhaseClusterReady)
 }
 
 // The hook ends on its own goroutine while the loop saves the same
@@ -314,7 +315,7 @@ func TestCluster_HookEndAndLoopSavesNeverLoseTheNewestRecord(t *testing.T) {
 				}
 			}
 		}()
-		h.waitPhase(PhaseClusterReady)
+		h.waitPhase(machine.PhaseClusterReady)
 		h.waitFor("the hook finished", func() bool { return hookFinished(h.agent.Status()) })
 		close(stop)
 		h.stop()
@@ -322,14 +323,14 @@ func TestCluster_HookEndAndLoopSavesNeverLoseTheNewestRecord(t *testing.T) {
 		must(t, err)
 		recs, err := store.Load()
 		must(t, err)
-		if len(recs) != 1 || recs[0].Digest != digest || recs[0].Phase != PhaseClusterReady ||
+		if len(recs) != 1 || recs[0].Digest != digest || recs[0].Phase != machine.PhaseClusterReady ||
 			recs[0].Hook == nil || recs[0].Hook.Finished.IsZero() || recs[0].Hook.Exit != 0 {
 			t.Fatalf("iteration %d: record on disk %+v (hook %+v)", i, recs[0], recs[0].Hook)
 		}
 	}
 }
 
-func hookFinished(s Status) bool {
+func hookFinished(s machine.Status) bool {
 	for _, r := range s.Bundles {
 		if r.Hook != nil && !r.Hook.Finished.IsZero() {
 			return true

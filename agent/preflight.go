@@ -2,15 +2,11 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"github.com/ferry-edge/ferry/agent/machine"
 	"strings"
 	"time"
 )
-
-// ErrPreflight marks a bundle the cluster would refuse to upgrade to,
-// found before it was read and shared.
-var ErrPreflight = errors.New("the cluster cannot take this upgrade")
 
 // preflightTimeout bounds the preflight's API calls: a cluster API that
 // does not answer does not hold up the stick.
@@ -22,7 +18,7 @@ const preflightTimeout = 30 * time.Second
 // refused bundle's too, so that the technician learns of every finding
 // on the one visit. An API that cannot be asked is a warning too: ferry
 // works without one.
-func (a *Agent) preflight(ctx context.Context, r *Record) error {
+func (a *Agent) preflight(ctx context.Context, r *machine.Record) error {
 	if a.deps.API == nil || r.Metadata == nil {
 		return nil
 	}
@@ -34,7 +30,7 @@ func (a *Agent) preflight(ctx context.Context, r *Record) error {
 	}
 	if err != nil {
 		a.log.Warn("the cluster's preflight could not run; going on without it", "bundle", r.Name, "err", err)
-		a.post(evPreflight{id: r.ID, warnings: []string{fmt.Sprintf("the cluster's preflight could not run: %v", err)}})
+		a.post(machine.EvPreflight{ID: r.ID, Warnings: []string{fmt.Sprintf("the cluster's preflight could not run: %v", err)}})
 		return nil
 	}
 	for _, w := range p.Warnings {
@@ -47,10 +43,10 @@ func (a *Agent) preflight(ctx context.Context, r *Record) error {
 	}
 	// Posted before the job ends: the refusal (the job's end, posted
 	// after this returns) finds the warnings on the record.
-	a.post(evPreflight{id: r.ID, warnings: p.Warnings})
+	a.post(machine.EvPreflight{ID: r.ID, Warnings: p.Warnings})
 	if len(p.Refusals) > 0 {
 		a.log.Error("the cluster cannot take this upgrade", "bundle", r.Name, "current", p.Current, "refusals", p.Refusals, "warnings", len(p.Warnings))
-		return fmt.Errorf("%w: %s", ErrPreflight, strings.Join(p.Refusals, "; "))
+		return fmt.Errorf("%w: %s", machine.ErrPreflight, strings.Join(p.Refusals, "; "))
 	}
 	a.log.Info("the cluster's preflight passed", "bundle", r.Name, "current", p.Current, "target", r.Metadata.Version, "warnings", len(p.Warnings))
 	return nil

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"github.com/ferry-edge/ferry/agent/machine"
 	"reflect"
 	"slices"
 	"strings"
@@ -14,7 +15,7 @@ import (
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/peer"
-	"github.com/ferry-edge/ferry/pull"
+	"github.com/ferry-edge/ferry/pull/pullspec"
 )
 
 // Registry mode with the cluster's API: an UpgradeBundle whose
@@ -39,25 +40,9 @@ var ErrSourceNeedsNodeIdentity = errors.New(`registry mode (an UpgradeBundle's s
 	`with the shared token any machine that holds it can say it is the pulling node; ` +
 	`set peer.identity = "node" with cluster.kubeconfig the kubelet's (/var/lib/kubelet/kubeconfig) on every node`)
 
-// evClusterSources: the releases the cluster's UpgradeBundles ask for
-// from the registry, each bound to what its puller published.
-type evClusterSources struct{ sources []bundle.ReleaseSource }
-
-func (evClusterSources) isEvent() {}
-
-// clusterSourcesSeen takes the cluster's sources: they approve the
-// bundles made of them, so one waiting for approval may go on.
-func (m *machine) clusterSourcesSeen(ev evClusterSources) []effect {
-	m.clusterSources = ev.sources
-	if r := m.active; r != nil && r.Approval == bundle.ApprovalNone && r.Phase == PhaseExtracted {
-		return m.next()
-	}
-	return nil
-}
-
 // readSources keeps the loop's view of the cluster's sources and has
 // this node pull those it is the one to pull.
-func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.RegistrySource, nodes *nodesRead) error {
+func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.RegistrySource, nodes *nodesRead, read *machine.EvCluster) error {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	srcs, err := api.Sources(cctx)
@@ -69,7 +54,7 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 			a.log.Error("the UpgradeBundles' sources are not pulled, followed or approved", "bundle", srcs[0].Bundle, "err", ErrSourceNeedsNodeIdentity)
 		}
 		*last = srcs
-		a.postSources(nil)
+		a.postSources(read, nil)
 		return nil
 	}
 	if len(srcs) > 0 {
@@ -86,7 +71,7 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 		}
 		approved = append(approved, rs)
 	}
-	a.postSources(approved)
+	a.postSources(read, approved)
 	awaiting := false
 	for _, s := range srcs {
 		awaiting = awaiting || !a.holdsRelease(s.Release)
@@ -100,7 +85,7 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 			a.deps.Puller.Unfollow(s.Release)
 			continue
 		}
-		req := pull.Request{Release: s.Release, Extras: s.Extras, Bundle: s.Bundle, RateLimit: s.RateLimit, Window: s.Window, Created: s.Created}
+		req := pullspec.Request{Release: s.Release, Extras: s.Extras, Bundle: s.Bundle, RateLimit: s.RateLimit, Window: s.Window, Created: s.Created}
 		if puller := pullerOf(s, nodes.ready); puller != a.cfg.NodeName {
 			// Followed once it published what its tags resolved to, at
 			// the peer address whose certificate names it.
@@ -120,15 +105,15 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 	return nil
 }
 
-// postSources gives the loop the sources as they approve, when they
-// changed.
-func (a *Agent) postSources(srcs []bundle.ReleaseSource) {
+// postSources puts the sources as they approve into the reading for the
+// loop, when they changed.
+func (a *Agent) postSources(read *machine.EvCluster, srcs []bundle.ReleaseSource) {
 	old := a.postedSources.Load()
 	if old == nil && len(srcs) == 0 || old != nil && reflect.DeepEqual(*old, srcs) {
 		return
 	}
 	a.postedSources.Store(&srcs)
-	a.post(evClusterSources{sources: srcs})
+	read.Sources = &machine.SourcesRead{Sources: srcs}
 }
 
 // publishedPull is what puller published of its pull of s in its own
@@ -189,12 +174,12 @@ func sameSource(a, b cluster.RegistrySource) bool {
 // withPullRecord is rep with this node's pull record in its entry, when
 // this node pulls rep's UpgradeBundle's source itself: what the others
 // bind its pull to.
-func withPullRecord(rep *bundleReport, p *pull.Status) *bundleReport {
-	if rep == nil || p == nil || p.From != "" || p.Bundle == "" || p.Bundle != rep.name || len(p.Extras) == 0 && p.Digest == "" {
+func withPullRecord(rep *machine.BundleReport, p *pullspec.Status) *machine.BundleReport {
+	if rep == nil || p == nil || p.From != "" || p.Bundle == "" || p.Bundle != rep.Name || len(p.Extras) == 0 && p.Digest == "" {
 		return rep
 	}
 	out := *rep
-	out.entry.Pull = &cluster.PullRecord{Release: p.Release, Digest: p.Digest, Extras: p.Extras}
+	out.Entry.Pull = &cluster.PullRecord{Release: p.Release, Digest: p.Digest, Extras: p.Extras}
 	return &out
 }
 
@@ -231,13 +216,13 @@ func (a *Agent) holdsRelease(release string) bool {
 // pullReport is this node's part of the UpgradeBundle while it pulls
 // the release it asks for: phase pulling, the pull's state as reason and
 // its line as message.
-func pullReport(s Status) *bundleReport {
+func pullReport(s machine.Status) *machine.BundleReport {
 	p := s.Pull
-	if p == nil || p.Bundle == "" || p.State == pull.StateDone {
+	if p == nil || p.Bundle == "" || p.State == pullspec.StateDone {
 		return nil
 	}
 	const phase = "pulling"
-	return &bundleReport{name: p.Bundle, line: s.Line, healthy: s.Healthy,
-		sum:   cluster.BundleSummary{Release: SanitizeReason(p.Release), Phase: phase},
-		entry: cluster.BundleNodeEntry{Phase: phase, Reason: pullReasons[p.State], Message: SanitizeReason(p.Coarse())}}
+	return &machine.BundleReport{Name: p.Bundle, Line: s.Line, Healthy: s.Healthy,
+		Sum:   cluster.BundleSummary{Release: machine.SanitizeReason(p.Release), Phase: phase},
+		Entry: cluster.BundleNodeEntry{Phase: phase, Reason: machine.PullReasons[p.State], Message: machine.SanitizeReason(p.Coarse())}}
 }

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"encoding/json"
+	"github.com/ferry-edge/ferry/agent/machine"
+	"github.com/ferry-edge/ferry/bundle"
 	"reflect"
 	"slices"
 	"strings"
@@ -13,19 +15,19 @@ import (
 
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/peer"
-	"github.com/ferry-edge/ferry/pull"
+	"github.com/ferry-edge/ferry/pull/pullspec"
 )
 
 // fakePuller records what the agent asks of its puller.
 type fakePuller struct {
 	mu         sync.Mutex
-	ensured    []pull.Request
+	ensured    []pullspec.Request
 	unfollowed []string
 }
 
-func (f *fakePuller) Start(req pull.Request) error { return f.Ensure(req) }
+func (f *fakePuller) Start(req pullspec.Request) error { return f.Ensure(req) }
 
-func (f *fakePuller) Ensure(req pull.Request) error {
+func (f *fakePuller) Ensure(req pullspec.Request) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if n := len(f.ensured); n == 0 || !sameRequest(f.ensured[n-1], req) {
@@ -34,7 +36,7 @@ func (f *fakePuller) Ensure(req pull.Request) error {
 	return nil
 }
 
-func sameRequest(a, b pull.Request) bool {
+func sameRequest(a, b pullspec.Request) bool {
 	return a.Release == b.Release && a.From == b.From && a.FromNode == b.FromNode && a.Created.Equal(b.Created)
 }
 
@@ -44,9 +46,9 @@ func (f *fakePuller) Unfollow(release string) {
 	f.unfollowed = append(f.unfollowed, release)
 }
 
-func (f *fakePuller) Status() *pull.Status { return nil }
+func (f *fakePuller) Status() *pullspec.Status { return nil }
 
-func (f *fakePuller) asked() []pull.Request {
+func (f *fakePuller) asked() []pullspec.Request {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.ensured)
@@ -67,7 +69,7 @@ func TestAgent_ANodeNotPullingFollowsThePullerAtItsPeerAddress(t *testing.T) {
 	h.peers, h.puller = fp, puller
 	h.start()
 	got := waitAsked(t, puller)
-	want := pull.Request{Release: meta137.Release, From: "10.0.0.9:8090", FromNode: "node-0", Created: created}
+	want := pullspec.Request{Release: meta137.Release, From: "10.0.0.9:8090", FromNode: "node-0", Created: created}
 	if len(got) != 1 || !sameRequest(got[0], want) || got[0].Bundle != "4.13.8-x86-64" {
 		t.Fatalf("asked the puller for %+v, want only %+v", got, want)
 	}
@@ -96,7 +98,7 @@ func readsAgain(t *testing.T, api *fakeAPI, fp *fakePeers) {
 	}
 }
 
-func waitAsked(t *testing.T, puller *fakePuller) []pull.Request {
+func waitAsked(t *testing.T, puller *fakePuller) []pullspec.Request {
 	t.Helper()
 	deadline := time.Now().Add(waitBound)
 	for len(puller.asked()) == 0 && time.Now().Before(deadline) {
@@ -116,7 +118,7 @@ func waitAsked(t *testing.T, puller *fakePuller) []pull.Request {
 func TestAgent_AFollowerFollowsOnlyThePullerItsCertificateAndEntryName(t *testing.T) {
 	h := newHarness(t, t.TempDir())
 	h.cfg.Peer.Identity = PeerIdentityNode
-	h.cfg.Approval = ApprovalModeRequired
+	h.cfg.Approval = machine.ApprovalModeRequired
 	h.api = newFakeAPI()
 	extra := "quay.io/my-company/my-workload:v1"
 	pin := digest.Digest("sha256:" + strings.Repeat("a", 64))
@@ -200,23 +202,26 @@ func TestAgent_RegistryModeRefusesTheSharedToken(t *testing.T) {
 func TestWithPullRecord_OnlyThePullersOwnPull(t *testing.T) {
 	d := digest.Digest("sha256:" + strings.Repeat("b", 64))
 	extras := map[string]digest.Digest{"quay.io/x/y:v1": digest.Digest("sha256:" + strings.Repeat("c", 64))}
-	rep := &bundleReport{name: "4.13.8-x86-64"}
+	rep := &machine.BundleReport{Name: "4.13.8-x86-64"}
 	for name, tc := range map[string]struct {
-		p    *pull.Status
+		p    *pullspec.Status
 		want *cluster.PullRecord
 	}{
-		"resolved":            {&pull.Status{Bundle: rep.name, Release: meta137.Release, Extras: extras}, &cluster.PullRecord{Release: meta137.Release, Extras: extras}},
-		"made":                {&pull.Status{Bundle: rep.name, Release: meta137.Release, Extras: extras, Digest: d}, &cluster.PullRecord{Release: meta137.Release, Extras: extras, Digest: d}},
-		"nothing resolved":    {&pull.Status{Bundle: rep.name, Release: meta137.Release}, nil},
-		"a follower's":        {&pull.Status{Bundle: rep.name, Release: meta137.Release, Digest: d, From: "node-0"}, nil},
-		"another resource's":  {&pull.Status{Bundle: "other", Release: meta137.Release, Digest: d}, nil},
-		"ferry load's, local": {&pull.Status{Release: meta137.Release, Digest: d}, nil},
+		"resolved":            {&pullspec.Status{Bundle: rep.Name, Release: meta137.Release, Extras: extras}, &cluster.PullRecord{Release: meta137.Release, Extras: extras}},
+		"made":                {&pullspec.Status{Bundle: rep.Name, Release: meta137.Release, Extras: extras, Digest: d}, &cluster.PullRecord{Release: meta137.Release, Extras: extras, Digest: d}},
+		"nothing resolved":    {&pullspec.Status{Bundle: rep.Name, Release: meta137.Release}, nil},
+		"a follower's":        {&pullspec.Status{Bundle: rep.Name, Release: meta137.Release, Digest: d, From: "node-0"}, nil},
+		"another resource's":  {&pullspec.Status{Bundle: "other", Release: meta137.Release, Digest: d}, nil},
+		"ferry load's, local": {&pullspec.Status{Release: meta137.Release, Digest: d}, nil},
 	} {
 		t.Run(name, func(t *testing.T) {
-			got := withPullRecord(rep, tc.p).entry.Pull
+			got := withPullRecord(rep, tc.p).Entry.Pull
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
 		})
 	}
 }
+
+// meta137 is the release the pulls here ask for.
+var meta137 = bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: "quay.io/r@sha256:1111111111111111111111111111111111111111111111111111111111111111"}

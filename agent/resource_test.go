@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"github.com/ferry-edge/ferry/agent/machine"
 	"slices"
 	"strings"
 	"testing"
@@ -15,7 +16,7 @@ const resourceName = "4.13.7-x86-64"
 
 func TestResourceName_IsAKubernetesName(t *testing.T) {
 	for in, want := range map[[2]string]string{{"4.13.7", "x86_64"}: "4.13.7-x86-64", {"4.14.0-rc.1", "aarch64"}: "4.14.0-rc.1-aarch64", {"4.13.7+Build", "s390x"}: "4.13.7-build-s390x"} {
-		if got := ResourceName(in[0], in[1]); got != want {
+		if got := machine.ResourceName(in[0], in[1]); got != want {
 			t.Errorf("ResourceName%v = %q, want %q", in, got, want)
 		}
 	}
@@ -26,15 +27,15 @@ func TestResource_ANodeCreatesItAndReportsEachPhaseWithConditionsEventsAndLabel(
 	h.start()
 	src, digest := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
-	h.waitPhase(PhaseClusterReady)
+	h.waitPhase(machine.PhaseClusterReady)
 	var b fakeBundle
 	h.waitFor("the resource to say loaded", func() bool {
 		var ok bool
 		b, ok = api.bundle(resourceName)
-		return ok && b.nodes["node-a"].Phase == string(PhaseClusterReady)
+		return ok && b.nodes["node-a"].Phase == string(machine.PhaseClusterReady)
 	})
 	e := b.nodes["node-a"]
-	if e.Digest != digest || b.sum.Version != "4.13.7" || b.sum.Digest != digest || b.sum.NodesReady != "1/1" || b.sum.Phase != string(PhaseClusterReady) {
+	if e.Digest != digest || b.sum.Version != "4.13.7" || b.sum.Digest != digest || b.sum.NodesReady != "1/1" || b.sum.Phase != string(machine.PhaseClusterReady) {
 		t.Fatalf("resource %+v", b)
 	}
 	for _, c := range e.Conditions {
@@ -48,7 +49,7 @@ func TestResource_ANodeCreatesItAndReportsEachPhaseWithConditionsEventsAndLabel(
 	api.mu.Lock()
 	label, events := api.labels["node-a"][LabelPhase], strings.Join(api.events, "\n")
 	api.mu.Unlock()
-	if label != string(PhaseClusterReady) {
+	if label != string(machine.PhaseClusterReady) {
 		t.Errorf("label %s=%q", LabelPhase, label)
 	}
 	// An Event per phase reached, Normal (a refusal's is a Warning: the
@@ -70,14 +71,14 @@ func TestResource_ApprovedInTheSpecLoadsWithNoRestart(t *testing.T) {
 	// here, that the spec's approval reaches the loop through the API.
 	h.waitFor("the resource to say waiting", func() bool {
 		b, ok := api.bundle(resourceName)
-		return ok && b.sum.Approved == ApprovedWaiting && h.record().Condition.Reason == ReasonAwaitingApproval
+		return ok && b.sum.Approved == machine.ApprovedWaiting && h.record().Condition.Reason == machine.ReasonAwaitingApproval
 	})
 	loads := h.loads()
 	if loads != 0 {
 		t.Fatal("an unapproved bundle was loaded")
 	}
 	api.setPolicy(resourceName, cluster.BundlePolicy{ApprovedDigest: string(digest)})
-	h.waitPhase(PhaseClusterReady)
+	h.waitPhase(machine.PhaseClusterReady)
 	h.waitFor("the resource to say approved", func() bool {
 		b, _ := api.bundle(resourceName)
 		return b.sum.Approved == "digest"
@@ -104,7 +105,7 @@ func TestResource_AnApprovalInAnotherUpgradeBundleApprovesNothing(t *testing.T) 
 	})
 	h.waitFor("the node to say so while it waits", func() bool {
 		c := h.record().Condition
-		return c.Reason == ReasonAwaitingApproval && strings.Contains(c.Message, "4.13.7-amd64") // names the stray resource
+		return c.Reason == machine.ReasonAwaitingApproval && strings.Contains(c.Message, "4.13.7-amd64") // names the stray resource
 	})
 	h.waitFor("the summary's warnings to say so", func() bool {
 		b, _ := api.bundle(resourceName)
@@ -118,50 +119,17 @@ func TestResource_AnApprovalInAnotherUpgradeBundleApprovesNothing(t *testing.T) 
 	}
 }
 
-// TestWaitingForApproval_WithAnAPINamesTheResourceNotThisNodesDigest:
-// the administrator is told how to approve the bundle in its
-// UpgradeBundle, with the engineer's digest, not handed this node's (a
-// node's word can be forged) to paste; this node's is said as what it read.
-func TestWaitingForApproval_WithAnAPINamesTheResourceNotThisNodesDigest(t *testing.T) {
-	m := machineIn(t, PhaseExtracted)
-	m.hasAPI = true
-	why := m.waitingForApproval(m.records["held"])
-	if !strings.Contains(why, "oc patch upgradebundle "+resourceName) || !strings.Contains(why, `"approvedDigest":"<the engineer's digest>"`) ||
-		!strings.Contains(why, "this node read "+heldDigest) || strings.Contains(why, `"approvedDigest":"`+heldDigest) {
-		t.Fatalf("waiting for approval: %q", why)
-	}
-}
-
 func TestSummarize_UpgradedNodesCountAsReady(t *testing.T) {
 	const d = "sha256:aa"
-	rep := &bundleReport{entry: cluster.BundleNodeEntry{Phase: string(PhaseUpgraded), Digest: d}}
+	rep := &machine.BundleReport{Entry: cluster.BundleNodeEntry{Phase: string(machine.PhaseUpgraded), Digest: d}}
 	view := cluster.BundleView{Nodes: map[string]cluster.BundleNodeEntry{
-		"b": {Phase: string(PhaseUpgrading), Digest: d},
-		"c": {Phase: string(PhaseExtracted), Digest: d},
-		"d": {Phase: string(PhaseCleaned), Digest: d},
+		"b": {Phase: string(machine.PhaseUpgrading), Digest: d},
+		"c": {Phase: string(machine.PhaseExtracted), Digest: d},
+		"d": {Phase: string(machine.PhaseCleaned), Digest: d},
 	}}
 	sum := summarize(rep, view, "a", []string{"a", "b", "c", "d", "e"}, map[string]string{"e": "listed in spec.excludedNodes"})
-	if sum.NodesReady != "2/4" || sum.Phase != string(PhaseExtracted) || !slices.Equal(sum.Excluded, []string{"e: listed in spec.excludedNodes"}) {
+	if sum.NodesReady != "2/4" || sum.Phase != string(machine.PhaseExtracted) || !slices.Equal(sum.Excluded, []string{"e: listed in spec.excludedNodes"}) {
 		t.Fatalf("summary %+v", sum)
-	}
-}
-
-// TestSummarize_NodesWithoutFerryAreWaitedFor: the nodes the machine
-// config operator counts with no record (not excluded) are in nodesReady's
-// total, never ready (a larger total is what the admission policy allows).
-func TestSummarize_NodesWithoutFerryAreWaitedFor(t *testing.T) {
-	const d = "sha256:aa"
-	loaded := cluster.BundleNodeEntry{Phase: string(PhaseLoaded), Digest: d}
-	rep := &bundleReport{entry: loaded, unrecorded: 1}
-	view := cluster.BundleView{Nodes: map[string]cluster.BundleNodeEntry{"b": loaded}}
-	if sum := summarize(rep, view, "a", []string{"a", "b"}, nil); sum.NodesReady != "2/3" {
-		t.Errorf("3 machines, 2 with ferry, both loaded: nodesReady %q, want 2/3", sum.NodesReady)
-	}
-	m := machineIn(t, PhaseLoaded)
-	m.recorded, m.unrecorded = []string{"b", "node-a"}, 1
-	m.excluded = map[string]string{"c": "listed in spec.excludedNodes"}
-	if rep := m.resourceReport(m.status()); rep.unrecorded != 0 {
-		t.Errorf("the third node excluded by name: %d unrecorded waited for, want 0", rep.unrecorded)
 	}
 }
 
@@ -171,7 +139,7 @@ func TestSummarize_NodesWithoutFerryAreWaitedFor(t *testing.T) {
 // record and an entry writes it.
 func TestSummary_AnEntryWithNoRecordIsNoNode(t *testing.T) {
 	const d = "sha256:aa"
-	loaded := cluster.BundleNodeEntry{Phase: string(PhaseLoaded), Digest: d}
+	loaded := cluster.BundleNodeEntry{Phase: string(machine.PhaseLoaded), Digest: d}
 	view := cluster.BundleView{Nodes: map[string]cluster.BundleNodeEntry{"a-deleted": loaded, "b": loaded, "c": loaded}}
 	ready := map[string]cluster.NodeReady{"b": {Ready: true}, "c": {Ready: true}}
 	if w := summaryWriter(view, ready, nil, "c"); w != "b" {
@@ -180,45 +148,45 @@ func TestSummary_AnEntryWithNoRecordIsNoNode(t *testing.T) {
 	if w := summaryWriter(view, map[string]cluster.NodeReady{}, nil, "c"); w != "c" {
 		t.Errorf("with no records, summary writer %q, want c itself", w)
 	}
-	rep := &bundleReport{entry: loaded}
+	rep := &machine.BundleReport{Entry: loaded}
 	if sum := summarize(rep, view, "c", []string{"b", "c"}, nil); sum.NodesReady != "2/2" {
 		t.Errorf("nodes ready %q, want 2/2 (a-deleted is no node)", sum.NodesReady)
 	}
-	view.Nodes["a-deleted"] = cluster.BundleNodeEntry{Phase: string(PhaseLoaded), Digest: "sha256:bb"}
-	if sum := summarize(rep, view, "c", []string{"b", "c"}, nil); sum.Approved != ApprovedDisagree {
+	view.Nodes["a-deleted"] = cluster.BundleNodeEntry{Phase: string(machine.PhaseLoaded), Digest: "sha256:bb"}
+	if sum := summarize(rep, view, "c", []string{"b", "c"}, nil); sum.Approved != machine.ApprovedDisagree {
 		t.Errorf("a recordless entry's other digest is still said loudly: %+v", sum)
 	}
 }
 
 func TestSummarize_FitsTheCRDsBounds(t *testing.T) {
-	rep := &bundleReport{sum: cluster.BundleSummary{Warnings: boundList(slices.Repeat([]string{strings.Repeat("w", 4096)}, 40), maxSummaryWarnings)}}
+	rep := &machine.BundleReport{Sum: cluster.BundleSummary{Warnings: machine.BoundList(slices.Repeat([]string{strings.Repeat("w", 4096)}, 40), machine.MaxSummaryWarnings)}}
 	excluded := map[string]string{}
 	for i := range 300 {
 		excluded[fmt.Sprintf("node-%03d", i)] = "listed in spec.excludedNodes"
 	}
 	sum := summarize(rep, cluster.BundleView{}, "a", nil, excluded)
-	if len(sum.Warnings) != maxSummaryWarnings || !strings.HasPrefix(sum.Warnings[maxSummaryWarnings-1], "… and 25 more") {
+	if len(sum.Warnings) != machine.MaxSummaryWarnings || !strings.HasPrefix(sum.Warnings[machine.MaxSummaryWarnings-1], "… and 25 more") {
 		t.Errorf("warnings: %d, last %q", len(sum.Warnings), sum.Warnings[len(sum.Warnings)-1])
 	}
 	for _, w := range sum.Warnings {
-		if len(w) > MaxReason {
+		if len(w) > machine.MaxReason {
 			t.Errorf("a warning of %d bytes", len(w))
 		}
 	}
-	if len(sum.Excluded) != maxSummaryExcluded || sum.Excluded[0] != "node-000: listed in spec.excludedNodes" || !strings.HasPrefix(sum.Excluded[maxSummaryExcluded-1], "… and 45 more") {
+	if len(sum.Excluded) != machine.MaxSummaryExcluded || sum.Excluded[0] != "node-000: listed in spec.excludedNodes" || !strings.HasPrefix(sum.Excluded[machine.MaxSummaryExcluded-1], "… and 45 more") {
 		t.Errorf("excluded: %d, first %q, last %q", len(sum.Excluded), sum.Excluded[0], sum.Excluded[len(sum.Excluded)-1])
 	}
-	if got := boundList(nil, 3); got != nil {
+	if got := machine.BoundList(nil, 3); got != nil {
 		t.Errorf("boundList(nil) = %q", got)
 	}
 }
 
 func TestSummarize_DisagreeingDigestsAreShownLoudly(t *testing.T) {
 	const own, other = "sha256:aa", "sha256:ff"
-	rep := &bundleReport{sum: cluster.BundleSummary{Digest: own, Approved: "digest", Warnings: []string{"paused pool"}}, entry: cluster.BundleNodeEntry{Phase: string(PhaseLoaded), Digest: own}}
-	view := cluster.BundleView{Nodes: map[string]cluster.BundleNodeEntry{"b": {Phase: string(PhaseLoaded), Digest: own}, "c": {Phase: string(PhaseExtracted), Digest: other}, "d": {Phase: string(PhaseFetching)}}}
+	rep := &machine.BundleReport{Sum: cluster.BundleSummary{Digest: own, Approved: "digest", Warnings: []string{"paused pool"}}, Entry: cluster.BundleNodeEntry{Phase: string(machine.PhaseLoaded), Digest: own}}
+	view := cluster.BundleView{Nodes: map[string]cluster.BundleNodeEntry{"b": {Phase: string(machine.PhaseLoaded), Digest: own}, "c": {Phase: string(machine.PhaseExtracted), Digest: other}, "d": {Phase: string(machine.PhaseFetching)}}}
 	sum := summarize(rep, view, "a", nil, nil)
-	if sum.Digest != "" || sum.Approved != ApprovedDisagree || sum.NodesReady != "2/4" || len(sum.Warnings) != 2 ||
+	if sum.Digest != "" || sum.Approved != machine.ApprovedDisagree || sum.NodesReady != "2/4" || len(sum.Warnings) != 2 ||
 		sum.Warnings[0] != "the nodes read different digests for this bundle (sha256:aa: a, b; sha256:ff: c): approve only the digest the engineer gave you (the bundle's .sha256 file), and find out why a node reads another" {
 		t.Fatalf("summary %+v", sum)
 	}
@@ -241,5 +209,18 @@ func TestExcludedNodes_ListedOrNotReadyTooLong(t *testing.T) {
 	got := excludedNodes(cluster.BundlePolicy{NotReadyTimeout: time.Minute}, ready, now, "node-a")
 	if len(got) != 1 || !strings.Contains(got["b"], "spec.notReadyTimeout") {
 		t.Errorf("NotReady too long: %v", got)
+	}
+}
+
+// TestSummarize_NodesWithoutFerryAreWaitedFor: the nodes the machine
+// config operator counts with no record (not excluded) are in nodesReady's
+// total, never ready (a larger total is what the admission policy allows).
+func TestSummarize_NodesWithoutFerryAreWaitedFor(t *testing.T) {
+	const d = "sha256:aa"
+	loaded := cluster.BundleNodeEntry{Phase: string(machine.PhaseLoaded), Digest: d}
+	rep := &machine.BundleReport{Entry: loaded, Unrecorded: 1}
+	view := cluster.BundleView{Nodes: map[string]cluster.BundleNodeEntry{"b": loaded}}
+	if sum := summarize(rep, view, "a", []string{"a", "b"}, nil); sum.NodesReady != "2/3" {
+		t.Errorf("3 machines, 2 with ferry, both loaded: nodesReady %q, want 2/3", sum.NodesReady)
 	}
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"github.com/ferry-edge/ferry/agent/machine"
 	"os"
 	"syscall"
 	"time"
@@ -21,7 +22,7 @@ func (a *Agent) watchRuntime(ctx context.Context, poll, interval time.Duration) 
 	last := socketID(sock)
 	send := func(why string) bool {
 		select {
-		case a.events <- evRuntimeCheck{why}:
+		case a.events <- machine.EvRuntimeCheck{Why: why}:
 			return true
 		case <-ctx.Done():
 			return false

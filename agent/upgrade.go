@@ -4,7 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
+	"github.com/ferry-edge/ferry/agent/machine"
 	"maps"
 	"net"
 	"slices"
@@ -19,7 +19,7 @@ import (
 // status.
 
 // post sends ev to the loop unless the loop has ended.
-func (a *Agent) post(ev event) {
+func (a *Agent) post(ev machine.Event) {
 	select {
 	case a.events <- ev:
 	case <-a.life.Done():
@@ -28,7 +28,7 @@ func (a *Agent) post(ev event) {
 
 // askUpgrade asks the cluster for r's upgrade, with backoff, until it is
 // accepted or the agent stops; each failed try is reported.
-func (a *Agent) askUpgrade(ctx context.Context, r *Record) {
+func (a *Agent) askUpgrade(ctx context.Context, r *machine.Record) {
 	u := cluster.Upgrade{Release: r.Metadata.Release, Version: r.Metadata.Version, Force: a.cfg.Cluster.ForceUnsigned}
 	u.Signatures = r.Metadata.ReleaseSignatures
 	if len(u.Signatures) == 0 && !u.Force {
@@ -45,7 +45,7 @@ func (a *Agent) askUpgrade(ctx context.Context, r *Record) {
 			if ctx.Err() != nil {
 				return
 			}
-			a.post(evUpgradeAsked{id: r.ID, err: err})
+			a.post(machine.EvUpgradeAsked{ID: r.ID, Err: err})
 			if err == nil {
 				return
 			}
@@ -84,7 +84,7 @@ func (a *Agent) followUpgrade(ctx context.Context) {
 			a.readNode(ctx, &lastNodeErr)
 			wait = min(wait, readNodeEvery)
 		}
-		if s := snap.status; s.Release != "" && (s.Phase == string(PhaseClusterReady) || s.Phase == string(PhaseUpgrading)) {
+		if s := snap.status; s.Release != "" && (s.Phase == string(machine.PhaseClusterReady) || s.Phase == string(machine.PhaseUpgrading)) {
 			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			st, err := a.upgradeStatus(cctx, s)
 			cancel()
@@ -95,7 +95,7 @@ func (a *Agent) followUpgrade(ctx context.Context) {
 				lastErr = err.Error()
 			} else {
 				lastErr = ""
-				a.post(evUpgradeSeen{release: s.Release, st: st})
+				a.post(machine.EvUpgradeSeen{Release: s.Release, St: st})
 			}
 		}
 		if lastErr != "" || lastNodeErr != "" {
@@ -124,33 +124,7 @@ func (a *Agent) readNode(ctx context.Context, lastErr *string) {
 		return
 	}
 	*lastErr = ""
-	a.post(evNodeSeen{st: st})
-}
-
-// Annotation keys on the node's Node object (docs/design.md, "The UpgradeBundle").
-const (
-	AnnotationPhase    = "ferry.io/phase"
-	AnnotationBundle   = "ferry.io/bundle"
-	AnnotationDigest   = "ferry.io/digest"
-	AnnotationProgress = "ferry.io/progress"
-	AnnotationReason   = "ferry.io/reason"
-)
-
-// annotations are the Node annotations that tell s; an empty value
-// removes its key.
-func annotations(s Status) map[string]string {
-	out := map[string]string{
-		AnnotationPhase: s.Phase, AnnotationBundle: "", AnnotationDigest: string(s.Digest),
-		AnnotationProgress: "", AnnotationReason: SanitizeReason(strings.TrimPrefix(s.Message+heldBack(s.HoldingBack), " — ")),
-	}
-	if s.Bundle != "" {
-		out[AnnotationBundle] = SanitizeReason(strings.TrimSuffix(strings.TrimPrefix(s.Bundle, "upgrade-"), ".tar"))
-	}
-	out[AnnotationProgress] = progressText(s)
-	if out[AnnotationReason] == "" && !s.Healthy {
-		out[AnnotationReason] = SanitizeReason(s.Error)
-	}
-	return out
+	a.post(machine.EvNodeSeen{St: st})
 }
 
 // annotate keeps the node's annotations equal to the newest status: at
@@ -181,7 +155,7 @@ func (a *Agent) annotate(ctx context.Context, progressEvery time.Duration) {
 			}
 		}
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := a.deps.API.Annotate(cctx, a.cfg.NodeName, want, map[string]string{LabelPhase: want[AnnotationPhase]})
+		err := a.deps.API.Annotate(cctx, a.cfg.NodeName, want, map[string]string{LabelPhase: want[machine.AnnotationPhase]})
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -204,39 +178,23 @@ func (a *Agent) retryBase() time.Duration { return cmp.Or(a.deps.RetryBase, time
 
 func onlyProgress(a, b map[string]string) bool {
 	for k, v := range a {
-		if k == AnnotationReason && withoutHold(v) == withoutHold(b[k]) {
+		if k == machine.AnnotationReason && withoutHold(v) == withoutHold(b[k]) {
 			continue // pacing's hold comes and goes with the load: progress
 		}
-		if k != AnnotationProgress && b[k] != v {
+		if k != machine.AnnotationProgress && b[k] != v {
 			return false
 		}
 	}
 	return true
 }
 
-// progressText is a node's progress in words, while it is moving: bytes
-// read or fetched, images loaded, or the version operator's line.
-func progressText(s Status) string {
-	switch p := s.Progress; {
-	case s.Phase == string(PhaseUpgrading):
-		return s.ClusterMessage
-	case p == nil || p.Total <= 0:
-		return ""
-	case s.Phase != string(PhaseDetected) && s.Phase != string(PhaseFetching) && s.Phase != string(PhaseLoading):
-		return ""
-	case p.Unit == "images":
-		return fmt.Sprintf("%d/%d images", p.Done, p.Total)
-	}
-	return ofTotal(s.Progress.Done, s.Progress.Total)
-}
-
 // wantAnnotations hands the newest annotations to annotate, replacing any
 // it has not taken yet.
-func (a *Agent) wantAnnotations(s Status) {
+func (a *Agent) wantAnnotations(s machine.Status) {
 	if a.annotations == nil {
 		return
 	}
-	w := annotations(s)
+	w := machine.Annotations(s)
 	for {
 		select {
 		case a.annotations <- w:
@@ -257,7 +215,7 @@ func (a *Agent) wantAnnotations(s Status) {
 // there, and the gate waits for them.
 func (a *Agent) findPeers(ctx context.Context, every time.Duration) {
 	port := peerPort(a.cfg.Peer.Listen)
-	var last evPeerList
+	var last machine.EvPeerList
 	posted := false
 	var lastCountErr string
 	for {
@@ -280,35 +238,35 @@ func (a *Agent) findPeers(ctx context.Context, every time.Duration) {
 			lastCountErr = cerr.Error()
 		}
 		if err == nil {
-			ev := evPeerList{recorded: []string{a.cfg.NodeName}, unrecorded: last.unrecorded}
+			ev := machine.EvPeerList{Recorded: []string{a.cfg.NodeName}, Unrecorded: last.Unrecorded}
 			for name, ip := range nodes {
 				if name != a.cfg.NodeName {
-					ev.recorded = append(ev.recorded, name)
+					ev.Recorded = append(ev.Recorded, name)
 				}
 				if name != a.cfg.NodeName && ip != "" {
-					ev.peers = append(ev.peers, net.JoinHostPort(ip, port))
+					ev.Peers = append(ev.Peers, net.JoinHostPort(ip, port))
 				}
 			}
-			slices.Sort(ev.peers)
-			slices.Sort(ev.recorded)
+			slices.Sort(ev.Peers)
+			slices.Sort(ev.Recorded)
 			// This node counts as recorded before its Lease is written.
 			// A count that cannot be read keeps the last one: a failing
 			// read must not open the gate.
 			switch {
 			case cerr != nil:
 			case known:
-				ev.unrecorded = max(machines-len(ev.recorded), 0)
+				ev.Unrecorded = max(machines-len(ev.Recorded), 0)
 			default:
-				ev.unrecorded = 0
+				ev.Unrecorded = 0
 			}
-			if !slices.Equal(ev.peers, last.peers) {
-				a.log.Info("peers from the cluster's API", "peers", strings.Join(ev.peers, " "))
-				a.deps.Peers.SetPeers(ev.peers)
+			if !slices.Equal(ev.Peers, last.Peers) {
+				a.log.Info("peers from the cluster's API", "peers", strings.Join(ev.Peers, " "))
+				a.deps.Peers.SetPeers(ev.Peers)
 			}
-			if ev.unrecorded != last.unrecorded && ev.unrecorded > 0 {
-				a.log.Warn("the machine config operator counts nodes that run no ferry: the upgrade waits for them", "machines", machines, "recorded", len(ev.recorded))
+			if ev.Unrecorded != last.Unrecorded && ev.Unrecorded > 0 {
+				a.log.Warn("the machine config operator counts nodes that run no ferry: the upgrade waits for them", "machines", machines, "recorded", len(ev.Recorded))
 			}
-			if !posted || !slices.Equal(ev.peers, last.peers) || !slices.Equal(ev.recorded, last.recorded) || ev.unrecorded != last.unrecorded {
+			if !posted || !slices.Equal(ev.Peers, last.Peers) || !slices.Equal(ev.Recorded, last.Recorded) || ev.Unrecorded != last.Unrecorded {
 				a.post(ev)
 				last, posted = ev, true
 			}

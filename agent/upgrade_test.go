@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"github.com/ferry-edge/ferry/agent/machine"
 	"maps"
 	"os"
 	"path/filepath"
@@ -155,7 +156,7 @@ func (f *fakeAPI) sawPhase(node, phase string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, h := range f.history {
-		if h[AnnotationPhase] == phase {
+		if h[machine.AnnotationPhase] == phase {
 			return true
 		}
 	}
@@ -176,7 +177,7 @@ func TestUpgrade_StartsFollowsAndCleansUpThroughTheAPI(t *testing.T) {
 	h.start()
 	src, digest := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
-	h.waitPhase(PhaseClusterReady)
+	h.waitPhase(machine.PhaseClusterReady)
 	h.waitFor("the upgrade asked for", func() bool { api.mu.Lock(); defer api.mu.Unlock(); return len(api.starts) == 1 })
 	release := h.agent.Status().Release
 	if u := api.starts[0]; u.Release != release || u.Version != "4.13.7" || u.Force {
@@ -187,16 +188,16 @@ func TestUpgrade_StartsFollowsAndCleansUpThroughTheAPI(t *testing.T) {
 
 	const working = "Working towards 4.13.7: 106 of 841 done (12% complete)"
 	api.set(release, cluster.UpgradeStatus{State: cluster.UpgradeRunning, Message: working})
-	s := h.waitPhase(PhaseUpgrading)
-	if s.Reason != ReasonUpgrading || s.ClusterMessage != working || !strings.Contains(s.Line, s.ClusterMessage) {
+	s := h.waitPhase(machine.PhaseUpgrading)
+	if s.Reason != machine.ReasonUpgrading || s.ClusterMessage != working || !strings.Contains(s.Line, s.ClusterMessage) {
 		t.Fatalf("status %+v", s)
 	}
 	h.waitFor("the progress annotated", func() bool {
-		return api.annotation("node-a", AnnotationProgress) == working
+		return api.annotation("node-a", machine.AnnotationProgress) == working
 	})
 	api.set(release, cluster.UpgradeStatus{State: cluster.UpgradeCompleted, Message: "Cluster version is 4.13.7"})
-	s = h.waitPhase(PhaseUpgraded)
-	h.waitFor("the bundle retired", func() bool { s := h.agent.Status(); return s.Phase == "upgraded" && s.Reason == ReasonUpgraded })
+	s = h.waitPhase(machine.PhaseUpgraded)
+	h.waitFor("the bundle retired", func() bool { s := h.agent.Status(); return s.Phase == "upgraded" && s.Reason == machine.ReasonUpgraded })
 	h.loader.mu.Lock()
 	if len(h.loader.retires) != 1 {
 		t.Errorf("retired %d times", len(h.loader.retires))
@@ -205,22 +206,22 @@ func TestUpgrade_StartsFollowsAndCleansUpThroughTheAPI(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(h.cfg.Paths.ExtractDir, "4.13.7-x86_64")); err != nil || !h.record().Retained {
 		t.Fatalf("the running release's tree is not kept after the upgrade: %v", err)
 	}
-	h.waitFor("upgraded annotated", func() bool { return api.annotation("node-a", AnnotationPhase) == "upgraded" })
+	h.waitFor("upgraded annotated", func() bool { return api.annotation("node-a", machine.AnnotationPhase) == "upgraded" })
 	for _, p := range []string{"detected", "loading", "cluster-ready", "upgrading", "upgraded"} {
 		if !api.sawPhase("node-a", p) {
 			t.Errorf("the Node was never annotated %s", p)
 		}
 	}
-	if got := api.annotation("node-a", AnnotationDigest); got != string(digest) {
+	if got := api.annotation("node-a", machine.AnnotationDigest); got != string(digest) {
 		t.Errorf("digest annotation %q", got)
 	}
-	if got := api.annotation("node-a", AnnotationBundle); got != "4.13.7-x86_64" {
+	if got := api.annotation("node-a", machine.AnnotationBundle); got != "4.13.7-x86_64" {
 		t.Errorf("bundle annotation %q", got)
 	}
 	// Nothing changes, nothing is written: once the Node shows the final
 	// status (a progress-only change may still be held back), no write.
 	h.waitFor("the Node to show the final status", func() bool {
-		for k, v := range annotations(h.agent.Status()) {
+		for k, v := range machine.Annotations(h.agent.Status()) {
 			if api.annotation("node-a", k) != v {
 				return false
 			}
@@ -248,7 +249,7 @@ func TestUpgrade_AnUnreachableAPIIsRetriedAndNothingIsLost(t *testing.T) {
 	h.start()
 	src, _ := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
-	h.waitPhase(PhaseClusterReady)
+	h.waitPhase(machine.PhaseClusterReady)
 	// Waited on, not read once: the fake counts the ask that succeeds
 	// before the agent hears of it (the retries' backoff is real time,
 	// 1 s then 2 s; only the bound limits how long that may take).
@@ -256,7 +257,7 @@ func TestUpgrade_AnUnreachableAPIIsRetriedAndNothingIsLost(t *testing.T) {
 		rec := upgradeRun(h.agent.Status())
 		return rec != nil && !rec.Accepted.IsZero() && rec.Error == ""
 	})
-	h.waitFor("the phase annotated once the API answers", func() bool { return api.annotation("node-a", AnnotationPhase) == "cluster-ready" })
+	h.waitFor("the phase annotated once the API answers", func() bool { return api.annotation("node-a", machine.AnnotationPhase) == "cluster-ready" })
 	api.mu.Lock()
 	defer api.mu.Unlock()
 	if len(api.starts) != 1 || api.failN != 0 || api.annoFail != 0 {
@@ -281,7 +282,7 @@ func (h *harness) annotateTakesTwice() {
 
 // upgradeRun is the ask for the cluster upgrade of the bundle that has
 // one, nil when none.
-func upgradeRun(s Status) *UpgradeRun {
+func upgradeRun(s machine.Status) *machine.UpgradeRun {
 	for _, r := range s.Bundles {
 		if r.Upgrade != nil {
 			return r.Upgrade
@@ -305,8 +306,8 @@ func TestUpgrade_PeersComeFromTheAPIWhenTheConfigNamesNone(t *testing.T) {
 	// With peers, loading waits for them to hold the bundle.
 	src, _ := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
-	r := h.waitWhy(ReasonPeersNotHolding)
-	if !strings.Contains(r.Condition.Message, "10.0.0.2:9000") || r.Phase != PhaseExtracted {
+	r := h.waitWhy(machine.ReasonPeersNotHolding)
+	if !strings.Contains(r.Condition.Message, "10.0.0.2:9000") || r.Phase != machine.PhaseExtracted {
 		t.Fatalf("record %s %+v", r.Phase, r.Condition)
 	}
 }
@@ -322,11 +323,11 @@ func TestUpgrade_WaitsForANodeWithoutFerryUntilExcluded(t *testing.T) {
 	h.start()
 	src, _ := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
-	r := h.waitWhy(ReasonNodesWithoutFerry)
-	if r.Phase != PhaseLoaded {
+	r := h.waitWhy(machine.ReasonNodesWithoutFerry)
+	if r.Phase != machine.PhaseLoaded {
 		t.Fatalf("record %s %+v", r.Phase, r.Condition)
 	}
-	name := ResourceName("4.13.7", "x86_64")
+	name := machine.ResourceName("4.13.7", "x86_64")
 	h.waitFor("nodesReady 1/2", func() bool {
 		api.mu.Lock()
 		defer api.mu.Unlock()
@@ -339,7 +340,7 @@ func TestUpgrade_WaitsForANodeWithoutFerryUntilExcluded(t *testing.T) {
 		t.Fatalf("the upgrade asked with a node without ferry")
 	}
 	api.setPolicy(name, cluster.BundlePolicy{ExcludedNodes: []string{"node-b"}})
-	h.waitPhase(PhaseClusterReady)
+	h.waitPhase(machine.PhaseClusterReady)
 	h.waitFor("the upgrade asked", func() bool { api.mu.Lock(); defer api.mu.Unlock(); return len(api.starts) == 1 })
 }
 

@@ -54,7 +54,7 @@ func (f *fakeAgent) Status() agent.Status {
 }
 
 func (f *fakeAgent) Pull(req pull.Request) error {
-	if err := req.Check(); err != nil {
+	if err := pull.Check(req); err != nil {
 		return err
 	}
 	f.mu.Lock()

@@ -125,41 +125,47 @@ func (m *Media) log() *slog.Logger {
 	return m.Log
 }
 
-// Open looks for bundles on ev's device. A device that starts with a tar
-// whose first entry is metadata.json is a raw bundle (candidate = the device
-// node). Otherwise a device with a filesystem ferry reads is mounted
-// read-only, nodev, nosuid, noexec, nosymfollow in a new directory under
-// MountDir, and every upgrade-*.tar at its root is a candidate, opened
-// with its sidecars (see Candidate). The device is refused
-// (ErrSystemDevice) when it is part of a disk this node uses, and
-// (ErrNotRemovable) when it is not a USB or MMC device nor of
-// a kind in AllowDevices, before anything on it is read. Errors wrap
-// ErrNoMedium, ErrSystemDevice, ErrNotRemovable, ErrNotBundle,
-// ErrUnsupportedFS or ErrMount.
+// Open opens the device of a udev event (see OpenDevice); a device gone
+// (remove) is ErrNoMedium.
 func (m *Media) Open(ctx context.Context, ev udev.Event) (*Medium, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
 	if ev.Action == udev.Remove {
 		return nil, fmt.Errorf("%s: %w", ev.DevPath, ErrNoMedium)
 	}
-	if err := m.Check(ev.DevPath); err != nil {
+	return m.OpenDevice(ctx, ev.DevPath, ev.FSType)
+}
+
+// OpenDevice looks for bundles on dev, whose filesystem udev names fsType
+// ("" none). A device that starts with a tar whose first entry is
+// metadata.json is a raw bundle (candidate = the device node). Otherwise
+// a device with a filesystem ferry reads is mounted read-only, nodev,
+// nosuid, noexec, nosymfollow in a new directory under MountDir, and
+// every upgrade-*.tar at its root is a candidate, opened with its
+// sidecars (see Candidate). The device is refused (ErrSystemDevice) when
+// it is part of a disk this node uses, and (ErrNotRemovable) when it is
+// not a USB or MMC device nor of a kind in AllowDevices, before anything
+// on it is read. Errors wrap ErrNoMedium, ErrSystemDevice,
+// ErrNotRemovable, ErrNotBundle, ErrUnsupportedFS or ErrMount.
+func (m *Media) OpenDevice(ctx context.Context, dev, fsType string) (*Medium, error) {
+	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := m.CheckKind(ev.DevPath); err != nil {
+	if err := m.Check(dev); err != nil {
 		return nil, err
 	}
-	raw, err := startsWithBundle(ev.DevPath)
+	if err := m.CheckKind(dev); err != nil {
+		return nil, err
+	}
+	raw, err := startsWithBundle(dev)
 	if err != nil {
 		return nil, err
 	}
 	if raw {
-		return &Medium{Device: ev.DevPath, Candidates: []Candidate{{
-			Name: filepath.Base(ev.DevPath), TarPath: ev.DevPath, Raw: true,
+		return &Medium{Device: dev, Candidates: []Candidate{{
+			Name: filepath.Base(dev), TarPath: dev, Raw: true,
 		}}}, nil
 	}
-	if ev.FSType == "" {
-		return nil, fmt.Errorf("%s: %w (no filesystem, and no tar starting with %s)", ev.DevPath, ErrNotBundle, metadataName)
+	if fsType == "" {
+		return nil, fmt.Errorf("%s: %w (no filesystem, and no tar starting with %s)", dev, ErrNotBundle, metadataName)
 	}
-	return m.mount(ev)
+	return m.mount(dev, fsType)
 }

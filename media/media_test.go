@@ -355,7 +355,7 @@ func TestMount_OnlyDefaultFilesystemsUnlessTheConfigAllows(t *testing.T) {
 			var logs bytes.Buffer
 			mountDir := filepath.Join(t.TempDir(), "mnt")
 			m := &Media{MountDir: mountDir, ExtraFilesystems: tc.extra, Log: slog.New(slog.NewTextHandler(&logs, nil))}
-			_, err := m.mount(udev.Event{Action: udev.Add, DevPath: dev, FSType: tc.fstype})
+			_, err := m.mount(dev, tc.fstype)
 			if err == nil {
 				t.Fatal("a regular file was mounted")
 			}

@@ -10,7 +10,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ferry-edge/ferry/udev"
 )
 
 // mountFlags keep a stick from doing anything but being read; with
@@ -40,48 +39,48 @@ var DefaultFilesystems = []string{"vfat", "exfat", "iso9660"}
 // of one of them is not mounted unless the node's config says so.
 var ExtraFilesystems = []string{"ext2", "ext3", "ext4", "xfs"}
 
-func (m *Media) mount(ev udev.Event) (*Medium, error) {
-	data, ok := fsMountData[ev.FSType]
+func (m *Media) mount(dev, fsType string) (*Medium, error) {
+	data, ok := fsMountData[fsType]
 	if !ok {
-		return nil, fmt.Errorf("%s: %w %q: ferry reads vfat, exfat and iso9660 (ext2/3/4 and xfs where the config allows); copy the bundle to such a stick, or write it raw", ev.DevPath, ErrUnsupportedFS, ev.FSType)
+		return nil, fmt.Errorf("%s: %w %q: ferry reads vfat, exfat and iso9660 (ext2/3/4 and xfs where the config allows); copy the bundle to such a stick, or write it raw", dev, ErrUnsupportedFS, fsType)
 	}
-	if !slices.Contains(DefaultFilesystems, ev.FSType) && !slices.Contains(m.ExtraFilesystems, ev.FSType) {
-		err := fmt.Errorf("%s: %w %q: not mounted by default, since its kernel driver is not hardened against a crafted stick; copy the bundle to a vfat, exFAT or iso9660 stick, or write it raw, or allow %s in media.extra_filesystems in ferry's config", ev.DevPath, ErrUnsupportedFS, ev.FSType, ev.FSType)
-		m.log().Warn("stick ignored: its filesystem is not read by default", "device", ev.DevPath, "fstype", ev.FSType, "err", err)
+	if !slices.Contains(DefaultFilesystems, fsType) && !slices.Contains(m.ExtraFilesystems, fsType) {
+		err := fmt.Errorf("%s: %w %q: not mounted by default, since its kernel driver is not hardened against a crafted stick; copy the bundle to a vfat, exFAT or iso9660 stick, or write it raw, or allow %s in media.extra_filesystems in ferry's config", dev, ErrUnsupportedFS, fsType, fsType)
+		m.log().Warn("stick ignored: its filesystem is not read by default", "device", dev, "fstype", fsType, "err", err)
 		return nil, err
 	}
 	if m.MountDir == "" {
-		return nil, fmt.Errorf("%s: %w: no mount directory configured", ev.DevPath, ErrMount)
+		return nil, fmt.Errorf("%s: %w: no mount directory configured", dev, ErrMount)
 	}
 	if err := os.MkdirAll(m.MountDir, 0o700); err != nil {
-		return nil, fmt.Errorf("%s: %w: %w", ev.DevPath, ErrMount, err)
+		return nil, fmt.Errorf("%s: %w: %w", dev, ErrMount, err)
 	}
-	dir, err := os.MkdirTemp(m.MountDir, filepath.Base(ev.DevPath)+"-")
+	dir, err := os.MkdirTemp(m.MountDir, filepath.Base(dev)+"-")
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w: %w", ev.DevPath, ErrMount, err)
+		return nil, fmt.Errorf("%s: %w: %w", dev, ErrMount, err)
 	}
-	if err := m.mountRO(ev, dir, data); err != nil {
+	if err := m.mountRO(dev, fsType, dir, data); err != nil {
 		os.Remove(dir)
 		switch {
 		case errors.Is(err, unix.ENODEV):
-			return nil, fmt.Errorf("%s: %w: this kernel has no %s driver (modprobe %s)", ev.DevPath, ErrUnsupportedFS, ev.FSType, ev.FSType)
+			return nil, fmt.Errorf("%s: %w: this kernel has no %s driver (modprobe %s)", dev, ErrUnsupportedFS, fsType, fsType)
 		case errors.Is(err, unix.ENXIO), errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOMEDIUM):
-			return nil, fmt.Errorf("%s: %w: %w", ev.DevPath, ErrNoMedium, err)
+			return nil, fmt.Errorf("%s: %w: %w", dev, ErrNoMedium, err)
 		default:
-			return nil, fmt.Errorf("%s: %w as %s: %w (the filesystem may be damaged, or the stick was pulled)", ev.DevPath, ErrMount, ev.FSType, err)
+			return nil, fmt.Errorf("%s: %w as %s: %w (the filesystem may be damaged, or the stick was pulled)", dev, ErrMount, fsType, err)
 		}
 	}
-	med := &Medium{Device: ev.DevPath, FSType: ev.FSType, Dir: dir}
+	med := &Medium{Device: dev, FSType: fsType, Dir: dir}
 	cands, err := findCandidates(dir)
 	med.Candidates = cands
 	if err == nil && len(cands) == 0 {
-		err = fmt.Errorf("%w: no upgrade-*.tar at the root of the %s filesystem", ErrNotBundle, ev.FSType)
+		err = fmt.Errorf("%w: no upgrade-*.tar at the root of the %s filesystem", ErrNotBundle, fsType)
 	}
 	if err != nil {
 		if cerr := med.Close(); cerr != nil {
 			err = errors.Join(err, cerr)
 		}
-		return nil, fmt.Errorf("%s: %w", ev.DevPath, err)
+		return nil, fmt.Errorf("%s: %w", dev, err)
 	}
 	return med, nil
 }
@@ -90,12 +89,12 @@ func (m *Media) mount(ev udev.Event) (*Medium, error) {
 // that refuses nosymfollow (EINVAL before Linux 5.10) gets the mount
 // without it, said once in the log: the files are still opened without
 // following symbolic links (findCandidates).
-func (m *Media) mountRO(ev udev.Event, dir, data string) error {
-	err := unix.Mount(ev.DevPath, dir, ev.FSType, mountFlags, data)
+func (m *Media) mountRO(dev, fsType, dir, data string) error {
+	err := unix.Mount(dev, dir, fsType, mountFlags, data)
 	if errors.Is(err, unix.EINVAL) {
-		if err2 := unix.Mount(ev.DevPath, dir, ev.FSType, mountFlags&^unix.MS_NOSYMFOLLOW, data); err2 == nil {
+		if err2 := unix.Mount(dev, dir, fsType, mountFlags&^unix.MS_NOSYMFOLLOW, data); err2 == nil {
 			m.noSymfollow.Do(func() {
-				m.log().Warn("this kernel refuses the nosymfollow mount option (Linux 5.10 has it): sticks are mounted without it; ferry still opens no symbolic link on them", "device", ev.DevPath)
+				m.log().Warn("this kernel refuses the nosymfollow mount option (Linux 5.10 has it): sticks are mounted without it; ferry still opens no symbolic link on them", "device", dev)
 			})
 			return nil
 		}

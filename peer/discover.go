@@ -12,12 +12,6 @@ import (
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
-// PeerOffer is an offer and the peer that made it.
-type PeerOffer struct {
-	Peer string `json:"peer"`
-	Offer
-}
-
 // Discover asks every peer at once what it serves. It returns every offer
 // received, sorted by peer, and the peers that could not be asked (joined;
 // nil when all answered). Apply approval and arch checks to an offer's

@@ -33,6 +33,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/internal/sha256digest"
+	"github.com/ferry-edge/ferry/peer/wire"
 )
 
 // DefaultPieceSize is the piece size a source publishes unless told
@@ -67,7 +68,7 @@ var (
 	// ErrNoPeers: no usable peer is left for the bundle.
 	ErrNoPeers = errors.New("no peer can serve the bundle")
 	// ErrUnauthorized: the peer refused our token (or we sent none).
-	ErrUnauthorized = errors.New("peer refused the token")
+	ErrUnauthorized = wire.ErrUnauthorized
 	// ErrBadRange: a Range header that cannot be served.
 	ErrBadRange = errors.New("unsatisfiable range")
 	// ErrSentElsewhere: a first-copy request for a piece the peer is
@@ -75,51 +76,18 @@ var (
 	ErrSentElsewhere = errors.New("piece already sent to another fetcher")
 )
 
-// Offer is one bundle a node serves, whole or in part.
-type Offer struct {
-	Digest    digest.Digest   `json:"digest"`
-	Metadata  json.RawMessage `json:"metadata"`
-	Size      int64           `json:"size"`
-	PieceSize int64           `json:"pieceSize"`
-	// Complete is true when the node holds every byte verified.
-	Complete bool `json:"complete"`
-	// Signature is the bundle's .minisig, when it came with one: each
-	// node applies its own trusted_keys to it (approval travels).
-	Signature []byte `json:"signature,omitempty"`
-}
-
-// Status is what a node reports about itself on /v1/status. The agent
-// fills it and reads it (its cluster gate); peer only carries it.
-type Status struct {
-	Node    string        `json:"node"`
-	Phase   string        `json:"phase"`
-	Digest  digest.Digest `json:"digest,omitempty"`
-	Version string        `json:"version,omitempty"`
-	Release string        `json:"release,omitempty"`
-	// Source is true on the node the stick was plugged into.
-	Source bool   `json:"source,omitempty"`
-	Error  string `json:"error,omitempty"`
-	// Progress is the node's progress in words ("6.7/16.0 GiB",
-	// "120/183 images").
-	Progress string `json:"progress,omitempty"`
-	// LoadsNothing is true on a node with no CRI-O (crio.socket = ""): it
-	// verifies, extracts and shares, and never reaches loaded.
-	LoadsNothing bool `json:"loadsNothing,omitempty"`
-}
-
-// PeerStatus is one peer's answer to /v1/status, or why there is none.
-type PeerStatus struct {
-	Status
-	// Verified is the node the peer's serving certificate names (TLS
-	// with node identities), which its Node must be; "" over the token,
-	// where Node is only the peer's word.
-	Verified string
-	Err      error
-}
+// The shapes on the wire that the agent's machine reads live in wire, a
+// leaf without this package's client and server.
+type (
+	Offer      = wire.Offer
+	Status     = wire.Status
+	PeerStatus = wire.PeerStatus
+	PeerOffer  = wire.PeerOffer
+)
 
 // ErrNodeMismatch is a peer whose status names another node than its
 // certificate does.
-var ErrNodeMismatch = errors.New("the peer's status names another node than its certificate")
+var ErrNodeMismatch = wire.ErrNodeMismatch
 
 func hexOf(d digest.Digest) string { return strings.TrimPrefix(string(d), "sha256:") }
 

@@ -52,7 +52,7 @@ func TestWindow_OpenAndNextChange(t *testing.T) {
 
 func TestRequest_ReleaseByDigestOnly(t *testing.T) {
 	ok := pull.Request{Release: "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat("a", 64), Extras: []string{"quay.io/my/app:v1"}}
-	if err := ok.Check(); err != nil {
+	if err := pull.Check(ok); err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range []pull.Request{
@@ -61,7 +61,7 @@ func TestRequest_ReleaseByDigestOnly(t *testing.T) {
 		{Release: ok.Release, RateLimit: "fast"},
 		{Release: ok.Release, Window: "nights"},
 	} {
-		if err := r.Check(); err == nil {
+		if err := pull.Check(r); err == nil {
 			t.Errorf("%+v accepted", r)
 		}
 	}

@@ -17,7 +17,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-edge/ferry/agent"
-	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
 	"github.com/ferry-edge/ferry/media"
 	"github.com/ferry-edge/ferry/metrics"
@@ -213,73 +212,6 @@ func runAgent(ctx context.Context, cfg agent.Config) error {
 	return err
 }
 
-// udevSource adapts udev events to the agent's.
-type udevSource struct{ m *udev.Monitor }
-
-func (s udevSource) Events(ctx context.Context) (<-chan agent.DeviceEvent, error) {
-	in, err := s.m.Events(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make(chan agent.DeviceEvent)
-	go func() {
-		defer close(out)
-		for ev := range in {
-			a := agent.DeviceEvent{Action: string(ev.Action), Device: ev.DevPath, FSType: ev.FSType}
-			if ev.Gone() {
-				a.Action = "remove"
-			}
-			select {
-			case out <- a:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	return out, nil
-}
-
-// mediaOpener adapts media to the agent's MediaOpener: a device event
-// of the agent's opened as udev reported it.
-type mediaOpener struct{ m *media.Media }
-
-func (u mediaOpener) Open(ctx context.Context, ev agent.DeviceEvent) (agent.Medium, error) {
-	m, err := u.m.Open(ctx, udev.Event{Action: udev.Action(ev.Action), DevPath: ev.Device, FSType: ev.FSType})
-	if err != nil {
-		return nil, err
-	}
-	return medium{m}, nil
-}
-
-type medium struct{ m *media.Medium }
-
-func (m medium) Close() error { return m.m.Close() }
-
-// Bundles are read through the files media opened on the stick (their
-// /proc/self/fd paths, valid until Close), never by their paths on it;
-// a bundle the stick's files make unreadable comes Refused.
-func (m medium) Bundles() []bundle.Source {
-	var out []bundle.Source
-	for _, c := range m.m.Candidates {
-		src := bundle.Source{Path: c.TarPath, Raw: c.Raw, Refused: c.Err}
-		if !c.Raw {
-			src.Label, src.Path = c.TarPath, fdPath(c.Tar)
-			src.SHA256Path, src.SigPath = fdPath(c.SHA256), fdPath(c.Sig)
-		}
-		out = append(out, src)
-	}
-	return out
-}
-
-// fdPath names an open file for this process ("" for none): opening it
-// opens that file again, whatever is on the stick at its path by then.
-func fdPath(f *os.File) string {
-	if f == nil {
-		return ""
-	}
-	return fmt.Sprintf("/proc/self/fd/%d", f.Fd())
-}
-
 type notifier struct{}
 
 func (notifier) Ready()             { systemd.Ready() }
@@ -288,7 +220,7 @@ func (notifier) Status(line string) { systemd.Status("%s", line) }
 func runLoad(ctx context.Context, w io.Writer, cfg agent.Config, o *loadOptions, args []string) error {
 	if o.release != "" {
 		req := pull.Request{Release: o.release, Extras: o.extras}
-		if err := req.Check(); err != nil {
+		if err := pull.Check(req); err != nil {
 			return usageError("%v", err)
 		}
 		s, err := localapi.NewClient(cfg.Paths.Socket).Pull(ctx, req)

@@ -1,4 +1,4 @@
-package agent
+package machine
 
 import (
 	"errors"
@@ -13,7 +13,7 @@ import (
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
-	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/peer/wire"
 )
 
 // Transitions of the peers' view (evView): fetching an offer, refusing
@@ -21,23 +21,23 @@ import (
 // cluster-ready.
 
 // peersSeen acts on a fresh view of the peers.
-func (m *machine) peersSeen(v view) []effect {
+func (m *Machine) peersSeen(v View) []Effect {
 	old := m.view
 	m.view = v
 	for _, p := range m.peers {
-		now, was := v.statuses[p].Err, old.statuses[p].Err
+		now, was := v.Statuses[p].Err, old.Statuses[p].Err
 		if now != nil && (was == nil || was.Error() != now.Error()) {
 			m.log.Warn("a peer cannot be asked", "peer", p, "err", now)
 		} else if now == nil && was != nil {
 			m.log.Info("a peer answers again", "peer", p)
 		}
 	}
-	r := m.active
+	r := m.Active
 	switch {
-	case r == nil && m.job == nil:
-		return m.maybeFetch(v)
+	case r == nil && m.Job == nil:
+		return m.MaybeFetch(v)
 	case r == nil:
-	case r.Phase == PhaseExtracted && m.job == nil:
+	case r.Phase == PhaseExtracted && m.Job == nil:
 		return m.next()
 	case r.Phase.Loaded():
 		return m.gate(r)
@@ -48,7 +48,7 @@ func (m *machine) peersSeen(v view) []effect {
 // runsAlready reports whether every other node (at least one) is done
 // with the upgrade to r and keeps it as the release it runs: this node
 // joined the cluster after that upgrade, or came back empty.
-func (m *machine) runsAlready(r *Record) bool {
+func (m *Machine) runsAlready(r *Record) bool {
 	n := 0
 	for _, st := range m.gatedStatuses() {
 		if st.Err != nil || Phase(st.Phase) != PhaseUpgraded || st.Digest != r.Digest {
@@ -66,23 +66,23 @@ func (m *machine) runsAlready(r *Record) bool {
 // nothing here: a party that lies about who it is makes no conflict and
 // no refusal on this node (issue 41); nor does a node the administrator
 // excluded, which takes no part.
-func (m *machine) fresh(v view) []peer.PeerOffer {
+func (m *Machine) fresh(v View) []wire.PeerOffer {
 	doneWith := map[digest.Digest]bool{}
-	for _, r := range m.records {
+	for _, r := range m.Records {
 		if r.Phase == PhaseUpgraded || r.Phase == PhaseCleaned {
 			doneWith[r.Digest] = true
 		}
 	}
 	running := map[digest.Digest]bool{}
-	for _, st := range v.statuses {
+	for _, st := range v.Statuses {
 		if st.Err == nil && Phase(st.Phase) == PhaseUpgraded && st.Digest != "" {
 			running[st.Digest] = true
 		}
 	}
-	var out, kept []peer.PeerOffer
-	for _, o := range v.offers {
+	var out, kept []wire.PeerOffer
+	for _, o := range v.Offers {
 		switch {
-		case errors.Is(v.statuses[o.Peer].Err, peer.ErrNodeMismatch), m.gateExcluded(o.Peer, peerNode(v.statuses[o.Peer])):
+		case errors.Is(v.Statuses[o.Peer].Err, wire.ErrNodeMismatch), m.gateExcluded(o.Peer, peerNode(v.Statuses[o.Peer])):
 		case doneWith[o.Digest]:
 		case running[o.Digest]:
 			kept = append(kept, o)
@@ -98,7 +98,7 @@ func (m *machine) fresh(v view) []peer.PeerOffer {
 
 // maybeFetch starts fetching the bundle the peers offer, after the same
 // checks a stick gets.
-func (m *machine) maybeFetch(v view) []effect {
+func (m *Machine) MaybeFetch(v View) []Effect {
 	o, conflict := oneOffer(m.fresh(v))
 	if conflict != "" {
 		return m.reportConflict(conflict)
@@ -107,7 +107,7 @@ func (m *machine) maybeFetch(v view) []effect {
 		return nil
 	}
 	meta, err := bundle.ParseMetadata(o.Metadata)
-	for _, old := range m.records {
+	for _, old := range m.Records {
 		if old.Digest != o.Digest {
 			continue
 		}
@@ -143,9 +143,9 @@ func (m *machine) maybeFetch(v view) []effect {
 	if err != nil {
 		return m.refuseOffer(r, err)
 	}
-	r.Dir = filepath.Join(m.cfg.Paths.ExtractDir, meta.DirName())
-	m.active = r
-	effs := m.move(r, PhaseFetching, Condition{}, Progress{Unit: "bytes"})
+	r.Dir = filepath.Join(m.cfg.ExtractDir, meta.DirName())
+	m.Active = r
+	effs := m.Move(r, PhaseFetching, Condition{}, Progress{Unit: "bytes"})
 	m.log.Info("fetching the bundle from the peers", "phase", string(PhaseFetching), "bundle", r.Name, "digest", r.Digest)
 	return append(effs, m.fetch(r)...)
 }
@@ -154,22 +154,22 @@ func (m *machine) maybeFetch(v view) []effect {
 // and not to refuse the same offer at every poll, never enough that
 // peers offering bundle after bundle grow the state or the status.
 const (
-	maxRefusedOffers = 8
-	refusedOfferTTL  = 24 * time.Hour
-	maxRefusedReason = 300 // bytes
+	MaxRefusedOffers = 8
+	RefusedOfferTTL  = 24 * time.Hour
+	MaxRefusedReason = 300 // bytes
 )
 
 // refuseOffer records an offer this node's policy refuses: no metadata,
 // no signature, a bounded reason; the oldest beyond maxRefusedOffers and
 // any older than refusedOfferTTL are forgotten.
-func (m *machine) refuseOffer(r *Record, err error) []effect {
+func (m *Machine) refuseOffer(r *Record, err error) []Effect {
 	r.Metadata, r.Signature = nil, nil
 	reason := err.Error()
-	if len(reason) > maxRefusedReason {
-		reason = strings.ToValidUTF8(reason[:maxRefusedReason], "") + "…"
+	if len(reason) > MaxRefusedReason {
+		reason = strings.ToValidUTF8(reason[:MaxRefusedReason], "") + "…"
 	}
 	effs := m.rejectAs(r, refusalReason(err), reason)
-	return append(effs, m.pruneRefused()...)
+	return append(effs, m.PruneRefused()...)
 }
 
 // isRefusedOffer reports whether r is an offer refused before any byte
@@ -179,9 +179,9 @@ func isRefusedOffer(r *Record) bool {
 }
 
 // pruneRefused forgets refused offers past their time or their number.
-func (m *machine) pruneRefused() []effect {
+func (m *Machine) PruneRefused() []Effect {
 	var refused []*Record
-	for _, r := range m.records {
+	for _, r := range m.Records {
 		if isRefusedOffer(r) {
 			refused = append(refused, r)
 		}
@@ -189,16 +189,16 @@ func (m *machine) pruneRefused() []effect {
 	sort.Slice(refused, func(i, j int) bool {
 		return refused[i].Times[PhaseRejected].After(refused[j].Times[PhaseRejected])
 	})
-	var effs []effect
+	var effs []Effect
 	for i, r := range refused {
-		if i < maxRefusedOffers && m.now().Sub(r.Times[PhaseRejected]) < refusedOfferTTL {
+		if i < MaxRefusedOffers && m.Now().Sub(r.Times[PhaseRejected]) < RefusedOfferTTL {
 			continue
 		}
-		delete(m.records, r.ID)
-		if m.lastBad == r {
-			m.lastBad = nil
+		delete(m.Records, r.ID)
+		if m.LastBad == r {
+			m.LastBad = nil
 		}
-		effs = append(effs, effForget{r.ID})
+		effs = append(effs, EffForget{r.ID})
 	}
 	return effs
 }
@@ -207,14 +207,14 @@ func (m *machine) pruneRefused() []effect {
 // (cut-through) under the policy its extraction gets: approved by this
 // node's own keys, the signature is verified over the bytes; approved by
 // digest, that digest. A tree left by an interrupted run is not trusted.
-func (m *machine) fetch(r *Record) []effect {
+func (m *Machine) fetch(r *Record) []Effect {
 	pol := m.extractPolicy(r)
-	return append(append(m.keepsDir(r.Dir), effRemove{r.Dir}), m.startJob(effStartJob{kind: jobFetch, rec: r, policy: pol}, "")...)
+	return append(append(m.keepsDir(r.Dir), EffRemove{r.Dir}), m.startJob(EffStartJob{Kind: JobFetch, Rec: r, Policy: pol}, "")...)
 }
 
 // oneOffer is the one bundle the peers offer, or why there is a conflict.
-func oneOffer(offers []peer.PeerOffer) (*peer.PeerOffer, string) {
-	var one *peer.PeerOffer
+func oneOffer(offers []wire.PeerOffer) (*wire.PeerOffer, string) {
+	var one *wire.PeerOffer
 	digests := map[digest.Digest]bool{}
 	for i := range offers {
 		if !digests[offers[i].Digest] {
@@ -230,11 +230,11 @@ func oneOffer(offers []peer.PeerOffer) (*peer.PeerOffer, string) {
 
 // gate moves a loaded node to cluster-ready once every node is loaded with
 // the same bundle, and runs the hook once where the stick was plugged.
-func (m *machine) gate(r *Record) []effect {
+func (m *Machine) gate(r *Record) []Effect {
 	d := Decision{Verdict: Ready, Digest: r.Digest}
 	if m.hasPeers() {
 		for _, p := range m.peers {
-			if _, heard := m.view.statuses[p]; !heard && !m.gateExcluded(p, "") {
+			if _, heard := m.view.Statuses[p]; !heard && !m.gateExcluded(p, "") {
 				return nil
 			}
 		}
@@ -244,7 +244,7 @@ func (m *machine) gate(r *Record) []effect {
 		}
 		d = Decide(m.standing(), m.gatedStatuses())
 	}
-	var effs []effect
+	var effs []Effect
 	switch d.Verdict {
 	case Ready:
 		if why := m.nodesWithoutFerry(); why != (Condition{}) && r.Upgrade == nil {
@@ -252,16 +252,16 @@ func (m *machine) gate(r *Record) []effect {
 				return nil
 			}
 			m.log.Warn("not every node runs ferry: the upgrade waits", "phase", string(r.Phase), "bundle", r.Name, "reason", why.Message)
-			return m.move(r, r.Phase, why, r.Progress)
+			return m.Move(r, r.Phase, why, r.Progress)
 		}
 		switch {
 		case r.Phase == PhaseLoaded:
-			effs = m.move(r, PhaseClusterReady, Condition{}, r.Progress)
+			effs = m.Move(r, PhaseClusterReady, Condition{}, r.Progress)
 			m.log.Info("every node holds the bundle, loaded and pinned: the upgrade may proceed", "phase", string(PhaseClusterReady), "bundle", r.Name, "digest", r.Digest)
 		case r.Condition.Reason == ReasonNodesWithoutFerry:
-			effs = m.move(r, r.Phase, Condition{}, r.Progress) // ferry runs there now, or they are excluded
+			effs = m.Move(r, r.Phase, Condition{}, r.Progress) // ferry runs there now, or they are excluded
 		case r.Condition.Reason == ReasonNodesWithoutCRIO:
-			effs = m.move(r, r.Phase, Condition{}, r.Progress)
+			effs = m.Move(r, r.Phase, Condition{}, r.Progress)
 		}
 		if r.Plugged && m.schedule() == "Automatic" && m.policyRead() {
 			effs = append(effs, m.proceed(r, false)...)
@@ -269,12 +269,12 @@ func (m *machine) gate(r *Record) []effect {
 	case Waiting:
 		// A node with no CRI-O never loads: say so on the loaded node,
 		// rather than wait as if it were still loading.
-		switch why := waiting(ReasonNodesWithoutCRIO, d.Message); {
+		switch why := WaitingFor(ReasonNodesWithoutCRIO, d.Message); {
 		case len(d.WithoutCRIO) > 0 && r.Phase == PhaseLoaded && r.Condition != why:
 			m.log.Warn("a node has no CRI-O: the cluster cannot upgrade", "phase", string(r.Phase), "bundle", r.Name, "reason", d.Message)
-			effs = m.move(r, r.Phase, why, r.Progress)
+			effs = m.Move(r, r.Phase, why, r.Progress)
 		case len(d.WithoutCRIO) == 0 && r.Condition.Reason == ReasonNodesWithoutCRIO:
-			effs = m.move(r, r.Phase, Condition{}, r.Progress)
+			effs = m.Move(r, r.Phase, Condition{}, r.Progress)
 		}
 	case Conflict:
 		effs = m.reportConflict(d.Message)
@@ -288,53 +288,53 @@ func (m *machine) gate(r *Record) []effect {
 // could not pull the new release. Names the administrator excluded that
 // have no record stand for as many of them. The zero Condition when none
 // is left (or the MCO's count is not known).
-func (m *machine) nodesWithoutFerry() Condition {
+func (m *Machine) nodesWithoutFerry() Condition {
 	left, excluded := m.unrecordedLeft()
 	if left <= 0 {
 		return Condition{}
 	}
-	counted := fmt.Sprintf("the machine config operator counts %d nodes, %d run ferry", len(m.recorded)+m.unrecorded, len(m.recorded))
+	counted := fmt.Sprintf("the machine config operator counts %d nodes, %d run ferry", len(m.Recorded)+m.Unrecorded, len(m.Recorded))
 	if excluded > 0 {
 		counted += fmt.Sprintf(" and spec.excludedNodes leaves out %d more", excluded)
 	}
-	return waiting(ReasonNodesWithoutFerry, fmt.Sprintf("%s: start ferry on the other %d (oc -n openshift-ferry get leases shows which run it: one Lease per node) or exclude them in the UpgradeBundle (spec.excludedNodes)", counted, left))
+	return WaitingFor(ReasonNodesWithoutFerry, fmt.Sprintf("%s: start ferry on the other %d (oc -n openshift-ferry get leases shows which run it: one Lease per node) or exclude them in the UpgradeBundle (spec.excludedNodes)", counted, left))
 }
 
 // unrecordedLeft is how many nodes without a record the gate waits for,
 // and how many it does not: the excluded names that have no record.
-func (m *machine) unrecordedLeft() (left, excluded int) {
-	for n := range m.excluded {
-		if !slices.Contains(m.recorded, n) {
+func (m *Machine) unrecordedLeft() (left, excluded int) {
+	for n := range m.Excluded {
+		if !slices.Contains(m.Recorded, n) {
 			excluded++
 		}
 	}
-	return max(m.unrecorded-excluded, 0), excluded
+	return max(m.Unrecorded-excluded, 0), excluded
 }
 
-func (m *machine) reportConflict(reason string) []effect {
-	why := fault(ReasonBundlesDiffer, reason)
-	if b := m.lastBad; b != nil && b.Phase == PhaseConflict && b.Condition == why {
+func (m *Machine) reportConflict(reason string) []Effect {
+	why := Fault(ReasonBundlesDiffer, reason)
+	if b := m.LastBad; b != nil && b.Phase == PhaseConflict && b.Condition == why {
 		return nil
 	}
 	m.log.Warn("conflict", "phase", string(PhaseConflict), "reason", reason)
 	r := &Record{ID: m.newID("cluster"), Name: "cluster", Origin: OriginPeer}
-	m.lastBad = r
-	return m.move(r, PhaseConflict, why, Progress{})
+	m.LastBad = r
+	return m.Move(r, PhaseConflict, why, Progress{})
 }
 
 // peersDisagree is why not every peer holds the same bundle as r, which
 // must hold before anything is pinned; the zero Condition when they do.
-func (m *machine) peersDisagree(r *Record) Condition {
+func (m *Machine) peersDisagree(r *Record) Condition {
 	if !m.hasPeers() {
 		return Condition{}
 	}
-	if m.view.at.IsZero() {
-		return waiting(ReasonPeersUnheard, "waiting to hear from the peers")
+	if m.view.At.IsZero() {
+		return WaitingFor(ReasonPeersUnheard, "waiting to hear from the peers")
 	}
 	self := m.standing()
 	var unheld []string
 	for _, p := range m.peers {
-		st, heard := m.view.statuses[p]
+		st, heard := m.view.Statuses[p]
 		switch {
 		case m.gateExcluded(p, peerNode(st)):
 			continue
@@ -343,15 +343,15 @@ func (m *machine) peersDisagree(r *Record) Condition {
 		case st.Err != nil:
 			unheld = append(unheld, unheardWhy(p, st))
 		case conflicting(self, st.Status):
-			return fault(ReasonPeerHoldsOther, fmt.Sprintf("conflict: node %s holds another bundle (%s, %s): remove the second stick and run 'ferry cleanup' there", nodeName(p, st.Status), st.Version, sha256digest.Short(st.Digest)))
+			return Fault(ReasonPeerHoldsOther, fmt.Sprintf("conflict: node %s holds another bundle (%s, %s): remove the second stick and run 'ferry cleanup' there", nodeName(p, st.Status), st.Version, sha256digest.Short(st.Digest)))
 		case refuses(st.Status, r.Digest):
-			return waiting(ReasonPeerRefuses, fmt.Sprintf("node %s refuses this bundle (%s): every node must hold it before anything is pinned; approve it there (approved_digests or trusted_keys) or bring a bundle every node approves", nodeName(p, st.Status), st.Status.Error))
+			return WaitingFor(ReasonPeerRefuses, fmt.Sprintf("node %s refuses this bundle (%s): every node must hold it before anything is pinned; approve it there (approved_digests or trusted_keys) or bring a bundle every node approves", nodeName(p, st.Status), st.Status.Error))
 		case st.Digest != r.Digest:
 			unheld = append(unheld, nodeName(p, st.Status))
 		}
 	}
 	if len(unheld) > 0 {
-		return waiting(ReasonPeersNotHolding, "waiting for "+strings.Join(unheld, ", ")+" to hold the bundle")
+		return WaitingFor(ReasonPeersNotHolding, "waiting for "+strings.Join(unheld, ", ")+" to hold the bundle")
 	}
 	return Condition{}
 }

@@ -1,4 +1,4 @@
-package agent
+package machine
 
 import (
 	"cmp"
@@ -15,7 +15,7 @@ const retireRetry = 30 * time.Second
 
 // retiring is the condition an upgraded bundle shows until its cleanup
 // is done.
-var retiring = underway(ReasonCleaningUp, "cleaning up: removing the bundle's files, registry and mirror (its images stay pinned)")
+var retiring = Underway(ReasonCleaningUp, "cleaning up: removing the bundle's files, registry and mirror (its images stay pinned)")
 
 // Transitions of the cluster upgrade (called from step): asking for it,
 // following it, and cleaning up when it is done.
@@ -23,23 +23,23 @@ var retiring = underway(ReasonCleaningUp, "cleaning up: removing the bundle's fi
 // proceed is what the gate (or ferry proceed, asked=true) does once every
 // node is loaded: ask the cluster for the upgrade through its API, then run
 // the on_ready hook; a hook that failed runs again on ferry proceed.
-func (m *machine) proceed(r *Record, asked bool) []effect {
+func (m *Machine) proceed(r *Record, asked bool) []Effect {
 	if m.cleanupAsked || m.cleanupWanted(r) {
 		return nil // the bundle is being taken out: never ask for its release
 	}
 	if r.Upgrade == nil && m.nodesWithoutFerry() != (Condition{}) {
 		return nil // nodes without ferry: the gate says so
 	}
-	if m.hasAPI && !m.asking && (r.Upgrade == nil || asked && r.Upgrade.Accepted.IsZero()) {
+	if m.HasAPI && !m.asking && (r.Upgrade == nil || asked && r.Upgrade.Accepted.IsZero()) {
 		m.asking = true
-		r.Upgrade = &UpgradeRun{Requested: m.now().UTC()}
+		r.Upgrade = &UpgradeRun{Requested: m.Now().UTC()}
 		m.log.Info("asking the cluster to upgrade", "phase", string(r.Phase), "bundle", r.Name, "release", r.Metadata.Release)
-		return []effect{effSave{r}, effAskUpgrade{r}}
+		return []Effect{EffSave{r}, EffAskUpgrade{r}}
 	}
-	if m.hasAPI && (r.Upgrade == nil || r.Upgrade.Accepted.IsZero()) {
+	if m.HasAPI && (r.Upgrade == nil || r.Upgrade.Accepted.IsZero()) {
 		return nil // the hook runs once the cluster has accepted
 	}
-	if len(m.cfg.Cluster.OnReady) == 0 || r.Hook != nil && (r.Hook.Error == "" || !asked) {
+	if len(m.cfg.OnReady) == 0 || r.Hook != nil && (r.Hook.Error == "" || !asked) {
 		return nil
 	}
 	r.Hook = nil
@@ -48,13 +48,13 @@ func (m *machine) proceed(r *Record, asked bool) []effect {
 }
 
 // nothingToProceed says why ferry proceed has nothing to do.
-func (m *machine) nothingToProceed(r *Record) error {
+func (m *Machine) nothingToProceed(r *Record) error {
 	switch why := m.nodesWithoutFerry(); {
 	case r.Upgrade == nil && why != (Condition{}):
 		return errors.New(why.Message)
 	case m.asking:
 		return errors.New("the cluster is being asked for the upgrade already (see 'ferry status')")
-	case r.Upgrade != nil && !r.Upgrade.Accepted.IsZero() && len(m.cfg.Cluster.OnReady) == 0:
+	case r.Upgrade != nil && !r.Upgrade.Accepted.IsZero() && len(m.cfg.OnReady) == 0:
 		return errors.New("the cluster accepted the upgrade already: follow it with 'ferry status' or 'oc get clusterversion'")
 	case r.Hook != nil && r.Hook.Finished.IsZero():
 		return errors.New("the on_ready hook is running")
@@ -64,33 +64,33 @@ func (m *machine) nothingToProceed(r *Record) error {
 	return errors.New("nothing to do: no kubeconfig and no on_ready hook are configured; start the upgrade by hand (oc adm upgrade)")
 }
 
-func (m *machine) upgradeAsked(ev evUpgradeAsked) []effect {
-	r := m.records[ev.id]
+func (m *Machine) upgradeAsked(ev EvUpgradeAsked) []Effect {
+	r := m.Records[ev.ID]
 	if r == nil || r.Upgrade == nil {
 		return nil
 	}
-	if errors.Is(ev.err, cluster.ErrReleaseUnapproved) {
-		why := waiting(ReasonReleaseUnapproved, unapprovedMessage(r.Metadata.Release))
+	if errors.Is(ev.Err, cluster.ErrReleaseUnapproved) {
+		why := WaitingFor(ReasonReleaseUnapproved, unapprovedMessage(r.Metadata.Release))
 		if r.Condition == why {
 			return nil
 		}
 		m.log.Warn("the cluster refuses the release until the administrator approves it; asking again every 30s", "bundle", r.Name, "release", r.Metadata.Release, "approve", cluster.ApproveCommand(r.Metadata.Release))
 		r.Upgrade.Error = why.Message
-		return m.move(r, r.Phase, why, r.Progress)
+		return m.Move(r, r.Phase, why, r.Progress)
 	}
-	if ev.err != nil {
-		why := fmt.Sprintf("asking the cluster for the upgrade failed, retrying: %v", ev.err)
+	if ev.Err != nil {
+		why := fmt.Sprintf("asking the cluster for the upgrade failed, retrying: %v", ev.Err)
 		if r.Upgrade.Error == why {
 			return nil
 		}
-		m.log.Warn("asking the cluster for the upgrade failed, retrying", "bundle", r.Name, "err", ev.err)
+		m.log.Warn("asking the cluster for the upgrade failed, retrying", "bundle", r.Name, "err", ev.Err)
 		r.Upgrade.Error = why
-		return m.move(r, r.Phase, retrying(ReasonUpgradeRequestFailed, why), r.Progress)
+		return m.Move(r, r.Phase, Retrying(ReasonUpgradeRequestFailed, why), r.Progress)
 	}
 	m.asking, m.askedUnseen = false, true
-	r.Upgrade.Accepted, r.Upgrade.Error = m.now().UTC(), ""
+	r.Upgrade.Accepted, r.Upgrade.Error = m.Now().UTC(), ""
 	m.log.Info("the cluster accepted the upgrade request", "phase", string(r.Phase), "bundle", r.Name, "release", r.Metadata.Release)
-	effs := m.move(r, r.Phase, Condition{}, r.Progress)
+	effs := m.Move(r, r.Phase, Condition{}, r.Progress)
 	return append(effs, m.proceed(r, false)...)
 }
 
@@ -102,12 +102,12 @@ func unapprovedMessage(release string) string {
 
 // upgradeSeen follows the cluster version operator on the active bundle's
 // release: upgrading, upgraded, or refused with the operator's words.
-func (m *machine) upgradeSeen(ev evUpgradeSeen) []effect {
-	r := m.active
-	if r == nil || r.Metadata == nil || r.Metadata.Release != ev.release || !r.Phase.Loaded() {
+func (m *Machine) upgradeSeen(ev EvUpgradeSeen) []Effect {
+	r := m.Active
+	if r == nil || r.Metadata == nil || r.Metadata.Release != ev.Release || !r.Phase.Loaded() {
 		return nil
 	}
-	st := ev.st
+	st := ev.St
 	switch st.State {
 	case cluster.UpgradeCompleted:
 		m.log.Info("the cluster upgrade is done", "phase", string(PhaseUpgraded), "bundle", r.Name, "message", st.Message)
@@ -116,7 +116,7 @@ func (m *machine) upgradeSeen(ev evUpgradeSeen) []effect {
 	case cluster.UpgradeRunning:
 		var why Condition
 		if st.Reason != "" {
-			why = underway(ReasonUpgrading, st.Reason)
+			why = Underway(ReasonUpgrading, st.Reason)
 		}
 		if r.Phase == PhaseUpgrading && r.Message == st.Message && r.Condition == why {
 			return nil
@@ -125,25 +125,25 @@ func (m *machine) upgradeSeen(ev evUpgradeSeen) []effect {
 			m.log.Info("the cluster is upgrading", "phase", string(PhaseUpgrading), "bundle", r.Name, "message", st.Message)
 		}
 		r.Message = st.Message
-		return m.move(r, PhaseUpgrading, why, r.Progress)
+		return m.Move(r, PhaseUpgrading, why, r.Progress)
 	case cluster.UpgradeRefused:
-		why := fault(ReasonReleaseRefused, "the cluster refuses the release: "+st.Reason)
+		why := Fault(ReasonReleaseRefused, "the cluster refuses the release: "+st.Reason)
 		if r.Condition == why {
 			return nil
 		}
 		m.log.Error("the cluster refuses the release", "phase", string(r.Phase), "bundle", r.Name, "reason", st.Reason)
 		r.Message = st.Message
-		return m.move(r, r.Phase, why, r.Progress)
+		return m.Move(r, r.Phase, why, r.Progress)
 	case cluster.UpgradePending:
 		msg := "waiting for the cluster version operator to start"
 		if st.Reason != "" {
 			msg += ": " + st.Reason
 		}
-		why := waiting(ReasonUpgradePending, msg)
+		why := WaitingFor(ReasonUpgradePending, msg)
 		if r.Condition == why {
 			return nil
 		}
-		return m.move(r, r.Phase, why, r.Progress)
+		return m.Move(r, r.Phase, why, r.Progress)
 	}
 	return nil
 }
@@ -154,9 +154,9 @@ func (m *machine) upgradeSeen(ev evUpgradeSeen) []effect {
 // is done), otherwise once the machine config operator is done with this
 // node (retireWhenDone). Its pins stay; the previous bundle's pins go
 // with the cleanup.
-func (m *machine) upgraded(r *Record) []effect {
-	m.lastBad = nil
-	if !m.hasAPI || m.cleanupAsked {
+func (m *Machine) upgraded(r *Record) []Effect {
+	m.LastBad = nil
+	if !m.HasAPI || m.cleanupAsked {
 		return m.retireNow(r)
 	}
 	if m.node != nil && m.node.Managed {
@@ -167,15 +167,15 @@ func (m *machine) upgraded(r *Record) []effect {
 
 // retireNow starts r's cleanup, persisting the decision first: a restart
 // finishes it without asking again.
-func (m *machine) retireNow(r *Record) []effect {
+func (m *Machine) retireNow(r *Record) []Effect {
 	r.Retirement = max(r.Retirement, RetirementStarted)
-	effs := m.move(r, PhaseUpgraded, retiring, r.Progress)
+	effs := m.Move(r, PhaseUpgraded, retiring, r.Progress)
 	return append(effs, m.retire(r)...)
 }
 
 // retireWhenDone starts r's cleanup if the machine config operator is
 // done with this node, or says what the node waits for.
-func (m *machine) retireWhenDone(r *Record) []effect {
+func (m *Machine) retireWhenDone(r *Record) []Effect {
 	why := m.nodeWaits(r)
 	if why == (Condition{}) {
 		m.log.Info("the machine config operator is done with this node: cleaning up", "phase", string(PhaseUpgraded), "bundle", r.Name)
@@ -185,7 +185,7 @@ func (m *machine) retireWhenDone(r *Record) []effect {
 		return nil
 	}
 	m.log.Info("the cluster upgrade is done; this node still needs the bundle", "phase", string(PhaseUpgraded), "bundle", r.Name, "reason", why.Message)
-	return m.move(r, PhaseUpgraded, why, r.Progress)
+	return m.Move(r, PhaseUpgraded, why, r.Progress)
 }
 
 // nodeWaits says what this node waits for before it no longer needs r's
@@ -205,46 +205,46 @@ func (m *machine) retireWhenDone(r *Record) []effect {
 // new one. Names are compared rather than creation times: no clock skew,
 // no read of MachineConfigs, and a baseline is only recorded before the
 // upgrade, so a late first reading can never make the node wait forever.
-func (m *machine) nodeWaits(r *Record) Condition {
+func (m *Machine) nodeWaits(r *Record) Condition {
 	n := m.node
 	switch {
 	case n == nil:
-		return waiting(ReasonNodeUnread, "waiting to read this node's machine config state from the cluster's API")
+		return WaitingFor(ReasonNodeUnread, "waiting to read this node's machine config state from the cluster's API")
 	case !n.Managed:
 		return Condition{} // no machine config operator: done at Completed
 	case n.State == "Done" && n.Current == n.Desired && (n.Target == "" || n.Current == n.Target) && n.Current != r.MachineConfig:
 		return Condition{}
 	case n.Paused:
-		return waiting(ReasonPoolPaused, fmt.Sprintf("waiting: pool %s is paused; the machine config operator updates this node once it is unpaused (the bundle's registry and mirror stay until then)", n.Pool))
+		return WaitingFor(ReasonPoolPaused, fmt.Sprintf("waiting: pool %s is paused; the machine config operator updates this node once it is unpaused (the bundle's registry and mirror stay until then)", n.Pool))
 	case n.State != "Done" || n.Current != n.Desired:
 		why := fmt.Sprintf("waiting for the machine config operator to update this node (state %s, %s → %s)", cmp.Or(n.State, "unknown"), cmp.Or(n.Current, "none"), cmp.Or(n.Desired, "none"))
 		if n.Reason != "" {
 			why += ": " + n.Reason
 		}
-		return waiting(ReasonNodeUpdating, why)
+		return WaitingFor(ReasonNodeUpdating, why)
 	case n.Target != "" && n.Current != n.Target:
-		return waiting(ReasonNodeUpdating, fmt.Sprintf("waiting for the machine config operator to update this node (pool %s goes to %s, the node is on %s)", n.Pool, n.Target, n.Current))
+		return WaitingFor(ReasonNodeUpdating, fmt.Sprintf("waiting for the machine config operator to update this node (pool %s goes to %s, the node is on %s)", n.Pool, n.Target, n.Current))
 	}
-	return waiting(ReasonNodeUpdating, fmt.Sprintf("waiting for the machine config operator to update this node (still on %s, its config from before the upgrade)", n.Current))
+	return WaitingFor(ReasonNodeUpdating, fmt.Sprintf("waiting for the machine config operator to update this node (still on %s, its config from before the upgrade)", n.Current))
 }
 
 // nodeSeen takes a reading of the machine config operator's state of
 // this node: at cluster-ready it records the config the node was headed
 // for before the upgrade; once upgraded, it cleans up when the MCO is
 // done with the node.
-func (m *machine) nodeSeen(ev evNodeSeen) []effect {
-	n := ev.st
+func (m *Machine) nodeSeen(ev EvNodeSeen) []Effect {
+	n := ev.St
 	m.node = &n
-	r := m.active
+	r := m.Active
 	switch {
 	case r == nil:
 	case r.Phase == PhaseClusterReady && r.MachineConfig == "" && n.Managed:
 		r.MachineConfig = cmp.Or(n.Desired, n.Current)
 		if r.MachineConfig != "" {
 			m.log.Info("this node's machine config before the upgrade", "bundle", r.Name, "config", r.MachineConfig)
-			return []effect{effSave{r}}
+			return []Effect{EffSave{r}}
 		}
-	case r.Phase == PhaseUpgraded && r.Retirement == RetirementNone && m.job == nil:
+	case r.Phase == PhaseUpgraded && r.Retirement == RetirementNone && m.Job == nil:
 		return m.retireWhenDone(r)
 	}
 	return nil
@@ -253,48 +253,48 @@ func (m *machine) nodeSeen(ev evNodeSeen) []effect {
 // readsNode reports whether the follower should read the machine config
 // operator's state of this node: at cluster-ready until the config from
 // before the upgrade is recorded, and once upgraded until it cleans up.
-func (m *machine) readsNode() bool {
-	r := m.active
-	if r == nil || !m.hasAPI {
+func (m *Machine) ReadsNode() bool {
+	r := m.Active
+	if r == nil || !m.HasAPI {
 		return false
 	}
 	return r.Phase == PhaseClusterReady && r.MachineConfig == "" ||
 		r.Phase == PhaseUpgraded && r.Retirement == RetirementNone
 }
 
-func (m *machine) retire(r *Record) []effect {
-	if m.job != nil || r.Retirement >= RetirementDone {
+func (m *Machine) retire(r *Record) []Effect {
+	if m.Job != nil || r.Retirement >= RetirementDone {
 		return nil
 	}
 	prev := m.previous
 	if prev == r || prev != nil && prev.Retirement == RetirementUnpinned {
 		prev = nil
 	}
-	retain := m.cfg.Retention.KeepRunningRelease && r.Dir != "" && r.Metadata != nil
-	return m.startJob(effStartJob{kind: jobRetire, rec: r, unload: m.hasLoader, previous: prev, retain: retain}, "")
+	retain := m.cfg.KeepRunningRelease && r.Dir != "" && r.Metadata != nil
+	return m.startJob(EffStartJob{Kind: JobRetire, Rec: r, Unload: m.hasLoader, Previous: prev, Retain: retain}, "")
 }
 
-func (m *machine) retireDone(r *Record, j evJobDone) []effect {
+func (m *Machine) retireDone(r *Record, j EvJobDone) []Effect {
 	reply := m.cleanupReply
-	m.cleanupAsked, m.cleanupReply = false, nil
-	var effs []effect
-	if j.err != nil {
-		why := fmt.Sprintf("cleaning up after the upgrade failed, retrying in 30s: %v", j.err)
-		m.log.Error("cleaning up after the upgrade failed", "phase", string(PhaseUpgraded), "bundle", r.Name, "err", j.err)
-		effs = append(m.move(r, PhaseUpgraded, retrying(ReasonCleanupFailed, why), r.Progress), effRetryIn{after: retireRetry})
-		if reply != nil {
-			effs = append(effs, effReply{reply, fmt.Errorf("cleanup of %s: %w", r.Name, j.err)})
+	m.cleanupAsked, m.cleanupReply = false, 0
+	var effs []Effect
+	if j.Err != nil {
+		why := fmt.Sprintf("cleaning up after the upgrade failed, retrying in 30s: %v", j.Err)
+		m.log.Error("cleaning up after the upgrade failed", "phase", string(PhaseUpgraded), "bundle", r.Name, "err", j.Err)
+		effs = append(m.Move(r, PhaseUpgraded, Retrying(ReasonCleanupFailed, why), r.Progress), EffRetryIn{After: retireRetry})
+		if reply != 0 {
+			effs = append(effs, EffReply{reply, fmt.Errorf("cleanup of %s: %w", r.Name, j.Err)})
 		}
 		return effs
 	}
 	if p := m.previous; p != nil && p != r {
 		p.Retirement, p.Retained = RetirementUnpinned, false // its tree went with the retire job
-		effs = append(effs, effSave{p})
+		effs = append(effs, EffSave{p})
 	}
 	r.Retirement = RetirementDone
-	r.Retained = m.cfg.Retention.KeepRunningRelease && r.Dir != "" && r.Metadata != nil
-	effs = append(effs, m.move(r, PhaseUpgraded, Condition{}, r.Progress)...)
-	m.previous, m.done, m.active, m.cleaned = r, r, nil, nil
+	r.Retained = m.cfg.KeepRunningRelease && r.Dir != "" && r.Metadata != nil
+	effs = append(effs, m.Move(r, PhaseUpgraded, Condition{}, r.Progress)...)
+	m.previous, m.done, m.Active, m.cleaned = r, r, nil, nil
 	if r.Retained {
 		m.log.Info("upgrade done: the bundle's registry and mirror are gone; its images stay pinned and its files stay as the running release's source until the next upgrade",
 			"phase", string(PhaseUpgraded), "bundle", r.Name, "digest", r.Digest, "dir", r.Dir)
@@ -302,36 +302,36 @@ func (m *machine) retireDone(r *Record, j evJobDone) []effect {
 		m.log.Info("upgrade done: the bundle's files, registry and mirror are gone; its images stay pinned until the next upgrade",
 			"phase", string(PhaseUpgraded), "bundle", r.Name, "digest", r.Digest)
 	}
-	if reply != nil {
-		effs = append(effs, effReply{reply, nil})
+	if reply != 0 {
+		effs = append(effs, EffReply{reply, nil})
 	}
 	return effs
 }
 
 // startHook marks the hook started (persisted first, so a crash never
 // runs it twice) and runs it.
-func (m *machine) startHook(r *Record) ([]effect, error) {
-	if len(m.cfg.Cluster.OnReady) == 0 {
+func (m *Machine) startHook(r *Record) ([]Effect, error) {
+	if len(m.cfg.OnReady) == 0 {
 		return nil, errors.New("no on_ready hook is configured")
 	}
 	if r.Hook != nil {
 		return nil, errors.New("the on_ready hook already ran")
 	}
-	r.Hook = &HookRun{Started: m.now().UTC()}
-	return []effect{effSave{r}, effRunHook{r}}, nil
+	r.Hook = &HookRun{Started: m.Now().UTC()}
+	return []Effect{EffSave{r}, EffRunHook{r}}, nil
 }
 
-func (m *machine) hookDone(h evHookDone) []effect {
-	r := m.records[h.id]
+func (m *Machine) hookDone(h EvHookDone) []Effect {
+	r := m.Records[h.ID]
 	if r == nil {
 		return nil
 	}
-	run := h.run
+	run := h.Run
 	r.Hook = &run
 	if run.Error != "" {
 		m.log.Error("the on_ready hook failed", "bundle", r.Name, "err", run.Error)
 	} else {
 		m.log.Info("the on_ready hook succeeded", "bundle", r.Name)
 	}
-	return []effect{effSave{r}}
+	return []Effect{EffSave{r}}
 }

@@ -1,33 +1,33 @@
-package agent
+package machine
 
 import (
 	"errors"
 	"testing"
 
 	"github.com/ferry-edge/ferry/bundle"
-	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/peer/wire"
 )
 
 var bundleMeta = bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: "quay.io/r@" + heldDigest}
 
 // upgradedMachine is a machine whose one bundle is the running release,
 // upgraded, retired, its tree kept or not.
-func upgradedMachine(t *testing.T, retained bool) (*machine, *Record) {
+func upgradedMachine(t *testing.T, retained bool) (*Machine, *Record) {
 	m := machineIn(t, PhaseIdle)
 	r := &Record{ID: "running", Digest: heldDigest, Name: "upgrade-4.13.7-x86_64.tar", Metadata: &bundleMeta,
 		Origin: OriginStick, Dir: "/nonexistent/4.13.7-x86_64", Retirement: RetirementDone, Retained: retained}
-	m.move(r, PhaseUpgraded, Condition{}, Progress{})
+	m.Move(r, PhaseUpgraded, Condition{}, Progress{})
 	m.done, m.previous = r, r
 	return m, r
 }
 
-func jobOf(effs []effect) (effStartJob, bool) {
+func jobOf(effs []Effect) (EffStartJob, bool) {
 	for _, e := range effs {
-		if j, ok := e.(effStartJob); ok {
+		if j, ok := e.(EffStartJob); ok {
 			return j, true
 		}
 	}
-	return effStartJob{}, false
+	return EffStartJob{}, false
 }
 
 func TestStep_RuntimeCheckRestoresTheRunningReleaseWhenIdle(t *testing.T) {
@@ -48,14 +48,14 @@ func TestStep_RuntimeCheckRestoresTheRunningReleaseWhenIdle(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m, r := upgradedMachine(t, tc.retained)
 			if tc.active != PhaseIdle {
-				m.active = &Record{ID: "next", Digest: otherDigest, Phase: tc.active, Metadata: &bundleMeta}
-				m.records["next"] = m.active
+				m.Active = &Record{ID: "next", Digest: otherDigest, Phase: tc.active, Metadata: &bundleMeta}
+				m.Records["next"] = m.Active
 			}
 			if tc.busy {
-				m.job = &job{kind: jobExtract, id: "next"}
+				m.Job = &Job{Kind: JobExtract, ID: "next"}
 			}
-			j, started := jobOf(m.step(evRuntimeCheck{"CRI-O restarted"}))
-			if started != tc.want || started && (j.kind != jobRestore || j.rec != r) {
+			j, started := jobOf(m.Step(EvRuntimeCheck{"CRI-O restarted"}))
+			if started != tc.want || started && (j.Kind != JobRestore || j.Rec != r) {
 				t.Fatalf("started %v (%+v), want %v", started, j, tc.want)
 			}
 			if !tc.want && tc.retained && m.restoreDue != "CRI-O restarted" {
@@ -67,12 +67,12 @@ func TestStep_RuntimeCheckRestoresTheRunningReleaseWhenIdle(t *testing.T) {
 
 func TestStep_ADeferredRuntimeCheckRunsWhenTheJobEnds(t *testing.T) {
 	m, _ := upgradedMachine(t, true)
-	m.active = &Record{ID: "next", Digest: otherDigest, Metadata: &bundleMeta, Dir: "/nonexistent/4.13.8-x86_64"}
-	m.move(m.active, PhaseDetected, Condition{}, Progress{})
-	m.job = &job{kind: jobCleanup, id: "next"}
-	m.step(evRuntimeCheck{"periodic check"})
-	j, ok := jobOf(m.step(evJobDone{kind: jobCleanup, id: "next"}))
-	if !ok || j.kind != jobRestore {
+	m.Active = &Record{ID: "next", Digest: otherDigest, Metadata: &bundleMeta, Dir: "/nonexistent/4.13.8-x86_64"}
+	m.Move(m.Active, PhaseDetected, Condition{}, Progress{})
+	m.Job = &Job{Kind: JobCleanup, ID: "next"}
+	m.Step(EvRuntimeCheck{"periodic check"})
+	j, ok := jobOf(m.Step(EvJobDone{Kind: JobCleanup, ID: "next"}))
+	if !ok || j.Kind != JobRestore {
 		t.Fatalf("after the cleanup: %+v, want the restore that waited", j)
 	}
 	if m.restoreDue != "" {
@@ -82,9 +82,9 @@ func TestStep_ADeferredRuntimeCheckRunsWhenTheJobEnds(t *testing.T) {
 
 func TestStep_RestoreDoneSaysWhatItLoadedAgain(t *testing.T) {
 	m, _ := upgradedMachine(t, true)
-	m.job = &job{kind: jobRestore, id: "running"}
-	m.step(evJobDone{kind: jobRestore, id: "running", restored: 3})
-	if s := m.status(); s.Notice == "" || s.Phase != string(PhaseUpgraded) {
+	m.Job = &Job{Kind: JobRestore, ID: "running"}
+	m.Step(EvJobDone{Kind: JobRestore, ID: "running", Restored: 3})
+	if s := m.NodeStatus(); s.Notice == "" || s.Phase != string(PhaseUpgraded) {
 		t.Fatalf("status %+v: want upgraded with a notice of the 3 images", s)
 	}
 }
@@ -100,29 +100,29 @@ func TestStep_CleanupOfALoadedBundle(t *testing.T) {
 		want   jobKind // "" for none
 		refuse bool
 	}{
-		{name: "API, cluster-ready", api: true, phase: PhaseClusterReady, want: jobCleanup},
-		{name: "API, loaded", api: true, phase: PhaseLoaded, want: jobCleanup},
+		{name: "API, cluster-ready", api: true, phase: PhaseClusterReady, want: JobCleanup},
+		{name: "API, loaded", api: true, phase: PhaseLoaded, want: JobCleanup},
 		{name: "API, upgrading", api: true, phase: PhaseUpgrading, refuse: true},
-		{name: "no API, cluster-ready", phase: PhaseClusterReady, want: jobRetire},
+		{name: "no API, cluster-ready", phase: PhaseClusterReady, want: JobRetire},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := machineIn(t, tc.phase)
-			m.hasAPI = tc.api
-			m.desired = desiredRead{release: m.records["held"].Metadata.Release} // read: another release asked for
-			reply := make(chan error, 1)
-			effs := m.step(evRequest{kind: reqCleanup, reply: reply})
+			m.HasAPI = tc.api
+			m.desired = desiredRead{release: m.Records["held"].Metadata.Release} // read: another release asked for
+			reply := ReplyID(1)
+			effs := m.Step(EvRequest{Kind: ReqCleanup, Reply: reply})
 			j, started := jobOf(effs)
-			if tc.want != "" && (!started || j.kind != tc.want) {
+			if tc.want != "" && (!started || j.Kind != tc.want) {
 				t.Fatalf("job %+v, want %s", j, tc.want)
 			}
 			if tc.refuse {
 				if started {
-					t.Fatalf("a cleanup during the upgrade started %s", j.kind)
+					t.Fatalf("a cleanup during the upgrade started %s", j.Kind)
 				}
 				var err error
 				for _, e := range effs {
-					if r, ok := e.(effReply); ok {
-						err = r.err
+					if r, ok := e.(EffReply); ok {
+						err = r.Err
 					}
 				}
 				if err == nil {
@@ -136,28 +136,28 @@ func TestStep_CleanupOfALoadedBundle(t *testing.T) {
 func TestStep_ANodeThatJoinsLaterLoadsTheRunningReleaseAndIsUpgraded(t *testing.T) {
 	m := machineIn(t, PhaseLoaded)
 	m.peersOn, m.peers = true, []string{"b:8090"}
-	m.view = view{statuses: map[string]peer.PeerStatus{"b:8090": {Status: peer.Status{Node: "b", Phase: string(PhaseUpgraded), Digest: heldDigest}}}}
-	j, ok := jobOf(m.step(evView{m.view}))
-	if !ok || j.kind != jobRetire || !j.retain {
+	m.view = View{Statuses: map[string]wire.PeerStatus{"b:8090": {Status: wire.Status{Node: "b", Phase: string(PhaseUpgraded), Digest: heldDigest}}}}
+	j, ok := jobOf(m.Step(EvView{m.view}))
+	if !ok || j.Kind != JobRetire || !j.Retain {
 		t.Fatalf("job %+v: want the bundle retired and kept as the running release", j)
 	}
-	if m.active.Phase != PhaseUpgraded {
-		t.Fatalf("phase %s", m.active.Phase)
+	if m.Active.Phase != PhaseUpgraded {
+		t.Fatalf("phase %s", m.Active.Phase)
 	}
 }
 
 func TestStep_FreshOffersLeaveOutWhatThePeersRunWhenAnotherIsOffered(t *testing.T) {
 	m := machineIn(t, PhaseIdle)
-	running := peer.PeerOffer{Peer: "b:8090", Offer: peer.Offer{Digest: heldDigest}}
-	next := peer.PeerOffer{Peer: "c:8090", Offer: peer.Offer{Digest: otherDigest}}
-	v := view{
-		statuses: map[string]peer.PeerStatus{"b:8090": {Status: peer.Status{Phase: string(PhaseUpgraded), Digest: heldDigest}}},
-		offers:   []peer.PeerOffer{running, next},
+	running := wire.PeerOffer{Peer: "b:8090", Offer: wire.Offer{Digest: heldDigest}}
+	next := wire.PeerOffer{Peer: "c:8090", Offer: wire.Offer{Digest: otherDigest}}
+	v := View{
+		Statuses: map[string]wire.PeerStatus{"b:8090": {Status: wire.Status{Phase: string(PhaseUpgraded), Digest: heldDigest}}},
+		Offers:   []wire.PeerOffer{running, next},
 	}
 	if got := m.fresh(v); len(got) != 1 || got[0].Digest != otherDigest {
 		t.Errorf("with a next bundle offered: %+v, want it alone", got)
 	}
-	v.offers = []peer.PeerOffer{running}
+	v.Offers = []wire.PeerOffer{running}
 	if got := m.fresh(v); len(got) != 1 || got[0].Digest != heldDigest {
 		t.Errorf("with only the running release offered: %+v, want it (a node that joins later)", got)
 	}
@@ -169,13 +169,13 @@ func TestStep_FreshOffersLeaveOutWhatThePeersRunWhenAnotherIsOffered(t *testing.
 
 func TestStep_RetentionTurnedOffRemovesTheKeptTreeAtStart(t *testing.T) {
 	m := machineIn(t, PhaseIdle)
-	m.cfg.Retention.KeepRunningRelease = false
+	m.cfg.KeepRunningRelease = false
 	r := &Record{ID: "running", Digest: heldDigest, Name: "upgrade-4.13.7-x86_64.tar", Metadata: &bundleMeta,
 		Dir: "/nonexistent/4.13.7-x86_64", Phase: PhaseUpgraded, Retirement: RetirementDone, Retained: true}
-	effs := m.step(evStart{records: []*Record{r}})
+	effs := m.Step(EvStart{Records: []*Record{r}})
 	removed := false
 	for _, e := range effs {
-		if rm, ok := e.(effRemove); ok && rm.path == r.Dir {
+		if rm, ok := e.(EffRemove); ok && rm.Path == r.Dir {
 			removed = true
 		}
 	}
@@ -197,18 +197,18 @@ func TestStep_ANewBundleForTheSameDirReplacesTheKeptTree(t *testing.T) {
 
 func TestStep_AFailedRestoreIsTriedAgainSoon(t *testing.T) {
 	m, _ := upgradedMachine(t, true)
-	m.job = &job{kind: jobRestore, id: "running"}
-	effs := m.step(evJobDone{kind: jobRestore, id: "running", err: errCRIODown})
+	m.Job = &Job{Kind: JobRestore, ID: "running"}
+	effs := m.Step(EvJobDone{Kind: JobRestore, ID: "running", Err: errCRIODown})
 	retry := false
 	for _, e := range effs {
-		if r, ok := e.(effRetryIn); ok && r.after == restoreRetry {
+		if r, ok := e.(EffRetryIn); ok && r.After == restoreRetry {
 			retry = true
 		}
 	}
 	if !retry || m.restoreDue == "" {
 		t.Fatalf("effects %v, restoreDue %q: want a retry", effs, m.restoreDue)
 	}
-	if j, ok := jobOf(m.step(evRetry{})); !ok || j.kind != jobRestore {
+	if j, ok := jobOf(m.Step(EvRetry{})); !ok || j.Kind != JobRestore {
 		t.Fatalf("on the retry: %+v, want the check again", j)
 	}
 }

@@ -1,4 +1,4 @@
-package agent
+package machine
 
 import (
 	"errors"
@@ -9,7 +9,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/internal/sha256digest"
-	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/peer/wire"
 )
 
 // The cluster gate: what every node's status says together. peer carries
@@ -48,7 +48,7 @@ type Decision struct {
 // holds is the one rule for "this node holds a bundle": a digest, in a
 // phase that holds the node (a refused, cleaned or upgraded bundle does
 // not; a failed or conflicting one still does, so the others see it).
-func holds(s peer.Status) bool {
+func holds(s wire.Status) bool {
 	switch Phase(s.Phase) {
 	case "", PhaseIdle, PhaseCleaned, PhaseRejected, PhaseUpgraded:
 		return false
@@ -58,13 +58,13 @@ func holds(s peer.Status) bool {
 
 // refuses tells whether a node refused the bundle digest (its policy
 // does not approve it, or it found it bad).
-func refuses(s peer.Status, digest digest.Digest) bool {
+func refuses(s wire.Status, digest digest.Digest) bool {
 	return Phase(s.Phase) == PhaseRejected && s.Digest == digest
 }
 
 // conflicting is the one conflict rule: two nodes that both hold a bundle,
 // and not the same one.
-func conflicting(a, b peer.Status) bool { return holds(a) && holds(b) && a.Digest != b.Digest }
+func conflicting(a, b wire.Status) bool { return holds(a) && holds(b) && a.Digest != b.Digest }
 
 func shortDigests(set map[digest.Digest]bool) string {
 	var ds []string
@@ -77,7 +77,7 @@ func shortDigests(set map[digest.Digest]bool) string {
 
 // nodeName is how a technician knows a peer: its node name, else its
 // address.
-func nodeName(addr string, s peer.Status) string {
+func nodeName(addr string, s wire.Status) string {
 	if s.Node != "" {
 		return s.Node
 	}
@@ -86,7 +86,7 @@ func nodeName(addr string, s peer.Status) string {
 
 // peerNode is the node a peer is: the one its certificate names (node
 // identities), else the one its status says.
-func peerNode(s peer.PeerStatus) string {
+func peerNode(s wire.PeerStatus) string {
 	if s.Verified != "" {
 		return s.Verified
 	}
@@ -97,15 +97,15 @@ func peerNode(s peer.PeerStatus) string {
 // One whose status names another node than its certificate is not
 // unreachable: it holds the gate until the administrator excludes it
 // (docs/security.md, "A lying peer").
-func unheardWhy(addr string, s peer.PeerStatus) string {
-	if errors.Is(s.Err, peer.ErrNodeMismatch) {
+func unheardWhy(addr string, s wire.PeerStatus) string {
+	if errors.Is(s.Err, wire.ErrNodeMismatch) {
 		return fmt.Sprintf("%s (its certificate names node %s, its status another node: refused; if %s is not to take part, add it to the UpgradeBundle's spec.excludedNodes)", addr, s.Verified, s.Verified)
 	}
 	return addr + " (unreachable)"
 }
 
 // label tells peers apart in the gate's lists: the node name and address.
-func label(addr string, s peer.Status) string {
+func label(addr string, s wire.Status) string {
 	if s.Node != "" && s.Node != addr {
 		return s.Node + " (" + addr + ")"
 	}
@@ -121,16 +121,16 @@ func label(addr string, s peer.Status) string {
 //  4. Otherwise Waiting, naming the nodes not loaded yet; a node with no
 //     CRI-O never loads, so then the reason says the cluster cannot
 //     upgrade until it is excluded.
-func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
+func Decide(self wire.Status, peers map[string]wire.PeerStatus) Decision {
 	selfName := self.Node
 	if selfName == "" {
 		selfName = "this node"
 	}
 	d := Decision{Digests: map[digest.Digest][]string{}}
-	all := map[string]peer.Status{selfName: self}
+	all := map[string]wire.Status{selfName: self}
 	var unreachable, refused []string
 	for addr, ps := range peers {
-		if errors.Is(ps.Err, peer.ErrNodeMismatch) {
+		if errors.Is(ps.Err, wire.ErrNodeMismatch) {
 			refused = append(refused, unheardWhy(addr, ps))
 		}
 		if ps.Err != nil {
@@ -208,7 +208,7 @@ func Decide(self peer.Status, peers map[string]peer.PeerStatus) Decision {
 }
 
 // withoutCRIO names the waiting nodes that will never load: no CRI-O.
-func withoutCRIO(all map[string]peer.Status, waiting []string) []string {
+func withoutCRIO(all map[string]wire.Status, waiting []string) []string {
 	var none []string
 	for _, n := range waiting {
 		if all[n].LoadsNothing {

@@ -1,4 +1,4 @@
-package agent
+package machine
 
 import (
 	"fmt"

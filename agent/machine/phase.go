@@ -1,4 +1,4 @@
-package agent
+package machine
 
 import (
 	"fmt"
@@ -52,7 +52,7 @@ const (
 
 // approvalOffWarning is said at start and in every status line while the
 // config says approval = "off".
-const approvalOffWarning = "approval is off: any bundle whose sha256 checks is loaded"
+const ApprovalOffWarning = "approval is off: any bundle whose sha256 checks is loaded"
 
 // warningsPointer ends the status line of a node with standing warnings:
 // the line points to them rather than carrying each one.

@@ -1,4 +1,4 @@
-package agent
+package machine
 
 import (
 	"errors"
@@ -7,7 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/ferry-edge/ferry/bundle"
-	"github.com/ferry-edge/ferry/pull"
+	"github.com/ferry-edge/ferry/pull/pullspec"
 )
 
 // MaxReason bounds a reason (and every other piece of text from a stick,
@@ -24,12 +24,12 @@ const maxScanned = 64 << 10
 
 // maxLine bounds the whole STATUS= line, which joins a bundle's name and a
 // reason.
-const maxLine = 2 * MaxReason
+const MaxLine = 2 * MaxReason
 
 // SanitizeReason makes s fit to publish (see MaxReason): one line of
 // printable text, at most MaxReason bytes, its middle cut out with an
 // ellipsis when longer.
-func SanitizeReason(s string) string { return sanitizeText(s, MaxReason) }
+func SanitizeReason(s string) string { return SanitizeText(s, MaxReason) }
 
 // sanitizeText makes s one line of printable text of at most max bytes:
 // newlines, tabs and other whitespace runs become one space, control
@@ -37,7 +37,7 @@ func SanitizeReason(s string) string { return sanitizeText(s, MaxReason) }
 // dropped, and from a longer text the middle is cut out at character
 // boundaries and replaced by "…" (two fifths of it kept before, the rest
 // after). It is idempotent.
-func sanitizeText(s string, max int) string {
+func SanitizeText(s string, max int) string {
 	var b strings.Builder
 	b.Grow(min(len(s), max))
 	space := false
@@ -117,7 +117,7 @@ var phaseReasons = map[Phase]string{
 
 // reasonOf is the machine reason of a bundle in phase p with condition
 // c: the condition's, else the phase's.
-func reasonOf(p Phase, c Condition) string {
+func ReasonOf(p Phase, c Condition) string {
 	if c.Reason != "" {
 		return c.Reason
 	}
@@ -136,14 +136,14 @@ const (
 	ReasonPullFailed     = "PullFailed"
 )
 
-var pullReasons = map[string]string{
-	pull.StateNotStarted: ReasonPullNotStarted,
-	pull.StateWaiting:    ReasonPullWaiting,
-	pull.StateFetching:   ReasonPulling,
-	pull.StateRetrying:   ReasonPullRetrying,
-	pull.StateHanding:    ReasonPullHanding,
-	pull.StateDone:       ReasonPulled,
-	pull.StateFailed:     ReasonPullFailed,
+var PullReasons = map[string]string{
+	pullspec.StateNotStarted: ReasonPullNotStarted,
+	pullspec.StateWaiting:    ReasonPullWaiting,
+	pullspec.StateFetching:   ReasonPulling,
+	pullspec.StateRetrying:   ReasonPullRetrying,
+	pullspec.StateHanding:    ReasonPullHanding,
+	pullspec.StateDone:       ReasonPulled,
+	pullspec.StateFailed:     ReasonPullFailed,
 }
 
 // Why a bundle is rejected, by the refusal's cause; ReasonRefused when
@@ -181,3 +181,7 @@ func refusalReason(err error) string {
 	}
 	return ReasonRefused
 }
+
+// ErrPreflight marks a bundle the cluster would refuse to upgrade to,
+// found before it was read and shared.
+var ErrPreflight = errors.New("the cluster cannot take this upgrade")

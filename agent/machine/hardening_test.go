@@ -1,4 +1,4 @@
-package agent
+package machine
 
 import (
 	"encoding/json"
@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-edge/ferry/bundle"
-	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/peer/wire"
 )
 
 // Refused peer offers are kept short and few: a peer offering bundle
@@ -21,7 +21,7 @@ import (
 func TestMaybeFetch_RefusedOffersAreBoundedAndExpire(t *testing.T) {
 	m := machineIn(t, PhaseIdle)
 	clock := time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)
-	m.now = func() time.Time { return clock }
+	m.Now = func() time.Time { return clock }
 	big := &bundle.Metadata{Version: "4.13.7", Arch: "aarch64", Release: "quay.io/r@" + heldDigest}
 	// 200 images: 18 KiB of metadata an offer, more than the status may
 	// hold for all of them (each offer's parse is the test's cost: under
@@ -34,28 +34,28 @@ func TestMaybeFetch_RefusedOffersAreBoundedAndExpire(t *testing.T) {
 	for i := range 500 {
 		clock = clock.Add(time.Second)
 		d := fmt.Sprintf("sha256:%064x", i)
-		effs := m.maybeFetch(view{offers: []peer.PeerOffer{{Peer: "10.0.0.2:8090", Offer: peer.Offer{Digest: digest.Digest(d), Metadata: mb, Signature: make([]byte, 4096)}}}})
+		effs := m.MaybeFetch(View{Offers: []wire.PeerOffer{{Peer: "10.0.0.2:8090", Offer: wire.Offer{Digest: digest.Digest(d), Metadata: mb, Signature: make([]byte, 4096)}}}})
 		for _, e := range effs {
-			if _, ok := e.(effForget); ok {
+			if _, ok := e.(EffForget); ok {
 				forgotten++
 			}
 		}
 	}
-	if len(m.records) != maxRefusedOffers || forgotten != 500-maxRefusedOffers {
-		t.Fatalf("%d records kept, %d forgotten; want %d kept", len(m.records), forgotten, maxRefusedOffers)
+	if len(m.Records) != MaxRefusedOffers || forgotten != 500-MaxRefusedOffers {
+		t.Fatalf("%d records kept, %d forgotten; want %d kept", len(m.Records), forgotten, MaxRefusedOffers)
 	}
-	for _, r := range m.records {
-		if r.Metadata != nil || r.Signature != nil || len(r.Condition.Message) > maxRefusedReason+len("…") {
+	for _, r := range m.Records {
+		if r.Metadata != nil || r.Signature != nil || len(r.Condition.Message) > MaxRefusedReason+len("…") {
 			t.Fatalf("a refused offer keeps metadata %v, signature %d bytes, reason %d bytes", r.Metadata != nil, len(r.Signature), len(r.Condition.Message))
 		}
 	}
-	if s, _ := json.Marshal(m.status()); len(s) > 16<<10 {
+	if s, _ := json.Marshal(m.NodeStatus()); len(s) > 16<<10 {
 		t.Fatalf("status is %d bytes", len(s))
 	}
-	clock = clock.Add(refusedOfferTTL + time.Minute)
-	m.pruneRefused()
-	if len(m.records) != 0 || m.lastBad != nil {
-		t.Fatalf("%d refused offers kept after a day", len(m.records))
+	clock = clock.Add(RefusedOfferTTL + time.Minute)
+	m.PruneRefused()
+	if len(m.Records) != 0 || m.LastBad != nil {
+		t.Fatalf("%d refused offers kept after a day", len(m.Records))
 	}
 }
 
@@ -65,17 +65,17 @@ func TestMaybeFetch_RefusedOffersAreBoundedAndExpire(t *testing.T) {
 func TestExtractDone_TheMetadataInsideTheCheckedTarIsWhatTheNodeActsOn(t *testing.T) {
 	inTar := &bundle.Metadata{Version: "4.13.7", Arch: "x86_64", Release: "quay.io/r@" + heldDigest, Images: []string{"quay.io/only/the-tar@" + heldDigest}}
 	m := machineIn(t, PhaseDetected)
-	m.job = &job{kind: jobExtract, id: "held"}
-	m.step(evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, TarSize: 10, Metadata: inTar, Approval: "digest"}})
-	if r := m.records["held"]; r.Metadata != inTar || r.Phase.Active() == false {
+	m.Job = &Job{Kind: JobExtract, ID: "held"}
+	m.Step(EvJobDone{Kind: JobExtract, ID: "held", Res: &bundle.Result{Digest: heldDigest, TarSize: 10, Metadata: inTar, Approval: "digest"}})
+	if r := m.Records["held"]; r.Metadata != inTar || r.Phase.Active() == false {
 		t.Fatalf("record acts on %+v (%s), want the tar's metadata", r.Metadata, r.Phase)
 	}
 
 	other := &bundle.Metadata{Version: "4.14.0", Arch: "x86_64", Release: "quay.io/r@" + heldDigest}
 	m = machineIn(t, PhaseDetected)
-	m.job = &job{kind: jobExtract, id: "held"}
-	m.step(evJobDone{kind: jobExtract, id: "held", res: &bundle.Result{Digest: heldDigest, TarSize: 10, Metadata: other, Approval: "digest"}})
-	if r := m.records["held"]; r.Phase != PhaseRejected || r.Condition.Reason != ReasonInvalidBundle {
+	m.Job = &Job{Kind: JobExtract, ID: "held"}
+	m.Step(EvJobDone{Kind: JobExtract, ID: "held", Res: &bundle.Result{Digest: heldDigest, TarSize: 10, Metadata: other, Approval: "digest"}})
+	if r := m.Records["held"]; r.Phase != PhaseRejected || r.Condition.Reason != ReasonInvalidBundle {
 		t.Fatalf("a tar whose metadata differs from what was read before: %s %q", r.Phase, r.Condition.Message)
 	}
 }
@@ -89,23 +89,23 @@ func TestFetchDone_ADiskThatFilledUpAbandonsTheFetch(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			m := machineIn(t, PhaseFetching)
-			m.records["held"].Origin = OriginPeer
-			m.job = &job{kind: jobFetch, id: "held"}
-			effs := m.step(evJobDone{kind: jobFetch, id: "held", err: err})
+			m.Records["held"].Origin = OriginPeer
+			m.Job = &Job{Kind: JobFetch, ID: "held"}
+			effs := m.Step(EvJobDone{Kind: JobFetch, ID: "held", Err: err})
 			removed := 0
 			for _, e := range effs {
 				switch e := e.(type) {
-				case effRetryIn:
-					t.Fatalf("retried in %s", e.after)
-				case effRemove:
+				case EffRetryIn:
+					t.Fatalf("retried in %s", e.After)
+				case EffRemove:
 					removed++
 				}
 			}
-			r := m.records["held"]
+			r := m.Records["held"]
 			if r.Phase != PhaseFailed || r.Condition.Reason != ReasonFetchAbandoned || removed == 0 {
 				t.Fatalf("%s %+v, %d removals", r.Phase, r.Condition, removed)
 			}
-			if effs := m.step(evRetry{}); len(effs) != 0 {
+			if effs := m.Step(EvRetry{}); len(effs) != 0 {
 				t.Fatalf("a retry tick starts again: %v", effs)
 			}
 		})

@@ -1,4 +1,4 @@
-package agent
+package machine
 
 import (
 	"errors"
@@ -14,34 +14,34 @@ import (
 // and retire end in step_request.go and step_upgrade.go, restore in
 // step_retain.go.
 
-func (m *machine) jobDone(j evJobDone) []effect {
-	var effs []effect
-	if m.job != nil && m.job.medium != nil {
-		effs = append(effs, effCloseMedium{m.job.medium})
+func (m *Machine) jobDone(j EvJobDone) []Effect {
+	var effs []Effect
+	if m.Job != nil && m.Job.medium != 0 {
+		effs = append(effs, EffCloseMedium{m.Job.medium})
 	}
-	m.job = nil
-	r := m.records[j.id]
-	if j.kind == jobRestore {
+	m.Job = nil
+	r := m.Records[j.ID]
+	if j.Kind == JobRestore {
 		return append(effs, m.restoreDone(r, j)...)
 	}
-	if r == nil || r != m.active || !jobFits(j.kind, r.Phase) {
-		m.log.Warn("a job's end for a bundle no longer in its phase is ignored", "job", string(j.kind), "record", j.id)
+	if r == nil || r != m.Active || !jobFits(j.Kind, r.Phase) {
+		m.log.Warn("a job's end for a bundle no longer in its phase is ignored", "job", string(j.Kind), "record", j.ID)
 		if m.cleanupAsked {
 			return append(effs, m.cleanup()...)
 		}
 		return effs
 	}
-	switch j.kind {
-	case jobFetch:
+	switch j.Kind {
+	case JobFetch:
 		effs = append(effs, m.fetchDone(r, j)...)
-	case jobExtract:
+	case JobExtract:
 		effs = append(effs, m.extractDone(r, j)...)
-	case jobLoad:
+	case JobLoad:
 		effs = append(effs, m.loadDone(r, j)...)
-	case jobCleanup:
+	case JobCleanup:
 		effs = append(effs, m.cleanupDone(r, j)...)
 		return append(effs, m.restoreIfDue()...)
-	case jobRetire:
+	case JobRetire:
 		effs = append(effs, m.retireDone(r, j)...)
 		return append(effs, m.restoreIfDue()...)
 	}
@@ -55,38 +55,38 @@ func (m *machine) jobDone(j evJobDone) []effect {
 // moves a bundle only from the phase the job belongs to.
 func jobFits(k jobKind, p Phase) bool {
 	switch k {
-	case jobExtract:
+	case JobExtract:
 		return p == PhaseDetected || p == PhaseFetching
-	case jobFetch:
+	case JobFetch:
 		return p == PhaseFetching
-	case jobLoad:
+	case JobLoad:
 		return p == PhaseLoading
-	case jobRetire:
+	case JobRetire:
 		return p == PhaseUpgraded
 	}
 	return p.Active() // cleanup
 }
 
-func (m *machine) fetchDone(r *Record, j evJobDone) []effect {
+func (m *Machine) fetchDone(r *Record, j EvJobDone) []Effect {
 	switch {
-	case j.stopped:
+	case j.Stopped:
 		return nil
-	case j.res != nil || streamRefused(j.err):
+	case j.Res != nil || streamRefused(j.Err):
 		// Fetched and extracted in one pass (cut-through).
 		return m.extractDone(r, j)
-	case j.err != nil && bundle.DiskFilled(j.err):
-		return m.abandon(r, j.err)
-	case j.err != nil:
-		reason := fmt.Sprintf("fetching from the peers failed, retrying: %v", j.err)
-		m.log.Warn("fetch failed", "phase", string(PhaseFetching), "bundle", r.Name, "err", j.err)
-		return append(m.move(r, PhaseFetching, retrying(ReasonFetchFailed, reason), r.Progress), effRetryIn{10 * time.Second})
+	case j.Err != nil && bundle.DiskFilled(j.Err):
+		return m.abandon(r, j.Err)
+	case j.Err != nil:
+		reason := fmt.Sprintf("fetching from the peers failed, retrying: %v", j.Err)
+		m.log.Warn("fetch failed", "phase", string(PhaseFetching), "bundle", r.Name, "err", j.Err)
+		return append(m.Move(r, PhaseFetching, Retrying(ReasonFetchFailed, reason), r.Progress), EffRetryIn{10 * time.Second})
 	}
 	// Serial mode: the whole tar is here; extract it.
-	src := bundle.Source{Path: m.incomingPath(r), SHA256Path: strings.TrimSuffix(m.incomingPath(r), ".tar") + ".sha256"}
+	src := bundle.Source{Path: m.IncomingPath(r), SHA256Path: strings.TrimSuffix(m.IncomingPath(r), ".tar") + ".sha256"}
 	if r.Approval == bundle.ApprovalSignature {
 		src.SigPath = src.Path + ".minisig"
 	}
-	return m.extract(r, src, "", nil, m.extractPolicy(r))
+	return m.extract(r, src, "", 0, m.extractPolicy(r))
 }
 
 // extractPolicy is the policy a bundle fetched from the peers is
@@ -94,7 +94,7 @@ func (m *machine) fetchDone(r *Record, j evJobDone) []effect {
 // keys, the signature is verified over the bytes; as a bundle of a
 // release asked for from the registry, it is held to what the release
 // names; otherwise by the digest approved before fetching.
-func (m *machine) extractPolicy(r *Record) bundle.Policy {
+func (m *Machine) extractPolicy(r *Record) bundle.Policy {
 	if r.Approval == bundle.ApprovalSignature {
 		return m.polFor(r.Metadata)
 	}
@@ -113,26 +113,26 @@ func streamRefused(err error) bool {
 	return err != nil && (bundle.IsRefusal(err) || errors.Is(err, bundle.ErrNoSpace)) && !errors.Is(err, bundle.ErrMismatch)
 }
 
-func (m *machine) extractDone(r *Record, j evJobDone) []effect {
-	var effs []effect
-	if r.Origin == OriginPeer && (j.err == nil || bundle.IsRefusal(j.err)) {
-		effs = append(effs, effRemove{filepath.Dir(m.incomingPath(r))})
+func (m *Machine) extractDone(r *Record, j EvJobDone) []Effect {
+	var effs []Effect
+	if r.Origin == OriginPeer && (j.Err == nil || bundle.IsRefusal(j.Err)) {
+		effs = append(effs, EffRemove{filepath.Dir(m.IncomingPath(r))})
 	}
-	if j.err != nil {
-		if r.Origin == OriginPeer && bundle.DiskFilled(j.err) {
-			return append(effs, m.abandon(r, j.err)...)
+	if j.Err != nil {
+		if r.Origin == OriginPeer && bundle.DiskFilled(j.Err) {
+			return append(effs, m.abandon(r, j.Err)...)
 		}
-		if r.Origin == OriginPeer && errors.Is(j.err, bundle.ErrNoSpace) {
+		if r.Origin == OriginPeer && errors.Is(j.Err, bundle.ErrNoSpace) {
 			// Not the bundle's fault: the disk filled up since the fetch
 			// checked for room. Its tar is gone (above); it is fetched
 			// again, after the same check, once there is room.
-			reason := fmt.Sprintf("no room to extract the fetched bundle, fetching it again once there is: %v", j.err)
-			m.log.Warn("no room to extract a fetched bundle", "phase", string(PhaseFetching), "bundle", r.Name, "err", j.err)
-			return append(append(effs, m.move(r, PhaseFetching, retrying(ReasonNoRoomToExtract, reason), Progress{Unit: "bytes"})...), effRetryIn{10 * time.Second})
+			reason := fmt.Sprintf("no room to extract the fetched bundle, fetching it again once there is: %v", j.Err)
+			m.log.Warn("no room to extract a fetched bundle", "phase", string(PhaseFetching), "bundle", r.Name, "err", j.Err)
+			return append(append(effs, m.Move(r, PhaseFetching, Retrying(ReasonNoRoomToExtract, reason), Progress{Unit: "bytes"})...), EffRetryIn{10 * time.Second})
 		}
-		if bundle.IsRefusal(j.err) || errors.Is(j.err, ErrPreflight) {
-			m.active = nil
-			return append(effs, m.reject(r, j.err)...)
+		if bundle.IsRefusal(j.Err) || errors.Is(j.Err, ErrPreflight) {
+			m.Active = nil
+			return append(effs, m.reject(r, j.Err)...)
 		}
 		// A stop by the agent's own end never gets here (the loop is gone):
 		// this is a pulled stick, a read error or a cleanup.
@@ -140,54 +140,54 @@ func (m *machine) extractDone(r *Record, j evJobDone) []effect {
 		if r.Origin == OriginFile {
 			reason = "the file could not be read before the copy finished: run 'ferry load " + r.Source + "' again"
 		}
-		m.log.Warn("extraction interrupted", "phase", string(PhaseDetected), "bundle", r.Name, "err", j.err)
-		return append(effs, m.move(r, PhaseDetected, waiting(ReasonCopyInterrupted, reason+" ("+j.err.Error()+")"), Progress{})...)
+		m.log.Warn("extraction interrupted", "phase", string(PhaseDetected), "bundle", r.Name, "err", j.Err)
+		return append(effs, m.Move(r, PhaseDetected, WaitingFor(ReasonCopyInterrupted, reason+" ("+j.Err.Error()+")"), Progress{})...)
 	}
-	if meta := j.res.Metadata; meta != nil {
+	if meta := j.Res.Metadata; meta != nil {
 		// From here on the node acts on the metadata.json that was inside
 		// the checked tar, never on the probe's earlier read of it nor on
 		// a peer's description (docs/design.md, "Trust").
 		if r.Metadata != nil && meta.DirName() != r.Metadata.DirName() {
-			m.active = nil
+			m.Active = nil
 			err := fmt.Errorf("%w: the metadata.json inside the checked tar (%s) is not the one read before (%s): the source changed while it was read, or a peer described it falsely; do not use it",
 				bundle.ErrInvalid, meta.DirName(), r.Metadata.DirName())
-			return append(append(effs, effRemove{r.Dir}), m.reject(r, err)...)
+			return append(append(effs, EffRemove{r.Dir}), m.reject(r, err)...)
 		}
 		r.Metadata = meta
 	}
-	r.Digest, r.Approval, r.Signature = j.res.Digest, j.res.Approval, j.res.Signature
-	r.DigestOnly, r.SignaturePolicy = j.res.Admission.DigestOnly, j.res.Admission.Warnings
+	r.Digest, r.Approval, r.Signature = j.Res.Digest, j.Res.Approval, j.Res.Signature
+	r.DigestOnly, r.SignaturePolicy = j.Res.Admission.DigestOnly, j.Res.Admission.Warnings
 	for _, w := range r.SignaturePolicy {
 		m.log.Warn("signature policy", "bundle", r.Name, "warning", w)
 	}
 	var why Condition
 	if r.Approval == bundle.ApprovalNone {
-		why = waiting(ReasonAwaitingApproval, m.waitingForApproval(r))
+		why = WaitingFor(ReasonAwaitingApproval, m.WaitingForApproval(r))
 	}
-	effs = append(effs, m.move(r, PhaseExtracted, why, Progress{Done: j.res.TarSize, Total: j.res.TarSize, Unit: "bytes"})...)
-	effs = append(effs, effShare{rec: r, pieces: j.pieces})
-	m.lastBad = nil
+	effs = append(effs, m.Move(r, PhaseExtracted, why, Progress{Done: j.Res.TarSize, Total: j.Res.TarSize, Unit: "bytes"})...)
+	effs = append(effs, EffShare{Rec: r})
+	m.LastBad = nil
 	m.log.Info("verified and extracted: the stick can be unplugged", "phase", string(PhaseExtracted),
-		"bundle", r.Name, "digest", r.Digest, "approval", j.res.Approval)
+		"bundle", r.Name, "digest", r.Digest, "approval", j.Res.Approval)
 	return append(effs, m.next()...)
 }
 
-func (m *machine) loadDone(r *Record, j evJobDone) []effect {
+func (m *Machine) loadDone(r *Record, j EvJobDone) []Effect {
 	switch {
-	case j.stopped:
+	case j.Stopped:
 		return nil
-	case j.err != nil && Permanent(j.err):
+	case j.Err != nil && Permanent(j.Err):
 		m.backoff = 0
-		m.log.Error("loading failed and cannot heal by retrying", "phase", string(PhaseFailed), "bundle", r.Name, "err", j.err)
-		return m.move(r, PhaseFailed, fault(ReasonLoadFailed, j.err.Error()), r.Progress)
-	case j.err != nil:
+		m.log.Error("loading failed and cannot heal by retrying", "phase", string(PhaseFailed), "bundle", r.Name, "err", j.Err)
+		return m.Move(r, PhaseFailed, Fault(ReasonLoadFailed, j.Err.Error()), r.Progress)
+	case j.Err != nil:
 		m.backoff = min(max(2*m.backoff, 5*time.Second), 5*time.Minute)
-		reason := fmt.Sprintf("loading failed, retrying in %s: %v", m.backoff, j.err)
-		m.log.Error("loading failed", "phase", string(PhaseLoading), "bundle", r.Name, "err", j.err)
-		return append(m.move(r, PhaseLoading, retrying(ReasonLoadFailed, reason), r.Progress), effRetryIn{m.backoff})
+		reason := fmt.Sprintf("loading failed, retrying in %s: %v", m.backoff, j.Err)
+		m.log.Error("loading failed", "phase", string(PhaseLoading), "bundle", r.Name, "err", j.Err)
+		return append(m.Move(r, PhaseLoading, Retrying(ReasonLoadFailed, reason), r.Progress), EffRetryIn{m.backoff})
 	}
 	m.backoff = 0
-	effs := m.move(r, PhaseLoaded, Condition{}, r.Progress)
+	effs := m.Move(r, PhaseLoaded, Condition{}, r.Progress)
 	m.log.Info("loaded: every image is present and pinned", "phase", string(PhaseLoaded), "bundle", r.Name, "digest", r.Digest)
 	return append(effs, m.gate(r)...)
 }
@@ -196,28 +196,28 @@ func (m *machine) loadDone(r *Record, j evJobDone) []effect {
 // bound): it is not retried into the same disk, which on a node is /var,
 // shared with CRI-O and etcd. What it wrote goes; a restart, once there
 // is room, fetches it again.
-func (m *machine) abandon(r *Record, err error) []effect {
-	reason := fmt.Sprintf("abandoned: %v; free some space in %s, then restart ferry to fetch it again", err, m.cfg.Paths.ExtractDir)
+func (m *Machine) abandon(r *Record, err error) []Effect {
+	reason := fmt.Sprintf("abandoned: %v; free some space in %s, then restart ferry to fetch it again", err, m.cfg.ExtractDir)
 	m.log.Error("fetch abandoned: the disk filled up", "phase", string(PhaseFailed), "bundle", r.Name, "err", err)
-	effs := []effect{effRemove{filepath.Dir(m.incomingPath(r))}, effRemove{bundle.StagingDir(r.Dir)}, effRemove{r.Dir}}
-	return append(effs, m.move(r, PhaseFailed, fault(ReasonFetchAbandoned, reason), Progress{})...)
+	effs := []Effect{EffRemove{filepath.Dir(m.IncomingPath(r))}, EffRemove{bundle.StagingDir(r.Dir)}, EffRemove{r.Dir}}
+	return append(effs, m.Move(r, PhaseFailed, Fault(ReasonFetchAbandoned, reason), Progress{})...)
 }
 
-func (m *machine) reject(r *Record, err error) []effect {
+func (m *Machine) reject(r *Record, err error) []Effect {
 	return m.rejectAs(r, refusalReason(err), strings.TrimPrefix(err.Error(), "bundle "+r.Name+": "))
 }
 
 // rejectAs rejects r for the machine reason given, saying message.
-func (m *machine) rejectAs(r *Record, reason, message string) []effect {
+func (m *Machine) rejectAs(r *Record, reason, message string) []Effect {
 	m.log.Error("bundle refused", "phase", string(PhaseRejected), "bundle", r.Name, "reason", reason, "message", message)
-	m.lastBad = r
-	return m.move(r, PhaseRejected, fault(reason, message), Progress{})
+	m.LastBad = r
+	return m.Move(r, PhaseRejected, Fault(reason, message), Progress{})
 }
 
 // incomingPath is where a fetched tar lands, under its own name so that
 // messages about it read as they would for a stick.
-func (m *machine) incomingPath(r *Record) string {
-	return filepath.Join(m.cfg.Paths.StateDir, "incoming", strings.TrimPrefix(string(r.Digest), "sha256:"), r.Name)
+func (m *Machine) IncomingPath(r *Record) string {
+	return filepath.Join(m.cfg.StateDir, "incoming", strings.TrimPrefix(string(r.Digest), "sha256:"), r.Name)
 }
 
 // Permanent reports whether err says that retrying cannot fix it (an

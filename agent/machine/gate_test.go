@@ -1,8 +1,9 @@
-package agent
+package machine
 
 import (
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -10,45 +11,45 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/internal/sha256digest"
-	"github.com/ferry-edge/ferry/peer"
+	"github.com/ferry-edge/ferry/peer/wire"
 )
 
 func TestDecide(t *testing.T) {
 	const d1, d2 = "sha256:1111111111111111111111111111111111111111111111111111111111111111", "sha256:2222222222222222222222222222222222222222222222222222222222222222"
-	st := func(node, phase string, digest digest.Digest) peer.Status {
-		return peer.Status{Node: node, Phase: phase, Digest: digest}
+	st := func(node, phase string, digest digest.Digest) wire.Status {
+		return wire.Status{Node: node, Phase: phase, Digest: digest}
 	}
-	ok := func(s peer.Status) peer.PeerStatus { return peer.PeerStatus{Status: s} }
-	down := peer.PeerStatus{Err: errors.New("connection refused")}
+	ok := func(s wire.Status) wire.PeerStatus { return wire.PeerStatus{Status: s} }
+	down := wire.PeerStatus{Err: errors.New("connection refused")}
 	tests := []struct {
 		name    string
-		self    peer.Status
-		peers   map[string]peer.PeerStatus
+		self    wire.Status
+		peers   map[string]wire.PeerStatus
 		want    Verdict
 		digest  string
 		waiting []string
 	}{
 		{name: "every node loaded with one digest is ready", self: st("a", "loaded", d1),
-			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "loaded", d1)), "c:1": ok(st("c", "cluster-ready", d1))}, want: Ready, digest: d1},
+			peers: map[string]wire.PeerStatus{"b:1": ok(st("b", "loaded", d1)), "c:1": ok(st("c", "cluster-ready", d1))}, want: Ready, digest: d1},
 		{name: "a single node with no peers is ready once loaded", self: st("a", "loaded", d1), want: Ready, digest: d1},
 		{name: "a node still loading is waited for", self: st("a", "loaded", d1),
-			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "loading", d1))}, want: Waiting, digest: d1, waiting: []string{"b (b:1)"}},
+			peers: map[string]wire.PeerStatus{"b:1": ok(st("b", "loading", d1))}, want: Waiting, digest: d1, waiting: []string{"b (b:1)"}},
 		{name: "this node not loaded is waited for", self: st("a", "fetching", d1),
-			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "loaded", d1))}, want: Waiting, waiting: []string{"a"}},
+			peers: map[string]wire.PeerStatus{"b:1": ok(st("b", "loaded", d1))}, want: Waiting, waiting: []string{"a"}},
 		{name: "a node with no bundle yet is waited for", self: st("a", "loaded", d1),
-			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "idle", ""))}, want: Waiting, waiting: []string{"b (b:1)"}},
+			peers: map[string]wire.PeerStatus{"b:1": ok(st("b", "idle", ""))}, want: Waiting, waiting: []string{"b (b:1)"}},
 		{name: "an unreachable peer is not ready", self: st("a", "loaded", d1),
-			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "loaded", d1)), "c:1": down}, want: Waiting, waiting: []string{"c:1"}},
+			peers: map[string]wire.PeerStatus{"b:1": ok(st("b", "loaded", d1)), "c:1": down}, want: Waiting, waiting: []string{"c:1"}},
 		{name: "two digests are a conflict", self: st("a", "loaded", d1),
-			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "loaded", d2))}, want: Conflict},
+			peers: map[string]wire.PeerStatus{"b:1": ok(st("b", "loaded", d2))}, want: Conflict},
 		{name: "two digests are a conflict before anything loads", self: st("a", "extracted", d1),
-			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "detected", d2))}, want: Conflict},
+			peers: map[string]wire.PeerStatus{"b:1": ok(st("b", "detected", d2))}, want: Conflict},
 		{name: "a conflict wins over an unreachable peer", self: st("a", "loaded", d1),
-			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "failed", d2)), "c:1": down}, want: Conflict},
+			peers: map[string]wire.PeerStatus{"b:1": ok(st("b", "failed", d2)), "c:1": down}, want: Conflict},
 		{name: "an old cleaned-up bundle is no conflict", self: st("a", "loaded", d1),
-			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "cleaned", d2))}, want: Waiting, waiting: []string{"b (b:1)"}},
+			peers: map[string]wire.PeerStatus{"b:1": ok(st("b", "cleaned", d2))}, want: Waiting, waiting: []string{"b (b:1)"}},
 		{name: "a rejected bundle is no conflict", self: st("a", "loaded", d1),
-			peers: map[string]peer.PeerStatus{"b:1": ok(st("b", "rejected", d2))}, want: Waiting, waiting: []string{"b (b:1)"}},
+			peers: map[string]wire.PeerStatus{"b:1": ok(st("b", "rejected", d2))}, want: Waiting, waiting: []string{"b (b:1)"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -78,21 +79,21 @@ func TestDecide(t *testing.T) {
 // its certificate names, it holds nothing.
 func TestGate_ALyingPeerWaitsForTheAdministratorThenIsLeftOut(t *testing.T) {
 	const d1 = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
-	liar := peer.PeerStatus{Verified: "node-x", Err: fmt.Errorf("peer 10.0.0.9:8090: %w: it says %q, its certificate names %q", peer.ErrNodeMismatch, "node-a", "node-x")}
-	peers := map[string]peer.PeerStatus{"10.0.0.2:8090": {Status: peer.Status{Node: "b", Phase: "loaded", Digest: d1}}, "10.0.0.9:8090": liar}
-	d := Decide(peer.Status{Node: "a", Phase: "loaded", Digest: d1}, peers)
+	liar := wire.PeerStatus{Verified: "node-x", Err: fmt.Errorf("peer 10.0.0.9:8090: %w: it says %q, its certificate names %q", wire.ErrNodeMismatch, "node-a", "node-x")}
+	peers := map[string]wire.PeerStatus{"10.0.0.2:8090": {Status: wire.Status{Node: "b", Phase: "loaded", Digest: d1}}, "10.0.0.9:8090": liar}
+	d := Decide(wire.Status{Node: "a", Phase: "loaded", Digest: d1}, peers)
 	if d.Verdict != Waiting || !strings.Contains(d.Message, "certificate names node node-x") || !strings.Contains(d.Message, "spec.excludedNodes") || strings.Contains(d.Message, "cannot reach") {
 		t.Fatalf("the gate on a lying peer: %s: %q, want waiting, naming node-x and spec.excludedNodes", d.Verdict, d.Message)
 	}
 
 	m := machineIn(t, PhaseIdle)
 	m.peersOn, m.peers = true, []string{"10.0.0.2:8090", "10.0.0.9:8090"}
-	m.view = view{statuses: peers, at: m.now()}
+	m.view = View{Statuses: peers, At: m.Now()}
 	r := &Record{Digest: d1}
 	if why := m.peersDisagree(r); why.Reason != ReasonPeersNotHolding || !strings.Contains(why.Message, "certificate names node node-x") {
 		t.Fatalf("before loading, a lying peer: %+v, want waiting for it, named", why)
 	}
-	m.excluded = map[string]string{"node-x": "listed in spec.excludedNodes"}
+	m.Excluded = map[string]string{"node-x": "listed in spec.excludedNodes"}
 	if why := m.peersDisagree(r); why != (Condition{}) {
 		t.Fatalf("the lying peer excluded by the node its certificate names: %+v, want nothing to wait for", why)
 	}
@@ -107,9 +108,9 @@ func TestGate_ALyingPeerWaitsForTheAdministratorThenIsLeftOut(t *testing.T) {
 // if it were still loading.
 func TestDecide_ANodeWithoutCRIOSaysTheClusterCannotUpgrade(t *testing.T) {
 	const d1 = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
-	self := peer.Status{Node: "a", Phase: "loaded", Digest: d1}
-	none := peer.Status{Node: "b", Phase: "extracted", Digest: d1, LoadsNothing: true}
-	d := Decide(self, map[string]peer.PeerStatus{"b:1": {Status: none}})
+	self := wire.Status{Node: "a", Phase: "loaded", Digest: d1}
+	none := wire.Status{Node: "b", Phase: "extracted", Digest: d1, LoadsNothing: true}
+	d := Decide(self, map[string]wire.PeerStatus{"b:1": {Status: none}})
 	if d.Verdict != Waiting || !slices.Equal(d.Waiting, []string{"b (b:1)"}) {
 		t.Fatalf("verdict %s, waiting %v", d.Verdict, d.Waiting)
 	}
@@ -120,7 +121,21 @@ func TestDecide_ANodeWithoutCRIOSaysTheClusterCannotUpgrade(t *testing.T) {
 	}
 	// The same node still loading (it has CRI-O) is only waited for.
 	none.LoadsNothing = false
-	if d := Decide(self, map[string]peer.PeerStatus{"b:1": {Status: none}}); strings.Contains(d.Message, "cannot upgrade") {
+	if d := Decide(self, map[string]wire.PeerStatus{"b:1": {Status: none}}); strings.Contains(d.Message, "cannot upgrade") {
 		t.Errorf("a node with CRI-O: %q", d.Message)
+	}
+}
+
+// TestHostOf_SplitsAsTheNetPackageDoes: the host the gate matches an
+// excluded node's address by is net.SplitHostPort's, or the address whole.
+func TestHostOf_SplitsAsTheNetPackageDoes(t *testing.T) {
+	for _, addr := range []string{"10.0.0.1:8090", "node-a:8090", "[fd00::1]:8090", "node-a", "fd00::1", "[fd00::1]", "a:b:c", "[a]b:1", "host:", ":8090", "[a:1", "a]:1", "[[a]]:1", "a:[1]"} {
+		want := addr
+		if h, _, err := net.SplitHostPort(addr); err == nil {
+			want = h
+		}
+		if got := hostOf(addr); got != want {
+			t.Errorf("hostOf(%q) = %q, want %q", addr, got, want)
+		}
 	}
 }

@@ -1,4 +1,4 @@
-package agent
+package machine
 
 import (
 	"fmt"
@@ -14,35 +14,36 @@ import (
 // files and probes), step_jobs.go (a job's end), step_peers.go (the peers'
 // view, fetching and the gate), step_request.go (ferry load, cleanup and
 // proceed), step_upgrade.go (the cluster upgrade, the hook and what
-// follows), step_retain.go (the running release's kept tree) and
-// registry.go, approval.go (the cluster's approvals and sources). Here:
+// follows), step_retain.go (the running release's kept tree),
+// sources.go and resource.go (the cluster's sources, approvals and
+// UpgradeBundle). Here:
 // start (records from disk), next (what the active bundle needs next)
 // and move, the one way a record changes phase.
 
 // machine is the agent's state and its one transition function, step. It
 // does no I/O: it returns effects, which the loop performs. Only the loop
 // goroutine calls step.
-type machine struct {
-	cfg       Config
+type Machine struct {
+	cfg       Settings
 	policy    bundle.Policy
-	now       func() time.Time
+	Now       func() time.Time
 	log       *slog.Logger
 	hasMedia  bool
 	hasLoader bool
 	peersOn   bool     // a peer transport is wired
 	peers     []string // the other nodes: from the config, or the API
-	hasAPI    bool
+	HasAPI    bool
 	warnings  []string // Deps.Warnings: shown in every status
 
 	// recorded are the nodes with a record (the API's, this one
 	// included); unrecorded how many more the machine config operator
 	// counts: nodes without ferry, which the gate waits for.
-	recorded   []string
-	unrecorded int
+	Recorded   []string
+	Unrecorded int
 
-	records map[string]*Record
-	active  *Record // the bundle that holds the node, nil when none
-	lastBad *Record // the newest refusal or conflict, shown until a bundle succeeds
+	Records map[string]*Record
+	Active  *Record // the bundle that holds the node, nil when none
+	LastBad *Record // the newest refusal or conflict, shown until a bundle succeeds
 	// previous is the last upgraded bundle whose pins stay until the next
 	// upgrade is done; done is the last upgraded one, shown when idle.
 	previous *Record
@@ -58,12 +59,12 @@ type machine struct {
 	// read (nil: none, or none since the upgrade was done on a node the
 	// MCO manages).
 	node    *cluster.NodeUpdate
-	job     *job // the running job, nil when idle
+	Job     *Job // the running job, nil when idle
 	probing map[string]bool
-	view    view // the peers, as last polled
+	view    View // the peers, as last polled
 	backoff time.Duration
 	// cleanupReply: a cleanup waits for the running job to stop.
-	cleanupReply chan error
+	cleanupReply ReplyID
 	cleanupAsked bool
 	// notice is a passing remark for the status (e.g. a stick that holds
 	// the bundle already here).
@@ -81,9 +82,9 @@ type machine struct {
 	// as asked (registry mode), approved by that request.
 	pulled []string
 	// clusterSources are the releases the cluster's UpgradeBundles ask
-	// for from the registry: bundles of them are approved (registry.go).
+	// for from the registry: bundles of them are approved (sources.go).
 	clusterSources []bundle.ReleaseSource
-	excluded       map[string]string
+	Excluded       map[string]string
 	excludedHosts  map[string]bool
 	// restoreDue is why the running release's images are to be checked
 	// once the running job ends ("" when not).
@@ -91,88 +92,84 @@ type machine struct {
 }
 
 // job is the one long task a node runs at a time.
-type job struct {
-	kind   jobKind
-	id     string
-	device string // the stick it reads, if any
-	medium Medium // kept open while it is read
+type Job struct {
+	Kind   jobKind
+	ID     string
+	device string   // the stick it reads, if any
+	medium MediumID // kept open while it is read
 }
 
-func newMachine(cfg Config, policy bundle.Policy, d Deps) *machine {
-	return &machine{
-		cfg: cfg, policy: policy, now: d.Now, log: d.Log,
-		hasMedia: d.Media != nil, hasLoader: d.Loader != nil, peersOn: d.Peers != nil, peers: cfg.Peer.Peers,
-		hasAPI: d.API != nil, warnings: d.Warnings,
-		records: map[string]*Record{}, probing: map[string]bool{},
+func NewMachine(s Settings, policy bundle.Policy, w Wiring) *Machine {
+	return &Machine{
+		cfg: s, policy: policy, Now: w.Now, log: w.Log,
+		hasMedia: w.Media, hasLoader: w.Loader, peersOn: w.Peers, peers: s.Peers,
+		HasAPI: w.API, warnings: w.Warnings,
+		Records: map[string]*Record{}, probing: map[string]bool{},
 	}
 }
 
 // step is the transition table: one case per event.
-func (m *machine) step(ev event) []effect {
+func (m *Machine) Step(ev Event) []Effect {
 	switch ev := ev.(type) {
-	case evStart:
-		return m.start(ev.records)
-	case evDevice:
+	case EvStart:
+		return m.start(ev.Records)
+	case EvDevice:
 		return m.device(ev.DeviceEvent)
-	case evOffer:
+	case EvOffer:
 		return m.offer(ev)
-	case evJobDone:
+	case EvJobDone:
 		return m.jobDone(ev)
-	case evProgress:
-		if r := m.active; r != nil && r.ID == ev.id {
-			r.Progress = ev.p
+	case EvProgress:
+		if r := m.Active; r != nil && r.ID == ev.ID {
+			r.Progress = ev.P
 		}
 		return nil
-	case evView:
-		return m.peersSeen(ev.view)
-	case evRequest:
-		return m.request(ev)
-	case evHookDone:
+	case EvView:
+		return m.peersSeen(ev.View)
+	case EvRequest:
+		return m.requestArrived(ev)
+	case EvHookDone:
 		return m.hookDone(ev)
-	case evUpgradeAsked:
+	case EvUpgradeAsked:
 		return m.upgradeAsked(ev)
-	case evUpgradeSeen:
+	case EvUpgradeSeen:
 		return m.upgradeRead(ev)
-	case evNodeSeen:
+	case EvNodeSeen:
 		return m.nodeSeen(ev)
-	case evBundlePolicy:
-		return m.bundlePolicySeen(ev)
-	case evClusterSources:
-		return m.clusterSourcesSeen(ev)
-	case evClusterApprovals:
-		return m.clusterApprovalsSeen(ev)
-	case evPreflight:
-		if r := m.records[ev.id]; r != nil {
-			r.Warnings = ev.warnings
-			return []effect{effSave{r}}
+	case EvCluster:
+		return m.clusterRead(ev)
+	case EvPreflight:
+		if r := m.Records[ev.ID]; r != nil {
+			r.Warnings = ev.Warnings
+			return []Effect{EffSave{r}}
 		}
 		return nil
-	case evPeerList:
-		m.peers, m.recorded, m.unrecorded = ev.peers, ev.recorded, ev.unrecorded
-		if r := m.active; r != nil && (r.Phase == PhaseLoaded || r.Phase == PhaseClusterReady) {
+	case EvPeerList:
+		m.peers, m.Recorded, m.Unrecorded = ev.Peers, ev.Recorded, ev.Unrecorded
+		if r := m.Active; r != nil && (r.Phase == PhaseLoaded || r.Phase == PhaseClusterReady) {
 			return m.gate(r) // a node without ferry found, or ferry started there
 		}
 		return nil
-	case evRetry:
+	case EvRetry:
 		return append(m.next(), m.restoreIfDue()...)
-	case evRuntimeCheck:
-		return m.runtimeCheck(ev.why)
+	case EvRuntimeCheck:
+		return m.runtimeCheck(ev.Why)
 	}
 	panic(fmt.Sprintf("agent: unknown event %T", ev))
 }
 
 // start takes the records found on disk and picks up where the last run
 // stopped.
-func (m *machine) start(recs []*Record) []effect {
+func (m *Machine) start(recs []*Record) []Effect {
 	for _, r := range recs {
-		m.records[r.ID] = r
+		m.Records[r.ID] = r
 		switch {
 		case r.Phase.Active():
-			m.active = r
+			m.Active = r
 		case r.Phase == PhaseRejected || r.Phase == PhaseConflict:
-			m.lastBad = r
+			m.LastBad = r
 		case r.Phase == PhaseUpgraded && r.Retirement < RetirementDone:
-			m.active = r // its cleanup was cut short: finish it
+			m.Active = r // its cleanup was cut short: finish it
 		case r.Phase == PhaseUpgraded:
 			m.done = r
 			if r.Retirement != RetirementUnpinned {
@@ -180,8 +177,8 @@ func (m *machine) start(recs []*Record) []effect {
 			}
 		}
 	}
-	forget := append(m.pruneRefused(), m.resumeRetained()...)
-	r := m.active
+	forget := append(m.PruneRefused(), m.resumeRetained()...)
+	r := m.Active
 	if r == nil {
 		return forget
 	}
@@ -192,28 +189,28 @@ func (m *machine) start(recs []*Record) []effect {
 		// Interrupted mid-extraction: a published dir without the
 		// extracted record is not trusted either.
 		if r.Dir != "" {
-			effs = append(effs, effRemove{r.Dir})
+			effs = append(effs, EffRemove{r.Dir})
 		}
 		if r.Origin == OriginFile {
 			// The file came as a descriptor, gone with the restart; the
 			// agent never opens the caller's path itself.
-			return append(effs, m.move(r, PhaseDetected, waiting(ReasonCopyInterrupted, "interrupted before the copy finished: run 'ferry load "+r.Source+"' again"), Progress{})...)
+			return append(effs, m.Move(r, PhaseDetected, WaitingFor(ReasonCopyInterrupted, "interrupted before the copy finished: run 'ferry load "+r.Source+"' again"), Progress{})...)
 		}
-		return append(effs, m.move(r, PhaseDetected, waiting(ReasonCopyInterrupted, "interrupted before the copy finished: plug the stick in again"), Progress{})...)
+		return append(effs, m.Move(r, PhaseDetected, WaitingFor(ReasonCopyInterrupted, "interrupted before the copy finished: plug the stick in again"), Progress{})...)
 	case PhaseFetching, PhaseUpgraded:
 	default:
-		effs = append(effs, effShare{rec: r})
+		effs = append(effs, EffShare{Rec: r})
 	}
 	if r.Phase.Loaded() && m.hasLoader {
-		effs = append(effs, effResumeLoader{rec: r, keep: m.keep(r)})
+		effs = append(effs, EffResumeLoader{Rec: r, Keep: m.keep(r)})
 	}
 	return append(effs, m.next()...)
 }
 
 // next starts whatever the active bundle needs next, if nothing runs.
-func (m *machine) next() []effect {
-	r := m.active
-	if r == nil || m.job != nil {
+func (m *Machine) next() []Effect {
+	r := m.Active
+	if r == nil || m.Job != nil {
 		return nil
 	}
 	switch r.Phase {
@@ -221,21 +218,21 @@ func (m *machine) next() []effect {
 		return m.fetch(r)
 	case PhaseExtracted, PhaseLoading:
 		if refusal := m.specRefuses(r); refusal != "" {
-			why := waiting(ReasonOtherBundleApproved, refusal)
+			why := WaitingFor(ReasonOtherBundleApproved, refusal)
 			if r.Condition == why {
 				return nil
 			}
 			m.log.Warn("not loading: the UpgradeBundle approves another bundle", "bundle", r.Name, "digest", r.Digest)
-			return m.move(r, r.Phase, why, r.Progress)
+			return m.Move(r, r.Phase, why, r.Progress)
 		}
 		if r.Approval == bundle.ApprovalNone {
 			if !m.polFor(r.Metadata).Approves(r.Digest) {
-				why := waiting(ReasonAwaitingApproval, m.waitingForApproval(r))
+				why := WaitingFor(ReasonAwaitingApproval, m.WaitingForApproval(r))
 				if r.Condition == why {
 					return nil
 				}
 				m.log.Warn("not loading: the bundle is not approved", "phase", string(r.Phase), "bundle", r.Name, "digest", r.Digest)
-				return m.move(r, r.Phase, why, r.Progress)
+				return m.Move(r, r.Phase, why, r.Progress)
 			}
 			r.Approval = bundle.ApprovalDigest
 			if !m.polFor(r.Metadata).On() {
@@ -248,7 +245,7 @@ func (m *machine) next() []effect {
 				return nil
 			}
 			m.log.Info("not loading yet", "phase", string(r.Phase), "bundle", r.Name, "reason", why.Message)
-			return m.move(r, r.Phase, why, r.Progress)
+			return m.Move(r, r.Phase, why, r.Progress)
 		}
 		if !m.hasLoader {
 			// This node only verifies, extracts and shares: approved (and
@@ -258,13 +255,13 @@ func (m *machine) next() []effect {
 				return nil
 			}
 			m.log.Info("approved; this node loads nothing (no crio.socket)", "phase", string(r.Phase), "bundle", r.Name, "digest", r.Digest)
-			return m.move(r, r.Phase, loadsNothing, r.Progress)
+			return m.Move(r, r.Phase, loadsNothing, r.Progress)
 		}
-		effs := m.move(r, PhaseLoading, Condition{}, Progress{Total: int64(len(r.Images())), Unit: "images"})
+		effs := m.Move(r, PhaseLoading, Condition{}, Progress{Total: int64(len(r.Images())), Unit: "images"})
 		m.log.Info("loading into CRI-O", "phase", string(PhaseLoading), "bundle", r.Name, "digest", r.Digest)
-		return append(effs, m.startJob(effStartJob{kind: jobLoad, rec: r, keep: m.keep(r)}, "")...)
+		return append(effs, m.startJob(EffStartJob{Kind: JobLoad, Rec: r, Keep: m.keep(r)}, "")...)
 	case PhaseUpgraded:
-		if r.Retirement >= RetirementStarted || !m.hasAPI {
+		if r.Retirement >= RetirementStarted || !m.HasAPI {
 			return m.retire(r)
 		}
 		return m.retireWhenDone(r) // waits for the node's next reading
@@ -274,7 +271,7 @@ func (m *machine) next() []effect {
 
 // keep is what r's load must leave pinned: the previous bundle's images,
 // the release the cluster runs until r's upgrade is done.
-func (m *machine) keep(r *Record) []string {
+func (m *Machine) keep(r *Record) []string {
 	if p := m.previous; p != nil && p != r && p.Metadata != nil && p.Retirement != RetirementUnpinned {
 		return p.Images()
 	}
@@ -282,24 +279,24 @@ func (m *machine) keep(r *Record) []string {
 }
 
 // hasPeers reports whether this node has peers to agree with.
-func (m *machine) hasPeers() bool { return m.peersOn && len(m.peers) > 0 }
+func (m *Machine) hasPeers() bool { return m.peersOn && len(m.peers) > 0 }
 
-func (m *machine) startJob(e effStartJob, device string) []effect {
-	m.job = &job{kind: e.kind, id: e.rec.ID, device: device}
-	return []effect{e}
+func (m *Machine) startJob(e EffStartJob, device string) []Effect {
+	m.Job = &Job{Kind: e.Kind, ID: e.Rec.ID, device: device}
+	return []Effect{e}
 }
 
 // move puts r in phase p, for why, and persists it.
-func (m *machine) move(r *Record, p Phase, why Condition, prog Progress) []effect {
+func (m *Machine) Move(r *Record, p Phase, why Condition, prog Progress) []Effect {
 	if r.Times == nil {
 		r.Times = map[Phase]time.Time{}
 	}
 	if r.Phase != p || r.Times[p].IsZero() {
-		r.Times[p] = m.now().UTC()
+		r.Times[p] = m.Now().UTC()
 	}
 	r.Phase, r.Condition, r.Progress = p, why, prog
-	m.records[r.ID] = r
+	m.Records[r.ID] = r
 	// The line of each phase passed through is told, even when the same
 	// step moves on (extracted, then loading).
-	return []effect{effSave{r}, effAnnounce{m.report()}}
+	return []Effect{EffSave{r}, EffAnnounce{m.report()}}
 }

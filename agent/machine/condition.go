@@ -1,4 +1,4 @@
-package agent
+package machine
 
 // Condition is why a bundle is where it is, typed: health, the gate and
 // the peers' view are decided from its Kind (and step compares Reasons),
@@ -70,20 +70,21 @@ const ReasonReleaseUnapproved = "ReleaseUnapproved"
 // loadsNothing is an approved bundle's condition on a node with no CRI-O
 // loader (crio.socket = ""): it is verified, extracted and shared, and
 // nothing more happens here.
-var loadsNothing = underway(ReasonLoadsNothing, "approved; this node loads nothing (no crio.socket): it verifies, extracts and shares the bundle")
+var loadsNothing = Underway(ReasonLoadsNothing, "approved; this node loads nothing (no crio.socket): it verifies, extracts and shares the bundle")
 
-func waiting(reason, message string) Condition {
+// WaitingFor is the condition of a bundle that waits, for reason.
+func WaitingFor(reason, message string) Condition {
 	return Condition{Kind: KindWaiting, Reason: reason, Message: message}
 }
 
-func underway(reason, message string) Condition {
+func Underway(reason, message string) Condition {
 	return Condition{Kind: KindProgress, Reason: reason, Message: message}
 }
 
-func retrying(reason, message string) Condition {
+func Retrying(reason, message string) Condition {
 	return Condition{Kind: KindRetrying, Reason: reason, Message: message}
 }
 
-func fault(reason, message string) Condition {
+func Fault(reason, message string) Condition {
 	return Condition{Kind: KindFault, Reason: reason, Message: message}
 }

@@ -1,4 +1,4 @@
-package agent
+package machine
 
 import (
 	"fmt"
@@ -25,14 +25,14 @@ type desiredRead struct {
 // upgradeRead takes a reading of ClusterVersion: it is kept for the
 // cleanup's guard, a standing spec.cleanup is weighed again, and the
 // upgrade is followed (upgradeSeen).
-func (m *machine) upgradeRead(ev evUpgradeSeen) []effect {
-	r := m.active
-	if r == nil || r.Metadata == nil || r.Metadata.Release != ev.release {
+func (m *Machine) upgradeRead(ev EvUpgradeSeen) []Effect {
+	r := m.Active
+	if r == nil || r.Metadata == nil || r.Metadata.Release != ev.Release {
 		return m.upgradeSeen(ev)
 	}
-	st := ev.st.State
+	st := ev.St.State
 	names := st == cluster.UpgradePending || st == cluster.UpgradeRefused || st == cluster.UpgradeRunning
-	m.desired = desiredRead{release: ev.release, names: names}
+	m.desired = desiredRead{release: ev.Release, names: names}
 	if names {
 		m.askedUnseen = false
 	}
@@ -44,15 +44,15 @@ func (m *machine) upgradeRead(ev evUpgradeSeen) []effect {
 
 // cleanupWanted tells whether the active bundle's UpgradeBundle asks for
 // its cleanup (spec.cleanup).
-func (m *machine) cleanupWanted(r *Record) bool {
-	return r == m.active && m.bundlePolicy != nil && m.bundlePolicy.Cleanup && m.bundleName == m.activeResource()
+func (m *Machine) cleanupWanted(r *Record) bool {
+	return r == m.Active && m.bundlePolicy != nil && m.bundlePolicy.Cleanup && m.bundleName == m.activeResource()
 }
 
 // cleanupHeld is why r must not be taken out now ("" when it may): with
 // the API, ClusterVersion asks for its release, or ferry asked and has
 // not read it back yet, or at cluster-ready it has not been read yet.
-func (m *machine) cleanupHeld(r *Record) string {
-	if !m.hasAPI || r.Metadata == nil || r.Phase != PhaseLoaded && r.Phase != PhaseClusterReady {
+func (m *Machine) cleanupHeld(r *Record) string {
+	if !m.HasAPI || r.Metadata == nil || r.Phase != PhaseLoaded && r.Phase != PhaseClusterReady {
 		return ""
 	}
 	read := m.desired.release == r.Metadata.Release

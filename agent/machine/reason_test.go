@@ -1,4 +1,4 @@
-package agent
+package machine
 
 import (
 	"maps"
@@ -92,22 +92,22 @@ func TestStatus_EveryPhaseHasAMachineReason(t *testing.T) {
 	for p, reason := range want {
 		m := machineIn(t, p)
 		if p == PhaseUpgraded || p == PhaseFailed {
-			m.done = m.records["held"]
-			m.lastBad = nil
+			m.done = m.Records["held"]
+			m.LastBad = nil
 			if p == PhaseFailed {
-				m.lastBad = m.records["held"]
+				m.LastBad = m.Records["held"]
 			}
 		}
-		s := m.status()
+		s := m.NodeStatus()
 		if s.Phase != string(p) && !(p == PhaseCleaned && s.Phase == string(PhaseIdle)) {
 			t.Errorf("%s: status shows phase %s", p, s.Phase)
 		}
 		if s.Reason != reason || !machineReason.MatchString(s.Reason) {
 			t.Errorf("%s: reason %q, want %q", p, s.Reason, reason)
 		}
-		if r := m.records["held"]; r != nil && p.Active() {
-			m.move(r, p, waiting(ReasonPeersUnheard, "waiting to hear from the peers"), Progress{})
-			if s := m.status(); s.Reason != ReasonPeersUnheard || s.Message != "waiting to hear from the peers" {
+		if r := m.Records["held"]; r != nil && p.Active() {
+			m.Move(r, p, WaitingFor(ReasonPeersUnheard, "waiting to hear from the peers"), Progress{})
+			if s := m.NodeStatus(); s.Reason != ReasonPeersUnheard || s.Message != "waiting to hear from the peers" {
 				t.Errorf("%s with a condition: reason %q, message %q", p, s.Reason, s.Message)
 			}
 		}
@@ -117,7 +117,7 @@ func TestStatus_EveryPhaseHasAMachineReason(t *testing.T) {
 			t.Errorf("phase reason %q is not CamelCase", r)
 		}
 	}
-	for st, r := range pullReasons {
+	for st, r := range PullReasons {
 		if !machineReason.MatchString(r) {
 			t.Errorf("pull %s: reason %q is not CamelCase", st, r)
 		}
@@ -129,12 +129,12 @@ func TestStatus_EveryPhaseHasAMachineReason(t *testing.T) {
 func TestStatus_PeerSetupFaultsHaveTheirReason(t *testing.T) {
 	m := machineIn(t, PhaseLoaded)
 	m.peers = []string{"10.0.0.2:8090"}
-	if s := m.status(); s.Healthy || s.Reason != ReasonPeerTokenMissing {
+	if s := m.NodeStatus(); s.Healthy || s.Reason != ReasonPeerTokenMissing {
 		t.Fatalf("no token: healthy %v, reason %q", s.Healthy, s.Reason)
 	}
-	r := m.records["held"]
-	m.move(r, PhaseLoaded, fault(ReasonPeerHoldsOther, "conflict: node b holds another bundle"), Progress{})
-	if s := m.status(); s.Reason != ReasonPeerHoldsOther {
+	r := m.Records["held"]
+	m.Move(r, PhaseLoaded, Fault(ReasonPeerHoldsOther, "conflict: node b holds another bundle"), Progress{})
+	if s := m.NodeStatus(); s.Reason != ReasonPeerHoldsOther {
 		t.Fatalf("a faulty bundle and no token: reason %q", s.Reason)
 	}
 }

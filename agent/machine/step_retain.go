@@ -1,4 +1,4 @@
-package agent
+package machine
 
 import (
 	"fmt"
@@ -15,7 +15,7 @@ import (
 
 // retained is the bundle whose tree is kept as the running release's
 // source, or nil.
-func (m *machine) retained() *Record {
+func (m *Machine) retained() *Record {
 	if r := m.done; r != nil && r.Retained && r.Metadata != nil {
 		return r
 	}
@@ -24,28 +24,28 @@ func (m *machine) retained() *Record {
 
 // resumeRetained, at start, serves the kept tree to the peers again, or
 // removes it when the config no longer keeps one.
-func (m *machine) resumeRetained() []effect {
+func (m *Machine) resumeRetained() []Effect {
 	r := m.retained()
 	if r == nil {
 		return nil
 	}
-	if !m.cfg.Retention.KeepRunningRelease {
+	if !m.cfg.KeepRunningRelease {
 		m.log.Info("retention.keep_running_release is off: removing the copy kept of the running release", "bundle", r.Name, "dir", r.Dir)
 		return m.dropRetained(r)
 	}
-	return []effect{effShare{rec: r}}
+	return []Effect{EffShare{Rec: r}}
 }
 
 // dropRetained stops keeping r's tree.
-func (m *machine) dropRetained(r *Record) []effect {
+func (m *Machine) dropRetained(r *Record) []Effect {
 	r.Retained = false
-	return []effect{effUnshare{r.Digest}, effRemove{r.Dir}, effSave{r}}
+	return []Effect{EffUnshare{r.Digest}, EffRemove{r.Dir}, EffSave{r}}
 }
 
 // keepsDir drops the kept tree when a new bundle is about to be written
 // to the same directory (a bundle of the same version and architecture):
 // the new one replaces it.
-func (m *machine) keepsDir(dir string) []effect {
+func (m *Machine) keepsDir(dir string) []Effect {
 	r := m.retained()
 	if r == nil || r.Dir != dir {
 		return nil
@@ -59,45 +59,45 @@ func (m *machine) keepsDir(dir string) []effect {
 // on CRI-O; otherwise once the running job ends. A loaded bundle that is
 // not the running release holds the mirror: the check waits for it to be
 // taken out or to become the running release.
-func (m *machine) runtimeCheck(why string) []effect {
+func (m *Machine) runtimeCheck(why string) []Effect {
 	r := m.retained()
 	if r == nil || !m.hasLoader {
 		return nil
 	}
-	if a := m.active; m.job != nil || a != nil && (a.Phase == PhaseLoading || a.Phase.Loaded() || a.Phase == PhaseUpgraded) {
+	if a := m.Active; m.Job != nil || a != nil && (a.Phase == PhaseLoading || a.Phase.Loaded() || a.Phase == PhaseUpgraded) {
 		m.restoreDue = why
 		return nil
 	}
 	m.restoreDue = ""
 	m.log.Debug("checking that CRI-O holds the running release", "bundle", r.Name, "cause", why)
-	return m.startJob(effStartJob{kind: jobRestore, rec: r}, "")
+	return m.startJob(EffStartJob{Kind: JobRestore, Rec: r}, "")
 }
 
 // restoreRetry is how soon a check that failed is tried again.
 const restoreRetry = 15 * time.Second
 
 // restoreIfDue runs a check asked for while a job ran, or one to retry.
-func (m *machine) restoreIfDue() []effect {
-	if m.restoreDue == "" || m.job != nil {
+func (m *Machine) restoreIfDue() []Effect {
+	if m.restoreDue == "" || m.Job != nil {
 		return nil
 	}
 	return m.runtimeCheck(m.restoreDue)
 }
 
-func (m *machine) restoreDone(r *Record, j evJobDone) []effect {
-	var effs []effect
+func (m *Machine) restoreDone(r *Record, j EvJobDone) []Effect {
+	var effs []Effect
 	switch {
-	case r == nil || j.stopped:
-	case j.err != nil:
+	case r == nil || j.Stopped:
+	case j.Err != nil:
 		// CRI-O may not answer yet (it has just restarted): again soon.
-		m.notice = fmt.Sprintf("checking or loading again the running release %s from the copy kept here failed (retried in %s): %v", r.Name, restoreRetry, j.err)
-		m.log.Error("checking or loading again the running release's images failed", "bundle", r.Name, "missing", j.restored, "retry_in", restoreRetry, "err", j.err)
+		m.notice = fmt.Sprintf("checking or loading again the running release %s from the copy kept here failed (retried in %s): %v", r.Name, restoreRetry, j.Err)
+		m.log.Error("checking or loading again the running release's images failed", "bundle", r.Name, "missing", j.Restored, "retry_in", restoreRetry, "err", j.Err)
 		m.restoreDue = "retry"
-		effs = append(effs, effAnnounce{m.report()}, effRetryIn{after: restoreRetry})
-	case j.restored > 0:
-		m.notice = fmt.Sprintf("CRI-O had lost %d images of the running release %s: loaded and pinned again from the copy kept here at %s", j.restored, r.Name, m.now().UTC().Format("2006-01-02 15:04:05Z"))
-		m.log.Warn("the running release's images CRI-O had lost are loaded and pinned again from the copy kept on this node", "bundle", r.Name, "images", j.restored)
-		effs = append(effs, effAnnounce{m.report()})
+		effs = append(effs, EffAnnounce{m.report()}, EffRetryIn{After: restoreRetry})
+	case j.Restored > 0:
+		m.notice = fmt.Sprintf("CRI-O had lost %d images of the running release %s: loaded and pinned again from the copy kept here at %s", j.Restored, r.Name, m.Now().UTC().Format("2006-01-02 15:04:05Z"))
+		m.log.Warn("the running release's images CRI-O had lost are loaded and pinned again from the copy kept on this node", "bundle", r.Name, "images", j.Restored)
+		effs = append(effs, EffAnnounce{m.report()})
 	}
 	if m.cleanupAsked {
 		return append(effs, m.cleanup()...)

@@ -1,0 +1,40 @@
+package machine
+
+import (
+	"log/slog"
+	"time"
+)
+
+// Settings are the few values of the node's config that the machine
+// decides with; the agent reads them from its Config (settingsOf).
+type Settings struct {
+	NodeName string
+	// ApprovalOff: any bundle whose sha256 checks is loaded.
+	ApprovalOff bool
+	// OnReady is the cluster hook's argv; Schedule "Automatic" runs it
+	// when every node is loaded, "Manual" waits for ferry proceed.
+	OnReady  []string
+	Schedule string
+	// ExtractDir holds the extracted trees; StateDir the records.
+	ExtractDir string
+	StateDir   string
+	// KeepRunningRelease keeps an upgraded bundle's tree as the running
+	// release's source until the next upgrade is done.
+	KeepRunningRelease bool
+	// Peers are the other nodes the config names; PeersClosed: the peer
+	// server has neither node identity, nor a token, nor leave to be open.
+	Peers       []string
+	PeersClosed bool
+}
+
+// Wiring says which of the agent's parts are there and gives the clock
+// and the log: the machine acts on their presence, never on the parts.
+type Wiring struct {
+	Now      func() time.Time
+	Log      *slog.Logger
+	Media    bool // sticks are watched
+	Loader   bool // CRI-O is there to load into
+	Peers    bool // a peer transport is wired
+	API      bool // the cluster's API is wired
+	Warnings []string
+}
