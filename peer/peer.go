@@ -15,6 +15,8 @@
 //	/v1/status                       Status (JSON) of this node
 //	/v2/…, /v1/pull/…                the registry pull under way, for the nodes following it
 //	                                 (ServerOptions.Pull; pull/serve.go)
+//	/v1/ferry                        BuildOffer (JSON): the ferry build this node runs (ServerOptions.Build)
+//	/v1/ferry/<sha256>               that build's bytes, for ferry-install --peers
 //
 // With a token configured every request needs "Authorization: Bearer <token>".
 package peer

@@ -72,6 +72,10 @@ type ServerOptions struct {
 	// following it (pull.Puller.Handler): /v2/ and /v1/pull/, behind the
 	// same authentication as the bundles.
 	Pull http.Handler
+	// Build, when set, offers the ferry build this node runs: GET
+	// /v1/ferry and /v1/ferry/{sha256} (build.go), behind the same
+	// authentication.
+	Build *Build
 }
 
 // Server is the read-only peer HTTP handler. See the package comment for
@@ -111,6 +115,9 @@ func NewServer(store Store, opts ServerOptions) *Server {
 	if opts.Pull != nil {
 		s.mux.Handle("GET /v2/", opts.Pull)
 		s.mux.Handle("GET /v1/pull/", opts.Pull)
+	}
+	if opts.Build != nil {
+		opts.Build.routes(s)
 	}
 	return s
 }
