@@ -45,7 +45,9 @@ func TestDocs_RegistryLessInstallHasNoSSH(t *testing.T) {
 	for _, want := range []string{
 		"oc apply", "oc patch machineconfiguration", "nodedisruptionpolicy.yaml",
 		"99-worker-ferry.yaml", "99-master-ferry.yaml", trustPath, "ferry-x86_64", "sha256sum",
-		"/var/usrlocal", "journalctl -u 'ferry-install@*'",
+		"/var/usrlocal", "journalctl -u 'ferry-install@*' -u ferry-install-peers",
+		// one plug per cluster (issue 42): the others take ferry from a peer
+		"**Plug one node**", "from\n   peer 10.0.0.11:8090", "What it costs an idle cluster",
 	} {
 		if !strings.Contains(sec, want) {
 			t.Errorf("the registry-less install route never mentions %q", want)
@@ -65,9 +67,9 @@ func TestDocs_RegistryLessInstallHasNoSSH(t *testing.T) {
 
 // secretLike are what a credential looks like in a file: a MachineConfig is
 // served by the machine config server to anything that asks for Ignition,
-// so none may carry one.
-// A key's path (client-key: /…) would mean a kubeconfig travels; the
-// peers' installer reading that field of the kubelet's own does not.
+// so none may carry one. A key's path (client-key: /…) would mean a
+// kubeconfig travels; the peers' installer reading that field of the
+// kubelet's own does not.
 var secretLike = regexp.MustCompile(`(?i)peer-token|token_file|tokenFile|\btoken:|client-key-data|client-key:\s*[/"']|client-certificate-data|BEGIN [A-Z ]*PRIVATE KEY|password|REPLACE-WITH`)
 
 // TestMachineConfig_CarriesNoSecret: no shipped MachineConfig or Butane
