@@ -99,7 +99,11 @@ func TestThreeNodes_StickInOneLoadsAll(t *testing.T) {
 		layOutFerryNode(t, ctx, v, mc, configs[i], builds.oldSum)
 	}
 	// the segment works before ferry is asked to use it
-	sh(t, ctx, vms[0], "busybox ping -c 1 -W 5 10.77.0.2 >/dev/null && busybox ping -c 1 -W 5 10.77.0.3 >/dev/null")
+	// (generously: under TCG on a busy host one ARP and echo can take
+	// longer than a ping waits)
+	sh(t, ctx, vms[0], `for a in 10.77.0.2 10.77.0.3; do ok=; for i in $(seq 30); do
+		busybox ping -c 1 -W 5 $a >/dev/null && { ok=1; break; }; done
+		[ -n "$ok" ] || { echo "no answer from $a"; busybox ip addr; exit 1; }; done`)
 
 	// The floor of three nodes on this host: every node at once reads a
 	// stick and pulls the images raw, as one node's floor does alone. Three
