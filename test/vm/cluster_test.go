@@ -344,7 +344,9 @@ func layOutFerryNode(t *testing.T, ctx context.Context, v *VM, mc *shippedMC, co
 		t.Fatal(err)
 	}
 	writeTrust(t, ctx, v, mc, sums...)
-	fast := "[Timer]\nOnActiveSec=\nOnActiveSec=1s\nOnUnitInactiveSec=\nOnUnitInactiveSec=5s\nRandomizedDelaySec=0\nAccuracySec=1s\n"
+	// One empty assignment resets every timer of the unit (a second one
+	// would drop OnActiveSec=1s again, and the timer would never fire).
+	fast := "[Timer]\nOnActiveSec=\nOnActiveSec=1s\nOnUnitInactiveSec=5s\nRandomizedDelaySec=0\nAccuracySec=1s\n"
 	if err := v.WriteFile(ctx, "/etc/systemd/system/ferry-install-peers.timer.d/50-test.conf", []byte(fast), 0o644); err != nil {
 		t.Fatal(err)
 	}
