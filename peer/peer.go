@@ -17,6 +17,8 @@
 //	                                 (ServerOptions.Pull; pull/serve.go)
 //	/metrics                         the agent's Prometheus metrics (ServerOptions.Metrics); with
 //	                                 node identities also for the cluster's monitoring (MonitoringUser), which reads nothing else
+//	/v1/ferry                        BuildOffer (JSON): the ferry build this node runs (ServerOptions.Build)
+//	/v1/ferry/<sha256>               that build's bytes, for ferry-install --peers
 //
 // With a token configured every request needs "Authorization: Bearer <token>".
 package peer

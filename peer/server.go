@@ -78,6 +78,10 @@ type ServerOptions struct {
 	Metrics http.Handler
 	// Served, when set, is told of each tar byte sent to a peer.
 	Served func(n int64)
+	// Build, when set, offers the ferry build this node runs: GET
+	// /v1/ferry and /v1/ferry/{sha256} (build.go), behind the same
+	// authentication.
+	Build *Build
 }
 
 // Server is the read-only peer HTTP handler. See the package comment for
@@ -120,6 +124,9 @@ func NewServer(store Store, opts ServerOptions) *Server {
 	}
 	if opts.Metrics != nil {
 		s.mux.Handle("GET /metrics", opts.Metrics)
+	}
+	if opts.Build != nil {
+		opts.Build.routes(s)
 	}
 	return s
 }

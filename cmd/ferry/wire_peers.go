@@ -71,8 +71,19 @@ func newPeers(cfg agent.Config, gov *pacing.Governor, known func(string) bool, m
 	side := &peerSide{peers: peer.Node{Shelf: shelf, Fetcher: f},
 		access: &pull.PeerAccess{Transport: client.Transport(), TLS: client.TLS()}}
 	if cfg.Peer.Listen != "" {
+		// The build this process runs, for the peers' installers
+		// (ferry-install --peers): without it the node still serves bundles.
+		build, err := peer.OpenBuild("/proc/self/exe", buildVersion())
+		if err != nil {
+			log.Warn("peers: this node's ferry build is not offered", "err", err)
+		} else {
+			sopts.Build = build
+		}
 		side.serve = func(ctx context.Context, a *agent.Agent, pull http.Handler) error {
 			defer shelf.Close()
+			if build != nil {
+				defer build.Close()
+			}
 			sopts.Status, sopts.Pull = a.PeerStatus, pull
 			srv := peer.NewServer(shelf, sopts)
 			if err := srv.ListenAndServe(ctx, cfg.Peer.Listen); err != nil {

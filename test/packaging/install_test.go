@@ -45,7 +45,9 @@ func TestDocs_RegistryLessInstallHasNoSSH(t *testing.T) {
 	for _, want := range []string{
 		"oc apply", "oc patch machineconfiguration", "nodedisruptionpolicy.yaml",
 		"99-worker-ferry.yaml", "99-master-ferry.yaml", trustPath, "ferry-x86_64", "sha256sum",
-		"/var/usrlocal", "journalctl -u 'ferry-install@*'",
+		"/var/usrlocal", "journalctl -u 'ferry-install@*' -u ferry-install-peers",
+		// one plug per cluster (issue 42): the others take ferry from a peer
+		"**Plug one node**", "from\n   peer 10.0.0.11:8090", "What it costs an idle cluster",
 	} {
 		if !strings.Contains(sec, want) {
 			t.Errorf("the registry-less install route never mentions %q", want)
@@ -65,8 +67,10 @@ func TestDocs_RegistryLessInstallHasNoSSH(t *testing.T) {
 
 // secretLike are what a credential looks like in a file: a MachineConfig is
 // served by the machine config server to anything that asks for Ignition,
-// so none may carry one.
-var secretLike = regexp.MustCompile(`(?i)peer-token|token_file|tokenFile|\btoken:|client-key|client-certificate-data|BEGIN [A-Z ]*PRIVATE KEY|password|REPLACE-WITH`)
+// so none may carry one. A key's path (client-key: /…) would mean a
+// kubeconfig travels; the peers' installer reading that field of the
+// kubelet's own does not.
+var secretLike = regexp.MustCompile(`(?i)peer-token|token_file|tokenFile|\btoken:|client-key-data|client-key:\s*[/"']|client-certificate-data|BEGIN [A-Z ]*PRIVATE KEY|password|REPLACE-WITH`)
 
 // TestMachineConfig_CarriesNoSecret: no shipped MachineConfig or Butane
 // source holds a token, a key or a placeholder for one, and none names a
@@ -176,7 +180,8 @@ func TestInstaller_ShellcheckAndPaths(t *testing.T) {
 }
 
 // TestInstaller_UnitVerifies runs systemd-analyze verify on an instance of
-// the installer unit, as a node starts it for /dev/sdb1.
+// the installer unit, as a node starts it for /dev/sdb1, and on the peers'
+// installer and its timer.
 func TestInstaller_UnitVerifies(t *testing.T) {
 	analyze := needTool(t, "systemd-analyze", "systemd")
 	r := t.TempDir()
@@ -187,9 +192,10 @@ func TestInstaller_UnitVerifies(t *testing.T) {
 	}
 	run(t, "", "cp", "-a", "/usr/lib/systemd/system", filepath.Join(r, "usr/lib/systemd/"))
 	run(t, "", "cp", "/bin/sh", filepath.Join(r, "bin/sh"))
-	run(t, "", "cp", filepath.Join(root, mcDir, "ferry-install@.service"), filepath.Join(r, "etc/systemd/system/"))
+	run(t, "", "cp", filepath.Join(root, mcDir, "ferry-install@.service"), filepath.Join(root, mcDir, "ferry-install-peers.service"),
+		filepath.Join(root, mcDir, "ferry-install-peers.timer"), filepath.Join(root, "packaging/ferry.slice"), filepath.Join(r, "etc/systemd/system/"))
 	run(t, "", "cp", filepath.Join(root, mcDir, "ferry-install"), filepath.Join(r, "etc/ferry/"))
-	out, err := runErr(t, "", analyze, "verify", "--root="+r, "ferry-install@sdb1.service")
+	out, err := runErr(t, "", analyze, "verify", "--root="+r, "ferry-install@sdb1.service", "ferry-install-peers.service", "ferry-install-peers.timer")
 	// The device unit exists only on a node with the stick plugged.
 	var problems []string
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {

@@ -11,8 +11,8 @@ import (
 	"testing"
 )
 
-// installerRun is one run of ferry-install for /dev/sdz1, as its unit
-// starts it, in a mount namespace of its own where /etc, /usr/local and
+// installerRun is one run of ferry-install for /dev/sdz1 (or --peers), as
+// its unit starts it, in a mount namespace of its own where /etc, /usr/local and
 // /dev are the test's: the stick is a directory, mount and systemctl are
 // stand-ins that write what they were asked to a log.
 type installerRun struct {
@@ -20,6 +20,7 @@ type installerRun struct {
 	etcFerry  map[string]string // /etc/ferry's files
 	installed string            // /usr/local/bin/ferry, "" for none
 	oldKernel bool              // mount refuses nosymfollow, as before Linux 5.10
+	peers     bool              // ferry-install --peers, as ferry-install-peers.service runs it
 }
 
 type installerResult struct {
@@ -85,6 +86,10 @@ func (r installerRun) run(t *testing.T) installerResult {
 			t.Fatal(err)
 		}
 	}
+	arg := "sdz1"
+	if r.peers {
+		arg = "--peers"
+	}
 	harness := fmt.Sprintf(`set -eu
 d=%[1]s
 cp /etc/ld.so.cache "$d/" 2>/dev/null || true
@@ -100,11 +105,11 @@ mknod -m 666 /dev/null c 1 3
 mknod -m 600 /dev/sdz1 b 7 250
 mkdir "$d/run"
 rc=0
-PATH="$d/stubs:$PATH" RUNTIME_DIRECTORY="$d/run" sh %[3]s sdz1 >"$d/journal" 2>&1 || rc=$?
+PATH="$d/stubs:$PATH" RUNTIME_DIRECTORY="$d/run" sh %[3]s %[4]s >"$d/journal" 2>&1 || rc=$?
 echo $rc >"$d/rc"
 [ ! -f /usr/local/bin/ferry ] || cp /usr/local/bin/ferry "$d/after"
 ls -A /usr/local/bin | grep -vx ferry >"$d/leftovers" || true
-`, dir, mountBin, filepath.Join(root, mcDir, "ferry-install"))
+`, dir, mountBin, filepath.Join(root, mcDir, "ferry-install"), arg)
 	cmd := exec.CommandContext(t.Context(), unshare, "--mount", "--propagation", "private", "sh", "-c", harness)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("the harness: %v\n%s", err, out)

@@ -22,7 +22,7 @@ import (
 
 // builderVersion is part of every cache key: bump it when the way the image
 // is built changes in a way the hashed inputs do not show.
-const builderVersion = "ferry-vm-image-3"
+const builderVersion = "ferry-vm-image-4"
 
 // Suite is the Debian release of the guest.
 const Suite = "bookworm"
@@ -31,11 +31,12 @@ const Suite = "bookworm"
 // --variant=essential. golang-github-containers-common is Debian 12's
 // containers-common; netavark satisfies its container-network-stack need
 // with 4 MB instead of 45; procps gives /bin/kill, without which crio's
-// ExecReload fails (203/EXEC) and crio silently keeps its old config.
+// ExecReload fails (203/EXEC) and crio silently keeps its old config;
+// curl is what ferry-install --peers asks the peers with, as on RHCOS.
 var GuestPackages = []string{
 	"systemd-sysv", "udev", "dbus", "kmod", "mount", "busybox",
 	"conmon", "runc", "golang-github-containers-common", "netavark",
-	"libseccomp2", "ca-certificates", "procps",
+	"libseccomp2", "ca-certificates", "procps", "curl",
 }
 
 // guestModules selects the kernel modules copied into the guest (paths

@@ -56,15 +56,7 @@ func TestSingleNode_InstallsFerryFromAStick(t *testing.T) {
 	if err := copyFile(e.bins.Ferry, oldFerry, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
-	// A newer build says so: the installer refuses one that reports no
-	// version over one that does (install-policy, allow-downgrade).
-	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-X main.version=v9999.0.0-vm-newer-build", "-o", newFerry, "./cmd/ferry")
-	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build the newer ferry: %v\n%s", err, out)
-	}
-	t.Logf("newer ferry built in %.1fs", time.Since(start).Seconds())
+	buildFerryVersion(t, ctx, newFerry, "v9999.0.0-vm-newer-build")
 	oldSum, err := hashFile(oldFerry)
 	if err != nil {
 		t.Fatal(err)
@@ -239,6 +231,24 @@ func TestSingleNode_InstallsFerryFromAStick(t *testing.T) {
 	if pid := requireRunning(t, ctx, v, newSum); pid != pid2 {
 		t.Errorf("virtual media with the same build restarted ferry (pid %s, was %s)", pid, pid2)
 	}
+}
+
+// buildFerryVersion builds ./cmd/ferry as out, saying it is version: a
+// newer build says so, and the installer refuses one that reports no
+// version over one that does (install-policy, allow-downgrade).
+func buildFerryVersion(t *testing.T, ctx context.Context, out, version string) {
+	t.Helper()
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-X main.version="+version, "-o", out, "./cmd/ferry")
+	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ferry %s: %v\n%s", version, err, b)
+	}
+	t.Logf("ferry %s built in %.1fs", version, time.Since(start).Seconds())
 }
 
 // trustList is the trust anchor ferry's MachineConfig ships.
