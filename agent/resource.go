@@ -44,7 +44,6 @@ func ResourceName(version, arch string) string {
 // BundleAPI is the part of the cluster's API the resource needs.
 type BundleAPI interface {
 	UpgradeBundle(ctx context.Context, name string) (cluster.BundleView, bool, error)
-	CreateUpgradeBundle(ctx context.Context, name string) error
 	// PublishBundle writes node's entry, and the summary when sum is not
 	// nil (this node is the summary's one writer, summaryWriter).
 	PublishBundle(ctx context.Context, name string, sum *cluster.BundleSummary, node string, entry cluster.BundleNodeEntry) error
@@ -503,16 +502,12 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *bundleRepor
 		return err
 	}
 	if !ok {
-		// None yet (or no CRD): the node's config is the policy until
-		// the administrator writes one.
+		// None yet (or no CRD): the node's config is the policy, and the
+		// node reports on its own Node, until the administrator creates
+		// it (absent.go).
 		a.post(evBundlePolicy{name: rep.name})
-		if err := api.CreateUpgradeBundle(cctx, rep.name); err != nil {
-			return err
-		}
-		a.log.Info("created the UpgradeBundle resource: waiting for the administrator's policy (spec)", "bundle", rep.name)
-		if view, _, err = api.UpgradeBundle(cctx, rep.name); err != nil {
-			return err
-		}
+		written.name = "" // written again in full once it exists
+		return a.reportWithoutResource(cctx, api, rep, lastPhase)
 	}
 	// A node whose entry came after this one's readiness reading (both
 	// just started): read again, once for those names, rather than write
@@ -565,21 +560,26 @@ func (a *Agent) syncBundle(ctx context.Context, api ClusterAPI, rep *bundleRepor
 			}
 		}
 	}
-	// One Event per phase the record reached, in order, those passed
-	// between two polls too; the newest says the status line.
+	return a.phaseEvents(cctx, api, rep, view.UID, entry.Phase, lastPhase)
+}
+
+// phaseEvents records one Event per phase the record reached, in order,
+// those passed between two polls too; the newest (current) says the
+// status line. uid is the resource's ("" while it does not exist).
+func (a *Agent) phaseEvents(cctx context.Context, api BundleAPI, rep *bundleReport, uid, current string, lastPhase map[string]string) error {
 	for _, p := range rep.phases {
 		key := rep.name + "/" + string(p.phase) + "/" + p.at.String()
 		if lastPhase[key] != "" {
 			continue
 		}
 		typ, msg := "Normal", fmt.Sprintf("%s: %s at %s", a.cfg.NodeName, p.phase, p.at.UTC().Format(time.RFC3339))
-		if string(p.phase) == entry.Phase {
+		if string(p.phase) == current {
 			msg = fmt.Sprintf("%s: %s", a.cfg.NodeName, rep.line)
 			if !rep.healthy {
 				typ = "Warning"
 			}
 		}
-		if err := api.BundleEvent(cctx, rep.name, view.UID, a.cfg.NodeName, typ, phaseReason(p.phase), SanitizeReason(msg)); err != nil {
+		if err := api.BundleEvent(cctx, rep.name, uid, a.cfg.NodeName, typ, phaseReason(p.phase), SanitizeReason(msg)); err != nil {
 			return err
 		}
 		lastPhase[key] = "sent"
@@ -894,8 +894,7 @@ func (m *machine) waitingForApproval(r *Record) string {
 		return WaitingForApproval(r.Digest)
 	}
 	name := ResourceName(r.Metadata.Version, r.Metadata.Arch)
-	why := fmt.Sprintf(`waiting for approval: oc patch upgradebundle %s --type=merge -p '{"spec":{"approvedDigest":"<the engineer's digest>"}}' with the digest from the engineer (the bundle's .sha256 file), not from this node: this node read %s (or add the engineer's digest to approved_digests and restart ferry)`,
-		name, r.Digest)
+	why := approvalCommand(name, r.Metadata.Name(), r.Digest)
 	if strays := strayApprovals(m.clusterApproved, name, r.Digest); len(strays) > 0 {
 		why += "; " + strayMessage(strings.Join(strays, ", "), name, r.Digest)
 	}

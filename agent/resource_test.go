@@ -21,8 +21,9 @@ func TestResourceName_IsAKubernetesName(t *testing.T) {
 	}
 }
 
-func TestResource_ANodeCreatesItAndReportsEachPhaseWithConditionsEventsAndLabel(t *testing.T) {
+func TestResource_ANodeReportsEachPhaseWithConditionsEventsAndLabel(t *testing.T) {
 	h, api := apiHarness(t)
+	api.create(resourceName)
 	h.start()
 	src, digest := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
@@ -62,6 +63,7 @@ func TestResource_ANodeCreatesItAndReportsEachPhaseWithConditionsEventsAndLabel(
 func TestResource_ApprovedInTheSpecLoadsWithNoRestart(t *testing.T) {
 	h, api := apiHarness(t)
 	h.cfg.Approval = "required"
+	api.create(resourceName)
 	h.start()
 	src, digest := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
@@ -93,6 +95,7 @@ func TestResource_AnApprovalInAnotherUpgradeBundleApprovesNothing(t *testing.T) 
 	h.cfg.Approval = "required"
 	h.start()
 	src, digest := stick(t, bundletest.Options{})
+	api.create(resourceName)
 	api.setPolicy("4.13.7-amd64", cluster.BundlePolicy{ApprovedDigest: string(digest), Schedule: "Manual"})
 	h.plug("/dev/sda", src)
 	h.waitFor("a Warning Event naming the resource that counts", func() bool {
@@ -118,18 +121,48 @@ func TestResource_AnApprovalInAnotherUpgradeBundleApprovesNothing(t *testing.T) 
 	}
 }
 
-// TestWaitingForApproval_WithAnAPINamesTheResourceNotThisNodesDigest:
-// the administrator is told how to approve the bundle in its
-// UpgradeBundle, with the engineer's digest, not handed this node's (a
-// node's word can be forged) to paste; this node's is said as what it read.
-func TestWaitingForApproval_WithAnAPINamesTheResourceNotThisNodesDigest(t *testing.T) {
+// TestWaitingForApproval_WithAnAPINamesTheCommandNotThisNodesDigest:
+// the administrator is told the one command that approves the bundle
+// whether or not its UpgradeBundle exists (ferry approve, which creates
+// it: a node creates none), with the engineer's file, not handed this
+// node's digest (a node's word can be forged) to paste; this node's is
+// said as what it read.
+func TestWaitingForApproval_WithAnAPINamesTheCommandNotThisNodesDigest(t *testing.T) {
 	m := machineIn(t, PhaseExtracted)
 	m.hasAPI = true
 	why := m.waitingForApproval(m.records["held"])
-	if !strings.Contains(why, "oc patch upgradebundle "+resourceName) || !strings.Contains(why, `"approvedDigest":"<the engineer's digest>"`) ||
-		!strings.Contains(why, "this node read "+heldDigest) || strings.Contains(why, `"approvedDigest":"`+heldDigest) {
+	if !strings.Contains(why, "ferry approve upgrade-4.13.7-x86_64.sha256 with the engineer's file") || !strings.Contains(why, "creates UpgradeBundle "+resourceName) ||
+		!strings.Contains(why, "this node read "+heldDigest) || strings.Contains(why, "approve "+heldDigest) {
 		t.Fatalf("waiting for approval: %q", why)
 	}
+}
+
+// TestResource_WithoutItTheNodeCreatesNoneAndReportsOnItsNode: no
+// UpgradeBundle exists (the administrator has created none): the node
+// creates none, goes on as its own config says, and says each phase on
+// its Node's label and in Events about the bundle's name; once the
+// administrator creates the resource, the node writes its entry there.
+func TestResource_WithoutItTheNodeCreatesNoneAndReportsOnItsNode(t *testing.T) {
+	h, api := apiHarness(t)
+	h.start()
+	src, digest := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseClusterReady)
+	h.waitFor("the Node's label and the Events to say so", func() bool {
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		events := strings.Join(api.events, "\n")
+		return api.labels["node-a"][LabelPhase] == string(PhaseClusterReady) && strings.Contains(events, "Normal/Extracted/node-a:") &&
+			strings.Contains(events, "Normal/ClusterReady/node-a:")
+	})
+	if _, ok := api.bundle(resourceName); ok {
+		t.Fatal("the node created the UpgradeBundle")
+	}
+	api.create(resourceName)
+	h.waitFor("the node's entry in the resource the administrator created", func() bool {
+		b, ok := api.bundle(resourceName)
+		return ok && b.nodes["node-a"].Phase == string(PhaseClusterReady) && b.nodes["node-a"].Digest == digest
+	})
 }
 
 func TestSummarize_UpgradedNodesCountAsReady(t *testing.T) {

@@ -180,18 +180,6 @@ func entryOf(e cluster.BundleNodeEntry) bundleNode {
 		Conditions: conditionsIn(e.Conditions)}
 }
 
-// CreateUpgradeBundle creates the UpgradeBundle name with an empty spec
-// (the administrator's to fill); one that exists already is fine.
-func (c *Client) CreateUpgradeBundle(ctx context.Context, name string) error {
-	var o upgradeBundle
-	o.APIVersion, o.Kind, o.Metadata.Name = "ferry.io/v1alpha1", "UpgradeBundle", name
-	err := c.do(ctx, "POST", bundlesPath, jsonType, o, nil)
-	if err != nil && !IsConflict(err) {
-		return fmt.Errorf("creating upgradebundle %s: %w", name, err)
-	}
-	return nil
-}
-
 // PublishBundleStatus writes the summary and node's own entry into the
 // UpgradeBundle's status with one merge patch: other nodes' entries stay.
 func (c *Client) PublishBundleStatus(ctx context.Context, name string, sum cluster.BundleSummary, node string, entry cluster.BundleNodeEntry) error {

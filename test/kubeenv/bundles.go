@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/kube"
 )
 
@@ -26,19 +27,21 @@ func (e *Env) InstallUpgradeBundles(crd string) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	// The admission policy (InstallFerry's) holds for the new type once a
-	// credential bound to no Node is refused a create (of a name the CRD
-	// takes, so that the policy is what answers).
+	// credential bound to no Node is refused a status write (to a
+	// resource the administrator made, so that the policy is what
+	// answers: a node may create none).
 	const probeBundle = "0.0.0-probe-x86-64"
+	ctx := context.Background()
+	must(e.t, e.Admin.Raw(ctx, "POST", bundlesPath, "application/json", map[string]any{"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundle",
+		"metadata": map[string]any{"name": probeBundle}}, nil))
+	defer e.Admin.Raw(ctx, "DELETE", bundlesPath+"/"+probeBundle, "", nil, nil)
 	c, err := kube.New(e.ServiceAccountKubeconfig("openshift-ferry", "ferry"), nil)
 	must(e.t, err)
 	c.Attempts = 1
 	for {
-		err := c.CreateUpgradeBundle(context.Background(), probeBundle)
+		err := c.PublishBundleEntry(ctx, probeBundle, "probe", cluster.BundleNodeEntry{Phase: "idle"})
 		if err != nil && strings.Contains(err.Error(), "bound to no Node") {
 			return
-		}
-		if err == nil {
-			e.Admin.Raw(context.Background(), "DELETE", bundlesPath+"/"+probeBundle, "", nil, nil)
 		}
 		if time.Now().After(deadline) {
 			e.t.Fatalf("the ferry-upgradebundle admission policy never held (apply InstallFerry first): %v", err)
