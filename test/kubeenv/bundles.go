@@ -32,8 +32,7 @@ func (e *Env) InstallUpgradeBundles(crd string) {
 	// answers: a node may create none).
 	const probeBundle = "0.0.0-probe-x86-64"
 	ctx := context.Background()
-	must(e.t, e.Admin.Raw(ctx, "POST", bundlesPath, "application/json", map[string]any{"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundle",
-		"metadata": map[string]any{"name": probeBundle}}, nil))
+	e.CreateBundle(probeBundle)
 	defer e.Admin.Raw(ctx, "DELETE", bundlesPath+"/"+probeBundle, "", nil, nil)
 	c, err := kube.New(e.ServiceAccountKubeconfig("openshift-ferry", "ferry"), nil)
 	must(e.t, err)
@@ -62,6 +61,14 @@ func (e *Env) PatchBundleSpec(name string, spec map[string]any) {
 			"metadata": map[string]any{"name": name}, "spec": spec}, nil)
 	}
 	must(e.t, err)
+}
+
+// CreateBundle creates an UpgradeBundle with an empty spec as the
+// administrator (a node creates none: ferry approve or oc apply does).
+func (e *Env) CreateBundle(name string) {
+	e.t.Helper()
+	must(e.t, e.Admin.Raw(context.Background(), "POST", bundlesPath, "application/json", map[string]any{"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundle",
+		"metadata": map[string]any{"name": name}}, nil))
 }
 
 // Bundle returns an UpgradeBundle as stored (nil when there is none).
