@@ -301,8 +301,8 @@ func approvedOf(bundles []upgradeBundle) []cluster.Approval {
 
 // ApproveBundle writes the administrator's approval of d, and schedule
 // when not empty, into the spec of the UpgradeBundle name, creating it
-// when no node has yet (ferry approve, before the stick). before is the
-// spec it held (nil when it was created here).
+// when it does not exist (ferry approve; a node never creates one).
+// before is the spec it held (nil when it was created here).
 func (c *Client) ApproveBundle(ctx context.Context, name string, d digest.Digest, schedule string) (before *cluster.BundlePolicy, err error) {
 	spec := map[string]any{"approvedDigest": string(d)}
 	if schedule != "" {
@@ -319,7 +319,8 @@ func (c *Client) ApproveBundle(ctx context.Context, name string, d digest.Digest
 		if !IsConflict(err) {
 			return nil, fmt.Errorf("creating upgradebundle %s: %w", name, err)
 		}
-		// A node created it meanwhile: write the spec into that one.
+		// Created meanwhile (another ferry approve, an oc apply): write
+		// the spec into that one.
 		err = c.do(ctx, "GET", bundlesPath+"/"+url.PathEscape(name), "", nil, &o)
 	}
 	if err != nil {
