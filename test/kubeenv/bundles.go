@@ -63,12 +63,16 @@ func (e *Env) PatchBundleSpec(name string, spec map[string]any) {
 	must(e.t, err)
 }
 
-// CreateBundle creates an UpgradeBundle with an empty spec as the
+// CreateBundle creates an UpgradeBundle with a spec of defaults as the
 // administrator (a node creates none: ferry approve or oc apply does).
+// The spec holds one field (cleanup: false): the API server tracks no
+// managedFields on an object created owning none, not even the nodes'
+// later writes, as ferry approve's approvedDigest and oc apply's
+// annotation each give it one.
 func (e *Env) CreateBundle(name string) {
 	e.t.Helper()
 	must(e.t, e.Admin.Raw(context.Background(), "POST", bundlesPath, "application/json", map[string]any{"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundle",
-		"metadata": map[string]any{"name": name}}, nil))
+		"metadata": map[string]any{"name": name}, "spec": map[string]any{"cleanup": false}}, nil))
 }
 
 // Bundle returns an UpgradeBundle as stored (nil when there is none).
