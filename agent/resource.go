@@ -27,7 +27,6 @@ const LabelPhase = "ferry.io/phase"
 // BundleAPI is the part of the cluster's API the resource needs.
 type BundleAPI interface {
 	UpgradeBundle(ctx context.Context, name string) (cluster.BundleView, bool, error)
-	CreateUpgradeBundle(ctx context.Context, name string) error
 	// PublishBundle writes node's entry, and the summary when sum is not
 	// nil (this node is the summary's one writer, summaryWriter).
 	PublishBundle(ctx context.Context, name string, sum *cluster.BundleSummary, node string, entry cluster.BundleNodeEntry) error
@@ -241,13 +240,14 @@ func (n *nodesRead) refresh(ctx context.Context, api BundleAPI, resync time.Dura
 // bundleRead is the active bundle's UpgradeBundle as readBundle read it,
 // for writeBundle.
 type bundleRead struct {
+	absent   bool // no UpgradeBundle of this name: the administrator creates it
 	view     cluster.BundleView
 	ready    map[string]cluster.NodeReady
 	excluded map[string]string
 }
 
-// readBundle reads the active bundle's UpgradeBundle (creating it when
-// there is none) and the nodes' readiness; its policy goes into read.
+// readBundle reads the active bundle's UpgradeBundle (a node creates
+// none) and the nodes' readiness; its policy goes into read.
 func (a *Agent) readBundle(ctx context.Context, api ClusterAPI, rep *machine.BundleReport, nodes *nodesRead, read *machine.EvCluster) (bundleRead, error) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -256,16 +256,11 @@ func (a *Agent) readBundle(ctx context.Context, api ClusterAPI, rep *machine.Bun
 		return bundleRead{}, err
 	}
 	if !ok {
-		// None yet (or no CRD): the node's config is the policy until
-		// the administrator writes one.
+		// None yet (or no CRD): the node's config is the policy, and the
+		// node reports on its own Node, until the administrator creates
+		// it (absent.go).
 		read.Policy = &machine.PolicyRead{Name: rep.Name}
-		if err := api.CreateUpgradeBundle(cctx, rep.Name); err != nil {
-			return bundleRead{}, err
-		}
-		a.log.Info("created the UpgradeBundle resource: waiting for the administrator's policy (spec)", "bundle", rep.Name)
-		if view, _, err = api.UpgradeBundle(cctx, rep.Name); err != nil {
-			return bundleRead{}, err
-		}
+		return bundleRead{absent: true}, nil
 	}
 	// A node whose entry came after this one's readiness reading (both
 	// just started): read again, once for those names, rather than write
@@ -297,6 +292,10 @@ func (a *Agent) writeBundle(ctx context.Context, api ClusterAPI, rep *machine.Bu
 }, lastPhase map[string]string) error {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	if own.absent {
+		written.name = "" // written again in full once it exists
+		return a.reportWithoutResource(cctx, api, rep, lastPhase)
+	}
 	view, ready, excluded := own.view, own.ready, own.excluded
 	entry := rep.Entry
 	entry.Excluded = excluded[a.cfg.NodeName]
@@ -332,21 +331,26 @@ func (a *Agent) writeBundle(ctx context.Context, api ClusterAPI, rep *machine.Bu
 			}
 		}
 	}
-	// One Event per phase the record reached, in order, those passed
-	// between two polls too; the newest says the status line.
+	return a.phaseEvents(cctx, api, rep, view.UID, entry.Phase, lastPhase)
+}
+
+// phaseEvents records one Event per phase the record reached, in order,
+// those passed between two polls too; the newest (current) says the
+// status line. uid is the resource's ("" while it does not exist).
+func (a *Agent) phaseEvents(cctx context.Context, api BundleAPI, rep *machine.BundleReport, uid, current string, lastPhase map[string]string) error {
 	for _, p := range rep.Phases {
 		key := rep.Name + "/" + string(p.Phase) + "/" + p.At.String()
 		if lastPhase[key] != "" {
 			continue
 		}
 		typ, msg := "Normal", fmt.Sprintf("%s: %s at %s", a.cfg.NodeName, p.Phase, p.At.UTC().Format(time.RFC3339))
-		if string(p.Phase) == entry.Phase {
+		if string(p.Phase) == current {
 			msg = fmt.Sprintf("%s: %s", a.cfg.NodeName, rep.Line)
 			if !rep.Healthy {
 				typ = "Warning"
 			}
 		}
-		if err := api.BundleEvent(cctx, rep.Name, view.UID, a.cfg.NodeName, typ, machine.PhaseReason(p.Phase), machine.SanitizeReason(msg)); err != nil {
+		if err := api.BundleEvent(cctx, rep.Name, uid, a.cfg.NodeName, typ, machine.PhaseReason(p.Phase), machine.SanitizeReason(msg)); err != nil {
 			return err
 		}
 		lastPhase[key] = "sent"

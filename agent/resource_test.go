@@ -22,8 +22,9 @@ func TestResourceName_IsAKubernetesName(t *testing.T) {
 	}
 }
 
-func TestResource_ANodeCreatesItAndReportsEachPhaseWithConditionsEventsAndLabel(t *testing.T) {
+func TestResource_ANodeReportsEachPhaseWithConditionsEventsAndLabel(t *testing.T) {
 	h, api := apiHarness(t)
+	api.create(resourceName)
 	h.start()
 	src, digest := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
@@ -63,6 +64,7 @@ func TestResource_ANodeCreatesItAndReportsEachPhaseWithConditionsEventsAndLabel(
 func TestResource_ApprovedInTheSpecLoadsWithNoRestart(t *testing.T) {
 	h, api := apiHarness(t)
 	h.cfg.Approval = "required"
+	api.create(resourceName)
 	h.start()
 	src, digest := stick(t, bundletest.Options{})
 	h.plug("/dev/sda", src)
@@ -94,6 +96,7 @@ func TestResource_AnApprovalInAnotherUpgradeBundleApprovesNothing(t *testing.T) 
 	h.cfg.Approval = "required"
 	h.start()
 	src, digest := stick(t, bundletest.Options{})
+	api.create(resourceName)
 	api.setPolicy("4.13.7-amd64", cluster.BundlePolicy{ApprovedDigest: string(digest), Schedule: "Manual"})
 	h.plug("/dev/sda", src)
 	h.waitFor("a Warning Event naming the resource that counts", func() bool {
@@ -117,6 +120,34 @@ func TestResource_AnApprovalInAnotherUpgradeBundleApprovesNothing(t *testing.T) 
 	if h.loads() != 0 {
 		t.Fatal("a bundle approved only in another UpgradeBundle was loaded")
 	}
+}
+
+// TestResource_WithoutItTheNodeCreatesNoneAndReportsOnItsNode: no
+// UpgradeBundle exists (the administrator has created none): the node
+// creates none, goes on as its own config says, and says each phase on
+// its Node's label and in Events about the bundle's name; once the
+// administrator creates the resource, the node writes its entry there.
+func TestResource_WithoutItTheNodeCreatesNoneAndReportsOnItsNode(t *testing.T) {
+	h, api := apiHarness(t)
+	h.start()
+	src, digest := stick(t, bundletest.Options{})
+	h.plug("/dev/sda", src)
+	h.waitPhase(PhaseClusterReady)
+	h.waitFor("the Node's label and the Events to say so", func() bool {
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		events := strings.Join(api.events, "\n")
+		return api.labels["node-a"][LabelPhase] == string(PhaseClusterReady) && strings.Contains(events, "Normal/Extracted/node-a:") &&
+			strings.Contains(events, "Normal/ClusterReady/node-a:")
+	})
+	if _, ok := api.bundle(resourceName); ok {
+		t.Fatal("the node created the UpgradeBundle")
+	}
+	api.create(resourceName)
+	h.waitFor("the node's entry in the resource the administrator created", func() bool {
+		b, ok := api.bundle(resourceName)
+		return ok && b.nodes["node-a"].Phase == string(PhaseClusterReady) && b.nodes["node-a"].Digest == digest
+	})
 }
 
 func TestSummarize_UpgradedNodesCountAsReady(t *testing.T) {

@@ -319,6 +319,7 @@ func TestUpgrade_PeersComeFromTheAPIWhenTheConfigNamesNone(t *testing.T) {
 func TestUpgrade_WaitsForANodeWithoutFerryUntilExcluded(t *testing.T) {
 	h, api := apiHarness(t)
 	api.addrs, api.machines = map[string]string{"node-a": "10.0.0.1"}, 2
+	api.create(ResourceName("4.13.7", "x86_64"))
 	h.peers = newFakePeers()
 	h.start()
 	src, _ := stick(t, bundletest.Options{})
@@ -361,16 +362,10 @@ func (f *fakeAPI) UpgradeBundle(_ context.Context, name string) (cluster.BundleV
 	return cluster.BundleView{UID: "uid-" + name, Policy: b.policy, Nodes: maps.Clone(b.nodes)}, true, nil
 }
 
-func (f *fakeAPI) CreateUpgradeBundle(_ context.Context, name string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.bundles == nil {
-		f.bundles = map[string]*fakeBundle{}
-	}
-	if f.bundles[name] == nil {
-		f.bundles[name] = &fakeBundle{nodes: map[string]cluster.BundleNodeEntry{}}
-	}
-	return nil
+// create plays the administrator creating an UpgradeBundle with an
+// empty spec (a node creates none).
+func (f *fakeAPI) create(name string) {
+	f.setPolicy(name, cluster.BundlePolicy{})
 }
 
 func (f *fakeAPI) PublishBundle(_ context.Context, name string, sum *cluster.BundleSummary, node string, e cluster.BundleNodeEntry) error {

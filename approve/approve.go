@@ -1,7 +1,8 @@
-// Package approve is the administrator's pre-approval of a bundle (ferry
-// approve FILE.sha256): from the engineer's files it derives the
-// UpgradeBundle's name and the digest to approve, writes them into that
-// UpgradeBundle (creating it before any node has the bundle), and, when
+// Package approve is the administrator's approval of a bundle (ferry
+// approve FILE.sha256), before the stick or after: from the engineer's
+// files it derives the UpgradeBundle's name and the digest to approve,
+// writes them into that UpgradeBundle (creating it: a node never does,
+// docs/security.md, "How many objects one node can create"), and, when
 // the bundle itself is at hand to read its release, approves that release
 // in the admission ConfigMap. Only the engineer's files are read: never a
 // digest a node reports (docs/admin.md, "Approval").

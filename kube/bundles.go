@@ -122,18 +122,6 @@ func summaryOf(sum cluster.BundleSummary, now time.Time) v1alpha1.UpgradeBundleS
 		Behind: sum.Behind, Conditions: conditionsIn(sum.Conditions, now), ObservedGeneration: sum.ObservedGeneration}
 }
 
-// CreateUpgradeBundle creates the UpgradeBundle name with an empty spec
-// (the administrator's to fill); one that exists already is fine.
-func (c *Client) CreateUpgradeBundle(ctx context.Context, name string) error {
-	o := v1alpha1.UpgradeBundle{TypeMeta: typeMeta}
-	o.Name = name
-	err := c.do(ctx, "POST", bundlesPath, jsonType, o, nil)
-	if err != nil && !IsConflict(err) {
-		return fmt.Errorf("creating upgradebundle %s: %w", name, err)
-	}
-	return nil
-}
-
 // PublishBundleStatus writes the summary and node's own entry into the
 // UpgradeBundle's status (applyBundleStatus): other nodes' entries stay.
 func (c *Client) PublishBundleStatus(ctx context.Context, name string, sum cluster.BundleSummary, node string, entry cluster.BundleNodeEntry) error {
@@ -223,8 +211,8 @@ func approvedOf(bundles []v1alpha1.UpgradeBundle) []cluster.Approval {
 
 // ApproveBundle writes the administrator's approval of d, and schedule
 // when not empty, into the spec of the UpgradeBundle name, creating it
-// when no node has yet (ferry approve, before the stick). before is the
-// spec it held (nil when it was created here).
+// when it does not exist (ferry approve; a node never creates one).
+// before is the spec it held (nil when it was created here).
 func (c *Client) ApproveBundle(ctx context.Context, name string, d digest.Digest, schedule string) (before *cluster.BundlePolicy, err error) {
 	spec := map[string]any{"approvedDigest": string(d)}
 	if schedule != "" {
@@ -241,7 +229,8 @@ func (c *Client) ApproveBundle(ctx context.Context, name string, d digest.Digest
 		if !IsConflict(err) {
 			return nil, fmt.Errorf("creating upgradebundle %s: %w", name, err)
 		}
-		// A node created it meanwhile: write the spec into that one.
+		// Created meanwhile (another ferry approve, an oc apply): write
+		// the spec into that one.
 		err = c.do(ctx, "GET", bundlesPath+"/"+url.PathEscape(name), "", nil, &o)
 	}
 	if err != nil {

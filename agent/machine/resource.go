@@ -528,10 +528,19 @@ func (m *Machine) WaitingForApproval(r *Record) string {
 		return WaitingForApproval(r.Digest)
 	}
 	name := ResourceName(r.Metadata.Version, r.Metadata.Arch)
-	why := fmt.Sprintf(`waiting for approval: oc patch upgradebundle %s --type=merge -p '{"spec":{"approvedDigest":"<the engineer's digest>"}}' with the digest from the engineer (the bundle's .sha256 file), not from this node: this node read %s (or add the engineer's digest to approved_digests and restart ferry)`,
-		name, r.Digest)
+	why := approvalCommand(name, r.Metadata.Name(), r.Digest)
 	if strays := StrayApprovals(m.clusterApproved, name, r.Digest); len(strays) > 0 {
 		why += "; " + StrayMessage(strings.Join(strays, ", "), name, r.Digest)
 	}
 	return why
+}
+
+// approvalCommand is how the administrator approves the bundle file
+// (upgrade-<version>-<arch>) of the UpgradeBundle name, whether or not
+// that resource exists yet: ferry approve with the engineer's .sha256,
+// which creates it or writes its spec. d, this node's digest, is given to
+// compare with, never to paste: a node's word can be forged.
+func approvalCommand(name, file string, d digest.Digest) string {
+	return fmt.Sprintf("waiting for approval: ferry approve %s.sha256 with the engineer's file (it creates UpgradeBundle %s, or writes its spec.approvedDigest), "+
+		"never with a digest from this node: this node read %s, compare it (or add the engineer's digest to approved_digests and restart ferry)", file, name, d)
 }

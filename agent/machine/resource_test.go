@@ -5,16 +5,18 @@ import (
 	"testing"
 )
 
-// TestWaitingForApproval_WithAnAPINamesTheResourceNotThisNodesDigest:
-// the administrator is told how to approve the bundle in its
-// UpgradeBundle, with the engineer's digest, not handed this node's (a
-// node's word can be forged) to paste; this node's is said as what it read.
-func TestWaitingForApproval_WithAnAPINamesTheResourceNotThisNodesDigest(t *testing.T) {
+// TestWaitingForApproval_WithAnAPINamesTheCommandNotThisNodesDigest:
+// the administrator is told the one command that approves the bundle
+// whether or not its UpgradeBundle exists (ferry approve, which creates
+// it: a node creates none), with the engineer's file, not handed this
+// node's digest (a node's word can be forged) to paste; this node's is
+// said as what it read.
+func TestWaitingForApproval_WithAnAPINamesTheCommandNotThisNodesDigest(t *testing.T) {
 	m := machineIn(t, PhaseExtracted)
 	m.HasAPI = true
 	why := m.WaitingForApproval(m.Records["held"])
-	if !strings.Contains(why, "oc patch upgradebundle 4.13.7-x86-64") || !strings.Contains(why, `"approvedDigest":"<the engineer's digest>"`) ||
-		!strings.Contains(why, "this node read "+heldDigest) || strings.Contains(why, `"approvedDigest":"`+heldDigest) {
+	if !strings.Contains(why, "ferry approve upgrade-4.13.7-x86_64.sha256 with the engineer's file") || !strings.Contains(why, "creates UpgradeBundle 4.13.7-x86-64") ||
+		!strings.Contains(why, "this node read "+heldDigest) || strings.Contains(why, "approve "+heldDigest) {
 		t.Fatalf("waiting for approval: %q", why)
 	}
 }

@@ -91,6 +91,6 @@ func approveText(res approve.Result) string {
 	if res.Needed != "" {
 		fmt.Fprintf(&b, "not done: %s\n", res.Needed)
 	}
-	fmt.Fprintf(&b, "next: plug the stick into any node; follow it with\n  kubectl wait --for=condition=Approved upgradebundle/%s --timeout=30m\n  oc get upgradebundle %s -o wide\n", p.Name, p.Name)
+	fmt.Fprintf(&b, "next: plug the stick into any node, if no node has it yet; follow it with\n  kubectl wait --for=condition=Approved upgradebundle/%s --timeout=30m\n  oc get upgradebundle %s -o wide\n", p.Name, p.Name)
 	return b.String()
 }

@@ -202,9 +202,7 @@ func TestPolicy_TheConditionsAreTheSummarysAndEchoNoGenerationAhead(t *testing.T
 	a := ferryClient(t, e)
 	installBundles(e)
 	ctx := t.Context()
-	if err := a.CreateUpgradeBundle(ctx, bundleName); err != nil {
-		t.Fatal(err)
-	}
+	e.CreateBundle(bundleName)
 	d := digest.Digest("sha256:" + strings.Repeat("a", 64))
 	entry := cluster.BundleNodeEntry{Phase: "loaded", Digest: d}
 	sum := func(gen int64, typ string) cluster.BundleSummary {

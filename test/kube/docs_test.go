@@ -422,7 +422,8 @@ func docNames(t *testing.T, tarPath string, r *docRun) {
 
 // plugDocsBundle starts node-a's agent (approval required, a real CRI-O,
 // its own credential), gives it the bundle as a stick would, and waits
-// until the bundle's UpgradeBundle exists.
+// until the node's entry is in the bundle's UpgradeBundle (which
+// engineer.md's ferry approve made: a node creates none).
 func plugDocsBundle(t *testing.T, e *kubeenv.Env, c *crioenv.CRIO, tarPath string) *ferryenv.Agent {
 	t.Helper()
 	meta, err := bundle.InspectFile(tarPath)
@@ -434,7 +435,11 @@ func plugDocsBundle(t *testing.T, e *kubeenv.Env, c *crioenv.CRIO, tarPath strin
 		c.Configure(cfg)
 		cfg.Approval = "required"
 	})
-	waitUntil(t, "the UpgradeBundle "+name+" made by the node", func() bool { return e.Bundle(name) != nil })
+	waitUntil(t, "node-a's entry in the UpgradeBundle "+name, func() bool {
+		st, _ := e.Bundle(name)["status"].(map[string]any)
+		nodes, _ := st["nodes"].(map[string]any)
+		return nodes["node-a"] != nil
+	})
 	return a
 }
 

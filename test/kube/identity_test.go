@@ -69,7 +69,7 @@ func refusesWhatIsNotNodeAs(t *testing.T, e *kubeenv.Env, c *kube.Client, bundle
 	err = c.Raw(ctx, "POST", "/apis/ferry.io/v1alpha1/upgradebundles", "application/json", map[string]any{
 		"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundle", "metadata": map[string]any{"name": "4.13.9-x86-64"},
 		"spec": map[string]any{"approvedDigest": "sha256:" + strings.Repeat("c", 64)}}, nil)
-	denied(t, "approving (creating an approved UpgradeBundle)", err, "ferry-upgradebundle")
+	denied(t, "approving (creating an approved UpgradeBundle)", err, "")
 
 	err = merge(t, c, cvPath, desired(next, true))
 	denied(t, "setting force", err, "ferry-clusterversion")
@@ -115,9 +115,7 @@ func TestPolicy_AKubeletCertificateActsForItsOwnNodeOnly(t *testing.T) {
 	if err := a.Annotate(ctx, "node-a", map[string]string{"ferry.io/phase": "loaded"}, map[string]string{"ferry.io/phase": "loaded"}); err != nil {
 		t.Fatalf("annotating its own Node: %v", err)
 	}
-	if err := a.CreateUpgradeBundle(ctx, bundleName); err != nil {
-		t.Fatal(err)
-	}
+	e.CreateBundle(bundleName) // the administrator's (a node creates none)
 	digest := digest.Digest("sha256:" + strings.Repeat("a", 64))
 	sum := cluster.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: digest, Phase: "loaded", NodesReady: "1/2"}
 	if err := a.PublishBundleStatus(ctx, bundleName, sum, "node-a", cluster.BundleNodeEntry{Phase: "loaded", Digest: digest}); err != nil {

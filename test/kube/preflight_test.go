@@ -100,6 +100,7 @@ func TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake(t *testing.T) {
 	e.CreatePod("shop", "front", "node-a", "quay.io/my-company/front:latest", "Always")
 	const alwaysPull = "quay.io/my-company/front:latest"
 	tarPath, meta := releaseBundle(t)
+	e.CreateBundle(agent.ResourceName(meta.Version, meta.Arch)) // the administrator's: a node creates none
 
 	a := nodeAgent(t, e, "", nil)
 	a.Ferry("load", tarPath) // refused: the status says why
@@ -155,6 +156,7 @@ func TestAgent_PreflightWarningsShowInTheStatusAndTheUpgradeBundle(t *testing.T)
 	e.SetClusterOperator("ingress", kubeenv.Condition{Type: "Degraded", Status: "True", Reason: "IngressDegraded", Message: "2 of 3 router replicas are unavailable"})
 	e.CreatePod("shop", "front", "node-a", "quay.io/my-company/front:latest", "Always")
 	tarPath, meta := releaseBundle(t)
+	e.CreateBundle(agent.ResourceName(meta.Version, meta.Arch)) // the administrator's: a node creates none
 
 	a := nodeAgent(t, e, tarPath, nil)
 	waitUntil(t, "node-a's record for its peers, written by its agent", func() bool {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/api/v1alpha1"
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/kube"
 )
 
@@ -27,19 +28,20 @@ func (e *Env) InstallUpgradeBundles(crd string) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	// The admission policy (InstallFerry's) holds for the new type once a
-	// credential bound to no Node is refused a create (of a name the CRD
-	// takes, so that the policy is what answers).
+	// credential bound to no Node is refused a status write (to a
+	// resource the administrator made, so that the policy is what
+	// answers: a node may create none).
 	const probeBundle = "0.0.0-probe-x86-64"
+	ctx := context.Background()
+	e.CreateBundle(probeBundle)
+	defer e.Admin.Raw(ctx, "DELETE", bundlesPath+"/"+probeBundle, "", nil, nil)
 	c, err := kube.New(e.ServiceAccountKubeconfig("openshift-ferry", "ferry"), nil)
 	must(e.t, err)
 	c.Attempts = 1
 	for {
-		err := c.CreateUpgradeBundle(context.Background(), probeBundle)
+		err := c.PublishBundleEntry(ctx, probeBundle, "probe", cluster.BundleNodeEntry{Phase: "idle"})
 		if err != nil && strings.Contains(err.Error(), "bound to no Node") {
 			return
-		}
-		if err == nil {
-			e.Admin.Raw(context.Background(), "DELETE", bundlesPath+"/"+probeBundle, "", nil, nil)
 		}
 		if time.Now().After(deadline) {
 			e.t.Fatalf("the ferry-upgradebundle admission policy never held (apply InstallFerry first): %v", err)
@@ -76,6 +78,19 @@ func (e *Env) UpgradeBundle(name string) (o v1alpha1.UpgradeBundle, ok bool) {
 
 // Bundle returns an UpgradeBundle as stored, every field the API server
 // holds (nil when there is none): for a test's log.
+// CreateBundle creates an UpgradeBundle with a spec of defaults as the
+// administrator (a node creates none: ferry approve or oc apply does).
+// The spec holds one field (cleanup: false): the API server tracks no
+// managedFields on an object created owning none, not even the nodes'
+// later writes, as ferry approve's approvedDigest and oc apply's
+// annotation each give it one.
+func (e *Env) CreateBundle(name string) {
+	e.t.Helper()
+	must(e.t, e.Admin.Raw(context.Background(), "POST", bundlesPath, "application/json", map[string]any{"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundle",
+		"metadata": map[string]any{"name": name}, "spec": map[string]any{"cleanup": false}}, nil))
+}
+
+// Bundle returns an UpgradeBundle as stored (nil when there is none).
 func (e *Env) Bundle(name string) map[string]any {
 	e.t.Helper()
 	var o map[string]any

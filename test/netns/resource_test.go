@@ -53,17 +53,19 @@ func TestAgents_TheUpgradeBundleRunsTheClusterFromTheAPI(t *testing.T) {
 	a, b, c := f.nodes[0], f.nodes[1], f.nodes[2]
 	c.A.Stop()
 
-	// Unapproved: extracted, shared, loaded nowhere.
+	// Unapproved: extracted, shared, loaded nowhere. The administrator
+	// made the resource, empty (a node creates none).
+	e.CreateBundle(name)
 	a.load(t, tarPath)
 	a.A.Wait(agentBound, "waiting for approval", func(s agent.Status) bool {
 		return s.Phase == string(agent.PhaseExtracted) && s.Reason == agent.ReasonAwaitingApproval && string(s.Digest) == digest
 	})
-	waitFor(t, "the UpgradeBundle created by A, waiting for approval", func() bool {
+	waitFor(t, "A's entry in the UpgradeBundle, waiting for approval", func() bool {
 		st, nodes := bundleStatus(e, name)
 		return st != nil && st["approved"] == "waiting for approval" && condition(nodes, a.Name, "Extracted") == "True" && condition(nodes, a.Name, "Loaded") == "False"
 	})
-	if spec, _ := e.Bundle(name)["spec"].(map[string]any); len(spec) != 0 {
-		t.Fatalf("ferry wrote the spec: %v", spec)
+	if spec, _ := e.Bundle(name)["spec"].(map[string]any); fmt.Sprint(spec) != "map[cleanup:false]" {
+		t.Fatalf("ferry wrote the spec: %v, want the administrator's (CreateBundle)", spec)
 	}
 	// Turns of both loops after the wait was published load nothing.
 	a.A.TurnsRefused(2, "proceed")

@@ -185,11 +185,13 @@ func TestDemo(t *testing.T) {
 		return s.Phase == "extracted" && s.Digest == b.Digest && s.Reason == "AwaitingApproval"
 	})
 	bundleName := "4.13.7-x86-64"
-	fmt.Println("    $ oc get upgradebundles")
-	show(api.getUpgradeBundles())
+	// No UpgradeBundle yet (a node creates none): the node says so on
+	// its Node.
+	fmt.Println("    $ oc get nodes -L ferry.io/phase")
+	show(api.getNodes("node1"))
 
-	say("The administrator approves the engineer's digest (from the bundle's .sha256, never from a node)")
-	fmt.Printf("    $ oc patch upgradebundle %s --type=merge -p '{\"spec\":{\"approvedDigest\":\"%s\"}}'\n", bundleName, b.Digest)
+	say("The administrator creates the UpgradeBundle with the engineer's digest (from the bundle's .sha256, never from a node): ferry approve, or")
+	fmt.Printf("    $ oc apply -f - <<<'{\"apiVersion\":\"ferry.io/v1alpha1\",\"kind\":\"UpgradeBundle\",\"metadata\":{\"name\":\"%s\"},\"spec\":{\"approvedDigest\":\"%s\"}}'\n", bundleName, b.Digest)
 	api.env.PatchBundleSpec(bundleName, map[string]any{"approvedDigest": b.Digest})
 	say("And the release for the cluster upgrade, once (ferry bundle verify prints the command)")
 	fmt.Println("    $ " + cluster.ApproveCommand(b.Meta.Release))
