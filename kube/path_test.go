@@ -1,10 +1,6 @@
 package kube
 
 import (
-	"encoding/json"
-	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -84,20 +80,7 @@ func TestPathStatus_TakesNoStep(t *testing.T) {
 		}},
 	}
 	var writes []string
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet {
-			writes = append(writes, r.Method+" "+r.URL.Path)
-		}
-		o, ok := objs[r.URL.Path]
-		if !ok {
-			w.WriteHeader(http.StatusNotFound)
-			json.NewEncoder(w).Encode(map[string]string{"reason": "NotFound", "message": r.URL.Path + " not found"})
-			return
-		}
-		json.NewEncoder(w).Encode(o)
-	}))
-	t.Cleanup(srv.Close)
-	c := &Client{ep: endpoint{server: srv.URL}, tokens: &tokens{}, hc: srv.Client(), log: slog.New(slog.DiscardHandler), Attempts: 1}
+	c := fakeAPIWrites(t, objs, &writes)
 	p := cluster.Path{Hops: []cluster.Upgrade{{Release: rel("2"), Version: "4.17.20"}, {Release: rel("3"), Version: "4.18.10"}}}
 	st, err := c.PathStatus(t.Context(), p)
 	if err != nil || st.State != cluster.UpgradeNotAsked || len(writes) > 0 {

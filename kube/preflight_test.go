@@ -11,7 +11,16 @@ import (
 
 // fakeAPI answers GETs from a path → JSON map; anything else is a 404.
 func fakeAPI(t *testing.T, objs map[string]any) *Client {
+	return fakeAPIWrites(t, objs, nil)
+}
+
+// fakeAPIWrites is fakeAPI that also records each write ("PATCH /path")
+// in writes, when not nil.
+func fakeAPIWrites(t *testing.T, objs map[string]any, writes *[]string) *Client {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && writes != nil {
+			*writes = append(*writes, r.Method+" "+r.URL.Path)
+		}
 		o, ok := objs[r.URL.Path]
 		if !ok {
 			w.WriteHeader(http.StatusNotFound)
