@@ -98,9 +98,15 @@ func TestThreeNodes_StickInOneLoadsAll(t *testing.T) {
 	for i, v := range vms {
 		layOutFerryNode(t, ctx, v, mc, configs[i], builds.oldSum)
 	}
-	// the segment works before ferry is asked to use it
-	// (generously: under TCG on a busy host one ARP and echo can take
-	// longer than a ping waits)
+	// the segment works before ferry is asked to use it. On a busy host
+	// a guest's eth0 can appear after its device job's 90 s timeout: the
+	// address unit then never ran (its job failed as a dependency, the
+	// system still "running"), and eth0 stays down with no address.
+	// Starting it now is a no-op where it ran. Generous pings: under TCG
+	// on a busy host one ARP and echo can take longer than a ping waits.
+	for _, v := range vms {
+		sh(t, ctx, v, "systemctl start ferry-vm-net.service")
+	}
 	sh(t, ctx, vms[0], `for a in 10.77.0.2 10.77.0.3; do ok=; for i in $(seq 30); do
 		busybox ping -c 1 -W 5 $a >/dev/null && { ok=1; break; }; done
 		[ -n "$ok" ] || { echo "no answer from $a"; busybox ip addr; exit 1; }; done`)
