@@ -30,8 +30,9 @@ func TestAdvancePath_ARefusedHopStopsThePathAndSaysSo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.State != cluster.UpgradeRefused || !strings.Contains(st.Reason, "hop 2 of 2 (4.18.10) failed: the path stops at 4.17.20") ||
-		!strings.Contains(st.Reason, "no signature") {
+	// The whole text, golden: the hop, where the path stops, the
+	// operator's words.
+	if st.State != cluster.UpgradeRefused || st.Reason != "hop 2 of 2 (4.18.10) failed: the path stops at 4.17.20: The update cannot be verified: no signature" {
 		t.Errorf("AdvancePath = %+v; want refused, naming the hop, where it stops and the operator's words", st)
 	}
 }
@@ -59,7 +60,8 @@ func TestAdvancePath_UpgradeableFalseHoldsTheNextMinorHop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.State != cluster.UpgradePending || !strings.Contains(st.Reason, "hop 2 of 2 (4.18.10) waits") || !strings.Contains(st.Reason, "Kubernetes 1.31 removes APIs in use") {
+	if st.State != cluster.UpgradePending ||
+		st.Reason != "hop 2 of 2 (4.18.10) waits: the cluster is not upgradeable to a new minor version (Upgradeable=False, AdminAckRequired): Kubernetes 1.31 removes APIs in use" {
 		t.Errorf("AdvancePath = %+v; want the second hop waiting, in the operator's words", st)
 	}
 }
