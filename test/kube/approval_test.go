@@ -148,6 +148,7 @@ var kubeletGains = []string{
 	"* list machineconfigpools.machineconfiguration.openshift.io",
 	"* list upgradebundles.ferry.io",
 	"* patch clusterversions.config.openshift.io",
+	"* patch machineconfigpools.machineconfiguration.openshift.io",
 	"* patch nodes",
 	"* patch upgradebundles/status.ferry.io",
 	"* watch clusterversions.config.openshift.io",
