@@ -197,10 +197,10 @@ func TestDocs_DefaultConfigFileShowsEveryKeyAndLoadsAsDefaults(t *testing.T) {
 	}
 }
 
-// phases reads the Phase constants of agent/state.go.
+// phases reads the Phase constants of agent/machine/phase.go.
 func phases(t *testing.T) []string {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(root, "agent/phase.go"), nil, 0)
+	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(root, "agent/machine/phase.go"), nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func phases(t *testing.T) []string {
 		}
 	}
 	if len(out) < 5 {
-		t.Fatalf("found phases %v in agent/phase.go: the parse is broken", out)
+		t.Fatalf("found phases %v in agent/machine/phase.go: the parse is broken", out)
 	}
 	sort.Strings(out)
 	return out
@@ -254,7 +254,7 @@ func TestDocs_TechnicianGuideCoversEveryPhaseAndRefusal(t *testing.T) {
 	for _, p := range phases(t) {
 		line, ok := seenAs[p]
 		if !ok {
-			t.Errorf("phase %q (agent/phase.go) is new: add what it shows to docs/technician.md and to this test", p)
+			t.Errorf("phase %q (agent/machine/phase.go) is new: add what it shows to docs/technician.md and to this test", p)
 			continue
 		}
 		if !strings.Contains(doc, line) {
@@ -294,7 +294,7 @@ func TestDocs_TroubleshootingUsesTheJournalFields(t *testing.T) {
 	doc := repoFile(t, "docs/troubleshooting.md")
 	// slog attribute keys the agent logs, upper-cased by the journal handler.
 	var src strings.Builder
-	for _, dir := range []string{"agent", "cmd/ferry"} {
+	for _, dir := range []string{"agent", "agent/machine", "cmd/ferry"} {
 		files, _ := filepath.Glob(filepath.Join(root, dir, "*.go"))
 		for _, f := range files {
 			if strings.HasSuffix(f, "_test.go") {
