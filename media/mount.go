@@ -9,7 +9,6 @@ import (
 	"sort"
 
 	"golang.org/x/sys/unix"
-
 )
 
 // mountFlags keep a stick from doing anything but being read; with

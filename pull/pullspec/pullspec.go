@@ -37,7 +37,6 @@ type Request struct {
 	FromNode string `json:"fromNode,omitempty"`
 }
 
-
 // States of a pull (Status.State).
 const (
 	StateWaiting    = "waiting"  // for the time window
