@@ -194,19 +194,10 @@ func TestKubeconfig_TLSServerNameChecksTheCertificateByThatName(t *testing.T) {
 		w.Write([]byte(`{"major":"1"}`))
 	}))
 	defer srv.Close()
-	dir := t.TempDir()
-	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
-	os.WriteFile(filepath.Join(dir, "ca.crt"), ca, 0o600)
-	os.WriteFile(filepath.Join(dir, "token"), []byte("t\n"), 0o600)
 	// httptest's certificate names example.com and 127.0.0.1, not localhost.
 	server := strings.Replace(srv.URL, "127.0.0.1", "localhost", 1)
 	call := func(extra string) error {
-		p := filepath.Join(dir, "kc")
-		os.WriteFile(p, []byte(`
-clusters: [{name: c, cluster: {server: "`+server+`", certificate-authority: ca.crt`+extra+`}}]
-users: [{name: u, user: {tokenFile: token}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x`), 0o600)
+		p := tokenKubeconfig(t, srv, server, extra)
 		c, err := New(p, nil)
 		if err != nil {
 			t.Fatal(err)

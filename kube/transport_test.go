@@ -11,21 +11,32 @@ import (
 	"testing"
 )
 
-// newClientFor is a Client made by New, as the agent makes it, for a TLS
-// test server (its certificate trusted through the kubeconfig).
-func newClientFor(t *testing.T, srv *httptest.Server) *Client {
+// tokenKubeconfig writes a kubeconfig for server (srv's URL when "")
+// that trusts srv's certificate and gives a token, with extra appended to
+// its cluster (", tls-server-name: …"); it returns its path.
+func tokenKubeconfig(t *testing.T, srv *httptest.Server, server, extra string) string {
 	t.Helper()
 	dir := t.TempDir()
 	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
 	os.WriteFile(filepath.Join(dir, "ca.crt"), ca, 0o600)
 	os.WriteFile(filepath.Join(dir, "token"), []byte("t\n"), 0o600)
+	if server == "" {
+		server = srv.URL
+	}
 	p := filepath.Join(dir, "kc")
 	os.WriteFile(p, []byte(`
-clusters: [{name: c, cluster: {server: "`+srv.URL+`", certificate-authority: ca.crt}}]
+clusters: [{name: c, cluster: {server: "`+server+`", certificate-authority: ca.crt`+extra+`}}]
 users: [{name: u, user: {tokenFile: token}}]
 contexts: [{name: x, context: {cluster: c, user: u}}]
 current-context: x`), 0o600)
-	c, err := New(p, nil)
+	return p
+}
+
+// newClientFor is a Client made by New, as the agent makes it, for a TLS
+// test server (its certificate trusted through the kubeconfig).
+func newClientFor(t *testing.T, srv *httptest.Server) *Client {
+	t.Helper()
+	c, err := New(tokenKubeconfig(t, srv, "", ""), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
