@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +15,7 @@ import (
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/test/crioenv"
 	"github.com/ferry-edge/ferry/test/ferryenv"
+	"github.com/ferry-edge/ferry/test/freeport"
 )
 
 // remake writes a bundle of tree and meta with a .sha256 that agrees with
@@ -69,15 +69,6 @@ func firstLayer(t *testing.T, tree, ref string) string {
 	return m.Layers[0].Digest
 }
 
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // TestHost_ABundleThatLiesIsRefusedAtOnce: bundles whose tar and .sha256
 // agree but whose tree does not hold what metadata.json says are refused
 // by `ferry bundle verify`, by `ferry bundle extract` and by a real agent
@@ -119,7 +110,7 @@ func TestHost_ABundleThatLiesIsRefusedAtOnce(t *testing.T) {
 	}
 
 	cfg := nodeConfig(t, c)
-	cfg.Peer.Listen, cfg.Peer.Open = freeAddr(t), true
+	cfg.Peer.Listen, cfg.Peer.Open = freeport.Addr(t), true
 	a := ferryenv.Start(t, cfg)
 	a.WaitPhase(bound, "idle")
 	for _, tc := range cases {

@@ -24,6 +24,7 @@ import (
 	"github.com/ferry-edge/ferry/bundle/bundletest"
 	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/test/ferryenv"
+	"github.com/ferry-edge/ferry/test/freeport"
 )
 
 // A hostile peer (issue 34, finding 1): a real peer server offers a bundle
@@ -59,7 +60,7 @@ func TestHost_APeerThatLiesAboutItsBundleFillsNothing(t *testing.T) {
 
 			cfg := ferryenv.Config(t.TempDir())
 			cfg.NodeName = "victim"
-			cfg.Peer.Listen, cfg.Peer.Peers, cfg.Peer.Open = freeAddr(t), []string{addr}, true
+			cfg.Peer.Listen, cfg.Peer.Peers, cfg.Peer.Open = freeport.Addr(t), []string{addr}, true
 			stop := make(chan struct{})
 			var peak atomic.Int64
 			go func() {

@@ -16,6 +16,7 @@ import (
 	"github.com/ferry-edge/ferry/test/crioenv"
 	"github.com/ferry-edge/ferry/test/ferryenv"
 	"github.com/ferry-edge/ferry/test/fixture"
+	"github.com/ferry-edge/ferry/test/freeport"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
 
@@ -309,7 +310,7 @@ func TestHost_ANodeThatComesBackEmptyGetsTheRunningReleaseFromItsPeer(t *testing
 	tarPath, meta := createBundleFrom(t, reg, fixture.ReleaseOptions{Version: "4.13.7", Arch: "x86_64", PayloadImages: 6})
 	reg.Close()
 
-	addr1, addr2 := freeAddr(t), freeAddr(t)
+	addr1, addr2 := freeport.Addr(t), freeport.Addr(t)
 	cfg1, cfg2 := nodeConfig(t, c1), nodeConfig(t, c2)
 	cfg1.NodeName, cfg2.NodeName = "node-1", "node-2"
 	cfg1.Peer.Listen, cfg1.Peer.Peers, cfg1.Peer.Open = addr1, []string{addr2}, true

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/test/ferryenv"
+	"github.com/ferry-edge/ferry/test/freeport"
 )
 
 // TestFaults_AFetchThatFillsTheDiskIsAbandoned: a node fetches the bundle
@@ -26,7 +27,7 @@ func TestFaults_AFetchThatFillsTheDiskIsAbandoned(t *testing.T) {
 	cfg := ferryenv.Config(t.TempDir())
 	cfg.NodeName = "fetcher-full"
 	cfg.Peer.Open = true
-	cfg.Peer.Listen = "127.0.0.2:" + strconv.Itoa(freePort(t, "127.0.0.2"))
+	cfg.Peer.Listen = "127.0.0.2:" + strconv.Itoa(freeport.Port(t, "127.0.0.2"))
 	cfg.Peer.Peers = []string{src}
 	small := cfg.Paths.ExtractDir
 	mountTmpfs(t, small, 700<<20) // > 2 × 256 MiB: passes the room check

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -449,16 +448,6 @@ func (n *node) converged(ctx context.Context, want agent.Phase) error {
 		}
 	}
 	return n.invariants(ctx)
-}
-
-// freePort is a TCP port free on ip right now.
-func freePort(t *testing.T, ip string) int {
-	ln, err := net.Listen("tcp", ip+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // randomPoint is a random instant in [0, span).

@@ -22,6 +22,7 @@ import (
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/test/ferryenv"
+	"github.com/ferry-edge/ferry/test/freeport"
 )
 
 // source starts the node that holds the bundle (given with `ferry load`)
@@ -30,7 +31,7 @@ func source(t *testing.T, tarPath string, digest digest.Digest, blobs int) (*nod
 	t.Helper()
 	cfg := ferryenv.Config(t.TempDir())
 	cfg.NodeName = "source"
-	addr := "127.0.0.1:" + strconv.Itoa(freePort(t, "127.0.0.1"))
+	addr := "127.0.0.1:" + strconv.Itoa(freeport.Port(t, "127.0.0.1"))
 	cfg.Peer.Open = true // loopback only: no token file
 	cfg.Peer.Listen = addr
 	a := ferryenv.Start(t, cfg)
@@ -54,7 +55,7 @@ func fetcher(t *testing.T, i int, peers []string, digest digest.Digest, blobs in
 	cfg := ferryenv.Config(t.TempDir())
 	cfg.NodeName = "fetcher-" + strconv.Itoa(i)
 	cfg.Peer.Open = true // loopback only: no token file
-	cfg.Peer.Listen = "127.0.0.2:" + strconv.Itoa(freePort(t, "127.0.0.2"))
+	cfg.Peer.Listen = "127.0.0.2:" + strconv.Itoa(freeport.Port(t, "127.0.0.2"))
 	cfg.Peer.Peers = peers
 	a := ferryenv.Start(t, cfg)
 	return &node{a: a, cfg: cfg, digest: digest, wantBlobs: blobs}

@@ -16,6 +16,7 @@ import (
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/test/ferryenv"
+	"github.com/ferry-edge/ferry/test/freeport"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
 
@@ -133,17 +134,6 @@ func TestPeers_TwoNodesAuthenticateWithTheirKubeletCertificates(t *testing.T) {
 	}
 }
 
-// freePort is a free TCP port on 127.0.0.1.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // twoNodeCluster is the real API server with Nodes node-a and node-b,
 // ferry's RBAC, admission policies and UpgradeBundle CRD: where the
 // two-agent tests start.
@@ -170,7 +160,7 @@ func kubeletAgents(t *testing.T, e *kubeenv.Env, nodes []string, configure func(
 		"metadata": map[string]any{"name": "kubelet-serving-ca"}, "data": map[string]any{"ca-bundle.crt": string(servingCA.PEM)}})
 	ports := map[string]int{}
 	for _, n := range nodes {
-		ports[n] = freePort(t)
+		ports[n] = freeport.Port(t, "127.0.0.1")
 	}
 	agents := map[string]*ferryenv.Agent{}
 	for _, n := range nodes {

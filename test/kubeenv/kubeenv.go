@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,6 +30,7 @@ import (
 	"github.com/ferry-edge/ferry/internal/testca"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/test/crioenv"
+	"github.com/ferry-edge/ferry/test/freeport"
 )
 
 const kubeVersion = "v1.34.4"
@@ -70,7 +70,7 @@ func Start(t testing.TB, current string) *Env {
 	crioenv.Need(t, err == nil, "no etcd: apt-get install etcd-server (test/setup/install-deps.sh)")
 
 	e := &Env{t: t, Dir: t.TempDir(), bin: bin}
-	eport, port := freePort(t), freePort(t)
+	eport, port := freeport.Port(t, "127.0.0.1"), freeport.Port(t, "127.0.0.1")
 	e.Port = port
 	e.Server = "https://127.0.0.1:" + strconv.Itoa(port)
 	e.etcdURL = "http://127.0.0.1:" + strconv.Itoa(eport)
@@ -81,7 +81,7 @@ func Start(t testing.TB, current string) *Env {
 	run(t, "openssl", "rsa", "-in", filepath.Join(e.Dir, "sa.key"), "-pubout", "-out", filepath.Join(e.Dir, "sa.pub"))
 	e.etcd = e.spawn("etcd.log", "etcd", "--data-dir", filepath.Join(e.Dir, "etcd"),
 		"--listen-client-urls", e.etcdURL, "--advertise-client-urls", e.etcdURL,
-		"--listen-peer-urls", "http://127.0.0.1:"+strconv.Itoa(freePort(t)))
+		"--listen-peer-urls", "http://127.0.0.1:"+strconv.Itoa(freeport.Port(t, "127.0.0.1")))
 	e.StartAPIServer()
 	t.Cleanup(e.stop)
 
@@ -600,13 +600,6 @@ func (e *Env) Generation() int64 {
 	}
 	must(e.t, e.Admin.Raw(context.Background(), "GET", "/apis/config.openshift.io/v1/clusterversions/version", "", nil, &cv))
 	return cv.Metadata.Generation
-}
-
-func freePort(t testing.TB) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	must(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func run(t testing.TB, name string, args ...string) {

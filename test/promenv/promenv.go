@@ -9,7 +9,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -23,6 +22,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/ferry-edge/ferry/test/crioenv"
+	"github.com/ferry-edge/ferry/test/freeport"
 )
 
 // Prometheus is a running Prometheus.
@@ -72,7 +72,7 @@ func Start(t testing.TB, job Job) *Prometheus {
 	if err := os.WriteFile(cfgPath, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
+	addr := freeport.Addr(t)
 	log, err := os.Create(filepath.Join(dir, "prometheus.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -171,13 +171,4 @@ func (p *Prometheus) WaitFor(timeout time.Duration, what, q string) []Sample {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-func freeAddr(t testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
