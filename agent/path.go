@@ -51,7 +51,8 @@ func (a *Agent) startUpgrade(ctx context.Context, r *Record, u cluster.Upgrade) 
 // upgradeStatus reads how the upgrade of s's release stands: for a
 // bundle with a path, the path's, taken one step further by the node
 // whose request the cluster accepted (the one that started it: the
-// stick's, or where ferry proceed ran), only read by the others.
+// stick's, or where ferry proceed ran), only read by the others, and by
+// that node too once a hop failed there, until the path is resumed.
 func (a *Agent) upgradeStatus(ctx context.Context, s Status) (cluster.UpgradeStatus, error) {
 	for i := range s.Bundles {
 		r := &s.Bundles[i]
@@ -59,7 +60,7 @@ func (a *Agent) upgradeStatus(ctx context.Context, s Status) (cluster.UpgradeSta
 			continue
 		}
 		if api, p, ok := a.pathOf(r); ok {
-			if r.Upgrade != nil && !r.Upgrade.Accepted.IsZero() {
+			if r.Upgrade != nil && !r.Upgrade.Accepted.IsZero() && r.Upgrade.Stopped == "" {
 				return api.AdvancePath(ctx, p)
 			}
 			return api.PathStatus(ctx, p)

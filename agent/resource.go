@@ -277,7 +277,7 @@ func (a *Agent) readBundle(ctx context.Context, api ClusterAPI, rep *machine.Bun
 			return bundleRead{}, err
 		}
 	}
-	read.Policy = &machine.PolicyRead{Name: rep.Name, Policy: view.Policy, Excluded: excluded, Hosts: hosts}
+	read.Policy = &machine.PolicyRead{Name: rep.Name, Policy: view.Policy, Generation: view.Generation, Excluded: excluded, Hosts: hosts}
 	return bundleRead{view: view, ready: ready, excluded: excluded}, nil
 }
 

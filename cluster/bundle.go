@@ -93,6 +93,18 @@ type BundleSummary struct {
 	// generation they were decided from.
 	Conditions         []BundleCondition
 	ObservedGeneration int64
+	// Path, for a bundle of several releases, is its versions from the
+	// cluster's ("4.16.3 → 4.17.20 → 4.18.10"); Hop the hop in progress
+	// of how many ("1/2"); Hops each hop's state.
+	Path, Hop string
+	Hops      []PathHop
+}
+
+// PathHop is one hop of a bundle's path as the summary says it.
+type PathHop struct {
+	Version, Release string
+	State            string // a HopState
+	Message          string // why it is held or failed
 }
 
 // Approval is one UpgradeBundle's spec.approvedDigest: it approves only

@@ -47,6 +47,47 @@ type UpgradeStatus struct {
 	// Reason is why it waits or refuses (Failing, ReleaseAccepted=False,
 	// Upgradeable=False messages).
 	Reason string
+	// Path is, for a path of several releases, how each hop stands (nil
+	// for one release).
+	Path *PathProgress
+}
+
+// PathProgress is how a path stands, hop by hop, as ClusterVersion (and
+// the administrator's gates) say it.
+type PathProgress struct {
+	From string // the cluster's version before the path ("" when unknown)
+	Hops []HopProgress
+}
+
+// HopProgress is one hop of a path: its state, and for a held or failed
+// hop, why in words with what to do.
+type HopProgress struct {
+	State   HopState
+	Message string
+}
+
+// HopState is where one hop of a path stands, as the UpgradeBundle's
+// status.hops says it.
+type HopState string
+
+const (
+	HopPending   HopState = "Pending"   // not asked yet: an earlier hop is not Completed
+	HopHeld      HopState = "Held"      // next, held by the administrator's word (Upgradeable=False, an admin-ack)
+	HopAsked     HopState = "Asked"     // desiredUpdate names it; the operator has not started it
+	HopUpgrading HopState = "Upgrading" // the operator upgrades to it
+	HopCompleted HopState = "Completed" // ClusterVersion's history says Completed
+	HopFailed    HopState = "Failed"    // refused, or passed by someone else: the path stops there
+)
+
+// Current is the hop in progress (0-based): the first that is not
+// Completed; len(Hops) when every hop is.
+func (p *PathProgress) Current() int {
+	for i, h := range p.Hops {
+		if h.State != HopCompleted {
+			return i
+		}
+	}
+	return len(p.Hops)
 }
 
 // NodeUpdate is the machine config operator's state of one node, from

@@ -62,7 +62,8 @@ func (c *Client) applyBundleStatus(ctx context.Context, name string, sum *cluste
 // The fields of the summary and of an entry, each with its empty value.
 var (
 	summaryZeros = map[string]any{"version": "", "arch": "", "release": "", "digest": "", "size": "", "images": 0, "phase": "", "nodesReady": "",
-		"approved": "", "warnings": []string{}, "behind": "", "observedGeneration": 0, "excluded": []string{}}
+		"approved": "", "warnings": []string{}, "behind": "", "observedGeneration": 0, "excluded": []string{},
+		"path": "", "hop": "", "hops": []any{}}
 	entryZeros = map[string]any{"phase": "", "digest": "", "reason": "", "message": "", "excluded": ""}
 )
 

@@ -119,7 +119,17 @@ func entryOf(e cluster.BundleNodeEntry, now time.Time) v1alpha1.NodeStatus {
 func summaryOf(sum cluster.BundleSummary, now time.Time) v1alpha1.UpgradeBundleStatus {
 	return v1alpha1.UpgradeBundleStatus{Version: sum.Version, Arch: sum.Arch, Release: sum.Release, Digest: string(sum.Digest), Size: sum.Size,
 		Images: sum.Images, Phase: sum.Phase, NodesReady: sum.NodesReady, Approved: sum.Approved, Warnings: sum.Warnings, Excluded: sum.Excluded,
-		Behind: sum.Behind, Conditions: conditionsIn(sum.Conditions, now), ObservedGeneration: sum.ObservedGeneration}
+		Behind: sum.Behind, Conditions: conditionsIn(sum.Conditions, now), ObservedGeneration: sum.ObservedGeneration,
+		Path: sum.Path, Hop: sum.Hop, Hops: hopsOf(sum.Hops)}
+}
+
+// hopsOf is a path's hops as the API holds them (path.go).
+func hopsOf(hops []cluster.PathHop) []v1alpha1.PathHop {
+	var out []v1alpha1.PathHop
+	for _, h := range hops {
+		out = append(out, v1alpha1.PathHop{Version: h.Version, Release: h.Release, State: h.State, Message: h.Message})
+	}
+	return out
 }
 
 // PublishBundleStatus writes the summary and node's own entry into the

@@ -86,6 +86,8 @@ type Client struct {
 
 	// pulls is the pull record last applied, by bundle/node (bundleapply.go).
 	pulls sync.Map
+	// pathEvents are the path's Events recorded once (path.go).
+	pathEvents sync.Map
 }
 
 // FieldManager is node's field manager: "ferry-<node>", within the API

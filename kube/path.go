@@ -64,14 +64,29 @@ func (c *Client) path(ctx context.Context, p cluster.Path, act bool) (cluster.Up
 		}
 		a := hop.Next(s)
 		what := s.Describe(a)
+		progress := progressOf(cv, p, s, a)
+		// A hop next to be asked waits for the administrator's word
+		// (Upgradeable=False, an admin-ack) on every node alike; the
+		// first hop's was the preflight's, before anything moved.
+		var held string
+		if a.Do == hop.AskHop && (act || a.Hop > 0 || s.Paused) {
+			if held, err = c.heldHop(ctx, cv, s, a, p); err != nil {
+				return st, err
+			}
+			if held != "" {
+				progress.Hops[a.Hop] = cluster.HopProgress{State: cluster.HopHeld, Message: held}
+			}
+		}
 		if !act {
 			switch {
 			case a.Do == hop.PausePools || a.Do == hop.AskHop && a.Hop == 0 && !s.Paused:
-				return cluster.UpgradeStatus{State: cluster.UpgradeNotAsked}, nil
+				return cluster.UpgradeStatus{State: cluster.UpgradeNotAsked, Path: progress}, nil
+			case held != "":
+				return cluster.UpgradeStatus{State: cluster.UpgradePending, Message: what, Reason: held, Path: progress}, nil
 			case a.Do == hop.AskHop && a.Hop == 0:
-				return cluster.UpgradeStatus{State: cluster.UpgradePending, Message: what, Reason: what}, nil
+				return cluster.UpgradeStatus{State: cluster.UpgradePending, Message: what, Reason: what, Path: progress}, nil
 			case a.Do == hop.AskHop || a.Do == hop.UnpausePools:
-				return cluster.UpgradeStatus{State: cluster.UpgradeRunning, Message: what, Reason: what}, nil
+				return cluster.UpgradeStatus{State: cluster.UpgradeRunning, Message: what, Reason: what, Path: progress}, nil
 			}
 		}
 		switch a.Do {
@@ -83,22 +98,21 @@ func (c *Client) path(ctx context.Context, p cluster.Path, act bool) (cluster.Up
 			continue
 		case hop.AskHop:
 			u := p.Hops[a.Hop]
-			var pf cluster.Preflight
-			pf.Current = at(s, a.Hop)
-			if err := c.checkVersion(ctx, &pf, cv, u.Version); err != nil {
-				return st, err
-			}
-			if len(pf.Refusals) > 0 {
+			if held != "" {
 				// The administrator's word is awaited: asked again at
 				// the next change, the hop goes on once given.
-				return cluster.UpgradeStatus{State: cluster.UpgradePending, Message: what,
-					Reason: fmt.Sprintf("hop %d of %d (%s) waits: %s", a.Hop+1, len(p.Hops), u.Version, strings.Join(pf.Refusals, "; "))}, nil
+				c.pathEventOnce(ctx, p, "PathHopHeld", held)
+				return cluster.UpgradeStatus{State: cluster.UpgradePending, Message: what, Reason: held, Path: progress}, nil
 			}
 			if err := c.StartUpgrade(ctx, u); err != nil {
 				return st, fmt.Errorf("hop %d of %d (%s): %w", a.Hop+1, len(p.Hops), u.Version, err)
 			}
+			if a.Hop > 0 {
+				c.pathEvent(ctx, p, "PathHopCompleted", hopCompleted(s, a.Hop-1))
+			}
 			c.pathEvent(ctx, p, "PathHopAsked", what)
-			return cluster.UpgradeStatus{State: cluster.UpgradePending, Message: what}, nil
+			progress.Hops[a.Hop].State = cluster.HopAsked
+			return cluster.UpgradeStatus{State: cluster.UpgradePending, Message: what, Path: progress}, nil
 		case hop.WaitHop:
 			one := upgradeOf(cv, p.Hops[a.Hop].Release)
 			// The hop in progress, in each node's condition (and so its
@@ -110,6 +124,7 @@ func (c *Client) path(ctx context.Context, p cluster.Path, act bool) (cluster.Up
 			if a.Hop > 0 {
 				one.State = cluster.UpgradeRunning // the cluster has moved: the path is underway
 			}
+			one.Path = progress
 			return one, nil
 		case hop.UnpausePools:
 			if err := c.setPaused(ctx, pools, key, false); err != nil {
@@ -118,14 +133,68 @@ func (c *Client) path(ctx context.Context, p cluster.Path, act bool) (cluster.Up
 			c.pathEvent(ctx, p, "PathPoolsUnpaused", what)
 			continue
 		case hop.Done:
-			return cluster.UpgradeStatus{State: cluster.UpgradeCompleted, Message: what}, nil
+			if act {
+				c.pathEventOnce(ctx, p, "PathHopCompleted", hopCompleted(s, a.Hop))
+			}
+			return cluster.UpgradeStatus{State: cluster.UpgradeCompleted, Message: what, Path: progress}, nil
 		case hop.Failed:
 			one := upgradeOf(cv, p.Hops[a.Hop].Release)
-			c.pathEvent(ctx, p, "PathHopFailed", what+": "+one.Reason)
-			return cluster.UpgradeStatus{State: cluster.UpgradeRefused, Message: one.Message, Reason: what + ": " + one.Reason}, nil
+			why := strings.TrimSuffix(what+": "+one.Reason, ": ")
+			progress.Hops[a.Hop].Message = why
+			if act {
+				c.pathEventOnce(ctx, p, "PathHopFailed", why)
+			}
+			return cluster.UpgradeStatus{State: cluster.UpgradeRefused, Message: one.Message, Reason: why, Path: progress}, nil
 		}
 	}
 	return cluster.UpgradeStatus{State: cluster.UpgradePending, Message: "the path is being started"}, nil
+}
+
+// hopCompleted says hop i is done, as its Event says it.
+func hopCompleted(s hop.State, i int) string {
+	return fmt.Sprintf("hop %d of %d: the cluster is at %s (Completed)", i+1, len(s.Versions), s.Versions[i])
+}
+
+// heldHop is why the hop a asks for waits for the administrator ("" when
+// it does not): the version operator's rules for it from the version the
+// cluster reached (Upgradeable=False, an admin gate not acknowledged), in
+// its words, with the command that gives the word.
+func (c *Client) heldHop(ctx context.Context, cv *clusterVersion, s hop.State, a hop.Action, p cluster.Path) (string, error) {
+	var pf cluster.Preflight
+	pf.Current = at(s, a.Hop)
+	if err := c.checkVersion(ctx, &pf, cv, p.Hops[a.Hop].Version); err != nil {
+		return "", err
+	}
+	if len(pf.Refusals) == 0 {
+		return "", nil
+	}
+	return fmt.Sprintf("hop %d of %d (%s) waits: %s", a.Hop+1, len(p.Hops), p.Hops[a.Hop].Version, strings.Join(pf.Refusals, "; ")), nil
+}
+
+// progressOf is each hop's state as ClusterVersion says it: the UpgradeBundle's
+// status.hops.
+func progressOf(cv *clusterVersion, p cluster.Path, s hop.State, a hop.Action) *cluster.PathProgress {
+	out := &cluster.PathProgress{From: s.From}
+	for _, u := range p.Hops {
+		var h cluster.HopState
+		switch upgradeOf(cv, u.Release).State {
+		case cluster.UpgradeCompleted:
+			h = cluster.HopCompleted
+		case cluster.UpgradeRunning:
+			h = cluster.HopUpgrading
+		case cluster.UpgradePending:
+			h = cluster.HopAsked
+		case cluster.UpgradeRefused:
+			h = cluster.HopFailed
+		default:
+			h = cluster.HopPending
+		}
+		out.Hops = append(out.Hops, cluster.HopProgress{State: h})
+	}
+	if a.Do == hop.Failed {
+		out.Hops[a.Hop].State = cluster.HopFailed // passed by someone else, too
+	}
+	return out
 }
 
 // at is the version the cluster is at before hop i.
@@ -202,7 +271,7 @@ func (c *Client) pathEvent(ctx context.Context, p cluster.Path, reason, message 
 		return
 	}
 	typ := "Normal"
-	if reason == "PathHopFailed" {
+	if reason == "PathHopFailed" || reason == "PathHopHeld" {
 		typ = "Warning"
 	}
 	uid := ""
@@ -211,4 +280,13 @@ func (c *Client) pathEvent(ctx context.Context, p cluster.Path, reason, message 
 	}
 	// A node records Events as itself (packaging/admission.yaml).
 	c.BundleEvent(ctx, p.Bundle, uid, p.Node, typ, reason, p.Node+": "+message)
+}
+
+// pathEventOnce is pathEvent for what the path says again at each step
+// while it stands (a hop held or failed, the path done): once per
+// bundle, reason and message in this process, not once per reading.
+func (c *Client) pathEventOnce(ctx context.Context, p cluster.Path, reason, message string) {
+	if _, sent := c.pathEvents.LoadOrStore(p.Bundle+"/"+reason+"/"+message, true); !sent {
+		c.pathEvent(ctx, p, reason, message)
+	}
 }

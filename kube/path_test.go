@@ -35,6 +35,10 @@ func TestAdvancePath_ARefusedHopStopsThePathAndSaysSo(t *testing.T) {
 	if st.State != cluster.UpgradeRefused || st.Reason != "hop 2 of 2 (4.18.10) failed: the path stops at 4.17.20: The update cannot be verified: no signature" {
 		t.Errorf("AdvancePath = %+v; want refused, naming the hop, where it stops and the operator's words", st)
 	}
+	if st.Path == nil || st.Path.From != "4.16.3" || len(st.Path.Hops) != 2 || st.Path.Hops[0].State != cluster.HopCompleted ||
+		st.Path.Hops[1].State != cluster.HopFailed || st.Path.Hops[1].Message != st.Reason {
+		t.Errorf("the path's progress: %+v; want from 4.16.3, hop 1 Completed, hop 2 Failed saying why", st.Path)
+	}
 }
 
 // TestAdvancePath_UpgradeableFalseHoldsTheNextMinorHop: the first hop
@@ -63,6 +67,13 @@ func TestAdvancePath_UpgradeableFalseHoldsTheNextMinorHop(t *testing.T) {
 	if st.State != cluster.UpgradePending ||
 		st.Reason != "hop 2 of 2 (4.18.10) waits: the cluster is not upgradeable to a new minor version (Upgradeable=False, AdminAckRequired): Kubernetes 1.31 removes APIs in use" {
 		t.Errorf("AdvancePath = %+v; want the second hop waiting, in the operator's words", st)
+	}
+	if st.Path == nil || st.Path.Hops[1].State != cluster.HopHeld || st.Path.Hops[1].Message != st.Reason || st.Path.Current() != 1 {
+		t.Errorf("the path's progress: %+v; want hop 2 Held, in progress, saying why", st.Path)
+	}
+	// A node that only reads the path says the same.
+	if ro, err := c.PathStatus(t.Context(), p); err != nil || ro.Reason != st.Reason || ro.Path == nil || ro.Path.Hops[1].State != cluster.HopHeld {
+		t.Errorf("PathStatus = %+v, %v; want hop 2 held as AdvancePath says it", ro, err)
 	}
 }
 

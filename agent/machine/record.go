@@ -42,6 +42,9 @@ type Record struct {
 	Upgrade *UpgradeRun `json:"upgrade,omitempty"`
 	// Message is the cluster version operator's progress line.
 	Message string `json:"message,omitempty"`
+	// Path is, for a bundle with a path of several releases, how each
+	// hop stood at the last reading of ClusterVersion (nil before one).
+	Path *PathRead `json:"path,omitempty"`
 	// MachineConfig is the rendered MachineConfig this node was headed
 	// for before the upgrade (read at cluster-ready): the upgrade's own
 	// is another one.
@@ -88,6 +91,24 @@ type UpgradeRun struct {
 	Requested time.Time `json:"requested"`
 	Accepted  time.Time `json:"accepted,omitzero"`
 	Error     string    `json:"error,omitempty"`
+	// Stopped: a hop of the bundle's path failed, and this node, which
+	// takes the path's steps, takes none until a person resumes it
+	// (ferry proceed, or spec.proceed written after StoppedAt, the
+	// spec's generation when it stopped). It says why.
+	Stopped   string `json:"stopped,omitempty"`
+	StoppedAt int64  `json:"stoppedAt,omitempty"`
+}
+
+// PathRead is how a bundle's path stood at the last reading.
+type PathRead struct {
+	From string    `json:"from,omitempty"` // the cluster's version before the path
+	Hops []HopRead `json:"hops"`
+}
+
+// HopRead is one hop of PathRead (cluster.HopProgress).
+type HopRead struct {
+	State   string `json:"state"`
+	Message string `json:"message,omitempty"`
 }
 
 func (r *Record) FirstSeen() time.Time {

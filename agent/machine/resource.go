@@ -47,6 +47,9 @@ type BundleReport struct {
 type PolicyRead struct {
 	Name     string
 	Policy   cluster.BundlePolicy
+	// Generation is the spec's (metadata.generation): spec.proceed
+	// written after a path stopped resumes it.
+	Generation int64
 	Excluded map[string]string
 	Hosts    map[string]string // node name → InternalIP
 }
@@ -83,6 +86,7 @@ func (m *Machine) ResourceReport(s Status) *BundleReport {
 	rep.Unrecorded, _ = m.unrecordedLeft()
 	rep.Sum = cluster.BundleSummary{Version: md.Version, Arch: md.Arch, Release: SanitizeReason(md.Release), Digest: r.Digest, Size: SanitizeText(md.Size, maxSummarySize),
 		Images: len(md.AllImages()), Approved: string(r.Approval), Warnings: BoundList(slices.Concat(strays, r.Warnings, r.SignaturePolicy, standing), MaxSummaryWarnings)}
+	pathSummary(r, &rep.Sum)
 	rep.Entry = cluster.BundleNodeEntry{Phase: string(r.Phase), Digest: r.Digest, Reason: ReasonOf(r.Phase, r.Condition),
 		Message: SanitizeReason(strings.TrimPrefix(r.Condition.Message+HeldBack(s.HoldingBack), " — ")), Conditions: conditions(r)}
 	return rep
@@ -358,12 +362,12 @@ func (m *Machine) schedule() string {
 // the gate leaves out, the schedule, and proceed (Manual).
 func (m *Machine) bundlePolicySeen(ev PolicyRead) []Effect {
 	changed := m.bundleName != ev.Name || m.bundlePolicy == nil || !reflect.DeepEqual(*m.bundlePolicy, ev.Policy) ||
-		!reflect.DeepEqual(m.Excluded, ev.Excluded)
+		!reflect.DeepEqual(m.Excluded, ev.Excluded) || m.bundleGeneration != ev.Generation
 	if !changed {
 		return nil
 	}
 	p := ev.Policy
-	m.bundleName, m.bundlePolicy, m.Excluded = ev.Name, &p, ev.Excluded
+	m.bundleName, m.bundlePolicy, m.Excluded, m.bundleGeneration = ev.Name, &p, ev.Excluded, ev.Generation
 	m.excludedHosts = map[string]bool{}
 	for n := range ev.Excluded {
 		if ip := ev.Hosts[n]; ip != "" {
@@ -383,6 +387,9 @@ func (m *Machine) bundlePolicySeen(ev PolicyRead) []Effect {
 	var effs []Effect
 	if p.Proceed && m.schedule() == "Manual" && r.Phase == PhaseClusterReady && r.Plugged {
 		effs = append(effs, m.proceed(r, false)...)
+	}
+	if p.Proceed && pathStopped(r) && ev.Generation > r.Upgrade.StoppedAt {
+		effs = append(effs, m.proceed(r, true)...) // written after the path stopped: resume it
 	}
 	switch r.Phase {
 	case PhaseLoaded, PhaseClusterReady:

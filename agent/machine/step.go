@@ -74,6 +74,8 @@ type Machine struct {
 	// the gate leaves out (name → why), excludedHosts their addresses.
 	bundlePolicy *cluster.BundlePolicy
 	bundleName   string
+	// bundleGeneration is the spec's generation bundlePolicy was read at.
+	bundleGeneration int64
 	// clusterApproved are the cluster's UpgradeBundles' approvals
 	// (spec.approvedDigest): each adds to the config's for the bundle its
 	// resource is named for only (ownApproval).

@@ -30,6 +30,9 @@ func (m *Machine) proceed(r *Record, asked bool) []Effect {
 	if r.Upgrade == nil && m.nodesWithoutFerry() != (Condition{}) {
 		return nil // nodes without ferry: the gate says so
 	}
+	if asked && m.HasAPI && !m.asking && pathStopped(r) {
+		return m.resumePath(r)
+	}
 	if m.HasAPI && !m.asking && (r.Upgrade == nil || asked && r.Upgrade.Accepted.IsZero()) {
 		m.asking = true
 		r.Upgrade = &UpgradeRun{Requested: m.Now().UTC()}
@@ -108,6 +111,12 @@ func (m *Machine) upgradeSeen(ev EvUpgradeSeen) []Effect {
 		return nil
 	}
 	st := ev.St
+	effs := m.pathSeen(r, &st)
+	return append(effs, m.followUpgrade(r, st)...)
+}
+
+// followUpgrade moves r as the cluster's upgrade of its release stands.
+func (m *Machine) followUpgrade(r *Record, st cluster.UpgradeStatus) []Effect {
 	switch st.State {
 	case cluster.UpgradeCompleted:
 		m.log.Info("the cluster upgrade is done", "phase", string(PhaseUpgraded), "bundle", r.Name, "message", st.Message)
@@ -128,6 +137,9 @@ func (m *Machine) upgradeSeen(ev EvUpgradeSeen) []Effect {
 		return m.Move(r, PhaseUpgrading, why, r.Progress)
 	case cluster.UpgradeRefused:
 		why := Fault(ReasonReleaseRefused, "the cluster refuses the release: "+st.Reason)
+		if st.Path != nil {
+			why = Fault(ReasonReleaseRefused, pathStoppedMessage(ResourceName(r.Metadata.Version, r.Metadata.Arch), st.Reason))
+		}
 		if r.Condition == why {
 			return nil
 		}

@@ -29,10 +29,12 @@ import (
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Nodes Ready",type=string,JSONPath=`.status.nodesReady`
 // +kubebuilder:printcolumn:name="Approved",type=string,JSONPath=`.status.approved`
+// +kubebuilder:printcolumn:name="Hop",type=string,JSONPath=`.status.hop`,description="For a path of several releases, the hop in progress of how many (1/2)."
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:printcolumn:name="Digest",type=string,JSONPath=`.status.digest`,priority=1
 // +kubebuilder:printcolumn:name="Release",type=string,JSONPath=`.status.release`,priority=1
 // +kubebuilder:printcolumn:name="Behind",type=string,JSONPath=`.status.behind`,priority=1,description="The nodes the gate waits for that are not loaded yet."
+// +kubebuilder:printcolumn:name="Path",type=string,JSONPath=`.status.path`,priority=1,description="For a path of several releases, its versions from the cluster's."
 // +kubebuilder:validation:XValidation:rule=`self.metadata.name.matches('^[0-9a-z][0-9a-z.-]{0,63}-(x86-64|aarch64|ppc64le|s390x)$')`,messageExpression=`'UpgradeBundle ' + self.metadata.name + ' is not named <version>-<arch> as ferry spells it (4.16.3-x86-64, 4.16.3-aarch64, ppc64le, s390x), and ferry would never read it' + (self.metadata.name.contains('amd64') || self.metadata.name.contains('arm64') ? ': name it ' + self.metadata.name.replace('amd64', 'x86-64').replace('arm64', 'aarch64') : "")`
 type UpgradeBundle struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -269,11 +271,61 @@ type UpgradeBundleStatus struct {
 	// +optional
 	Excluded []string `json:"excluded,omitempty"`
 
+	// path is, for a bundle that carries several releases, the versions
+	// the cluster goes through, from its own before the path (4.16.3 →
+	// 4.17.20 → 4.18.10), one hop after another. Written by the
+	// summary's writer.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Path string `json:"path,omitempty"`
+
+	// hop is, for a path, the hop in progress of how many: 0/2 before the
+	// first is asked, 1/2 while the cluster goes to the first release (or
+	// it waits), 2/2 from when the first is Completed to the end.
+	// +kubebuilder:validation:MaxLength=16
+	// +kubebuilder:validation:Pattern=`^([0-9]{1,3}/[0-9]{1,3})?$`
+	// +optional
+	Hop string `json:"hop,omitempty"`
+
+	// hops are, for a path, each hop in order, as the cluster version
+	// operator (and the administrator's gates) say it stands.
+	// +kubebuilder:validation:MaxItems=16
+	// +optional
+	Hops []PathHop `json:"hops,omitempty"`
+
 	// nodes are each node's view, keyed by node name, each written by that
 	// node alone (its own field manager, ferry-<node>).
 	// +kubebuilder:validation:MaxProperties=2000
 	// +optional
 	Nodes map[string]NodeStatus `json:"nodes,omitempty"`
+}
+
+// PathHop is one hop of a bundle's path.
+type PathHop struct {
+	// version is the hop's release version.
+	// +kubebuilder:validation:MaxLength=64
+	Version string `json:"version"`
+
+	// release is the hop's release image, by digest.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Release string `json:"release,omitempty"`
+
+	// state is where the hop stands: Pending (an earlier hop is not
+	// Completed yet), Held (next, waiting for the administrator's word:
+	// Upgradeable=False, an admin-ack; message says which and how to give
+	// it), Asked (desiredUpdate names it, the version operator has not
+	// started it), Upgrading, Completed, Failed (the version operator
+	// refuses it, or the cluster was sent past it: the path stops there;
+	// message says why and how to resume).
+	// +kubebuilder:validation:Enum=Pending;Held;Asked;Upgrading;Completed;Failed
+	// +kubebuilder:validation:MaxLength=16
+	State string `json:"state"`
+
+	// message says why a hop is held or failed, with what to do.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // NodeStatus is one node's view of the bundle, written by that node.
