@@ -45,13 +45,13 @@ type BundleReport struct {
 // PolicyRead: the administrator's policy for bundle name, and the
 // nodes the gate leaves out (node name → why; their peer addresses too).
 type PolicyRead struct {
-	Name     string
-	Policy   cluster.BundlePolicy
+	Name   string
+	Policy cluster.BundlePolicy
 	// Generation is the spec's (metadata.generation): spec.proceed
 	// written after a path stopped resumes it.
 	Generation int64
-	Excluded map[string]string
-	Hosts    map[string]string // node name → InternalIP
+	Excluded   map[string]string
+	Hosts      map[string]string // node name → InternalIP
 }
 
 // resourceReport is this node's report on the active bundle, nil when

@@ -3,6 +3,7 @@ package machine
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -14,13 +15,15 @@ import (
 
 // Status is what `ferry status` shows.
 type Status struct {
-	Node     string        `json:"node"`
-	Phase    string        `json:"phase"` // the active bundle's phase, or "idle"
-	Bundle   string        `json:"bundle,omitempty"`
-	Version  string        `json:"version,omitempty"`
-	Digest   digest.Digest `json:"digest,omitempty"`
-	Release  string        `json:"release,omitempty"`
-	Progress *Progress     `json:"progress,omitempty"`
+	Node    string        `json:"node"`
+	Phase   string        `json:"phase"` // the active bundle's phase, or "idle"
+	Bundle  string        `json:"bundle,omitempty"`
+	Version string        `json:"version,omitempty"`
+	Digest  digest.Digest `json:"digest,omitempty"`
+	Release string        `json:"release,omitempty"`
+	// Path is, for a bundle of several releases, each hop's version.
+	Path     []string  `json:"path,omitempty"`
+	Progress *Progress `json:"progress,omitempty"`
 	// Reason is why the node is where it is, for machines: a stable
 	// CamelCase word (the Reason constants), never empty; Message says
 	// it to a person, with what to do.
@@ -130,6 +133,11 @@ func (rep report) Text() Status {
 		}
 		if r.Metadata != nil {
 			s.Version, s.Release = r.Metadata.Version, r.Metadata.Release
+			if len(r.Metadata.Path) > 1 {
+				for _, h := range r.Metadata.Hops() {
+					s.Path = append(s.Path, SanitizeReason(h.Version))
+				}
+			}
 		}
 		if r.Progress.Total > 0 {
 			p := r.Progress
@@ -222,13 +230,13 @@ func statusLine(s Status) string {
 		if s.Progress != nil {
 			n = s.Progress.Total
 		}
-		return fmt.Sprintf("loaded %s: %d images pinned (%s)", s.Version, n, sha256digest.Short(s.Digest))
+		return fmt.Sprintf("loaded %s: %s (%s)", s.Version, pinned(s, n), sha256digest.Short(s.Digest))
 	case PhaseClusterReady:
 		n := int64(0)
 		if s.Progress != nil {
 			n = s.Progress.Total
 		}
-		line := fmt.Sprintf("cluster-ready %s: every node is loaded, %d images pinned (%s)", s.Version, n, sha256digest.Short(s.Digest))
+		line := fmt.Sprintf("cluster-ready %s: every node is loaded, %s (%s)", s.Version, pinned(s, n), sha256digest.Short(s.Digest))
 		if s.Message != "" {
 			line += " — " + s.Message
 		}
@@ -255,6 +263,14 @@ func statusLine(s Status) string {
 		return "failed " + name + ": " + s.Message
 	}
 	return s.Phase + " " + name
+}
+
+// pinned says how many images are pinned: for a path, every hop's.
+func pinned(s Status, n int64) string {
+	if len(s.Path) > 1 {
+		return fmt.Sprintf("%d images pinned, every hop's (%s)", n, strings.Join(s.Path, " → "))
+	}
+	return fmt.Sprintf("%d images pinned", n)
 }
 
 // ofTotal formats done/total in the unit that suits total: "6.7/16.0 GiB".

@@ -3,13 +3,17 @@ package kube
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/api/v1alpha1"
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/kube"
@@ -75,42 +79,92 @@ func desiredImage(e *kubeenv.Env) string {
 	return ""
 }
 
-func pathPools(e *kubeenv.Env) {
+func pathPools(e *kubeenv.Env, nodes ...string) {
 	e.InstallMachineConfigPools()
-	e.LabelNode("node-a", map[string]string{workerRole: ""})
+	for _, n := range nodes {
+		e.LabelNode(n, map[string]string{workerRole: ""})
+		e.SetMachineConfig(n, "Done", oldConfig, oldConfig)
+	}
 	e.SetPool(kubeenv.MachineConfigPool{Name: "master", NodeSelector: map[string]string{"node-role.kubernetes.io/master": ""}, Target: "rendered-master-1", Current: "rendered-master-1"})
-	e.SetPool(kubeenv.MachineConfigPool{Name: "worker", NodeSelector: map[string]string{workerRole: ""}, Target: oldConfig, Current: oldConfig, Machines: 1, Updated: 1})
-	e.SetMachineConfig("node-a", "Done", oldConfig, oldConfig)
+	e.SetPool(kubeenv.MachineConfigPool{Name: "worker", NodeSelector: map[string]string{workerRole: ""}, Target: oldConfig, Current: oldConfig, Machines: len(nodes), Updated: len(nodes)})
 }
 
-// TestAgent_APathRunsHopByHopWithTheWorkerPoolPaused: one node with a
-// real CRI-O and ferry's RBAC, one bundle 4.14.2 → 4.15.1 from a cluster
-// at 4.13.6. Before the first desiredUpdate every image of both releases
-// is pinned; the worker pool is paused (master is not); desiredUpdate
+// pathSays waits until the UpgradeBundle's status says the path, the hop
+// in progress and each hop's state as want ("Asked Pending").
+func pathSays(t *testing.T, e *kubeenv.Env, name, path, hop, states string) v1alpha1.UpgradeBundleStatus {
+	t.Helper()
+	var st v1alpha1.UpgradeBundleStatus
+	read := func() string {
+		var got []string
+		for _, h := range st.Hops {
+			got = append(got, h.State)
+		}
+		return st.Path + " | " + st.Hop + " | " + strings.Join(got, " ")
+	}
+	want := path + " | " + hop + " | " + states
+	deadline := time.Now().Add(bound)
+	for {
+		o, _ := e.UpgradeBundle(name)
+		if st = o.Status; read() == want {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the UpgradeBundle's path says %q, want %q", read(), want)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestAgents_APathRunsHopByHopWithTheWorkerPoolPaused: two nodes, each
+// with a real CRI-O and only its kubelet's identity, one bundle 4.14.2 →
+// 4.15.1 from a cluster at 4.13.6, plugged into node-a. Before the first
+// desiredUpdate every image of both releases is pinned on both nodes and
+// each says so; the worker pool is paused (master is not); desiredUpdate
 // names 4.14.2, and 4.15.1 only once 4.14.2 is Completed; the pool is
-// unpaused once 4.15.1 is; the node keeps its mirror until the MCO is
-// done with it, then cleans up, its pins staying.
-func TestAgent_APathRunsHopByHopWithTheWorkerPoolPaused(t *testing.T) {
-	c := crioenv.Start(t)
-	e := kubeenv.Start(t, current)
-	e.AddNode("node-a", "127.0.0.1")
-	e.InstallFerry()
-	pathPools(e)
+// unpaused once 4.15.1 is; each node keeps its mirror until the MCO is
+// done with it, then cleans up, its pins staying. The UpgradeBundle says
+// the path, the hop in progress (oc get's Hop column) and each hop's
+// state; Events mark each hop. A hop that fails stops the path where it
+// is, saying so, however the cluster moves after; spec.proceed (the first
+// hop) and ferry proceed (the second) resume it.
+func TestAgents_APathRunsHopByHopWithTheWorkerPoolPaused(t *testing.T) {
+	e := twoNodeCluster(t)
+	nodes := []string{"node-a", "node-b"}
+	pathPools(e, nodes...)
 	tarPath, meta := pathBundle(t, "4.14.2", "4.15.1")
 	hops := meta.Hops()
 	for _, h := range hops {
 		e.ApproveRelease(h.Release)
 	}
-
-	a := nodeAgent(t, e, tarPath, func(cfg *agent.Config) { c.Configure(cfg) })
+	name := agent.ResourceName(meta.Version, meta.Arch)
+	e.CreateBundle(name)
+	crios := map[string]*crioenv.CRIO{}
+	agents := kubeletAgents(t, e, nodes, func(n string, cfg *agent.Config) {
+		crios[n] = crioenv.Start(t)
+		crios[n].Configure(cfg)
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the UpgradeBundle: %v\nits events:\n%s", e.Bundle(name), strings.Join(e.Events(name), "\n"))
+		}
+	})
+	if out, err := agents["node-a"].Ferry("load", tarPath); err != nil {
+		t.Fatalf("ferry load: %v\n%s", err, out)
+	}
 	waitUntil(t, "the first hop asked for", func() bool { return desiredImage(e) != "" })
 	if got := desiredImage(e); got != hops[0].Release {
 		t.Fatalf("the first desiredUpdate is %s, want the first hop %s", got, hops[0].Release)
 	}
-	cl := c.Client(t)
-	for _, ref := range bundle.PullRefs(meta.AllImages()) {
-		if present, pinned, err := cl.Status(context.Background(), ref); err != nil || !present || !pinned {
-			t.Errorf("%s: present %v pinned %v (%v) when the first hop was asked: every hop's images are pinned first", ref, present, pinned, err)
+	for _, n := range nodes {
+		cl := crios[n].Client(t)
+		for _, ref := range bundle.PullRefs(meta.AllImages()) {
+			if present, pinned, err := cl.Status(context.Background(), ref); err != nil || !present || !pinned {
+				t.Errorf("%s: %s present %v pinned %v (%v) when the first hop was asked: every hop's images are pinned on every node first", n, ref, present, pinned, err)
+			}
+		}
+		s, err := agents[n].Status(context.Background())
+		if want := fmt.Sprintf("%d images pinned, every hop's (4.14.2 → 4.15.1)", len(meta.AllImages())); err != nil || !strings.Contains(s.Line, want) {
+			t.Errorf("%s says %q (%v), want %q", n, s.Line, err, want)
 		}
 	}
 	if paused, mark := pool(t, e, "worker"); !paused || mark == "" {
@@ -119,41 +173,117 @@ func TestAgent_APathRunsHopByHopWithTheWorkerPoolPaused(t *testing.T) {
 	if paused, _ := pool(t, e, "master"); paused {
 		t.Error("the master pool is paused")
 	}
+	const path = "4.13.6 → 4.14.2 → 4.15.1"
+	pathSays(t, e, name, path, "1/2", "Asked Pending")
+	if out, err := kubectl(t, e, "get", "upgradebundles"); err != nil || !regexp.MustCompile(`(?m)^NAME .* HOP .*\n`+regexp.QuoteMeta(name)+` .* 1/2 `).MatchString(out) {
+		t.Errorf("kubectl get upgradebundles: %v\n%s\nwant a HOP column saying 1/2", err, out)
+	}
+
+	// The first hop refused: the path stops, saying so on the node that
+	// takes its steps; the administrator clears desiredUpdate and the
+	// operator accepts again: ferry asks nothing until spec.proceed.
+	refused := kubeenv.Condition{Type: "ReleaseAccepted", Status: "False", Reason: "RetrievePayload", Message: "The update cannot be verified: no signature"}
+	e.SetConditions(refused)
+	s := agents["node-a"].Wait(bound, "the path stopped at the first hop", func(s agent.Status) bool {
+		return s.Reason == agent.ReasonReleaseRefused && strings.Contains(s.Message, "hop 1 of 2 (4.14.2) failed: the path stops at 4.13.6: The update cannot be verified")
+	})
+	for _, want := range []string{"ferry proceed", `oc patch upgradebundle ` + name + ` --type=merge -p '{"spec":{"proceed":true}}'`} {
+		if !strings.Contains(s.Message, want) {
+			t.Errorf("node-a's message %q does not say %q", s.Message, want)
+		}
+	}
+	pathSays(t, e, name, path, "1/2", "Failed Pending")
+	clearDesiredUpdate(t, e)
+	e.SetConditions(kubeenv.Condition{Type: "ReleaseAccepted", Status: "True", Reason: "PayloadLoaded"})
+	pathSays(t, e, name, path, "0/2", "Pending Pending") // read by node-a, the summary's writer, which took no step
+	if got := desiredImage(e); got != "" {
+		t.Fatalf("desiredUpdate %s after the path stopped: ferry asked again with no one's word", got)
+	}
+	e.PatchBundleSpec(name, map[string]any{"proceed": true})
+	waitUntil(t, "the first hop asked again on spec.proceed", func() bool { return desiredImage(e) == hops[0].Release })
 
 	// The first hop runs: desiredUpdate stays on it.
 	e.SetHistory(kubeenv.History{State: "Partial", Image: hops[0].Release, Version: hops[0].Version}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
-	a.WaitPhase(bound, agent.PhaseUpgrading)
+	agents["node-a"].WaitPhase(bound, agent.PhaseUpgrading)
+	pathSays(t, e, name, path, "1/2", "Upgrading Pending")
 	if got := desiredImage(e); got != hops[0].Release {
 		t.Fatalf("while the first hop runs, desiredUpdate is %s", got)
 	}
 	// Completed: the second hop is asked, never before.
 	e.SetHistory(kubeenv.History{State: "Completed", Image: hops[0].Release, Version: hops[0].Version}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
 	waitUntil(t, "the second hop asked for", func() bool { return desiredImage(e) == hops[1].Release })
+	pathSays(t, e, name, path, "2/2", "Completed Asked")
 	if paused, _ := pool(t, e, "worker"); !paused {
 		t.Error("the worker pool was unpaused before the last hop")
 	}
+
+	// The second hop refused: stopped again; spec.proceed, standing from
+	// before, does not resume it; ferry proceed does.
+	e.SetConditions(refused)
+	agents["node-a"].Wait(bound, "the path stopped at the second hop", func(s agent.Status) bool {
+		return s.Reason == agent.ReasonReleaseRefused && strings.Contains(s.Message, "hop 2 of 2 (4.15.1) failed: the path stops at 4.14.2")
+	})
+	clearDesiredUpdate(t, e)
+	e.SetConditions(kubeenv.Condition{Type: "ReleaseAccepted", Status: "True", Reason: "PayloadLoaded"})
+	pathSays(t, e, name, path, "2/2", "Completed Pending")
+	if got := desiredImage(e); got != "" {
+		t.Fatalf("desiredUpdate %s after the path stopped again", got)
+	}
+	if out, err := agents["node-a"].Ferry("proceed"); err != nil {
+		t.Fatalf("ferry proceed: %v\n%s", err, out)
+	}
+	waitUntil(t, "the second hop asked again on ferry proceed", func() bool { return desiredImage(e) == hops[1].Release })
+
 	e.SetHistory(kubeenv.History{State: "Partial", Image: hops[1].Release, Version: hops[1].Version},
 		kubeenv.History{State: "Completed", Image: hops[0].Release, Version: hops[0].Version}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
-	a.Wait(bound, "the second hop followed", func(s agent.Status) bool {
-		return strings.Contains(s.Message, "hop 2 of 2: the cluster is upgrading to 4.15.1")
-	})
+	for _, n := range nodes {
+		agents[n].Wait(bound, n+": the second hop followed", func(s agent.Status) bool {
+			return strings.Contains(s.Message, "hop 2 of 2: the cluster is upgrading to 4.15.1")
+		})
+	}
 	e.SetHistory(kubeenv.History{State: "Completed", Image: hops[1].Release, Version: hops[1].Version},
 		kubeenv.History{State: "Completed", Image: hops[0].Release, Version: hops[0].Version}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
 	waitUntil(t, "the worker pool unpaused", func() bool { paused, mark := pool(t, e, "worker"); return !paused && mark == "" })
+	pathSays(t, e, name, path, "2/2", "Completed Completed")
 
 	// Cleanup waits for the MCO.
-	e.SetPool(kubeenv.MachineConfigPool{Name: "worker", NodeSelector: map[string]string{workerRole: ""}, Target: newConfig, Current: oldConfig, Machines: 1})
-	e.SetMachineConfig("node-a", "Working", oldConfig, newConfig)
-	keepsTheBundle(t, e, a, c, agent.ReasonNodeUpdating)
-	e.SetMachineConfig("node-a", "Done", newConfig, newConfig)
-	e.SetPool(kubeenv.MachineConfigPool{Name: "worker", NodeSelector: map[string]string{workerRole: ""}, Target: newConfig, Current: newConfig, Machines: 1, Updated: 1})
-	a.Wait(bound, "cleaned up", func(s agent.Status) bool {
-		return s.Phase == string(agent.PhaseUpgraded) && s.Reason == agent.ReasonUpgraded
-	})
-	for _, ref := range bundle.PullRefs(meta.AllImages()) {
-		if present, pinned, err := cl.Status(context.Background(), ref); err != nil || !present || !pinned {
-			t.Errorf("%s: present %v pinned %v (%v): every hop's pins stay until the next upgrade", ref, present, pinned, err)
+	e.SetPool(kubeenv.MachineConfigPool{Name: "worker", NodeSelector: map[string]string{workerRole: ""}, Target: newConfig, Current: oldConfig, Machines: 2})
+	for _, n := range nodes {
+		e.SetMachineConfig(n, "Working", oldConfig, newConfig)
+	}
+	keepsTheBundle(t, e, agents["node-a"], crios["node-a"], agent.ReasonNodeUpdating)
+	for _, n := range nodes {
+		e.SetMachineConfig(n, "Done", newConfig, newConfig)
+	}
+	e.SetPool(kubeenv.MachineConfigPool{Name: "worker", NodeSelector: map[string]string{workerRole: ""}, Target: newConfig, Current: newConfig, Machines: 2, Updated: 2})
+	for _, n := range nodes {
+		agents[n].Wait(bound, n+": cleaned up", func(s agent.Status) bool {
+			return s.Phase == string(agent.PhaseUpgraded) && s.Reason == agent.ReasonUpgraded
+		})
+		cl := crios[n].Client(t)
+		for _, ref := range bundle.PullRefs(meta.AllImages()) {
+			if present, pinned, err := cl.Status(context.Background(), ref); err != nil || !present || !pinned {
+				t.Errorf("%s: %s present %v pinned %v (%v): every hop's pins stay until the next upgrade", n, ref, present, pinned, err)
+			}
 		}
+	}
+	evs := strings.Join(e.Events(name), "\n")
+	for _, want := range []string{"PathPoolsPaused", "PathHopAsked: node-a: hop 1 of 2: asking the cluster for 4.14.2",
+		"PathHopFailed: node-a: hop 1 of 2 (4.14.2) failed", "PathHopCompleted: node-a: hop 1 of 2: the cluster is at 4.14.2 (Completed)",
+		"PathHopAsked: node-a: hop 2 of 2: asking the cluster for 4.15.1", "PathHopFailed: node-a: hop 2 of 2 (4.15.1) failed",
+		"PathHopCompleted: node-a: hop 2 of 2: the cluster is at 4.15.1 (Completed)", "PathPoolsUnpaused"} {
+		if !strings.Contains(evs, want) {
+			t.Errorf("no Event %q in:\n%s", want, evs)
+		}
+	}
+}
+
+// clearDesiredUpdate is oc adm upgrade --clear, as the administrator.
+func clearDesiredUpdate(t *testing.T, e *kubeenv.Env) {
+	t.Helper()
+	if err := e.Admin.Raw(context.Background(), "PATCH", "/apis/config.openshift.io/v1/clusterversions/version", "application/merge-patch+json",
+		map[string]any{"spec": map[string]any{"desiredUpdate": nil}}, nil); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -166,7 +296,7 @@ func TestClient_APathWithThePoolsLeftAsTheAdministratorChose(t *testing.T) {
 	e.AddNode("node-a", "10.0.0.1")
 	e.InstallFerry()
 	installBundles(e)
-	pathPools(e)
+	pathPools(e, "node-a")
 	name := "4.15.1-x86-64"
 	e.Create("/apis/ferry.io/v1alpha1/upgradebundles", map[string]any{"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundle",
 		"metadata": map[string]any{"name": name}, "spec": map[string]any{"pausePools": false}})
