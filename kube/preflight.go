@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net/url"
@@ -122,18 +123,27 @@ func (c *Client) checkAdminAcks(ctx context.Context, p *cluster.Preflight, cur h
 	if err := c.do(ctx, "GET", adminAcksPath, "", nil, &acks); err != nil && !IsNotFound(err) {
 		return fmt.Errorf("reading openshift-config/admin-acks: %w", err)
 	}
-	var missing []string
+	var missing, names []string
 	for gate, what := range gates.Data {
 		m := adminGateRE.FindStringSubmatch(gate)
 		if m == nil || m[1] != cur.MinorOf() || acks.Data[gate] == "true" {
 			continue
 		}
 		missing = append(missing, fmt.Sprintf("%s (%s)", gate, what))
+		names = append(names, gate)
 	}
 	if len(missing) > 0 {
 		slices.Sort(missing)
+		slices.Sort(names)
+		// The command names the gates, so that a person can run it as
+		// it is, once they have read what each one asks of them.
+		data := map[string]string{}
+		for _, n := range names {
+			data[n] = "true"
+		}
+		patch, _ := json.Marshal(map[string]any{"data": data})
 		p.Refusals = append(p.Refusals, "the cluster requires an administrator's acknowledgement first: "+strings.Join(missing, "; ")+
-			`: give it with oc -n openshift-config patch cm admin-acks --patch '{"data":{"<gate>":"true"}}' --type=merge`)
+			": once done what it asks, give it with oc -n openshift-config patch cm admin-acks --type=merge -p '"+string(patch)+"'")
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -386,5 +387,116 @@ func TestAgent_APathWithAGapIsRefusedBeforeAnyByteMoves(t *testing.T) {
 	}
 	if got := desiredImage(e); got != "" {
 		t.Errorf("desiredUpdate set to %s", got)
+	}
+}
+
+// TestClient_APathTo5_0FollowsTheVersionOperatorsRulesHopByHop: a cluster
+// at 4.21.7 and a path 4.22.9 → 5.0.2 (4.last → 5.0), with a node's
+// credential and ferry's RBAC against the real API: the preflight takes
+// it and refuses a path that goes back or crosses to 5.1; the worker pool
+// is paused for it; Upgradeable=False holds the first (minor) hop until
+// the operator says otherwise; an admin gate of 4.22 holds the second
+// (major) hop once the first is Completed, every reading saying the
+// gate and the command that acknowledges it, and the hop goes on once
+// acknowledged.
+func TestClient_APathTo5_0FollowsTheVersionOperatorsRulesHopByHop(t *testing.T) {
+	e := kubeenv.Start(t, current)
+	e.AddNode("node-a", "10.0.0.1")
+	e.InstallFerry()
+	installBundles(e)
+	pathPools(e, "node-a")
+	e.SetHistory(kubeenv.History{State: "Completed", Image: current, Version: "4.21.7"})
+	name := "5.0.2-x86-64"
+	e.CreateBundle(name)
+	rel := func(c string) string {
+		return "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat(c, 64)
+	}
+	p := cluster.Path{Bundle: name, Node: "node-a", Hops: []cluster.Upgrade{{Release: rel("2"), Version: "4.22.9"}, {Release: rel("3"), Version: "5.0.2"}}}
+	for _, h := range p.Hops {
+		e.ApproveRelease(h.Release)
+	}
+	c := nodeClient(t, e, "node-a")
+	ctx := t.Context()
+
+	for _, tc := range []struct {
+		path []string
+		says string // "" taken
+	}{
+		{[]string{"4.22.9", "5.0.2"}, ""},
+		{[]string{"4.21.3", "4.22.9"}, "4.21.3 is older than the cluster's 4.21.7: OpenShift does not downgrade"},
+		{[]string{"4.22.9", "5.1.0"}, "4.22.9 to 5.1.0 crosses a major version"},
+		{[]string{"4.22.9", "4.24.1"}, "4.22.9 to 4.24.1 skips 4.23"},
+	} {
+		pf, err := c.PreflightPath(ctx, "node-a", tc.path, nil)
+		got := strings.Join(pf.Refusals, "; ")
+		if err != nil || tc.says == "" && got != "" || tc.says != "" && !strings.Contains(got, tc.says) {
+			t.Errorf("preflight of %v: %q, %v; want %q", tc.path, got, err, cmp.Or(tc.says, "taken"))
+		}
+	}
+
+	advance := func(want cluster.UpgradeState, states ...cluster.HopState) cluster.UpgradeStatus {
+		t.Helper()
+		st, err := c.AdvancePath(ctx, p)
+		if err != nil || st.State != want || st.Path == nil || len(st.Path.Hops) != len(states) {
+			t.Fatalf("AdvancePath: %+v, %v; want %q", st, err, want)
+		}
+		for i, h := range st.Path.Hops {
+			if h.State != states[i] {
+				t.Fatalf("AdvancePath: hop %d %s (%s), want %s", i+1, h.State, h.Message, states[i])
+			}
+		}
+		return st
+	}
+	e.SetConditions(kubeenv.Condition{Type: "Upgradeable", Status: "False", Reason: "ClusterOperatorsNotUpgradeable", Message: "Cluster operator storage should not be upgraded between minor versions"})
+	st := advance(cluster.UpgradePending, cluster.HopHeld, cluster.HopPending)
+	if want := "hop 1 of 2 (4.22.9) waits: the cluster is not upgradeable to a new minor version (Upgradeable=False, ClusterOperatorsNotUpgradeable): Cluster operator storage should not be upgraded between minor versions"; st.Reason != want {
+		t.Errorf("held hop: %q, want %q", st.Reason, want)
+	}
+	if got := desiredImage(e); got != "" {
+		t.Fatalf("desiredUpdate %s while Upgradeable=False", got)
+	}
+	if paused, _ := pool(t, e, "worker"); !paused {
+		t.Error("the worker pool is not paused for a path to 5.0")
+	}
+	e.SetConditions(kubeenv.Condition{Type: "Upgradeable", Status: "True", Reason: "AsExpected"})
+	advance(cluster.UpgradePending, cluster.HopAsked, cluster.HopPending)
+	if got := desiredImage(e); got != p.Hops[0].Release {
+		t.Fatalf("desiredUpdate %s, want the first hop", got)
+	}
+
+	const gate = "ack-4.22-kube-1.35-api-removals-in-5.0"
+	e.SetConfigMap("openshift-config-managed", "admin-gates", map[string]string{gate: "Kubernetes 1.35 removes v1beta1 APIs in use"})
+	e.SetConfigMap("openshift-config", "admin-acks", map[string]string{})
+	e.SetHistory(kubeenv.History{State: "Completed", Image: p.Hops[0].Release, Version: "4.22.9"}, kubeenv.History{State: "Completed", Image: current, Version: "4.21.7"})
+	st = advance(cluster.UpgradePending, cluster.HopCompleted, cluster.HopHeld)
+	wantCmd := `oc -n openshift-config patch cm admin-acks --type=merge -p '{"data":{"` + gate + `":"true"}}'`
+	if !strings.HasPrefix(st.Reason, "hop 2 of 2 (5.0.2) waits: the cluster requires an administrator's acknowledgement first: "+gate+" (Kubernetes 1.35 removes v1beta1 APIs in use)") ||
+		!strings.HasSuffix(st.Reason, wantCmd) || st.Path.Hops[1].Message != st.Reason {
+		t.Errorf("held hop: %q, want the gate and %s", st.Reason, wantCmd)
+	}
+	if ro, err := c.PathStatus(ctx, p); err != nil || ro.Reason != st.Reason {
+		t.Errorf("PathStatus: %+v, %v; want the same words for a node that only reads", ro, err)
+	}
+	if got := desiredImage(e); got != p.Hops[0].Release {
+		t.Fatalf("desiredUpdate %s while the admin gate is not acknowledged", got)
+	}
+	// The command as the message gives it (kubectl for oc).
+	args := strings.Fields(strings.TrimPrefix(strings.TrimSuffix(wantCmd, `'{"data":{"`+gate+`":"true"}}'`), "oc "))
+	if out, err := kubectl(t, e, append(args, `{"data":{"`+gate+`":"true"}}`)...); err != nil {
+		t.Fatalf("kubectl %v: %v\n%s", args, err, out)
+	}
+	advance(cluster.UpgradePending, cluster.HopCompleted, cluster.HopAsked)
+	if got := desiredImage(e); got != p.Hops[1].Release {
+		t.Fatalf("desiredUpdate %s once acknowledged, want 5.0.2", got)
+	}
+	e.SetHistory(kubeenv.History{State: "Completed", Image: p.Hops[1].Release, Version: "5.0.2"},
+		kubeenv.History{State: "Completed", Image: p.Hops[0].Release, Version: "4.22.9"}, kubeenv.History{State: "Completed", Image: current, Version: "4.21.7"})
+	advance(cluster.UpgradeCompleted, cluster.HopCompleted, cluster.HopCompleted)
+	if paused, mark := pool(t, e, "worker"); paused || mark != "" {
+		t.Errorf("worker pool: paused %v, mark %q after the path", paused, mark)
+	}
+	held := slices.DeleteFunc(e.Events(name), func(s string) bool { return !strings.Contains(s, "PathHopHeld") })
+	if len(held) != 2 {
+		t.Errorf("PathHopHeld events:\n%s\nwant one for each hold", strings.Join(held, "\n"))
 	}
 }
