@@ -74,7 +74,9 @@ type UpgradeBundleSpec struct {
 	Schedule string `json:"schedule,omitempty"`
 
 	// proceed, with schedule Manual, starts the cluster upgrade (once
-	// every node is loaded).
+	// every node is loaded). Written true after a path stopped at a
+	// failed hop (status.hops), it resumes the path (false first if it is
+	// true already).
 	// +optional
 	Proceed bool `json:"proceed,omitempty"`
 

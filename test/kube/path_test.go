@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -163,9 +162,12 @@ func TestAgents_APathRunsHopByHopWithTheWorkerPoolPaused(t *testing.T) {
 				t.Errorf("%s: %s present %v pinned %v (%v) when the first hop was asked: every hop's images are pinned on every node first", n, ref, present, pinned, err)
 			}
 		}
+		// Each node says so: every image of the path (its status line:
+		// "N images pinned, every hop's (4.14.2 → 4.15.1)").
 		s, err := agents[n].Status(context.Background())
-		if want := fmt.Sprintf("%d images pinned, every hop's (4.14.2 → 4.15.1)", len(meta.AllImages())); err != nil || !strings.Contains(s.Line, want) {
-			t.Errorf("%s says %q (%v), want %q", n, s.Line, err, want)
+		if err != nil || s.Phase != string(agent.PhaseClusterReady) || s.Progress == nil || s.Progress.Total != int64(len(meta.AllImages())) ||
+			!slices.Equal(s.Path, []string{"4.14.2", "4.15.1"}) {
+			t.Errorf("%s: %+v (%v); want cluster-ready with the %d images of the path 4.14.2 → 4.15.1 pinned", n, s, err, len(meta.AllImages()))
 		}
 	}
 	if paused, mark := pool(t, e, "worker"); !paused || mark == "" {
@@ -470,8 +472,8 @@ func TestClient_APathTo5_0FollowsTheVersionOperatorsRulesHopByHop(t *testing.T) 
 	e.SetHistory(kubeenv.History{State: "Completed", Image: p.Hops[0].Release, Version: "4.22.9"}, kubeenv.History{State: "Completed", Image: current, Version: "4.21.7"})
 	st = advance(cluster.UpgradePending, cluster.HopCompleted, cluster.HopHeld)
 	wantCmd := `oc -n openshift-config patch cm admin-acks --type=merge -p '{"data":{"` + gate + `":"true"}}'`
-	if !strings.HasPrefix(st.Reason, "hop 2 of 2 (5.0.2) waits: the cluster requires an administrator's acknowledgement first: "+gate+" (Kubernetes 1.35 removes v1beta1 APIs in use)") ||
-		!strings.HasSuffix(st.Reason, wantCmd) || st.Path.Hops[1].Message != st.Reason {
+	if want := "hop 2 of 2 (5.0.2) waits: the cluster requires an administrator's acknowledgement first: " + gate +
+		" (Kubernetes 1.35 removes v1beta1 APIs in use): once done what it asks, give it with " + wantCmd; st.Reason != want || st.Path.Hops[1].Message != st.Reason {
 		t.Errorf("held hop: %q, want the gate and %s", st.Reason, wantCmd)
 	}
 	if ro, err := c.PathStatus(ctx, p); err != nil || ro.Reason != st.Reason {
