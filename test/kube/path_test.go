@@ -255,10 +255,12 @@ func TestAgents_APathRunsHopByHopWithTheWorkerPoolPaused(t *testing.T) {
 		e.SetMachineConfig(n, "Working", oldConfig, newConfig)
 	}
 	keepsTheBundle(t, e, agents["node-a"], crios["node-a"], agent.ReasonNodeUpdating)
+	// The pool first: the nodes' own change wakes the agents, which
+	// read the pool afresh with it (pools are not watched).
+	e.SetPool(kubeenv.MachineConfigPool{Name: "worker", NodeSelector: map[string]string{workerRole: ""}, Target: newConfig, Current: newConfig, Machines: 2, Updated: 2})
 	for _, n := range nodes {
 		e.SetMachineConfig(n, "Done", newConfig, newConfig)
 	}
-	e.SetPool(kubeenv.MachineConfigPool{Name: "worker", NodeSelector: map[string]string{workerRole: ""}, Target: newConfig, Current: newConfig, Machines: 2, Updated: 2})
 	for _, n := range nodes {
 		agents[n].Wait(bound, n+": cleaned up", func(s agent.Status) bool {
 			return s.Phase == string(agent.PhaseUpgraded) && s.Reason == agent.ReasonUpgraded
