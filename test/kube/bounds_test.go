@@ -203,6 +203,7 @@ func TestPolicy_ANodeCannotForgeTheSummaryOrAnotherNodesEvents(t *testing.T) {
 	denied(t, "the summary's digest, forged with its own entry", publish(func(s *cluster.BundleSummary, _ *cluster.BundleNodeEntry) { s.Digest = forged }), policy)
 	denied(t, "the summary's digest with no entry of its own", status(map[string]any{"digest": forged}), policy)
 	denied(t, "the summary's approved with no entry of its own", status(map[string]any{"approved": "signature"}), policy)
+	denied(t, "a path's hop with no entry of its own", status(map[string]any{"hop": "2/2", "hops": []any{map[string]any{"version": "4.13.7", "state": "Completed"}}}), policy)
 	// The summary has one writer: an entry-only write leaves it as its
 	// writer wrote it (who then says the disagreement), but a write that
 	// changes it must agree with every entry.
