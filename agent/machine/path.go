@@ -66,6 +66,16 @@ func (m *Machine) resumePath(r *Record) []Effect {
 	return append(effs, EffAskUpgrade{r})
 }
 
+// hopHeld tells whether st is a path whose hop in progress waits for the
+// administrator's word (Upgradeable=False, an admin-ack).
+func hopHeld(st cluster.UpgradeStatus) bool {
+	if st.Path == nil {
+		return false
+	}
+	i := st.Path.Current()
+	return i < len(st.Path.Hops) && st.Path.Hops[i].State == cluster.HopHeld
+}
+
 // pathStopped tells whether r's path stopped at a failed hop on this node.
 func pathStopped(r *Record) bool {
 	return r != nil && r.Upgrade != nil && r.Upgrade.Stopped != ""

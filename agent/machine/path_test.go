@@ -105,3 +105,18 @@ func hasAsk(effs []Effect) bool {
 	}
 	return false
 }
+
+// TestUpgradeSeen_AHeldHopSaysTheAdministratorsWordAsItIs: a hop held by
+// an admin gate is said in the gate's words with the command, not as a
+// wait for the version operator.
+func TestUpgradeSeen_AHeldHopSaysTheAdministratorsWordAsItIs(t *testing.T) {
+	m := machineIn(t, PhaseUpgrading)
+	m.HasAPI = true
+	r := pathRecord(m)
+	held := "hop 2 of 2 (4.18.10) waits: the cluster requires an administrator's acknowledgement first: … give it with oc -n openshift-config patch cm admin-acks --type=merge -p '{}'"
+	m.Step(EvUpgradeSeen{Release: r.Metadata.Release, St: cluster.UpgradeStatus{State: cluster.UpgradePending, Reason: held,
+		Path: &cluster.PathProgress{From: "4.16.3", Hops: []cluster.HopProgress{{State: cluster.HopCompleted}, {State: cluster.HopHeld, Message: held}}}}})
+	if r.Condition.Reason != ReasonUpgradePending || r.Condition.Message != held || r.Phase != PhaseUpgrading {
+		t.Errorf("condition %+v in %s; want the held hop's words as they are", r.Condition, r.Phase)
+	}
+}

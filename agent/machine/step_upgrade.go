@@ -151,6 +151,9 @@ func (m *Machine) followUpgrade(r *Record, st cluster.UpgradeStatus) []Effect {
 		if st.Reason != "" {
 			msg += ": " + st.Reason
 		}
+		if hopHeld(st) {
+			msg = st.Reason // the administrator's word is awaited, with the command that gives it
+		}
 		why := WaitingFor(ReasonUpgradePending, msg)
 		if r.Condition == why {
 			return nil
