@@ -292,16 +292,24 @@ func clearDesiredUpdate(t *testing.T, e *kubeenv.Env) {
 	}
 }
 
-// TestClient_APathWithThePoolsLeftAsTheAdministratorChose: spec.pausePools
-// false: with a node's credential and ferry's RBAC, AdvancePath asks each
-// hop in turn, after the one before is Completed, never pausing a pool;
-// Events mark each hop on the UpgradeBundle.
-func TestClient_APathWithThePoolsLeftAsTheAdministratorChose(t *testing.T) {
+// TestClient_PathsHopByHopAsTheVersionOperatorAllows: two paths, one
+// after the other on one API server, each with a node's credential and
+// ferry's RBAC.
+func TestClient_PathsHopByHopAsTheVersionOperatorAllows(t *testing.T) {
 	e := kubeenv.Start(t, current)
 	e.AddNode("node-a", "10.0.0.1")
 	e.InstallFerry()
 	installBundles(e)
 	pathPools(e, "node-a")
+	c := nodeClient(t, e, "node-a")
+	aPathWithThePoolsLeftAsTheAdministratorChose(t, e, c)
+	aPathTo5_0FollowsTheVersionOperatorsRulesHopByHop(t, e, c)
+}
+
+// aPathWithThePoolsLeftAsTheAdministratorChose: spec.pausePools false:
+// AdvancePath asks each hop in turn, after the one before is Completed,
+// never pausing a pool; Events mark each hop on the UpgradeBundle.
+func aPathWithThePoolsLeftAsTheAdministratorChose(t *testing.T, e *kubeenv.Env, c *kube.Client) {
 	name := "4.15.1-x86-64"
 	e.Create("/apis/ferry.io/v1alpha1/upgradebundles", map[string]any{"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundle",
 		"metadata": map[string]any{"name": name}, "spec": map[string]any{"pausePools": false}})
@@ -312,7 +320,6 @@ func TestClient_APathWithThePoolsLeftAsTheAdministratorChose(t *testing.T) {
 	for _, h := range p.Hops {
 		e.ApproveRelease(h.Release)
 	}
-	c := nodeClient(t, e, "node-a")
 	ctx := t.Context()
 	advance := func(want cluster.UpgradeState) cluster.UpgradeStatus {
 		t.Helper()
@@ -394,32 +401,27 @@ func TestAgent_APathWithAGapIsRefusedBeforeAnyByteMoves(t *testing.T) {
 	}
 }
 
-// TestClient_APathTo5_0FollowsTheVersionOperatorsRulesHopByHop: a cluster
-// at 4.21.7 and a path 4.22.9 → 5.0.2 (4.last → 5.0), with a node's
-// credential and ferry's RBAC against the real API: the preflight takes
+// aPathTo5_0FollowsTheVersionOperatorsRulesHopByHop: the cluster at
+// 4.21.7 and a path 4.22.9 → 5.0.2 (4.last → 5.0): the preflight takes
 // it and refuses a path that goes back or crosses to 5.1; the worker pool
 // is paused for it; Upgradeable=False holds the first (minor) hop until
 // the operator says otherwise; an admin gate of 4.22 holds the second
 // (major) hop once the first is Completed, every reading saying the
 // gate and the command that acknowledges it, and the hop goes on once
-// acknowledged.
-func TestClient_APathTo5_0FollowsTheVersionOperatorsRulesHopByHop(t *testing.T) {
-	e := kubeenv.Start(t, current)
-	e.AddNode("node-a", "10.0.0.1")
-	e.InstallFerry()
-	installBundles(e)
-	pathPools(e, "node-a")
+// acknowledged with that command.
+func aPathTo5_0FollowsTheVersionOperatorsRulesHopByHop(t *testing.T, e *kubeenv.Env, c *kube.Client) {
+	// The cluster as one at 4.21.7 would be, nothing asked.
 	e.SetHistory(kubeenv.History{State: "Completed", Image: current, Version: "4.21.7"})
+	clearDesiredUpdate(t, e)
 	name := "5.0.2-x86-64"
 	e.CreateBundle(name)
 	rel := func(c string) string {
 		return "quay.io/openshift-release-dev/ocp-release@sha256:" + strings.Repeat(c, 64)
 	}
-	p := cluster.Path{Bundle: name, Node: "node-a", Hops: []cluster.Upgrade{{Release: rel("2"), Version: "4.22.9"}, {Release: rel("3"), Version: "5.0.2"}}}
+	p := cluster.Path{Bundle: name, Node: "node-a", Hops: []cluster.Upgrade{{Release: rel("4"), Version: "4.22.9"}, {Release: rel("5"), Version: "5.0.2"}}}
 	for _, h := range p.Hops {
 		e.ApproveRelease(h.Release)
 	}
-	c := nodeClient(t, e, "node-a")
 	ctx := t.Context()
 
 	for _, tc := range []struct {
