@@ -107,6 +107,7 @@ func (c *Client) path(ctx context.Context, p cluster.Path, act bool) (cluster.Up
 			if err := c.StartUpgrade(ctx, u); err != nil {
 				return st, fmt.Errorf("hop %d of %d (%s): %w", a.Hop+1, len(p.Hops), u.Version, err)
 			}
+			c.forgetPathEvents(p.Bundle) // a hold or failure after this ask is news again
 			if a.Hop > 0 {
 				c.pathEvent(ctx, p, "PathHopCompleted", hopCompleted(s, a.Hop-1))
 			}
@@ -280,6 +281,16 @@ func (c *Client) pathEvent(ctx context.Context, p cluster.Path, reason, message 
 	}
 	// A node records Events as itself (packaging/admission.yaml).
 	c.BundleEvent(ctx, p.Bundle, uid, p.Node, typ, reason, p.Node+": "+message)
+}
+
+// forgetPathEvents forgets which of bundle's path Events were recorded.
+func (c *Client) forgetPathEvents(bundle string) {
+	c.pathEvents.Range(func(k, _ any) bool {
+		if strings.HasPrefix(k.(string), bundle+"/") {
+			c.pathEvents.Delete(k)
+		}
+		return true
+	})
 }
 
 // pathEventOnce is pathEvent for what the path says again at each step

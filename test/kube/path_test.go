@@ -480,6 +480,7 @@ func aPathTo5_0FollowsTheVersionOperatorsRulesHopByHop(t *testing.T, e *kubeenv.
 		" (Kubernetes 1.35 removes v1beta1 APIs in use): once done what it asks, give it with " + wantCmd; st.Reason != want || st.Path.Hops[1].Message != st.Reason {
 		t.Errorf("held hop: %q, want the gate and %s", st.Reason, wantCmd)
 	}
+	advance(cluster.UpgradePending, cluster.HopCompleted, cluster.HopHeld) // read again: no second Event for the same hold
 	if ro, err := c.PathStatus(ctx, p); err != nil || ro.Reason != st.Reason {
 		t.Errorf("PathStatus: %+v, %v; want the same words for a node that only reads", ro, err)
 	}
