@@ -250,10 +250,15 @@ func TestAgents_APathRunsHopByHopWithTheWorkerPoolPaused(t *testing.T) {
 	pathSays(t, e, name, path, "2/2", "Completed Completed")
 
 	// Cleanup waits for the MCO.
-	e.SetPool(kubeenv.MachineConfigPool{Name: "worker", NodeSelector: map[string]string{workerRole: ""}, Target: newConfig, Current: oldConfig, Machines: 2})
 	for _, n := range nodes {
 		e.SetMachineConfig(n, "Working", oldConfig, newConfig)
 	}
+	e.SetPool(kubeenv.MachineConfigPool{Name: "worker", NodeSelector: map[string]string{workerRole: ""}, Target: newConfig, Current: oldConfig, Machines: 2})
+	// The node's words while the MCO works on it, not those of a reading
+	// before (still on the old config), which keepsTheBundle would take.
+	agents["node-a"].Wait(bound, "node-a: waiting for the MCO at work", func(s agent.Status) bool {
+		return s.Reason == agent.ReasonNodeUpdating && strings.Contains(s.Message, "(state Working, "+oldConfig+" → "+newConfig+")")
+	})
 	keepsTheBundle(t, e, agents["node-a"], crios["node-a"], agent.ReasonNodeUpdating)
 	// The pool first: the nodes' own change wakes the agents, which
 	// read the pool afresh with it (pools are not watched).
