@@ -117,9 +117,9 @@ func pathSays(t *testing.T, e *kubeenv.Env, name, path, hop, states string) v1al
 
 // TestAgents_APathRunsHopByHopWithTheWorkerPoolPaused: two nodes, each
 // with a real CRI-O and only its kubelet's identity, one bundle 4.14.2 →
-// 4.15.1 from a cluster at 4.13.6, plugged into node-a. Before the first
-// desiredUpdate every image of both releases is pinned on both nodes and
-// each says so; the worker pool is paused (master is not); desiredUpdate
+// 4.15.1 from a cluster at 4.13.6, plugged into node-a, schedule Manual.
+// Before the first desiredUpdate (nothing asked until proceed) every
+// image of both releases is pinned on both nodes and each says so; the worker pool is paused (master is not); desiredUpdate
 // names 4.14.2, and 4.15.1 only once 4.14.2 is Completed; the pool is
 // unpaused once 4.15.1 is; each node keeps its mirror until the MCO is
 // done with it, then cleans up, its pins staying. The UpgradeBundle says
@@ -137,7 +137,9 @@ func TestAgents_APathRunsHopByHopWithTheWorkerPoolPaused(t *testing.T) {
 		e.ApproveRelease(h.Release)
 	}
 	name := agent.ResourceName(meta.Version, meta.Arch)
-	e.CreateBundle(name)
+	// Manual: every node loaded, the path waits for proceed, and what
+	// every node holds then is what the cluster is first asked with.
+	e.PatchBundleSpec(name, map[string]any{"schedule": "Manual"})
 	crios := map[string]*crioenv.CRIO{}
 	agents := kubeletAgents(t, e, nodes, func(n string, cfg *agent.Config) {
 		crios[n] = crioenv.Start(t)
@@ -151,15 +153,17 @@ func TestAgents_APathRunsHopByHopWithTheWorkerPoolPaused(t *testing.T) {
 	if out, err := agents["node-a"].Ferry("load", tarPath); err != nil {
 		t.Fatalf("ferry load: %v\n%s", err, out)
 	}
-	waitUntil(t, "the first hop asked for", func() bool { return desiredImage(e) != "" })
-	if got := desiredImage(e); got != hops[0].Release {
-		t.Fatalf("the first desiredUpdate is %s, want the first hop %s", got, hops[0].Release)
+	for _, n := range nodes {
+		agents[n].WaitPhase(bound, agent.PhaseClusterReady)
+	}
+	if got := desiredImage(e); got != "" {
+		t.Fatalf("desiredUpdate %s before proceed", got)
 	}
 	for _, n := range nodes {
 		cl := crios[n].Client(t)
 		for _, ref := range bundle.PullRefs(meta.AllImages()) {
 			if present, pinned, err := cl.Status(context.Background(), ref); err != nil || !present || !pinned {
-				t.Errorf("%s: %s present %v pinned %v (%v) when the first hop was asked: every hop's images are pinned on every node first", n, ref, present, pinned, err)
+				t.Errorf("%s: %s present %v pinned %v (%v) before the first hop is asked: every hop's images are pinned on every node first", n, ref, present, pinned, err)
 			}
 		}
 		// Each node says so: every image of the path (its status line:
@@ -170,13 +174,22 @@ func TestAgents_APathRunsHopByHopWithTheWorkerPoolPaused(t *testing.T) {
 			t.Errorf("%s: %+v (%v); want cluster-ready with the %d images of the path 4.14.2 → 4.15.1 pinned", n, s, err, len(meta.AllImages()))
 		}
 	}
+	const path = "4.13.6 → 4.14.2 → 4.15.1"
+	pathSays(t, e, name, path, "0/2", "Pending Pending")
+	if paused, _ := pool(t, e, "worker"); paused {
+		t.Error("the worker pool is paused before the path starts")
+	}
+	e.PatchBundleSpec(name, map[string]any{"proceed": true})
+	waitUntil(t, "the first hop asked for", func() bool { return desiredImage(e) != "" })
+	if got := desiredImage(e); got != hops[0].Release {
+		t.Fatalf("the first desiredUpdate is %s, want the first hop %s", got, hops[0].Release)
+	}
 	if paused, mark := pool(t, e, "worker"); !paused || mark == "" {
 		t.Errorf("worker pool: paused %v, mark %q; want it paused for the path", paused, mark)
 	}
 	if paused, _ := pool(t, e, "master"); paused {
 		t.Error("the master pool is paused")
 	}
-	const path = "4.13.6 → 4.14.2 → 4.15.1"
 	pathSays(t, e, name, path, "1/2", "Asked Pending")
 	if out, err := kubectl(t, e, "get", "upgradebundles"); err != nil || !regexp.MustCompile(`(?m)^NAME .* HOP .*\n`+regexp.QuoteMeta(name)+` .* 1/2 `).MatchString(out) {
 		t.Errorf("kubectl get upgradebundles: %v\n%s\nwant a HOP column saying 1/2", err, out)
@@ -184,7 +197,8 @@ func TestAgents_APathRunsHopByHopWithTheWorkerPoolPaused(t *testing.T) {
 
 	// The first hop refused: the path stops, saying so on the node that
 	// takes its steps; the administrator clears desiredUpdate and the
-	// operator accepts again: ferry asks nothing until spec.proceed.
+	// operator accepts again: ferry asks nothing until spec.proceed is
+	// written again (it stands true from the start: false, then true).
 	refused := kubeenv.Condition{Type: "ReleaseAccepted", Status: "False", Reason: "RetrievePayload", Message: "The update cannot be verified: no signature"}
 	e.SetConditions(refused)
 	s := agents["node-a"].Wait(bound, "the path stopped at the first hop", func(s agent.Status) bool {
@@ -202,6 +216,7 @@ func TestAgents_APathRunsHopByHopWithTheWorkerPoolPaused(t *testing.T) {
 	if got := desiredImage(e); got != "" {
 		t.Fatalf("desiredUpdate %s after the path stopped: ferry asked again with no one's word", got)
 	}
+	e.PatchBundleSpec(name, map[string]any{"proceed": false})
 	e.PatchBundleSpec(name, map[string]any{"proceed": true})
 	waitUntil(t, "the first hop asked again on spec.proceed", func() bool { return desiredImage(e) == hops[0].Release })
 
