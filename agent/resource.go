@@ -30,6 +30,13 @@ type BundleAPI interface {
 	// PublishBundle writes node's entry, and the summary when sum is not
 	// nil (this node is the summary's one writer, summaryWriter).
 	PublishBundle(ctx context.Context, name string, sum *cluster.BundleSummary, node string, entry cluster.BundleNodeEntry) error
+	// FollowEntries follows every node's entries while all is true (this
+	// node writes a summary: UpgradeBundle's view then holds them all),
+	// else only this node's own.
+	FollowEntries(all bool)
+	// PullRecord is what node published of its pull for the
+	// UpgradeBundle bundle (registry mode), nil when nothing.
+	PullRecord(ctx context.Context, bundle, node string) (*cluster.PullRecord, error)
 	BundleEvent(ctx context.Context, name, uid, node, eventType, reason, message string) error
 	NodeReadiness(ctx context.Context) (map[string]cluster.NodeReady, error)
 	// Approvals is every UpgradeBundle's spec.approvedDigest, with the
@@ -53,33 +60,24 @@ func withoutHold(reason string) string {
 	return reason
 }
 
-// summaryWriter is the node that writes a resource's summary: the first
-// by name of the nodes that have written their entry there (and this
-// one), leaving out those the gate leaves out and those not ready. A
-// node is known by its record (ready holds only nodes with a Lease): an
-// entry of a name with none (a deleted Node, or a name someone made up)
-// never writes the summary. Every node picks alike from the same
-// resource, itself held to the same rule as the others (else a node not
-// ready would write beside the ready one the others pick); when none is
-// ready, the first by name of those known; when the writer stops (it
-// goes NotReady, is excluded or deleted) the next one takes over.
-func summaryWriter(view cluster.BundleView, ready map[string]cluster.NodeReady, excluded map[string]string, self string) string {
+// summaryWriter is the node that writes the summary of the UpgradeBundle
+// name: the first by name of the nodes whose record says they report on
+// it (and this one), leaving out those the gate leaves out and those not
+// ready. A node is known by its record (ready holds only nodes with a
+// Lease), never by its entry, which only the writer reads: every node
+// picks alike from the records it watches, itself held to the same rule
+// as the others (else a node not ready would write beside the ready one
+// the others pick); when none is ready, the first by name of those
+// known; when the writer stops (it goes NotReady, is excluded or
+// deleted, its record expires) the next one takes over.
+func summaryWriter(name string, ready map[string]cluster.NodeReady, excluded map[string]string, self string) string {
 	first := func(wantReady bool) string {
 		writer := ""
-		consider := func(n string) {
-			if _, out := excluded[n]; out || writer != "" && n >= writer {
-				return
-			}
-			if r, known := ready[n]; !known || wantReady && !r.Ready {
-				return
+		for n, r := range ready {
+			if _, out := excluded[n]; out || writer != "" && n >= writer || n != self && r.Reports != name || wantReady && !r.Ready {
+				continue
 			}
 			writer = n
-		}
-		consider(self)
-		for n, e := range view.Nodes {
-			if e.Phase != "" {
-				consider(n)
-			}
 		}
 		return writer
 	}
@@ -190,50 +188,19 @@ func awaitChange(ctx context.Context, wait time.Duration, changes, followed <-ch
 
 // nodesRead is the nodes' readiness as their records (Leases) last said
 // it: a node without one (no ferry, or its Node deleted) is absent. Read
-// at most once a nodesEvery (a record expires by time, with no change).
+// at each round, from the Follower's copy (the watch of the records).
 type nodesRead struct {
-	ready   map[string]cluster.NodeReady
-	at      time.Time
-	readFor string // the unheard names last read again for (readAgainFor)
+	ready map[string]cluster.NodeReady
 }
 
-const nodesEvery = time.Minute
-
-// unheard names the nodes before self by name with an entry in view
-// that the last reading does not know ("" when none): each may be the
-// summary's writer (summaryWriter), or a name with no record.
-func (n *nodesRead) unheard(view cluster.BundleView, self string) string {
-	var out []string
-	for name, e := range view.Nodes {
-		if _, known := n.ready[name]; e.Phase != "" && name < self && !known {
-			out = append(out, name)
-		}
-	}
-	slices.Sort(out)
-	return strings.Join(out, ",")
-}
-
-// readAgainFor makes the next refresh read again, once for each new set
-// of unheard names: a name with no record for good (a deleted Node's
-// entry) costs one reading, not one per sync.
-func (n *nodesRead) readAgainFor(unheard string) {
-	if unheard != "" && unheard != n.readFor {
-		n.ready, n.readFor = nil, unheard
-	}
-}
-
-// refresh reads the Nodes' readiness again when the last reading is older
-// than nodesEvery (or the resync, when shorter).
-func (n *nodesRead) refresh(ctx context.Context, api BundleAPI, resync time.Duration) error {
-	if n.ready != nil && time.Since(n.at) < min(nodesEvery, resync) {
-		return nil
-	}
+// refresh reads the nodes' readiness again.
+func (n *nodesRead) refresh(ctx context.Context, api BundleAPI) error {
 	ready, err := api.NodeReadiness(ctx)
 	if err != nil {
 		n.ready = nil
 		return err
 	}
-	n.ready, n.at = ready, time.Now()
+	n.ready = ready
 	return nil
 }
 
@@ -244,6 +211,7 @@ type bundleRead struct {
 	view     cluster.BundleView
 	ready    map[string]cluster.NodeReady
 	excluded map[string]string
+	writer   bool // this node writes the summary (summaryWriter)
 }
 
 // readBundle reads the active bundle's UpgradeBundle (a node creates
@@ -262,15 +230,19 @@ func (a *Agent) readBundle(ctx context.Context, api ClusterAPI, rep *machine.Bun
 		read.Policy = &machine.PolicyRead{Name: rep.Name}
 		return bundleRead{absent: true}, nil
 	}
-	// A node whose entry came after this one's readiness reading (both
-	// just started): read again, once for those names, rather than write
-	// a summary that may be that node's to write (one writer).
-	nodes.readAgainFor(nodes.unheard(view, a.cfg.NodeName))
-	if err := nodes.refresh(cctx, api, a.resync()); err != nil {
+	if err := nodes.refresh(cctx, api); err != nil {
 		return bundleRead{}, err
 	}
 	ready := nodes.ready
 	excluded := excludedNodes(view.Policy, ready, a.deps.Now(), a.cfg.NodeName)
+	// Only the summary's writer follows every node's entry.
+	writer := summaryWriter(rep.Name, ready, excluded, a.cfg.NodeName) == a.cfg.NodeName
+	api.FollowEntries(writer)
+	if writer {
+		if view, ok, err = api.UpgradeBundle(cctx, rep.Name); err != nil || !ok {
+			return bundleRead{}, cmp.Or(err, fmt.Errorf("upgradebundle %s: gone while read", rep.Name))
+		}
+	}
 	var hosts map[string]string
 	if len(excluded) > 0 {
 		if hosts, err = api.NodeAddresses(cctx); err != nil {
@@ -278,7 +250,7 @@ func (a *Agent) readBundle(ctx context.Context, api ClusterAPI, rep *machine.Bun
 		}
 	}
 	read.Policy = &machine.PolicyRead{Name: rep.Name, Policy: view.Policy, Excluded: excluded, Hosts: hosts}
-	return bundleRead{view: view, ready: ready, excluded: excluded}, nil
+	return bundleRead{view: view, ready: ready, excluded: excluded, writer: writer}, nil
 }
 
 // writeBundle writes this node's entry of the active bundle's
@@ -306,7 +278,7 @@ func (a *Agent) writeBundle(ctx context.Context, api ClusterAPI, rep *machine.Bu
 	// wrote (summaryWriter).
 	var sum cluster.BundleSummary
 	var sump *cluster.BundleSummary
-	if summaryWriter(view, ready, excluded, a.cfg.NodeName) == a.cfg.NodeName {
+	if own.writer {
 		known := make([]string, 0, len(ready)) // not nil: no record, no node
 		for n := range ready {
 			known = append(known, n)

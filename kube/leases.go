@@ -23,6 +23,7 @@ const (
 	AnnotationAddress    = "ferry.io/address"     // the node's InternalIP (or its peer listen host)
 	AnnotationReady      = "ferry.io/ready"       // "true" or "false": its Node's Ready condition
 	AnnotationReadySince = "ferry.io/ready-since" // RFC3339: when that condition last changed
+	AnnotationBundle     = "ferry.io/bundle"      // the UpgradeBundle the node reports on (once it wrote its entry there)
 
 	leaseSeconds = 360
 )
@@ -65,6 +66,7 @@ type record struct {
 	ready      bool
 	readySince time.Time
 	uid        string // its Node's, the Lease's owner
+	bundle     string // the UpgradeBundle it reports on ("" none yet)
 }
 
 // recordOf is what node n says of itself: address, when not "", is the
@@ -91,6 +93,9 @@ func leaseOf(node string, r record, now time.Time) lease {
 		AnnotationAddress:    r.address,
 		AnnotationReady:      strconv.FormatBool(r.ready),
 		AnnotationReadySince: r.readySince.UTC().Format(time.RFC3339),
+	}
+	if r.bundle != "" {
+		l.Metadata.Annotations[AnnotationBundle] = r.bundle
 	}
 	l.Metadata.OwnerReferences = []ownerRef{{APIVersion: "v1", Kind: "Node", Name: node, UID: r.uid}}
 	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = node, leaseSeconds
@@ -134,10 +139,11 @@ func readinessOfLeases(ls []lease, now time.Time) map[string]cluster.NodeReady {
 		since, _ := time.Parse(time.RFC3339, l.Metadata.Annotations[AnnotationReadySince])
 		says := l.Metadata.Annotations[AnnotationReady] == "true"
 		expires := l.renewed().Add(time.Duration(l.Spec.LeaseDurationSeconds) * time.Second)
-		r := cluster.NodeReady{Ready: says, Since: since}
+		reports := l.Metadata.Annotations[AnnotationBundle]
+		r := cluster.NodeReady{Ready: says, Since: since, Reports: reports}
 		if !now.Before(expires) {
 			// Not ready since it expired, or since it said so before.
-			r = cluster.NodeReady{Ready: false, Since: expires}
+			r = cluster.NodeReady{Ready: false, Since: expires, Reports: reports}
 			if !says && since.Before(expires) {
 				r.Since = since
 			}
@@ -241,7 +247,11 @@ func (f *Follower) ownRecord(address string) (record, bool) {
 	if err := json.Unmarshal(raw, &n); err != nil || n.Metadata.UID == "" {
 		return record{}, false
 	}
-	return recordOf(&n, address), true
+	r := recordOf(&n, address)
+	f.mu.Lock()
+	r.bundle = f.reporting
+	f.mu.Unlock()
+	return r, true
 }
 
 // ownLease is this node's Lease in the copy (nil when there is none, or
