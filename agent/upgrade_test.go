@@ -33,8 +33,8 @@ type fakeAPI struct {
 	mcoReads int
 	// sourceReads counts the reads of the UpgradeBundles' sources.
 	sourceReads int
-	labels      map[string]map[string]string // node → labels
-	sources     []cluster.RegistrySource     // the UpgradeBundles' spec.source
+	labels      map[string]map[string]string  // node → labels
+	sources     []cluster.RegistrySource      // the UpgradeBundles' spec.source
 	pulls       map[string]cluster.PullRecord // the pull records in the nodes' entries, by node
 	followAll   bool                          // FollowEntries(true) last
 	// the UpgradeBundle resources, by name; readiness of the Nodes
