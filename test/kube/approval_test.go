@@ -379,10 +379,8 @@ func TestAgent_WaitsForTheAdministratorsApprovalOfTheRelease(t *testing.T) {
 	}
 	waitUntil(t, "the command on the Node", func() bool { return e.Annotations("node-a")["ferry.io/reason"] == s.Message })
 	waitUntil(t, "the reason and the command in node-a's UpgradeBundle entry", func() bool {
-		st, _ := e.Bundle(name)["status"].(map[string]any)
-		nodes, _ := st["nodes"].(map[string]any)
-		entry, _ := nodes["node-a"].(map[string]any)
-		return entry["reason"] == agent.ReasonReleaseUnapproved && entry["message"] == s.Message
+		entry := e.BundleNodes(name)["node-a"]
+		return entry.Reason == agent.ReasonReleaseUnapproved && entry.Message == s.Message
 	})
 	if du := e.DesiredUpdate(); du != nil {
 		t.Fatalf("desiredUpdate before the approval: %v", du)

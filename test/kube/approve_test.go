@@ -255,9 +255,10 @@ func TestAgents_TwoNodesOneWriterOfTheConditions(t *testing.T) {
 		t.Fatalf("kubectl wait --for=condition=Approved: %v\n%s", err, out)
 	}
 	waitUntil(t, "both nodes' entries", func() bool {
-		st, _ := e.Bundle(name)["status"].(map[string]any)
-		nodes, _ := st["nodes"].(map[string]any)
-		return nodes["node-a"] != nil && nodes["node-b"] != nil
+		entries := e.BundleNodes(name)
+		_, a := entries["node-a"]
+		_, b := entries["node-b"]
+		return a && b
 	})
 
 	owners := func() []string {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/opencontainers/go-digest"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/api/v1alpha1"
@@ -203,16 +204,7 @@ func TestAgent_TheKubeletsCertificateRunsTheWholeLoop(t *testing.T) {
 	waitUntil(t, "the upgrade asked for", func() bool { du := e.DesiredUpdate(); return du != nil && du["image"] == meta.Release })
 	e.SetHistory(kubeenv.History{State: "Completed", Image: meta.Release, Version: meta.Version}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
 	waitUntil(t, "Updated in node-a's entry", func() bool {
-		st, _ := e.Bundle(name)["status"].(map[string]any)
-		nodes, _ := st["nodes"].(map[string]any)
-		n, _ := nodes["node-a"].(map[string]any)
-		cs, _ := n["conditions"].([]any)
-		for _, cd := range cs {
-			if cd, _ := cd.(map[string]any); cd["type"] == "Updated" && cd["status"] == "True" {
-				return true
-			}
-		}
-		return false
+		return apimeta.IsStatusConditionTrue(e.BundleNodes(name)["node-a"].Conditions, "Updated")
 	})
 	if l := e.NodeLabels("node-a")[agent.LabelPhase]; l != string(agent.PhaseUpgraded) {
 		t.Errorf("label %s=%q", agent.LabelPhase, l)

@@ -1,6 +1,7 @@
 package netns
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -13,14 +14,21 @@ import (
 )
 
 // bundleStatus reads an UpgradeBundle's status as the administrator sees
-// it (oc get upgradebundle NAME -o yaml).
+// it (oc get upgradebundle NAME -o yaml), and each node's entry for it
+// (oc get upgradebundlenodes -o yaml), by node, as JSON objects.
 func bundleStatus(e *kubeenv.Env, name string) (status map[string]any, nodes map[string]any) {
 	o := e.Bundle(name)
 	if o == nil {
 		return nil, nil
 	}
 	status, _ = o["status"].(map[string]any)
-	nodes, _ = status["nodes"].(map[string]any)
+	b, err := json.Marshal(e.BundleNodes(name))
+	if err == nil {
+		err = json.Unmarshal(b, &nodes)
+	}
+	if err != nil {
+		panic(err) // the API's own types always marshal
+	}
 	return status, nodes
 }
 
