@@ -160,3 +160,13 @@ func nodeAnnotations(ctx context.Context, cfg agent.Config) (string, map[string]
 	}
 	return c.Server(), map[string]map[string]string{name: a}, nil
 }
+
+// bundleNodes reads every node's UpgradeBundleNode (ferry status
+// --cluster): the entries each node wrote, by node name.
+func bundleNodes(ctx context.Context, cfg agent.Config) ([]kube.NodeBundle, error) {
+	c, err := kube.New(cfg.Cluster.Kubeconfig, nil)
+	if err != nil {
+		return nil, err
+	}
+	return c.BundleNodes(ctx)
+}
