@@ -102,12 +102,7 @@ func summarize(rep *machine.BundleReport, view cluster.BundleView, self string, 
 // sees a change, when this node's report changes, at each resync, and
 // after a failure with backoff.
 func (a *Agent) followBundle(ctx context.Context, api ClusterAPI) {
-	var written struct {
-		name  string
-		sum   cluster.BundleSummary
-		entry cluster.BundleNodeEntry
-		at    time.Time
-	}
+	var written bundleWritten
 	var nodes nodesRead
 	lastPhase, lastErr := map[string]string{}, ""
 	var approved []cluster.Approval
@@ -149,6 +144,9 @@ func (a *Agent) followBundle(ctx context.Context, api ClusterAPI) {
 			}
 		}
 		wait := a.resync()
+		if !written.sumDue.IsZero() {
+			wait = min(wait, max(time.Until(written.sumDue), 10*time.Millisecond))
+		}
 		if err != nil || approvalsErr != "" {
 			retry = min(max(2*retry, time.Second), 30*time.Second)
 			wait = min(wait, retry)
@@ -256,12 +254,44 @@ func (a *Agent) readBundle(ctx context.Context, api ClusterAPI, rep *machine.Bun
 // writeBundle writes this node's entry of the active bundle's
 // UpgradeBundle (and the summary, when this node is its writer), and an
 // Event for each phase the record reached.
-func (a *Agent) writeBundle(ctx context.Context, api ClusterAPI, rep *machine.BundleReport, own bundleRead, written *struct {
+// bundleWritten is what this node last wrote of the active bundle.
+type bundleWritten struct {
 	name  string
-	sum   cluster.BundleSummary
 	entry cluster.BundleNodeEntry
-	at    time.Time
-}, lastPhase map[string]string) error {
+	at    time.Time // the entry's write
+	// The summary, when this node wrote it last (as its writer): when,
+	// and when a change held back (summaryEvery) is due.
+	sum           cluster.BundleSummary
+	wroteSum      bool
+	sumAt, sumDue time.Time
+}
+
+// summaryEvery bounds how often the summary's writer rewrites it for a
+// change of its counts and words alone (nodesReady, behind, a
+// condition's message): every node watches the UpgradeBundle, and as
+// many nodes as the cluster has move one after another. A change of
+// phase, approval, digest or of a condition's status or reason is
+// written at once.
+const summaryEvery = 10 * time.Second
+
+// summaryNews tells whether b says something a says not, beyond its
+// counts and words: what summaryEvery does not hold back.
+func summaryNews(a, b cluster.BundleSummary) bool {
+	if a.Version != b.Version || a.Arch != b.Arch || a.Release != b.Release || a.Digest != b.Digest || a.Size != b.Size || a.Images != b.Images ||
+		a.Phase != b.Phase || a.Approved != b.Approved || a.ObservedGeneration != b.ObservedGeneration ||
+		!slices.Equal(a.Warnings, b.Warnings) || !slices.Equal(a.Excluded, b.Excluded) || len(a.Conditions) != len(b.Conditions) {
+		return true
+	}
+	for i, c := range a.Conditions {
+		d := b.Conditions[i]
+		if c.Type != d.Type || c.Status != d.Status || c.Reason != d.Reason || c.ObservedGeneration != d.ObservedGeneration {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *Agent) writeBundle(ctx context.Context, api ClusterAPI, rep *machine.BundleReport, own bundleRead, written *bundleWritten, lastPhase map[string]string) error {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if own.absent {
@@ -288,16 +318,28 @@ func (a *Agent) writeBundle(ctx context.Context, api ClusterAPI, rep *machine.Bu
 		machine.SummaryConditions(&sum, &rep2, view, gated, a.deps.Now())
 		sump = &sum
 	}
-	changed := written.name != rep.Name || !reflect.DeepEqual(written.sum, sum) || !reflect.DeepEqual(written.entry, entry)
-	if changed && written.name == rep.Name && reflect.DeepEqual(written.sum, sum) && holdOnly(written.entry, entry) && time.Since(written.at) < a.resync() {
-		changed = false // pacing's hold alone: at most once a resync, not with every reading
+	same := written.name == rep.Name
+	entryChanged := !same || !reflect.DeepEqual(written.entry, entry)
+	if entryChanged && same && holdOnly(written.entry, entry) && time.Since(written.at) < a.resync() {
+		entryChanged = false // pacing's hold alone: at most once a resync, not with every reading
 	}
-	if changed {
-		if err := api.PublishBundle(cctx, rep.Name, sump, a.cfg.NodeName, entry); err != nil {
+	var sumOut *cluster.BundleSummary
+	written.sumDue = time.Time{}
+	switch {
+	case sump == nil:
+		written.wroteSum = false // another node writes it now
+	case !same || !written.wroteSum || summaryNews(written.sum, sum) || !reflect.DeepEqual(written.sum, sum) && time.Since(written.sumAt) >= summaryEvery:
+		sumOut = sump
+	case !reflect.DeepEqual(written.sum, sum):
+		written.sumDue = written.sumAt.Add(summaryEvery) // its counts alone: held back
+	}
+	if entryChanged || sumOut != nil {
+		if err := api.PublishBundle(cctx, rep.Name, sumOut, a.cfg.NodeName, entry); err != nil {
 			return err
 		}
-		written.name, written.sum, written.entry, written.at = rep.Name, sum, entry, time.Now()
-		if sump != nil {
+		written.name, written.entry, written.at = rep.Name, entry, time.Now()
+		if sumOut != nil {
+			written.sum, written.wroteSum, written.sumAt = sum, true, time.Now()
 			if err := a.approvalEvent(cctx, api, rep.Name, view, sum); err != nil {
 				return err
 			}

@@ -79,3 +79,27 @@ func TestSummaryWriter_OnlyANodeThatReportsOnTheBundle(t *testing.T) {
 		t.Errorf("c excluded, as d: writer %s, want d", w)
 	}
 }
+
+// TestSummaryNews_CountsAloneWaitAPhaseOrAConditionDoesNot: the summary's
+// writer holds back a change of nodesReady, behind or a condition's words
+// (summaryEvery), never one of the phase, the approval or a condition's
+// status or reason.
+func TestSummaryNews_CountsAloneWaitAPhaseOrAConditionDoesNot(t *testing.T) {
+	base := cluster.BundleSummary{Phase: "fetching", NodesReady: "0/9", Behind: "a, b", Approved: "digest",
+		Conditions: []cluster.BundleCondition{{Type: "Loaded", Status: "False", Reason: "NodesNotLoaded", Message: "0/9 nodes loaded"}}}
+	counts := base
+	counts.NodesReady, counts.Behind = "1/9", "b"
+	counts.Conditions = []cluster.BundleCondition{{Type: "Loaded", Status: "False", Reason: "NodesNotLoaded", Message: "1/9 nodes loaded"}}
+	if summaryNews(base, counts) {
+		t.Error("a change of the counts alone is news")
+	}
+	phase := counts
+	phase.Phase = "extracted"
+	loaded := counts
+	loaded.Conditions = []cluster.BundleCondition{{Type: "Loaded", Status: "True", Reason: "AllNodesLoaded", Message: "9/9 nodes loaded"}}
+	for what, s := range map[string]cluster.BundleSummary{"the phase": phase, "a condition's status": loaded} {
+		if !summaryNews(base, s) {
+			t.Errorf("a change of %s is not news", what)
+		}
+	}
+}
