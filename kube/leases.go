@@ -25,13 +25,18 @@ const (
 	AnnotationReadySince = "ferry.io/ready-since" // RFC3339: when that condition last changed
 	AnnotationBundle     = "ferry.io/bundle"      // the UpgradeBundle the node reports on (once it wrote its entry there)
 
-	leaseSeconds = 360
+	leaseSeconds = 900
 )
 
 // leaseRenew is how often an unchanged record is written again: well
 // within leaseSeconds, so a running node never looks gone (a variable
-// for the tests).
-var leaseRenew = 120 * time.Second
+// for the tests). Every node watches every record, so each renewal is an
+// event to every node: N nodes cost each node N renewals a leaseRenew. A
+// change (address, readiness, the bundle reported on) is written at once;
+// the renewal only tells a node that is gone (its record expires) from
+// one that is there, which nothing needs within minutes (the gate waits
+// on the peers' own answers; notReadyTimeout is tens of minutes).
+var leaseRenew = 5 * time.Minute
 
 // microTime is the format of a Lease's times (metav1.MicroTime).
 const microTime = "2006-01-02T15:04:05.000000Z07:00"

@@ -255,7 +255,7 @@ func (e *Env) RecordNode(node, address string) {
 		"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
 		"metadata": map[string]any{"name": node, "namespace": "openshift-ferry", "annotations": map[string]string{
 			kube.AnnotationAddress: address, kube.AnnotationReady: "true", kube.AnnotationReadySince: now.Format(time.RFC3339)}},
-		"spec": map[string]any{"holderIdentity": node, "leaseDurationSeconds": 360, "renewTime": now.Format("2006-01-02T15:04:05.000000Z07:00")},
+		"spec": map[string]any{"holderIdentity": node, "leaseDurationSeconds": 900, "renewTime": now.Format("2006-01-02T15:04:05.000000Z07:00")},
 	}
 	must(e.t, e.Admin.Raw(context.Background(), "POST", strings.TrimSuffix(leasesPath, "/"), "application/json", l, nil))
 }
