@@ -127,6 +127,8 @@ func (a *Agent) followBundle(ctx context.Context, api ClusterAPI) {
 		var own bundleRead
 		if rep != nil {
 			own, err = a.readBundle(ctx, api, rep, &nodes, &read)
+		} else {
+			api.FollowEntries(false) // no summary of its own to write
 		}
 		// The loop has the reading before this node writes its part.
 		if read != (machine.EvCluster{}) {
