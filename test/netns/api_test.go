@@ -121,7 +121,7 @@ func TestAgents_ThreeNodesOneAPIServerOneUpgrade(t *testing.T) {
 		return true
 	})
 	out, err := f.nodes[1].A.Ferry("status", "--cluster")
-	if err != nil || !strings.Contains(out, "in the cluster's API") || !strings.Contains(out, "every node's entries (oc get upgradebundlenodes)") || strings.Count(out, "upgraded") < 3+len(f.nodes) {
+	if err != nil || !strings.Contains(out, "in the cluster's API") || strings.Count(out, "upgraded") < 3 {
 		t.Errorf("ferry status --cluster on %s: %v\n%s", f.nodes[1].Name, err, out)
 	}
 	if g := e.Generation(); g != gen+1 {

@@ -162,6 +162,21 @@ func versionOperatorFinishes(t *testing.T, e *kubeenv.Env, f *fleet, name, relea
 			t.Errorf("%s: label %s=%q", n.Name, agent.LabelPhase, l)
 		}
 	}
+	// Every node's entry, as ferry status --cluster reads them from the
+	// nodes' UpgradeBundleNodes, by node name.
+	out, err := f.nodes[0].A.Ferry("status", "--cluster")
+	i := strings.Index(out, "every node's entries (oc get upgradebundlenodes)")
+	if err != nil || i < 0 {
+		t.Fatalf("ferry status --cluster on %s: %v\n%s", f.nodes[0].Name, err, out)
+	}
+	last := i
+	for _, n := range f.nodes {
+		row := strings.Index(out[i:], "\n"+n.Name+" ")
+		if row < 0 || i+row < last || !strings.Contains(out[i+row:], name) {
+			t.Errorf("ferry status --cluster lists %s's entry out of order or not at all:\n%s", n.Name, out)
+		}
+		last = i + row
+	}
 }
 
 // TestAgents_ABundleApprovedAheadInItsUpgradeBundle: the administrator
