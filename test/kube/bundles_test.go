@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -316,6 +317,18 @@ func TestClient_EachNodeWritesOnlyItsOwn(t *testing.T) {
 	}
 	if got := e.BundleNodes(bundleName); got["node-a"].Phase != "loading" || got["node-b"].Phase != "loaded" {
 		t.Errorf("the entries: %+v", got)
+	}
+	// A second bundle: its entry comes first, the first one's stays, and
+	// oc get upgradebundlenodes shows the newest.
+	if err := cb.PublishBundleEntry(ctx, "4.13.8-x86-64", "node-b", cluster.BundleNodeEntry{Phase: "fetching"}); err != nil {
+		t.Fatal(err)
+	}
+	if bn, _ := e.BundleNode("node-b"); len(bn.Status.Bundles) != 2 || bn.Status.Bundles[0].Name != "4.13.8-x86-64" || bn.Status.Bundles[1].Phase != "loaded" {
+		t.Errorf("node-b's entries after a second bundle: %+v", bn.Status.Bundles)
+	}
+	out, err := kubectl(t, e, "get", "upgradebundlenodes")
+	if err != nil || !regexp.MustCompile(`(?m)^node-a\s+`+bundleName+`\s+loading\s`).MatchString(out) || !regexp.MustCompile(`(?m)^node-b\s+4\.13\.8-x86-64\s+fetching\s`).MatchString(out) {
+		t.Errorf("kubectl get upgradebundlenodes: %v\n%s", err, out)
 	}
 }
 
