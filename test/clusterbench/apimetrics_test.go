@@ -17,8 +17,8 @@ import (
 // reading is the API server's own account of its work at one moment,
 // from its /metrics: counters by what they count.
 type reading struct {
-	at        time.Time
-	requests  map[string]float64 // apiserver_request_total by "VERB resource[/sub]"
+	at       time.Time
+	requests map[string]float64 // apiserver_request_total by "VERB resource[/sub]"
 	// apiserver_response_sizes_sum, the same keys: the server measures
 	// the responses of reads only (GET, LIST), not of writes.
 	respBytes map[string]float64
