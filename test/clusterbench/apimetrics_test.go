@@ -116,6 +116,16 @@ func (w window) less(alone window) window {
 		events: sub(w.events, alone.events), evBytes: sub(w.evBytes, alone.evBytes), flows: sub(w.flows, alone.flows)}
 }
 
+// lessHarness is w less the harness's own reads (count and bytes by
+// key).
+func (w window) lessHarness(reads map[string][2]float64) window {
+	for k, r := range reads {
+		w.requests[k] = max(w.requests[k]-r[0], 0)
+		w.respBytes[k] = max(w.respBytes[k]-r[1], 0)
+	}
+	return w
+}
+
 // top is m's largest entries, "key=value" (value formatted by f).
 func top(m map[string]float64, n int, f func(float64) string) string {
 	keys := slices.Collect(maps.Keys(m))

@@ -3,6 +3,7 @@ package clusterbench
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net"
@@ -51,6 +52,41 @@ type cluster struct {
 	meta   *bundle.Metadata
 	name   string // the UpgradeBundle's
 	digest string // the bundle's, as the engineer's .sha256 says
+	// reads are the harness's own reads in the flow (count, bytes by
+	// "VERB resource", as the server counts them), taken off its figures.
+	reads    map[string][2]float64
+	lastRead float64 // the size of ClusterVersion as last read
+}
+
+// desiredUpdate is ClusterVersion's spec.desiredUpdate.image, read as the
+// harness's own (counted) read.
+func (c *cluster) desiredUpdate() string {
+	var raw json.RawMessage
+	if err := c.e.Admin.Raw(context.Background(), "GET", "/apis/config.openshift.io/v1/clusterversions/version", "", nil, &raw); err != nil {
+		c.b.Fatal(err)
+	}
+	c.lastRead = float64(len(raw))
+	c.countRead("GET clusterversions")
+	var cv struct {
+		Spec struct {
+			DesiredUpdate struct {
+				Image string `json:"image"`
+			} `json:"desiredUpdate"`
+		} `json:"spec"`
+	}
+	if err := json.Unmarshal(raw, &cv); err != nil {
+		c.b.Fatal(err)
+	}
+	return cv.Spec.DesiredUpdate.Image
+}
+
+// countRead counts one read of the harness's, of ClusterVersion's size.
+func (c *cluster) countRead(key string) {
+	if c.reads == nil {
+		c.reads = map[string][2]float64{}
+	}
+	r := c.reads[key]
+	c.reads[key] = [2]float64{r[0] + 1, r[1] + c.lastRead}
 }
 
 // nodeIP is node i's loopback address: 127.0.1.1, 127.0.1.2, …
