@@ -104,6 +104,7 @@ func flow(b *testing.B, n int) {
 	t0 := time.Now()
 	mark := func(what string) {
 		marks = append(marks, fmt.Sprintf("%6.1fs %s", time.Since(t0).Seconds(), what))
+		fmt.Fprintf(os.Stderr, "K2 N=%d %s\n", n, marks[len(marks)-1]) // as it goes: a benchmark's log waits for its end
 	}
 	api0, etcd0, agents0, self0 := cpu()
 	r0 := read(e)

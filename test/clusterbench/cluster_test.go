@@ -162,7 +162,7 @@ func (c *cluster) startAgents(pullDelay time.Duration) {
 		}
 		cri := StartCRI(b, filepath.Join(root, "crio"), cfg.Paths.CRIOConfDir, cfg.Paths.RegistriesConfDir, pullDelay)
 		cfg.CRIO.Socket, cfg.CRIO.Reload = cri.Socket, "none"
-		c.agents = append(c.agents, ferryenv.Start(b, cfg))
+		c.agents = append(c.agents, ferryenv.StartIn(b, sourcePrefix(b, n, nodeIP(i)), cfg))
 	}
 	c.waitAll(10*time.Minute, "idle", func(s agent.Status) bool { return s.Phase == string(agent.PhaseIdle) })
 	deadline := time.Now().Add(10 * time.Minute)
