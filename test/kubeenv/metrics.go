@@ -40,7 +40,8 @@ func (e *Env) Metrics(names ...string) []Sample {
 	req, err := http.NewRequest("GET", e.Server+"/metrics", nil)
 	must(e.t, err)
 	req.Header.Set("Authorization", "Bearer admintoken")
-	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	// Generous: a benchmark reads it from a server it keeps busy.
+	hc := &http.Client{Timeout: 3 * time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	resp, err := hc.Do(req)
 	must(e.t, err)
 	defer resp.Body.Close()
