@@ -23,7 +23,7 @@ help:
 	@echo "make test   every test: unit, real udev/CRI-O/registry/netns integration, VM end to end"
 	@echo "make build  bin/ferry;  make bench  performance report (make bench-compare: vs an earlier commit; make bench-cluster: N agents at work against the API server);  make fuzz  longer fuzzing"
 	@echo "make rpm    the RPM;    make e2e    only the VM tests"
-	@echo "make generate  the UpgradeBundle CRD and deep copies from api/v1alpha1"
+	@echo "make generate  the UpgradeBundle and UpgradeBundleNode CRDs and deep copies from api/v1alpha1"
 
 build:
 	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/ferry
@@ -37,7 +37,7 @@ setup:
 	bash test/setup/build-crio.sh >/dev/null
 	bash test/setup/build-apiserver.sh >/dev/null
 
-# The UpgradeBundle CRD is generated from its Go types (api/v1alpha1) by
+# The UpgradeBundle and UpgradeBundleNode CRDs (one file) are generated from its Go types (api/v1alpha1) by
 # controller-gen, pinned here and fetched from the module proxy (kept out
 # of go.mod: its x/tools would raise x/net and x/crypto for the agent).
 CONTROLLER_GEN = $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.19.0
@@ -45,7 +45,8 @@ CRD = packaging/upgradebundle-crd.yaml
 # gen-crd OUT: the CRD, as generated from the types, into OUT.
 gen-crd = tmp=$$(mktemp -d); \
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:dir=$$tmp && \
-	{ cat api/crd-header.txt; grep -vx -- '---' $$tmp/ferry.io_upgradebundles.yaml; } >$(1); \
+	{ cat api/crd-header.txt; grep -vx -- '---' $$tmp/ferry.io_upgradebundles.yaml; echo ---; \
+	  grep -vx -- '---' $$tmp/ferry.io_upgradebundlenodes.yaml; } >$(1); \
 	st=$$?; rm -rf $$tmp; test $$st = 0
 generate:
 	$(CONTROLLER_GEN) object paths=./api/...

@@ -23,6 +23,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/internal/pacing"
 	"github.com/ferry-edge/ferry/pull/pullspec"
 )
@@ -175,6 +176,9 @@ type Agent struct {
 	peerNodes atomic.Pointer[map[string]string]
 	// postedSources are the sources last given to the loop.
 	postedSources atomic.Pointer[[]bundle.ReleaseSource]
+	// madePulls are the pullers' records that name the bundle made, by
+	// bundle and puller: final, so not read again (followBundle's alone).
+	madePulls map[string]*cluster.PullRecord
 	// followed is fired when what the API's followers act on changes in
 	// the snapshot (followKey).
 	followed signal

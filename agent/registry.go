@@ -58,16 +58,22 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 		return nil
 	}
 	if len(srcs) > 0 {
-		if err := nodes.refresh(cctx, api, a.resync()); err != nil {
+		if err := nodes.refresh(cctx, api); err != nil {
 			return err
 		}
 	}
 	*last = srcs
 	var approved []bundle.ReleaseSource
+	published := map[string]*cluster.PullRecord{} // by bundle: its puller's record
 	for _, s := range srcs {
 		rs := bundle.ReleaseSource{Release: s.Release, Extras: s.Extras}
-		if rec := publishedPull(s, pullerOf(s, nodes.ready)); rec != nil {
+		rec, err := a.pullRecord(cctx, api, s, pullerOf(s, nodes.ready))
+		if err != nil {
+			return err
+		}
+		if rec != nil && rec.Release == s.Release {
 			rs.Digest, rs.Resolved = rec.Digest, rec.Extras
+			published[s.Bundle] = rec
 		}
 		approved = append(approved, rs)
 	}
@@ -89,7 +95,7 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 		if puller := pullerOf(s, nodes.ready); puller != a.cfg.NodeName {
 			// Followed once it published what its tags resolved to, at
 			// the peer address whose certificate names it.
-			pins, ok := pinsOf(s, publishedPull(s, puller))
+			pins, ok := pinsOf(s, published[s.Bundle])
 			if !ok {
 				continue
 			}
@@ -116,13 +122,21 @@ func (a *Agent) postSources(read *machine.EvCluster, srcs []bundle.ReleaseSource
 	read.Sources = &machine.SourcesRead{Sources: srcs}
 }
 
-// publishedPull is what puller published of its pull of s in its own
-// entry, nil when nothing (or another release).
-func publishedPull(s cluster.RegistrySource, puller string) *cluster.PullRecord {
-	if rec, ok := s.Pulled[puller]; ok && rec.Release == s.Release {
-		return &rec
+// pullRecord is what puller published of its pull of s: read from its
+// UpgradeBundleNode until it names the bundle made, which is final.
+func (a *Agent) pullRecord(ctx context.Context, api BundleAPI, s cluster.RegistrySource, puller string) (*cluster.PullRecord, error) {
+	key := s.Bundle + "/" + puller
+	if rec := a.madePulls[key]; rec != nil && rec.Release == s.Release {
+		return rec, nil
 	}
-	return nil
+	rec, err := api.PullRecord(ctx, s.Bundle, puller)
+	if err == nil && rec != nil && rec.Digest != "" {
+		if a.madePulls == nil {
+			a.madePulls = map[string]*cluster.PullRecord{}
+		}
+		a.madePulls[key] = rec
+	}
+	return rec, err
 }
 
 // pinsOf are the digests the puller published for s's extras given by

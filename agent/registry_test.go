@@ -150,14 +150,14 @@ func TestAgent_AFollowerFollowsOnlyThePullerItsCertificateAndEntryName(t *testin
 	}
 	// The record of another node (the liar's, say) binds nothing.
 	h.api.mu.Lock()
-	h.api.sources[0].Pulled = map[string]cluster.PullRecord{"node-x": {Release: meta137.Release, Extras: map[string]digest.Digest{extra: pin}}}
+	h.api.pulls = map[string]cluster.PullRecord{"node-x": {Release: meta137.Release, Extras: map[string]digest.Digest{extra: pin}}}
 	h.api.mu.Unlock()
 	readsAgain(t, h.api, fp)
 	if got := puller.asked(); len(got) != 0 {
 		t.Fatalf("followed %+v on another node's record", got)
 	}
 	h.api.mu.Lock()
-	h.api.sources[0].Pulled = map[string]cluster.PullRecord{"node-0": {Release: meta137.Release, Extras: map[string]digest.Digest{extra: pin}}}
+	h.api.pulls = map[string]cluster.PullRecord{"node-0": {Release: meta137.Release, Extras: map[string]digest.Digest{extra: pin}}}
 	h.api.mu.Unlock()
 	got := waitAsked(t, puller)
 	if len(got) != 1 || got[0].From != "10.0.0.9:8090" || got[0].FromNode != "node-0" || got[0].Pins[extra] != pin {
@@ -166,7 +166,7 @@ func TestAgent_AFollowerFollowsOnlyThePullerItsCertificateAndEntryName(t *testin
 	// The puller's bundle published: the liar's offer is still not it.
 	// (Each record a new map: the agent holds the one it read.)
 	h.api.mu.Lock()
-	h.api.sources[0].Pulled = map[string]cluster.PullRecord{"node-0": {Release: meta137.Release, Digest: digest.Digest("sha256:" + strings.Repeat("d", 64)), Extras: map[string]digest.Digest{extra: pin}}}
+	h.api.pulls = map[string]cluster.PullRecord{"node-0": {Release: meta137.Release, Digest: digest.Digest("sha256:" + strings.Repeat("d", 64)), Extras: map[string]digest.Digest{extra: pin}}}
 	h.api.mu.Unlock()
 	readsAgain(t, h.api, fp)
 	fp.mu.Lock()

@@ -30,6 +30,13 @@ type BundleAPI interface {
 	// PublishBundle writes node's entry, and the summary when sum is not
 	// nil (this node is the summary's one writer, summaryWriter).
 	PublishBundle(ctx context.Context, name string, sum *cluster.BundleSummary, node string, entry cluster.BundleNodeEntry) error
+	// FollowEntries follows every node's entries while all is true (this
+	// node writes a summary: UpgradeBundle's view then holds them all),
+	// else only this node's own.
+	FollowEntries(all bool)
+	// PullRecord is what node published of its pull for the
+	// UpgradeBundle bundle (registry mode), nil when nothing.
+	PullRecord(ctx context.Context, bundle, node string) (*cluster.PullRecord, error)
 	BundleEvent(ctx context.Context, name, uid, node, eventType, reason, message string) error
 	NodeReadiness(ctx context.Context) (map[string]cluster.NodeReady, error)
 	// Approvals is every UpgradeBundle's spec.approvedDigest, with the
@@ -53,33 +60,24 @@ func withoutHold(reason string) string {
 	return reason
 }
 
-// summaryWriter is the node that writes a resource's summary: the first
-// by name of the nodes that have written their entry there (and this
-// one), leaving out those the gate leaves out and those not ready. A
-// node is known by its record (ready holds only nodes with a Lease): an
-// entry of a name with none (a deleted Node, or a name someone made up)
-// never writes the summary. Every node picks alike from the same
-// resource, itself held to the same rule as the others (else a node not
-// ready would write beside the ready one the others pick); when none is
-// ready, the first by name of those known; when the writer stops (it
-// goes NotReady, is excluded or deleted) the next one takes over.
-func summaryWriter(view cluster.BundleView, ready map[string]cluster.NodeReady, excluded map[string]string, self string) string {
+// summaryWriter is the node that writes the summary of the UpgradeBundle
+// name: the first by name of the nodes whose record says they report on
+// it (and this one), leaving out those the gate leaves out and those not
+// ready. A node is known by its record (ready holds only nodes with a
+// Lease), never by its entry, which only the writer reads: every node
+// picks alike from the records it watches, itself held to the same rule
+// as the others (else a node not ready would write beside the ready one
+// the others pick); when none is ready, the first by name of those
+// known; when the writer stops (it goes NotReady, is excluded or
+// deleted, its record expires) the next one takes over.
+func summaryWriter(name string, ready map[string]cluster.NodeReady, excluded map[string]string, self string) string {
 	first := func(wantReady bool) string {
 		writer := ""
-		consider := func(n string) {
-			if _, out := excluded[n]; out || writer != "" && n >= writer {
-				return
-			}
-			if r, known := ready[n]; !known || wantReady && !r.Ready {
-				return
+		for n, r := range ready {
+			if _, out := excluded[n]; out || writer != "" && n >= writer || n != self && r.Reports != name || wantReady && !r.Ready {
+				continue
 			}
 			writer = n
-		}
-		consider(self)
-		for n, e := range view.Nodes {
-			if e.Phase != "" {
-				consider(n)
-			}
 		}
 		return writer
 	}
@@ -104,12 +102,7 @@ func summarize(rep *machine.BundleReport, view cluster.BundleView, self string, 
 // sees a change, when this node's report changes, at each resync, and
 // after a failure with backoff.
 func (a *Agent) followBundle(ctx context.Context, api ClusterAPI) {
-	var written struct {
-		name  string
-		sum   cluster.BundleSummary
-		entry cluster.BundleNodeEntry
-		at    time.Time
-	}
+	var written bundleWritten
 	var nodes nodesRead
 	lastPhase, lastErr := map[string]string{}, ""
 	var approved []cluster.Approval
@@ -134,6 +127,8 @@ func (a *Agent) followBundle(ctx context.Context, api ClusterAPI) {
 		var own bundleRead
 		if rep != nil {
 			own, err = a.readBundle(ctx, api, rep, &nodes, &read)
+		} else {
+			api.FollowEntries(false) // no summary of its own to write
 		}
 		// The loop has the reading before this node writes its part.
 		if read != (machine.EvCluster{}) {
@@ -151,6 +146,9 @@ func (a *Agent) followBundle(ctx context.Context, api ClusterAPI) {
 			}
 		}
 		wait := a.resync()
+		if !written.sumDue.IsZero() {
+			wait = min(wait, max(time.Until(written.sumDue), 10*time.Millisecond))
+		}
 		if err != nil || approvalsErr != "" {
 			retry = min(max(2*retry, time.Second), 30*time.Second)
 			wait = min(wait, retry)
@@ -190,50 +188,19 @@ func awaitChange(ctx context.Context, wait time.Duration, changes, followed <-ch
 
 // nodesRead is the nodes' readiness as their records (Leases) last said
 // it: a node without one (no ferry, or its Node deleted) is absent. Read
-// at most once a nodesEvery (a record expires by time, with no change).
+// at each round, from the Follower's copy (the watch of the records).
 type nodesRead struct {
-	ready   map[string]cluster.NodeReady
-	at      time.Time
-	readFor string // the unheard names last read again for (readAgainFor)
+	ready map[string]cluster.NodeReady
 }
 
-const nodesEvery = time.Minute
-
-// unheard names the nodes before self by name with an entry in view
-// that the last reading does not know ("" when none): each may be the
-// summary's writer (summaryWriter), or a name with no record.
-func (n *nodesRead) unheard(view cluster.BundleView, self string) string {
-	var out []string
-	for name, e := range view.Nodes {
-		if _, known := n.ready[name]; e.Phase != "" && name < self && !known {
-			out = append(out, name)
-		}
-	}
-	slices.Sort(out)
-	return strings.Join(out, ",")
-}
-
-// readAgainFor makes the next refresh read again, once for each new set
-// of unheard names: a name with no record for good (a deleted Node's
-// entry) costs one reading, not one per sync.
-func (n *nodesRead) readAgainFor(unheard string) {
-	if unheard != "" && unheard != n.readFor {
-		n.ready, n.readFor = nil, unheard
-	}
-}
-
-// refresh reads the Nodes' readiness again when the last reading is older
-// than nodesEvery (or the resync, when shorter).
-func (n *nodesRead) refresh(ctx context.Context, api BundleAPI, resync time.Duration) error {
-	if n.ready != nil && time.Since(n.at) < min(nodesEvery, resync) {
-		return nil
-	}
+// refresh reads the nodes' readiness again.
+func (n *nodesRead) refresh(ctx context.Context, api BundleAPI) error {
 	ready, err := api.NodeReadiness(ctx)
 	if err != nil {
 		n.ready = nil
 		return err
 	}
-	n.ready, n.at = ready, time.Now()
+	n.ready = ready
 	return nil
 }
 
@@ -244,6 +211,7 @@ type bundleRead struct {
 	view     cluster.BundleView
 	ready    map[string]cluster.NodeReady
 	excluded map[string]string
+	writer   bool // this node writes the summary (summaryWriter)
 }
 
 // readBundle reads the active bundle's UpgradeBundle (a node creates
@@ -262,15 +230,19 @@ func (a *Agent) readBundle(ctx context.Context, api ClusterAPI, rep *machine.Bun
 		read.Policy = &machine.PolicyRead{Name: rep.Name}
 		return bundleRead{absent: true}, nil
 	}
-	// A node whose entry came after this one's readiness reading (both
-	// just started): read again, once for those names, rather than write
-	// a summary that may be that node's to write (one writer).
-	nodes.readAgainFor(nodes.unheard(view, a.cfg.NodeName))
-	if err := nodes.refresh(cctx, api, a.resync()); err != nil {
+	if err := nodes.refresh(cctx, api); err != nil {
 		return bundleRead{}, err
 	}
 	ready := nodes.ready
 	excluded := excludedNodes(view.Policy, ready, a.deps.Now(), a.cfg.NodeName)
+	// Only the summary's writer follows every node's entry.
+	writer := summaryWriter(rep.Name, ready, excluded, a.cfg.NodeName) == a.cfg.NodeName
+	api.FollowEntries(writer)
+	if writer {
+		if view, ok, err = api.UpgradeBundle(cctx, rep.Name); err != nil || !ok {
+			return bundleRead{}, cmp.Or(err, fmt.Errorf("upgradebundle %s: gone while read", rep.Name))
+		}
+	}
 	var hosts map[string]string
 	if len(excluded) > 0 {
 		if hosts, err = api.NodeAddresses(cctx); err != nil {
@@ -278,18 +250,50 @@ func (a *Agent) readBundle(ctx context.Context, api ClusterAPI, rep *machine.Bun
 		}
 	}
 	read.Policy = &machine.PolicyRead{Name: rep.Name, Policy: view.Policy, Excluded: excluded, Hosts: hosts}
-	return bundleRead{view: view, ready: ready, excluded: excluded}, nil
+	return bundleRead{view: view, ready: ready, excluded: excluded, writer: writer}, nil
 }
 
 // writeBundle writes this node's entry of the active bundle's
 // UpgradeBundle (and the summary, when this node is its writer), and an
 // Event for each phase the record reached.
-func (a *Agent) writeBundle(ctx context.Context, api ClusterAPI, rep *machine.BundleReport, own bundleRead, written *struct {
+// bundleWritten is what this node last wrote of the active bundle.
+type bundleWritten struct {
 	name  string
-	sum   cluster.BundleSummary
 	entry cluster.BundleNodeEntry
-	at    time.Time
-}, lastPhase map[string]string) error {
+	at    time.Time // the entry's write
+	// The summary, when this node wrote it last (as its writer): when,
+	// and when a change held back (summaryEvery) is due.
+	sum           cluster.BundleSummary
+	wroteSum      bool
+	sumAt, sumDue time.Time
+}
+
+// summaryEvery bounds how often the summary's writer rewrites it for a
+// change of its counts and words alone (nodesReady, behind, a
+// condition's message): every node watches the UpgradeBundle, and as
+// many nodes as the cluster has move one after another. A change of
+// phase, approval, digest or of a condition's status or reason is
+// written at once.
+const summaryEvery = 10 * time.Second
+
+// summaryNews tells whether b says something a says not, beyond its
+// counts and words: what summaryEvery does not hold back.
+func summaryNews(a, b cluster.BundleSummary) bool {
+	if a.Version != b.Version || a.Arch != b.Arch || a.Release != b.Release || a.Digest != b.Digest || a.Size != b.Size || a.Images != b.Images ||
+		a.Phase != b.Phase || a.Approved != b.Approved || a.ObservedGeneration != b.ObservedGeneration ||
+		!slices.Equal(a.Warnings, b.Warnings) || !slices.Equal(a.Excluded, b.Excluded) || len(a.Conditions) != len(b.Conditions) {
+		return true
+	}
+	for i, c := range a.Conditions {
+		d := b.Conditions[i]
+		if c.Type != d.Type || c.Status != d.Status || c.Reason != d.Reason || c.ObservedGeneration != d.ObservedGeneration {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *Agent) writeBundle(ctx context.Context, api ClusterAPI, rep *machine.BundleReport, own bundleRead, written *bundleWritten, lastPhase map[string]string) error {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if own.absent {
@@ -306,7 +310,7 @@ func (a *Agent) writeBundle(ctx context.Context, api ClusterAPI, rep *machine.Bu
 	// wrote (summaryWriter).
 	var sum cluster.BundleSummary
 	var sump *cluster.BundleSummary
-	if summaryWriter(view, ready, excluded, a.cfg.NodeName) == a.cfg.NodeName {
+	if own.writer {
 		known := make([]string, 0, len(ready)) // not nil: no record, no node
 		for n := range ready {
 			known = append(known, n)
@@ -316,16 +320,28 @@ func (a *Agent) writeBundle(ctx context.Context, api ClusterAPI, rep *machine.Bu
 		machine.SummaryConditions(&sum, &rep2, view, gated, a.deps.Now())
 		sump = &sum
 	}
-	changed := written.name != rep.Name || !reflect.DeepEqual(written.sum, sum) || !reflect.DeepEqual(written.entry, entry)
-	if changed && written.name == rep.Name && reflect.DeepEqual(written.sum, sum) && holdOnly(written.entry, entry) && time.Since(written.at) < a.resync() {
-		changed = false // pacing's hold alone: at most once a resync, not with every reading
+	same := written.name == rep.Name
+	entryChanged := !same || !reflect.DeepEqual(written.entry, entry)
+	if entryChanged && same && holdOnly(written.entry, entry) && time.Since(written.at) < a.resync() {
+		entryChanged = false // pacing's hold alone: at most once a resync, not with every reading
 	}
-	if changed {
-		if err := api.PublishBundle(cctx, rep.Name, sump, a.cfg.NodeName, entry); err != nil {
+	var sumOut *cluster.BundleSummary
+	written.sumDue = time.Time{}
+	switch {
+	case sump == nil:
+		written.wroteSum = false // another node writes it now
+	case !same || !written.wroteSum || summaryNews(written.sum, sum) || !reflect.DeepEqual(written.sum, sum) && time.Since(written.sumAt) >= summaryEvery:
+		sumOut = sump
+	case !reflect.DeepEqual(written.sum, sum):
+		written.sumDue = written.sumAt.Add(summaryEvery) // its counts alone: held back
+	}
+	if entryChanged || sumOut != nil {
+		if err := api.PublishBundle(cctx, rep.Name, sumOut, a.cfg.NodeName, entry); err != nil {
 			return err
 		}
-		written.name, written.sum, written.entry, written.at = rep.Name, sum, entry, time.Now()
-		if sump != nil {
+		written.name, written.entry, written.at = rep.Name, entry, time.Now()
+		if sumOut != nil {
+			written.sum, written.wroteSum, written.sumAt = sum, true, time.Now()
 			if err := a.approvalEvent(cctx, api, rep.Name, view, sum); err != nil {
 				return err
 			}

@@ -172,11 +172,11 @@ func TestSummary_AnEntryWithNoRecordIsNoNode(t *testing.T) {
 	const d = "sha256:aa"
 	loaded := cluster.BundleNodeEntry{Phase: string(machine.PhaseLoaded), Digest: d}
 	view := cluster.BundleView{Nodes: map[string]cluster.BundleNodeEntry{"a-deleted": loaded, "b": loaded, "c": loaded}}
-	ready := map[string]cluster.NodeReady{"b": {Ready: true}, "c": {Ready: true}}
-	if w := summaryWriter(view, ready, nil, "c"); w != "b" {
+	ready := map[string]cluster.NodeReady{"b": {Ready: true, Reports: "x"}, "c": {Ready: true, Reports: "x"}}
+	if w := summaryWriter("x", ready, nil, "c"); w != "b" {
 		t.Errorf("summary writer %q, want b (a-deleted has no record)", w)
 	}
-	if w := summaryWriter(view, map[string]cluster.NodeReady{}, nil, "c"); w != "c" {
+	if w := summaryWriter("x", map[string]cluster.NodeReady{}, nil, "c"); w != "c" {
 		t.Errorf("with no records, summary writer %q, want c itself", w)
 	}
 	rep := &machine.BundleReport{Entry: loaded}

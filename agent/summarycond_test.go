@@ -3,7 +3,6 @@ package agent
 import (
 	"github.com/ferry-edge/ferry/agent/machine"
 	"testing"
-	"time"
 
 	"github.com/ferry-edge/ferry/cluster"
 )
@@ -47,41 +46,60 @@ func TestHoldOnly_TellsPacingsHoldFromAChange(t *testing.T) {
 // with neither ready each picks the first by name of those known, with
 // one ready each picks that one.
 func TestSummaryWriter_EveryNodePicksTheSameOneReadyOrNot(t *testing.T) {
-	entry := cluster.BundleNodeEntry{Phase: string(machine.PhaseExtracted)}
-	view := cluster.BundleView{Nodes: map[string]cluster.BundleNodeEntry{"a": entry, "b": entry}}
+	const name = "4.13.7-x86-64"
 	for _, tc := range []struct {
 		ready map[string]cluster.NodeReady
 		want  string
 	}{
-		{map[string]cluster.NodeReady{"a": {}, "b": {}}, "a"},
-		{map[string]cluster.NodeReady{"a": {}, "b": {Ready: true}}, "b"},
-		{map[string]cluster.NodeReady{"a": {Ready: true}, "b": {Ready: true}}, "a"},
+		{map[string]cluster.NodeReady{"a": {Reports: name}, "b": {Reports: name}}, "a"},
+		{map[string]cluster.NodeReady{"a": {Reports: name}, "b": {Ready: true, Reports: name}}, "b"},
+		{map[string]cluster.NodeReady{"a": {Ready: true, Reports: name}, "b": {Ready: true, Reports: name}}, "a"},
 	} {
 		for _, self := range []string{"a", "b"} {
-			if w := summaryWriter(view, tc.ready, nil, self); w != tc.want {
+			if w := summaryWriter(name, tc.ready, nil, self); w != tc.want {
 				t.Errorf("readiness %v, as %s: writer %s, want %s", tc.ready, self, w, tc.want)
 			}
 		}
 	}
 }
 
-// TestNodesRead_ReadAgainOnceForANodeItDoesNotKnow: an entry of a node
-// the last reading does not know has the readiness read again, once for
-// those names (a deleted Node's entry costs one reading, not one a sync).
-func TestNodesRead_ReadAgainOnceForANodeItDoesNotKnow(t *testing.T) {
-	entry := cluster.BundleNodeEntry{Phase: string(machine.PhaseExtracted)}
-	view := cluster.BundleView{Nodes: map[string]cluster.BundleNodeEntry{"a": entry, "c": entry}}
-	n := nodesRead{ready: map[string]cluster.NodeReady{"b": {}}, at: time.Now()}
-	if u := n.unheard(view, "b"); u != "a" {
-		t.Fatalf("unheard %q, want a (c comes after b: never its writer)", u)
+// TestSummaryWriter_OnlyANodeThatReportsOnTheBundle: a node whose record
+// says it reports on another bundle, or none yet, has no summary of this
+// one to write (it may never hold the bundle: no room, another arch), so
+// it is passed over, whatever its name; this node counts as reporting.
+func TestSummaryWriter_OnlyANodeThatReportsOnTheBundle(t *testing.T) {
+	const name = "4.13.7-x86-64"
+	ready := map[string]cluster.NodeReady{"a": {Ready: true}, "b": {Ready: true, Reports: "4.13.6-x86-64"}, "c": {Ready: true, Reports: name}, "d": {Ready: true}}
+	for self, want := range map[string]string{"a": "a", "c": "c", "d": "c"} {
+		if w := summaryWriter(name, ready, nil, self); w != want {
+			t.Errorf("as %s: writer %s, want %s", self, w, want)
+		}
 	}
-	n.readAgainFor(n.unheard(view, "b"))
-	if n.ready != nil {
-		t.Fatal("not read again for a")
+	if w := summaryWriter(name, ready, map[string]string{"c": "listed in spec.excludedNodes"}, "d"); w != "d" {
+		t.Errorf("c excluded, as d: writer %s, want d", w)
 	}
-	n.ready = map[string]cluster.NodeReady{"b": {}} // a has no record still
-	n.readAgainFor(n.unheard(view, "b"))
-	if n.ready == nil {
-		t.Error("read again for the same names")
+}
+
+// TestSummaryNews_CountsAloneWaitAPhaseOrAConditionDoesNot: the summary's
+// writer holds back a change of nodesReady, behind or a condition's words
+// (summaryEvery), never one of the phase, the approval or a condition's
+// status or reason.
+func TestSummaryNews_CountsAloneWaitAPhaseOrAConditionDoesNot(t *testing.T) {
+	base := cluster.BundleSummary{Phase: "fetching", NodesReady: "0/9", Behind: "a, b", Approved: "digest",
+		Conditions: []cluster.BundleCondition{{Type: "Loaded", Status: "False", Reason: "NodesNotLoaded", Message: "0/9 nodes loaded"}}}
+	counts := base
+	counts.NodesReady, counts.Behind = "1/9", "b"
+	counts.Conditions = []cluster.BundleCondition{{Type: "Loaded", Status: "False", Reason: "NodesNotLoaded", Message: "1/9 nodes loaded"}}
+	if summaryNews(base, counts) {
+		t.Error("a change of the counts alone is news")
+	}
+	phase := counts
+	phase.Phase = "extracted"
+	loaded := counts
+	loaded.Conditions = []cluster.BundleCondition{{Type: "Loaded", Status: "True", Reason: "AllNodesLoaded", Message: "9/9 nodes loaded"}}
+	for what, s := range map[string]cluster.BundleSummary{"the phase": phase, "a condition's status": loaded} {
+		if !summaryNews(base, s) {
+			t.Errorf("a change of %s is not news", what)
+		}
 	}
 }

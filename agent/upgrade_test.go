@@ -33,8 +33,10 @@ type fakeAPI struct {
 	mcoReads int
 	// sourceReads counts the reads of the UpgradeBundles' sources.
 	sourceReads int
-	labels      map[string]map[string]string // node → labels
-	sources     []cluster.RegistrySource     // the UpgradeBundles' spec.source
+	labels      map[string]map[string]string  // node → labels
+	sources     []cluster.RegistrySource      // the UpgradeBundles' spec.source
+	pulls       map[string]cluster.PullRecord // the pull records in the nodes' entries, by node
+	followAll   bool                          // FollowEntries(true) last
 	// the UpgradeBundle resources, by name; readiness of the Nodes
 	bundles   map[string]*fakeBundle
 	readiness map[string]cluster.NodeReady
@@ -380,6 +382,21 @@ func (f *fakeAPI) PublishBundle(_ context.Context, name string, sum *cluster.Bun
 		b.sum = *sum
 	}
 	return nil
+}
+
+func (f *fakeAPI) FollowEntries(all bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.followAll = all
+}
+
+func (f *fakeAPI) PullRecord(_ context.Context, _, node string) (*cluster.PullRecord, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if rec, ok := f.pulls[node]; ok {
+		return &rec, nil
+	}
+	return nil, nil
 }
 
 func (f *fakeAPI) BundleEvent(_ context.Context, name, uid, node, typ, reason, msg string) error {

@@ -10,14 +10,17 @@ import (
 // upgradebundle-crd.yaml): its spec is the administrator's, its status
 // ferry's, each node writing its own entry.
 
-// BundleView is the resource as read: its spec and every node's entry.
+// BundleView is the resource as read: its spec, its summary's
+// conditions, and the nodes' entries (from their UpgradeBundleNodes).
 type BundleView struct {
 	UID string
 	// Generation is metadata.generation: it counts the spec's changes,
 	// which the summary's conditions echo (observedGeneration).
 	Generation int64
 	Policy     BundlePolicy
-	Nodes      map[string]BundleNodeEntry
+	// Nodes are the nodes' entries, by node: every node's for the
+	// summary's writer (it follows them all), else this node's own.
+	Nodes map[string]BundleNodeEntry
 	// Conditions are the top-level conditions as last written, so that
 	// a condition that did not change keeps its transition time.
 	Conditions []BundleCondition
@@ -37,7 +40,8 @@ type BundlePolicy struct {
 	KeepPools bool
 }
 
-// BundleNodeEntry is one node's entry in the resource's status.
+// BundleNodeEntry is one node's entry for the resource, in that node's
+// UpgradeBundleNode.
 type BundleNodeEntry struct {
 	Phase  string
 	Digest digest.Digest
@@ -75,8 +79,8 @@ type BundleCondition struct {
 	ObservedGeneration int64
 }
 
-// BundleSummary is the part of the status every node writes alike: the
-// bundle and the cluster's view of it.
+// BundleSummary is the resource's status: the bundle and the cluster's
+// view of it, written by one node (the summary's writer).
 type BundleSummary struct {
 	Version, Arch, Release      string
 	Digest                      digest.Digest
@@ -115,7 +119,4 @@ type RegistrySource struct {
 	// Created is the resource's creation time: the bundle's
 	// metadata.created on every node that makes it.
 	Created time.Time
-	// Pulled are the pull records in the resource's entries, by node:
-	// the puller's is the one to follow.
-	Pulled map[string]PullRecord
 }

@@ -85,4 +85,8 @@ type Preflight struct {
 type NodeReady struct {
 	Ready bool
 	Since time.Time
+	// Reports is the UpgradeBundle the node reports on now (its record
+	// says so once it wrote its entry there): the summary's writer is one
+	// of those that report on it.
+	Reports string
 }

@@ -17,7 +17,8 @@ import (
 
 // The UpgradeBundle resource (group ferry.io, packaging/
 // upgradebundle-crd.yaml): its spec is the administrator's, its status
-// ferry's, each node writing its own entry.
+// ferry's summary; each node's entry is in its UpgradeBundleNode
+// (bundlenodes.go).
 
 const bundlesPath = "/apis/" + v1alpha1.APIVersion + "/" + v1alpha1.Resource
 
@@ -50,8 +51,8 @@ func pullOf(r *cluster.PullRecord) *v1alpha1.PullStatus {
 	return p
 }
 
-// UpgradeBundle reads the UpgradeBundle name; ok is false when there is
-// none (or no CRD).
+// UpgradeBundle reads the UpgradeBundle name, with every node's entry
+// for it; ok is false when there is none (or no CRD).
 func (c *Client) UpgradeBundle(ctx context.Context, name string) (cluster.BundleView, bool, error) {
 	var o v1alpha1.UpgradeBundle
 	err := c.do(ctx, "GET", bundlesPath+"/"+url.PathEscape(name), "", nil, &o)
@@ -61,23 +62,26 @@ func (c *Client) UpgradeBundle(ctx context.Context, name string) (cluster.Bundle
 	if err != nil {
 		return cluster.BundleView{}, false, fmt.Errorf("reading upgradebundle %s: %w", name, err)
 	}
-	return view(&o), true, nil
+	objs, err := c.listBundleNodes(ctx)
+	if err != nil {
+		return cluster.BundleView{}, false, err
+	}
+	return view(&o, entriesFor(objs, name)), true, nil
 }
 
-// view is the resource o as ferry reads it.
-func view(o *v1alpha1.UpgradeBundle) cluster.BundleView {
+// view is the resource o, with the nodes' entries for it, as ferry reads
+// it.
+func view(o *v1alpha1.UpgradeBundle, entries map[string]cluster.BundleNodeEntry) cluster.BundleView {
 	s := o.Spec
-	v := cluster.BundleView{UID: string(o.UID), Generation: o.Generation, Nodes: map[string]cluster.BundleNodeEntry{}, Policy: cluster.BundlePolicy{
+	v := cluster.BundleView{UID: string(o.UID), Generation: o.Generation, Nodes: entries, Policy: cluster.BundlePolicy{
 		ApprovedDigest: s.ApprovedDigest, Schedule: s.Schedule, Proceed: s.Proceed, ExcludedNodes: s.ExcludedNodes, Cleanup: s.Cleanup,
 		KeepPools: s.PausePools != nil && !*s.PausePools}}
 	if s.NotReadyTimeout != "" {
 		// The CRD's pattern admits only Go durations.
 		v.Policy.NotReadyTimeout, _ = time.ParseDuration(s.NotReadyTimeout)
 	}
-	for n, e := range o.Status.Nodes {
-		entry := cluster.BundleNodeEntry{Phase: e.Phase, Digest: digest.Digest(e.Digest), Reason: e.Reason, Message: e.Message, Excluded: e.Excluded, Pull: pullRecord(e.Pull)}
-		entry.Conditions = conditionsOf(e.Conditions)
-		v.Nodes[n] = entry
+	if v.Nodes == nil {
+		v.Nodes = map[string]cluster.BundleNodeEntry{}
 	}
 	v.Conditions = conditionsOf(o.Status.Conditions)
 	return v
@@ -120,18 +124,6 @@ func summaryOf(sum cluster.BundleSummary, now time.Time) v1alpha1.UpgradeBundleS
 	return v1alpha1.UpgradeBundleStatus{Version: sum.Version, Arch: sum.Arch, Release: sum.Release, Digest: string(sum.Digest), Size: sum.Size,
 		Images: sum.Images, Phase: sum.Phase, NodesReady: sum.NodesReady, Approved: sum.Approved, Warnings: sum.Warnings, Excluded: sum.Excluded,
 		Behind: sum.Behind, Conditions: conditionsIn(sum.Conditions, now), ObservedGeneration: sum.ObservedGeneration}
-}
-
-// PublishBundleStatus writes the summary and node's own entry into the
-// UpgradeBundle's status (applyBundleStatus): other nodes' entries stay.
-func (c *Client) PublishBundleStatus(ctx context.Context, name string, sum cluster.BundleSummary, node string, entry cluster.BundleNodeEntry) error {
-	return c.applyBundleStatus(ctx, name, &sum, node, entry)
-}
-
-// PublishBundleEntry writes node's own entry only: the summary is one
-// other node's to write.
-func (c *Client) PublishBundleEntry(ctx context.Context, name, node string, entry cluster.BundleNodeEntry) error {
-	return c.applyBundleStatus(ctx, name, nil, node, entry)
 }
 
 // BundleEvent records an Event on the UpgradeBundle (uid may be empty),
@@ -183,17 +175,8 @@ func sourcesOf(bundles []v1alpha1.UpgradeBundle) []cluster.RegistrySource {
 	var out []cluster.RegistrySource
 	for _, b := range bundles {
 		if s := b.Spec.Source; s != nil && s.Release != "" && !b.Spec.Cleanup {
-			src := cluster.RegistrySource{Bundle: b.Name, Release: s.Release, Extras: s.ExtraImages,
-				Node: s.Node, RateLimit: s.RateLimit, Window: s.Window, Created: b.CreationTimestamp.UTC()}
-			for n, e := range b.Status.Nodes {
-				if r := pullRecord(e.Pull); r != nil {
-					if src.Pulled == nil {
-						src.Pulled = map[string]cluster.PullRecord{}
-					}
-					src.Pulled[n] = *r
-				}
-			}
-			out = append(out, src)
+			out = append(out, cluster.RegistrySource{Bundle: b.Name, Release: s.Release, Extras: s.ExtraImages,
+				Node: s.Node, RateLimit: s.RateLimit, Window: s.Window, Created: b.CreationTimestamp.UTC()})
 		}
 	}
 	return out
@@ -236,7 +219,7 @@ func (c *Client) ApproveBundle(ctx context.Context, name string, d digest.Digest
 	if err != nil {
 		return nil, fmt.Errorf("reading upgradebundle %s: %w", name, err)
 	}
-	p := view(&o).Policy
+	p := view(&o, nil).Policy
 	if err := c.do(ctx, "PATCH", bundlesPath+"/"+url.PathEscape(name), mergePatch, map[string]any{"spec": spec}, nil); err != nil {
 		return &p, fmt.Errorf("writing upgradebundle %s's spec: %w", name, err)
 	}

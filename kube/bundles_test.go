@@ -2,6 +2,7 @@ package kube
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -18,9 +19,12 @@ import (
 func TestUpgradeBundle_TheWireFormatStaysInKube(t *testing.T) {
 	var o v1alpha1.UpgradeBundle
 	if err := json.Unmarshal([]byte(`{"metadata":{"name":"4.13.7-x86-64","uid":"u1"},
-	 "spec":{"approvedDigest":"sha256:aa","schedule":"Manual","proceed":true,"excludedNodes":["b"],"notReadyTimeout":"90s","cleanup":true},
-	 "status":{"nodes":{"a":{"phase":"loaded","digest":"sha256:aa","reason":"Loaded","message":"m","excluded":"x",
-	  "conditions":[{"type":"Loaded","status":"True","reason":"Loaded","lastTransitionTime":"2026-11-22T07:00:00Z"}]}}}}`), &o); err != nil {
+	 "spec":{"approvedDigest":"sha256:aa","schedule":"Manual","proceed":true,"excludedNodes":["b"],"notReadyTimeout":"90s","cleanup":true}}`), &o); err != nil {
+		t.Fatal(err)
+	}
+	var n v1alpha1.UpgradeBundleNode
+	if err := json.Unmarshal([]byte(`{"metadata":{"name":"a"},"status":{"bundles":[{"name":"4.13.7-x86-64","phase":"loaded","digest":"sha256:aa","reason":"Loaded","message":"m","excluded":"x",
+	  "conditions":[{"type":"Loaded","status":"True","reason":"Loaded","lastTransitionTime":"2026-11-22T07:00:00Z"}]},{"name":"4.13.6-x86-64","phase":"upgraded"}]}}`), &n); err != nil {
 		t.Fatal(err)
 	}
 	since := time.Date(2026, 11, 22, 7, 0, 0, 0, time.UTC)
@@ -28,7 +32,7 @@ func TestUpgradeBundle_TheWireFormatStaysInKube(t *testing.T) {
 		Policy: cluster.BundlePolicy{ApprovedDigest: "sha256:aa", Schedule: "Manual", Proceed: true, ExcludedNodes: []string{"b"}, NotReadyTimeout: 90 * time.Second, Cleanup: true},
 		Nodes: map[string]cluster.BundleNodeEntry{"a": {Phase: "loaded", Digest: "sha256:aa", Reason: "Loaded", Message: "m", Excluded: "x",
 			Conditions: []cluster.BundleCondition{{Type: "Loaded", Status: "True", Reason: "Loaded", Since: since}}}}}
-	if got := view(&o); !reflect.DeepEqual(got, want) {
+	if got := view(&o, entriesFor([]v1alpha1.UpgradeBundleNode{n}, o.Name)); !reflect.DeepEqual(got, want) {
 		t.Fatalf("view\n%+v, want\n%+v", got, want)
 	}
 	// A transition ferry does not know is written as the write's time:
@@ -47,8 +51,8 @@ func TestUpgradeBundle_TheWireFormatStaysInKube(t *testing.T) {
 }
 
 // The pulling node's record of its pull (registry mode) goes into its
-// entry and comes back the same, and each source carries every node's
-// record, for the agent to take only its puller's (issue 41).
+// entry and comes back the same; the agent reads only its puller's
+// (issue 41).
 func TestUpgradeBundle_ThePullRecordRoundTrips(t *testing.T) {
 	d, x := digest.Digest("sha256:"+strings.Repeat("a", 64)), digest.Digest("sha256:"+strings.Repeat("b", 64))
 	rec := &cluster.PullRecord{Release: "quay.io/r@" + string(d), Digest: d, Extras: map[string]digest.Digest{"quay.io/x/y:v1": x}}
@@ -59,20 +63,16 @@ func TestUpgradeBundle_ThePullRecordRoundTrips(t *testing.T) {
 	if !strings.Contains(string(b), `"extras":[{"image":"quay.io/x/y:v1","digest":"sha256:bbbb`) {
 		t.Fatalf("written as %s", b)
 	}
-	var o v1alpha1.UpgradeBundle
-	o.Name = "4.13.8-x86-64"
-	o.Spec.Source = &v1alpha1.BundleSource{Release: rec.Release, ExtraImages: []string{"quay.io/x/y:v1"}}
 	var n v1alpha1.NodeStatus
 	if err := json.Unmarshal(b, &n); err != nil {
 		t.Fatal(err)
 	}
-	o.Status.Nodes = map[string]v1alpha1.NodeStatus{"node-0": n, "node-1": {Phase: "pulling"}}
-	if got := view(&o).Nodes["node-0"].Pull; !reflect.DeepEqual(got, rec) {
+	objs := []v1alpha1.UpgradeBundleNode{{Status: v1alpha1.UpgradeBundleNodeStatus{Bundles: []v1alpha1.BundleNodeStatus{{Name: "4.13.8-x86-64", NodeStatus: n}}}},
+		{Status: v1alpha1.UpgradeBundleNodeStatus{Bundles: []v1alpha1.BundleNodeStatus{{Name: "4.13.8-x86-64", NodeStatus: v1alpha1.NodeStatus{Phase: "pulling"}}}}}}
+	objs[0].Name, objs[1].Name = "node-0", "node-1"
+	got := entriesFor(objs, "4.13.8-x86-64")
+	if !reflect.DeepEqual(got["node-0"].Pull, rec) || got["node-1"].Pull != nil {
 		t.Fatalf("read back %+v, want %+v", got, rec)
-	}
-	srcs := sourcesOf([]v1alpha1.UpgradeBundle{o})
-	if len(srcs) != 1 || len(srcs[0].Pulled) != 1 || !reflect.DeepEqual(srcs[0].Pulled["node-0"], *rec) {
-		t.Fatalf("sources %+v", srcs)
 	}
 	if e := entryOf(cluster.BundleNodeEntry{Phase: "loaded"}, time.Now()); e.Pull != nil {
 		t.Fatalf("no record written as %+v", e.Pull)
@@ -89,5 +89,24 @@ func TestApprovedOf_SaysWhichResourceApproves(t *testing.T) {
 	want := []cluster.Approval{{Bundle: "4.19.8-x86-64", Digest: "sha256:aa"}, {Bundle: "4.19.8-amd64", Digest: "sha256:aa"}}
 	if got := approvedOf([]v1alpha1.UpgradeBundle{a, b, c}); !reflect.DeepEqual(got, want) {
 		t.Fatalf("approvedOf = %+v, want %+v", got, want)
+	}
+}
+
+// A node's entries: the one written now first, the pull record kept once
+// written, the entries of UpgradeBundles that are gone dropped, at most
+// MaxBundleEntries.
+func TestWithEntry_KeepsThePullRecordAndDropsTheGone(t *testing.T) {
+	rec := &v1alpha1.PullStatus{Release: "quay.io/r@sha256:" + strings.Repeat("a", 64)}
+	old := []v1alpha1.BundleNodeStatus{{Name: "b1", NodeStatus: v1alpha1.NodeStatus{Phase: "upgraded"}}, {Name: "b2", NodeStatus: v1alpha1.NodeStatus{Phase: "pulling", Pull: rec}},
+		{Name: "gone", NodeStatus: v1alpha1.NodeStatus{Phase: "upgraded"}}}
+	got := withEntry(old, "b2", v1alpha1.NodeStatus{Phase: "loaded"}, func(b string) bool { return b != "gone" })
+	if len(got) != 2 || got[0].Name != "b2" || got[0].Phase != "loaded" || got[0].Pull != rec || got[1].Name != "b1" {
+		t.Fatalf("withEntry = %+v", got)
+	}
+	for i := range 2 * MaxBundleEntries {
+		got = withEntry(got, fmt.Sprint("n", i), v1alpha1.NodeStatus{Phase: "idle"}, nil)
+	}
+	if len(got) != MaxBundleEntries || got[0].Name != fmt.Sprint("n", 2*MaxBundleEntries-1) {
+		t.Fatalf("after %d bundles: %d entries, first %s", 2*MaxBundleEntries, len(got), got[0].Name)
 	}
 }

@@ -15,10 +15,12 @@ import (
 // Follower keeps, with watches (watch.go), what one node's agent follows
 // in the cluster: its own Node, the nodes' records (Leases in
 // openshift-ferry: the peers' addresses and readiness, leases.go),
-// ClusterVersion "version" and the UpgradeBundles. Its reads answer from that copy, with
-// no request, once the first list came back (before that, and while a
-// watch is refused, they ask the API as Client's do); Changes wakes
-// whoever reads them at each change.
+// ClusterVersion "version", the UpgradeBundles, and its own
+// UpgradeBundleNode (every node's only while it writes a summary,
+// FollowEntries). Its reads answer from that copy, with no request, once
+// the first list came back (before that, and while a watch is refused,
+// they ask the API as Client's do); Changes wakes whoever reads them at
+// each change.
 type Follower struct {
 	c       *Client
 	node    string
@@ -27,10 +29,18 @@ type Follower struct {
 	leases  *Informer
 	version *Informer
 	bundles *Informer
+	own     *Informer // this node's own UpgradeBundleNode only
 
 	mu      sync.Mutex
 	pools   []pool
 	poolsAt time.Time
+	runCtx  context.Context
+	all     *Informer // every node's UpgradeBundleNode, while FollowEntries(true)
+	stopAll context.CancelFunc
+	// entries are this node's entries as it last applied them (nil
+	// until read): only this node writes them.
+	entries   []v1alpha1.BundleNodeStatus
+	reporting string // the UpgradeBundle this node last wrote its entry in
 }
 
 // poolsFor is how long a list of the MachineConfigPools is used before
@@ -49,37 +59,176 @@ func (c *Client) Follow(node string) *Follower {
 	f.leases = c.Inform(leasesPath, "", &f.changed)
 	f.version = c.Inform("/apis/config.openshift.io/v1/clusterversions", "metadata.name=version", &f.changed)
 	f.bundles = c.Inform(bundlesPath, "", &f.changed)
+	f.own = c.Inform(bundleNodesPath, "metadata.name="+node, &f.changed)
 	return f
 }
 
 // Run follows until ctx ends.
 func (f *Follower) Run(ctx context.Context) error {
+	f.mu.Lock()
+	f.runCtx = ctx
+	f.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, i := range []*Informer{f.nodes, f.leases, f.version, f.bundles} {
+	for _, i := range []*Informer{f.nodes, f.leases, f.version, f.bundles, f.own} {
 		wg.Add(1)
 		go func() { defer wg.Done(); i.Run(ctx) }()
 	}
 	wg.Wait()
+	f.FollowEntries(false)
 	return nil
+}
+
+// FollowEntries watches every node's UpgradeBundleNode while all is true
+// (this node writes a summary, agent.summaryWriter), else only this
+// node's own: a node's write then reaches the one node that sums them
+// up, not every node.
+func (f *Follower) FollowEntries(all bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case all && f.all == nil && f.runCtx != nil && f.runCtx.Err() == nil:
+		ctx, cancel := context.WithCancel(f.runCtx)
+		f.all, f.stopAll = f.c.Inform(bundleNodesPath, "", &f.changed), cancel
+		go f.all.Run(ctx)
+	case !all && f.all != nil:
+		f.stopAll()
+		f.all, f.stopAll = nil, nil
+	}
 }
 
 // Changes is closed at the next change of what the reads return.
 func (f *Follower) Changes() <-chan struct{} { return f.changed.C() }
 
-// UpgradeBundle is Client.UpgradeBundle, from the copy.
+// UpgradeBundle is Client.UpgradeBundle, from the copy: with every
+// node's entry while FollowEntries(true), else this node's own.
 func (f *Follower) UpgradeBundle(ctx context.Context, name string) (cluster.BundleView, bool, error) {
 	raw, found, synced := f.bundles.Get(name)
 	if !synced {
-		return f.c.UpgradeBundle(ctx, name)
-	}
-	if !found {
+		var o v1alpha1.UpgradeBundle
+		err := f.c.do(ctx, "GET", bundlesPath+"/"+url.PathEscape(name), "", nil, &o)
+		if IsNotFound(err) {
+			return cluster.BundleView{}, false, nil
+		}
+		if err != nil {
+			return cluster.BundleView{}, false, fmt.Errorf("reading upgradebundle %s: %w", name, err)
+		}
+		raw, _ = json.Marshal(&o)
+	} else if !found {
 		return cluster.BundleView{}, false, nil
 	}
 	var o v1alpha1.UpgradeBundle
 	if err := json.Unmarshal(raw, &o); err != nil {
 		return cluster.BundleView{}, false, fmt.Errorf("reading upgradebundle %s: %w", name, err)
 	}
-	return view(&o), true, nil
+	objs, err := f.bundleNodes(ctx)
+	if err != nil {
+		return cluster.BundleView{}, false, err
+	}
+	return view(&o, entriesFor(objs, name)), true, nil
+}
+
+// bundleNodes is every node's UpgradeBundleNode while FollowEntries(true),
+// else this node's own, from the copy (asked for before it synced).
+func (f *Follower) bundleNodes(ctx context.Context) ([]v1alpha1.UpgradeBundleNode, error) {
+	f.mu.Lock()
+	all := f.all
+	f.mu.Unlock()
+	if all != nil {
+		objs, err := decodeAll[v1alpha1.UpgradeBundleNode](all, "upgradebundlenodes")
+		if objs == nil && err == nil {
+			return f.c.listBundleNodes(ctx)
+		}
+		return objs, err
+	}
+	raw, found, synced := f.own.Get(f.node)
+	if !synced {
+		o, err := f.c.bundleNode(ctx, f.node)
+		if o == nil || err != nil {
+			return nil, err
+		}
+		return []v1alpha1.UpgradeBundleNode{*o}, nil
+	}
+	if !found {
+		return nil, nil
+	}
+	var o v1alpha1.UpgradeBundleNode
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return nil, fmt.Errorf("reading upgradebundlenode %s: %w", f.node, err)
+	}
+	return []v1alpha1.UpgradeBundleNode{o}, nil
+}
+
+// PullRecord is Client.PullRecord, from the copy when it holds node's
+// object (this node's own, or every node's while it writes a summary).
+func (f *Follower) PullRecord(ctx context.Context, bundle, node string) (*cluster.PullRecord, error) {
+	f.mu.Lock()
+	all := f.all
+	f.mu.Unlock()
+	if node != f.node && all == nil {
+		return f.c.PullRecord(ctx, bundle, node)
+	}
+	objs, err := f.bundleNodes(ctx)
+	return entriesFor(objs, bundle)[node].Pull, err
+}
+
+// PublishBundle writes this node's entry for the UpgradeBundle name into
+// its UpgradeBundleNode, then the summary when sum is not nil (this node
+// is its writer), and has this node's record say that it reports on name.
+func (f *Follower) PublishBundle(ctx context.Context, name string, sum *cluster.BundleSummary, entry cluster.BundleNodeEntry) error {
+	if err := f.publishEntry(ctx, name, entry); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	was := f.reporting
+	f.reporting = name
+	f.mu.Unlock()
+	if was != name {
+		f.changed.Fire() // KeepRecord writes the record again
+	}
+	if sum != nil {
+		return f.c.PublishBundleSummary(ctx, name, f.node, *sum)
+	}
+	return nil
+}
+
+// publishEntry applies this node's UpgradeBundleNode with entry as its
+// entry for name: its other entries as it last applied them (read once),
+// those of UpgradeBundles that are gone left out.
+func (f *Follower) publishEntry(ctx context.Context, name string, entry cluster.BundleNodeEntry) error {
+	f.mu.Lock()
+	old := f.entries
+	f.mu.Unlock()
+	if old == nil {
+		o, err := f.c.bundleNode(ctx, f.node)
+		if err != nil {
+			return err
+		}
+		old = []v1alpha1.BundleNodeStatus{}
+		if o != nil {
+			old = o.Status.Bundles
+		}
+	}
+	uid := ""
+	if rec, ok := f.ownRecord(""); ok {
+		uid = rec.uid
+	} else {
+		var err error
+		if uid, err = f.c.nodeUID(ctx, f.node); err != nil {
+			return err
+		}
+	}
+	exists := func(string) bool { return true }
+	if _, synced := f.bundles.List(); synced {
+		exists = func(b string) bool { _, found, _ := f.bundles.Get(b); return found }
+	}
+	entries, err := f.c.applyBundleNode(ctx, f.node, uid, withEntry(old, name, entryOf(entry, time.Now()), exists))
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.entries = entries
+	f.mu.Unlock()
+	return nil
 }
 
 // Approvals is Client.Approvals, from the copy.

@@ -23,14 +23,20 @@ const (
 	AnnotationAddress    = "ferry.io/address"     // the node's InternalIP (or its peer listen host)
 	AnnotationReady      = "ferry.io/ready"       // "true" or "false": its Node's Ready condition
 	AnnotationReadySince = "ferry.io/ready-since" // RFC3339: when that condition last changed
+	AnnotationBundle     = "ferry.io/bundle"      // the UpgradeBundle the node reports on (once it wrote its entry there)
 
-	leaseSeconds = 360
+	leaseSeconds = 900
 )
 
 // leaseRenew is how often an unchanged record is written again: well
 // within leaseSeconds, so a running node never looks gone (a variable
-// for the tests).
-var leaseRenew = 120 * time.Second
+// for the tests). Every node watches every record, so each renewal is an
+// event to every node: N nodes cost each node N renewals a leaseRenew. A
+// change (address, readiness, the bundle reported on) is written at once;
+// the renewal only tells a node that is gone (its record expires) from
+// one that is there, which nothing needs within minutes (the gate waits
+// on the peers' own answers; notReadyTimeout is tens of minutes).
+var leaseRenew = 5 * time.Minute
 
 // microTime is the format of a Lease's times (metav1.MicroTime).
 const microTime = "2006-01-02T15:04:05.000000Z07:00"
@@ -65,6 +71,7 @@ type record struct {
 	ready      bool
 	readySince time.Time
 	uid        string // its Node's, the Lease's owner
+	bundle     string // the UpgradeBundle it reports on ("" none yet)
 }
 
 // recordOf is what node n says of itself: address, when not "", is the
@@ -91,6 +98,9 @@ func leaseOf(node string, r record, now time.Time) lease {
 		AnnotationAddress:    r.address,
 		AnnotationReady:      strconv.FormatBool(r.ready),
 		AnnotationReadySince: r.readySince.UTC().Format(time.RFC3339),
+	}
+	if r.bundle != "" {
+		l.Metadata.Annotations[AnnotationBundle] = r.bundle
 	}
 	l.Metadata.OwnerReferences = []ownerRef{{APIVersion: "v1", Kind: "Node", Name: node, UID: r.uid}}
 	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = node, leaseSeconds
@@ -134,10 +144,11 @@ func readinessOfLeases(ls []lease, now time.Time) map[string]cluster.NodeReady {
 		since, _ := time.Parse(time.RFC3339, l.Metadata.Annotations[AnnotationReadySince])
 		says := l.Metadata.Annotations[AnnotationReady] == "true"
 		expires := l.renewed().Add(time.Duration(l.Spec.LeaseDurationSeconds) * time.Second)
-		r := cluster.NodeReady{Ready: says, Since: since}
+		reports := l.Metadata.Annotations[AnnotationBundle]
+		r := cluster.NodeReady{Ready: says, Since: since, Reports: reports}
 		if !now.Before(expires) {
 			// Not ready since it expired, or since it said so before.
-			r = cluster.NodeReady{Ready: false, Since: expires}
+			r = cluster.NodeReady{Ready: false, Since: expires, Reports: reports}
 			if !says && since.Before(expires) {
 				r.Since = since
 			}
@@ -241,7 +252,11 @@ func (f *Follower) ownRecord(address string) (record, bool) {
 	if err := json.Unmarshal(raw, &n); err != nil || n.Metadata.UID == "" {
 		return record{}, false
 	}
-	return recordOf(&n, address), true
+	r := recordOf(&n, address)
+	f.mu.Lock()
+	r.bundle = f.reporting
+	f.mu.Unlock()
+	return r, true
 }
 
 // ownLease is this node's Lease in the copy (nil when there is none, or

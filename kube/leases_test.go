@@ -150,7 +150,7 @@ func TestKeepRecord_WritesItsOwnLeaseFromItsOwnNodeAndReadsNoOther(t *testing.T)
 		t.Errorf("%d writes of an unchanged record, want 1", len(api.writes))
 	}
 	l := api.writes[0]
-	if l.Metadata.Name != "node-a" || l.Metadata.Namespace != LeaseNamespace || l.Spec.HolderIdentity != "node-a" || l.Spec.LeaseDurationSeconds != 360 {
+	if l.Metadata.Name != "node-a" || l.Metadata.Namespace != LeaseNamespace || l.Spec.HolderIdentity != "node-a" || l.Spec.LeaseDurationSeconds != leaseSeconds {
 		t.Errorf("lease %+v", l)
 	}
 	if len(l.Metadata.OwnerReferences) != 1 || l.Metadata.OwnerReferences[0] != (ownerRef{APIVersion: "v1", Kind: "Node", Name: "node-a", UID: "uid-1"}) {

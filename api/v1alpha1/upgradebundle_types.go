@@ -14,8 +14,8 @@ import (
 // cluster's nodes, loads into CRI-O and upgrades the cluster to. There is
 // one per bundle, named <version>-<arch> as ferry spells it (4.16.3-x86-64):
 // spec is the administrator's (approving, scheduling, excluding nodes,
-// cleaning up), status is ferry's, each node writing its own entry under
-// status.nodes.
+// cleaning up), status is ferry's summary, written by one node; each
+// node's own view is in its UpgradeBundleNode.
 //
 // ferry reads a bundle's policy from the resource named as it spells it
 // (agent.ResourceName) and from no other: a name it would never read is
@@ -78,6 +78,7 @@ type UpgradeBundleSpec struct {
 
 	// excludedNodes are nodes the gate does not wait for (down for good,
 	// or held back on purpose); they fetch and load when they come back.
+	// +listType=set
 	// +kubebuilder:validation:MaxItems=2000
 	// +kubebuilder:validation:items:MaxLength=253
 	// +optional
@@ -166,10 +167,12 @@ type BundleSource struct {
 	Window string `json:"window,omitempty"`
 }
 
-// UpgradeBundleStatus is ferry's view of the bundle: the summary, written
-// by one node (the first by name of those with an entry), and each node's
-// own entry under nodes, written by that node. The summary is still what
-// one node says: approve from the engineer's digest, never from it.
+// UpgradeBundleStatus is ferry's view of the bundle: a summary of every
+// node's entry (their UpgradeBundleNodes), written by one node alone (the
+// first Ready one by name of the nodes that report this bundle), and only
+// when it changes: its size does not grow with the cluster's, and a
+// node's progress never rewrites it. It is what one node says: approve
+// from the engineer's digest, never from it.
 type UpgradeBundleStatus struct {
 	// version is the bundle's OpenShift version.
 	// +kubebuilder:validation:MaxLength=64
@@ -268,15 +271,10 @@ type UpgradeBundleStatus struct {
 	// +kubebuilder:validation:items:MaxLength=1024
 	// +optional
 	Excluded []string `json:"excluded,omitempty"`
-
-	// nodes are each node's view, keyed by node name, each written by that
-	// node alone (its own field manager, ferry-<node>).
-	// +kubebuilder:validation:MaxProperties=2000
-	// +optional
-	Nodes map[string]NodeStatus `json:"nodes,omitempty"`
 }
 
-// NodeStatus is one node's view of the bundle, written by that node.
+// NodeStatus is one node's view of one bundle, written by that node in
+// its UpgradeBundleNode.
 type NodeStatus struct {
 	// phase is the bundle's phase on this node (fetching, extracted,
 	// loading, loaded, cluster-ready, upgrading, upgraded, ...).

@@ -13,6 +13,7 @@ import (
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
+	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/localapi"
 	"github.com/ferry-edge/ferry/peer"
 )
@@ -50,6 +51,10 @@ func runStatus(ctx context.Context, w io.Writer, cfg agent.Config, o *statusOpti
 		if !isObject(format) && cfg.Cluster.Kubeconfig != "" {
 			server, nodes, err := nodeAnnotations(ctx, cfg)
 			writeNodeAnnotations(w, server, nodes, err)
+			if err == nil {
+				entries, err := bundleNodes(ctx, cfg)
+				writeBundleNodes(w, entries, err)
+			}
 		}
 		if cs.Decision.Verdict == agent.Conflict {
 			return fmt.Errorf("%s", cs.Decision.Message)
@@ -195,6 +200,28 @@ func writeNodeAnnotations(w io.Writer, server string, nodes map[string]map[strin
 		a := nodes[n]
 		fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\n", n, cmp.Or(a[agent.AnnotationPhase], "-"), cmp.Or(a[agent.AnnotationBundle], "-"),
 			cmp.Or(a[agent.AnnotationProgress], "-"), cmp.Or(a[agent.AnnotationReason], "-"))
+	}
+	t.Flush()
+}
+
+// writeBundleNodes prints every node's entry for each UpgradeBundle it
+// knows (its UpgradeBundleNode), as oc get upgradebundlenodes shows them,
+// by node name, then each node's newest first; or why they could not be
+// read.
+func writeBundleNodes(w io.Writer, entries []kube.NodeBundle, err error) {
+	if err != nil {
+		fmt.Fprintf(w, "\nthe nodes' UpgradeBundleNodes cannot be read: %v\n", err)
+		return
+	}
+	if len(entries) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nevery node's entries (oc get upgradebundlenodes):")
+	t := newTable(w)
+	fmt.Fprintln(t, "NODE\tBUNDLE\tPHASE\tDIGEST\tREASON\tMESSAGE")
+	for _, e := range entries {
+		fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\n", e.Node, e.Bundle, cmp.Or(e.Entry.Phase, "-"), shortDigest(string(e.Entry.Digest)),
+			cmp.Or(e.Entry.Reason, "-"), cmp.Or(e.Entry.Message, "-"))
 	}
 	t.Flush()
 }

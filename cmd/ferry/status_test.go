@@ -13,6 +13,8 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/cluster"
+	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/peer"
 )
 
@@ -93,6 +95,11 @@ func TestStatusCluster_Golden(t *testing.T) {
 				writeNodeAnnotations(&b, "https://api.site.example:6443", map[string]map[string]string{
 					"master-1": {agent.AnnotationPhase: "loaded", agent.AnnotationBundle: "4.13.7"},
 					"master-0": {agent.AnnotationPhase: "loaded", agent.AnnotationBundle: "4.13.7"},
+				}, nil)
+				writeBundleNodes(&b, []kube.NodeBundle{
+					{Node: "master-0", Bundle: "4.13.7-x86-64", Entry: cluster.BundleNodeEntry{Phase: "loaded", Digest: digestA, Reason: "Loaded"}},
+					{Node: "master-0", Bundle: "4.13.6-x86-64", Entry: cluster.BundleNodeEntry{Phase: "upgraded", Reason: "Upgraded"}},
+					{Node: "master-1", Bundle: "4.13.7-x86-64", Entry: cluster.BundleNodeEntry{Phase: "fetching", Reason: "Fetching", Message: "fetching from master-0"}},
 				}, nil)
 			}
 			golden(t, tc.file, b.Bytes())

@@ -66,13 +66,16 @@ func (k clusterAPI) Preflight(ctx context.Context, version string, images []stri
 	return k.f.Preflight(ctx, version, images)
 }
 
-// PublishBundle writes the summary with node's entry when this node is
-// the summary's writer (sum not nil), else the entry alone.
-func (k clusterAPI) PublishBundle(ctx context.Context, name string, sum *cluster.BundleSummary, node string, e cluster.BundleNodeEntry) error {
-	if sum == nil {
-		return k.Client.PublishBundleEntry(ctx, name, node, e)
-	}
-	return k.Client.PublishBundleStatus(ctx, name, *sum, node, e)
+// PublishBundle writes this node's entry into its UpgradeBundleNode, and
+// the summary when this node is its writer (sum not nil).
+func (k clusterAPI) PublishBundle(ctx context.Context, name string, sum *cluster.BundleSummary, _ string, e cluster.BundleNodeEntry) error {
+	return k.f.PublishBundle(ctx, name, sum, e)
+}
+
+func (k clusterAPI) FollowEntries(all bool) { k.f.FollowEntries(all) }
+
+func (k clusterAPI) PullRecord(ctx context.Context, bundle, node string) (*cluster.PullRecord, error) {
+	return k.f.PullRecord(ctx, bundle, node)
 }
 
 // newClusterAPI is the Kubernetes API when a kubeconfig is configured: the
@@ -156,4 +159,14 @@ func nodeAnnotations(ctx context.Context, cfg agent.Config) (string, map[string]
 		return c.Server(), nil, err
 	}
 	return c.Server(), map[string]map[string]string{name: a}, nil
+}
+
+// bundleNodes reads every node's UpgradeBundleNode (ferry status
+// --cluster): the entries each node wrote, by node name.
+func bundleNodes(ctx context.Context, cfg agent.Config) ([]kube.NodeBundle, error) {
+	c, err := kube.New(cfg.Cluster.Kubeconfig, nil)
+	if err != nil {
+		return nil, err
+	}
+	return c.BundleNodes(ctx)
 }

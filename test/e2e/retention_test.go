@@ -237,10 +237,7 @@ func TestHost_SpecCleanupOfALoadedBundleThatNeverRanKeepsTheRunningReleasePinned
 	name := agent.ResourceName(metaB.Version, metaB.Arch)
 	e.PatchBundleSpec(name, map[string]any{"cleanup": true})
 	waitUntil(t, "node-a cleaned in B's UpgradeBundle", func() bool {
-		st, _ := e.Bundle(name)["status"].(map[string]any)
-		nodes, _ := st["nodes"].(map[string]any)
-		n, _ := nodes["node-a"].(map[string]any)
-		return n["phase"] == string(agent.PhaseCleaned)
+		return e.BundleNodes(name)["node-a"].Phase == string(agent.PhaseCleaned)
 	})
 	checkPinned(t, cl, refsOf(metaA), true)
 	checkPinned(t, cl, uniqueTo(refsOf(metaB), refsOf(metaA)), false)

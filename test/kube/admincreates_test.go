@@ -126,7 +126,7 @@ func TestAgent_TheStickBeforeFerryApproveWaitsOnItsNodeThenGoesThrough(t *testin
 		t.Fatalf("kubectl wait --for=condition=Approved: %v\n%s", err, out)
 	}
 	waitUntil(t, "the upgrade asked for", func() bool { du := n.e.DesiredUpdate(); return du != nil && du["image"] == n.meta.Release })
-	if e := n.entry(); e["digest"] != n.digest {
+	if e := n.entry(); e.Digest != n.digest {
 		t.Errorf("node-a's entry %v, want its digest %s", e, n.digest)
 	}
 }

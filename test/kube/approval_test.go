@@ -138,20 +138,30 @@ func rulesOf(t *testing.T, c *kube.Client, namespaces []string) []string {
 // "What each identity can do" (the kubelet after ferry). A change here is
 // a change there. Each write is narrowed further by packaging/admission.yaml.
 var kubeletGains = []string{
+	// Its own UpgradeBundleNode (ferry-upgradebundlenode: one, its own,
+	// owned by its Node, never deleted; delete is there only because
+	// OwnerReferencesPermissionEnforcement asks it of whoever sets the
+	// Node as owner). The summary's writer lists and watches them all.
+	"* create upgradebundlenodes.ferry.io",
+	"* delete upgradebundlenodes.ferry.io",
 	"* get clusteroperators.config.openshift.io",
 	"* get clusterversions.config.openshift.io",
 	"* get machineconfigpools.machineconfiguration.openshift.io",
+	"* get upgradebundlenodes.ferry.io",
 	"* get upgradebundles.ferry.io",
 	"* get upgradebundles/status.ferry.io",
 	"* list clusteroperators.config.openshift.io",
 	"* list clusterversions.config.openshift.io",
 	"* list machineconfigpools.machineconfiguration.openshift.io",
+	"* list upgradebundlenodes.ferry.io",
 	"* list upgradebundles.ferry.io",
 	"* patch clusterversions.config.openshift.io",
 	"* patch machineconfigpools.machineconfiguration.openshift.io",
 	"* patch nodes",
+	"* patch upgradebundlenodes.ferry.io",
 	"* patch upgradebundles/status.ferry.io",
 	"* watch clusterversions.config.openshift.io",
+	"* watch upgradebundlenodes.ferry.io",
 	"* watch upgradebundles.ferry.io",
 	"default create events",
 	"kube-system get configmaps/extension-apiserver-authentication",
@@ -222,6 +232,7 @@ func TestRights_AKubeletGainsOnlyFerrysNarrowRights(t *testing.T) {
 		{verb: "update", resource: "configmaps", ns: "openshift-config-managed", name: "sha256-" + sigHex},
 		{verb: "get", resource: "configmaps", ns: "openshift-config-managed", name: "kubelet-serving-ca"},
 		{verb: "patch", group: "ferry.io", resource: "upgradebundles", sub: "status", name: bundleName},
+		{verb: "patch", group: "ferry.io", resource: "upgradebundlenodes", name: "w1"},
 	}
 	namespaces := []string{"default", "kube-system", "openshift-config", "openshift-config-managed", "openshift-ferry", "openshift-etcd"}
 
@@ -379,10 +390,8 @@ func TestAgent_WaitsForTheAdministratorsApprovalOfTheRelease(t *testing.T) {
 	}
 	waitUntil(t, "the command on the Node", func() bool { return e.Annotations("node-a")["ferry.io/reason"] == s.Message })
 	waitUntil(t, "the reason and the command in node-a's UpgradeBundle entry", func() bool {
-		st, _ := e.Bundle(name)["status"].(map[string]any)
-		nodes, _ := st["nodes"].(map[string]any)
-		entry, _ := nodes["node-a"].(map[string]any)
-		return entry["reason"] == agent.ReasonReleaseUnapproved && entry["message"] == s.Message
+		entry := e.BundleNodes(name)["node-a"]
+		return entry.Reason == agent.ReasonReleaseUnapproved && entry.Message == s.Message
 	})
 	if du := e.DesiredUpdate(); du != nil {
 		t.Fatalf("desiredUpdate before the approval: %v", du)

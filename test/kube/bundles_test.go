@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -29,9 +30,9 @@ func installBundles(e *kubeenv.Env) {
 
 // TestClient_UpgradeBundleStatusIsFerrysAndSpecTheAdministrators: with
 // only ferry's RBAC and the shipped admission policy, ferry writes each
-// node's entry of the administrator's UpgradeBundle without touching the
-// others', records Events, and cannot write the spec: neither creating
-// one with it nor patching it.
+// node's entry of the administrator's UpgradeBundle into that node's
+// UpgradeBundleNode without touching the others', records Events, and
+// cannot write the spec: neither creating one with it nor patching it.
 func TestClient_UpgradeBundleStatusIsFerrysAndSpecTheAdministrators(t *testing.T) {
 	e := kubeenv.Start(t, current)
 	c := ferryClient(t, e)
@@ -47,8 +48,6 @@ func TestClient_UpgradeBundleStatusIsFerrysAndSpecTheAdministrators(t *testing.T
 	// refused (TestPolicy_ANodeCreatesNoUpgradeBundleHoweverOftenItAsks).
 	e.CreateBundle(bundleName)
 	sum := cluster.BundleSummary{Version: "4.13.7", Arch: "x86_64", Digest: digest.Digest("sha256:" + strings.Repeat("a", 64)), Phase: "loading", NodesReady: "0/2"}
-	// The entry names the summary's digest, as ferry writes them (the
-	// admission policy refuses a summary its own entry does not back).
 	entry := cluster.BundleNodeEntry{Phase: "loading", Digest: sum.Digest, Conditions: []cluster.BundleCondition{{Type: "Extracted", Status: "True", Reason: "Extracted"}}}
 	for n, cl := range map[string]*kube.Client{"node-a": c, "node-b": cb} {
 		if err := cl.PublishBundleStatus(ctx, bundleName, sum, n, entry); err != nil {
@@ -56,7 +55,7 @@ func TestClient_UpgradeBundleStatusIsFerrysAndSpecTheAdministrators(t *testing.T
 		}
 	}
 	// A node's credential writes its own entry only.
-	if err := c.PublishBundleStatus(ctx, bundleName, sum, "node-b", cluster.BundleNodeEntry{Phase: "failed"}); err == nil || !strings.Contains(err.Error(), "its own entry of status.nodes only") {
+	if err := c.PublishBundleStatus(ctx, bundleName, sum, "node-b", cluster.BundleNodeEntry{Phase: "failed"}); err == nil || !strings.Contains(err.Error(), "writes the UpgradeBundleNode node-a only, not node-b") {
 		t.Errorf("node-a writing node-b's entry: %v, want the admission policy's refusal", err)
 	}
 	ub, ok, err := c.UpgradeBundle(ctx, bundleName)
@@ -122,7 +121,7 @@ func TestAgent_ABundleApprovedAheadInItsUpgradeBundleGoesThroughAlone(t *testing
 	})
 	waitUntil(t, "Updated in the UpgradeBundle", func() bool {
 		o, _ := e.UpgradeBundle(name)
-		st, n := o.Status, o.Status.Nodes["node-a"]
+		st, n := o.Status, e.BundleNodes(name)["node-a"]
 		stale := n.Message != "" // "waiting for approval", from before the spec was read
 		return apimeta.IsStatusConditionTrue(n.Conditions, "Updated") &&
 			st.Approved == "digest" && st.NodesReady == "1/1" && n.Reason == agent.ReasonUpgraded && !stale
@@ -256,19 +255,19 @@ func TestAgent_SpecCleanupTakesOutABundleWaitingForApproval(t *testing.T) {
 	}
 	n.e.PatchBundleSpec(n.name, map[string]any{"cleanup": true})
 	waitUntil(t, "node-a cleaned in the UpgradeBundle", func() bool {
-		o, _ := n.e.UpgradeBundle(n.name)
-		return o.Status.Nodes["node-a"].Phase == string(agent.PhaseCleaned)
+		return n.e.BundleNodes(n.name)["node-a"].Phase == string(agent.PhaseCleaned)
 	})
 	if _, err := os.Stat(n.tree); !os.IsNotExist(err) {
 		t.Fatalf("the extracted tree is still there: %v", err)
 	}
 }
 
-// TestClient_EachNodeWritesOnlyItsOwn (issue 35, item 1): with each
-// node's writes under its own field manager, the API server's
-// managedFields show it: the summary's writer owns the summary and its
-// entry, the other node its entry alone, and neither write touched what
-// the other wrote.
+// TestClient_EachNodeWritesOnlyItsOwn (issue 35, item 1; issue 43): with
+// each node's writes under its own field manager, the API server's
+// managedFields show it: the summary's writer owns the summary and
+// nothing of the nodes' entries, each node owns its UpgradeBundleNode
+// alone, owned by its Node, and a node's entry changes nothing of the
+// UpgradeBundle.
 func TestClient_EachNodeWritesOnlyItsOwn(t *testing.T) {
 	e := kubeenv.Start(t, current)
 	ca := ferryClient(t, e)
@@ -283,39 +282,62 @@ func TestClient_EachNodeWritesOnlyItsOwn(t *testing.T) {
 	if err := ca.PublishBundleStatus(ctx, bundleName, sum, "node-a", cluster.BundleNodeEntry{Phase: "loading", Digest: d}); err != nil {
 		t.Fatal(err)
 	}
+	before, _ := e.UpgradeBundle(bundleName)
 	if err := cb.PublishBundleEntry(ctx, bundleName, "node-b", cluster.BundleNodeEntry{Phase: "loaded", Digest: d}); err != nil {
 		t.Fatal(err)
 	}
 	o, _ := e.UpgradeBundle(bundleName)
-	if st := o.Status; st.Phase != "loading" || st.NodesReady != "0/2" {
-		t.Errorf("node-b's entry changed the summary: %+v", st)
+	if o.ResourceVersion != before.ResourceVersion {
+		t.Errorf("node-b's entry changed the UpgradeBundle: %+v", o.Status)
 	}
-	// Each node applies its part (server-side apply) as its own manager.
-	owned := map[string]string{}
 	for _, m := range o.ManagedFields {
 		if m.Subresource != "status" {
 			continue
 		}
-		if m.Operation != metav1.ManagedFieldsOperationApply {
-			t.Errorf("%s wrote the status with %s, want Apply", m.Manager, m.Operation)
+		if m.Manager != "ferry-node-a" || m.Operation != metav1.ManagedFieldsOperationApply {
+			t.Errorf("%s wrote the status with %s, want ferry-node-a alone, by Apply", m.Manager, m.Operation)
 		}
-		owned[m.Manager] += string(m.FieldsV1.Raw)
+		if f := string(m.FieldsV1.Raw); !strings.Contains(f, `"f:nodesReady"`) || strings.Contains(f, `"f:nodes"`) {
+			t.Errorf("ferry-node-a owns %s", f)
+		}
 	}
-	a, b := owned["ferry-node-a"], owned["ferry-node-b"]
-	if !strings.Contains(a, `"f:nodesReady"`) || !strings.Contains(a, `"f:node-a"`) || strings.Contains(a, `"f:node-b"`) {
-		t.Errorf("ferry-node-a owns %s", a)
+	for _, n := range []string{"node-a", "node-b"} {
+		bn, ok := e.BundleNode(n)
+		if !ok || len(bn.Status.Bundles) != 1 || bn.Status.Bundles[0].Name != bundleName {
+			t.Fatalf("%s's UpgradeBundleNode: %+v", n, bn)
+		}
+		if refs := bn.OwnerReferences; len(refs) != 1 || refs[0].Kind != "Node" || refs[0].Name != n || string(refs[0].UID) != e.NodeUID(n) {
+			t.Errorf("%s's UpgradeBundleNode is owned by %+v, want its Node alone", n, refs)
+		}
+		for _, m := range bn.ManagedFields {
+			if m.Manager != kube.FieldManager(n) || m.Operation != metav1.ManagedFieldsOperationApply {
+				t.Errorf("%s's UpgradeBundleNode written by %s with %s, want %s by Apply", n, m.Manager, m.Operation, kube.FieldManager(n))
+			}
+		}
 	}
-	if !strings.Contains(b, `"f:node-b"`) || strings.Contains(b, `"f:node-a"`) || strings.Contains(b, `"f:nodesReady"`) || strings.Contains(b, `"f:version"`) {
-		t.Errorf("ferry-node-b owns %s: more than its own entry", b)
+	if got := e.BundleNodes(bundleName); got["node-a"].Phase != "loading" || got["node-b"].Phase != "loaded" {
+		t.Errorf("the entries: %+v", got)
+	}
+	// A second bundle: its entry comes first, the first one's stays, and
+	// oc get upgradebundlenodes shows the newest.
+	if err := cb.PublishBundleEntry(ctx, "4.13.8-x86-64", "node-b", cluster.BundleNodeEntry{Phase: "fetching"}); err != nil {
+		t.Fatal(err)
+	}
+	if bn, _ := e.BundleNode("node-b"); len(bn.Status.Bundles) != 2 || bn.Status.Bundles[0].Name != "4.13.8-x86-64" || bn.Status.Bundles[1].Phase != "loaded" {
+		t.Errorf("node-b's entries after a second bundle: %+v", bn.Status.Bundles)
+	}
+	out, err := kubectl(t, e, "get", "upgradebundlenodes")
+	if err != nil || !regexp.MustCompile(`(?m)^node-a\s+`+bundleName+`\s+loading\s`).MatchString(out) || !regexp.MustCompile(`(?m)^node-b\s+4\.13\.8-x86-64\s+fetching\s`).MatchString(out) {
+		t.Errorf("kubectl get upgradebundlenodes: %v\n%s", err, out)
 	}
 }
 
 // TestClient_ThePullersRecordIsItsOwnToWrite (issue 41): the pulling
 // node publishes its pull in its own entry (the release, what its tag
-// resolved to, then the bundle's digest) through the shipped CRD and
-// admission policy; the record stays when its entry is written again
-// without it; every source read carries it by node; another node's
-// credential cannot write it into the puller's entry.
+// resolved to, then the bundle's digest) in its own UpgradeBundleNode,
+// through the shipped CRD and admission policy; the record stays when its
+// entry is written again without it; another node reads it there; another
+// node's credential cannot write it into the puller's object.
 func TestClient_ThePullersRecordIsItsOwnToWrite(t *testing.T) {
 	e := kubeenv.Start(t, current)
 	c := ferryClient(t, e)
@@ -337,15 +359,15 @@ func TestClient_ThePullersRecordIsItsOwnToWrite(t *testing.T) {
 	if err := c.PublishBundleEntry(ctx, bundleName, "node-a", cluster.BundleNodeEntry{Phase: "extracting", Digest: rec.Digest}); err != nil {
 		t.Fatal(err)
 	}
-	srcs, err := cb.Sources(ctx)
-	if err != nil || len(srcs) != 1 || len(srcs[0].Pulled) != 1 {
-		t.Fatalf("sources %+v, %v", srcs, err)
+	got, err := cb.PullRecord(ctx, bundleName, "node-a")
+	if err != nil || got == nil {
+		t.Fatalf("node-a's record as node-b reads it: %+v, %v", got, err)
 	}
-	if got := srcs[0].Pulled["node-a"]; got.Digest != rec.Digest || got.Release != release || got.Extras["quay.io/my-company/my-workload:v1"] != rec.Extras["quay.io/my-company/my-workload:v1"] {
+	if got.Digest != rec.Digest || got.Release != release || got.Extras["quay.io/my-company/my-workload:v1"] != rec.Extras["quay.io/my-company/my-workload:v1"] {
 		t.Fatalf("node-a's record as node-b reads it: %+v, want %+v", got, rec)
 	}
 	lie := &cluster.PullRecord{Release: release, Digest: digest.Digest("sha256:" + strings.Repeat("6", 64))}
-	if err := cb.PublishBundleEntry(ctx, bundleName, "node-a", cluster.BundleNodeEntry{Phase: "pulling", Pull: lie}); err == nil || !strings.Contains(err.Error(), "its own entry of status.nodes only") {
+	if err := cb.PublishBundleEntry(ctx, bundleName, "node-a", cluster.BundleNodeEntry{Phase: "pulling", Pull: lie}); err == nil || !strings.Contains(err.Error(), "writes the UpgradeBundleNode node-b only, not node-a") {
 		t.Errorf("node-b writing node-a's record: %v, want the admission policy's refusal", err)
 	}
 }

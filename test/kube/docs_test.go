@@ -436,9 +436,8 @@ func plugDocsBundle(t *testing.T, e *kubeenv.Env, c *crioenv.CRIO, tarPath strin
 		cfg.Approval = "required"
 	})
 	waitUntil(t, "node-a's entry in the UpgradeBundle "+name, func() bool {
-		st, _ := e.Bundle(name)["status"].(map[string]any)
-		nodes, _ := st["nodes"].(map[string]any)
-		return nodes["node-a"] != nil
+		_, ok := e.BundleNodes(name)["node-a"]
+		return ok
 	})
 	return a
 }

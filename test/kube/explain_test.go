@@ -35,7 +35,8 @@ func TestCRD_KubectlExplainPrintsTheTypesDescriptions(t *testing.T) {
 			"only a bundle with this digest is loaded and upgraded to"},
 		"upgradebundle.status.conditions": {"conditions <[]Object>", "for oc wait --for=condition=TYPE", "Approved (the bundle may load)",
 			"Degraded (a person must act", "observedGeneration", "lastTransitionTime <string> -required-"},
-		"ub.status.nodes": {"each node's view, keyed by node name", "ferry-<node>"},
+		"ubn.status.bundles": {"the node's entries, one per UpgradeBundle", "the one it reports on now first"},
+		"upgradebundlenode":  {"one node's view of the UpgradeBundles it knows", "owned by it", "ferry-<node>"},
 	} {
 		got := explain(field)
 		for _, w := range want {

@@ -8,8 +8,10 @@ import (
 	"testing"
 
 	"github.com/opencontainers/go-digest"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/api/v1alpha1"
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/test/kubeenv"
@@ -51,18 +53,27 @@ func whoami(t *testing.T, c *kube.Client) (string, []string) {
 }
 
 // refusesWhatIsNotNodeAs: with node-a's kubelet credential c, writing
-// node-b's entry, approving, setting force and writing Node node-b are
+// node-b's UpgradeBundleNode (or owning its own to Node node-b), approving, setting force and writing Node node-b are
 // each refused by ferry's own admission policy (or by RBAC where ferry
 // grants no verb at all).
 func refusesWhatIsNotNodeAs(t *testing.T, e *kubeenv.Env, c *kube.Client, bundle string) {
 	t.Helper()
 	ctx := t.Context()
-	sum := cluster.BundleSummary{Version: "4.13.7", Arch: "x86_64"}
-	err := c.PublishBundleStatus(ctx, bundle, sum, "node-b", cluster.BundleNodeEntry{Phase: "failed", Reason: "forged"})
-	denied(t, "writing node-b's entry", err, "ferry-upgradebundle")
-	if err != nil && !strings.Contains(err.Error(), "node node-a may write its own entry of status.nodes only") {
-		t.Errorf("writing node-b's entry: %v, want the policy to name node-a", err)
+	forged := []v1alpha1.BundleNodeStatus{{Name: bundle, NodeStatus: v1alpha1.NodeStatus{Phase: "failed", Reason: "forged"}}}
+	err := kubeenv.ApplyBundleNode(ctx, c, "node-b", "node-b", e.NodeUID("node-b"), forged)
+	denied(t, "writing node-b's UpgradeBundleNode", err, "ferry-upgradebundlenode")
+	if err != nil && !strings.Contains(err.Error(), "the credential of node node-a writes the UpgradeBundleNode node-a only, not node-b") {
+		t.Errorf("writing node-b's UpgradeBundleNode: %v, want the policy to name node-a", err)
 	}
+	err = kubeenv.ApplyBundleNode(ctx, c, "node-a", "node-b", e.NodeUID("node-b"), forged)
+	denied(t, "owning its UpgradeBundleNode to Node node-b", err, "ferry-upgradebundlenode")
+	if err != nil && !strings.Contains(err.Error(), "is owned by Node node-a alone") {
+		t.Errorf("owning its UpgradeBundleNode to Node node-b: %v, want the policy's refusal", err)
+	}
+	if err := kubeenv.ApplyBundleNode(ctx, c, "node-a", "node-a", e.NodeUID("node-a"), nil); err != nil {
+		t.Errorf("writing its own UpgradeBundleNode: %v", err)
+	}
+	denied(t, "deleting its UpgradeBundleNode", c.Raw(ctx, "DELETE", "/apis/ferry.io/v1alpha1/upgradebundlenodes/node-a", "", nil, nil), "ferry-upgradebundlenode")
 
 	approve := map[string]any{"spec": map[string]any{"approvedDigest": "sha256:" + strings.Repeat("c", 64)}}
 	denied(t, "approving (patching the spec)", merge(t, c, "/apis/ferry.io/v1alpha1/upgradebundles/"+bundle, approve), "")
@@ -193,16 +204,7 @@ func TestAgent_TheKubeletsCertificateRunsTheWholeLoop(t *testing.T) {
 	waitUntil(t, "the upgrade asked for", func() bool { du := e.DesiredUpdate(); return du != nil && du["image"] == meta.Release })
 	e.SetHistory(kubeenv.History{State: "Completed", Image: meta.Release, Version: meta.Version}, kubeenv.History{State: "Completed", Image: current, Version: "4.13.6"})
 	waitUntil(t, "Updated in node-a's entry", func() bool {
-		st, _ := e.Bundle(name)["status"].(map[string]any)
-		nodes, _ := st["nodes"].(map[string]any)
-		n, _ := nodes["node-a"].(map[string]any)
-		cs, _ := n["conditions"].([]any)
-		for _, cd := range cs {
-			if cd, _ := cd.(map[string]any); cd["type"] == "Updated" && cd["status"] == "True" {
-				return true
-			}
-		}
-		return false
+		return apimeta.IsStatusConditionTrue(e.BundleNodes(name)["node-a"].Conditions, "Updated")
 	})
 	if l := e.NodeLabels("node-a")[agent.LabelPhase]; l != string(agent.PhaseUpgraded) {
 		t.Errorf("label %s=%q", agent.LabelPhase, l)

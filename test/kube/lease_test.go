@@ -129,7 +129,7 @@ func TestLeases_KubeletsFindEachOtherByTheirRecordsAlone(t *testing.T) {
 	if len(o) != 1 || o[0].APIVersion != "v1" || o[0].Kind != "Node" || o[0].Name != "node-b" || o[0].UID != n.Metadata.UID || n.Metadata.UID == "" {
 		t.Errorf("owners %+v, want node-b's Node (uid %s) alone", o, n.Metadata.UID)
 	}
-	if l.Spec.HolderIdentity != "node-b" || l.Spec.LeaseDurationSeconds != 360 || l.Spec.RenewTime == "" || len(l.Metadata.Labels) != 0 ||
+	if l.Spec.HolderIdentity != "node-b" || l.Spec.LeaseDurationSeconds != 900 || l.Spec.RenewTime == "" || len(l.Metadata.Labels) != 0 ||
 		l.Metadata.Annotations["ferry.io/address"] != "10.0.0.2" || l.Metadata.Annotations["ferry.io/ready"] != "true" {
 		t.Errorf("lease %+v", l)
 	}

@@ -8,8 +8,10 @@ import (
 	"testing"
 
 	"github.com/opencontainers/go-digest"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/api/v1alpha1"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
 
@@ -49,12 +51,9 @@ func logOnFailure(t *testing.T, n bundleNode) {
 	})
 }
 
-// entry is n's node entry in its UpgradeBundle's status.
-func (n bundleNode) entry() map[string]any {
-	st, _ := n.e.Bundle(n.name)["status"].(map[string]any)
-	nodes, _ := st["nodes"].(map[string]any)
-	entry, _ := nodes[n.node].(map[string]any)
-	return entry
+// entry is n's node entry for its UpgradeBundle, in its UpgradeBundleNode.
+func (n bundleNode) entry() v1alpha1.NodeStatus {
+	return n.e.BundleNodes(n.name)[n.node]
 }
 
 // fetchedFromPeer fails t unless n holds its bundle fetched from a peer,
@@ -168,8 +167,7 @@ func TestAgent_CleanupAfterTheUpgradeWasAskedForIsRefused(t *testing.T) {
 		n.a.Wait(bound, n.node+" to refuse the cleanup", func(s agent.Status) bool { return s.Reason == agent.ReasonCleanupRefused })
 		waitUntil(t, n.node+" refusing the cleanup in the UpgradeBundle", func() bool {
 			entry := n.entry()
-			message, _ := entry["message"].(string)
-			return entry["reason"] == agent.ReasonCleanupRefused && strings.Contains(message, "oc adm upgrade --clear")
+			return entry.Reason == agent.ReasonCleanupRefused && strings.Contains(entry.Message, "oc adm upgrade --clear")
 		})
 	}
 	// Asked again by hand, the cleanup is refused the same way: turns of
@@ -192,7 +190,7 @@ func TestAgent_CleanupAfterTheUpgradeWasAskedForIsRefused(t *testing.T) {
 
 	admin.clearUpgrade(t)
 	for _, n := range nodes {
-		waitUntil(t, n.node+" cleaned once the upgrade is cleared", func() bool { return n.entry()["phase"] == string(agent.PhaseCleaned) })
+		waitUntil(t, n.node+" cleaned once the upgrade is cleared", func() bool { return n.entry().Phase == string(agent.PhaseCleaned) })
 		if _, err := os.Stat(n.tree); !os.IsNotExist(err) {
 			t.Errorf("%s: the bundle's tree is still there after the cleanup: %v", n.node, err)
 		}
@@ -230,13 +228,7 @@ func TestAgent_AHistoryEntrySpelledByDigestAloneIsThisRelease(t *testing.T) {
 		n.a.WaitPhase(bound, agent.PhaseUpgraded)
 		waitUntil(t, n.node+" Updated in the UpgradeBundle", func() bool {
 			entry := n.entry()
-			cs, _ := entry["conditions"].([]any)
-			for _, c := range cs {
-				if c, _ := c.(map[string]any); c["type"] == "Updated" && c["status"] == "True" {
-					return entry["reason"] == agent.ReasonUpgraded
-				}
-			}
-			return false
+			return apimeta.IsStatusConditionTrue(entry.Conditions, "Updated") && entry.Reason == agent.ReasonUpgraded
 		})
 	}
 }

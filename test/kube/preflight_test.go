@@ -120,11 +120,8 @@ func TestAgent_PreflightRefusesAMinorUpdateTheClusterCannotTake(t *testing.T) {
 	}
 	name := agent.ResourceName(meta.Version, meta.Arch)
 	waitUntil(t, "the refusal in the UpgradeBundle, and a Warning Event", func() bool {
-		st, _ := e.Bundle(name)["status"].(map[string]any)
-		nodes, _ := st["nodes"].(map[string]any)
-		n, _ := nodes["node-a"].(map[string]any)
-		message, _ := n["message"].(string)
-		return n["phase"] == string(agent.PhaseRejected) && n["reason"] == agent.ReasonPreflightRefused && strings.Contains(message, "the vSphere CSI driver needs a newer vCenter") &&
+		n := e.BundleNodes(name)["node-a"]
+		return n.Phase == string(agent.PhaseRejected) && n.Reason == agent.ReasonPreflightRefused && strings.Contains(n.Message, "the vSphere CSI driver needs a newer vCenter") &&
 			strings.Contains(strings.Join(e.Events(name), "\n"), "Warning")
 	})
 	waitUntil(t, "the warning found beside the refusal in the UpgradeBundle's status.warnings", func() bool {

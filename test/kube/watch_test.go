@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net/url"
 	"os"
 	"reflect"
 	"slices"
@@ -13,7 +14,10 @@ import (
 	"testing"
 	"time"
 
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/api/v1alpha1"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/test/ferryenv"
 	"github.com/ferry-edge/ferry/test/kubeenv"
@@ -66,11 +70,7 @@ func TestAgents_TwentyIdleNodesAskTheAPIAtMostTwiceAMinuteAndSeeAnApprovalAtOnce
 	}
 	// Settled: every node's entry is in, and the object has not changed
 	// for 5 s (the nodes' first writes are not idling).
-	waitUntil(t, "every node's entry", func() bool {
-		st, _ := e.Bundle(name)["status"].(map[string]any)
-		ns, _ := st["nodes"].(map[string]any)
-		return len(ns) == nodes
-	})
+	waitUntil(t, "every node's entry", func() bool { return len(e.BundleNodes(name)) == nodes })
 	for rv, since := "", time.Now(); time.Since(since) < 5*time.Second; time.Sleep(200 * time.Millisecond) {
 		md, _ := e.Bundle(name)["metadata"].(map[string]any)
 		if now, _ := md["resourceVersion"].(string); now != rv {
@@ -135,46 +135,29 @@ func sidecarDigest(t *testing.T, tarPath string) string {
 	return "sha256:" + strings.Fields(string(b))[0]
 }
 
-// TestAgents_ANodesStatusWriteChangesOnlyItsOwnEntry: two agents write
-// their entries of one UpgradeBundle as their bundle moves; in every
-// version of the object the administrator's watch sees, at most one
-// node's entry differs from the version before, no entry ever goes, and
-// the summary names only what the entries back (the digest they name,
-// the two nodes).
-func TestAgents_ANodesStatusWriteChangesOnlyItsOwnEntry(t *testing.T) {
+// TestAgents_ANodesWriteReachesNoOtherNodesObjectAndTheBundleOnlyWithTheSummary
+// (issue 43, item 1): three agents write their entries of one
+// UpgradeBundle as their bundle moves (waiting for approval, approved,
+// going on). Every version of a node's UpgradeBundleNode the
+// administrator's watch sees changes that node's own entries (written by
+// it alone): no node's write is an event on another node's object. Every
+// version of the UpgradeBundle changes the spec (the administrator) or
+// the summary (or who owns it, as the writer moves): a node's entry is no
+// event there. The summary counts the three nodes and names the digest
+// their entries name.
+func TestAgents_ANodesWriteReachesNoOtherNodesObjectAndTheBundleOnlyWithTheSummary(t *testing.T) {
+	nodes := []string{"node-a", "node-b", "node-c"}
 	e := kubeenv.Start(t, current)
 	e.InstallFerry()
 	installBundles(e)
 	tarPath, meta := releaseBundle(t)
 	name, digest := agent.ResourceName(meta.Version, meta.Arch), sidecarDigest(t, tarPath)
 	e.PatchBundleSpec(name, map[string]any{"schedule": "Manual"})
-
-	first := e.Bundle(name)
-	md, _ := first["metadata"].(map[string]any)
-	rv, _ := md["resourceVersion"].(string)
-	var mu sync.Mutex
-	versions := []map[string]any{first}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		err := e.Admin.Watch(ctx, "/apis/ferry.io/v1alpha1/upgradebundles", "metadata.name="+name, rv, 10*time.Minute, func(ev kube.Event) error {
-			var o map[string]any
-			if err := json.Unmarshal(ev.Object, &o); err == nil && ev.Type != "BOOKMARK" {
-				mu.Lock()
-				versions = append(versions, o)
-				mu.Unlock()
-			}
-			return nil
-		})
-		if ctx.Err() == nil {
-			t.Errorf("the administrator's watch ended: %v", err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	bundles := watchVersions(t, e, "/apis/ferry.io/v1alpha1/upgradebundles", "metadata.name="+name)
+	objects := watchVersions(t, e, "/apis/ferry.io/v1alpha1/upgradebundlenodes", "")
 
 	agents := map[string]*ferryenv.Agent{}
-	for _, n := range []string{"node-a", "node-b"} {
+	for _, n := range nodes {
 		e.AddNode(n, "127.0.0.1")
 		cfg := ferryenv.Config(t.TempDir())
 		cfg.NodeName, cfg.Cluster.Kubeconfig, cfg.Approval = n, e.NodeKubeconfig(n), "required"
@@ -189,63 +172,150 @@ func TestAgents_ANodesStatusWriteChangesOnlyItsOwnEntry(t *testing.T) {
 	for _, a := range agents {
 		a.Wait(bound, "waiting for approval", func(s agent.Status) bool { return s.Reason == agent.ReasonAwaitingApproval })
 	}
+	waitUntil(t, "3/3 nodes in the summary", func() bool { o, _ := e.UpgradeBundle(name); return strings.HasSuffix(o.Status.NodesReady, "/3") })
 	e.PatchBundleSpec(name, map[string]any{"approvedDigest": digest})
 	for _, a := range agents {
 		a.Wait(bound, "approved", func(s agent.Status) bool {
 			return s.Phase != string(agent.PhaseIdle) && s.Reason != agent.ReasonAwaitingApproval
 		})
 	}
-	waitUntil(t, "both nodes approved in the UpgradeBundle", func() bool {
-		st, _ := e.Bundle(name)["status"].(map[string]any)
-		ns, _ := st["nodes"].(map[string]any)
-		for _, n := range []string{"node-a", "node-b"} {
-			en, _ := ns[n].(map[string]any)
-			if en == nil || en["reason"] == agent.ReasonAwaitingApproval {
+	waitUntil(t, "every node approved in its UpgradeBundleNode", func() bool {
+		entries := e.BundleNodes(name)
+		for _, n := range nodes {
+			if en, ok := entries[n]; !ok || en.Reason == agent.ReasonAwaitingApproval {
 				return false
 			}
 		}
 		return true
 	})
-	cancel()
-	<-done
+	waitUntil(t, "the summary approved", func() bool {
+		o, _ := e.UpgradeBundle(name)
+		return apimeta.IsStatusConditionTrue(o.Status.Conditions, "Approved")
+	})
 
-	mu.Lock()
-	defer mu.Unlock()
-	entries := func(o map[string]any) map[string]any {
-		st, _ := o["status"].(map[string]any)
-		ns, _ := st["nodes"].(map[string]any)
-		return ns
-	}
+	ubn := objects.stop()
 	writes := 0
-	for i := 1; i < len(versions); i++ {
-		prev, cur := entries(versions[i-1]), entries(versions[i])
-		var changed []string
-		for n, en := range cur {
-			if !reflect.DeepEqual(prev[n], en) {
-				changed = append(changed, n)
+	for _, obj := range ubn {
+		for i, v := range obj {
+			var o v1alpha1.UpgradeBundleNode
+			if err := json.Unmarshal(v, &o); err != nil {
+				t.Fatal(err)
 			}
-		}
-		for n := range prev {
-			if _, ok := cur[n]; !ok {
-				t.Errorf("version %d: %s's entry went", i, n)
+			for _, m := range o.ManagedFields {
+				if m.Manager != kube.FieldManager(o.Name) {
+					t.Errorf("%s's UpgradeBundleNode written by %s", o.Name, m.Manager)
+				}
 			}
+			if i == 0 {
+				continue
+			}
+			var prev v1alpha1.UpgradeBundleNode
+			json.Unmarshal(obj[i-1], &prev)
+			if reflect.DeepEqual(prev.Status, o.Status) {
+				t.Errorf("%s's UpgradeBundleNode: version %d changes none of its entries (another node's write?)", o.Name, i)
+			}
+			writes++
 		}
-		if len(changed) > 1 {
-			t.Errorf("version %d: one write changed the entries of %v", i, changed)
+	}
+	if len(ubn) != len(nodes) || writes < len(nodes) {
+		t.Fatalf("the watch saw %d UpgradeBundleNodes, %d changes, want each of the %d nodes' writes", len(ubn), writes, len(nodes))
+	}
+	ub := bundles.stop()[name]
+	for i := 1; i < len(ub); i++ {
+		var prev, o v1alpha1.UpgradeBundle
+		json.Unmarshal(ub[i-1], &prev)
+		json.Unmarshal(ub[i], &o)
+		if reflect.DeepEqual(prev.Spec, o.Spec) && reflect.DeepEqual(prev.Status, o.Status) && reflect.DeepEqual(statusManagers(prev), statusManagers(o)) {
+			t.Errorf("version %d of the UpgradeBundle changes neither the spec nor the summary (a node's entry?)", i)
 		}
-		writes++
-		st, _ := versions[i]["status"].(map[string]any)
-		if d, _ := st["digest"].(string); d != "" && d != digest {
+		if d := o.Status.Digest; d != "" && d != digest {
 			t.Errorf("version %d: the summary names digest %s, the entries %s", i, d, digest)
 		}
-		if r, _ := st["nodesReady"].(string); r != "" && !strings.HasSuffix(r, "/2") {
-			t.Errorf("version %d: nodesReady %q of two nodes", i, r)
+		if r := o.Status.NodesReady; r != "" && !strings.HasSuffix(r, "/3") && !strings.HasSuffix(r, "/2") && !strings.HasSuffix(r, "/1") {
+			t.Errorf("version %d: nodesReady %q of three nodes", i, r)
 		}
 	}
-	if writes < 4 {
-		t.Fatalf("the watch saw %d versions of the UpgradeBundle, want the nodes' writes", len(versions))
+	t.Logf("%d changes of the nodes' UpgradeBundleNodes; %d versions of the UpgradeBundle", writes, len(ub))
+}
+
+// statusManagers are the field managers of o's status.
+func statusManagers(o v1alpha1.UpgradeBundle) []string {
+	var out []string
+	for _, m := range o.ManagedFields {
+		if m.Subresource == "status" {
+			out = append(out, m.Manager)
+		}
 	}
-	t.Logf("%d versions of the UpgradeBundle, each changing at most one node's entry", len(versions))
+	slices.Sort(out)
+	return out
+}
+
+// versions is every version of the objects of a collection the
+// administrator's watch saw, by name, from the watch's start.
+type versions struct {
+	mu     sync.Mutex
+	byName map[string][]json.RawMessage
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// watchVersions watches path (those fieldSelector picks) as the
+// administrator from now on, until stop.
+func watchVersions(t *testing.T, e *kubeenv.Env, path, fieldSelector string) *versions {
+	t.Helper()
+	var list struct {
+		Metadata struct {
+			ResourceVersion string `json:"resourceVersion"`
+		} `json:"metadata"`
+		Items []json.RawMessage `json:"items"`
+	}
+	q := ""
+	if fieldSelector != "" {
+		q = "?fieldSelector=" + url.QueryEscape(fieldSelector)
+	}
+	if err := e.Admin.Raw(t.Context(), "GET", path+q, "", nil, &list); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	v := &versions{byName: map[string][]json.RawMessage{}, cancel: cancel, done: make(chan struct{})}
+	add := func(raw json.RawMessage) {
+		var m struct {
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+		}
+		if json.Unmarshal(raw, &m) == nil {
+			v.mu.Lock()
+			v.byName[m.Metadata.Name] = append(v.byName[m.Metadata.Name], raw)
+			v.mu.Unlock()
+		}
+	}
+	for _, o := range list.Items {
+		add(o)
+	}
+	go func() {
+		defer close(v.done)
+		err := e.Admin.Watch(ctx, path, fieldSelector, list.Metadata.ResourceVersion, 10*time.Minute, func(ev kube.Event) error {
+			if ev.Type == "ADDED" || ev.Type == "MODIFIED" {
+				add(ev.Object)
+			}
+			return nil
+		})
+		if ctx.Err() == nil {
+			t.Errorf("the administrator's watch of %s ended: %v", path, err)
+		}
+	}()
+	t.Cleanup(func() { v.stop() })
+	return v
+}
+
+// stop ends the watch and returns what it saw.
+func (v *versions) stop() map[string][]json.RawMessage {
+	v.cancel()
+	<-v.done
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.byName
 }
 
 func delta(a, b map[string]float64) map[string]float64 {

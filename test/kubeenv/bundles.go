@@ -15,22 +15,23 @@ import (
 
 const bundlesPath = "/apis/ferry.io/v1alpha1/upgradebundles"
 
-// InstallUpgradeBundles applies ferry's CRD (its admission policy is in
+// InstallUpgradeBundles applies ferry's CRDs, the UpgradeBundle's and
+// the UpgradeBundleNode's (their admission policies are in
 // admission.yaml, InstallFerry).
 func (e *Env) InstallUpgradeBundles(crd string) {
 	e.t.Helper()
 	e.ApplyFile(crd)
 	deadline := time.Now().Add(30 * time.Second)
-	for e.Admin.Raw(context.Background(), "GET", bundlesPath, "", nil, nil) != nil {
+	for e.Admin.Raw(context.Background(), "GET", bundlesPath, "", nil, nil) != nil || e.Admin.Raw(context.Background(), "GET", bundleNodesPath, "", nil, nil) != nil {
 		if time.Now().After(deadline) {
-			e.t.Fatal("the UpgradeBundle CRD never became established")
+			e.t.Fatal("the UpgradeBundle and UpgradeBundleNode CRDs never became established")
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	// The admission policy (InstallFerry's) holds for the new type once a
-	// credential bound to no Node is refused a status write (to a
+	// The admission policies (InstallFerry's) hold for the new types once
+	// a credential bound to no Node is refused a summary's write (to a
 	// resource the administrator made, so that the policy is what
-	// answers: a node may create none).
+	// answers: a node may create none) and an UpgradeBundleNode.
 	const probeBundle = "0.0.0-probe-x86-64"
 	ctx := context.Background()
 	e.CreateBundle(probeBundle)
@@ -39,15 +40,73 @@ func (e *Env) InstallUpgradeBundles(crd string) {
 	must(e.t, err)
 	c.Attempts = 1
 	for {
-		err := c.PublishBundleEntry(ctx, probeBundle, "probe", cluster.BundleNodeEntry{Phase: "idle"})
-		if err != nil && strings.Contains(err.Error(), "bound to no Node") {
+		err := c.PublishBundleSummary(ctx, probeBundle, "probe", cluster.BundleSummary{Phase: "idle"})
+		nerr := ApplyBundleNode(ctx, c, "probe", "probe", "00000000-0000-0000-0000-000000000000", nil)
+		if err != nil && strings.Contains(err.Error(), "bound to no Node") && nerr != nil && strings.Contains(nerr.Error(), "bound to no Node") {
 			return
 		}
 		if time.Now().After(deadline) {
-			e.t.Fatalf("the ferry-upgradebundle admission policy never held (apply InstallFerry first): %v", err)
+			e.t.Fatalf("the ferry-upgradebundle and ferry-upgradebundlenode admission policies never held (apply InstallFerry first): %v; %v", err, nerr)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+const bundleNodesPath = "/apis/ferry.io/v1alpha1/upgradebundlenodes"
+
+// ApplyBundleNode applies, with c's credential, the UpgradeBundleNode
+// name owned by Node owner (its uid), holding bundles, as a node's ferry
+// does (server-side apply as ferry-<name>): for the tests of what the
+// admission policy refuses.
+func ApplyBundleNode(ctx context.Context, c *kube.Client, name, owner, uid string, bundles []v1alpha1.BundleNodeStatus) error {
+	if bundles == nil {
+		bundles = []v1alpha1.BundleNodeStatus{}
+	}
+	body := map[string]any{"apiVersion": "ferry.io/v1alpha1", "kind": "UpgradeBundleNode",
+		"metadata": map[string]any{"name": name, "ownerReferences": []map[string]any{{"apiVersion": "v1", "kind": "Node", "name": owner, "uid": uid}}},
+		"status":   map[string]any{"bundles": bundles}}
+	return c.Raw(ctx, "PATCH", bundleNodesPath+"/"+name+"?fieldManager="+kube.FieldManager(name), "application/apply-patch+yaml", body, nil)
+}
+
+// BundleNodes is every node's entry for the UpgradeBundle name, from the
+// nodes' UpgradeBundleNodes, decoded into ferry's API types, by node.
+func (e *Env) BundleNodes(name string) map[string]v1alpha1.NodeStatus {
+	e.t.Helper()
+	var list v1alpha1.UpgradeBundleNodeList
+	must(e.t, e.Admin.Raw(context.Background(), "GET", bundleNodesPath, "", nil, &list))
+	out := map[string]v1alpha1.NodeStatus{}
+	for _, o := range list.Items {
+		for _, b := range o.Status.Bundles {
+			if b.Name == name {
+				out[o.Name] = b.NodeStatus
+			}
+		}
+	}
+	return out
+}
+
+// BundleNode is node's UpgradeBundleNode as stored (ok false when there
+// is none).
+func (e *Env) BundleNode(node string) (o v1alpha1.UpgradeBundleNode, ok bool) {
+	e.t.Helper()
+	err := e.Admin.Raw(context.Background(), "GET", bundleNodesPath+"/"+node, "", nil, &o)
+	if kube.IsNotFound(err) {
+		return o, false
+	}
+	must(e.t, err)
+	return o, true
+}
+
+// NodeUID is the uid of the Node node.
+func (e *Env) NodeUID(node string) string {
+	e.t.Helper()
+	var n struct {
+		Metadata struct {
+			UID string `json:"uid"`
+		} `json:"metadata"`
+	}
+	must(e.t, e.Admin.Raw(context.Background(), "GET", "/api/v1/nodes/"+node, "", nil, &n))
+	return n.Metadata.UID
 }
 
 // PatchBundleSpec merge-patches an UpgradeBundle's spec as the
@@ -196,7 +255,7 @@ func (e *Env) RecordNode(node, address string) {
 		"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
 		"metadata": map[string]any{"name": node, "namespace": "openshift-ferry", "annotations": map[string]string{
 			kube.AnnotationAddress: address, kube.AnnotationReady: "true", kube.AnnotationReadySince: now.Format(time.RFC3339)}},
-		"spec": map[string]any{"holderIdentity": node, "leaseDurationSeconds": 360, "renewTime": now.Format("2006-01-02T15:04:05.000000Z07:00")},
+		"spec": map[string]any{"holderIdentity": node, "leaseDurationSeconds": 900, "renewTime": now.Format("2006-01-02T15:04:05.000000Z07:00")},
 	}
 	must(e.t, e.Admin.Raw(context.Background(), "POST", strings.TrimSuffix(leasesPath, "/"), "application/json", l, nil))
 }

@@ -362,7 +362,7 @@ func TestAgents_RegistryModeFollowsNoLiar(t *testing.T) {
 	pulled, _ := entry["pull"].(map[string]any)
 	extras, _ := pulled["extras"].([]any)
 	if len(extras) != 1 || extras[0].(map[string]any)["image"] != tag || extras[0].(map[string]any)["digest"] != siteDigest {
-		t.Errorf("the UpgradeBundle's status.nodes.%s.pull: %v, want %s resolved to %s", first.Name, pulled, tag, siteDigest)
+		t.Errorf("%s's UpgradeBundleNode's pull record: %v, want %s resolved to %s", first.Name, pulled, tag, siteDigest)
 	}
 	if listed.Load() == 0 {
 		t.Fatal("no node asked the liar what it offers: the test shows nothing")

@@ -1,6 +1,7 @@
 package netns
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -13,14 +14,21 @@ import (
 )
 
 // bundleStatus reads an UpgradeBundle's status as the administrator sees
-// it (oc get upgradebundle NAME -o yaml).
+// it (oc get upgradebundle NAME -o yaml), and each node's entry for it
+// (oc get upgradebundlenodes -o yaml), by node, as JSON objects.
 func bundleStatus(e *kubeenv.Env, name string) (status map[string]any, nodes map[string]any) {
 	o := e.Bundle(name)
 	if o == nil {
 		return nil, nil
 	}
 	status, _ = o["status"].(map[string]any)
-	nodes, _ = status["nodes"].(map[string]any)
+	b, err := json.Marshal(e.BundleNodes(name))
+	if err == nil {
+		err = json.Unmarshal(b, &nodes)
+	}
+	if err != nil {
+		panic(err) // the API's own types always marshal
+	}
 	return status, nodes
 }
 
@@ -153,6 +161,21 @@ func versionOperatorFinishes(t *testing.T, e *kubeenv.Env, f *fleet, name, relea
 		if l := e.NodeLabels(n.Name)[agent.LabelPhase]; l != string(agent.PhaseUpgraded) {
 			t.Errorf("%s: label %s=%q", n.Name, agent.LabelPhase, l)
 		}
+	}
+	// Every node's entry, as ferry status --cluster reads them from the
+	// nodes' UpgradeBundleNodes, by node name.
+	out, err := f.nodes[0].A.Ferry("status", "--cluster")
+	i := strings.Index(out, "every node's entries (oc get upgradebundlenodes)")
+	if err != nil || i < 0 {
+		t.Fatalf("ferry status --cluster on %s: %v\n%s", f.nodes[0].Name, err, out)
+	}
+	last := i
+	for _, n := range f.nodes {
+		row := strings.Index(out[i:], "\n"+n.Name+" ")
+		if row < 0 || i+row < last || !strings.Contains(out[i+row:], name) {
+			t.Errorf("ferry status --cluster lists %s's entry out of order or not at all:\n%s", n.Name, out)
+		}
+		last = i + row
 	}
 }
 
