@@ -16,12 +16,12 @@ export FERRY_SIGNATURE_STORE ?=
 # builds do; every go command here, and the tests' own builds, inherit it.
 export GOFLAGS ?= -tags=containers_image_openpgp
 
-.PHONY: help build setup generate check-generate unit check-english integration e2e test fuzz fuzz-short bench bench-compare demo rpm faults clean
+.PHONY: help build setup generate check-generate unit check-english integration e2e test fuzz fuzz-short bench bench-compare bench-cluster demo rpm faults clean
 
 help:
 	@echo "make demo   the main job end to end in a VM: bundle → stick → agent → images pinned in CRI-O"
 	@echo "make test   every test: unit, real udev/CRI-O/registry/netns integration, VM end to end"
-	@echo "make build  bin/ferry;  make bench  performance report (make bench-compare: vs an earlier commit);  make fuzz  longer fuzzing"
+	@echo "make build  bin/ferry;  make bench  performance report (make bench-compare: vs an earlier commit; make bench-cluster: N agents at work against the API server);  make fuzz  longer fuzzing"
 	@echo "make rpm    the RPM;    make e2e    only the VM tests"
 	@echo "make generate  the UpgradeBundle and UpgradeBundleNode CRDs and deep copies from api/v1alpha1"
 
@@ -103,6 +103,11 @@ test: setup unit fuzz-short integration e2e
 
 bench: setup build
 	bash test/bench/run.sh
+
+# bench-cluster: K2, a cluster at work, N real agents against the real
+# API server (K2_NODES, default 10,50,100): test/bench/k2-cluster.sh.
+bench-cluster: setup build
+	bash test/bench/k2-cluster.sh
 
 # bench-compare: rows (BENCH_ONLY, default "p2 p2c") of BENCH_BASE
 # (default HEAD~1) and of this tree in one run, as ratios.
