@@ -385,20 +385,22 @@ func waitRunning(ctx context.Context, v *VM, sum string) error {
 	// window is long enough to be seen. Hashed once because a hash of
 	// ferry costs a vCPU second the node under test needs. The bound is
 	// the guest's clock, not a count of tries: each try's systemctl can
-	// take a second on a busy host.
-	r, err := v.Run(ctx, fmt.Sprintf(`seen=0; end=$(($(date +%%s) + 600))
+	// take a second on a busy host; it is a load's (FERRY_VM_LOAD_TIMEOUT):
+	// on a host at a load of 100 systemd took minutes to exec ferry
+	// after a peer's build was installed.
+	r, err := v.Run(ctx, fmt.Sprintf(`seen=0; end=$(($(date +%%s) + %d))
 		while [ "$(date +%%s)" -lt "$end" ]; do
 		pid=$(systemctl show -p MainPID --value ferry)
 		if [ "$pid" != 0 ] && [ "$pid" != "$seen" ] && [ "$(systemctl is-active ferry)" = active ]; then
 			seen=$pid
 			[ "$(sha256sum </proc/$pid/exe | cut -d' ' -f1)" = %s ] && exit 0
 		fi
-		sleep 0.5; done; systemctl status ferry --no-pager -n 0; exit 1`, sum))
+		sleep 0.5; done; systemctl status ferry --no-pager -n 0; exit 1`, int(loadTimeout.Seconds()), sum))
 	if err != nil {
 		return err
 	}
 	if r.Code != 0 {
-		return fmt.Errorf("%s: ferry.service does not run sha256 %s after 10 minutes: %s", v.Name(), sum, r.Stdout)
+		return fmt.Errorf("%s: ferry.service does not run sha256 %s after %s: %s", v.Name(), sum, loadTimeout, r.Stdout)
 	}
 	return nil
 }
