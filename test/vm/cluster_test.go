@@ -339,7 +339,8 @@ func mustRead(t *testing.T, p string) []byte {
 // layOutFerryNode makes v a node with only ferry's MachineConfig: its
 // files and units laid out as the MCD does, this test's config (peers on
 // the guests' segment) and a trust list naming the builds sums; the
-// peers' installer checks every 5 s instead of 5 minutes, and its timer
+// peers' installer checks 15 s after its last check ended instead of 5
+// minutes (under TCG one check costs a guest seconds of CPU), and its timer
 // starts as the node disruption policy starts it.
 func layOutFerryNode(t *testing.T, ctx context.Context, v *VM, mc *shippedMC, config string, sums ...string) {
 	t.Helper()
@@ -353,7 +354,7 @@ func layOutFerryNode(t *testing.T, ctx context.Context, v *VM, mc *shippedMC, co
 	writeTrust(t, ctx, v, mc, sums...)
 	// One empty assignment resets every timer of the unit (a second one
 	// would drop OnActiveSec=1s again, and the timer would never fire).
-	fast := "[Timer]\nOnActiveSec=\nOnActiveSec=1s\nOnUnitInactiveSec=5s\nRandomizedDelaySec=0\nAccuracySec=1s\n"
+	fast := "[Timer]\nOnActiveSec=\nOnActiveSec=1s\nOnUnitInactiveSec=15s\nRandomizedDelaySec=0\nAccuracySec=1s\n"
 	if err := v.WriteFile(ctx, "/etc/systemd/system/ferry-install-peers.timer.d/50-test.conf", []byte(fast), 0o644); err != nil {
 		t.Fatal(err)
 	}
