@@ -214,6 +214,25 @@ func TestInstaller_FromPeers(t *testing.T) {
 		}
 	})
 
+	t.Run("a development build, a commit and no version, only to a node without one", func(t *testing.T) {
+		// A commit that starts with a letter sorts after any release: taken
+		// as a version, it would be fetched and refused at every check.
+		dev := fakeFerry("abcdef012345-dirty")
+		e := etc()
+		e["trusted-binaries.sha256"] += sha(dev) + "  ferry-x86_64 a development build\n"
+		p := c.serve(t, "node1", dev, "abcdef012345-dirty")
+		e["config.toml"] = c.config(p)
+		res := installerRun{peers: true, etcFerry: e, installed: v150}.run(t)
+		t.Logf("journal:\n%s", res.journal)
+		if res.rc != 0 || res.installed != v150 || p.fetched.Load() != 0 || strings.Contains(res.log, "restart") {
+			t.Errorf("rc %d, installed %q, fetched %d, %s: want v1.5.0 kept, nothing fetched", res.rc, res.installed, p.fetched.Load(), res.log)
+		}
+		bare := installerRun{peers: true, etcFerry: e}.run(t)
+		if bare.rc != 0 || bare.installed != dev || p.fetched.Load() != 1 {
+			t.Errorf("a node with no ferry: rc %d, installed %q, fetched %d: want the development build", bare.rc, bare.installed, p.fetched.Load())
+		}
+	})
+
 	t.Run("a peer that lies about its version gains nothing", func(t *testing.T) {
 		// v1.4.0's bytes offered as v2.0.0: fetched, then refused by the
 		// copy's own version, as a stick's would be.
