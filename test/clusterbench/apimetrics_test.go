@@ -66,26 +66,8 @@ type window struct {
 }
 
 func between(a, b reading) window {
-	return window{d: b.at.Sub(a.at), requests: delta(a.requests, b.requests), respBytes: delta(a.respBytes, b.respBytes),
-		events: delta(a.events, b.events), evBytes: delta(a.evBytes, b.evBytes), flows: delta(a.flows, b.flows)}
-}
-
-func delta(a, b map[string]float64) map[string]float64 {
-	out := map[string]float64{}
-	for k, v := range b {
-		if d := v - a[k]; d > 0 {
-			out[k] = d
-		}
-	}
-	return out
-}
-
-func sum(m map[string]float64) float64 {
-	s := 0.0
-	for _, v := range m {
-		s += v
-	}
-	return s
+	return window{d: b.at.Sub(a.at), requests: kubeenv.Delta(a.requests, b.requests), respBytes: kubeenv.Delta(a.respBytes, b.respBytes),
+		events: kubeenv.Delta(a.events, b.events), evBytes: kubeenv.Delta(a.evBytes, b.evBytes), flows: kubeenv.Delta(a.flows, b.flows)}
 }
 
 // nodes is what the nodes' credentials asked (their flow schemas).

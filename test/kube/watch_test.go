@@ -51,7 +51,7 @@ func TestAgents_TwentyIdleNodesAskTheAPIAtMostTwiceAMinuteAndSeeAnApprovalAtOnce
 	// The server on its own, scaled to the window.
 	before := e.Requests()
 	time.Sleep(quiet)
-	alone := delta(before, e.Requests())
+	alone := kubeenv.Delta(before, e.Requests())
 
 	agents := map[string]*ferryenv.Agent{}
 	for _, n := range names {
@@ -80,8 +80,8 @@ func TestAgents_TwentyIdleNodesAskTheAPIAtMostTwiceAMinuteAndSeeAnApprovalAtOnce
 
 	before = e.Requests()
 	time.Sleep(window)
-	with := delta(before, e.Requests())
-	total, base := sum(with), sum(alone)*float64(window)/float64(quiet)
+	with := kubeenv.Delta(before, e.Requests())
+	total, base := kubeenv.Sum(with), kubeenv.Sum(alone)*float64(window)/float64(quiet)
 	perNode := (total - base) / nodes / window.Minutes()
 	rss := int64(0)
 	for _, n := range names {
@@ -316,24 +316,6 @@ func (v *versions) stop() map[string][]json.RawMessage {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.byName
-}
-
-func delta(a, b map[string]float64) map[string]float64 {
-	out := map[string]float64{}
-	for k, v := range b {
-		if d := v - a[k]; d > 0 {
-			out[k] = d
-		}
-	}
-	return out
-}
-
-func sum(m map[string]float64) float64 {
-	s := 0.0
-	for _, v := range m {
-		s += v
-	}
-	return s
 }
 
 func show(m map[string]float64) string {

@@ -74,3 +74,24 @@ func (e *Env) Metrics(names ...string) []Sample {
 	must(e.t, sc.Err())
 	return out
 }
+
+// Delta is what each series of b grew since a (Requests read twice):
+// series that did not grow are left out.
+func Delta(a, b map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range b {
+		if d := v - a[k]; d > 0 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+// Sum is the total of every series of m.
+func Sum(m map[string]float64) float64 {
+	s := 0.0
+	for _, v := range m {
+		s += v
+	}
+	return s
+}
