@@ -63,6 +63,7 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 		}
 	}
 	*last = srcs
+	a.followPuller(api, srcs, nodes.ready)
 	var approved []bundle.ReleaseSource
 	published := map[string]*cluster.PullRecord{} // by bundle: its puller's record
 	for _, s := range srcs {
@@ -109,6 +110,27 @@ func (a *Agent) readSources(ctx context.Context, api BundleAPI, last *[]cluster.
 		}
 	}
 	return nil
+}
+
+// pullerFollower is a cluster API that can watch the pulling node's
+// record (kube.Follower), so that its pull wakes this node as it starts.
+type pullerFollower interface{ FollowPuller(node string) }
+
+// followPuller watches the puller of the first release this node does
+// not hold yet, or none.
+func (a *Agent) followPuller(api BundleAPI, srcs []cluster.RegistrySource, ready map[string]cluster.NodeReady) {
+	pf, ok := api.(pullerFollower)
+	if !ok {
+		return
+	}
+	puller := ""
+	for _, s := range srcs {
+		if !a.holdsRelease(s.Release) {
+			puller = pullerOf(s, ready)
+			break
+		}
+	}
+	pf.FollowPuller(puller)
 }
 
 // postSources puts the sources as they approve into the reading for the

@@ -37,6 +37,11 @@ type Follower struct {
 	runCtx  context.Context
 	all     *Informer // every node's UpgradeBundleNode, while FollowEntries(true)
 	stopAll context.CancelFunc
+	// puller is the pulling node's UpgradeBundleNode while this node
+	// follows its pull (registry mode, FollowPuller).
+	puller, pullerName string
+	pullerInf          *Informer
+	stopPuller         context.CancelFunc
 	// entries are this node's entries as it last applied them (nil
 	// until read): only this node writes them.
 	entries   []v1alpha1.BundleNodeStatus
@@ -75,6 +80,7 @@ func (f *Follower) Run(ctx context.Context) error {
 	}
 	wg.Wait()
 	f.FollowEntries(false)
+	f.FollowPuller("")
 	return nil
 }
 
@@ -94,6 +100,32 @@ func (f *Follower) FollowEntries(all bool) {
 		f.stopAll()
 		f.all, f.stopAll = nil, nil
 	}
+}
+
+// FollowPuller watches node's UpgradeBundleNode (registry mode: the node
+// that pulls a release this one follows; "" for none), so that its pull
+// record, published as the pull starts, wakes this node at once: the
+// others follow a pull as it arrives. One object, whatever the cluster's
+// size.
+func (f *Follower) FollowPuller(node string) {
+	if node == f.node {
+		node = ""
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if node == f.pullerName {
+		return
+	}
+	if f.stopPuller != nil {
+		f.stopPuller()
+		f.pullerInf, f.stopPuller, f.pullerName = nil, nil, ""
+	}
+	if node == "" || f.runCtx == nil || f.runCtx.Err() != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(f.runCtx)
+	f.pullerInf, f.stopPuller, f.pullerName = f.c.Inform(bundleNodesPath, "metadata.name="+node, &f.changed), cancel, node
+	go f.pullerInf.Run(ctx)
 }
 
 // Changes is closed at the next change of what the reads return.
@@ -162,8 +194,24 @@ func (f *Follower) bundleNodes(ctx context.Context) ([]v1alpha1.UpgradeBundleNod
 // object (this node's own, or every node's while it writes a summary).
 func (f *Follower) PullRecord(ctx context.Context, bundle, node string) (*cluster.PullRecord, error) {
 	f.mu.Lock()
-	all := f.all
+	all, puller := f.all, f.pullerInf
+	if f.pullerName != node {
+		puller = nil
+	}
 	f.mu.Unlock()
+	if node != f.node && all == nil && puller != nil {
+		raw, found, synced := puller.Get(node)
+		if synced {
+			if !found {
+				return nil, nil
+			}
+			var o v1alpha1.UpgradeBundleNode
+			if err := json.Unmarshal(raw, &o); err != nil {
+				return nil, fmt.Errorf("reading upgradebundlenode %s: %w", node, err)
+			}
+			return entriesFor([]v1alpha1.UpgradeBundleNode{o}, bundle)[node].Pull, nil
+		}
+	}
 	if node != f.node && all == nil {
 		return f.c.PullRecord(ctx, bundle, node)
 	}

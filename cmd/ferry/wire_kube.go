@@ -74,6 +74,9 @@ func (k clusterAPI) PublishBundle(ctx context.Context, name string, sum *cluster
 
 func (k clusterAPI) FollowEntries(all bool) { k.f.FollowEntries(all) }
 
+// FollowPuller watches the pulling node's record (registry mode).
+func (k clusterAPI) FollowPuller(node string) { k.f.FollowPuller(node) }
+
 func (k clusterAPI) PullRecord(ctx context.Context, bundle, node string) (*cluster.PullRecord, error) {
 	return k.f.PullRecord(ctx, bundle, node)
 }
