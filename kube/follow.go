@@ -93,9 +93,7 @@ func (f *Follower) FollowEntries(all bool) {
 	defer f.mu.Unlock()
 	switch {
 	case all && f.all == nil && f.runCtx != nil && f.runCtx.Err() == nil:
-		ctx, cancel := context.WithCancel(f.runCtx)
-		f.all, f.stopAll = f.c.Inform(bundleNodesPath, "", &f.changed), cancel
-		go f.all.Run(ctx)
+		f.all, f.stopAll = f.startBundleNodes("")
 	case !all && f.all != nil:
 		f.stopAll()
 		f.all, f.stopAll = nil, nil
@@ -123,9 +121,17 @@ func (f *Follower) FollowPuller(node string) {
 	if node == "" || f.runCtx == nil || f.runCtx.Err() != nil {
 		return
 	}
+	f.pullerInf, f.stopPuller = f.startBundleNodes("metadata.name=" + node)
+	f.pullerName = node
+}
+
+// startBundleNodes watches the UpgradeBundleNodes fieldSelector selects
+// until the returned cancel or the end of Run; f.mu held.
+func (f *Follower) startBundleNodes(fieldSelector string) (*Informer, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(f.runCtx)
-	f.pullerInf, f.stopPuller, f.pullerName = f.c.Inform(bundleNodesPath, "metadata.name="+node, &f.changed), cancel, node
-	go f.pullerInf.Run(ctx)
+	i := f.c.Inform(bundleNodesPath, fieldSelector, &f.changed)
+	go i.Run(ctx)
+	return i, cancel
 }
 
 // Changes is closed at the next change of what the reads return.
