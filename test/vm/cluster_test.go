@@ -111,24 +111,27 @@ func TestThreeNodes_StickInOneLoadsAll(t *testing.T) {
 		busybox ping -c 1 -W 5 $a >/dev/null && { ok=1; break; }; done
 		[ -n "$ok" ] || { echo "no answer from $a"; busybox ip addr; exit 1; }; done`)
 
-	// The floor of three nodes on this host: every node at once reads a
-	// stick and pulls the images raw, as one node's floor does alone. Three
-	// guests share the host's cores, so this, not one node's time, is what
-	// ferry's three-node time can be held against here.
+	// The floor of three nodes on this host (FERRY_VM_FLOOR=1): every node
+	// at once reads a stick and pulls the images raw, as one node's floor
+	// does alone. Three guests share the host's cores, so this, not one
+	// node's time, is what ferry's three-node time can be held against
+	// here. A figure, not a behaviour: CI does not spend its minutes on it.
 	floors := make([]floor, len(vms))
 	measured := make([]bool, len(vms)) // one slot per parallel subtest
-	t.Run("floor", func(t *testing.T) {
-		for i, v := range vms {
-			img := filepath.Join(t.TempDir(), "floor-stick.img")
-			if err := MakeVFATStick(ctx, img, b.Tar, b.SHA); err != nil {
-				t.Fatal(err)
+	if os.Getenv("FERRY_VM_FLOOR") == "1" {
+		t.Run("floor", func(t *testing.T) {
+			for i, v := range vms {
+				img := filepath.Join(t.TempDir(), "floor-stick.img")
+				if err := MakeVFATStick(ctx, img, b.Tar, b.SHA); err != nil {
+					t.Fatal(err)
+				}
+				t.Run(v.Name(), func(t *testing.T) {
+					t.Parallel()
+					floors[i], measured[i] = measureFloor(t, ctx, v, b, img, false)
+				})
 			}
-			t.Run(v.Name(), func(t *testing.T) {
-				t.Parallel()
-				floors[i], measured[i] = measureFloor(t, ctx, v, b, img, false)
-			})
-		}
-	})
+		})
+	}
 	if t.Failed() {
 		return
 	}

@@ -27,6 +27,9 @@ import (
 //	FERRY_VM_FERRY   a ferry binary to test instead of building ./cmd/ferry
 //	FERRY_VM_LOAD_TIMEOUT  bound on one bundle's load (default 15m)
 //	FERRY_VM_IMAGE_KIB     size of each image's own layer (default 1024)
+//	FERRY_VM_FLOOR   1: the three-node test also measures the floor of
+//	                 three guests reading and pulling raw at once (3+ min
+//	                 under TCG; a benchmark figure, so off in CI)
 
 var shared struct {
 	once  sync.Once
