@@ -317,7 +317,11 @@ func threeBuilds(t *testing.T, ctx context.Context, e *env) ferryBuilds {
 	if err := copyFile(e.bins.Ferry, b.old, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	rogue := append(mustRead(t, e.bins.Ferry), []byte(strings.ReplaceAll(rogueTail, `\n`, "\n"))...)
+	rogue, err := os.ReadFile(e.bins.Ferry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rogue = append(rogue, strings.ReplaceAll(rogueTail, `\n`, "\n")...)
 	if err := os.WriteFile(b.rogue, rogue, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -328,15 +332,6 @@ func threeBuilds(t *testing.T, ctx context.Context, e *env) ferryBuilds {
 			t.Fatal(err)
 		}
 		*sum = s
-	}
-	return b
-}
-
-func mustRead(t *testing.T, p string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
 	}
 	return b
 }
