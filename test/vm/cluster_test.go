@@ -364,19 +364,6 @@ func layOutFerryNode(t *testing.T, ctx context.Context, v *VM, mc *shippedMC, co
 	}
 }
 
-// writeTrust writes the shipped trust list plus the builds sums, as an
-// oc apply of the edited MachineConfig delivers it.
-func writeTrust(t *testing.T, ctx context.Context, v *VM, mc *shippedMC, sums ...string) {
-	t.Helper()
-	body := mc.file(t, trustList)
-	for i, s := range sums {
-		body += fmt.Sprintf("%s  ferry-x86_64 build %d\n", s, i+1)
-	}
-	if err := v.WriteFile(ctx, trustList, []byte(body), 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // waitRunning waits until ferry.service runs the build whose sha256 is
 // sum (its /proc/PID/exe), installed as /usr/local/bin/ferry.
 func waitRunning(ctx context.Context, v *VM, sum string) error {

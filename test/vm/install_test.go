@@ -98,18 +98,7 @@ func TestSingleNode_InstallsFerryFromAStick(t *testing.T) {
 	if err := v.WriteFile(ctx, "/etc/ferry/config.toml", []byte(nodeConfig("node1", []string{b.Digest}, "", nil)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	trust := mc.file(t, trustList)
-	trustOnly := func(sums ...string) {
-		t.Helper()
-		body := trust
-		for i, s := range sums {
-			body += fmt.Sprintf("%s  ferry-x86_64 build %d\n", s, i+1)
-		}
-		if err := v.WriteFile(ctx, trustList, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	trustOnly(oldSum)
+	writeTrust(t, ctx, v, mc, oldSum)
 	sh(t, ctx, v, "systemctl daemon-reload && udevadm control --reload && systemctl restart ferry.service")
 	if got := unitProps(t, ctx, v, "ferry.service", "ActiveState", "ConditionResult"); got != "inactive no" {
 		t.Fatalf("before any stick ferry.service is %q, want skipped (inactive, condition false)", got)
@@ -180,7 +169,7 @@ func TestSingleNode_InstallsFerryFromAStick(t *testing.T) {
 	unplugAndWait(t, ctx, v, "old2")
 
 	// 4. the newer build, now trusted (oc apply of the extended list): replaced
-	trustOnly(oldSum, newSum)
+	writeTrust(t, ctx, v, mc, oldSum, newSum)
 	since = guestNow(t, ctx, v)
 	if err := v.PlugUSB(ctx, "new2", newStick, true); err != nil {
 		t.Fatal(err)
@@ -249,6 +238,19 @@ func buildFerryVersion(t *testing.T, ctx context.Context, out, version string) {
 		t.Fatalf("go build ferry %s: %v\n%s", version, err, b)
 	}
 	t.Logf("ferry %s built in %.1fs", version, time.Since(start).Seconds())
+}
+
+// writeTrust writes the shipped trust list plus the builds sums, as an
+// oc apply of the edited MachineConfig delivers it.
+func writeTrust(t *testing.T, ctx context.Context, v *VM, mc *shippedMC, sums ...string) {
+	t.Helper()
+	body := mc.file(t, trustList)
+	for i, s := range sums {
+		body += fmt.Sprintf("%s  ferry-x86_64 build %d\n", s, i+1)
+	}
+	if err := v.WriteFile(ctx, trustList, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // trustList is the trust anchor ferry's MachineConfig ships.
