@@ -20,10 +20,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/pacing"
 	"github.com/ferry-edge/ferry/pull/pullspec"
 )

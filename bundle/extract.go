@@ -16,7 +16,8 @@ import (
 	"aead.dev/minisign"
 	"github.com/ferry-edge/ferry/internal/diskspace"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
-	"github.com/opencontainers/go-digest"
+
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Policy is what a bundle must satisfy to be accepted (docs/design.md, "Trust").

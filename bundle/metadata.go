@@ -14,8 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/diskspace"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )

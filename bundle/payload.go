@@ -11,8 +11,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/opencontainers/go-digest"
-
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
@@ -134,7 +133,7 @@ func treeReleaseImages(root string, meta *Metadata, tree Tree) ([]string, error)
 	}
 	files := map[string][]byte{}
 	for i := len(m.Layers) - 1; i >= 0 && files[ImageReferencesPath] == nil; i-- {
-		d, err := digest.Parse(m.Layers[i].Digest)
+		d, err := sha256digest.Parse(m.Layers[i].Digest)
 		if err != nil {
 			return nil, fmt.Errorf("%w: the release image names layer %q", ErrInvalid, m.Layers[i].Digest)
 		}

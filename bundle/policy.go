@@ -4,7 +4,8 @@ import (
 	"fmt"
 
 	"aead.dev/minisign"
-	"github.com/opencontainers/go-digest"
+
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // On reports whether approval is required: not Off, and Required or

@@ -7,10 +7,10 @@ import (
 	"testing"
 
 	"aead.dev/minisign"
-	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 func TestPolicy_APeersApprovedDigestIsApprovedAndSaysSo(t *testing.T) {

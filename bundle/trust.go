@@ -11,8 +11,8 @@ import (
 	"strings"
 
 	"aead.dev/minisign"
-	"github.com/opencontainers/go-digest"
 
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/safefile"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )

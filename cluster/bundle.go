@@ -3,7 +3,7 @@ package cluster
 import (
 	"time"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // The UpgradeBundle resource (group ferry.io, packaging/

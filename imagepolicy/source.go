@@ -18,6 +18,7 @@ import (
 	"go.podman.io/image/v5/types"
 
 	"github.com/ferry-edge/ferry/bundle"
+	ferrydigest "github.com/ferry-edge/ferry/internal/digest"
 )
 
 // sigstoreMIMEType is a cosign signature layer's media type; its
@@ -80,7 +81,7 @@ func (r bundleRef) digest() (digest.Digest, error) {
 	if !ok {
 		return "", fmt.Errorf("%s: the tag is not in the bundle", r.named)
 	}
-	return d, nil
+	return digest.Digest(d), nil
 }
 
 // source is the image CRI-O pulls for r: for a manifest list (or OCI
@@ -93,7 +94,7 @@ func (r bundleRef) source() (*source, error) {
 		return nil, err
 	}
 	name := r.named.Name()
-	m, ok := r.tree.Manifest(name, d)
+	m, ok := r.tree.Manifest(name, ferrydigest.Digest(d))
 	if !ok {
 		return nil, fmt.Errorf("manifest %s of %s is not in the bundle", d, name)
 	}
@@ -152,7 +153,7 @@ func (s *source) signatures() ([][]byte, error) {
 		if l.MediaType != sigstoreMIMEType {
 			continue
 		}
-		payload, ok := s.ref.tree.Blob(name, l.Digest)
+		payload, ok := s.ref.tree.Blob(name, ferrydigest.Digest(l.Digest))
 		if !ok {
 			return nil, fmt.Errorf("signature payload %s of %s is not in the bundle", l.Digest, name)
 		}
@@ -175,7 +176,7 @@ func (s *source) signatures() ([][]byte, error) {
 // as the policy sees it: those bytes, under the original name.
 func (s *source) stage(dir string) (types.UnparsedImage, int, error) {
 	name := s.ref.named.Name()
-	m, ok := s.ref.tree.Manifest(name, s.top)
+	m, ok := s.ref.tree.Manifest(name, ferrydigest.Digest(s.top))
 	if !ok {
 		return nil, 0, fmt.Errorf("manifest %s of %s is not in the bundle", s.top, name)
 	}

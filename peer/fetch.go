@@ -12,8 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 

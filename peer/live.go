@@ -6,8 +6,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/opencontainers/go-digest"
-
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 

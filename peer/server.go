@@ -18,8 +18,9 @@ import (
 	"time"
 
 	"github.com/ferry-edge/ferry/internal/sha256digest"
-	"github.com/opencontainers/go-digest"
 	"golang.org/x/net/netutil"
+
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Store is what the server needs from the node: the bundles it holds,

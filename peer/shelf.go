@@ -15,9 +15,8 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/internal/atomicfile"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
@@ -217,7 +216,7 @@ func (s *Shelf) hash(ctx context.Context, e *entry, known *PieceList) {
 		err = fmt.Errorf("%w: the bundle's bytes as served differ from those fetched (same digest): not serving it (a bug in regenerating the tar?)", ErrDigestMismatch)
 	}
 	if err == nil {
-		if got := digest.NewDigestFromBytes(digest.SHA256, whole.Sum(nil)); got != d {
+		if got := digest.FromSHA256(whole.Sum(nil)); got != d {
 			err = fmt.Errorf("%w: the bundle's bytes as served hash to %s, not %s: not serving it (a bug in regenerating the tar, or the extracted tree changed)", ErrDigestMismatch, got, d)
 		}
 	}

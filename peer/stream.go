@@ -10,8 +10,9 @@ import (
 	"sync/atomic"
 
 	"github.com/ferry-edge/ferry/internal/sha256digest"
-	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
+
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // StreamWindow is how far ahead of the extraction a streaming fetch asks

@@ -3,10 +3,9 @@ package machine
 import (
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // The loop turns everything that happens into an event, hands it to step

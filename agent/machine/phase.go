@@ -3,7 +3,7 @@ package machine
 import (
 	"fmt"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Phase is where one bundle is on this node.

@@ -3,9 +3,8 @@ package machine
 import (
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Progress of the current phase.

@@ -6,8 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer/wire"
 	"github.com/ferry-edge/ferry/pull/pullspec"

@@ -7,9 +7,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Transitions of the local socket's requests (EvRequest): ferry load,

@@ -6,10 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/create"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/test/fixture"
 )
 

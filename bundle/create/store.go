@@ -25,6 +25,8 @@ import (
 	"github.com/distribution/distribution/v3/registry/storage/driver/filesystem"
 	"github.com/distribution/reference"
 	"github.com/opencontainers/go-digest"
+
+	ferrydigest "github.com/ferry-edge/ferry/internal/digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/singleflight"
 
@@ -94,7 +96,7 @@ func (s *treeStore) hasManifest(ctx context.Context, repo string, d digest.Diges
 // downloading it with open only when the tree does not hold it already.
 // Concurrent calls for one digest download it once.
 func (s *treeStore) ensureBlob(ctx context.Context, repo string, desc ocispec.Descriptor, open func(off int64) (io.ReadCloser, error)) error {
-	s.need(bundle.BlobDataPath(desc.Digest))
+	s.need(bundle.BlobDataPath(ferrydigest.Digest(desc.Digest)))
 	s.need(path.Join("repositories", repo, "_layers", desc.Digest.Algorithm().String(), desc.Digest.Encoded(), "link"))
 	_, err, _ := s.flights.Do("data "+desc.Digest.String(), func() (any, error) {
 		s.mu.Lock()
@@ -119,7 +121,7 @@ func (s *treeStore) ensureBlob(ctx context.Context, repo string, desc ocispec.De
 		s.good[desc.Digest] = true
 		s.mu.Unlock()
 		if s.share != nil {
-			s.share.Arrived(desc.Digest)
+			s.share.Arrived(ferrydigest.Digest(desc.Digest))
 		}
 		return nil, nil
 	})
@@ -135,7 +137,7 @@ func (s *treeStore) ensureBlob(ctx context.Context, repo string, desc ocispec.De
 // checkData reports whether the tree holds desc's bytes, hashing them. A
 // file with the wrong bytes is removed.
 func (s *treeStore) checkData(desc ocispec.Descriptor) (bool, error) {
-	p := BlobPath(s.root, desc.Digest)
+	p := BlobPath(s.root, ferrydigest.Digest(desc.Digest))
 	f, err := os.Open(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
@@ -218,7 +220,7 @@ func (s *treeStore) fetch(desc ocispec.Descriptor, open func(off int64) (io.Read
 	if err := f.Sync(); err != nil {
 		return err
 	}
-	data := BlobPath(s.root, desc.Digest)
+	data := BlobPath(s.root, ferrydigest.Digest(desc.Digest))
 	if err := os.MkdirAll(filepath.Dir(data), 0o755); err != nil {
 		return err
 	}
@@ -301,7 +303,7 @@ func (s *treeStore) putManifest(ctx context.Context, repo, mediaType string, pay
 			return "", fmt.Errorf("store manifest %s in %s: %w", desc.Digest, repo, err)
 		}
 	}
-	s.need(bundle.BlobDataPath(desc.Digest))
+	s.need(bundle.BlobDataPath(ferrydigest.Digest(desc.Digest)))
 	s.need(path.Join("repositories", repo, "_manifests/revisions", desc.Digest.Algorithm().String(), desc.Digest.Encoded(), "link"))
 	if tag != "" {
 		if err := r.Tags(ctx).Tag(ctx, tag, ocispec.Descriptor{MediaType: mediaType, Digest: desc.Digest, Size: int64(len(payload))}); err != nil {

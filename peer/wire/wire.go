@@ -8,7 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Offer is one bundle a node serves, whole or in part.

@@ -8,9 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Request is what to pull: a release by digest and extra images (by tag
