@@ -112,7 +112,7 @@ func (s *Shelf) add(digest digest.Digest, meta []byte, r io.ReaderAt, size int64
 		return fmt.Errorf("peer shelf: bundle %s has size %d", digest, size)
 	}
 	ctx, cancel := context.WithCancel(s.ctx)
-	o := Offer{Digest: digest, Metadata: append(json.RawMessage(nil), meta...), Size: size, PieceSize: s.opts.PieceSize}
+	o := Offer{Digest: digest, Metadata: append([]byte(nil), meta...), Size: size, PieceSize: s.opts.PieceSize}
 	var known *PieceList
 	s.mu.Lock()
 	if old := s.entries[digest]; old != nil && (old.state.complete() || old.state == stateListed) && old.pieces != nil && old.offer.Size == size {
