@@ -55,7 +55,7 @@ func WriteTar(w io.Writer, meta *Metadata, root string) (d digest.Digest, size i
 	if err != nil {
 		return "", 0, err
 	}
-	if err := meta.Validate(); err != nil {
+	if err := ValidateMetadata(meta); err != nil {
 		return "", 0, fmt.Errorf("bundle metadata: %w", err)
 	}
 

@@ -7,7 +7,7 @@ import (
 
 // ApprovalMode is the config's approval key: whether a bundle must be
 // approved before it is loaded. How a bundle was approved is another
-// value, bundle.Approval.
+// value, meta.Approval.
 type ApprovalMode string
 
 const (

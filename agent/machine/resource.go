@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/meta"
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
@@ -237,7 +237,7 @@ func SummarizeGated(rep *BundleReport, view cluster.BundleView, self string, nod
 	}
 	slices.Sort(sum.Excluded)
 	sum.Excluded = BoundList(sum.Excluded, MaxSummaryExcluded)
-	if sum.Approved == "" || sum.Approved == string(bundle.ApprovalNone) {
+	if sum.Approved == "" || sum.Approved == string(meta.ApprovalNone) {
 		sum.Approved = ApprovedWaiting
 	}
 	if disagree != "" {
@@ -426,7 +426,7 @@ func (m *Machine) specRefuses(r *Record) string {
 	if p == nil || p.ApprovedDigest == "" || m.bundleName != m.activeResource() {
 		return ""
 	}
-	if approved := bundle.NormalizeDigest(p.ApprovedDigest); approved != "" && approved != r.Digest {
+	if approved := meta.NormalizeDigest(p.ApprovedDigest); approved != "" && approved != r.Digest {
 		return fmt.Sprintf("not loading: UpgradeBundle %s approves %s, not this bundle (%s): bring the approved bundle, or the administrator changes spec.approvedDigest",
 			m.bundleName, approved, r.Digest)
 	}
@@ -458,7 +458,7 @@ type ApprovalsRead struct{ Approvals []cluster.Approval }
 // own UpgradeBundle approves (ownApproval). The cluster adds approvals;
 // it never overrides a refusal (arch, digest, the node's signature
 // policy are checked all the same).
-func (m *Machine) polFor(md *bundle.Metadata) bundle.Policy {
+func (m *Machine) polFor(md *meta.Metadata) meta.Policy {
 	own := m.ownApproval(md)
 	if own == "" && len(m.pulled) == 0 && len(m.clusterSources) == 0 {
 		return m.policy
@@ -477,7 +477,7 @@ func (m *Machine) polFor(md *bundle.Metadata) bundle.Policy {
 // exclusions all come from that one resource. Another resource naming
 // the digest (4.19.8-amd64 for 4.19.8-x86-64, a copy under another
 // name) approves nothing: strayApprovals says so.
-func (m *Machine) ownApproval(md *bundle.Metadata) string {
+func (m *Machine) ownApproval(md *meta.Metadata) string {
 	if md == nil {
 		return ""
 	}
@@ -496,7 +496,7 @@ func (m *Machine) ownApproval(md *bundle.Metadata) string {
 func StrayApprovals(approvals []cluster.Approval, name string, d digest.Digest) []string {
 	var out []string
 	for _, ap := range approvals {
-		if ap.Bundle != name && d != "" && bundle.NormalizeDigest(ap.Digest) == d {
+		if ap.Bundle != name && d != "" && meta.NormalizeDigest(ap.Digest) == d {
 			out = append(out, ap.Bundle)
 		}
 	}
@@ -511,7 +511,7 @@ func (m *Machine) clusterApprovalsSeen(ev ApprovalsRead) []Effect {
 	}
 	m.clusterApproved = ev.Approvals
 	m.log.Info("approved digests from the cluster's UpgradeBundles", "approvals", fmt.Sprint(ev.Approvals))
-	if r := m.Active; r != nil && r.Approval == bundle.ApprovalNone && r.Phase == PhaseExtracted {
+	if r := m.Active; r != nil && r.Approval == meta.ApprovalNone && r.Phase == PhaseExtracted {
 		return m.next()
 	}
 	return nil

@@ -3,6 +3,9 @@ package machine
 import (
 	"log/slog"
 	"time"
+
+	"github.com/ferry-edge/ferry/bundle/meta"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Settings are the few values of the node's config that the machine
@@ -37,4 +40,9 @@ type Wiring struct {
 	Peers    bool // a peer transport is wired
 	API      bool // the cluster's API is wired
 	Warnings []string
+	// ParseMetadata and ApproveOffer are bundle's (bundle.ParseMetadata,
+	// bundle.ApproveOffer): they read JSON and check signatures, which
+	// links more than this package may (TestImports), and do no I/O.
+	ParseMetadata func([]byte) (*meta.Metadata, error)
+	ApproveOffer  func(p meta.Policy, md *meta.Metadata, d digest.Digest, sig []byte) (meta.Approval, error)
 }

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/meta"
 	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
@@ -125,7 +125,7 @@ func orFile(device string) string {
 }
 
 // extract starts verifying and extracting r from src.
-func (m *Machine) extract(r *Record, src bundle.Source, device string, medium MediumID, pol bundle.Policy) []Effect {
+func (m *Machine) extract(r *Record, src meta.Source, device string, medium MediumID, pol meta.Policy) []Effect {
 	m.log.Info("verifying and extracting", "phase", string(PhaseDetected), "bundle", r.Name, "device", device)
 	effs := append(m.keepsDir(r.Dir), EffRemove{r.Dir}) // never trust a dir whose extraction was not recorded
 	effs = append(effs, m.startJob(EffStartJob{Kind: JobExtract, Rec: r, Src: src, Policy: pol,
@@ -135,12 +135,12 @@ func (m *Machine) extract(r *Record, src bundle.Source, device string, medium Me
 }
 
 // newRecord makes a record with an ID it keeps for life.
-func (m *Machine) newRecord(o EvOffer, meta *bundle.Metadata) *Record {
+func (m *Machine) newRecord(o EvOffer, md *meta.Metadata) *Record {
 	base := strings.TrimSuffix(strings.TrimPrefix(o.Src.Name(), "upgrade-"), ".tar")
-	if meta != nil {
-		base = meta.DirName()
+	if md != nil {
+		base = md.DirName()
 	}
-	r := &Record{Digest: o.Digest, Name: o.Src.Name(), Metadata: meta, Origin: o.Origin, Source: o.Src.Where()}
+	r := &Record{Digest: o.Digest, Name: o.Src.Name(), Metadata: md, Origin: o.Origin, Source: o.Src.Where()}
 	r.ID = m.newID(base)
 	return r
 }

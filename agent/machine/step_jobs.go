@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/meta"
 )
 
 // Transitions of a job's end (evJobDone): extract, fetch, load; cleanup
@@ -74,7 +74,7 @@ func (m *Machine) fetchDone(r *Record, j EvJobDone) []Effect {
 	case j.Res != nil || streamRefused(j.Err):
 		// Fetched and extracted in one pass (cut-through).
 		return m.extractDone(r, j)
-	case j.Err != nil && bundle.DiskFilled(j.Err):
+	case j.Err != nil && meta.DiskFilled(j.Err):
 		return m.abandon(r, j.Err)
 	case j.Err != nil:
 		reason := fmt.Sprintf("fetching from the peers failed, retrying: %v", j.Err)
@@ -82,8 +82,8 @@ func (m *Machine) fetchDone(r *Record, j EvJobDone) []Effect {
 		return append(m.Move(r, PhaseFetching, Retrying(ReasonFetchFailed, reason), r.Progress), EffRetryIn{10 * time.Second})
 	}
 	// Serial mode: the whole tar is here; extract it.
-	src := bundle.Source{Path: m.IncomingPath(r), SHA256Path: strings.TrimSuffix(m.IncomingPath(r), ".tar") + ".sha256"}
-	if r.Approval == bundle.ApprovalSignature {
+	src := meta.Source{Path: m.IncomingPath(r), SHA256Path: strings.TrimSuffix(m.IncomingPath(r), ".tar") + ".sha256"}
+	if r.Approval == meta.ApprovalSignature {
 		src.SigPath = src.Path + ".minisig"
 	}
 	return m.extract(r, src, "", 0, m.extractPolicy(r))
@@ -94,12 +94,12 @@ func (m *Machine) fetchDone(r *Record, j EvJobDone) []Effect {
 // keys, the signature is verified over the bytes; as a bundle of a
 // release asked for from the registry, it is held to what the release
 // names; otherwise by the digest approved before fetching.
-func (m *Machine) extractPolicy(r *Record) bundle.Policy {
-	if r.Approval == bundle.ApprovalSignature {
+func (m *Machine) extractPolicy(r *Record) meta.Policy {
+	if r.Approval == meta.ApprovalSignature {
 		return m.polFor(r.Metadata)
 	}
 	pol := m.polFor(r.Metadata).PreApproved(r.Digest)
-	if r.Approval == bundle.ApprovalSource {
+	if r.Approval == meta.ApprovalSource {
 		pol.Payload = m.polFor(r.Metadata).SourceFor(r.Digest, r.Metadata)
 	}
 	return pol
@@ -110,19 +110,19 @@ func (m *Machine) extractPolicy(r *Record) bundle.Policy {
 // extraction's end to handle. A digest mismatch is not: the bytes came
 // from peers that lied, and the fetch is tried again.
 func streamRefused(err error) bool {
-	return err != nil && (bundle.IsRefusal(err) || errors.Is(err, bundle.ErrNoSpace)) && !errors.Is(err, bundle.ErrMismatch)
+	return err != nil && (meta.IsRefusal(err) || errors.Is(err, meta.ErrNoSpace)) && !errors.Is(err, meta.ErrMismatch)
 }
 
 func (m *Machine) extractDone(r *Record, j EvJobDone) []Effect {
 	var effs []Effect
-	if r.Origin == OriginPeer && (j.Err == nil || bundle.IsRefusal(j.Err)) {
+	if r.Origin == OriginPeer && (j.Err == nil || meta.IsRefusal(j.Err)) {
 		effs = append(effs, EffRemove{filepath.Dir(m.IncomingPath(r))})
 	}
 	if j.Err != nil {
-		if r.Origin == OriginPeer && bundle.DiskFilled(j.Err) {
+		if r.Origin == OriginPeer && meta.DiskFilled(j.Err) {
 			return append(effs, m.abandon(r, j.Err)...)
 		}
-		if r.Origin == OriginPeer && errors.Is(j.Err, bundle.ErrNoSpace) {
+		if r.Origin == OriginPeer && errors.Is(j.Err, meta.ErrNoSpace) {
 			// Not the bundle's fault: the disk filled up since the fetch
 			// checked for room. Its tar is gone (above); it is fetched
 			// again, after the same check, once there is room.
@@ -130,7 +130,7 @@ func (m *Machine) extractDone(r *Record, j EvJobDone) []Effect {
 			m.log.Warn("no room to extract a fetched bundle", "phase", string(PhaseFetching), "bundle", r.Name, "err", j.Err)
 			return append(append(effs, m.Move(r, PhaseFetching, Retrying(ReasonNoRoomToExtract, reason), Progress{Unit: "bytes"})...), EffRetryIn{10 * time.Second})
 		}
-		if bundle.IsRefusal(j.Err) || errors.Is(j.Err, ErrPreflight) {
+		if meta.IsRefusal(j.Err) || errors.Is(j.Err, ErrPreflight) {
 			m.Active = nil
 			return append(effs, m.reject(r, j.Err)...)
 		}
@@ -143,17 +143,17 @@ func (m *Machine) extractDone(r *Record, j EvJobDone) []Effect {
 		m.log.Warn("extraction interrupted", "phase", string(PhaseDetected), "bundle", r.Name, "err", j.Err)
 		return append(effs, m.Move(r, PhaseDetected, WaitingFor(ReasonCopyInterrupted, reason+" ("+j.Err.Error()+")"), Progress{})...)
 	}
-	if meta := j.Res.Metadata; meta != nil {
+	if md := j.Res.Metadata; md != nil {
 		// From here on the node acts on the metadata.json that was inside
 		// the checked tar, never on the probe's earlier read of it nor on
 		// a peer's description (docs/design.md, "Trust").
-		if r.Metadata != nil && meta.DirName() != r.Metadata.DirName() {
+		if r.Metadata != nil && md.DirName() != r.Metadata.DirName() {
 			m.Active = nil
 			err := fmt.Errorf("%w: the metadata.json inside the checked tar (%s) is not the one read before (%s): the source changed while it was read, or a peer described it falsely; do not use it",
-				bundle.ErrInvalid, meta.DirName(), r.Metadata.DirName())
+				meta.ErrInvalid, md.DirName(), r.Metadata.DirName())
 			return append(append(effs, EffRemove{r.Dir}), m.reject(r, err)...)
 		}
-		r.Metadata = meta
+		r.Metadata = md
 	}
 	r.Digest, r.Approval, r.Signature = j.Res.Digest, j.Res.Approval, j.Res.Signature
 	r.DigestOnly, r.SignaturePolicy = j.Res.Admission.DigestOnly, j.Res.Admission.Warnings
@@ -161,7 +161,7 @@ func (m *Machine) extractDone(r *Record, j EvJobDone) []Effect {
 		m.log.Warn("signature policy", "bundle", r.Name, "warning", w)
 	}
 	var why Condition
-	if r.Approval == bundle.ApprovalNone {
+	if r.Approval == meta.ApprovalNone {
 		why = WaitingFor(ReasonAwaitingApproval, m.WaitingForApproval(r))
 	}
 	effs = append(effs, m.Move(r, PhaseExtracted, why, Progress{Done: j.Res.TarSize, Total: j.Res.TarSize, Unit: "bytes"})...)
@@ -199,7 +199,7 @@ func (m *Machine) loadDone(r *Record, j EvJobDone) []Effect {
 func (m *Machine) abandon(r *Record, err error) []Effect {
 	reason := fmt.Sprintf("abandoned: %v; free some space in %s, then restart ferry to fetch it again", err, m.cfg.ExtractDir)
 	m.log.Error("fetch abandoned: the disk filled up", "phase", string(PhaseFailed), "bundle", r.Name, "err", err)
-	effs := []Effect{EffRemove{filepath.Dir(m.IncomingPath(r))}, EffRemove{bundle.StagingDir(r.Dir)}, EffRemove{r.Dir}}
+	effs := []Effect{EffRemove{filepath.Dir(m.IncomingPath(r))}, EffRemove{meta.StagingDir(r.Dir)}, EffRemove{r.Dir}}
 	return append(effs, m.Move(r, PhaseFailed, Fault(ReasonFetchAbandoned, reason), Progress{})...)
 }
 

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer/wire"
@@ -105,7 +104,7 @@ func (m *Machine) MaybeFetch(v View) []Effect {
 	if o == nil {
 		return nil
 	}
-	meta, err := bundle.ParseMetadata(o.Metadata)
+	md, err := m.parseMeta(o.Metadata)
 	for _, old := range m.Records {
 		if old.Digest != o.Digest {
 			continue
@@ -120,29 +119,29 @@ func (m *Machine) MaybeFetch(v View) []Effect {
 			if old.Dir != "" || err != nil {
 				return nil
 			}
-			if _, perr := m.polFor(meta).ApproveOffer(meta, o.Digest, o.Signature); perr != nil {
+			if _, perr := m.approve(m.polFor(md), md, o.Digest, o.Signature); perr != nil {
 				return nil
 			}
 		}
 	}
 	name := "bundle from " + o.Peer
-	if meta != nil {
-		name = meta.Name() + ".tar"
+	if md != nil {
+		name = md.Name() + ".tar"
 	}
-	r := &Record{Digest: o.Digest, Name: name, Metadata: meta, Origin: OriginPeer, Source: o.Peer, TarSize: o.Size}
-	if meta != nil {
-		r.ID = m.newID(meta.DirName())
+	r := &Record{Digest: o.Digest, Name: name, Metadata: md, Origin: OriginPeer, Source: o.Peer, TarSize: o.Size}
+	if md != nil {
+		r.ID = m.newID(md.DirName())
 	} else {
 		r.ID = m.newID("peer")
 	}
 	if err == nil {
-		r.Approval, err = m.polFor(meta).ApproveOffer(meta, o.Digest, o.Signature)
+		r.Approval, err = m.approve(m.polFor(md), md, o.Digest, o.Signature)
 		r.Signature = o.Signature
 	}
 	if err != nil {
 		return m.refuseOffer(r, err)
 	}
-	r.Dir = filepath.Join(m.cfg.ExtractDir, meta.DirName())
+	r.Dir = filepath.Join(m.cfg.ExtractDir, md.DirName())
 	m.Active = r
 	effs := m.Move(r, PhaseFetching, Condition{}, Progress{Unit: "bytes"})
 	m.log.Info("fetching the bundle from the peers", "phase", string(PhaseFetching), "bundle", r.Name, "digest", r.Digest)

@@ -29,7 +29,8 @@ func machineIn(t *testing.T, p Phase) *Machine {
 		Schedule: "Automatic", KeepRunningRelease: true, PeersClosed: true}
 	clock := time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)
 	m := NewMachine(s, bundle.Policy{Arch: "x86_64"}, Wiring{Media: true, Loader: true,
-		Log: slog.New(slog.DiscardHandler), Now: func() time.Time { return clock }})
+		Log: slog.New(slog.DiscardHandler), Now: func() time.Time { return clock },
+		ParseMetadata: bundle.ParseMetadata, ApproveOffer: bundle.ApproveOffer})
 	if p == PhaseIdle {
 		return m
 	}

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/meta"
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
@@ -63,7 +63,7 @@ func SummaryConditions(sum *cluster.BundleSummary, rep *BundleReport, view clust
 		"waiting for approval: ferry approve FILE.sha256 with the engineer's file (docs/admin.md, \"Approval\")")
 	refused := byPhase(PhaseRejected)
 	other := ""
-	if d := bundle.NormalizeDigest(view.Policy.ApprovedDigest); d != "" && rep.Entry.Digest != "" && d != rep.Entry.Digest {
+	if d := meta.NormalizeDigest(view.Policy.ApprovedDigest); d != "" && rep.Entry.Digest != "" && d != rep.Entry.Digest {
 		other = string(d)
 	}
 	switch {
@@ -140,23 +140,23 @@ func FindCondition(cs []cluster.BundleCondition, t string) (cluster.BundleCondit
 
 // approvedReason is how the bundle was approved, as a condition reason.
 func approvedReason(how string) string {
-	if bundle.Approval(how) == bundle.ApprovalOff {
+	if meta.Approval(how) == meta.ApprovalOff {
 		return "ApprovalOff"
 	}
 	return "Approved" + PhaseReason(Phase(how)) // ApprovedDigest, ApprovedSignature, ApprovedPeer, ApprovedSource
 }
 
 func approvedMessage(how string) string {
-	switch bundle.Approval(how) {
-	case bundle.ApprovalDigest:
+	switch meta.Approval(how) {
+	case meta.ApprovalDigest:
 		return "approved by its digest (spec.approvedDigest, or approved_digests)"
-	case bundle.ApprovalSignature:
+	case meta.ApprovalSignature:
 		return "signed by a trusted key (trusted_keys)"
-	case bundle.ApprovalPeer:
+	case meta.ApprovalPeer:
 		return "approved by its digest before it was fetched from a peer"
-	case bundle.ApprovalSource:
+	case meta.ApprovalSource:
 		return "a release the administrator asked for from the registry (spec.source)"
-	case bundle.ApprovalOff:
+	case meta.ApprovalOff:
 		return "approval is off on the nodes (approval = \"off\"): any bundle whose sha256 checks is loaded"
 	}
 	return "approved (" + how + ")"
