@@ -1,7 +1,8 @@
 package machine
 
 import (
-	"fmt"
+	"errors"
+	"strconv"
 	"strings"
 )
 
@@ -32,7 +33,7 @@ func ParseApprovalMode(s string) (ApprovalMode, error) {
 	}
 	quoted := make([]string, len(ApprovalModes))
 	for i, m := range ApprovalModes {
-		quoted[i] = fmt.Sprintf("%q", m)
+		quoted[i] = strconv.Quote(string(m))
 	}
-	return "", fmt.Errorf("%q is not an approval mode: use %s", s, strings.Join(quoted, " or "))
+	return "", errors.New(strconv.Quote(s) + " is not an approval mode: use " + strings.Join(quoted, " or "))
 }

@@ -1,8 +1,6 @@
 package machine
 
 import (
-	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -128,7 +126,7 @@ func BoundList(l []string, max int) []string {
 	var out []string
 	for i, s := range l {
 		if i == max-1 && len(l) > max {
-			out = append(out, fmt.Sprintf("… and %d more (ferry status on the node)", len(l)-i))
+			out = append(out, "… and "+itoa(len(l)-i)+" more (ferry status on the node)")
 			break
 		}
 		out = append(out, SanitizeReason(s))
@@ -226,10 +224,10 @@ func SummarizeGated(rep *BundleReport, view cluster.BundleView, self string, nod
 		}
 	}
 	waited += rep.Unrecorded
-	sum.Phase, sum.NodesReady = phase, fmt.Sprintf("%d/%d", ready, waited)
+	sum.Phase, sum.NodesReady = phase, itoa(ready)+"/"+itoa(waited)
 	slices.Sort(behind)
 	if rep.Unrecorded > 0 {
-		behind = append(behind, fmt.Sprintf("%d without ferry", rep.Unrecorded))
+		behind = append(behind, itoa(rep.Unrecorded)+" without ferry")
 	}
 	sum.Behind = SanitizeText(strings.Join(behind, ", "), maxSummaryBehind)
 	for n, why := range excluded {
@@ -360,8 +358,8 @@ func (m *Machine) schedule() string {
 // bundlePolicySeen takes the administrator's newest word on a bundle: who
 // the gate leaves out, the schedule, and proceed (Manual).
 func (m *Machine) bundlePolicySeen(ev PolicyRead) []Effect {
-	changed := m.bundleName != ev.Name || m.bundlePolicy == nil || !reflect.DeepEqual(*m.bundlePolicy, ev.Policy) ||
-		!reflect.DeepEqual(m.Excluded, ev.Excluded) || m.bundleGeneration != ev.Generation
+	changed := m.bundleName != ev.Name || m.bundlePolicy == nil || !m.bundlePolicy.Equal(ev.Policy) ||
+		!sameMap(m.Excluded, ev.Excluded) || m.bundleGeneration != ev.Generation
 	if !changed {
 		return nil
 	}
@@ -374,7 +372,7 @@ func (m *Machine) bundlePolicySeen(ev PolicyRead) []Effect {
 		}
 	}
 	if len(ev.Excluded) > 0 {
-		m.log.Info("the gate leaves nodes out", "bundle", ev.Name, "excluded", fmt.Sprint(ev.Excluded))
+		m.log.Info("the gate leaves nodes out", "bundle", ev.Name, "excluded", mapText(ev.Excluded))
 	}
 	r := m.Active
 	if m.activeResource() != ev.Name {
@@ -427,8 +425,8 @@ func (m *Machine) specRefuses(r *Record) string {
 		return ""
 	}
 	if approved := meta.NormalizeDigest(p.ApprovedDigest); approved != "" && approved != r.Digest {
-		return fmt.Sprintf("not loading: UpgradeBundle %s approves %s, not this bundle (%s): bring the approved bundle, or the administrator changes spec.approvedDigest",
-			m.bundleName, approved, r.Digest)
+		return "not loading: UpgradeBundle " + m.bundleName + " approves " + string(approved) + ", not this bundle (" + string(r.Digest) +
+			"): bring the approved bundle, or the administrator changes spec.approvedDigest"
 	}
 	return ""
 }
@@ -510,7 +508,7 @@ func (m *Machine) clusterApprovalsSeen(ev ApprovalsRead) []Effect {
 		return nil
 	}
 	m.clusterApproved = ev.Approvals
-	m.log.Info("approved digests from the cluster's UpgradeBundles", "approvals", fmt.Sprint(ev.Approvals))
+	m.log.Info("approved digests from the cluster's UpgradeBundles", "approvals", approvalsText(ev.Approvals))
 	if r := m.Active; r != nil && r.Approval == meta.ApprovalNone && r.Phase == PhaseExtracted {
 		return m.next()
 	}
@@ -520,8 +518,8 @@ func (m *Machine) clusterApprovalsSeen(ev ApprovalsRead) []Effect {
 // strayMessage says that UpgradeBundle stray approves the digest of the
 // bundle whose own resource is name, and does not count.
 func StrayMessage(stray, name string, d digest.Digest) string {
-	return fmt.Sprintf("UpgradeBundle %s approves %s but is not this bundle's resource: ferry takes approval, schedule, proceed, exclusions and cleanup from UpgradeBundle %s only; write the spec there (oc patch upgradebundle %s --type=merge -p '{\"spec\":{…}}') and delete %s",
-		stray, sha256digest.Short(d), name, name, stray)
+	return "UpgradeBundle " + stray + " approves " + sha256digest.Short(d) + " but is not this bundle's resource: ferry takes approval, schedule, proceed, exclusions and cleanup from UpgradeBundle " +
+		name + " only; write the spec there (oc patch upgradebundle " + name + " --type=merge -p '{\"spec\":{…}}') and delete " + stray
 }
 
 // waitingForApproval is why r waits unloaded: with the cluster's API, how
@@ -547,6 +545,6 @@ func (m *Machine) WaitingForApproval(r *Record) string {
 // which creates it or writes its spec. d, this node's digest, is given to
 // compare with, never to paste: a node's word can be forged.
 func approvalCommand(name, file string, d digest.Digest) string {
-	return fmt.Sprintf("waiting for approval: ferry approve %s.sha256 with the engineer's file (it creates UpgradeBundle %s, or writes its spec.approvedDigest), "+
-		"never with a digest from this node: this node read %s, compare it (or add the engineer's digest to approved_digests and restart ferry)", file, name, d)
+	return "waiting for approval: ferry approve " + file + ".sha256 with the engineer's file (it creates UpgradeBundle " + name + ", or writes its spec.approvedDigest), " +
+		"never with a digest from this node: this node read " + string(d) + ", compare it (or add the engineer's digest to approved_digests and restart ferry)"
 }

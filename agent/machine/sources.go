@@ -1,8 +1,6 @@
 package machine
 
-import (
-	"github.com/ferry-edge/ferry/bundle/meta"
-)
+import "github.com/ferry-edge/ferry/bundle/meta"
 
 // SourcesRead: the releases the cluster's UpgradeBundles ask for
 // from the registry, each bound to what its puller published.

@@ -1,8 +1,6 @@
 package machine
 
 import (
-	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/ferry-edge/ferry/bundle/meta"
@@ -30,7 +28,7 @@ type Machine struct {
 	parseMeta func([]byte) (*meta.Metadata, error)
 	approve   func(meta.Policy, *meta.Metadata, digest.Digest, []byte) (meta.Approval, error)
 	Now       func() time.Time
-	log       *slog.Logger
+	log       Logger
 	hasMedia  bool
 	hasLoader bool
 	peersOn   bool     // a peer transport is wired
@@ -160,7 +158,7 @@ func (m *Machine) Step(ev Event) []Effect {
 	case EvRuntimeCheck:
 		return m.runtimeCheck(ev.Why)
 	}
-	panic(fmt.Sprintf("agent: unknown event %T", ev))
+	panic(unknownEvent{ev})
 }
 
 // start takes the records found on disk and picks up where the last run

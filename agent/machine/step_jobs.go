@@ -2,8 +2,6 @@ package machine
 
 import (
 	"errors"
-	"fmt"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -77,7 +75,7 @@ func (m *Machine) fetchDone(r *Record, j EvJobDone) []Effect {
 	case j.Err != nil && meta.DiskFilled(j.Err):
 		return m.abandon(r, j.Err)
 	case j.Err != nil:
-		reason := fmt.Sprintf("fetching from the peers failed, retrying: %v", j.Err)
+		reason := "fetching from the peers failed, retrying: " + errText(j.Err)
 		m.log.Warn("fetch failed", "phase", string(PhaseFetching), "bundle", r.Name, "err", j.Err)
 		return append(m.Move(r, PhaseFetching, Retrying(ReasonFetchFailed, reason), r.Progress), EffRetryIn{10 * time.Second})
 	}
@@ -116,7 +114,7 @@ func streamRefused(err error) bool {
 func (m *Machine) extractDone(r *Record, j EvJobDone) []Effect {
 	var effs []Effect
 	if r.Origin == OriginPeer && (j.Err == nil || meta.IsRefusal(j.Err)) {
-		effs = append(effs, EffRemove{filepath.Dir(m.IncomingPath(r))})
+		effs = append(effs, EffRemove{m.incomingDir(r)})
 	}
 	if j.Err != nil {
 		if r.Origin == OriginPeer && meta.DiskFilled(j.Err) {
@@ -126,7 +124,7 @@ func (m *Machine) extractDone(r *Record, j EvJobDone) []Effect {
 			// Not the bundle's fault: the disk filled up since the fetch
 			// checked for room. Its tar is gone (above); it is fetched
 			// again, after the same check, once there is room.
-			reason := fmt.Sprintf("no room to extract the fetched bundle, fetching it again once there is: %v", j.Err)
+			reason := "no room to extract the fetched bundle, fetching it again once there is: " + errText(j.Err)
 			m.log.Warn("no room to extract a fetched bundle", "phase", string(PhaseFetching), "bundle", r.Name, "err", j.Err)
 			return append(append(effs, m.Move(r, PhaseFetching, Retrying(ReasonNoRoomToExtract, reason), Progress{Unit: "bytes"})...), EffRetryIn{10 * time.Second})
 		}
@@ -149,8 +147,8 @@ func (m *Machine) extractDone(r *Record, j EvJobDone) []Effect {
 		// a peer's description (docs/design.md, "Trust").
 		if r.Metadata != nil && md.DirName() != r.Metadata.DirName() {
 			m.Active = nil
-			err := fmt.Errorf("%w: the metadata.json inside the checked tar (%s) is not the one read before (%s): the source changed while it was read, or a peer described it falsely; do not use it",
-				meta.ErrInvalid, md.DirName(), r.Metadata.DirName())
+			err := wrap(meta.ErrInvalid, meta.ErrInvalid.Error()+": the metadata.json inside the checked tar ("+md.DirName()+") is not the one read before ("+
+				r.Metadata.DirName()+"): the source changed while it was read, or a peer described it falsely; do not use it")
 			return append(append(effs, EffRemove{r.Dir}), m.reject(r, err)...)
 		}
 		r.Metadata = md
@@ -182,7 +180,7 @@ func (m *Machine) loadDone(r *Record, j EvJobDone) []Effect {
 		return m.Move(r, PhaseFailed, Fault(ReasonLoadFailed, j.Err.Error()), r.Progress)
 	case j.Err != nil:
 		m.backoff = min(max(2*m.backoff, 5*time.Second), 5*time.Minute)
-		reason := fmt.Sprintf("loading failed, retrying in %s: %v", m.backoff, j.Err)
+		reason := "loading failed, retrying in " + m.backoff.String() + ": " + errText(j.Err)
 		m.log.Error("loading failed", "phase", string(PhaseLoading), "bundle", r.Name, "err", j.Err)
 		return append(m.Move(r, PhaseLoading, Retrying(ReasonLoadFailed, reason), r.Progress), EffRetryIn{m.backoff})
 	}
@@ -197,9 +195,9 @@ func (m *Machine) loadDone(r *Record, j EvJobDone) []Effect {
 // shared with CRI-O and etcd. What it wrote goes; a restart, once there
 // is room, fetches it again.
 func (m *Machine) abandon(r *Record, err error) []Effect {
-	reason := fmt.Sprintf("abandoned: %v; free some space in %s, then restart ferry to fetch it again", err, m.cfg.ExtractDir)
+	reason := "abandoned: " + errText(err) + "; free some space in " + m.cfg.ExtractDir + ", then restart ferry to fetch it again"
 	m.log.Error("fetch abandoned: the disk filled up", "phase", string(PhaseFailed), "bundle", r.Name, "err", err)
-	effs := []Effect{EffRemove{filepath.Dir(m.IncomingPath(r))}, EffRemove{meta.StagingDir(r.Dir)}, EffRemove{r.Dir}}
+	effs := []Effect{EffRemove{m.incomingDir(r)}, EffRemove{meta.StagingDir(r.Dir)}, EffRemove{r.Dir}}
 	return append(effs, m.Move(r, PhaseFailed, Fault(ReasonFetchAbandoned, reason), Progress{})...)
 }
 
@@ -217,7 +215,12 @@ func (m *Machine) rejectAs(r *Record, reason, message string) []Effect {
 // incomingPath is where a fetched tar lands, under its own name so that
 // messages about it read as they would for a stick.
 func (m *Machine) IncomingPath(r *Record) string {
-	return filepath.Join(m.cfg.StateDir, "incoming", strings.TrimPrefix(string(r.Digest), "sha256:"), r.Name)
+	return join(m.incomingDir(r), r.Name)
+}
+
+// incomingDir holds r's fetched tar and its .sha256.
+func (m *Machine) incomingDir(r *Record) string {
+	return join(m.cfg.StateDir, "incoming", strings.TrimPrefix(string(r.Digest), "sha256:"))
 }
 
 // Permanent reports whether err says that retrying cannot fix it (an

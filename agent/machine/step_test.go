@@ -263,7 +263,7 @@ func TestStatus_ASetupWarningIsInEveryStatus(t *testing.T) {
 		m := machineIn(t, p)
 		m.warnings = []string{"the kubeconfig turns TLS verification off"}
 		s := m.NodeStatus()
-		if !slices.Equal(s.Warnings, m.warnings) || strings.Contains(s.Line, m.warnings[0]) || !strings.HasSuffix(s.Line, fmt.Sprintf(warningsPointer, 1)) {
+		if !slices.Equal(s.Warnings, m.warnings) || strings.Contains(s.Line, m.warnings[0]) || !strings.HasSuffix(s.Line, warningsPointer(1)) {
 			t.Errorf("%s: warnings %v, line %q", p, s.Warnings, s.Line)
 		}
 	}

@@ -2,7 +2,6 @@ package machine
 
 import (
 	"cmp"
-	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -74,15 +73,14 @@ func SummaryConditions(sum *cluster.BundleSummary, rep *BundleReport, view clust
 		approved = cond(CondApproved, false, "Rejected", "refused on "+strings.Join(refused, ", ")+": "+entryReason(gated, refused[0]))
 	case other != "":
 		sum.Approved = ApprovedOther
-		approved = cond(CondApproved, false, "OtherDigestApproved", fmt.Sprintf(
-			"spec.approvedDigest approves %s, the nodes read %s: bring the approved bundle, or write the engineer's digest of this one (ferry approve FILE.sha256)",
-			sha256digest.Short(other), sha256digest.Short(rep.Entry.Digest)))
+		approved = cond(CondApproved, false, "OtherDigestApproved",
+			"spec.approvedDigest approves "+sha256digest.Short(other)+", the nodes read "+sha256digest.Short(rep.Entry.Digest)+
+				": bring the approved bundle, or write the engineer's digest of this one (ferry approve FILE.sha256)")
 	case sum.Approved != ApprovedWaiting && sum.Approved != "":
 		approved = cond(CondApproved, true, approvedReason(sum.Approved), approvedMessage(sum.Approved))
 	}
 
-	ready, waited := 0, 0
-	fmt.Sscanf(sum.NodesReady, "%d/%d", &ready, &waited)
+	ready, waited := readyOf(sum.NodesReady)
 	loaded := cond(CondLoaded, waited > 0 && ready == waited, "AllNodesLoaded", sum.NodesReady+" nodes loaded")
 	if loaded.Status != "True" {
 		loaded.Reason, loaded.Message = "NodesNotLoaded", SanitizeReason(sum.NodesReady+" nodes loaded; behind: "+sum.Behind)
