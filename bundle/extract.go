@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"aead.dev/minisign"
+
 	"github.com/ferry-edge/ferry/internal/diskspace"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 

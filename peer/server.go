@@ -17,8 +17,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"golang.org/x/net/netutil"
+
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 
 	"github.com/ferry-edge/ferry/internal/digest"
 )

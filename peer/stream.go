@@ -9,8 +9,9 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"golang.org/x/sys/unix"
+
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 
 	"github.com/ferry-edge/ferry/internal/digest"
 )
