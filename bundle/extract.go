@@ -15,10 +15,9 @@ import (
 
 	"aead.dev/minisign"
 
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/diskspace"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
-
-	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Options tune one verify or extract run.

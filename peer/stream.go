@@ -11,9 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ferry-edge/ferry/internal/sha256digest"
-
 	"github.com/ferry-edge/ferry/internal/digest"
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
 // StreamWindow is how far ahead of the extraction a streaming fetch asks
