@@ -51,7 +51,10 @@ func join(dir string, names ...string) string {
 // what does not parse.
 func readyOf(s string) (ready, waited int) {
 	r, w, _ := strings.Cut(s, "/")
-	ready, _ = strconv.Atoi(r)
+	ready, err := strconv.Atoi(r)
+	if err != nil {
+		return 0, 0 // Sscanf stops at the first it cannot read
+	}
 	waited, _ = strconv.Atoi(w)
 	return ready, waited
 }
