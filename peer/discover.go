@@ -2,7 +2,6 @@ package peer
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -144,7 +143,7 @@ func (j *job) choosePieceList(ctx context.Context) error {
 // every piece they both know: a live source's list grows).
 type vote struct {
 	pl       *PieceList
-	meta     json.RawMessage
+	meta     []byte
 	sig      []byte
 	peers    []string
 	complete bool

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 func fastFetcher(peers []string, opts FetcherOptions) *Fetcher {
