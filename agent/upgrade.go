@@ -76,13 +76,27 @@ const approvalRetry = 30
 // the Node is read: the pools are not watched), and after a failure.
 func (a *Agent) followUpgrade(ctx context.Context) {
 	var lastErr, lastNodeErr string
+	var nodeRead time.Time // zero: read it at the next round that needs it
+	nodeChanges, _ := a.deps.API.(nodeChanger)
 	for {
 		changes, followed := a.deps.API.Changes(), a.followed.c()
+		var nodeChanged <-chan struct{}
+		if nodeChanges != nil {
+			nodeChanged = nodeChanges.NodeChanges()
+		}
 		snap := a.snap.Load()
 		wait := a.resync()
-		if snap.readNode {
-			a.readNode(ctx, &lastNodeErr)
-			wait = min(wait, readNodeEvery)
+		if !snap.readNode {
+			nodeRead = time.Time{}
+		} else {
+			// Only when the Node changed, or the resync is due: every
+			// other node's write to what the API watches would read it
+			// again, as often as the cluster has nodes.
+			if nodeChanged == nil || nodeRead.IsZero() || lastNodeErr != "" || time.Since(nodeRead) >= readNodeEvery {
+				a.readNode(ctx, &lastNodeErr)
+				nodeRead = time.Now()
+			}
+			wait = min(wait, max(time.Until(nodeRead.Add(readNodeEvery)), time.Second))
 		}
 		if s := snap.status; s.Release != "" && (s.Phase == string(machine.PhaseClusterReady) || s.Phase == string(machine.PhaseUpgrading)) {
 			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -104,10 +118,20 @@ func (a *Agent) followUpgrade(ctx context.Context) {
 		if !awaitChange(ctx, wait, changes, followed) {
 			return
 		}
+		select {
+		case <-nodeChanged:
+			nodeRead = time.Time{}
+		default:
+		}
 	}
 }
 
-// readNodeEvery bounds the resync while the Node is read.
+// nodeChanger is a ClusterAPI that tells a change of this node's own Node
+// from the others' (kube.Follower.NodeChanges).
+type nodeChanger interface{ NodeChanges() <-chan struct{} }
+
+// readNodeEvery bounds the resync while the Node is read: a pool paused
+// meanwhile (the pools are not watched) is seen within it.
 const readNodeEvery = 30 * time.Second
 
 // readNode reads the machine config operator's state of this node and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/url"
 	"sync"
 	"time"
@@ -25,6 +26,8 @@ type Follower struct {
 	c       *Client
 	node    string
 	changed Signal
+	// nodeChanged fires at a change of this node's own Node alone.
+	nodeChanged Signal
 	nodes   *Informer // this node's own Node only
 	leases  *Informer
 	version *Informer
@@ -32,8 +35,12 @@ type Follower struct {
 	own     *Informer // this node's own UpgradeBundleNode only
 
 	mu      sync.Mutex
-	pools   []pool
+	pools   []pool // every pool, as last listed (their count of nodes)
 	poolsAt time.Time
+	// poolName is this node's pool as chosen from a list of them, for
+	// the labels poolLabels: read alone while the labels stay.
+	poolName   string
+	poolLabels map[string]string
 	runCtx  context.Context
 	all     *Informer // every node's UpgradeBundleNode, while FollowEntries(true)
 	stopAll context.CancelFunc
@@ -48,11 +55,12 @@ type Follower struct {
 	reporting string // the UpgradeBundle this node last wrote its entry in
 }
 
-// poolsFor is how long a list of the MachineConfigPools is used before
-// it is read again (the pools are not watched: ferry reads them while the
-// MCO works on the node after an upgrade, and for their count of nodes
-// each time it looks for its peers).
-const poolsFor = 30 * time.Second
+// poolsFor is how long the pools' count of nodes is used before they are
+// listed again (the pools are not watched: their status changes as each
+// node updates, which would send every node every pool's change). The
+// count changes when nodes join or leave the cluster: the gate waits for
+// a node without ferry within this; an idle node lists them this often.
+const poolsFor = 5 * time.Minute
 
 // Follow makes a Follower for the agent on node; Run runs it.
 func (c *Client) Follow(node string) *Follower {
@@ -60,7 +68,7 @@ func (c *Client) Follow(node string) *Follower {
 	// Its own Node only: a kubelet's credential may read no other
 	// (AuthorizeNodeWithSelectors). The peers' addresses and readiness
 	// come from their records, renewed every leaseRenew.
-	f.nodes = c.Inform("/api/v1/nodes", "metadata.name="+node, &f.changed)
+	f.nodes = c.Inform("/api/v1/nodes", "metadata.name="+node, &f.changed).Also(&f.nodeChanged)
 	f.leases = c.Inform(leasesPath, "", &f.changed)
 	f.version = c.Inform("/apis/config.openshift.io/v1/clusterversions", "metadata.name=version", &f.changed)
 	f.bundles = c.Inform(bundlesPath, "", &f.changed)
@@ -136,6 +144,10 @@ func (f *Follower) startBundleNodes(fieldSelector string) (*Informer, context.Ca
 
 // Changes is closed at the next change of what the reads return.
 func (f *Follower) Changes() <-chan struct{} { return f.changed.C() }
+
+// NodeChanges is closed at the next change of this node's own Node: what
+// MachineConfigState reads of it (the MCO's annotations, its labels).
+func (f *Follower) NodeChanges() <-chan struct{} { return f.nodeChanged.C() }
 
 // UpgradeBundle is Client.UpgradeBundle, from the copy: with every
 // node's entry while FollowEntries(true), else this node's own.
@@ -375,10 +387,11 @@ func (f *Follower) PreflightPath(ctx context.Context, path []string, images []st
 }
 
 // MachineConfigState is Client.MachineConfigState, the Node from the
-// copy (for the follower's own node) and the pools read afresh: the pools
-// are not watched, and a pool paused since the last list must be the
-// reason this node says it waits at once (the agent reads this at most
-// every 30 s, and only while the machine config operator works on it).
+// copy (for the follower's own node) and its one pool read afresh, by
+// name: the pools are not watched, and a pool paused since the last
+// reading must be the reason this node says it waits at once. The pools
+// are listed only to find which is the node's (first, and when its
+// labels change or that pool is gone or no longer selects it).
 func (f *Follower) MachineConfigState(ctx context.Context, node string) (cluster.NodeUpdate, error) {
 	raw, found, synced := f.nodes.Get(node)
 	if node != f.node || !synced {
@@ -391,22 +404,42 @@ func (f *Follower) MachineConfigState(ctx context.Context, node string) (cluster
 	if err := json.Unmarshal(raw, &n); err != nil {
 		return cluster.NodeUpdate{}, fmt.Errorf("reading node %s: %w", node, err)
 	}
-	return n.state(ctx, f.freshPools)
+	return n.state(ctx, func(ctx context.Context) ([]pool, error) { return f.nodePools(ctx, n.Metadata.Labels) })
 }
 
-// freshPools lists the pools and keeps the list for MachineCount.
-func (f *Follower) freshPools(ctx context.Context) ([]pool, error) {
+// nodePools is the pool of a node with labels, alone when known (read by
+// name), else every pool (listed, and the node's remembered).
+func (f *Follower) nodePools(ctx context.Context, labels map[string]string) ([]pool, error) {
+	f.mu.Lock()
+	name := ""
+	if maps.Equal(labels, f.poolLabels) {
+		name = f.poolName
+	}
+	f.mu.Unlock()
+	if name != "" {
+		p, err := f.c.namedPool(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		if p != nil && p.Spec.NodeSelector.matches(labels) {
+			return []pool{*p}, nil
+		}
+	}
 	ps, err := f.c.pools(ctx)
 	if err != nil {
 		return nil, err
 	}
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.pools, f.poolsAt = ps, time.Now()
-	f.mu.Unlock()
+	f.poolName, f.poolLabels = "", maps.Clone(labels)
+	if p := poolOf(ps, labels); p != nil {
+		f.poolName = p.Metadata.Name
+	}
 	return ps, nil
 }
 
-// MachineCount is Client.MachineCount, from the pools as read in the
+// MachineCount is Client.MachineCount, from the pools as listed in the
 // last poolsFor.
 func (f *Follower) MachineCount(ctx context.Context) (int, bool, error) {
 	return machineCount(f.cachedPools(ctx))

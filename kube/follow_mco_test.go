@@ -15,9 +15,16 @@ import (
 // poolAPI plays the API server for a Follower after an upgrade: its own
 // Node, Done on the old rendered config, and the worker pool, paused or
 // not; every other collection is empty and watches send nothing.
-type poolAPI struct{ paused atomic.Bool }
+type poolAPI struct {
+	paused       atomic.Bool
+	lists, reads atomic.Int32 // of the pools: listed, read by name
+}
 
 func (s *poolAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	worker := func() string {
+		return fmt.Sprintf(`{"metadata":{"name":"worker"},"spec":{"paused":%v,"nodeSelector":{"matchLabels":{"node-role.kubernetes.io/worker":""}},
+			"configuration":{"name":"rendered-worker-2"}},"status":{"machineCount":1}}`, s.paused.Load())
+	}
 	if r.URL.Query().Get("watch") == "1" {
 		w.WriteHeader(http.StatusOK)
 		w.(http.Flusher).Flush()
@@ -30,8 +37,11 @@ func (s *poolAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"labels":{"node-role.kubernetes.io/worker":""},
 			"annotations":{"machineconfiguration.openshift.io/state":"Done","machineconfiguration.openshift.io/currentConfig":"rendered-worker-1","machineconfiguration.openshift.io/desiredConfig":"rendered-worker-1"}}}]}`)
 	case poolsPath:
-		fmt.Fprintf(w, `{"items":[{"metadata":{"name":"worker"},"spec":{"paused":%v,"nodeSelector":{"matchLabels":{"node-role.kubernetes.io/worker":""}},
-			"configuration":{"name":"rendered-worker-2"}},"status":{"machineCount":1}}]}`, s.paused.Load())
+		s.lists.Add(1)
+		fmt.Fprintf(w, `{"items":[%s]}`, worker())
+	case poolsPath + "/worker":
+		s.reads.Add(1)
+		fmt.Fprint(w, worker())
 	default:
 		fmt.Fprint(w, `{"metadata":{"resourceVersion":"5"},"items":[]}`)
 	}
@@ -69,5 +79,51 @@ func TestFollower_APausedPoolIsTheReasonAtTheNextReading(t *testing.T) {
 	st, err := f.MachineConfigState(ctx, "node-a")
 	if err != nil || !st.Managed || st.Pool != "worker" || !st.Paused {
 		t.Fatalf("right after the pause: %+v, %v; want pool worker paused", st, err)
+	}
+}
+
+// TestFollower_ReadsItsOnePoolByName: the pools are listed once, to find
+// which is this node's; every later reading of its machine config state
+// reads that one pool by name (its size does not grow with the pools),
+// and the count of nodes is listed again only after poolsFor.
+func TestFollower_ReadsItsOnePoolByName(t *testing.T) {
+	api := &poolAPI{}
+	srv := httptest.NewTLSServer(api)
+	defer srv.Close()
+	c := &Client{ep: endpoint{server: srv.URL}, tokens: &tokens{}, hc: srv.Client(), stream: srv.Client(), log: slog.New(slog.DiscardHandler), Attempts: 1}
+	f := c.Follow("node-a")
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { f.Run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, found, synced := f.nodes.Get("node-a"); found && synced {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the follower never read its Node")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for i := range 5 {
+		st, err := f.MachineConfigState(ctx, "node-a")
+		if err != nil || st.Pool != "worker" || st.Target != "rendered-worker-2" {
+			t.Fatalf("reading %d: %+v, %v", i, st, err)
+		}
+		if i == 2 {
+			api.paused.Store(true)
+		}
+		if i > 2 && !st.Paused {
+			t.Fatalf("reading %d after the pause: %+v", i, st)
+		}
+	}
+	for range 3 {
+		if n, known, err := f.MachineCount(ctx); n != 1 || !known || err != nil {
+			t.Fatalf("MachineCount %d %v %v", n, known, err)
+		}
+	}
+	if l, r := api.lists.Load(), api.reads.Load(); l != 1 || r != 4 {
+		t.Fatalf("pools listed %d times, read by name %d; want listed once (then counted from that list), read by name 4 times", l, r)
 	}
 }

@@ -78,6 +78,19 @@ func (c *Client) pools(ctx context.Context) ([]pool, error) {
 	return list.Items, nil
 }
 
+// namedPool reads the MachineConfigPool name (nil when there is none).
+func (c *Client) namedPool(ctx context.Context, name string) (*pool, error) {
+	var p pool
+	err := c.do(ctx, "GET", poolsPath+"/"+url.PathEscape(name), "", nil, &p)
+	if IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the machine config pool %s: %w", name, err)
+	}
+	return &p, nil
+}
+
 type pool struct {
 	Metadata struct {
 		Name        string            `json:"name"`

@@ -114,6 +114,7 @@ type Informer struct {
 	path     string
 	selector string
 	changed  *Signal
+	also     *Signal // fired with changed when not nil (Also)
 
 	mu     sync.Mutex
 	objs   map[string]json.RawMessage // by metadata.name
@@ -123,6 +124,20 @@ type Informer struct {
 // Inform makes an Informer of the collection at path; Run runs it.
 func (c *Client) Inform(path, fieldSelector string, changed *Signal) *Informer {
 	return &Informer{c: c, path: path, selector: fieldSelector, changed: changed}
+}
+
+// Also has i fire s too at each change (before Run).
+func (i *Informer) Also(s *Signal) *Informer {
+	i.also = s
+	return i
+}
+
+// fire wakes the readers of i's signals.
+func (i *Informer) fire() {
+	i.changed.Fire()
+	if i.also != nil {
+		i.also.Fire()
+	}
 }
 
 // The bounds of a watch's length and of the waits after a failure, as
@@ -230,7 +245,7 @@ func (i *Informer) list(ctx context.Context, quorum bool) (string, error) {
 	i.mu.Lock()
 	i.objs, i.synced = objs, true
 	i.mu.Unlock()
-	i.changed.Fire()
+	i.fire()
 	return list.Metadata.ResourceVersion, nil
 }
 
@@ -255,7 +270,7 @@ func (i *Informer) apply(ev Event, rv string) (string, error) {
 		return rv, nil
 	}
 	i.mu.Unlock()
-	i.changed.Fire()
+	i.fire()
 	return rv, nil
 }
 
