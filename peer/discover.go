@@ -17,13 +17,19 @@ import (
 // nil when all answered). Apply approval and arch checks to an offer's
 // Metadata before fetching it.
 func (f *Fetcher) Discover(ctx context.Context) ([]PeerOffer, error) {
+	return f.DiscoverFrom(ctx, f.Peers())
+}
+
+// DiscoverFrom is Discover of the peers named (a sample of them: the
+// agent's poll asks a bounded number each round).
+func (f *Fetcher) DiscoverFrom(ctx context.Context, peers []string) ([]PeerOffer, error) {
 	var (
 		mu   sync.Mutex
 		out  []PeerOffer
 		errs []error
 		wg   sync.WaitGroup
 	)
-	for _, p := range f.Peers() {
+	for _, p := range peers {
 		wg.Go(func() {
 			o, err := f.c.Offers(ctx, p)
 			mu.Lock()
@@ -49,12 +55,17 @@ func (f *Fetcher) Discover(ctx context.Context) ([]PeerOffer, error) {
 // Statuses asks every peer for its status at once. A peer that did not
 // answer has Err set.
 func (f *Fetcher) Statuses(ctx context.Context) map[string]PeerStatus {
+	return f.StatusesOf(ctx, f.Peers())
+}
+
+// StatusesOf is Statuses of the peers named.
+func (f *Fetcher) StatusesOf(ctx context.Context, peers []string) map[string]PeerStatus {
 	var (
 		mu  sync.Mutex
 		out = map[string]PeerStatus{}
 		wg  sync.WaitGroup
 	)
-	for _, p := range f.Peers() {
+	for _, p := range peers {
 		wg.Go(func() {
 			st := f.c.status(ctx, p)
 			mu.Lock()
