@@ -99,10 +99,10 @@ func (pp *peerPoller) round(ctx context.Context, s peerSampler, g goal) (machine
 		pp.ask(ctx, s, slices.DeleteFunc(slices.Clone(list), func(p string) bool { return slices.Contains(ask, p) }))
 		full = true
 	}
-	if full {
+	if full && len(list) > pp.sample {
 		pp.fulls++
 	} else {
-		pp.fulls = 0
+		pp.fulls = 0 // a round asks every peer anyway: no back-off
 	}
 	v := machine.View{Statuses: map[string]peer.PeerStatus{}}
 	for _, p := range list {
