@@ -239,10 +239,15 @@ func (f *Follower) PullRecord(ctx context.Context, bundle, node string) (*cluste
 
 // PublishBundle writes this node's entry for the UpgradeBundle name into
 // its UpgradeBundleNode, then the summary when sum is not nil (this node
-// is its writer), and has this node's record say that it reports on name.
+// is its writer), and then has this node's record say that it reports on
+// name: only the writer's record says so (agent.summaryWriter), so that
+// one record, not every node's, is written for each bundle.
 func (f *Follower) PublishBundle(ctx context.Context, name string, sum *cluster.BundleSummary, entry cluster.BundleNodeEntry) error {
 	if err := f.publishEntry(ctx, name, entry); err != nil {
 		return err
+	}
+	if sum == nil {
+		return nil
 	}
 	f.mu.Lock()
 	was := f.reporting
@@ -251,10 +256,7 @@ func (f *Follower) PublishBundle(ctx context.Context, name string, sum *cluster.
 	if was != name {
 		f.changed.Fire() // KeepRecord writes the record again
 	}
-	if sum != nil {
-		return f.c.PublishBundleSummary(ctx, name, f.node, *sum)
-	}
-	return nil
+	return f.c.PublishBundleSummary(ctx, name, f.node, *sum)
 }
 
 // publishEntry applies this node's UpgradeBundleNode with entry as its
