@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -95,10 +98,12 @@ func (j *job) choosePieceList(ctx context.Context) error {
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		n := 0
+		complete := map[string]bool{}
 		for _, o := range offers {
 			if o.Digest != j.digest || j.peers[o.Peer] == nil || j.peers[o.Peer].dropped {
 				continue
 			}
+			complete[o.Peer] = o.Complete
 			n++
 			wg.Go(func() {
 				pl, err := j.f.c.Pieces(ctx, o.Peer, j.digest, o.Size)
@@ -147,7 +152,42 @@ func (j *job) choosePieceList(ctx context.Context) error {
 			}
 		}
 		j.pl, j.meta, j.sig = best.pl, best.meta, best.sig
+		j.boundSources(best.peers, complete)
 		return nil
+	}
+}
+
+// maxSources bounds the peers one fetch asks for pieces and polls for
+// what they hold (every Refresh): with every peer a source, N fetching
+// nodes would poll each other N×(N−1) times a Refresh. Pieces still
+// spread through the whole cluster: every node serves what it fetched to
+// those that chose it.
+const maxSources = 8
+
+// boundSources keeps at most maxSources of the fetch's peers: those that
+// hold the bundle whole first (complete), then those that hold the piece
+// list (holders), then others, at random within each, which will hold
+// pieces as they fetch too.
+func (j *job) boundSources(holders []string, complete map[string]bool) {
+	if len(j.peers) <= maxSources {
+		return
+	}
+	rank := func(p string) int {
+		switch {
+		case j.peers[p].dropped:
+			return 3
+		case complete[p]:
+			return 0
+		case slices.Contains(holders, p):
+			return 1
+		}
+		return 2
+	}
+	all := slices.Collect(maps.Keys(j.peers))
+	rand.Shuffle(len(all), func(a, b int) { all[a], all[b] = all[b], all[a] })
+	slices.SortStableFunc(all, func(a, b string) int { return rank(a) - rank(b) })
+	for _, p := range all[maxSources:] {
+		delete(j.peers, p)
 	}
 }
 
