@@ -28,11 +28,11 @@ type Follower struct {
 	changed Signal
 	// nodeChanged fires at a change of this node's own Node alone.
 	nodeChanged Signal
-	nodes   *Informer // this node's own Node only
-	leases  *Informer
-	version *Informer
-	bundles *Informer
-	own     *Informer // this node's own UpgradeBundleNode only
+	nodes       *Informer // this node's own Node only
+	leases      *Informer
+	version     *Informer
+	bundles     *Informer
+	own         *Informer // this node's own UpgradeBundleNode only
 
 	mu      sync.Mutex
 	pools   []pool // every pool, as last listed (their count of nodes)
@@ -41,9 +41,9 @@ type Follower struct {
 	// the labels poolLabels: read alone while the labels stay.
 	poolName   string
 	poolLabels map[string]string
-	runCtx  context.Context
-	all     *Informer // every node's UpgradeBundleNode, while FollowEntries(true)
-	stopAll context.CancelFunc
+	runCtx     context.Context
+	all        *Informer // every node's UpgradeBundleNode, while FollowEntries(true)
+	stopAll    context.CancelFunc
 	// puller is the pulling node's UpgradeBundleNode while this node
 	// follows its pull (registry mode, FollowPuller).
 	puller, pullerName string
@@ -68,7 +68,7 @@ func (c *Client) Follow(node string) *Follower {
 	// Its own Node only: a kubelet's credential may read no other
 	// (AuthorizeNodeWithSelectors). The peers' addresses and readiness
 	// come from their records, renewed every leaseRenew.
-	f.nodes = c.Inform("/api/v1/nodes", "metadata.name="+node, &f.changed).Also(&f.nodeChanged)
+	f.nodes = c.Inform("/api/v1/nodes", "metadata.name="+node, &f.changed).Also(&f.nodeChanged, mcoKey)
 	f.leases = c.Inform(leasesPath, "", &f.changed)
 	f.version = c.Inform("/apis/config.openshift.io/v1/clusterversions", "metadata.name=version", &f.changed)
 	f.bundles = c.Inform(bundlesPath, "", &f.changed)
@@ -145,8 +145,9 @@ func (f *Follower) startBundleNodes(fieldSelector string) (*Informer, context.Ca
 // Changes is closed at the next change of what the reads return.
 func (f *Follower) Changes() <-chan struct{} { return f.changed.C() }
 
-// NodeChanges is closed at the next change of this node's own Node: what
-// MachineConfigState reads of it (the MCO's annotations, its labels).
+// NodeChanges is closed at the next change of what MachineConfigState
+// reads of this node's own Node (the MCO's annotations, its labels but
+// ferry's own: mcoKey), not at ferry's own writes to it.
 func (f *Follower) NodeChanges() <-chan struct{} { return f.nodeChanged.C() }
 
 // UpgradeBundle is Client.UpgradeBundle, from the copy: with every
@@ -412,6 +413,7 @@ func (f *Follower) MachineConfigState(ctx context.Context, node string) (cluster
 // nodePools is the pool of a node with labels, alone when known (read by
 // name), else every pool (listed, and the node's remembered).
 func (f *Follower) nodePools(ctx context.Context, labels map[string]string) ([]pool, error) {
+	labels = poolLabels(labels)
 	f.mu.Lock()
 	name := ""
 	if maps.Equal(labels, f.poolLabels) {
@@ -434,7 +436,7 @@ func (f *Follower) nodePools(ctx context.Context, labels map[string]string) ([]p
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.pools, f.poolsAt = ps, time.Now()
-	f.poolName, f.poolLabels = "", maps.Clone(labels)
+	f.poolName, f.poolLabels = "", labels
 	if p := poolOf(ps, labels); p != nil {
 		f.poolName = p.Metadata.Name
 	}

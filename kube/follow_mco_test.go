@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -126,4 +127,45 @@ func TestFollower_ReadsItsOnePoolByName(t *testing.T) {
 	if l, r := api.lists.Load(), api.reads.Load(); l != 1 || r != 4 {
 		t.Fatalf("pools listed %d times, read by name %d; want listed once (then counted from that list), read by name 4 times", l, r)
 	}
+}
+
+// TestFollower_NodeChangesAreTheMCOsNotFerrys: the signal that has the
+// agent read its machine config state again fires at a change of the
+// MCO's annotations or of a label a pool may select on, not at ferry's
+// own writes to its Node (its phase label and annotations, many a flow).
+func TestFollower_NodeChangesAreTheMCOsNotFerrys(t *testing.T) {
+	var changed, mco Signal
+	i := (&Client{}).Inform("/api/v1/nodes", "metadata.name=node-a", &changed).Also(&mco, mcoKey)
+	i.objs = map[string]json.RawMessage{}
+	node := func(rv int, state, phase string, labels string) Event {
+		return Event{Type: "MODIFIED", Object: json.RawMessage(fmt.Sprintf(`{"metadata":{"name":"node-a","resourceVersion":"%d",
+			"labels":{"ferry.io/phase":%q%s},
+			"annotations":{"ferry.io/phase":%q,"machineconfiguration.openshift.io/state":%q}}}`, rv, phase, labels, phase, state))}
+	}
+	fired := func(c <-chan struct{}) bool {
+		select {
+		case <-c:
+			return true
+		default:
+			return false
+		}
+	}
+	step := func(ev Event, wantMCO bool) {
+		t.Helper()
+		c, m := changed.C(), mco.C()
+		if _, err := i.apply(ev, ""); err != nil {
+			t.Fatal(err)
+		}
+		if !fired(c) {
+			t.Fatal("a change of the Node is no change to the follower")
+		}
+		if fired(m) != wantMCO {
+			t.Fatalf("the MCO's signal fired %v, want %v", !wantMCO, wantMCO)
+		}
+	}
+	step(node(1, "Done", "idle", ""), true)
+	step(node(2, "Done", "loading", ""), false)
+	step(node(3, "Done", "loaded", ""), false)
+	step(node(4, "Working", "loaded", ""), true)
+	step(node(5, "Working", "loaded", `,"node-role.kubernetes.io/infra":""`), true)
 }

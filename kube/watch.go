@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -114,7 +117,9 @@ type Informer struct {
 	path     string
 	selector string
 	changed  *Signal
-	also     *Signal // fired with changed when not nil (Also)
+	also     *Signal // fired with changed when not nil, and alsoKey says so (Also)
+	alsoKey  func(json.RawMessage) string
+	lastKey  string
 
 	mu     sync.Mutex
 	objs   map[string]json.RawMessage // by metadata.name
@@ -126,16 +131,29 @@ func (c *Client) Inform(path, fieldSelector string, changed *Signal) *Informer {
 	return &Informer{c: c, path: path, selector: fieldSelector, changed: changed}
 }
 
-// Also has i fire s too at each change (before Run).
-func (i *Informer) Also(s *Signal) *Informer {
-	i.also = s
+// Also has i fire s too at each change that changes key of one of its
+// objects (before Run).
+func (i *Informer) Also(s *Signal, key func(json.RawMessage) string) *Informer {
+	i.also, i.alsoKey = s, key
 	return i
 }
 
 // fire wakes the readers of i's signals.
 func (i *Informer) fire() {
 	i.changed.Fire()
-	if i.also != nil {
+	if i.also == nil {
+		return
+	}
+	i.mu.Lock()
+	names := slices.Sorted(maps.Keys(i.objs))
+	var b strings.Builder
+	for _, n := range names {
+		b.WriteString(n + "\x00" + i.alsoKey(i.objs[n]) + "\x00")
+	}
+	changed := b.String() != i.lastKey
+	i.lastKey = b.String()
+	i.mu.Unlock()
+	if changed {
 		i.also.Fire()
 	}
 }
