@@ -233,7 +233,7 @@ func (a *Agent) wantAnnotations(s machine.Status) {
 }
 
 // findPeers keeps the peer list equal to the other nodes' addresses (from
-// their records) at the peer port, for a config that names no peers:
+// their records, as the API's copy changes) at the peer port, for a config that names no peers:
 // nodes added later are included. With them it counts the nodes the
 // machine config operator counts beyond those records: ferry does not run
 // there, and the gate waits for them.
@@ -243,6 +243,9 @@ func (a *Agent) findPeers(ctx context.Context, every time.Duration) {
 	posted := false
 	var lastCountErr string
 	for {
+		// Taken before reading: a record written meanwhile wakes the next.
+		changes := a.deps.API.Changes()
+		ran := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		nodes, err := a.deps.API.NodeAddresses(cctx)
 		machines, known, cerr := 0, false, error(nil)
@@ -295,13 +298,28 @@ func (a *Agent) findPeers(ctx context.Context, every time.Duration) {
 				last, posted = ev, true
 			}
 		}
+		// Again when the API's copy changes (a node's record written: the
+		// records are read from the copy, no request), at most every
+		// findPeersMin, and every `every` at least.
 		select {
+		case <-changes:
 		case <-time.After(every):
+		case <-ctx.Done():
+			return
+		}
+		select {
+		case <-time.After(time.Until(ran.Add(findPeersMin))):
 		case <-ctx.Done():
 			return
 		}
 	}
 }
+
+// findPeersMin bounds how often findPeers reads the records again: every
+// change of what the API's watches hold wakes it (a node that starts
+// beside the others learns of them as their records come, not 30 s
+// later), and at every node's write it would read them all.
+const findPeersMin = time.Second
 
 // peerPort is the port of the peer server's listen address (8090 when
 // unset: every node runs the same config).
