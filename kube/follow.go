@@ -53,6 +53,10 @@ type Follower struct {
 	// until read): only this node writes them.
 	entries   []v1alpha1.BundleNodeStatus
 	reporting string // the UpgradeBundle this node last wrote its entry in
+	// leasesDecoded is the records as decoded at the leases' copy's
+	// generation leasesGen (leaseList).
+	leasesDecoded []lease
+	leasesGen     uint64
 }
 
 // poolsFor is how long the pools' count of nodes is used before they are
@@ -377,7 +381,25 @@ func (f *Follower) NodeReadiness(ctx context.Context) (map[string]cluster.NodeRe
 }
 
 // leaseList is every record of the copy; nil, nil before the watch synced.
-func (f *Follower) leaseList() ([]lease, error) { return decodeAll[lease](f.leases, "nodes' records") }
+// Decoded once per change of the copy: every peer handshake asks for the
+// nodes' addresses (cmd/ferry's recordedNodes), N records each time.
+func (f *Follower) leaseList() ([]lease, error) {
+	gen := f.leases.Gen()
+	f.mu.Lock()
+	if f.leasesGen == gen && f.leasesDecoded != nil {
+		ls := f.leasesDecoded
+		f.mu.Unlock()
+		return ls, nil
+	}
+	f.mu.Unlock()
+	ls, err := decodeAll[lease](f.leases, "nodes' records")
+	if err == nil && ls != nil {
+		f.mu.Lock()
+		f.leasesGen, f.leasesDecoded = gen, ls
+		f.mu.Unlock()
+	}
+	return ls, err
+}
 
 // Preflight is Client.Preflight on this node's own pods.
 func (f *Follower) Preflight(ctx context.Context, target string, images []string) (cluster.Preflight, error) {

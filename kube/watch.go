@@ -124,6 +124,7 @@ type Informer struct {
 	mu     sync.Mutex
 	objs   map[string]json.RawMessage // by metadata.name
 	synced bool                       // listed, and the watch not refused since
+	gen    uint64                     // counts the copy's changes (Gen)
 }
 
 // Inform makes an Informer of the collection at path; Run runs it.
@@ -138,8 +139,19 @@ func (i *Informer) Also(s *Signal, key func(json.RawMessage) string) *Informer {
 	return i
 }
 
+// Gen counts the changes of i's copy: a reader that decodes it whole can
+// keep what it decoded while Gen stays.
+func (i *Informer) Gen() uint64 {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.gen
+}
+
 // fire wakes the readers of i's signals.
 func (i *Informer) fire() {
+	i.mu.Lock()
+	i.gen++
+	i.mu.Unlock()
 	i.changed.Fire()
 	if i.also == nil {
 		return
