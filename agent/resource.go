@@ -212,13 +212,18 @@ const writerStagger = 5 * time.Second
 
 // takesTurn tells whether this node, the summary's writer by the rule
 // (summaryWriter), writes it now: at once when no ready node that the
-// gate weighs comes before it by name, else once it has been the writer
-// for writerStagger per such node, in which time the record of an
-// earlier node that reports on the bundle comes in.
+// gate weighs comes before it by name (no node at all, when this one is
+// not ready), else once it has been the writer for writerStagger per
+// such node, in which time the record of an earlier node that reports on
+// the bundle comes in.
 func (n *nodesRead) takesTurn(name, self string, excluded map[string]string, now time.Time) bool {
+	// The nodes before it in the rule's own order: the ready ones, or,
+	// when it is not ready itself (none is: the rule then takes the first
+	// of those known), every one.
+	selfReady := n.ready[self].Ready
 	rank := 0
 	for m, r := range n.ready {
-		if _, out := excluded[m]; !out && r.Ready && m < self {
+		if _, out := excluded[m]; !out && (r.Ready || !selfReady) && m < self {
 			rank++
 		}
 	}

@@ -134,4 +134,10 @@ func TestNodesRead_AWriterTakesItsTurnAfterTheNodesBeforeIt(t *testing.T) {
 	if n.takesTurn("other", "d", nil, t0.Add(time.Hour)) {
 		t.Fatal("another bundle's turn starts over")
 	}
+	// None ready (the rule takes the first of those known): every node
+	// before it by name takes a turn.
+	none := nodesRead{ready: map[string]cluster.NodeReady{"a": {}, "b": {}, "c": {}}}
+	if none.takesTurn(name, "c", nil, t0); !none.wakeAt.Equal(t0.Add(2 * writerStagger)) {
+		t.Fatalf("c, none ready: its turn at %s, want after a's and b's", none.wakeAt)
+	}
 }
