@@ -54,25 +54,7 @@ func (s *poolAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // says the pool is paused, not the pool as listed before.
 func TestFollower_APausedPoolIsTheReasonAtTheNextReading(t *testing.T) {
 	api := &poolAPI{}
-	srv := httptest.NewTLSServer(api)
-	defer srv.Close()
-	c := &Client{ep: endpoint{server: srv.URL}, tokens: &tokens{}, hc: srv.Client(), stream: srv.Client(), log: slog.New(slog.DiscardHandler), Attempts: 1}
-	f := c.Follow("node-a")
-	ctx, cancel := context.WithCancel(t.Context())
-	var wg sync.WaitGroup
-	wg.Go(func() { f.Run(ctx) })
-	defer func() { cancel(); wg.Wait() }()
-
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, found, synced := f.nodes.Get("node-a"); found && synced {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the follower never read its Node")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	f, ctx := followPools(t, api)
 	if n, known, err := f.MachineCount(ctx); n != 1 || !known || err != nil {
 		t.Fatalf("MachineCount %d %v %v", n, known, err)
 	}
@@ -89,24 +71,7 @@ func TestFollower_APausedPoolIsTheReasonAtTheNextReading(t *testing.T) {
 // and the count of nodes is listed again only after poolsFor.
 func TestFollower_ReadsItsOnePoolByName(t *testing.T) {
 	api := &poolAPI{}
-	srv := httptest.NewTLSServer(api)
-	defer srv.Close()
-	c := &Client{ep: endpoint{server: srv.URL}, tokens: &tokens{}, hc: srv.Client(), stream: srv.Client(), log: slog.New(slog.DiscardHandler), Attempts: 1}
-	f := c.Follow("node-a")
-	ctx, cancel := context.WithCancel(t.Context())
-	var wg sync.WaitGroup
-	wg.Go(func() { f.Run(ctx) })
-	defer func() { cancel(); wg.Wait() }()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, found, synced := f.nodes.Get("node-a"); found && synced {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the follower never read its Node")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	f, ctx := followPools(t, api)
 	for i := range 5 {
 		st, err := f.MachineConfigState(ctx, "node-a")
 		if err != nil || st.Pool != "worker" || st.Target != "rendered-worker-2" {
@@ -168,4 +133,28 @@ func TestFollower_NodeChangesAreTheMCOsNotFerrys(t *testing.T) {
 	step(node(3, "Done", "loaded", ""), false)
 	step(node(4, "Working", "loaded", ""), true)
 	step(node(5, "Working", "loaded", `,"node-role.kubernetes.io/infra":""`), true)
+}
+
+// followPools runs node-a's follower against api until the test ends,
+// and returns once it has read its Node.
+func followPools(t *testing.T, api *poolAPI) (*Follower, context.Context) {
+	t.Helper()
+	srv := httptest.NewTLSServer(api)
+	t.Cleanup(srv.Close)
+	c := &Client{ep: endpoint{server: srv.URL}, tokens: &tokens{}, hc: srv.Client(), stream: srv.Client(), log: slog.New(slog.DiscardHandler), Attempts: 1}
+	f := c.Follow("node-a")
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { f.Run(ctx) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, found, synced := f.nodes.Get("node-a"); found && synced {
+			return f, ctx
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the follower never read its Node")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
