@@ -206,12 +206,12 @@ func TestAgent_TheKubeletsCertificateRunsTheWholeLoop(t *testing.T) {
 	waitUntil(t, "Updated in node-a's entry", func() bool {
 		return apimeta.IsStatusConditionTrue(e.BundleNodes(name)["node-a"].Conditions, "Updated")
 	})
-	if l := e.NodeLabels("node-a")[agent.LabelPhase]; l != string(agent.PhaseUpgraded) {
-		t.Errorf("label %s=%q", agent.LabelPhase, l)
-	}
-	if got := e.Annotations("node-a")[agent.AnnotationPhase]; got != string(agent.PhaseUpgraded) {
-		t.Errorf("annotation %s=%q", agent.AnnotationPhase, got)
-	}
+	// The Node's label and annotation follow the node entry on their own
+	// write: wait for them rather than read them once.
+	waitUntil(t, "node-a labelled and annotated upgraded", func() bool {
+		return e.NodeLabels("node-a")[agent.LabelPhase] == string(agent.PhaseUpgraded) &&
+			e.Annotations("node-a")[agent.AnnotationPhase] == string(agent.PhaseUpgraded)
+	})
 
 	// The same credential, the agent's kubeconfig.
 	c, err := kube.New(kc, nil)
