@@ -126,9 +126,10 @@ func TestAgent_ABundleApprovedAheadInItsUpgradeBundleGoesThroughAlone(t *testing
 		return apimeta.IsStatusConditionTrue(n.Conditions, "Updated") &&
 			st.Approved == "digest" && st.NodesReady == "1/1" && n.Reason == agent.ReasonUpgraded && !stale
 	})
-	if l := e.NodeLabels("node-a")[agent.LabelPhase]; l != string(agent.PhaseUpgraded) {
-		t.Errorf("label %s=%q", agent.LabelPhase, l)
-	}
+	// The label follows the entry on a write of its own.
+	waitUntil(t, "node-a labelled upgraded", func() bool {
+		return e.NodeLabels("node-a")[agent.LabelPhase] == string(agent.PhaseUpgraded)
+	})
 }
 
 // bundleNode is one real agent (approval required, nothing approved in

@@ -157,10 +157,11 @@ func versionOperatorFinishes(t *testing.T, e *kubeenv.Env, f *fleet, name, relea
 		}
 		return st["phase"] == string(agent.PhaseUpgraded)
 	})
+	// Each label follows its node's entry on a write of its own.
 	for _, n := range f.nodes {
-		if l := e.NodeLabels(n.Name)[agent.LabelPhase]; l != string(agent.PhaseUpgraded) {
-			t.Errorf("%s: label %s=%q", n.Name, agent.LabelPhase, l)
-		}
+		waitFor(t, n.Name+" labelled upgraded", func() bool {
+			return e.NodeLabels(n.Name)[agent.LabelPhase] == string(agent.PhaseUpgraded)
+		})
 	}
 	// Every node's entry, as ferry status --cluster reads them from the
 	// nodes' UpgradeBundleNodes, by node name.
