@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -65,6 +66,17 @@ func TestAgents_RegistryModeAStalledFollowerHoldsNoPull(t *testing.T) {
 		t.Fatalf("the lab's nodes are %s, %s, %s: the stalling link is not where the test puts it", first.Name, second.Name, third.Name)
 	}
 
+	// A node takes a peer's certificate only once it has read that
+	// peer's record: until then the first asks fail and are tried again
+	// a little later. The pull starts once the stalled node and the
+	// puller know each other, so that the stalled node follows it from
+	// its start rather than taking the whole bundle from the second node.
+	select {
+	case <-sl.answered:
+	case <-time.After(agentBound):
+		t.Fatalf("%s never answered %s through the stalling link", puller, stalled)
+	}
+
 	name := "4.13.8-x86-64"
 	e.PatchBundleSpec(name, map[string]any{"source": map[string]any{"release": release, "node": puller,
 		"extraImages": []string{"quay.io/my-company/my-workload:v1"}}})
@@ -114,6 +126,8 @@ type stallLink struct {
 	upstream string        // the puller's peer address
 	sock     string        // the unix socket socat in the puller's namespace answers
 	stalled  chan struct{} // closed once the stalled response sent its 1 KiB
+	answered chan struct{} // closed once the puller answered the follower
+	answer   sync.Once
 	release  chan struct{}
 	claimed  atomic.Bool
 	held     atomic.Bool
@@ -135,7 +149,7 @@ func newStallLink(t *testing.T, e *kubeenv.Env, servingCA *testca.CA, puller, fo
 		t.Fatal(err)
 	}
 	sl := &stallLink{port: ln.Addr().(*net.TCPAddr).Port, sock: filepath.Join(dir, "peer.sock"),
-		stalled: make(chan struct{}), release: make(chan struct{})}
+		stalled: make(chan struct{}), answered: make(chan struct{}), release: make(chan struct{})}
 	cert, key := servingCA.Serving(t, puller, "127.0.0.1")
 	serving := testca.KeyPair(t, cert, key)
 	ccert, ckey := e.ClientCA.Node(t, follower)
@@ -191,6 +205,9 @@ func (sl *stallLink) serve(t *testing.T, w http.ResponseWriter, r *http.Request)
 		w.Header()[k] = vs
 	}
 	w.WriteHeader(resp.StatusCode)
+	if resp.StatusCode == http.StatusOK {
+		sl.answer.Do(func() { close(sl.answered) })
+	}
 	stall := strings.Contains(r.URL.Path, "/blobs/") && r.Header.Get("Range") == "" &&
 		resp.StatusCode == http.StatusOK && resp.ContentLength >= 64<<10 && sl.claimed.CompareAndSwap(false, true)
 	if !stall {
