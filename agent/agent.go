@@ -20,10 +20,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/pacing"
 	"github.com/ferry-edge/ferry/pull/pullspec"
 )
@@ -224,7 +223,8 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a := &Agent{
 		cfg: cfg, deps: deps, log: deps.Log, store: store,
 		m: machine.NewMachine(settingsOf(cfg), policy, machine.Wiring{Now: deps.Now, Log: deps.Log, Media: deps.Media != nil,
-			Loader: deps.Loader != nil, Peers: deps.Peers != nil, API: deps.API != nil, Warnings: deps.Warnings}),
+			Loader: deps.Loader != nil, Peers: deps.Peers != nil, API: deps.API != nil, Warnings: deps.Warnings,
+			ParseMetadata: bundle.ParseMetadata, ApproveOffer: bundle.ApproveOffer}),
 		events:   make(chan machine.Event, 16),
 		progress: make(chan machine.EvProgress, 1),
 	}

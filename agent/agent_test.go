@@ -12,10 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // fakeDevices is a DeviceSource the test feeds.

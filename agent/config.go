@@ -511,8 +511,16 @@ func settingsOf(c Config) machine.Settings {
 	return machine.Settings{
 		NodeName: c.NodeName, ApprovalOff: c.ApprovalOff(),
 		OnReady: c.Cluster.OnReady, Schedule: c.Cluster.Schedule,
-		ExtractDir: c.Paths.ExtractDir, StateDir: c.Paths.StateDir,
+		ExtractDir: cleanDir(c.Paths.ExtractDir), StateDir: cleanDir(c.Paths.StateDir),
 		KeepRunningRelease: c.Retention.KeepRunningRelease,
 		Peers:              c.Peer.Peers, PeersClosed: c.Peer.Closed(),
 	}
+}
+
+// cleanDir is dir as the machine joins it, by hand: clean, "" left "".
+func cleanDir(dir string) string {
+	if dir == "" {
+		return ""
+	}
+	return filepath.Clean(dir)
 }

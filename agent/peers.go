@@ -8,8 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/pull/pullspec"
 )
@@ -36,21 +35,43 @@ type Peers interface {
 }
 
 // pollPeers sends a view of the peers to the main loop every interval.
+// With a peer set that can be asked in part (peer.Node), each round asks
+// at most peerSample peers (peerPoller): a node's requests to its peers
+// do not grow with the cluster's size.
 func (a *Agent) pollPeers(ctx context.Context, interval time.Duration, out chan<- machine.View) {
+	sampler, _ := a.deps.Peers.(peerSampler)
+	var pp *peerPoller
+	if sampler != nil {
+		pp = newPeerPoller(peerSample)
+	}
 	for {
 		pctx, cancel := context.WithTimeout(ctx, interval+5*time.Second)
-		offers, _ := a.deps.Peers.Discover(pctx)
-		st := a.deps.Peers.Statuses(pctx)
+		var v machine.View
+		full := false
+		if pp != nil {
+			snap := a.snap.Load()
+			v, full = pp.round(pctx, sampler, gateGoal(snap.peer, snap.excluded))
+		} else {
+			v.Offers, _ = a.deps.Peers.Discover(pctx)
+			v.Statuses = a.deps.Peers.Statuses(pctx)
+		}
 		cancel()
-		a.notePeerNodes(st)
+		v.At = time.Now()
+		a.notePeerNodes(v.Statuses)
 		select {
-		case out <- machine.View{Offers: offers, Statuses: st, At: time.Now()}:
+		case out <- v:
 		case <-ctx.Done():
 			return
 		}
 		wait := interval
-		if a.moving(st) {
+		if a.moving(v.Statuses) {
 			wait = min(wait, movingPoll)
+		}
+		if full {
+			// Every peer asked again while the answers say the gate may
+			// open and it stays shut (it waits for something else):
+			// less and less often.
+			wait = max(wait, pp.fullWait())
 		}
 		// A node waiting for a peer to pull a release asks again as soon
 		// as the cluster's API changes: the puller's UpgradeBundle entry

@@ -11,9 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/cluster"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/pull/pullspec"
 )

@@ -149,6 +149,9 @@ func (a *Agent) followBundle(ctx context.Context, api ClusterAPI) {
 		if !written.sumDue.IsZero() {
 			wait = min(wait, max(time.Until(written.sumDue), 10*time.Millisecond))
 		}
+		if !nodes.wakeAt.IsZero() {
+			wait = min(wait, max(time.Until(nodes.wakeAt), 10*time.Millisecond))
+		}
 		if err != nil || approvalsErr != "" {
 			retry = min(max(2*retry, time.Second), 30*time.Second)
 			wait = min(wait, retry)
@@ -191,7 +194,53 @@ func awaitChange(ctx context.Context, wait time.Duration, changes, followed <-ch
 // at each round, from the Follower's copy (the watch of the records).
 type nodesRead struct {
 	ready map[string]cluster.NodeReady
+	// writerFor and writerSince: since when this node has been the
+	// summary's writer by the rule for the UpgradeBundle writerFor
+	// (takesTurn); wakeAt is when its turn comes (zero: none due).
+	writerFor   string
+	writerSince time.Time
+	wakeAt      time.Time
 }
+
+// writerStagger is how long a node waits, for each ready node before it
+// by name, before it writes a summary that no node before it writes:
+// the first by name that reports on the bundle writes at once, and its
+// record, saying so, reaches the others before their turn, so that one
+// node, not every node, writes its record to say it reports (every node
+// watches every record: N writes would be N events to each of N nodes).
+const writerStagger = 5 * time.Second
+
+// takesTurn tells whether this node, the summary's writer by the rule
+// (summaryWriter), writes it now: at once when no ready node that the
+// gate weighs comes before it by name (no node at all, when this one is
+// not ready), else once it has been the writer for writerStagger per
+// such node, in which time the record of an earlier node that reports on
+// the bundle comes in.
+func (n *nodesRead) takesTurn(name, self string, excluded map[string]string, now time.Time) bool {
+	// The nodes before it in the rule's own order: the ready ones, or,
+	// when it is not ready itself (none is: the rule then takes the first
+	// of those known), every one.
+	selfReady := n.ready[self].Ready
+	rank := 0
+	for m, r := range n.ready {
+		if _, out := excluded[m]; !out && (r.Ready || !selfReady) && m < self {
+			rank++
+		}
+	}
+	if n.writerFor != name || n.writerSince.IsZero() {
+		n.writerFor, n.writerSince = name, now
+	}
+	due := n.writerSince.Add(time.Duration(rank) * writerStagger)
+	if now.Before(due) {
+		n.wakeAt = due
+		return false
+	}
+	n.wakeAt = time.Time{}
+	return true
+}
+
+// notWriter forgets this node's time as the writer by the rule.
+func (n *nodesRead) notWriter() { n.writerFor, n.writerSince, n.wakeAt = "", time.Time{}, time.Time{} }
 
 // refresh reads the nodes' readiness again.
 func (n *nodesRead) refresh(ctx context.Context, api BundleAPI) error {
@@ -237,6 +286,13 @@ func (a *Agent) readBundle(ctx context.Context, api ClusterAPI, rep *machine.Bun
 	excluded := excludedNodes(view.Policy, ready, a.deps.Now(), a.cfg.NodeName)
 	// Only the summary's writer follows every node's entry.
 	writer := summaryWriter(rep.Name, ready, excluded, a.cfg.NodeName) == a.cfg.NodeName
+	if !writer {
+		nodes.notWriter()
+	} else if r, ok := ready[a.cfg.NodeName]; !ok || r.Reports != rep.Name {
+		// Its record does not say it reports on the bundle yet: its turn
+		// comes after the nodes before it (it says so as it first writes).
+		writer = nodes.takesTurn(rep.Name, a.cfg.NodeName, excluded, a.deps.Now())
+	}
 	api.FollowEntries(writer)
 	if writer {
 		if view, ok, err = api.UpgradeBundle(cctx, rep.Name); err != nil || !ok {

@@ -10,9 +10,8 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/internal/atomicfile"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Store keeps records as one JSON file each, written atomically.

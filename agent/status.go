@@ -2,6 +2,7 @@ package agent
 
 import (
 	"github.com/ferry-edge/ferry/agent/machine"
+	"maps"
 	"reflect"
 	"sync"
 
@@ -21,6 +22,9 @@ type snapshot struct {
 	readNode bool
 	// bundle is this node's report on the active bundle's UpgradeBundle.
 	bundle *machine.BundleReport
+	// excluded are the nodes the gate leaves out (spec.excludedNodes),
+	// for the peers' poll (pollPeers).
+	excluded map[string]string
 }
 
 // publish makes the machine's state visible to readers.
@@ -29,7 +33,7 @@ func (a *Agent) publish() {
 	ps := a.m.StatusForPeers(s)
 	a.holdingBack(&s)
 	a.pulling(&s)
-	snap := &snapshot{status: s, peer: ps, cluster: a.m.ClusterView(ps), readNode: a.m.ReadsNode(), bundle: a.m.ResourceReport(s)}
+	snap := &snapshot{status: s, peer: ps, cluster: a.m.ClusterView(ps), readNode: a.m.ReadsNode(), bundle: a.m.ResourceReport(s), excluded: maps.Clone(a.m.Excluded)}
 	if snap.bundle == nil {
 		snap.bundle = pullReport(s)
 	}

@@ -3,6 +3,7 @@ package agent
 import (
 	"github.com/ferry-edge/ferry/agent/machine"
 	"testing"
+	"time"
 
 	"github.com/ferry-edge/ferry/cluster"
 )
@@ -101,5 +102,42 @@ func TestSummaryNews_CountsAloneWaitAPhaseOrAConditionDoesNot(t *testing.T) {
 		if !summaryNews(base, s) {
 			t.Errorf("a change of %s is not news", what)
 		}
+	}
+}
+
+// TestNodesRead_AWriterTakesItsTurnAfterTheNodesBeforeIt: the summary's
+// writer by the rule whose record does not say so yet writes at once
+// when no ready node comes before it by name, else after writerStagger
+// for each (an excluded or not ready node takes no turn): the record of
+// an earlier node that reports comes in meanwhile, and only one node
+// writes its record to say it reports.
+func TestNodesRead_AWriterTakesItsTurnAfterTheNodesBeforeIt(t *testing.T) {
+	const name = "4.13.7-x86-64"
+	t0 := time.Date(2026, 11, 29, 4, 0, 0, 0, time.UTC)
+	n := nodesRead{ready: map[string]cluster.NodeReady{"a": {Ready: true}, "b": {Ready: true}, "c": {Ready: true}, "d": {}}}
+	if !n.takesTurn(name, "a", nil, t0) {
+		t.Fatal("a, first by name, waits")
+	}
+	n.notWriter()
+	if n.takesTurn(name, "d", map[string]string{"a": "listed in spec.excludedNodes"}, t0) {
+		t.Fatal("d writes at once with b and c ready before it")
+	}
+	if want := t0.Add(2 * writerStagger); !n.wakeAt.Equal(want) {
+		t.Fatalf("d's turn at %s, want %s (b, c: a is excluded)", n.wakeAt, want)
+	}
+	if n.takesTurn(name, "d", map[string]string{"a": "listed in spec.excludedNodes"}, t0.Add(2*writerStagger-time.Millisecond)) {
+		t.Fatal("d writes before its turn")
+	}
+	if !n.takesTurn(name, "d", map[string]string{"a": "listed in spec.excludedNodes"}, t0.Add(2*writerStagger)) || !n.wakeAt.IsZero() {
+		t.Fatal("d does not write at its turn")
+	}
+	if n.takesTurn("other", "d", nil, t0.Add(time.Hour)) {
+		t.Fatal("another bundle's turn starts over")
+	}
+	// None ready (the rule takes the first of those known): every node
+	// before it by name takes a turn.
+	none := nodesRead{ready: map[string]cluster.NodeReady{"a": {}, "b": {}, "c": {}}}
+	if none.takesTurn(name, "c", nil, t0); !none.wakeAt.Equal(t0.Add(2 * writerStagger)) {
+		t.Fatalf("c, none ready: its turn at %s, want after a's and b's", none.wakeAt)
 	}
 }

@@ -76,13 +76,27 @@ const approvalRetry = 30
 // the Node is read: the pools are not watched), and after a failure.
 func (a *Agent) followUpgrade(ctx context.Context) {
 	var lastErr, lastNodeErr string
+	var nodeRead time.Time // zero: read it at the next round that needs it
+	nodeChanges, _ := a.deps.API.(nodeChanger)
 	for {
 		changes, followed := a.deps.API.Changes(), a.followed.c()
+		var nodeChanged <-chan struct{}
+		if nodeChanges != nil {
+			nodeChanged = nodeChanges.NodeChanges()
+		}
 		snap := a.snap.Load()
 		wait := a.resync()
-		if snap.readNode {
-			a.readNode(ctx, &lastNodeErr)
-			wait = min(wait, readNodeEvery)
+		if !snap.readNode {
+			nodeRead = time.Time{}
+		} else {
+			// Only when the Node changed, or the resync is due: every
+			// other node's write to what the API watches would read it
+			// again, as often as the cluster has nodes.
+			if nodeChanged == nil || nodeRead.IsZero() || lastNodeErr != "" || time.Since(nodeRead) >= readNodeEvery {
+				a.readNode(ctx, &lastNodeErr)
+				nodeRead = time.Now()
+			}
+			wait = min(wait, max(time.Until(nodeRead.Add(readNodeEvery)), time.Second))
 		}
 		if s := snap.status; s.Release != "" && (s.Phase == string(machine.PhaseClusterReady) || s.Phase == string(machine.PhaseUpgrading)) {
 			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -104,10 +118,20 @@ func (a *Agent) followUpgrade(ctx context.Context) {
 		if !awaitChange(ctx, wait, changes, followed) {
 			return
 		}
+		select {
+		case <-nodeChanged:
+			nodeRead = time.Time{}
+		default:
+		}
 	}
 }
 
-// readNodeEvery bounds the resync while the Node is read.
+// nodeChanger is a ClusterAPI that tells a change of this node's own Node
+// from the others' (kube.Follower.NodeChanges).
+type nodeChanger interface{ NodeChanges() <-chan struct{} }
+
+// readNodeEvery bounds the resync while the Node is read: a pool paused
+// meanwhile (the pools are not watched) is seen within it.
 const readNodeEvery = 30 * time.Second
 
 // readNode reads the machine config operator's state of this node and
@@ -209,7 +233,7 @@ func (a *Agent) wantAnnotations(s machine.Status) {
 }
 
 // findPeers keeps the peer list equal to the other nodes' addresses (from
-// their records) at the peer port, for a config that names no peers:
+// their records, as the API's copy changes) at the peer port, for a config that names no peers:
 // nodes added later are included. With them it counts the nodes the
 // machine config operator counts beyond those records: ferry does not run
 // there, and the gate waits for them.
@@ -219,6 +243,9 @@ func (a *Agent) findPeers(ctx context.Context, every time.Duration) {
 	posted := false
 	var lastCountErr string
 	for {
+		// Taken before reading: a record written meanwhile wakes the next.
+		changes := a.deps.API.Changes()
+		ran := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		nodes, err := a.deps.API.NodeAddresses(cctx)
 		machines, known, cerr := 0, false, error(nil)
@@ -271,13 +298,28 @@ func (a *Agent) findPeers(ctx context.Context, every time.Duration) {
 				last, posted = ev, true
 			}
 		}
+		// Again when the API's copy changes (a node's record written: the
+		// records are read from the copy, no request), at most every
+		// findPeersMin, and every `every` at least.
 		select {
+		case <-changes:
 		case <-time.After(every):
+		case <-ctx.Done():
+			return
+		}
+		select {
+		case <-time.After(time.Until(ran.Add(findPeersMin))):
 		case <-ctx.Done():
 			return
 		}
 	}
 }
+
+// findPeersMin bounds how often findPeers reads the records again: every
+// change of what the API's watches hold wakes it (a node that starts
+// beside the others learns of them as their records come, not 30 s
+// later), and at every node's write it would read them all.
+const findPeersMin = time.Second
 
 // peerPort is the port of the peer server's listen address (8090 when
 // unset: every node runs the same config).

@@ -14,46 +14,11 @@ import (
 	"time"
 
 	"aead.dev/minisign"
+
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/diskspace"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
-	"github.com/opencontainers/go-digest"
 )
-
-// Policy is what a bundle must satisfy to be accepted (docs/design.md, "Trust").
-type Policy struct {
-	// Arch is the node's architecture; "" skips the check.
-	Arch string
-	// ApprovedDigests and TrustedKeys approve bundles; with neither (and
-	// not Required), any bundle whose sha256 checks is accepted (and a
-	// warning logged): what `ferry bundle verify` does without flags.
-	ApprovedDigests []string
-	TrustedKeys     []minisign.PublicKey
-	// Required makes approval required even when neither approved
-	// digests nor trusted keys are given: nothing is approved then (the
-	// agent's default; docs/design.md, "Approval").
-	Required bool
-	// Off approves every bundle whose sha256 checks, whatever else is
-	// set (the agent's explicit `approval = "off"`, for labs).
-	Off bool
-	// Unapproved lets an unapproved bundle whose .sha256 checks be
-	// verified and extracted instead of refused: its Result says
-	// ApprovalNone, and the caller must not load it (it may share it).
-	Unapproved bool
-	// SpaceFactor × sizeBytes must be free where the bundle is extracted;
-	// 0 means 2. Negative skips the check (verify only).
-	SpaceFactor int64
-	// ApprovedByPeer is a digest this node approved before fetching it from
-	// a peer (ApproveOffer): it is approved, and said to be so (ApprovalPeer).
-	ApprovedByPeer digest.Digest
-	// ApprovedSources are releases the administrator asked for from the
-	// registry: a bundle of one (made by the node that pulled it) is
-	// approved by what it holds (ApproveOffer: ApprovalSource).
-	ApprovedSources []ReleaseSource
-	// Payload, when set, holds the bundle to that source as it is
-	// extracted: every image it lists is named by the release or asked
-	// for (checkPayload).
-	Payload *ReleaseSource
-}
 
 // Options tune one verify or extract run.
 type Options struct {
@@ -122,31 +87,6 @@ type Resume struct {
 	Offset int64
 }
 
-// Admission is what Options.Admit found short of a refusal.
-type Admission struct {
-	// DigestOnly are images (references as in metadata.json) to pull and
-	// pin by digest only: the node's policy admits the digest but not the
-	// tag they keep (DropTags).
-	DigestOnly []string
-	// Warnings say so, one line per image, for the status.
-	Warnings []string
-}
-
-// Result describes a verified bundle.
-type Result struct {
-	Metadata *Metadata
-	Digest   digest.Digest // sha256:<hex> of the tar bytes up to the end marker
-	TarSize  int64
-	// Approval is how it was approved (ApprovalNone: not approved, see
-	// Policy.Unapproved).
-	Approval Approval
-	// Signature is the bundle's .minisig, if it had one: it travels to
-	// the peers, whose own trusted_keys may approve the bundle by it.
-	Signature []byte
-	// Admission is what Options.Admit narrowed, if anything.
-	Admission Admission
-}
-
 // Verify checks src without writing anything.
 func Verify(ctx context.Context, src Source, opts Options) (*Result, error) {
 	return run(ctx, src, "", opts)
@@ -163,12 +103,6 @@ func Extract(ctx context.Context, src Source, dest string, opts Options) (*Resul
 		return nil, fmt.Errorf("extract: %s already exists; remove it or choose another --dest", dest)
 	}
 	return run(ctx, src, dest, opts)
-}
-
-// StagingDir is where Extract writes before the rename; a leftover one
-// (after a crash) is never taken as good and is removed by the next run.
-func StagingDir(dest string) string {
-	return filepath.Join(filepath.Dir(dest), ".staging-"+filepath.Base(dest))
 }
 
 // ReadMetadata reads only the first entry of a bundle tar.
@@ -356,7 +290,7 @@ func decideApproval(src Source, p Policy) (approval, error) {
 		}
 	}
 	if src.SHA256Path != "" {
-		b, err := ReadSidecar(src.SHA256Path, src.sha256What())
+		b, err := ReadSidecar(src.SHA256Path, sha256What(src))
 		if err != nil {
 			return ap, err
 		}
@@ -365,13 +299,13 @@ func decideApproval(src Source, p Policy) (approval, error) {
 		}
 	}
 	if src.SigPath != "" {
-		b, err := ReadSignature(src.SigPath, src.sigWhat())
+		b, err := ReadSignature(src.SigPath, sigWhat(src))
 		if err != nil {
 			return ap, err
 		}
 		ap.travels = b // for the peers, whose keys may approve it
 		if len(p.TrustedKeys) > 0 {
-			ap.sig, ap.keys = b, p.TrustedKeys
+			ap.sig, ap.keys = b, publicKeys(p.TrustedKeys)
 		}
 	}
 	approvalOn := !p.Off && (p.Required || len(ap.approved) > 0 || len(p.TrustedKeys) > 0)

@@ -295,12 +295,12 @@ func TestExtract_ApprovedDigestAndSignature(t *testing.T) {
 	must(t, err)
 	must(t, os.WriteFile(src.Path+".minisig", mr.Sign(priv), 0o644))
 	src, _ = FindSource(src.Path, "")
-	res, err = Verify(t.Context(), src, Options{Policy: Policy{TrustedKeys: []minisign.PublicKey{otherPub, pub}}})
+	res, err = Verify(t.Context(), src, Options{Policy: Policy{TrustedKeys: []TrustedKey{TrustKey(otherPub), TrustKey(pub)}}})
 	must(t, err)
 	if res.Approval != "signature" {
 		t.Errorf("approval %q, want signature", res.Approval)
 	}
-	_, err = Verify(t.Context(), src, Options{Policy: Policy{TrustedKeys: []minisign.PublicKey{otherPub}}})
+	_, err = Verify(t.Context(), src, Options{Policy: Policy{TrustedKeys: []TrustedKey{TrustKey(otherPub)}}})
 	if !errors.Is(err, ErrNotApproved) || !strings.Contains(err.Error(), "signature") {
 		t.Fatalf("bad signature: got %v", err)
 	}

@@ -12,7 +12,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // extraction is one pass over a bundle's tar (docs/design.md, "The

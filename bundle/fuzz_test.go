@@ -13,7 +13,7 @@ func FuzzParseMetadata(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := ParseMetadata(b)
 		if err == nil {
-			if m.Validate() != nil {
+			if ValidateMetadata(m) != nil {
 				t.Fatal("parsed metadata does not validate")
 			}
 			if m.Name() == "" || len(m.AllImages()) != len(m.Images)+1 {

@@ -32,7 +32,7 @@ func TestMetadata_ImageBytesValidated(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := base()
 			m.ImageBytes = tc.ib
-			err := m.Validate()
+			err := bundle.ValidateMetadata(m)
 			if tc.bad == "" && err != nil || tc.bad != "" && (!errors.Is(err, bundle.ErrInvalid) || !strings.Contains(err.Error(), tc.bad)) {
 				t.Fatalf("got %v, want %q", err, tc.bad)
 			}

@@ -54,29 +54,6 @@ func PullRefs(images []string) []string {
 	return out
 }
 
-// DropTags is images with the tag dropped from those in digestOnly
-// (name:tag@sha256:… becomes name@sha256:…): what a node loads when its
-// signature policy admits those images by digest only (Admission). Their
-// PullRefs are then the digest alone, and MirrorsConf serves their
-// repository by digest only unless another image there keeps its tag.
-func DropTags(images, digestOnly []string) []string {
-	if len(digestOnly) == 0 {
-		return images
-	}
-	drop := make(map[string]bool, len(digestOnly))
-	for _, r := range digestOnly {
-		drop[r] = true
-	}
-	out := make([]string, 0, len(images))
-	for _, ref := range images {
-		if name, tag, digest := SplitRef(ref); drop[ref] && tag != "" && digest != "" {
-			ref = name + "@" + digest
-		}
-		out = append(out, ref)
-	}
-	return out
-}
-
 // RepoPath is name (registry/path, no tag or digest) without its registry
 // host: the path a bundle stores it under when no other name collides.
 func RepoPath(name string) string {

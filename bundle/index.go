@@ -11,9 +11,8 @@ import (
 	"sort"
 	"unsafe"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/internal/atomicfile"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Index records how a bundle's tar maps onto its extracted tree: the raw

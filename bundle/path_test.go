@@ -56,7 +56,7 @@ func TestMetadata_RefusesABadPath(t *testing.T) {
 	} {
 		m := pathMetadata()
 		tc.edit(m)
-		if err := m.Validate(); err == nil || !strings.Contains(err.Error(), tc.says) {
+		if err := ValidateMetadata(m); err == nil || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("%s: %v, want an error saying %q", tc.name, err, tc.says)
 		}
 	}

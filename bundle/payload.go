@@ -11,66 +11,9 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/opencontainers/go-digest"
-
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
-
-// ReleaseSource is a release an administrator asked for from the site's
-// registry (an UpgradeBundle's spec.source): the release by digest and
-// extra images by tag or digest. A bundle one node made of it is approved
-// on the others when it is the bundle that node published through the
-// cluster's API (Digest), and then held to what it holds.
-type ReleaseSource struct {
-	Release string
-	Extras  []string
-	// Digest is the bundle the pulling node made, as it published it in
-	// its own entry of the UpgradeBundle (only its credential writes
-	// there); "" while it has published none: no offer is taken.
-	Digest digest.Digest
-	// Resolved are the digests the extras given by tag resolved to on the
-	// pulling node, as it published them: a tag matches only that digest.
-	Resolved map[string]digest.Digest
-}
-
-// matches reports whether meta is a bundle of s: its release, and every
-// one of its extras (the tree check then holds it to the rest).
-func (s ReleaseSource) matches(meta *Metadata) bool {
-	if meta == nil || meta.Release != s.Release {
-		return false
-	}
-	for _, e := range s.Extras {
-		if !slices.ContainsFunc(meta.Images, func(img string) bool { return s.isExtra(img, e) }) {
-			return false
-		}
-	}
-	return true
-}
-
-// isExtra reports whether the bundle's image img is the extra image e: the
-// same digest reference, or e's name:tag resolved (name:tag@sha256:…) to
-// the digest the pulling node published, when it published one.
-func (s ReleaseSource) isExtra(img, e string) bool {
-	if img == e {
-		return true
-	}
-	if strings.Contains(e, "@") {
-		return false
-	}
-	d, ok := strings.CutPrefix(img, e+"@")
-	return ok && sha256digest.Valid(d) && (s.Resolved[e] == "" || digest.Digest(d) == s.Resolved[e])
-}
-
-// SourceFor is the approved source whose pulling node published dgst and
-// meta is a bundle of, or nil.
-func (p Policy) SourceFor(dgst digest.Digest, meta *Metadata) *ReleaseSource {
-	for _, s := range p.ApprovedSources {
-		if s.Digest != "" && s.Digest == dgst && s.matches(meta) {
-			return &s
-		}
-	}
-	return nil
-}
 
 // checkPayload holds a bundle made from the registry to its source: every
 // image it lists is one the release image names (its
@@ -78,7 +21,7 @@ func (p Policy) SourceFor(dgst digest.Digest, meta *Metadata) *ReleaseSource {
 // root) or one of the source's extras. A node that made it cannot slip in
 // an image nobody asked for.
 func checkPayload(root string, meta *Metadata, tree Tree, src ReleaseSource) error {
-	if !src.matches(meta) {
+	if !src.Matches(meta) {
 		return fmt.Errorf("%w: the bundle is not of release %s with the extra images asked for", ErrNotApproved, src.Release)
 	}
 	refs, err := treeReleaseImages(root, meta, tree)
@@ -86,7 +29,7 @@ func checkPayload(root string, meta *Metadata, tree Tree, src ReleaseSource) err
 		return err
 	}
 	for _, img := range meta.Images {
-		if slices.Contains(refs, img) || slices.ContainsFunc(src.Extras, func(e string) bool { return src.isExtra(img, e) }) {
+		if slices.Contains(refs, img) || slices.ContainsFunc(src.Extras, func(e string) bool { return src.IsExtra(img, e) }) {
 			continue
 		}
 		return fmt.Errorf("%w: the bundle holds %s, which release %s does not name and the UpgradeBundle's source does not ask for: the node that made it is not to be trusted", ErrNotApproved, img, src.Release)
@@ -134,7 +77,7 @@ func treeReleaseImages(root string, meta *Metadata, tree Tree) ([]string, error)
 	}
 	files := map[string][]byte{}
 	for i := len(m.Layers) - 1; i >= 0 && files[ImageReferencesPath] == nil; i-- {
-		d, err := digest.Parse(m.Layers[i].Digest)
+		d, err := sha256digest.Parse(m.Layers[i].Digest)
 		if err != nil {
 			return nil, fmt.Errorf("%w: the release image names layer %q", ErrInvalid, m.Layers[i].Digest)
 		}

@@ -4,38 +4,18 @@ import (
 	"fmt"
 
 	"aead.dev/minisign"
-	"github.com/opencontainers/go-digest"
+
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
-// On reports whether approval is required: not Off, and Required or
-// some approved digest or trusted key configured.
-func (p Policy) On() bool {
-	return !p.Off && (p.Required || len(p.ApprovedDigests) > 0 || len(p.TrustedKeys) > 0 || len(p.ApprovedSources) > 0)
-}
-
-// Approves reports whether digest is one of the approved digests (or
-// approval is off): what lets a bundle extracted unapproved be loaded
-// once the config approves it.
-func (p Policy) Approves(digest digest.Digest) bool {
-	if !p.On() {
-		return true
-	}
-	for _, d := range p.ApprovedDigests {
-		if NormalizeDigest(d) == digest {
-			return true
-		}
-	}
-	return false
-}
-
-// ApproveOffer applies arch and approval to a bundle a peer offers, before
+// ApproveOffer applies p's arch and approval to a bundle a peer offers, before
 // any byte of it is fetched: the peer shows its metadata, digest and
 // signature (sig, its .minisig; nil when it has none). It returns how it
 // was approved: ApprovalDigest, ApprovalOff, or ApprovalSignature when
 // sig is by one of the trusted keys; the signature itself is then
 // verified over the bytes as they are extracted (a Source with SigPath,
 // under this policy).
-func (p Policy) ApproveOffer(meta *Metadata, digest digest.Digest, sig []byte) (Approval, error) {
+func ApproveOffer(p Policy, meta *Metadata, digest digest.Digest, sig []byte) (Approval, error) {
 	if p.Arch != "" && meta.Arch != p.Arch {
 		return "", fmt.Errorf("%w: the peers' bundle is for %s, this node is %s", ErrWrongArch, meta.Arch, p.Arch)
 	}
@@ -64,7 +44,7 @@ func (p Policy) ApproveOffer(meta *Metadata, digest digest.Digest, sig []byte) (
 	if err := s.UnmarshalText(sig); err != nil {
 		return "", fmt.Errorf("%w: the peers' bundle %s carries a signature that does not parse (%v): ask the engineer to sign it again", ErrNotApproved, digest, err)
 	}
-	for _, k := range p.TrustedKeys {
+	for _, k := range publicKeys(p.TrustedKeys) {
 		if k.ID() != s.KeyID {
 			continue
 		}
@@ -80,16 +60,4 @@ func (p Policy) ApproveOffer(meta *Metadata, digest digest.Digest, sig []byte) (
 		return ApprovalSignature, nil
 	}
 	return "", fmt.Errorf("%w: the peers' bundle %s is signed by key %X, which is not one of this node's trusted_keys: add the engineer's public key here, or approve the digest", ErrNotApproved, digest, s.KeyID)
-}
-
-// PreApproved is the policy for extracting a bundle whose digest was
-// approved before it was fetched (ApproveOffer): that digest, and nothing
-// else, is approved, and the result says ApprovalPeer; with approval off it
-// stays off.
-func (p Policy) PreApproved(digest digest.Digest) Policy {
-	if p.On() {
-		p.ApprovedDigests, p.TrustedKeys, p.ApprovedSources, p.ApprovedByPeer = nil, nil, nil, digest
-		p.Unapproved = false
-	}
-	return p
 }

@@ -7,10 +7,10 @@ import (
 	"testing"
 
 	"aead.dev/minisign"
-	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/bundletest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 func TestPolicy_APeersApprovedDigestIsApprovedAndSaysSo(t *testing.T) {
@@ -27,11 +27,11 @@ func TestPolicy_APeersApprovedDigestIsApprovedAndSaysSo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pol.ApproveOffer(meta, dgst, nil); !errors.Is(err, bundle.ErrNotApproved) {
+	if _, err := bundle.ApproveOffer(pol, meta, dgst, nil); !errors.Is(err, bundle.ErrNotApproved) {
 		t.Fatalf("an offer of an unapproved digest: %v", err)
 	}
 	pol.ApprovedDigests = append(pol.ApprovedDigests, string(dgst))
-	if how, err := pol.ApproveOffer(meta, dgst, nil); err != nil || how != "digest" {
+	if how, err := bundle.ApproveOffer(pol, meta, dgst, nil); err != nil || how != "digest" {
 		t.Fatalf("offer: %q, %v", how, err)
 	}
 	res, err := bundle.Verify(t.Context(), src, bundle.Options{Policy: pol.PreApproved(dgst)})
@@ -69,12 +69,12 @@ func TestPolicy_APeersSignatureApprovesWithThisNodesKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pol := bundle.Policy{TrustedKeys: []minisign.PublicKey{pub}, SpaceFactor: -1}
-	if how, err := pol.ApproveOffer(meta, dgst, sig); err != nil || how != "signature" {
+	pol := bundle.Policy{TrustedKeys: []bundle.TrustedKey{bundle.TrustKey(pub)}, SpaceFactor: -1}
+	if how, err := bundle.ApproveOffer(pol, meta, dgst, sig); err != nil || how != "signature" {
 		t.Fatalf("signed by a trusted key: %q, %v", how, err)
 	}
 	for name, s := range map[string][]byte{"no signature": nil, "another key": otherSig, "garbage": []byte("untrusted comment: x\nnot base64\n")} {
-		if _, err := pol.ApproveOffer(meta, dgst, s); !errors.Is(err, bundle.ErrNotApproved) {
+		if _, err := bundle.ApproveOffer(pol, meta, dgst, s); !errors.Is(err, bundle.ErrNotApproved) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
@@ -82,14 +82,14 @@ func TestPolicy_APeersSignatureApprovesWithThisNodesKeys(t *testing.T) {
 	// the key ID alone approved it before; the signed comment names the
 	// digest, and the offer is refused before a byte is fetched.
 	lying := digest.Digest("sha256:" + strings.Repeat("e", 64))
-	if _, err := pol.ApproveOffer(meta, lying, sig); !errors.Is(err, bundle.ErrNotApproved) || !strings.Contains(err.Error(), "with a signature of bundle "+string(dgst)) {
+	if _, err := bundle.ApproveOffer(pol, meta, lying, sig); !errors.Is(err, bundle.ErrNotApproved) || !strings.Contains(err.Error(), "with a signature of bundle "+string(dgst)) {
 		t.Errorf("a signature of another bundle: %v", err)
 	}
 	// One whose comment names no digest (minisign's own, or an older
 	// ferry's) cannot approve an offer; one whose comment was edited fails
 	// its comment signature.
 	plain := minisign.Sign(priv, []byte("the same key, any message"))
-	if _, err := pol.ApproveOffer(meta, dgst, plain); !errors.Is(err, bundle.ErrNotApproved) || !strings.Contains(err.Error(), "names no sha256") {
+	if _, err := bundle.ApproveOffer(pol, meta, dgst, plain); !errors.Is(err, bundle.ErrNotApproved) || !strings.Contains(err.Error(), "names no sha256") {
 		t.Errorf("a signature naming no digest: %v", err)
 	}
 	var edited minisign.Signature
@@ -98,10 +98,10 @@ func TestPolicy_APeersSignatureApprovesWithThisNodesKeys(t *testing.T) {
 	}
 	edited.TrustedComment = strings.Replace(edited.TrustedComment, dgst.Encoded(), strings.Repeat("e", 64), 1)
 	editedText, _ := edited.MarshalText()
-	if _, err := pol.ApproveOffer(meta, lying, editedText); !errors.Is(err, bundle.ErrNotApproved) || !strings.Contains(err.Error(), "not signed by key") {
+	if _, err := bundle.ApproveOffer(pol, meta, lying, editedText); !errors.Is(err, bundle.ErrNotApproved) || !strings.Contains(err.Error(), "not signed by key") {
 		t.Errorf("an edited trusted comment: %v", err)
 	}
-	if _, err := (bundle.Policy{TrustedKeys: []minisign.PublicKey{otherPub}}).ApproveOffer(meta, dgst, sig); err == nil || !strings.Contains(err.Error(), "not one of this node's trusted_keys") {
+	if _, err := bundle.ApproveOffer(bundle.Policy{TrustedKeys: []bundle.TrustedKey{bundle.TrustKey(otherPub)}}, meta, dgst, sig); err == nil || !strings.Contains(err.Error(), "not one of this node's trusted_keys") {
 		t.Errorf("a node without the signer's key: %v", err)
 	}
 

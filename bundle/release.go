@@ -9,7 +9,7 @@ import (
 	"path"
 	"strings"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // ErrRelease: a release image ferry cannot read (bundle create, and a node
@@ -29,7 +29,7 @@ const (
 // RegistryRoot.
 func BlobDataPath(d digest.Digest) string {
 	h := d.Encoded()
-	return path.Join("blobs", d.Algorithm().String(), h[:2], h, "data")
+	return path.Join("blobs", "sha256", h[:2], h, "data")
 }
 
 // ReadReleaseFiles adds the release files (ImageReferencesPath,

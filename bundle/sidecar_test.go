@@ -97,7 +97,7 @@ func TestSignature_OneThatDoesNotParseIsRefusedWhateverThePolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := (bundle.Policy{Off: true}).ApproveOffer(meta, digest, []byte(hostSecret+"\n")); !errors.Is(err, bundle.ErrNotApproved) || strings.Contains(err.Error(), hostSecret) {
+	if _, err := bundle.ApproveOffer(bundle.Policy{Off: true}, meta, digest, []byte(hostSecret+"\n")); !errors.Is(err, bundle.ErrNotApproved) || strings.Contains(err.Error(), hostSecret) {
 		t.Errorf("an offer with approval off and a signature that does not parse: %v", err)
 	}
 }

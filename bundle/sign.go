@@ -13,8 +13,9 @@ import (
 	"time"
 
 	"aead.dev/minisign"
-	"github.com/opencontainers/go-digest"
 	"golang.org/x/crypto/blake2b"
+
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // ErrSignKey marks a signing key that cannot be used.
@@ -107,7 +108,7 @@ func SignReader(key minisign.PrivateKey, r io.Reader) ([]byte, error) {
 	if _, err := io.Copy(io.MultiWriter(h, d), r); err != nil {
 		return nil, err
 	}
-	return SignHash(key, h.Sum(nil), digest.NewDigestFromBytes(digest.SHA256, d.Sum(nil)))
+	return SignHash(key, h.Sum(nil), digest.FromSHA256(d.Sum(nil)))
 }
 
 // ErrSignatureDigest: a signature that names no bundle digest, or another.

@@ -10,7 +10,8 @@ import (
 	"sync"
 
 	"aead.dev/minisign"
-	"github.com/opencontainers/go-digest"
+
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 const (
@@ -200,7 +201,7 @@ func (r *hashingReader) trailing() (bool, error) {
 // ("sha256:<hex>") and whether sig verifies against one of keys.
 func (r *hashingReader) finish() digest.Digest {
 	r.close(true)
-	return digest.NewDigestFromBytes(digest.SHA256, r.sum.Sum(nil))
+	return digest.FromSHA256(r.sum.Sum(nil))
 }
 
 // finishPeek is finish for a raw device, and also returns up to n bytes
@@ -233,7 +234,7 @@ func (r *hashingReader) digestWith(more []byte) digest.Digest {
 		return ""
 	}
 	h.Write(more)
-	return digest.NewDigestFromBytes(digest.SHA256, h.Sum(nil))
+	return digest.FromSHA256(h.Sum(nil))
 }
 
 // close stops the hasher; with flush, the consumed tail is hashed first.

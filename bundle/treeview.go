@@ -3,7 +3,7 @@ package bundle
 import (
 	"strings"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Tree is what a pass kept of a bundle's registry tree once its digest and

@@ -5,14 +5,12 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"aead.dev/minisign"
-	"github.com/opencontainers/go-digest"
 
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/safefile"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
@@ -42,17 +40,6 @@ func ParseSHA256Line(b []byte, tarName string) (digest.Digest, error) {
 	return "", fmt.Errorf("%w: the .sha256 file has no line for %s: copy the .sha256 that came with this bundle", ErrInvalid, tarName)
 }
 
-// NormalizeDigest accepts "sha256:<hex>" or "<hex>" and returns
-// "sha256:<hex>", or "" when s is neither.
-func NormalizeDigest(s string) digest.Digest {
-	s = strings.ToLower(strings.TrimSpace(s))
-	d, ok := sha256digest.FromHex(strings.TrimPrefix(s, "sha256:"))
-	if !ok {
-		return ""
-	}
-	return d
-}
-
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
@@ -61,52 +48,35 @@ func truncate(s string, n int) string {
 }
 
 // LoadTrustedKeys reads minisign public key files.
-func LoadTrustedKeys(paths []string) ([]minisign.PublicKey, error) {
-	keys := make([]minisign.PublicKey, 0, len(paths))
+func LoadTrustedKeys(paths []string) ([]TrustedKey, error) {
+	keys := make([]TrustedKey, 0, len(paths))
 	for _, p := range paths {
 		k, err := minisign.PublicKeyFromFile(p)
 		if err != nil {
 			return nil, fmt.Errorf("trusted key %s: %w", p, err)
 		}
-		keys = append(keys, k)
+		keys = append(keys, TrustKey(k))
 	}
 	return keys, nil
 }
 
-// Source is where a bundle is read from.
-type Source struct {
-	// Path is the tar file, or a block device holding the raw tar.
-	Path string
-	// Raw means Path is a device: the tar ends at its end-of-archive
-	// marker and whatever follows on the device is ignored.
-	Raw bool
-	// SHA256Path and SigPath are the sidecar files; "" when absent.
-	SHA256Path string
-	SigPath    string
-	// Label is where the bundle came from when Path does not say it: a
-	// descriptor passed by ferry load is read at /proc/self/fd/N, and
-	// Label is the path the caller gave.
-	Label string
-	// Refused, when set, is why this bundle cannot be read at all (a
-	// file on a stick that is a symbolic link or a FIFO…): every reader
-	// refuses it with this reason, and nothing is opened.
-	Refused error
-	// Reader, when set, gives the tar's bytes instead of opening Path
-	// (a fetch streaming into the extraction: cut-through); Size is
-	// their length. Path still names the bundle and its sidecars.
-	Reader io.Reader
-	Size   int64
+// TrustKey is k as a Policy's trusted key.
+func TrustKey(k minisign.PublicKey) TrustedKey {
+	text, _ := k.MarshalText() // it fails on no key
+	return TrustedKey(text)
 }
 
-// Name is the tar's base name, as the technician sees it.
-func (s Source) Name() string { return filepath.Base(s.Where()) }
-
-// Where is the path the bundle is known by (Label, else Path).
-func (s Source) Where() string {
-	if s.Label != "" {
-		return s.Label
+// publicKeys are a Policy's trusted keys as minisign checks with them;
+// one that does not parse (made by hand, not by TrustKey) trusts nothing.
+func publicKeys(keys []TrustedKey) []minisign.PublicKey {
+	out := make([]minisign.PublicKey, 0, len(keys))
+	for _, k := range keys {
+		var pk minisign.PublicKey
+		if pk.UnmarshalText([]byte(k)) == nil {
+			out = append(out, pk)
+		}
 	}
-	return s.Path
+	return out
 }
 
 // FindSource describes path: a block device is raw; for a file, the
@@ -182,10 +152,10 @@ func CheckSignature(b []byte, what string) error {
 }
 
 // sha256What and sigWhat name a source's sidecars in messages.
-func (s Source) sha256What() string {
+func sha256What(s Source) string {
 	return "the .sha256 file of " + s.Name()
 }
 
-func (s Source) sigWhat() string {
+func sigWhat(s Source) string {
 	return "the .minisig file of " + s.Name()
 }

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // ErrTreeEntry marks a file in a registry tree that cannot go into a bundle
@@ -55,7 +55,7 @@ func WriteTar(w io.Writer, meta *Metadata, root string) (d digest.Digest, size i
 	if err != nil {
 		return "", 0, err
 	}
-	if err := meta.Validate(); err != nil {
+	if err := ValidateMetadata(meta); err != nil {
 		return "", 0, fmt.Errorf("bundle metadata: %w", err)
 	}
 
@@ -94,7 +94,7 @@ func WriteTar(w io.Writer, meta *Metadata, root string) (d digest.Digest, size i
 	if err := tw.Close(); err != nil {
 		return "", 0, err
 	}
-	return digest.NewDigestFromBytes(digest.SHA256, h.Sum(nil)), cw.n, nil
+	return digest.FromSHA256(h.Sum(nil)), cw.n, nil
 }
 
 // copyTreeFile copies exactly e.size bytes of e into tw, failing if the file

@@ -2,8 +2,9 @@ package cluster
 
 import (
 	"errors"
-	"fmt"
-	"regexp"
+	"strings"
+
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
 // ErrReleaseUnapproved: the API server refused ferry's signatures or
@@ -13,17 +14,15 @@ import (
 // ApproveCommand says how.
 var ErrReleaseUnapproved = errors.New("the administrator has not approved this release in openshift-ferry/ferry-admission")
 
-var digestRef = regexp.MustCompile(`@sha256:([0-9a-f]{64})$`)
-
 // ApprovalKey is the data key of ConfigMap openshift-ferry/ferry-admission
 // that approves release (name@sha256:<hex>): "sha256-<hex>", the name
 // of its signature ConfigMap too. false when release is not by digest.
 func ApprovalKey(release string) (string, bool) {
-	m := digestRef.FindStringSubmatch(release)
-	if m == nil {
+	i := strings.LastIndex(release, "@")
+	if i < 0 || !sha256digest.Valid(release[i+1:]) {
 		return "", false
 	}
-	return "sha256-" + m[1], true
+	return "sha256-" + strings.TrimPrefix(release[i+1:], "sha256:"), true
 }
 
 // ApproveCommand is the one command with which the administrator
@@ -34,5 +33,5 @@ func ApproveCommand(release string) string {
 	if !ok {
 		return ""
 	}
-	return fmt.Sprintf(`oc -n openshift-ferry patch configmap ferry-admission --type merge -p '{"data":{"%s":"approved"}}'`, key)
+	return `oc -n openshift-ferry patch configmap ferry-admission --type merge -p '{"data":{"` + key + `":"approved"}}'`
 }

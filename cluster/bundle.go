@@ -1,9 +1,10 @@
 package cluster
 
 import (
+	"slices"
 	"time"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // The UpgradeBundle resource (group ferry.io, packaging/
@@ -38,6 +39,14 @@ type BundlePolicy struct {
 	// leaves the machine config pools as they are; by default ferry
 	// pauses the non-master ones for the path.
 	KeepPools bool
+}
+
+// Equal reports whether p and q say the same, field for field (the agent's
+// state machine compares them without reflect).
+func (p BundlePolicy) Equal(q BundlePolicy) bool {
+	return p.ApprovedDigest == q.ApprovedDigest && p.Schedule == q.Schedule && p.Proceed == q.Proceed &&
+		slices.Equal(p.ExcludedNodes, q.ExcludedNodes) && p.NotReadyTimeout == q.NotReadyTimeout &&
+		p.Cleanup == q.Cleanup && p.KeepPools == q.KeepPools
 }
 
 // BundleNodeEntry is one node's entry for the resource, in that node's

@@ -8,7 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/opencontainers/go-digest"
+	godigest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"go.podman.io/image/v5/directory"
 	"go.podman.io/image/v5/docker/policyconfiguration"
@@ -18,6 +18,7 @@ import (
 	"go.podman.io/image/v5/types"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // sigstoreMIMEType is a cosign signature layer's media type; its
@@ -68,7 +69,7 @@ func (r bundleRef) DeleteImage(context.Context, *types.SystemContext) error {
 }
 
 // digest is the manifest the reference names in the bundle.
-func (r bundleRef) digest() (digest.Digest, error) {
+func (r bundleRef) digest() (godigest.Digest, error) {
 	if c, ok := r.named.(reference.Canonical); ok {
 		return c.Digest(), nil
 	}
@@ -80,7 +81,7 @@ func (r bundleRef) digest() (digest.Digest, error) {
 	if !ok {
 		return "", fmt.Errorf("%s: the tag is not in the bundle", r.named)
 	}
-	return d, nil
+	return godigest.Digest(d), nil
 }
 
 // source is the image CRI-O pulls for r: for a manifest list (or OCI
@@ -93,7 +94,7 @@ func (r bundleRef) source() (*source, error) {
 		return nil, err
 	}
 	name := r.named.Name()
-	m, ok := r.tree.Manifest(name, d)
+	m, ok := r.tree.Manifest(name, digest.Digest(d))
 	if !ok {
 		return nil, fmt.Errorf("manifest %s of %s is not in the bundle", d, name)
 	}
@@ -125,7 +126,7 @@ func (dockerLike) ValidatePolicyConfigurationScope(string) error { return nil }
 // manifest and sigstore signatures.
 type source struct {
 	ref bundleRef
-	top digest.Digest
+	top godigest.Digest
 }
 
 // signatures are the sigstore signatures the bundle carries for the
@@ -152,7 +153,7 @@ func (s *source) signatures() ([][]byte, error) {
 		if l.MediaType != sigstoreMIMEType {
 			continue
 		}
-		payload, ok := s.ref.tree.Blob(name, l.Digest)
+		payload, ok := s.ref.tree.Blob(name, digest.Digest(l.Digest))
 		if !ok {
 			return nil, fmt.Errorf("signature payload %s of %s is not in the bundle", l.Digest, name)
 		}
@@ -175,7 +176,7 @@ func (s *source) signatures() ([][]byte, error) {
 // as the policy sees it: those bytes, under the original name.
 func (s *source) stage(dir string) (types.UnparsedImage, int, error) {
 	name := s.ref.named.Name()
-	m, ok := s.ref.tree.Manifest(name, s.top)
+	m, ok := s.ref.tree.Manifest(name, digest.Digest(s.top))
 	if !ok {
 		return nil, 0, fmt.Errorf("manifest %s of %s is not in the bundle", s.top, name)
 	}

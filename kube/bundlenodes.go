@@ -8,10 +8,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/api/v1alpha1"
 	"github.com/ferry-edge/ferry/cluster"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Each node's UpgradeBundleNode: one object per Node, named after it,

@@ -8,11 +8,11 @@ import (
 	"slices"
 	"time"
 
-	"github.com/opencontainers/go-digest"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ferry-edge/ferry/api/v1alpha1"
 	"github.com/ferry-edge/ferry/cluster"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // The UpgradeBundle resource (group ferry.io, packaging/

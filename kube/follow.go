@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/url"
 	"sync"
 	"time"
@@ -25,18 +26,24 @@ type Follower struct {
 	c       *Client
 	node    string
 	changed Signal
-	nodes   *Informer // this node's own Node only
-	leases  *Informer
-	version *Informer
-	bundles *Informer
-	own     *Informer // this node's own UpgradeBundleNode only
+	// nodeChanged fires at a change of this node's own Node alone.
+	nodeChanged Signal
+	nodes       *Informer // this node's own Node only
+	leases      *Informer
+	version     *Informer
+	bundles     *Informer
+	own         *Informer // this node's own UpgradeBundleNode only
 
 	mu      sync.Mutex
-	pools   []pool
+	pools   []pool // every pool, as last listed (their count of nodes)
 	poolsAt time.Time
-	runCtx  context.Context
-	all     *Informer // every node's UpgradeBundleNode, while FollowEntries(true)
-	stopAll context.CancelFunc
+	// poolName is this node's pool as chosen from a list of them, for
+	// the labels poolLabels: read alone while the labels stay.
+	poolName   string
+	poolLabels map[string]string
+	runCtx     context.Context
+	all        *Informer // every node's UpgradeBundleNode, while FollowEntries(true)
+	stopAll    context.CancelFunc
 	// puller is the pulling node's UpgradeBundleNode while this node
 	// follows its pull (registry mode, FollowPuller).
 	puller, pullerName string
@@ -46,13 +53,18 @@ type Follower struct {
 	// until read): only this node writes them.
 	entries   []v1alpha1.BundleNodeStatus
 	reporting string // the UpgradeBundle this node last wrote its entry in
+	// leasesDecoded is the records as decoded at the leases' copy's
+	// generation leasesGen (leaseList).
+	leasesDecoded []lease
+	leasesGen     uint64
 }
 
-// poolsFor is how long a list of the MachineConfigPools is used before
-// it is read again (the pools are not watched: ferry reads them while the
-// MCO works on the node after an upgrade, and for their count of nodes
-// each time it looks for its peers).
-const poolsFor = 30 * time.Second
+// poolsFor is how long the pools' count of nodes is used before they are
+// listed again (the pools are not watched: their status changes as each
+// node updates, which would send every node every pool's change). The
+// count changes when nodes join or leave the cluster: the gate waits for
+// a node without ferry within this; an idle node lists them this often.
+const poolsFor = 5 * time.Minute
 
 // Follow makes a Follower for the agent on node; Run runs it.
 func (c *Client) Follow(node string) *Follower {
@@ -60,7 +72,7 @@ func (c *Client) Follow(node string) *Follower {
 	// Its own Node only: a kubelet's credential may read no other
 	// (AuthorizeNodeWithSelectors). The peers' addresses and readiness
 	// come from their records, renewed every leaseRenew.
-	f.nodes = c.Inform("/api/v1/nodes", "metadata.name="+node, &f.changed)
+	f.nodes = c.Inform("/api/v1/nodes", "metadata.name="+node, &f.changed).Also(&f.nodeChanged, mcoKey)
 	f.leases = c.Inform(leasesPath, "", &f.changed)
 	f.version = c.Inform("/apis/config.openshift.io/v1/clusterversions", "metadata.name=version", &f.changed)
 	f.bundles = c.Inform(bundlesPath, "", &f.changed)
@@ -136,6 +148,11 @@ func (f *Follower) startBundleNodes(fieldSelector string) (*Informer, context.Ca
 
 // Changes is closed at the next change of what the reads return.
 func (f *Follower) Changes() <-chan struct{} { return f.changed.C() }
+
+// NodeChanges is closed at the next change of what MachineConfigState
+// reads of this node's own Node (the MCO's annotations, its labels but
+// ferry's own: mcoKey), not at ferry's own writes to it.
+func (f *Follower) NodeChanges() <-chan struct{} { return f.nodeChanged.C() }
 
 // UpgradeBundle is Client.UpgradeBundle, from the copy: with every
 // node's entry while FollowEntries(true), else this node's own.
@@ -227,10 +244,15 @@ func (f *Follower) PullRecord(ctx context.Context, bundle, node string) (*cluste
 
 // PublishBundle writes this node's entry for the UpgradeBundle name into
 // its UpgradeBundleNode, then the summary when sum is not nil (this node
-// is its writer), and has this node's record say that it reports on name.
+// is its writer), and then has this node's record say that it reports on
+// name: only the writer's record says so (agent.summaryWriter), so that
+// one record, not every node's, is written for each bundle.
 func (f *Follower) PublishBundle(ctx context.Context, name string, sum *cluster.BundleSummary, entry cluster.BundleNodeEntry) error {
 	if err := f.publishEntry(ctx, name, entry); err != nil {
 		return err
+	}
+	if sum == nil {
+		return nil
 	}
 	f.mu.Lock()
 	was := f.reporting
@@ -239,10 +261,7 @@ func (f *Follower) PublishBundle(ctx context.Context, name string, sum *cluster.
 	if was != name {
 		f.changed.Fire() // KeepRecord writes the record again
 	}
-	if sum != nil {
-		return f.c.PublishBundleSummary(ctx, name, f.node, *sum)
-	}
-	return nil
+	return f.c.PublishBundleSummary(ctx, name, f.node, *sum)
 }
 
 // publishEntry applies this node's UpgradeBundleNode with entry as its
@@ -362,7 +381,25 @@ func (f *Follower) NodeReadiness(ctx context.Context) (map[string]cluster.NodeRe
 }
 
 // leaseList is every record of the copy; nil, nil before the watch synced.
-func (f *Follower) leaseList() ([]lease, error) { return decodeAll[lease](f.leases, "nodes' records") }
+// Decoded once per change of the copy: every peer handshake asks for the
+// nodes' addresses (cmd/ferry's recordedNodes), N records each time.
+func (f *Follower) leaseList() ([]lease, error) {
+	gen := f.leases.Gen()
+	f.mu.Lock()
+	if f.leasesGen == gen && f.leasesDecoded != nil {
+		ls := f.leasesDecoded
+		f.mu.Unlock()
+		return ls, nil
+	}
+	f.mu.Unlock()
+	ls, err := decodeAll[lease](f.leases, "nodes' records")
+	if err == nil && ls != nil {
+		f.mu.Lock()
+		f.leasesGen, f.leasesDecoded = gen, ls
+		f.mu.Unlock()
+	}
+	return ls, err
+}
 
 // Preflight is Client.Preflight on this node's own pods.
 func (f *Follower) Preflight(ctx context.Context, target string, images []string) (cluster.Preflight, error) {
@@ -375,10 +412,11 @@ func (f *Follower) PreflightPath(ctx context.Context, path []string, images []st
 }
 
 // MachineConfigState is Client.MachineConfigState, the Node from the
-// copy (for the follower's own node) and the pools read afresh: the pools
-// are not watched, and a pool paused since the last list must be the
-// reason this node says it waits at once (the agent reads this at most
-// every 30 s, and only while the machine config operator works on it).
+// copy (for the follower's own node) and its one pool read afresh, by
+// name: the pools are not watched, and a pool paused since the last
+// reading must be the reason this node says it waits at once. The pools
+// are listed only to find which is the node's (first, and when its
+// labels change or that pool is gone or no longer selects it).
 func (f *Follower) MachineConfigState(ctx context.Context, node string) (cluster.NodeUpdate, error) {
 	raw, found, synced := f.nodes.Get(node)
 	if node != f.node || !synced {
@@ -391,22 +429,43 @@ func (f *Follower) MachineConfigState(ctx context.Context, node string) (cluster
 	if err := json.Unmarshal(raw, &n); err != nil {
 		return cluster.NodeUpdate{}, fmt.Errorf("reading node %s: %w", node, err)
 	}
-	return n.state(ctx, f.freshPools)
+	return n.state(ctx, func(ctx context.Context) ([]pool, error) { return f.nodePools(ctx, n.Metadata.Labels) })
 }
 
-// freshPools lists the pools and keeps the list for MachineCount.
-func (f *Follower) freshPools(ctx context.Context) ([]pool, error) {
+// nodePools is the pool of a node with labels, alone when known (read by
+// name), else every pool (listed, and the node's remembered).
+func (f *Follower) nodePools(ctx context.Context, labels map[string]string) ([]pool, error) {
+	labels = poolLabels(labels)
+	f.mu.Lock()
+	name := ""
+	if maps.Equal(labels, f.poolLabels) {
+		name = f.poolName
+	}
+	f.mu.Unlock()
+	if name != "" {
+		p, err := f.c.namedPool(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		if p != nil && p.Spec.NodeSelector.matches(labels) {
+			return []pool{*p}, nil
+		}
+	}
 	ps, err := f.c.pools(ctx)
 	if err != nil {
 		return nil, err
 	}
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.pools, f.poolsAt = ps, time.Now()
-	f.mu.Unlock()
+	f.poolName, f.poolLabels = "", labels
+	if p := poolOf(ps, labels); p != nil {
+		f.poolName = p.Metadata.Name
+	}
 	return ps, nil
 }
 
-// MachineCount is Client.MachineCount, from the pools as read in the
+// MachineCount is Client.MachineCount, from the pools as listed in the
 // last poolsFor.
 func (f *Follower) MachineCount(ctx context.Context) (int, bool, error) {
 	return machineCount(f.cachedPools(ctx))

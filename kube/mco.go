@@ -2,7 +2,9 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net/url"
 	"slices"
 	"strings"
@@ -29,6 +31,38 @@ func (c *Client) MachineConfigState(ctx context.Context, node string) (cluster.N
 		return cluster.NodeUpdate{}, fmt.Errorf("reading node %s: %w", node, err)
 	}
 	return n.state(ctx, c.pools)
+}
+
+// mcoKey is what MachineConfigState reads of a Node, as one string: the
+// MCO's annotations and the labels, but ferry's own (ferry.io/*, which
+// ferry writes at each phase and no pool selects on).
+func mcoKey(raw json.RawMessage) string {
+	var n mcoNode
+	if json.Unmarshal(raw, &n) != nil {
+		return string(raw)
+	}
+	var b strings.Builder
+	for _, k := range []string{MCOCurrentConfig, MCODesiredConfig, MCOState, MCOReason} {
+		b.WriteString(n.Metadata.Annotations[k] + "\x00")
+	}
+	for _, k := range slices.Sorted(maps.Keys(n.Metadata.Labels)) {
+		if !strings.HasPrefix(k, "ferry.io/") {
+			b.WriteString(k + "=" + n.Metadata.Labels[k] + "\x00")
+		}
+	}
+	return b.String()
+}
+
+// poolLabels are a node's labels a pool may select on: all but ferry's
+// own (a copy).
+func poolLabels(labels map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range labels {
+		if !strings.HasPrefix(k, "ferry.io/") {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // mcoNode is what the MCO's state of a node is read from.
@@ -76,6 +110,19 @@ func (c *Client) pools(ctx context.Context) ([]pool, error) {
 		return nil, fmt.Errorf("listing the machine config pools: %w", err)
 	}
 	return list.Items, nil
+}
+
+// namedPool reads the MachineConfigPool name (nil when there is none).
+func (c *Client) namedPool(ctx context.Context, name string) (*pool, error) {
+	var p pool
+	err := c.do(ctx, "GET", poolsPath+"/"+url.PathEscape(name), "", nil, &p)
+	if IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the machine config pool %s: %w", name, err)
+	}
+	return &p, nil
 }
 
 type pool struct {

@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -114,15 +117,57 @@ type Informer struct {
 	path     string
 	selector string
 	changed  *Signal
+	also     *Signal // fired with changed when not nil, and alsoKey says so (Also)
+	alsoKey  func(json.RawMessage) string
+	lastKey  string
 
 	mu     sync.Mutex
 	objs   map[string]json.RawMessage // by metadata.name
 	synced bool                       // listed, and the watch not refused since
+	gen    uint64                     // counts the copy's changes (Gen)
 }
 
 // Inform makes an Informer of the collection at path; Run runs it.
 func (c *Client) Inform(path, fieldSelector string, changed *Signal) *Informer {
 	return &Informer{c: c, path: path, selector: fieldSelector, changed: changed}
+}
+
+// Also has i fire s too at each change that changes key of one of its
+// objects (before Run).
+func (i *Informer) Also(s *Signal, key func(json.RawMessage) string) *Informer {
+	i.also, i.alsoKey = s, key
+	return i
+}
+
+// Gen counts the changes of i's copy: a reader that decodes it whole can
+// keep what it decoded while Gen stays.
+func (i *Informer) Gen() uint64 {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.gen
+}
+
+// fire wakes the readers of i's signals.
+func (i *Informer) fire() {
+	i.mu.Lock()
+	i.gen++
+	i.mu.Unlock()
+	i.changed.Fire()
+	if i.also == nil {
+		return
+	}
+	i.mu.Lock()
+	names := slices.Sorted(maps.Keys(i.objs))
+	var b strings.Builder
+	for _, n := range names {
+		b.WriteString(n + "\x00" + i.alsoKey(i.objs[n]) + "\x00")
+	}
+	changed := b.String() != i.lastKey
+	i.lastKey = b.String()
+	i.mu.Unlock()
+	if changed {
+		i.also.Fire()
+	}
 }
 
 // The bounds of a watch's length and of the waits after a failure, as
@@ -230,7 +275,7 @@ func (i *Informer) list(ctx context.Context, quorum bool) (string, error) {
 	i.mu.Lock()
 	i.objs, i.synced = objs, true
 	i.mu.Unlock()
-	i.changed.Fire()
+	i.fire()
 	return list.Metadata.ResourceVersion, nil
 }
 
@@ -255,7 +300,7 @@ func (i *Informer) apply(ev Event, rv string) (string, error) {
 		return rv, nil
 	}
 	i.mu.Unlock()
-	i.changed.Fire()
+	i.fire()
 	return rv, nil
 }
 

@@ -2,9 +2,11 @@ package peer
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -17,13 +19,19 @@ import (
 // nil when all answered). Apply approval and arch checks to an offer's
 // Metadata before fetching it.
 func (f *Fetcher) Discover(ctx context.Context) ([]PeerOffer, error) {
+	return f.DiscoverFrom(ctx, f.Peers())
+}
+
+// DiscoverFrom is Discover of the peers named (a sample of them: the
+// agent's poll asks a bounded number each round).
+func (f *Fetcher) DiscoverFrom(ctx context.Context, peers []string) ([]PeerOffer, error) {
 	var (
 		mu   sync.Mutex
 		out  []PeerOffer
 		errs []error
 		wg   sync.WaitGroup
 	)
-	for _, p := range f.Peers() {
+	for _, p := range peers {
 		wg.Go(func() {
 			o, err := f.c.Offers(ctx, p)
 			mu.Lock()
@@ -49,12 +57,17 @@ func (f *Fetcher) Discover(ctx context.Context) ([]PeerOffer, error) {
 // Statuses asks every peer for its status at once. A peer that did not
 // answer has Err set.
 func (f *Fetcher) Statuses(ctx context.Context) map[string]PeerStatus {
+	return f.StatusesOf(ctx, f.Peers())
+}
+
+// StatusesOf is Statuses of the peers named.
+func (f *Fetcher) StatusesOf(ctx context.Context, peers []string) map[string]PeerStatus {
 	var (
 		mu  sync.Mutex
 		out = map[string]PeerStatus{}
 		wg  sync.WaitGroup
 	)
-	for _, p := range f.Peers() {
+	for _, p := range peers {
 		wg.Go(func() {
 			st := f.c.status(ctx, p)
 			mu.Lock()
@@ -84,10 +97,12 @@ func (j *job) choosePieceList(ctx context.Context) error {
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		n := 0
+		complete := map[string]bool{}
 		for _, o := range offers {
 			if o.Digest != j.digest || j.peers[o.Peer] == nil || j.peers[o.Peer].dropped {
 				continue
 			}
+			complete[o.Peer] = o.Complete
 			n++
 			wg.Go(func() {
 				pl, err := j.f.c.Pieces(ctx, o.Peer, j.digest, o.Size)
@@ -136,7 +151,42 @@ func (j *job) choosePieceList(ctx context.Context) error {
 			}
 		}
 		j.pl, j.meta, j.sig = best.pl, best.meta, best.sig
+		j.boundSources(best.peers, complete)
 		return nil
+	}
+}
+
+// maxSources bounds the peers one fetch asks for pieces and polls for
+// what they hold (every Refresh): with every peer a source, N fetching
+// nodes would poll each other N×(N−1) times a Refresh. Pieces still
+// spread through the whole cluster: every node serves what it fetched to
+// those that chose it.
+const maxSources = 8
+
+// boundSources keeps at most maxSources of the fetch's peers: those that
+// hold the bundle whole first (complete), then those that hold the piece
+// list (holders), then others, at random within each, which will hold
+// pieces as they fetch too.
+func (j *job) boundSources(holders []string, complete map[string]bool) {
+	if len(j.peers) <= maxSources {
+		return
+	}
+	rank := func(p string) int {
+		switch {
+		case j.peers[p].dropped:
+			return 3
+		case complete[p]:
+			return 0
+		case slices.Contains(holders, p):
+			return 1
+		}
+		return 2
+	}
+	all := slices.Collect(maps.Keys(j.peers))
+	rand.Shuffle(len(all), func(a, b int) { all[a], all[b] = all[b], all[a] })
+	slices.SortStableFunc(all, func(a, b string) int { return rank(a) - rank(b) })
+	for _, p := range all[maxSources:] {
+		delete(j.peers, p)
 	}
 }
 
@@ -144,7 +194,7 @@ func (j *job) choosePieceList(ctx context.Context) error {
 // every piece they both know: a live source's list grows).
 type vote struct {
 	pl       *PieceList
-	meta     json.RawMessage
+	meta     []byte
 	sig      []byte
 	peers    []string
 	complete bool

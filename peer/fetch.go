@@ -2,7 +2,6 @@ package peer
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,8 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
@@ -166,7 +164,7 @@ type job struct {
 	progress func(Progress)
 
 	pl   *PieceList
-	meta json.RawMessage
+	meta []byte
 	sig  []byte // the bundle's .minisig, passed on
 	file *os.File
 	mine Have

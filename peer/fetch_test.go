@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 func fastFetcher(peers []string, opts FetcherOptions) *Fetcher {
@@ -489,5 +489,47 @@ func TestAssign_SeedGetsOnlyFirstCopiesUnlessTheFetcherIsIdle(t *testing.T) {
 	s.peers["other"].retryAt = now.Add(time.Minute)
 	if got = s.assign(now); len(got) != 0 {
 		t.Fatalf("busy fetcher: assign = %+v, want nothing from the seed", got)
+	}
+}
+
+// TestFetch_AsksABoundedSetOfSources (issue 43): of 20 peers, one holds
+// the bundle whole and 19 hold nothing; the fetch polls and asks at most
+// maxSources of them, the one that holds it among them, and still gets
+// it whole.
+func TestFetch_AsksABoundedSetOfSources(t *testing.T) {
+	data, digest := randomBundle(t, 6*testPieceSize)
+	var peers []string
+	var nodes []*node
+	for i := range 20 {
+		var n *node
+		if i == 13 {
+			n = newSource(t, data, digest, ServerOptions{})
+		} else {
+			n = newNode(t, ServerOptions{}, nil)
+		}
+		nodes = append(nodes, n)
+		peers = append(peers, n.addr)
+	}
+	dest := filepath.Join(t.TempDir(), "b.tar")
+	if err := fastFetcher(peers, FetcherOptions{}).Fetch(t.Context(), digest, dest, nil); err != nil {
+		t.Fatal(err)
+	}
+	checkFile(t, dest, data)
+	asked := 0
+	for _, n := range nodes {
+		n.reqs.mu.Lock()
+		for p, k := range n.reqs.m {
+			if strings.Contains(p, "/bundles/") && k > 0 {
+				asked++
+				break
+			}
+		}
+		n.reqs.mu.Unlock()
+	}
+	if asked > maxSources {
+		t.Fatalf("%d of 20 peers asked about the bundle past the offers, want at most %d", asked, maxSources)
+	}
+	if nodes[13].reqs.get("/v1/bundles/"+string(digest)+"/tar") == 0 {
+		t.Fatal("the one peer that holds the bundle was not among the sources")
 	}
 }

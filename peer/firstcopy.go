@@ -4,7 +4,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // FirstCopyHeader on a piece request to a node holding the whole bundle

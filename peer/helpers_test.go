@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // testPieceSize keeps unit-test bundles small but many-pieced.

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // serveReal runs the real Serve (its listener, limits and deadlines, not

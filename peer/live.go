@@ -2,12 +2,10 @@ package peer
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 
-	"github.com/opencontainers/go-digest"
-
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
@@ -40,7 +38,7 @@ func (s *Shelf) AddLive(digest digest.Digest, meta, sig []byte, r io.ReaderAt, s
 		return nil, fmt.Errorf("peer shelf: bundle %s has size %d", digest, size)
 	}
 	ps := s.opts.PieceSize
-	o := Offer{Digest: digest, Metadata: append(json.RawMessage(nil), meta...), Size: size, Signature: bytes.Clone(sig)}
+	o := Offer{Digest: digest, Metadata: append([]byte(nil), meta...), Size: size, Signature: bytes.Clone(sig)}
 	pl := &PieceList{Digest: digest, Size: size, PieceSize: ps, Pieces: make([]string, NumPieces(size, ps)), Partial: true}
 	e := newEntry(stateLive, o, r, pl, func() {})
 	s.put(digest, e)

@@ -3,7 +3,7 @@ package peer
 import (
 	"io"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Node is one node's side of the peer network: the shelf it serves from

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 func sum(b []byte) string {

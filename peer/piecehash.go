@@ -5,7 +5,7 @@ import (
 	"encoding/hex"
 	"hash"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // PieceHasher computes a bundle's piece list from its bytes, written to it

@@ -7,7 +7,7 @@ import (
 	"io"
 	"sync"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // prefixHash computes a file's whole sha256 while a fetch fills it: it
@@ -65,7 +65,7 @@ func (p *prefixHash) run(ctx context.Context) {
 			}
 		}
 		if next == p.pl.N() {
-			p.finish(digest.NewDigestFromBytes(digest.SHA256, h.Sum(nil)), nil)
+			p.finish(digest.FromSHA256(h.Sum(nil)), nil)
 			return
 		}
 		select {

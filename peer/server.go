@@ -17,9 +17,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ferry-edge/ferry/internal/sha256digest"
-	"github.com/opencontainers/go-digest"
 	"golang.org/x/net/netutil"
+
+	"github.com/ferry-edge/ferry/internal/digest"
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
 // Store is what the server needs from the node: the bundles it holds,

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 func TestServer_Routes(t *testing.T) {
@@ -67,7 +66,7 @@ func TestServer_ListPiecesAndHave(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Offer{Digest: digest, Metadata: json.RawMessage(testMeta), Size: int64(len(data)), PieceSize: testPieceSize, Complete: true}
+	want := Offer{Digest: digest, Metadata: []byte(testMeta), Size: int64(len(data)), PieceSize: testPieceSize, Complete: true}
 	if len(offers) != 1 || fmt.Sprint(offers[0]) != fmt.Sprint(want) {
 		t.Fatalf("offers %+v, want [%+v]", offers, want)
 	}

@@ -15,9 +15,8 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/internal/atomicfile"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
@@ -113,7 +112,7 @@ func (s *Shelf) add(digest digest.Digest, meta []byte, r io.ReaderAt, size int64
 		return fmt.Errorf("peer shelf: bundle %s has size %d", digest, size)
 	}
 	ctx, cancel := context.WithCancel(s.ctx)
-	o := Offer{Digest: digest, Metadata: append(json.RawMessage(nil), meta...), Size: size, PieceSize: s.opts.PieceSize}
+	o := Offer{Digest: digest, Metadata: append([]byte(nil), meta...), Size: size, PieceSize: s.opts.PieceSize}
 	var known *PieceList
 	s.mu.Lock()
 	if old := s.entries[digest]; old != nil && (old.state.complete() || old.state == stateListed) && old.pieces != nil && old.offer.Size == size {
@@ -217,7 +216,7 @@ func (s *Shelf) hash(ctx context.Context, e *entry, known *PieceList) {
 		err = fmt.Errorf("%w: the bundle's bytes as served differ from those fetched (same digest): not serving it (a bug in regenerating the tar?)", ErrDigestMismatch)
 	}
 	if err == nil {
-		if got := digest.NewDigestFromBytes(digest.SHA256, whole.Sum(nil)); got != d {
+		if got := digest.FromSHA256(whole.Sum(nil)); got != d {
 			err = fmt.Errorf("%w: the bundle's bytes as served hash to %s, not %s: not serving it (a bug in regenerating the tar, or the extracted tree changed)", ErrDigestMismatch, got, d)
 		}
 	}

@@ -9,9 +9,10 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/ferry-edge/ferry/internal/sha256digest"
-	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
+
+	"github.com/ferry-edge/ferry/internal/digest"
+	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
 // StreamWindow is how far ahead of the extraction a streaming fetch asks

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // collect is a consume that keeps every byte it reads, calling each(n)

@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/distribution/reference"
-	"github.com/opencontainers/go-digest"
 
 	"github.com/ferry-edge/ferry/bundle/create"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 

@@ -1,9 +1,6 @@
 package machine
 
-import (
-	"fmt"
-	"strings"
-)
+import "strings"
 
 // Annotation keys on the node's Node object (docs/design.md, "The UpgradeBundle").
 const (
@@ -42,7 +39,7 @@ func progressText(s Status) string {
 	case s.Phase != string(PhaseDetected) && s.Phase != string(PhaseFetching) && s.Phase != string(PhaseLoading):
 		return ""
 	case p.Unit == "images":
-		return fmt.Sprintf("%d/%d images", p.Done, p.Total)
+		return itoa(p.Done) + "/" + itoa(p.Total) + " images"
 	}
 	return ofTotal(s.Progress.Done, s.Progress.Total)
 }

@@ -1,13 +1,14 @@
 package machine
 
 import (
-	"fmt"
+	"errors"
+	"strconv"
 	"strings"
 )
 
 // ApprovalMode is the config's approval key: whether a bundle must be
 // approved before it is loaded. How a bundle was approved is another
-// value, bundle.Approval.
+// value, meta.Approval.
 type ApprovalMode string
 
 const (
@@ -32,7 +33,7 @@ func ParseApprovalMode(s string) (ApprovalMode, error) {
 	}
 	quoted := make([]string, len(ApprovalModes))
 	for i, m := range ApprovalModes {
-		quoted[i] = fmt.Sprintf("%q", m)
+		quoted[i] = strconv.Quote(string(m))
 	}
-	return "", fmt.Errorf("%q is not an approval mode: use %s", s, strings.Join(quoted, " or "))
+	return "", errors.New(strconv.Quote(s) + " is not an approval mode: use " + strings.Join(quoted, " or "))
 }

@@ -3,10 +3,9 @@ package machine
 import (
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
-	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/meta"
 	"github.com/ferry-edge/ferry/cluster"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // The loop turns everything that happens into an event, hands it to step
@@ -34,9 +33,9 @@ type EvDevice struct{ DeviceEvent }
 type EvOffer struct {
 	Origin Origin
 	Device string // "" for a file
-	Src    bundle.Source
+	Src    meta.Source
 	Medium MediumID // open until step keeps it for an extraction or closes it
-	Meta   *bundle.Metadata
+	Meta   *meta.Metadata
 	// digest is what the source says it is (.sha256, or a raw device read
 	// whole because the node holds a bundle already); "" when unknown.
 	Digest digest.Digest
@@ -53,7 +52,7 @@ type EvJobDone struct {
 	Kind    jobKind
 	ID      string
 	Stopped bool // cancelled (agent stopping, stick pulled, cleanup)
-	Res     *bundle.Result
+	Res     *meta.Result
 	Err     error
 	// restore: how many images CRI-O lacked
 	Restored int
@@ -198,8 +197,8 @@ type EffStartJob struct {
 	Kind jobKind
 	Rec  *Record
 	// extract
-	Src    bundle.Source
-	Policy bundle.Policy
+	Src    meta.Source
+	Policy meta.Policy
 	Pieces bool // hash the peers' piece list in the same pass
 	// load: pins of the previous bundle to keep
 	Keep []string

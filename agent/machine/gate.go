@@ -2,12 +2,10 @@ package machine
 
 import (
 	"errors"
-	"fmt"
-	"sort"
+	"slices"
 	"strings"
 
-	"github.com/opencontainers/go-digest"
-
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer/wire"
 )
@@ -71,7 +69,7 @@ func shortDigests(set map[digest.Digest]bool) string {
 	for d := range set {
 		ds = append(ds, sha256digest.Short(d))
 	}
-	sort.Strings(ds)
+	slices.Sort(ds)
 	return strings.Join(ds, ", ")
 }
 
@@ -99,7 +97,7 @@ func peerNode(s wire.PeerStatus) string {
 // (docs/security.md, "A lying peer").
 func unheardWhy(addr string, s wire.PeerStatus) string {
 	if errors.Is(s.Err, wire.ErrNodeMismatch) {
-		return fmt.Sprintf("%s (its certificate names node %s, its status another node: refused; if %s is not to take part, add it to the UpgradeBundle's spec.excludedNodes)", addr, s.Verified, s.Verified)
+		return addr + " (its certificate names node " + s.Verified + ", its status another node: refused; if " + s.Verified + " is not to take part, add it to the UpgradeBundle's spec.excludedNodes)"
 	}
 	return addr + " (unreachable)"
 }
@@ -143,8 +141,8 @@ func Decide(self wire.Status, peers map[string]wire.PeerStatus) Decision {
 	for n := range all {
 		names = append(names, n)
 	}
-	sort.Strings(names)
-	sort.Strings(unreachable)
+	slices.Sort(names)
+	slices.Sort(unreachable)
 	for _, n := range names {
 		if s := all[n]; holds(s) {
 			d.Digests[s.Digest] = append(d.Digests[s.Digest], n)
@@ -154,9 +152,9 @@ func Decide(self wire.Status, peers map[string]wire.PeerStatus) Decision {
 		d.Verdict = Conflict
 		var parts []string
 		for dg, ns := range d.Digests {
-			parts = append(parts, fmt.Sprintf("%s on %s", sha256digest.Short(dg), strings.Join(ns, ", ")))
+			parts = append(parts, sha256digest.Short(dg)+" on "+strings.Join(ns, ", "))
 		}
-		sort.Strings(parts)
+		slices.Sort(parts)
 		d.Message = "different bundles in one cluster: " + strings.Join(parts, "; ") + "; remove the wrong stick's bundle (ferry status on each node) and plug one bundle only"
 		return d
 	}
@@ -171,7 +169,7 @@ func Decide(self wire.Status, peers map[string]wire.PeerStatus) Decision {
 		d.Waiting = unreachable
 		d.Message = "cannot reach " + strings.Join(unreachable, ", ") + ": check that ferry runs there and the peer port is open"
 		if len(refused) > 0 {
-			sort.Strings(refused)
+			slices.Sort(refused)
 			d.Message = "waiting for " + strings.Join(refused, ", ")
 			if len(refused) < len(unreachable) {
 				d.Message += "; cannot reach others of " + strings.Join(unreachable, ", ")
@@ -203,7 +201,7 @@ func Decide(self wire.Status, peers map[string]wire.PeerStatus) Decision {
 		return d
 	}
 	d.Verdict = Ready
-	d.Message = fmt.Sprintf("all %d nodes loaded %s", len(names), sha256digest.Short(d.Digest))
+	d.Message = "all " + itoa(len(names)) + " nodes loaded " + sha256digest.Short(d.Digest)
 	return d
 }
 

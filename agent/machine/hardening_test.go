@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/peer/wire"
 )
 

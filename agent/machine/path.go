@@ -1,8 +1,6 @@
 package machine
 
 import (
-	"fmt"
-	"reflect"
 	"strings"
 
 	"github.com/ferry-edge/ferry/cluster"
@@ -29,7 +27,7 @@ func (m *Machine) pathSeen(r *Record, st *cluster.UpgradeStatus) []Effect {
 	for _, h := range st.Path.Hops {
 		read.Hops = append(read.Hops, HopRead{State: string(h.State), Message: SanitizeReason(h.Message)})
 	}
-	if !reflect.DeepEqual(r.Path, read) {
+	if !samePath(r.Path, read) {
 		r.Path = read
 		effs = append(effs, EffSave{r})
 	}
@@ -52,7 +50,7 @@ func (m *Machine) pathSeen(r *Record, st *cluster.UpgradeStatus) []Effect {
 // the hop, where the path stops, the operator's words), with the two ways
 // to resume it once the cause is fixed.
 func pathStoppedMessage(name, why string) string {
-	return fmt.Sprintf("%s; ferry takes no further step: once the cause is fixed, resume the path with 'ferry proceed' on any node, or oc patch upgradebundle %s --type=merge -p '{\"spec\":{\"proceed\":true}}' (false first if it is true already)", why, name)
+	return why + "; ferry takes no further step: once the cause is fixed, resume the path with 'ferry proceed' on any node, or oc patch upgradebundle " + name + " --type=merge -p '{\"spec\":{\"proceed\":true}}' (false first if it is true already)"
 }
 
 // resumePath takes a stopped path on again (ferry proceed, spec.proceed):
@@ -114,5 +112,5 @@ func pathSummary(r *Record, sum *cluster.BundleSummary) {
 		n = 0
 	}
 	sum.Path = SanitizeReason(strings.Join(versions, " → "))
-	sum.Hop = fmt.Sprintf("%d/%d", n, len(hops))
+	sum.Hop = itoa(n) + "/" + itoa(len(hops))
 }

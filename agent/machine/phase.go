@@ -1,9 +1,10 @@
 package machine
 
 import (
-	"fmt"
+	"errors"
+	"strconv"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Phase is where one bundle is on this node.
@@ -56,7 +57,9 @@ const ApprovalOffWarning = "approval is off: any bundle whose sha256 checks is l
 
 // warningsPointer ends the status line of a node with standing warnings:
 // the line points to them rather than carrying each one.
-const warningsPointer = "WARNING: %d standing warning(s), see ferry status"
+func warningsPointer(n int) string {
+	return "WARNING: " + itoa(n) + " standing warning(s), see ferry status"
+}
 
 // WaitingForApproval is the reason an extracted bundle that no approved
 // digest or trusted key approves waits with: it is not loaded.
@@ -91,13 +94,13 @@ func (t Retirement) String() string {
 	if int(t) < len(retirementNames) {
 		return retirementNames[t]
 	}
-	return fmt.Sprintf("Retirement(%d)", t)
+	return "Retirement(" + itoa(int(t)) + ")"
 }
 
 // MarshalText writes the state's name, as records keep it.
 func (t Retirement) MarshalText() ([]byte, error) {
 	if int(t) >= len(retirementNames) {
-		return nil, fmt.Errorf("unknown retirement state %d", t)
+		return nil, errors.New("unknown retirement state " + itoa(int(t)))
 	}
 	return []byte(retirementNames[t]), nil
 }
@@ -110,5 +113,5 @@ func (t *Retirement) UnmarshalText(b []byte) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("unknown retirement state %q", b)
+	return errors.New("unknown retirement state " + strconv.Quote(string(b)))
 }

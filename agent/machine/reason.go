@@ -6,7 +6,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/meta"
 	"github.com/ferry-edge/ferry/pull/pullspec"
 )
 
@@ -164,19 +164,19 @@ func refusalReason(err error) string {
 		err    error
 		reason string
 	}{
-		{bundle.ErrMismatch, ReasonDigestMismatch},
-		{bundle.ErrWrongArch, ReasonWrongArchitecture},
-		{bundle.ErrNotApproved, ReasonNotApproved},
-		{bundle.ErrNoSpace, ReasonNotEnoughSpace},
-		{bundle.ErrPolicy, ReasonSignaturePolicy},
-		{bundle.ErrInvalid, ReasonInvalidBundle},
+		{meta.ErrMismatch, ReasonDigestMismatch},
+		{meta.ErrWrongArch, ReasonWrongArchitecture},
+		{meta.ErrNotApproved, ReasonNotApproved},
+		{meta.ErrNoSpace, ReasonNotEnoughSpace},
+		{meta.ErrPolicy, ReasonSignaturePolicy},
+		{meta.ErrInvalid, ReasonInvalidBundle},
 		{ErrPreflight, ReasonPreflightRefused},
 	} {
 		if errors.Is(err, c.err) {
 			return c.reason
 		}
 	}
-	if bundle.DiskFilled(err) {
+	if meta.DiskFilled(err) {
 		return ReasonNotEnoughSpace
 	}
 	return ReasonRefused

@@ -3,9 +3,8 @@ package machine
 import (
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
-	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/meta"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Progress of the current phase.
@@ -19,14 +18,14 @@ type Progress struct {
 type Record struct {
 	// ID names the record for its whole life: a phase change never
 	// renames it (records from older versions keep theirs).
-	ID       string           `json:"id"`
-	Digest   digest.Digest    `json:"digest,omitempty"`
-	Name     string           `json:"name"` // upgrade-<version>-<arch>.tar
-	Metadata *bundle.Metadata `json:"metadata,omitempty"`
-	Origin   Origin           `json:"origin"`
-	Source   string           `json:"source,omitempty"` // device or file it came from
-	Dir      string           `json:"dir,omitempty"`    // extracted tree
-	Phase    Phase            `json:"phase"`
+	ID       string         `json:"id"`
+	Digest   digest.Digest  `json:"digest,omitempty"`
+	Name     string         `json:"name"` // upgrade-<version>-<arch>.tar
+	Metadata *meta.Metadata `json:"metadata,omitempty"`
+	Origin   Origin         `json:"origin"`
+	Source   string         `json:"source,omitempty"` // device or file it came from
+	Dir      string         `json:"dir,omitempty"`    // extracted tree
+	Phase    Phase          `json:"phase"`
 	// Condition is why it is rejected, failed or in conflict, or what it
 	// waits for (its JSON also keeps the message under "reason").
 	Condition Condition           `json:"condition,omitzero"`
@@ -63,7 +62,7 @@ type Record struct {
 	// the peers with the metadata.
 	Signature []byte `json:"signature,omitempty"`
 	// Approval is how this node approved the bundle.
-	Approval bundle.Approval `json:"approval,omitempty"`
+	Approval meta.Approval `json:"approval,omitempty"`
 	// Warnings are the cluster's preflight warnings on the bundle (paused
 	// pools, unhealthy operators, workloads it does not serve).
 	Warnings []string `json:"warnings,omitempty"`
@@ -128,7 +127,7 @@ func (r *Record) Images() []string {
 	if r.Metadata == nil {
 		return nil
 	}
-	return bundle.DropTags(r.Metadata.AllImages(), r.DigestOnly)
+	return meta.DropTags(r.Metadata.AllImages(), r.DigestOnly)
 }
 
 func (r *Record) Clone() *Record {

@@ -1,16 +1,13 @@
 package machine
 
 import (
-	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
-	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/meta"
 	"github.com/ferry-edge/ferry/cluster"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer/wire"
 )
@@ -129,7 +126,7 @@ func BoundList(l []string, max int) []string {
 	var out []string
 	for i, s := range l {
 		if i == max-1 && len(l) > max {
-			out = append(out, fmt.Sprintf("… and %d more (ferry status on the node)", len(l)-i))
+			out = append(out, "… and "+itoa(len(l)-i)+" more (ferry status on the node)")
 			break
 		}
 		out = append(out, SanitizeReason(s))
@@ -227,10 +224,10 @@ func SummarizeGated(rep *BundleReport, view cluster.BundleView, self string, nod
 		}
 	}
 	waited += rep.Unrecorded
-	sum.Phase, sum.NodesReady = phase, fmt.Sprintf("%d/%d", ready, waited)
+	sum.Phase, sum.NodesReady = phase, itoa(ready)+"/"+itoa(waited)
 	slices.Sort(behind)
 	if rep.Unrecorded > 0 {
-		behind = append(behind, fmt.Sprintf("%d without ferry", rep.Unrecorded))
+		behind = append(behind, itoa(rep.Unrecorded)+" without ferry")
 	}
 	sum.Behind = SanitizeText(strings.Join(behind, ", "), maxSummaryBehind)
 	for n, why := range excluded {
@@ -238,7 +235,7 @@ func SummarizeGated(rep *BundleReport, view cluster.BundleView, self string, nod
 	}
 	slices.Sort(sum.Excluded)
 	sum.Excluded = BoundList(sum.Excluded, MaxSummaryExcluded)
-	if sum.Approved == "" || sum.Approved == string(bundle.ApprovalNone) {
+	if sum.Approved == "" || sum.Approved == string(meta.ApprovalNone) {
 		sum.Approved = ApprovedWaiting
 	}
 	if disagree != "" {
@@ -361,8 +358,8 @@ func (m *Machine) schedule() string {
 // bundlePolicySeen takes the administrator's newest word on a bundle: who
 // the gate leaves out, the schedule, and proceed (Manual).
 func (m *Machine) bundlePolicySeen(ev PolicyRead) []Effect {
-	changed := m.bundleName != ev.Name || m.bundlePolicy == nil || !reflect.DeepEqual(*m.bundlePolicy, ev.Policy) ||
-		!reflect.DeepEqual(m.Excluded, ev.Excluded) || m.bundleGeneration != ev.Generation
+	changed := m.bundleName != ev.Name || m.bundlePolicy == nil || !m.bundlePolicy.Equal(ev.Policy) ||
+		!sameMap(m.Excluded, ev.Excluded) || m.bundleGeneration != ev.Generation
 	if !changed {
 		return nil
 	}
@@ -375,7 +372,7 @@ func (m *Machine) bundlePolicySeen(ev PolicyRead) []Effect {
 		}
 	}
 	if len(ev.Excluded) > 0 {
-		m.log.Info("the gate leaves nodes out", "bundle", ev.Name, "excluded", fmt.Sprint(ev.Excluded))
+		m.log.Info("the gate leaves nodes out", "bundle", ev.Name, "excluded", mapText(ev.Excluded))
 	}
 	r := m.Active
 	if m.activeResource() != ev.Name {
@@ -427,9 +424,9 @@ func (m *Machine) specRefuses(r *Record) string {
 	if p == nil || p.ApprovedDigest == "" || m.bundleName != m.activeResource() {
 		return ""
 	}
-	if approved := bundle.NormalizeDigest(p.ApprovedDigest); approved != "" && approved != r.Digest {
-		return fmt.Sprintf("not loading: UpgradeBundle %s approves %s, not this bundle (%s): bring the approved bundle, or the administrator changes spec.approvedDigest",
-			m.bundleName, approved, r.Digest)
+	if approved := meta.NormalizeDigest(p.ApprovedDigest); approved != "" && approved != r.Digest {
+		return "not loading: UpgradeBundle " + m.bundleName + " approves " + string(approved) + ", not this bundle (" + string(r.Digest) +
+			"): bring the approved bundle, or the administrator changes spec.approvedDigest"
 	}
 	return ""
 }
@@ -459,7 +456,7 @@ type ApprovalsRead struct{ Approvals []cluster.Approval }
 // own UpgradeBundle approves (ownApproval). The cluster adds approvals;
 // it never overrides a refusal (arch, digest, the node's signature
 // policy are checked all the same).
-func (m *Machine) polFor(md *bundle.Metadata) bundle.Policy {
+func (m *Machine) polFor(md *meta.Metadata) meta.Policy {
 	own := m.ownApproval(md)
 	if own == "" && len(m.pulled) == 0 && len(m.clusterSources) == 0 {
 		return m.policy
@@ -478,7 +475,7 @@ func (m *Machine) polFor(md *bundle.Metadata) bundle.Policy {
 // exclusions all come from that one resource. Another resource naming
 // the digest (4.19.8-amd64 for 4.19.8-x86-64, a copy under another
 // name) approves nothing: strayApprovals says so.
-func (m *Machine) ownApproval(md *bundle.Metadata) string {
+func (m *Machine) ownApproval(md *meta.Metadata) string {
 	if md == nil {
 		return ""
 	}
@@ -497,7 +494,7 @@ func (m *Machine) ownApproval(md *bundle.Metadata) string {
 func StrayApprovals(approvals []cluster.Approval, name string, d digest.Digest) []string {
 	var out []string
 	for _, ap := range approvals {
-		if ap.Bundle != name && d != "" && bundle.NormalizeDigest(ap.Digest) == d {
+		if ap.Bundle != name && d != "" && meta.NormalizeDigest(ap.Digest) == d {
 			out = append(out, ap.Bundle)
 		}
 	}
@@ -511,8 +508,8 @@ func (m *Machine) clusterApprovalsSeen(ev ApprovalsRead) []Effect {
 		return nil
 	}
 	m.clusterApproved = ev.Approvals
-	m.log.Info("approved digests from the cluster's UpgradeBundles", "approvals", fmt.Sprint(ev.Approvals))
-	if r := m.Active; r != nil && r.Approval == bundle.ApprovalNone && r.Phase == PhaseExtracted {
+	m.log.Info("approved digests from the cluster's UpgradeBundles", "approvals", approvalsText(ev.Approvals))
+	if r := m.Active; r != nil && r.Approval == meta.ApprovalNone && r.Phase == PhaseExtracted {
 		return m.next()
 	}
 	return nil
@@ -521,8 +518,8 @@ func (m *Machine) clusterApprovalsSeen(ev ApprovalsRead) []Effect {
 // strayMessage says that UpgradeBundle stray approves the digest of the
 // bundle whose own resource is name, and does not count.
 func StrayMessage(stray, name string, d digest.Digest) string {
-	return fmt.Sprintf("UpgradeBundle %s approves %s but is not this bundle's resource: ferry takes approval, schedule, proceed, exclusions and cleanup from UpgradeBundle %s only; write the spec there (oc patch upgradebundle %s --type=merge -p '{\"spec\":{…}}') and delete %s",
-		stray, sha256digest.Short(d), name, name, stray)
+	return "UpgradeBundle " + stray + " approves " + sha256digest.Short(d) + " but is not this bundle's resource: ferry takes approval, schedule, proceed, exclusions and cleanup from UpgradeBundle " +
+		name + " only; write the spec there (oc patch upgradebundle " + name + " --type=merge -p '{\"spec\":{…}}') and delete " + stray
 }
 
 // waitingForApproval is why r waits unloaded: with the cluster's API, how
@@ -548,6 +545,6 @@ func (m *Machine) WaitingForApproval(r *Record) string {
 // which creates it or writes its spec. d, this node's digest, is given to
 // compare with, never to paste: a node's word can be forged.
 func approvalCommand(name, file string, d digest.Digest) string {
-	return fmt.Sprintf("waiting for approval: ferry approve %s.sha256 with the engineer's file (it creates UpgradeBundle %s, or writes its spec.approvedDigest), "+
-		"never with a digest from this node: this node read %s, compare it (or add the engineer's digest to approved_digests and restart ferry)", file, name, d)
+	return "waiting for approval: ferry approve " + file + ".sha256 with the engineer's file (it creates UpgradeBundle " + name + ", or writes its spec.approvedDigest), " +
+		"never with a digest from this node: this node read " + string(d) + ", compare it (or add the engineer's digest to approved_digests and restart ferry)"
 }

@@ -1,18 +1,16 @@
 package machine
 
-import (
-	"github.com/ferry-edge/ferry/bundle"
-)
+import "github.com/ferry-edge/ferry/bundle/meta"
 
 // SourcesRead: the releases the cluster's UpgradeBundles ask for
 // from the registry, each bound to what its puller published.
-type SourcesRead struct{ Sources []bundle.ReleaseSource }
+type SourcesRead struct{ Sources []meta.ReleaseSource }
 
 // clusterSourcesSeen takes the cluster's sources: they approve the
 // bundles made of them, so one waiting for approval may go on.
 func (m *Machine) clusterSourcesSeen(ev SourcesRead) []Effect {
 	m.clusterSources = ev.Sources
-	if r := m.Active; r != nil && r.Approval == bundle.ApprovalNone && r.Phase == PhaseExtracted {
+	if r := m.Active; r != nil && r.Approval == meta.ApprovalNone && r.Phase == PhaseExtracted {
 		return m.next()
 	}
 	return nil

@@ -2,12 +2,10 @@ package machine
 
 import (
 	"errors"
-	"fmt"
 	"strings"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer/wire"
 	"github.com/ferry-edge/ferry/pull/pullspec"
@@ -146,7 +144,7 @@ func (rep report) Text() Status {
 	}
 	switch b := rep.bad; {
 	case b != nil:
-		s.Error = fmt.Sprintf("%s %s: %s", b.Phase, b.Name, b.Condition.Message)
+		s.Error = string(b.Phase) + " " + b.Name + ": " + b.Condition.Message
 		if rep.shown == nil {
 			s.Phase, s.Bundle, s.Digest, s.Times = string(b.Phase), b.Name, b.Digest, b.Times
 			s.Reason, s.Message = ReasonOf(b.Phase, b.Condition), b.Condition.Message
@@ -157,7 +155,7 @@ func (rep report) Text() Status {
 		s.Error = "peers are configured but there is no peer.token_file: this node serves no bundle to them and they refuse it; set the same token_file on every node (or peer.open = true on a closed network)"
 	case rep.refusedBy != "":
 		s.Reason = peerFault(rep.shown, s.Reason, ReasonPeerRefusesNode)
-		s.Error = fmt.Sprintf("peer %s refuses this node: %v", rep.refusedBy, rep.refusal)
+		s.Error = "peer " + rep.refusedBy + " refuses this node: " + errText(rep.refusal)
 	}
 	// What a stick, a bundle or the cluster wrote leaves the node (the
 	// STATUS= line, annotations, peers) only sanitised and bounded.
@@ -176,7 +174,7 @@ func (rep report) Text() Status {
 	// goes to systemctl status and the journal only points there.
 	if len(rep.warnings) > 0 {
 		s.Warnings = rep.warnings
-		s.Line += " — " + fmt.Sprintf(warningsPointer, len(rep.warnings))
+		s.Line += " — " + warningsPointer(len(rep.warnings))
 	}
 	s.Line = SanitizeText(s.Line, MaxLine)
 	return s
@@ -202,16 +200,16 @@ func statusLine(s Status) string {
 			return "waiting: " + name + ": " + s.Message
 		}
 		if p := s.Progress; p != nil && p.Total > 0 {
-			return fmt.Sprintf("verifying %s: %d%% (%s)", name, 100*p.Done/p.Total, ofTotal(p.Done, p.Total))
+			return "verifying " + name + ": " + itoa(100*p.Done/p.Total) + "% (" + ofTotal(p.Done, p.Total) + ")"
 		}
 		return "verifying " + name
 	case PhaseFetching:
 		if p := s.Progress; p != nil && p.Total > 0 {
-			return fmt.Sprintf("fetching %s from peers: %d%% (%s)", name, 100*p.Done/p.Total, ofTotal(p.Done, p.Total))
+			return "fetching " + name + " from peers: " + itoa(100*p.Done/p.Total) + "% (" + ofTotal(p.Done, p.Total) + ")"
 		}
 		return "fetching " + name + " from peers"
 	case PhaseExtracted:
-		line := fmt.Sprintf("extracted %s (%s): the stick can be unplugged", name, sha256digest.Short(s.Digest))
+		line := "extracted " + name + " (" + sha256digest.Short(s.Digest) + "): the stick can be unplugged"
 		if s.Message != "" {
 			line += " — " + s.Message
 		}
@@ -219,7 +217,7 @@ func statusLine(s Status) string {
 	case PhaseLoading:
 		line := "loading " + s.Version
 		if p := s.Progress; p != nil {
-			line += fmt.Sprintf(": %d/%d images", p.Done, p.Total)
+			line += ": " + itoa(p.Done) + "/" + itoa(p.Total) + " images"
 		}
 		if s.Message != "" {
 			line += " — " + s.Message
@@ -230,13 +228,13 @@ func statusLine(s Status) string {
 		if s.Progress != nil {
 			n = s.Progress.Total
 		}
-		return fmt.Sprintf("loaded %s: %s (%s)", s.Version, pinned(s, n), sha256digest.Short(s.Digest))
+		return "loaded " + s.Version + ": " + pinned(s, n) + " (" + sha256digest.Short(s.Digest) + ")"
 	case PhaseClusterReady:
 		n := int64(0)
 		if s.Progress != nil {
 			n = s.Progress.Total
 		}
-		line := fmt.Sprintf("cluster-ready %s: every node is loaded, %s (%s)", s.Version, pinned(s, n), sha256digest.Short(s.Digest))
+		line := "cluster-ready " + s.Version + ": every node is loaded, " + pinned(s, n) + " (" + sha256digest.Short(s.Digest) + ")"
 		if s.Message != "" {
 			line += " — " + s.Message
 		}
@@ -254,7 +252,7 @@ func statusLine(s Status) string {
 		if s.Message != "" {
 			return "upgraded to " + s.Version + " — " + s.Message
 		}
-		return fmt.Sprintf("upgraded to %s (%s): its images stay pinned until the next upgrade; waiting for the next upgrade stick", s.Version, sha256digest.Short(s.Digest))
+		return "upgraded to " + s.Version + " (" + sha256digest.Short(s.Digest) + "): its images stay pinned until the next upgrade; waiting for the next upgrade stick"
 	case PhaseRejected:
 		return "rejected " + name + ": " + s.Message
 	case PhaseConflict:
@@ -268,9 +266,9 @@ func statusLine(s Status) string {
 // pinned says how many images are pinned: for a path, every hop's.
 func pinned(s Status, n int64) string {
 	if len(s.Path) > 1 {
-		return fmt.Sprintf("%d images pinned, every hop's (%s)", n, strings.Join(s.Path, " → "))
+		return itoa(n) + " images pinned, every hop's (" + strings.Join(s.Path, " → ") + ")"
 	}
-	return fmt.Sprintf("%d images pinned", n)
+	return itoa(n) + " images pinned"
 }
 
 // ofTotal formats done/total in the unit that suits total: "6.7/16.0 GiB".
@@ -279,5 +277,5 @@ func ofTotal(done, total int64) string {
 	if total < 1<<30 {
 		unit, div = "MiB", 1<<20
 	}
-	return fmt.Sprintf("%.1f/%.1f %s", float64(done)/div, float64(total)/div, unit)
+	return oneDecimal(float64(done)/div) + "/" + oneDecimal(float64(total)/div) + " " + unit
 }

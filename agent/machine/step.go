@@ -1,12 +1,11 @@
 package machine
 
 import (
-	"fmt"
-	"log/slog"
 	"time"
 
-	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/meta"
 	"github.com/ferry-edge/ferry/cluster"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // The machine and its transition table. step dispatches each event to
@@ -25,9 +24,11 @@ import (
 // goroutine calls step.
 type Machine struct {
 	cfg       Settings
-	policy    bundle.Policy
+	policy    meta.Policy
+	parseMeta func([]byte) (*meta.Metadata, error)
+	approve   func(meta.Policy, *meta.Metadata, digest.Digest, []byte) (meta.Approval, error)
 	Now       func() time.Time
-	log       *slog.Logger
+	log       Logger
 	hasMedia  bool
 	hasLoader bool
 	peersOn   bool     // a peer transport is wired
@@ -85,7 +86,7 @@ type Machine struct {
 	pulled []string
 	// clusterSources are the releases the cluster's UpgradeBundles ask
 	// for from the registry: bundles of them are approved (sources.go).
-	clusterSources []bundle.ReleaseSource
+	clusterSources []meta.ReleaseSource
 	Excluded       map[string]string
 	excludedHosts  map[string]bool
 	// restoreDue is why the running release's images are to be checked
@@ -101,9 +102,9 @@ type Job struct {
 	medium MediumID // kept open while it is read
 }
 
-func NewMachine(s Settings, policy bundle.Policy, w Wiring) *Machine {
+func NewMachine(s Settings, policy meta.Policy, w Wiring) *Machine {
 	return &Machine{
-		cfg: s, policy: policy, Now: w.Now, log: w.Log,
+		cfg: s, policy: policy, parseMeta: w.ParseMetadata, approve: w.ApproveOffer, Now: w.Now, log: w.Log,
 		hasMedia: w.Media, hasLoader: w.Loader, peersOn: w.Peers, peers: s.Peers,
 		HasAPI: w.API, warnings: w.Warnings,
 		Records: map[string]*Record{}, probing: map[string]bool{},
@@ -157,7 +158,7 @@ func (m *Machine) Step(ev Event) []Effect {
 	case EvRuntimeCheck:
 		return m.runtimeCheck(ev.Why)
 	}
-	panic(fmt.Sprintf("agent: unknown event %T", ev))
+	panic(unknownEvent{ev})
 }
 
 // start takes the records found on disk and picks up where the last run
@@ -227,7 +228,7 @@ func (m *Machine) next() []Effect {
 			m.log.Warn("not loading: the UpgradeBundle approves another bundle", "bundle", r.Name, "digest", r.Digest)
 			return m.Move(r, r.Phase, why, r.Progress)
 		}
-		if r.Approval == bundle.ApprovalNone {
+		if r.Approval == meta.ApprovalNone {
 			if !m.polFor(r.Metadata).Approves(r.Digest) {
 				why := WaitingFor(ReasonAwaitingApproval, m.WaitingForApproval(r))
 				if r.Condition == why {
@@ -236,9 +237,9 @@ func (m *Machine) next() []Effect {
 				m.log.Warn("not loading: the bundle is not approved", "phase", string(r.Phase), "bundle", r.Name, "digest", r.Digest)
 				return m.Move(r, r.Phase, why, r.Progress)
 			}
-			r.Approval = bundle.ApprovalDigest
+			r.Approval = meta.ApprovalDigest
 			if !m.polFor(r.Metadata).On() {
-				r.Approval = bundle.ApprovalOff
+				r.Approval = meta.ApprovalOff
 			}
 			m.log.Info("the config now approves the bundle", "bundle", r.Name, "digest", r.Digest, "approval", r.Approval)
 		}

@@ -1,10 +1,6 @@
 package machine
 
-import (
-	"fmt"
-
-	"github.com/ferry-edge/ferry/cluster"
-)
+import "github.com/ferry-edge/ferry/cluster"
 
 // Cleanup while ClusterVersion asks for the bundle's release (issue 45,
 // item 2): once spec.desiredUpdate names it, the version operator pulls
@@ -58,8 +54,8 @@ func (m *Machine) cleanupHeld(r *Record) string {
 	read := m.desired.release == r.Metadata.Release
 	switch {
 	case m.asking || m.askedUnseen || read && m.desired.names:
-		return fmt.Sprintf("not cleaning up: ClusterVersion's spec.desiredUpdate asks for this bundle's release (%s), whose images the version operator pulls through this node: taking them out would leave the cluster asking for a release no node serves; run 'oc adm upgrade --clear' first (while the upgrade has not started), then the cleanup goes on by itself (spec.cleanup) or with 'ferry cleanup'",
-			r.Metadata.Release)
+		return "not cleaning up: ClusterVersion's spec.desiredUpdate asks for this bundle's release (" + r.Metadata.Release +
+			"), whose images the version operator pulls through this node: taking them out would leave the cluster asking for a release no node serves; run 'oc adm upgrade --clear' first (while the upgrade has not started), then the cleanup goes on by itself (spec.cleanup) or with 'ferry cleanup'"
 	case !read && r.Phase == PhaseClusterReady:
 		return "not cleaning up yet: reading ClusterVersion first, to be sure it does not ask for this bundle's release (spec.cleanup goes on by itself then; try 'ferry cleanup' again in a few seconds)"
 	}

@@ -1,15 +1,12 @@
 package machine
 
 import (
-	"fmt"
-	"log/slog"
-	"path/filepath"
+	"errors"
 	"strconv"
 	"strings"
 
-	"github.com/opencontainers/go-digest"
-
-	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/meta"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
 
@@ -40,7 +37,7 @@ func (m *Machine) device(ev DeviceEvent) []Effect {
 // deferred close reaches the caller.
 func (m *Machine) offer(o EvOffer) (effs []Effect) {
 	delete(m.probing, o.Device)
-	log := m.log.With("device", o.Device)
+	log := withLog(m.log, "device", o.Device)
 	keep := false
 	defer func() {
 		if o.Medium != 0 && !keep {
@@ -62,7 +59,7 @@ func (m *Machine) offer(o EvOffer) (effs []Effect) {
 		reply(nil)
 		return effs
 	}
-	log = log.With("bundle", o.Src.Name())
+	log = withLog(log, "bundle", o.Src.Name())
 	if act := m.Active; act != nil && !(m.sameBundle(o, act) && act.Phase == PhaseDetected && m.Job == nil) {
 		effs = append(effs, m.offerWhileHeld(o, act, log)...)
 		reply(nil)
@@ -72,7 +69,7 @@ func (m *Machine) offer(o EvOffer) (effs []Effect) {
 		log.Info("resuming the copy of this bundle")
 	}
 	if m.Job != nil {
-		reply(fmt.Errorf("busy (%s); try again when it is done", m.Job.Kind))
+		reply(errors.New("busy (" + string(m.Job.Kind) + "); try again when it is done"))
 		return effs
 	}
 	r := m.Active
@@ -85,7 +82,7 @@ func (m *Machine) offer(o EvOffer) (effs []Effect) {
 	if o.Origin == OriginStick {
 		r.Source = o.Device
 	}
-	r.Dir = filepath.Join(m.cfg.ExtractDir, o.Meta.DirName())
+	r.Dir = join(m.cfg.ExtractDir, o.Meta.DirName())
 	m.Active = r
 	m.notice = ""
 	effs = append(effs, m.Move(r, PhaseDetected, Condition{}, Progress{Total: o.Meta.SizeBytes, Unit: "bytes"})...)
@@ -104,14 +101,14 @@ func (m *Machine) sameBundle(o EvOffer, act *Record) bool {
 
 // offerWhileHeld answers a bundle offered while another holds the node: the
 // same one is noted, a different one is a conflict record.
-func (m *Machine) offerWhileHeld(o EvOffer, act *Record, log *slog.Logger) []Effect {
+func (m *Machine) offerWhileHeld(o EvOffer, act *Record, log Logger) []Effect {
 	if m.sameBundle(o, act) {
 		log.Info("this bundle is already here; nothing to do", "phase", string(act.Phase))
-		m.notice = fmt.Sprintf("%s on %s is the bundle already held (%s)", o.Src.Name(), orFile(o.Device), sha256digest.Short(act.Digest))
+		m.notice = o.Src.Name() + " on " + orFile(o.Device) + " is the bundle already held (" + sha256digest.Short(act.Digest) + ")"
 		return nil
 	}
-	reason := fmt.Sprintf("%s differs from the bundle this node already holds (%s, %s): remove this stick; run 'ferry cleanup' first to replace the bundle",
-		o.Src.Name(), act.Name, act.Phase)
+	reason := o.Src.Name() + " differs from the bundle this node already holds (" + act.Name + ", " + string(act.Phase) +
+		"): remove this stick; run 'ferry cleanup' first to replace the bundle"
 	log.Warn("conflict: a second, different bundle", "reason", reason)
 	r := m.newRecord(o, o.Meta)
 	m.LastBad = r
@@ -126,7 +123,7 @@ func orFile(device string) string {
 }
 
 // extract starts verifying and extracting r from src.
-func (m *Machine) extract(r *Record, src bundle.Source, device string, medium MediumID, pol bundle.Policy) []Effect {
+func (m *Machine) extract(r *Record, src meta.Source, device string, medium MediumID, pol meta.Policy) []Effect {
 	m.log.Info("verifying and extracting", "phase", string(PhaseDetected), "bundle", r.Name, "device", device)
 	effs := append(m.keepsDir(r.Dir), EffRemove{r.Dir}) // never trust a dir whose extraction was not recorded
 	effs = append(effs, m.startJob(EffStartJob{Kind: JobExtract, Rec: r, Src: src, Policy: pol,
@@ -136,12 +133,12 @@ func (m *Machine) extract(r *Record, src bundle.Source, device string, medium Me
 }
 
 // newRecord makes a record with an ID it keeps for life.
-func (m *Machine) newRecord(o EvOffer, meta *bundle.Metadata) *Record {
+func (m *Machine) newRecord(o EvOffer, md *meta.Metadata) *Record {
 	base := strings.TrimSuffix(strings.TrimPrefix(o.Src.Name(), "upgrade-"), ".tar")
-	if meta != nil {
-		base = meta.DirName()
+	if md != nil {
+		base = md.DirName()
 	}
-	r := &Record{Digest: o.Digest, Name: o.Src.Name(), Metadata: meta, Origin: o.Origin, Source: o.Src.Where()}
+	r := &Record{Digest: o.Digest, Name: o.Src.Name(), Metadata: md, Origin: o.Origin, Source: o.Src.Where()}
 	r.ID = m.newID(base)
 	return r
 }

@@ -2,12 +2,10 @@ package machine
 
 import (
 	"errors"
-	"fmt"
-	"path/filepath"
 	"strings"
 	"time"
 
-	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/meta"
 )
 
 // Transitions of a job's end (evJobDone): extract, fetch, load; cleanup
@@ -74,16 +72,16 @@ func (m *Machine) fetchDone(r *Record, j EvJobDone) []Effect {
 	case j.Res != nil || streamRefused(j.Err):
 		// Fetched and extracted in one pass (cut-through).
 		return m.extractDone(r, j)
-	case j.Err != nil && bundle.DiskFilled(j.Err):
+	case j.Err != nil && meta.DiskFilled(j.Err):
 		return m.abandon(r, j.Err)
 	case j.Err != nil:
-		reason := fmt.Sprintf("fetching from the peers failed, retrying: %v", j.Err)
+		reason := "fetching from the peers failed, retrying: " + errText(j.Err)
 		m.log.Warn("fetch failed", "phase", string(PhaseFetching), "bundle", r.Name, "err", j.Err)
 		return append(m.Move(r, PhaseFetching, Retrying(ReasonFetchFailed, reason), r.Progress), EffRetryIn{10 * time.Second})
 	}
 	// Serial mode: the whole tar is here; extract it.
-	src := bundle.Source{Path: m.IncomingPath(r), SHA256Path: strings.TrimSuffix(m.IncomingPath(r), ".tar") + ".sha256"}
-	if r.Approval == bundle.ApprovalSignature {
+	src := meta.Source{Path: m.IncomingPath(r), SHA256Path: strings.TrimSuffix(m.IncomingPath(r), ".tar") + ".sha256"}
+	if r.Approval == meta.ApprovalSignature {
 		src.SigPath = src.Path + ".minisig"
 	}
 	return m.extract(r, src, "", 0, m.extractPolicy(r))
@@ -94,12 +92,12 @@ func (m *Machine) fetchDone(r *Record, j EvJobDone) []Effect {
 // keys, the signature is verified over the bytes; as a bundle of a
 // release asked for from the registry, it is held to what the release
 // names; otherwise by the digest approved before fetching.
-func (m *Machine) extractPolicy(r *Record) bundle.Policy {
-	if r.Approval == bundle.ApprovalSignature {
+func (m *Machine) extractPolicy(r *Record) meta.Policy {
+	if r.Approval == meta.ApprovalSignature {
 		return m.polFor(r.Metadata)
 	}
 	pol := m.polFor(r.Metadata).PreApproved(r.Digest)
-	if r.Approval == bundle.ApprovalSource {
+	if r.Approval == meta.ApprovalSource {
 		pol.Payload = m.polFor(r.Metadata).SourceFor(r.Digest, r.Metadata)
 	}
 	return pol
@@ -110,27 +108,27 @@ func (m *Machine) extractPolicy(r *Record) bundle.Policy {
 // extraction's end to handle. A digest mismatch is not: the bytes came
 // from peers that lied, and the fetch is tried again.
 func streamRefused(err error) bool {
-	return err != nil && (bundle.IsRefusal(err) || errors.Is(err, bundle.ErrNoSpace)) && !errors.Is(err, bundle.ErrMismatch)
+	return err != nil && (meta.IsRefusal(err) || errors.Is(err, meta.ErrNoSpace)) && !errors.Is(err, meta.ErrMismatch)
 }
 
 func (m *Machine) extractDone(r *Record, j EvJobDone) []Effect {
 	var effs []Effect
-	if r.Origin == OriginPeer && (j.Err == nil || bundle.IsRefusal(j.Err)) {
-		effs = append(effs, EffRemove{filepath.Dir(m.IncomingPath(r))})
+	if r.Origin == OriginPeer && (j.Err == nil || meta.IsRefusal(j.Err)) {
+		effs = append(effs, EffRemove{m.incomingDir(r)})
 	}
 	if j.Err != nil {
-		if r.Origin == OriginPeer && bundle.DiskFilled(j.Err) {
+		if r.Origin == OriginPeer && meta.DiskFilled(j.Err) {
 			return append(effs, m.abandon(r, j.Err)...)
 		}
-		if r.Origin == OriginPeer && errors.Is(j.Err, bundle.ErrNoSpace) {
+		if r.Origin == OriginPeer && errors.Is(j.Err, meta.ErrNoSpace) {
 			// Not the bundle's fault: the disk filled up since the fetch
 			// checked for room. Its tar is gone (above); it is fetched
 			// again, after the same check, once there is room.
-			reason := fmt.Sprintf("no room to extract the fetched bundle, fetching it again once there is: %v", j.Err)
+			reason := "no room to extract the fetched bundle, fetching it again once there is: " + errText(j.Err)
 			m.log.Warn("no room to extract a fetched bundle", "phase", string(PhaseFetching), "bundle", r.Name, "err", j.Err)
 			return append(append(effs, m.Move(r, PhaseFetching, Retrying(ReasonNoRoomToExtract, reason), Progress{Unit: "bytes"})...), EffRetryIn{10 * time.Second})
 		}
-		if bundle.IsRefusal(j.Err) || errors.Is(j.Err, ErrPreflight) {
+		if meta.IsRefusal(j.Err) || errors.Is(j.Err, ErrPreflight) {
 			m.Active = nil
 			return append(effs, m.reject(r, j.Err)...)
 		}
@@ -143,17 +141,17 @@ func (m *Machine) extractDone(r *Record, j EvJobDone) []Effect {
 		m.log.Warn("extraction interrupted", "phase", string(PhaseDetected), "bundle", r.Name, "err", j.Err)
 		return append(effs, m.Move(r, PhaseDetected, WaitingFor(ReasonCopyInterrupted, reason+" ("+j.Err.Error()+")"), Progress{})...)
 	}
-	if meta := j.Res.Metadata; meta != nil {
+	if md := j.Res.Metadata; md != nil {
 		// From here on the node acts on the metadata.json that was inside
 		// the checked tar, never on the probe's earlier read of it nor on
 		// a peer's description (docs/design.md, "Trust").
-		if r.Metadata != nil && meta.DirName() != r.Metadata.DirName() {
+		if r.Metadata != nil && md.DirName() != r.Metadata.DirName() {
 			m.Active = nil
-			err := fmt.Errorf("%w: the metadata.json inside the checked tar (%s) is not the one read before (%s): the source changed while it was read, or a peer described it falsely; do not use it",
-				bundle.ErrInvalid, meta.DirName(), r.Metadata.DirName())
+			err := wrap(meta.ErrInvalid, meta.ErrInvalid.Error()+": the metadata.json inside the checked tar ("+md.DirName()+") is not the one read before ("+
+				r.Metadata.DirName()+"): the source changed while it was read, or a peer described it falsely; do not use it")
 			return append(append(effs, EffRemove{r.Dir}), m.reject(r, err)...)
 		}
-		r.Metadata = meta
+		r.Metadata = md
 	}
 	r.Digest, r.Approval, r.Signature = j.Res.Digest, j.Res.Approval, j.Res.Signature
 	r.DigestOnly, r.SignaturePolicy = j.Res.Admission.DigestOnly, j.Res.Admission.Warnings
@@ -161,7 +159,7 @@ func (m *Machine) extractDone(r *Record, j EvJobDone) []Effect {
 		m.log.Warn("signature policy", "bundle", r.Name, "warning", w)
 	}
 	var why Condition
-	if r.Approval == bundle.ApprovalNone {
+	if r.Approval == meta.ApprovalNone {
 		why = WaitingFor(ReasonAwaitingApproval, m.WaitingForApproval(r))
 	}
 	effs = append(effs, m.Move(r, PhaseExtracted, why, Progress{Done: j.Res.TarSize, Total: j.Res.TarSize, Unit: "bytes"})...)
@@ -182,7 +180,7 @@ func (m *Machine) loadDone(r *Record, j EvJobDone) []Effect {
 		return m.Move(r, PhaseFailed, Fault(ReasonLoadFailed, j.Err.Error()), r.Progress)
 	case j.Err != nil:
 		m.backoff = min(max(2*m.backoff, 5*time.Second), 5*time.Minute)
-		reason := fmt.Sprintf("loading failed, retrying in %s: %v", m.backoff, j.Err)
+		reason := "loading failed, retrying in " + m.backoff.String() + ": " + errText(j.Err)
 		m.log.Error("loading failed", "phase", string(PhaseLoading), "bundle", r.Name, "err", j.Err)
 		return append(m.Move(r, PhaseLoading, Retrying(ReasonLoadFailed, reason), r.Progress), EffRetryIn{m.backoff})
 	}
@@ -197,9 +195,9 @@ func (m *Machine) loadDone(r *Record, j EvJobDone) []Effect {
 // shared with CRI-O and etcd. What it wrote goes; a restart, once there
 // is room, fetches it again.
 func (m *Machine) abandon(r *Record, err error) []Effect {
-	reason := fmt.Sprintf("abandoned: %v; free some space in %s, then restart ferry to fetch it again", err, m.cfg.ExtractDir)
+	reason := "abandoned: " + errText(err) + "; free some space in " + m.cfg.ExtractDir + ", then restart ferry to fetch it again"
 	m.log.Error("fetch abandoned: the disk filled up", "phase", string(PhaseFailed), "bundle", r.Name, "err", err)
-	effs := []Effect{EffRemove{filepath.Dir(m.IncomingPath(r))}, EffRemove{bundle.StagingDir(r.Dir)}, EffRemove{r.Dir}}
+	effs := []Effect{EffRemove{m.incomingDir(r)}, EffRemove{meta.StagingDir(r.Dir)}, EffRemove{r.Dir}}
 	return append(effs, m.Move(r, PhaseFailed, Fault(ReasonFetchAbandoned, reason), Progress{})...)
 }
 
@@ -217,7 +215,12 @@ func (m *Machine) rejectAs(r *Record, reason, message string) []Effect {
 // incomingPath is where a fetched tar lands, under its own name so that
 // messages about it read as they would for a stick.
 func (m *Machine) IncomingPath(r *Record) string {
-	return filepath.Join(m.cfg.StateDir, "incoming", strings.TrimPrefix(string(r.Digest), "sha256:"), r.Name)
+	return join(m.incomingDir(r), r.Name)
+}
+
+// incomingDir holds r's fetched tar and its .sha256.
+func (m *Machine) incomingDir(r *Record) string {
+	return join(m.cfg.StateDir, "incoming", strings.TrimPrefix(string(r.Digest), "sha256:"))
 }
 
 // Permanent reports whether err says that retrying cannot fix it (an

@@ -2,16 +2,11 @@ package machine
 
 import (
 	"errors"
-	"fmt"
-	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
-	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 	"github.com/ferry-edge/ferry/peer/wire"
 )
@@ -106,7 +101,7 @@ func (m *Machine) MaybeFetch(v View) []Effect {
 	if o == nil {
 		return nil
 	}
-	meta, err := bundle.ParseMetadata(o.Metadata)
+	md, err := m.parseMeta(o.Metadata)
 	for _, old := range m.Records {
 		if old.Digest != o.Digest {
 			continue
@@ -121,29 +116,29 @@ func (m *Machine) MaybeFetch(v View) []Effect {
 			if old.Dir != "" || err != nil {
 				return nil
 			}
-			if _, perr := m.polFor(meta).ApproveOffer(meta, o.Digest, o.Signature); perr != nil {
+			if _, perr := m.approve(m.polFor(md), md, o.Digest, o.Signature); perr != nil {
 				return nil
 			}
 		}
 	}
 	name := "bundle from " + o.Peer
-	if meta != nil {
-		name = meta.Name() + ".tar"
+	if md != nil {
+		name = md.Name() + ".tar"
 	}
-	r := &Record{Digest: o.Digest, Name: name, Metadata: meta, Origin: OriginPeer, Source: o.Peer, TarSize: o.Size}
-	if meta != nil {
-		r.ID = m.newID(meta.DirName())
+	r := &Record{Digest: o.Digest, Name: name, Metadata: md, Origin: OriginPeer, Source: o.Peer, TarSize: o.Size}
+	if md != nil {
+		r.ID = m.newID(md.DirName())
 	} else {
 		r.ID = m.newID("peer")
 	}
 	if err == nil {
-		r.Approval, err = m.polFor(meta).ApproveOffer(meta, o.Digest, o.Signature)
+		r.Approval, err = m.approve(m.polFor(md), md, o.Digest, o.Signature)
 		r.Signature = o.Signature
 	}
 	if err != nil {
 		return m.refuseOffer(r, err)
 	}
-	r.Dir = filepath.Join(m.cfg.ExtractDir, meta.DirName())
+	r.Dir = join(m.cfg.ExtractDir, md.DirName())
 	m.Active = r
 	effs := m.Move(r, PhaseFetching, Condition{}, Progress{Unit: "bytes"})
 	m.log.Info("fetching the bundle from the peers", "phase", string(PhaseFetching), "bundle", r.Name, "digest", r.Digest)
@@ -186,8 +181,8 @@ func (m *Machine) PruneRefused() []Effect {
 			refused = append(refused, r)
 		}
 	}
-	sort.Slice(refused, func(i, j int) bool {
-		return refused[i].Times[PhaseRejected].After(refused[j].Times[PhaseRejected])
+	slices.SortFunc(refused, func(a, b *Record) int { // newest first
+		return b.Times[PhaseRejected].Compare(a.Times[PhaseRejected])
 	})
 	var effs []Effect
 	for i, r := range refused {
@@ -223,7 +218,7 @@ func oneOffer(offers []wire.PeerOffer) (*wire.PeerOffer, string) {
 		}
 	}
 	if len(digests) > 1 {
-		return nil, fmt.Sprintf("the peers hold different bundles (%s): two sticks were plugged; remove one and run 'ferry cleanup' on the nodes that hold it", shortDigests(digests))
+		return nil, "the peers hold different bundles (" + shortDigests(digests) + "): two sticks were plugged; remove one and run 'ferry cleanup' on the nodes that hold it"
 	}
 	return one, ""
 }
@@ -293,11 +288,11 @@ func (m *Machine) nodesWithoutFerry() Condition {
 	if left <= 0 {
 		return Condition{}
 	}
-	counted := fmt.Sprintf("the machine config operator counts %d nodes, %d run ferry", len(m.Recorded)+m.Unrecorded, len(m.Recorded))
+	counted := "the machine config operator counts " + itoa(len(m.Recorded)+m.Unrecorded) + " nodes, " + itoa(len(m.Recorded)) + " run ferry"
 	if excluded > 0 {
-		counted += fmt.Sprintf(" and spec.excludedNodes leaves out %d more", excluded)
+		counted += " and spec.excludedNodes leaves out " + itoa(excluded) + " more"
 	}
-	return WaitingFor(ReasonNodesWithoutFerry, fmt.Sprintf("%s: start ferry on the other %d (oc -n openshift-ferry get leases shows which run it: one Lease per node) or exclude them in the UpgradeBundle (spec.excludedNodes)", counted, left))
+	return WaitingFor(ReasonNodesWithoutFerry, counted+": start ferry on the other "+itoa(left)+" (oc -n openshift-ferry get leases shows which run it: one Lease per node) or exclude them in the UpgradeBundle (spec.excludedNodes)")
 }
 
 // unrecordedLeft is how many nodes without a record the gate waits for,
@@ -343,9 +338,9 @@ func (m *Machine) peersDisagree(r *Record) Condition {
 		case st.Err != nil:
 			unheld = append(unheld, unheardWhy(p, st))
 		case conflicting(self, st.Status):
-			return Fault(ReasonPeerHoldsOther, fmt.Sprintf("conflict: node %s holds another bundle (%s, %s): remove the second stick and run 'ferry cleanup' there", nodeName(p, st.Status), st.Version, sha256digest.Short(st.Digest)))
+			return Fault(ReasonPeerHoldsOther, "conflict: node "+nodeName(p, st.Status)+" holds another bundle ("+st.Version+", "+sha256digest.Short(st.Digest)+"): remove the second stick and run 'ferry cleanup' there")
 		case refuses(st.Status, r.Digest):
-			return WaitingFor(ReasonPeerRefuses, fmt.Sprintf("node %s refuses this bundle (%s): every node must hold it before anything is pinned; approve it there (approved_digests or trusted_keys) or bring a bundle every node approves", nodeName(p, st.Status), st.Status.Error))
+			return WaitingFor(ReasonPeerRefuses, "node "+nodeName(p, st.Status)+" refuses this bundle ("+st.Status.Error+"): every node must hold it before anything is pinned; approve it there (approved_digests or trusted_keys) or bring a bundle every node approves")
 		case st.Digest != r.Digest:
 			unheld = append(unheld, nodeName(p, st.Status))
 		}

@@ -2,10 +2,10 @@ package machine
 
 import (
 	"errors"
-	"fmt"
 	"slices"
+	"strconv"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Transitions of the local socket's requests (EvRequest): ferry load,
@@ -19,7 +19,7 @@ func (m *Machine) requestArrived(q EvRequest) []Effect {
 			return []Effect{EffReply{q.Reply, errors.New("no bundle given")}}
 		}
 		if m.Job != nil {
-			return []Effect{EffCloseMedium{q.Medium}, EffReply{q.Reply, fmt.Errorf("busy (%s); try again when it is done", m.Job.Kind)}}
+			return []Effect{EffCloseMedium{q.Medium}, EffReply{q.Reply, errors.New("busy (" + string(m.Job.Kind) + "); try again when it is done")}}
 		}
 		var held digest.Digest
 		if m.Active != nil {
@@ -44,10 +44,10 @@ func (m *Machine) requestArrived(q EvRequest) []Effect {
 			return []Effect{EffReply{q.Reply, errors.New("a cleanup is already under way")}}
 		}
 		if r := m.Active; r.Phase == PhaseUpgrading && m.HasAPI {
-			return []Effect{EffReply{q.Reply, fmt.Errorf("the cluster is upgrading to %s: taking it out now would take away the images the upgrade pulls; ferry cleans up by itself once the upgrade is done", r.Name)}}
+			return []Effect{EffReply{q.Reply, errors.New("the cluster is upgrading to " + r.Name + ": taking it out now would take away the images the upgrade pulls; ferry cleans up by itself once the upgrade is done")}}
 		}
 		if why := m.cleanupHeld(m.Active); why != "" {
-			return []Effect{EffReply{q.Reply, fmt.Errorf("%s", why)}}
+			return []Effect{EffReply{q.Reply, errors.New(why)}}
 		}
 		m.cleanupAsked, m.cleanupReply = true, q.Reply
 		if r := m.Active; r.Phase.Loaded() && m.Job == nil && !m.HasAPI {
@@ -75,7 +75,7 @@ func (m *Machine) requestArrived(q EvRequest) []Effect {
 		}
 		return append(effs, EffReply{q.Reply, nil})
 	}
-	return []Effect{EffReply{q.Reply, fmt.Errorf("unknown request %q", q.Kind)}}
+	return []Effect{EffReply{q.Reply, errors.New("unknown request " + strconv.Quote(string(q.Kind)))}}
 }
 
 // cleanup starts taking the active bundle out of CRI-O and off the disk.
@@ -93,7 +93,7 @@ func (m *Machine) cleanupDone(r *Record, j EvJobDone) []Effect {
 	reply := m.cleanupReply
 	m.cleanupAsked, m.cleanupReply = false, 0
 	if j.Err != nil {
-		return []Effect{EffReply{reply, fmt.Errorf("cleanup of %s: %w", r.Name, j.Err)}}
+		return []Effect{EffReply{reply, wrap(j.Err, "cleanup of "+r.Name+": "+errText(j.Err))}}
 	}
 	effs := m.Move(r, PhaseCleaned, Condition{}, Progress{})
 	m.Active, m.cleaned = nil, r

@@ -1,9 +1,6 @@
 package machine
 
-import (
-	"fmt"
-	"time"
-)
+import "time"
 
 // The running release's source. Once a bundle's upgrade is done its tree
 // stays on the node (Record.Retained) until the next upgrade is done: with
@@ -90,12 +87,12 @@ func (m *Machine) restoreDone(r *Record, j EvJobDone) []Effect {
 	case r == nil || j.Stopped:
 	case j.Err != nil:
 		// CRI-O may not answer yet (it has just restarted): again soon.
-		m.notice = fmt.Sprintf("checking or loading again the running release %s from the copy kept here failed (retried in %s): %v", r.Name, restoreRetry, j.Err)
+		m.notice = "checking or loading again the running release " + r.Name + " from the copy kept here failed (retried in " + restoreRetry.String() + "): " + errText(j.Err)
 		m.log.Error("checking or loading again the running release's images failed", "bundle", r.Name, "missing", j.Restored, "retry_in", restoreRetry, "err", j.Err)
 		m.restoreDue = "retry"
 		effs = append(effs, EffAnnounce{m.report()}, EffRetryIn{After: restoreRetry})
 	case j.Restored > 0:
-		m.notice = fmt.Sprintf("CRI-O had lost %d images of the running release %s: loaded and pinned again from the copy kept here at %s", j.Restored, r.Name, m.Now().UTC().Format("2006-01-02 15:04:05Z"))
+		m.notice = "CRI-O had lost " + itoa(j.Restored) + " images of the running release " + r.Name + ": loaded and pinned again from the copy kept here at " + m.Now().UTC().Format("2006-01-02 15:04:05Z")
 		m.log.Warn("the running release's images CRI-O had lost are loaded and pinned again from the copy kept on this node", "bundle", r.Name, "images", j.Restored)
 		effs = append(effs, EffAnnounce{m.report()})
 	}

@@ -29,7 +29,8 @@ func machineIn(t *testing.T, p Phase) *Machine {
 		Schedule: "Automatic", KeepRunningRelease: true, PeersClosed: true}
 	clock := time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)
 	m := NewMachine(s, bundle.Policy{Arch: "x86_64"}, Wiring{Media: true, Loader: true,
-		Log: slog.New(slog.DiscardHandler), Now: func() time.Time { return clock }})
+		Log: slog.New(slog.DiscardHandler), Now: func() time.Time { return clock },
+		ParseMetadata: bundle.ParseMetadata, ApproveOffer: bundle.ApproveOffer})
 	if p == PhaseIdle {
 		return m
 	}
@@ -262,7 +263,7 @@ func TestStatus_ASetupWarningIsInEveryStatus(t *testing.T) {
 		m := machineIn(t, p)
 		m.warnings = []string{"the kubeconfig turns TLS verification off"}
 		s := m.NodeStatus()
-		if !slices.Equal(s.Warnings, m.warnings) || strings.Contains(s.Line, m.warnings[0]) || !strings.HasSuffix(s.Line, fmt.Sprintf(warningsPointer, 1)) {
+		if !slices.Equal(s.Warnings, m.warnings) || strings.Contains(s.Line, m.warnings[0]) || !strings.HasSuffix(s.Line, warningsPointer(1)) {
 			t.Errorf("%s: warnings %v, line %q", p, s.Warnings, s.Line)
 		}
 	}

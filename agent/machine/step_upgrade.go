@@ -3,7 +3,6 @@ package machine
 import (
 	"cmp"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/ferry-edge/ferry/cluster"
@@ -82,7 +81,7 @@ func (m *Machine) upgradeAsked(ev EvUpgradeAsked) []Effect {
 		return m.Move(r, r.Phase, why, r.Progress)
 	}
 	if ev.Err != nil {
-		why := fmt.Sprintf("asking the cluster for the upgrade failed, retrying: %v", ev.Err)
+		why := "asking the cluster for the upgrade failed, retrying: " + errText(ev.Err)
 		if r.Upgrade.Error == why {
 			return nil
 		}
@@ -230,17 +229,17 @@ func (m *Machine) nodeWaits(r *Record) Condition {
 	case n.State == "Done" && n.Current == n.Desired && (n.Target == "" || n.Current == n.Target) && n.Current != r.MachineConfig:
 		return Condition{}
 	case n.Paused:
-		return WaitingFor(ReasonPoolPaused, fmt.Sprintf("waiting: pool %s is paused; the machine config operator updates this node once it is unpaused (the bundle's registry and mirror stay until then)", n.Pool))
+		return WaitingFor(ReasonPoolPaused, "waiting: pool "+n.Pool+" is paused; the machine config operator updates this node once it is unpaused (the bundle's registry and mirror stay until then)")
 	case n.State != "Done" || n.Current != n.Desired:
-		why := fmt.Sprintf("waiting for the machine config operator to update this node (state %s, %s → %s)", cmp.Or(n.State, "unknown"), cmp.Or(n.Current, "none"), cmp.Or(n.Desired, "none"))
+		why := "waiting for the machine config operator to update this node (state " + cmp.Or(n.State, "unknown") + ", " + cmp.Or(n.Current, "none") + " → " + cmp.Or(n.Desired, "none") + ")"
 		if n.Reason != "" {
 			why += ": " + n.Reason
 		}
 		return WaitingFor(ReasonNodeUpdating, why)
 	case n.Target != "" && n.Current != n.Target:
-		return WaitingFor(ReasonNodeUpdating, fmt.Sprintf("waiting for the machine config operator to update this node (pool %s goes to %s, the node is on %s)", n.Pool, n.Target, n.Current))
+		return WaitingFor(ReasonNodeUpdating, "waiting for the machine config operator to update this node (pool "+n.Pool+" goes to "+n.Target+", the node is on "+n.Current+")")
 	}
-	return WaitingFor(ReasonNodeUpdating, fmt.Sprintf("waiting for the machine config operator to update this node (still on %s, its config from before the upgrade)", n.Current))
+	return WaitingFor(ReasonNodeUpdating, "waiting for the machine config operator to update this node (still on "+n.Current+", its config from before the upgrade)")
 }
 
 // nodeSeen takes a reading of the machine config operator's state of
@@ -294,11 +293,11 @@ func (m *Machine) retireDone(r *Record, j EvJobDone) []Effect {
 	m.cleanupAsked, m.cleanupReply = false, 0
 	var effs []Effect
 	if j.Err != nil {
-		why := fmt.Sprintf("cleaning up after the upgrade failed, retrying in 30s: %v", j.Err)
+		why := "cleaning up after the upgrade failed, retrying in 30s: " + errText(j.Err)
 		m.log.Error("cleaning up after the upgrade failed", "phase", string(PhaseUpgraded), "bundle", r.Name, "err", j.Err)
 		effs = append(m.Move(r, PhaseUpgraded, Retrying(ReasonCleanupFailed, why), r.Progress), EffRetryIn{After: retireRetry})
 		if reply != 0 {
-			effs = append(effs, EffReply{reply, fmt.Errorf("cleanup of %s: %w", r.Name, j.Err)})
+			effs = append(effs, EffReply{reply, wrap(j.Err, "cleanup of "+r.Name+": "+errText(j.Err))})
 		}
 		return effs
 	}

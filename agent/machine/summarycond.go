@@ -2,12 +2,11 @@ package machine
 
 import (
 	"cmp"
-	"fmt"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/bundle/meta"
 	"github.com/ferry-edge/ferry/cluster"
 	"github.com/ferry-edge/ferry/internal/sha256digest"
 )
@@ -63,7 +62,7 @@ func SummaryConditions(sum *cluster.BundleSummary, rep *BundleReport, view clust
 		"waiting for approval: ferry approve FILE.sha256 with the engineer's file (docs/admin.md, \"Approval\")")
 	refused := byPhase(PhaseRejected)
 	other := ""
-	if d := bundle.NormalizeDigest(view.Policy.ApprovedDigest); d != "" && rep.Entry.Digest != "" && d != rep.Entry.Digest {
+	if d := meta.NormalizeDigest(view.Policy.ApprovedDigest); d != "" && rep.Entry.Digest != "" && d != rep.Entry.Digest {
 		other = string(d)
 	}
 	switch {
@@ -74,15 +73,14 @@ func SummaryConditions(sum *cluster.BundleSummary, rep *BundleReport, view clust
 		approved = cond(CondApproved, false, "Rejected", "refused on "+strings.Join(refused, ", ")+": "+entryReason(gated, refused[0]))
 	case other != "":
 		sum.Approved = ApprovedOther
-		approved = cond(CondApproved, false, "OtherDigestApproved", fmt.Sprintf(
-			"spec.approvedDigest approves %s, the nodes read %s: bring the approved bundle, or write the engineer's digest of this one (ferry approve FILE.sha256)",
-			sha256digest.Short(other), sha256digest.Short(rep.Entry.Digest)))
+		approved = cond(CondApproved, false, "OtherDigestApproved",
+			"spec.approvedDigest approves "+sha256digest.Short(other)+", the nodes read "+sha256digest.Short(rep.Entry.Digest)+
+				": bring the approved bundle, or write the engineer's digest of this one (ferry approve FILE.sha256)")
 	case sum.Approved != ApprovedWaiting && sum.Approved != "":
 		approved = cond(CondApproved, true, approvedReason(sum.Approved), approvedMessage(sum.Approved))
 	}
 
-	ready, waited := 0, 0
-	fmt.Sscanf(sum.NodesReady, "%d/%d", &ready, &waited)
+	ready, waited := readyOf(sum.NodesReady)
 	loaded := cond(CondLoaded, waited > 0 && ready == waited, "AllNodesLoaded", sum.NodesReady+" nodes loaded")
 	if loaded.Status != "True" {
 		loaded.Reason, loaded.Message = "NodesNotLoaded", SanitizeReason(sum.NodesReady+" nodes loaded; behind: "+sum.Behind)
@@ -140,23 +138,23 @@ func FindCondition(cs []cluster.BundleCondition, t string) (cluster.BundleCondit
 
 // approvedReason is how the bundle was approved, as a condition reason.
 func approvedReason(how string) string {
-	if bundle.Approval(how) == bundle.ApprovalOff {
+	if meta.Approval(how) == meta.ApprovalOff {
 		return "ApprovalOff"
 	}
 	return "Approved" + PhaseReason(Phase(how)) // ApprovedDigest, ApprovedSignature, ApprovedPeer, ApprovedSource
 }
 
 func approvedMessage(how string) string {
-	switch bundle.Approval(how) {
-	case bundle.ApprovalDigest:
+	switch meta.Approval(how) {
+	case meta.ApprovalDigest:
 		return "approved by its digest (spec.approvedDigest, or approved_digests)"
-	case bundle.ApprovalSignature:
+	case meta.ApprovalSignature:
 		return "signed by a trusted key (trusted_keys)"
-	case bundle.ApprovalPeer:
+	case meta.ApprovalPeer:
 		return "approved by its digest before it was fetched from a peer"
-	case bundle.ApprovalSource:
+	case meta.ApprovalSource:
 		return "a release the administrator asked for from the registry (spec.source)"
-	case bundle.ApprovalOff:
+	case meta.ApprovalOff:
 		return "approval is off on the nodes (approval = \"off\"): any bundle whose sha256 checks is loaded"
 	}
 	return "approved (" + how + ")"

@@ -14,9 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/imagetree"
 )
 
@@ -140,7 +139,7 @@ func Write(t testing.TB, dir string, o Options) (string, digest.Digest) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	d := digest.NewDigestFromBytes(digest.SHA256, h.Sum(nil))
+	d := digest.FromSHA256(h.Sum(nil))
 	if !o.NoSHA {
 		line := d.Encoded() + "  " + filepath.Base(p) + "\n"
 		if err := os.WriteFile(strings.TrimSuffix(p, ".tar")+".sha256", []byte(line), 0o644); err != nil {

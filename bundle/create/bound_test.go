@@ -8,7 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/opencontainers/go-digest"
+	godigest "github.com/opencontainers/go-digest"
+
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // A hostile source (the registry, or the node a follower follows) gets a
@@ -20,10 +22,10 @@ func TestWalk_BoundsTheManifestsARunHolds(t *testing.T) {
 		var ms []map[string]any
 		for i := range children {
 			ms = append(ms, map[string]any{"mediaType": "application/vnd.oci.image.manifest.v1+json", "size": 500,
-				"digest": digest.FromString(fmt.Sprint(i)).String(), "platform": map[string]string{"os": "linux", "architecture": "amd64"}})
+				"digest": godigest.FromString(fmt.Sprint(i)).String(), "platform": map[string]string{"os": "linux", "architecture": "amd64"}})
 		}
 		b, _ := json.Marshal(map[string]any{"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": ms})
-		return rawManifest{mediaType: "application/vnd.oci.image.index.v1+json", body: b, digest: digest.FromBytes(b)}
+		return rawManifest{mediaType: "application/vnd.oci.image.index.v1+json", body: b, digest: digest.Digest(godigest.FromBytes(b))}
 	}
 	big := rawManifest{mediaType: "application/vnd.oci.image.manifest.v1+json", body: []byte(strings.Repeat(" ", maxManifest+1)), digest: digest.Digest("sha256:" + strings.Repeat("b", 64))}
 	fetched := 0

@@ -33,12 +33,14 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-	"github.com/opencontainers/go-digest"
+	godigest "github.com/opencontainers/go-digest"
+
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/internal/atomicfile"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/diskspace"
 )
 
@@ -645,7 +647,7 @@ func (c *creator) plan(ctx context.Context, r *imageRef) (*imagePlan, error) {
 	p := &imagePlan{ref: r, repo: c.paths[r.name]}
 	src := c.remoteManifests(r)
 	if r.digest != "" {
-		have, err := c.store.hasManifest(ctx, p.repo, digest.Digest(r.digest))
+		have, err := c.store.hasManifest(ctx, p.repo, godigest.Digest(r.digest))
 		if err != nil {
 			return nil, err
 		}
@@ -699,7 +701,7 @@ func (c *creator) localManifests(repo string) manifestSource {
 		if err != nil {
 			return rawManifest{}, err
 		}
-		m, err := ms.Get(ctx, digest.Digest(d))
+		m, err := ms.Get(ctx, godigest.Digest(d))
 		if err != nil {
 			return rawManifest{}, fmt.Errorf("work tree: manifest %s in %s: %w", d, repo, err)
 		}
@@ -768,7 +770,7 @@ func (c *creator) walk(ctx context.Context, p *imagePlan, src manifestSource, m 
 			if len(d.URLs) > 0 && !d.MediaType.IsDistributable() {
 				continue // a foreign layer: pulled from its URLs, not from registries
 			}
-			p.blobs = append(p.blobs, ocispec.Descriptor{MediaType: string(d.MediaType), Digest: digest.Digest(d.Digest.String()), Size: d.Size})
+			p.blobs = append(p.blobs, ocispec.Descriptor{MediaType: string(d.MediaType), Digest: godigest.Digest(d.Digest.String()), Size: d.Size})
 		}
 	default:
 		return fmt.Errorf("%w: %s has unsupported media type %q", ErrBadReference, p.ref, m.mediaType)
@@ -864,7 +866,7 @@ func (c *creator) checkSpace(plans []*imagePlan, workDir string) (missing, total
 	sizes := map[digest.Digest]int64{}
 	for _, p := range plans {
 		for _, b := range p.blobs {
-			sizes[b.Digest] = b.Size
+			sizes[digest.Digest(b.Digest)] = b.Size
 		}
 	}
 	for d, n := range sizes {
@@ -934,7 +936,7 @@ func (c *creator) writeBundle(meta *bundle.Metadata, workDir string) (*Result, e
 	if err := f.Close(); err != nil {
 		return fail(err)
 	}
-	res := &Result{Metadata: meta, TarPath: tarPath, Digest: dgst, TarSize: size,
+	res := &Result{Metadata: meta, TarPath: tarPath, Digest: digest.Digest(dgst), TarSize: size,
 		SHA256Path: filepath.Join(c.o.OutputDir, meta.Name()+".sha256")}
 	sigPath := tarPath + ".minisig"
 	// Old sidecars would describe the old tar.

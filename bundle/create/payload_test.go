@@ -6,10 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/create"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/test/fixture"
 )
 
@@ -44,7 +43,7 @@ func TestSource_ApprovesTheReleaseAskedForAndNothingMore(t *testing.T) {
 	asked := bundle.ReleaseSource{Release: release, Extras: []string{extra}, Digest: res.Digest, Resolved: pinned}
 	pol := bundle.Policy{Arch: meta.Arch, Required: true, ApprovedSources: []bundle.ReleaseSource{asked}}
 
-	if ap, err := pol.ApproveOffer(meta, res.Digest, nil); err != nil || ap != bundle.ApprovalSource {
+	if ap, err := bundle.ApproveOffer(pol, meta, res.Digest, nil); err != nil || ap != bundle.ApprovalSource {
 		t.Fatalf("the release asked for: %v, %v", ap, err)
 	}
 	for name, s := range map[string]bundle.ReleaseSource{
@@ -58,7 +57,7 @@ func TestSource_ApprovesTheReleaseAskedForAndNothingMore(t *testing.T) {
 	} {
 		p := pol
 		p.ApprovedSources = []bundle.ReleaseSource{s}
-		if _, err := p.ApproveOffer(meta, res.Digest, nil); !errors.Is(err, bundle.ErrNotApproved) {
+		if _, err := bundle.ApproveOffer(p, meta, res.Digest, nil); !errors.Is(err, bundle.ErrNotApproved) {
 			t.Errorf("%s: offer approved (%v)", name, err)
 		}
 	}

@@ -3,9 +3,8 @@ package create
 import (
 	"path/filepath"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // A run can be followed: other nodes that make the same bundle from this
@@ -51,7 +50,7 @@ type Manifest struct {
 // BlobPath is where blob d lies in workDir once verified; nothing else
 // of workDir (partial downloads included) is at such a path.
 func BlobPath(workDir string, d digest.Digest) string {
-	return filepath.Join(workDir, filepath.FromSlash(bundle.RegistryRoot), filepath.FromSlash(bundle.BlobDataPath(d)))
+	return filepath.Join(workDir, filepath.FromSlash(bundle.RegistryRoot), filepath.FromSlash(bundle.BlobDataPath(digest.Digest(d))))
 }
 
 // resolution gathers plans and signatures for a Sharer.
@@ -63,7 +62,7 @@ func resolution(workDir string, plans []*imagePlan, sigs [][]byte) *Resolution {
 			r.Manifests[m.digest] = Manifest{MediaType: m.mediaType, Body: m.body}
 		}
 		for _, b := range p.blobs {
-			r.Blobs[b.Digest] = b.Size
+			r.Blobs[digest.Digest(b.Digest)] = b.Size
 		}
 		if p.ref.tag != "" && len(p.manifests) > 0 {
 			r.Tags[p.ref.name+":"+p.ref.tag] = p.manifests[len(p.manifests)-1].digest

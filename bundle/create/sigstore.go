@@ -10,10 +10,12 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-	"github.com/opencontainers/go-digest"
+	godigest "github.com/opencontainers/go-digest"
+
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Which images' sigstore attachments Run copies
@@ -135,7 +137,7 @@ func (c *creator) planReferrers(ctx context.Context, of *imagePlan, d string) (*
 	if err != nil {
 		return nil, err
 	}
-	id := digest.FromBytes(body)
+	id := digest.Digest(godigest.FromBytes(body))
 	plan.manifests = append(plan.manifests, rawManifest{mediaType: string(types.OCIImageIndex), body: body, digest: id})
 	plan.ref.digest = id.String()
 	return plan, nil

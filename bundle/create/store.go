@@ -24,11 +24,12 @@ import (
 	"github.com/distribution/distribution/v3/registry/storage"
 	"github.com/distribution/distribution/v3/registry/storage/driver/filesystem"
 	"github.com/distribution/reference"
-	"github.com/opencontainers/go-digest"
+	godigest "github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // treeStore writes images into a registry tree through distribution's own
@@ -41,10 +42,10 @@ type treeStore struct {
 
 	flights  singleflight.Group
 	mu       sync.Mutex
-	good     map[digest.Digest]bool // blob data present and checked this run
-	linked   map[string]bool        // repo + "@" + digest
-	keep     map[string]bool        // paths below docker/registry/v2 the bundle needs
-	manifest sync.Mutex             // serializes manifest and tag writes
+	good     map[godigest.Digest]bool // blob data present and checked this run
+	linked   map[string]bool          // repo + "@" + digest
+	keep     map[string]bool          // paths below docker/registry/v2 the bundle needs
+	manifest sync.Mutex               // serializes manifest and tag writes
 
 	fetched, reused atomic.Int64 // blobs downloaded, blobs found from an earlier run
 	share           Sharer       // nil: none follows
@@ -59,7 +60,7 @@ func openTreeStore(ctx context.Context, root string, share Sharer) (*treeStore, 
 	if err != nil {
 		return nil, err
 	}
-	return &treeStore{root: root, reg: reg, good: map[digest.Digest]bool{}, linked: map[string]bool{}, keep: map[string]bool{}, share: share}, nil
+	return &treeStore{root: root, reg: reg, good: map[godigest.Digest]bool{}, linked: map[string]bool{}, keep: map[string]bool{}, share: share}, nil
 }
 
 func (s *treeStore) repository(ctx context.Context, repo string) (distribution.Repository, error) {
@@ -78,7 +79,7 @@ func (s *treeStore) need(p string) {
 
 // hasManifest reports whether repo holds manifest d (a previous run put it
 // after everything it references).
-func (s *treeStore) hasManifest(ctx context.Context, repo string, d digest.Digest) (bool, error) {
+func (s *treeStore) hasManifest(ctx context.Context, repo string, d godigest.Digest) (bool, error) {
 	r, err := s.repository(ctx, repo)
 	if err != nil {
 		return false, err
@@ -94,7 +95,7 @@ func (s *treeStore) hasManifest(ctx context.Context, repo string, d digest.Diges
 // downloading it with open only when the tree does not hold it already.
 // Concurrent calls for one digest download it once.
 func (s *treeStore) ensureBlob(ctx context.Context, repo string, desc ocispec.Descriptor, open func(off int64) (io.ReadCloser, error)) error {
-	s.need(bundle.BlobDataPath(desc.Digest))
+	s.need(bundle.BlobDataPath(digest.Digest(desc.Digest)))
 	s.need(path.Join("repositories", repo, "_layers", desc.Digest.Algorithm().String(), desc.Digest.Encoded(), "link"))
 	_, err, _ := s.flights.Do("data "+desc.Digest.String(), func() (any, error) {
 		s.mu.Lock()
@@ -119,7 +120,7 @@ func (s *treeStore) ensureBlob(ctx context.Context, repo string, desc ocispec.De
 		s.good[desc.Digest] = true
 		s.mu.Unlock()
 		if s.share != nil {
-			s.share.Arrived(desc.Digest)
+			s.share.Arrived(digest.Digest(desc.Digest))
 		}
 		return nil, nil
 	})
@@ -135,7 +136,7 @@ func (s *treeStore) ensureBlob(ctx context.Context, repo string, desc ocispec.De
 // checkData reports whether the tree holds desc's bytes, hashing them. A
 // file with the wrong bytes is removed.
 func (s *treeStore) checkData(desc ocispec.Descriptor) (bool, error) {
-	p := BlobPath(s.root, desc.Digest)
+	p := BlobPath(s.root, digest.Digest(desc.Digest))
 	f, err := os.Open(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
@@ -144,7 +145,7 @@ func (s *treeStore) checkData(desc ocispec.Descriptor) (bool, error) {
 		return false, err
 	}
 	defer f.Close()
-	if desc.Digest.Algorithm() != digest.SHA256 {
+	if desc.Digest.Algorithm() != godigest.SHA256 {
 		return false, fmt.Errorf("blob %s: only sha256 digests are supported", desc.Digest)
 	}
 	h := sha256.New()
@@ -169,7 +170,7 @@ const partialDir = ".partial"
 // hashed as it comes; renamed to its place in the tree only when its size
 // and digest are right, and linked into repo by ensureBlob.
 func (s *treeStore) fetch(desc ocispec.Descriptor, open func(off int64) (io.ReadCloser, error)) error {
-	if desc.Digest.Algorithm() != digest.SHA256 {
+	if desc.Digest.Algorithm() != godigest.SHA256 {
 		return fmt.Errorf("blob %s: only sha256 digests are supported", desc.Digest)
 	}
 	dir := filepath.Join(s.root, partialDir)
@@ -218,7 +219,7 @@ func (s *treeStore) fetch(desc ocispec.Descriptor, open func(off int64) (io.Read
 	if err := f.Sync(); err != nil {
 		return err
 	}
-	data := BlobPath(s.root, desc.Digest)
+	data := BlobPath(s.root, digest.Digest(desc.Digest))
 	if err := os.MkdirAll(filepath.Dir(data), 0o755); err != nil {
 		return err
 	}
@@ -277,7 +278,7 @@ func (s *treeStore) link(ctx context.Context, repo string, desc ocispec.Descript
 
 // putManifest stores a manifest (whose blobs or children are already in
 // repo) and, when tag is not empty, tags it.
-func (s *treeStore) putManifest(ctx context.Context, repo, mediaType string, payload []byte, tag string) (digest.Digest, error) {
+func (s *treeStore) putManifest(ctx context.Context, repo, mediaType string, payload []byte, tag string) (godigest.Digest, error) {
 	s.manifest.Lock()
 	defer s.manifest.Unlock()
 	r, err := s.repository(ctx, repo)
@@ -301,7 +302,7 @@ func (s *treeStore) putManifest(ctx context.Context, repo, mediaType string, pay
 			return "", fmt.Errorf("store manifest %s in %s: %w", desc.Digest, repo, err)
 		}
 	}
-	s.need(bundle.BlobDataPath(desc.Digest))
+	s.need(bundle.BlobDataPath(digest.Digest(desc.Digest)))
 	s.need(path.Join("repositories", repo, "_manifests/revisions", desc.Digest.Algorithm().String(), desc.Digest.Encoded(), "link"))
 	if tag != "" {
 		if err := r.Tags(ctx).Tag(ctx, tag, ocispec.Descriptor{MediaType: mediaType, Digest: desc.Digest, Size: int64(len(payload))}); err != nil {

@@ -9,11 +9,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/approve"
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/cluster"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // fakeApprovals is the cluster as ferry approve writes it: the spec the

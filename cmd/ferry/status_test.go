@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/go-digest"
 	"gopkg.in/yaml.v3"
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/cluster"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/kube"
 	"github.com/ferry-edge/ferry/peer"
 )

@@ -26,6 +26,10 @@ var _ agent.PathAPI = clusterAPI{}
 
 func (k clusterAPI) Changes() <-chan struct{} { return k.f.Changes() }
 
+// NodeChanges wakes the agent's reading of this node's MCO state at a
+// change of its own Node only.
+func (k clusterAPI) NodeChanges() <-chan struct{} { return k.f.NodeChanges() }
+
 func (k clusterAPI) Approvals(ctx context.Context) ([]cluster.Approval, error) {
 	return k.f.Approvals(ctx)
 }

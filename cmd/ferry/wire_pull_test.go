@@ -3,9 +3,8 @@ package main
 import (
 	"testing"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // The bundle a follower made is delivered though the agent refused the

@@ -4,16 +4,17 @@
 package diskspace
 
 import (
-	"errors"
 	"fmt"
 	"math"
-	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ferry-edge/ferry/internal/room"
 )
 
-// ErrNoSpace means a filesystem lacks the room something needs.
-var ErrNoSpace = errors.New("not enough space")
+// ErrNoSpace means a filesystem lacks the room something needs: room's,
+// which the agent's state machine tells refusals by.
+var ErrNoSpace = room.ErrNoSpace
 
 // Free is the space available in the filesystem holding path.
 func Free(path string) (int64, error) {
@@ -44,16 +45,4 @@ func Check(path string, need int64, fix string) error {
 }
 
 // Human formats n bytes as metadata's size field does ("16 GiB").
-func Human(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	s := strings.TrimSuffix(fmt.Sprintf("%.1f", float64(n)/float64(div)), ".0")
-	return s + " " + string("KMGTPE"[exp]) + "iB"
-}
+func Human(n int64) string { return room.Human(n) }

@@ -17,8 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/peer"
 )
 

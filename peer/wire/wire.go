@@ -5,23 +5,44 @@
 package wire
 
 import (
-	"encoding/json"
 	"errors"
 
-	"github.com/opencontainers/go-digest"
+	"github.com/ferry-edge/ferry/internal/digest"
 )
 
 // Offer is one bundle a node serves, whole or in part.
 type Offer struct {
-	Digest    digest.Digest   `json:"digest"`
-	Metadata  json.RawMessage `json:"metadata"`
-	Size      int64           `json:"size"`
-	PieceSize int64           `json:"pieceSize"`
+	Digest    digest.Digest `json:"digest"`
+	Metadata  RawJSON       `json:"metadata"`
+	Size      int64         `json:"size"`
+	PieceSize int64         `json:"pieceSize"`
 	// Complete is true when the node holds every byte verified.
 	Complete bool `json:"complete"`
 	// Signature is the bundle's .minisig, when it came with one: each
 	// node applies its own trusted_keys to it (approval travels).
 	Signature []byte `json:"signature,omitempty"`
+}
+
+// RawJSON is JSON kept as it came, as json.RawMessage keeps it; its own
+// type so that wire links no encoding/json (the agent's state machine
+// reads this package). The agent parses it (bundle.ParseMetadata).
+type RawJSON []byte
+
+// MarshalJSON returns m as it is ("null" when empty).
+func (m RawJSON) MarshalJSON() ([]byte, error) {
+	if m == nil {
+		return []byte("null"), nil
+	}
+	return m, nil
+}
+
+// UnmarshalJSON keeps a copy of data.
+func (m *RawJSON) UnmarshalJSON(data []byte) error {
+	if m == nil {
+		return errors.New("wire.RawJSON: UnmarshalJSON on nil pointer")
+	}
+	*m = append((*m)[0:0], data...)
+	return nil
 }
 
 // Status is what a node reports about itself on /v1/status. The agent

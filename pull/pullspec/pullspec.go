@@ -4,13 +4,12 @@
 package pullspec
 
 import (
-	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
-	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/digest"
+	"github.com/ferry-edge/ferry/internal/room"
 )
 
 // Request is what to pull: a release by digest and extra images (by tag
@@ -81,25 +80,25 @@ func (s Status) Line() string {
 	rel := shortRef(s.Release)
 	switch s.State {
 	case StateWaiting:
-		return fmt.Sprintf("pulling %s from %s: waiting for the window %s (opens %s)", rel, s.from(), s.Window, s.NextTry.Local().Format("15:04"))
+		return "pulling " + rel + " from " + s.from() + ": waiting for the window " + s.Window + " (opens " + s.NextTry.Local().Format("15:04") + ")"
 	case StateFetching:
 		if s.ToFetch == 0 {
-			return fmt.Sprintf("pulling %s from %s: resolving %d/%d images", rel, s.from(), s.Images, s.Total)
+			return "pulling " + rel + " from " + s.from() + ": resolving " + strconv.Itoa(s.Images) + "/" + strconv.Itoa(s.Total) + " images"
 		}
 		eta := ""
 		if s.ETA > 0 {
 			eta = ", about " + s.ETA.Round(time.Second).String() + " left"
 		}
-		return fmt.Sprintf("pulling %s from %s: %s of %s%s at %s/s%s", rel, s.from(),
-			bundle.HumanSize(s.Bytes), bundle.HumanSize(s.ToFetch), s.link(), bundle.HumanSize(int64(s.Rate)), eta)
+		return "pulling " + rel + " from " + s.from() + ": " + room.Human(s.Bytes) + " of " + room.Human(s.ToFetch) + s.link() +
+			" at " + room.Human(int64(s.Rate)) + "/s" + eta
 	case StateRetrying:
-		return fmt.Sprintf("pulling %s from %s: failed %d times, next try %s: %s", rel, s.from(), s.Attempts, s.NextTry.Local().Format("15:04:05"), s.Error)
+		return "pulling " + rel + " from " + s.from() + ": failed " + strconv.Itoa(s.Attempts) + " times, next try " + s.NextTry.Local().Format("15:04:05") + ": " + s.Error
 	case StateHanding:
-		return fmt.Sprintf("pulled %s from %s: verifying and extracting it", rel, s.from())
+		return "pulled " + rel + " from " + s.from() + ": verifying and extracting it"
 	case StateDone:
-		return fmt.Sprintf("pulled %s from %s", rel, s.from())
+		return "pulled " + rel + " from " + s.from()
 	case StateFailed:
-		return fmt.Sprintf("pulling %s from %s failed: %s", rel, s.from(), s.Error)
+		return "pulling " + rel + " from " + s.from() + " failed: " + s.Error
 	}
 	return "pull " + s.State
 }
@@ -110,7 +109,7 @@ func (s Status) Line() string {
 func (s Status) Coarse() string {
 	if s.State != StateFetching || s.ToFetch == 0 {
 		if s.State == StateRetrying {
-			return fmt.Sprintf("pulling %s from %s: failed %d times: %s", shortRef(s.Release), s.from(), s.Attempts, s.Error)
+			return "pulling " + shortRef(s.Release) + " from " + s.from() + ": failed " + strconv.Itoa(s.Attempts) + " times: " + s.Error
 		}
 		return s.Line()
 	}
@@ -118,8 +117,8 @@ func (s Status) Coarse() string {
 	if s.ETA > 0 {
 		eta = ", about " + max(s.ETA.Round(time.Minute), time.Minute).String() + " left"
 	}
-	return fmt.Sprintf("pulling %s from %s: %d%% of %s%s%s", shortRef(s.Release), s.from(),
-		s.Bytes*100/s.ToFetch, bundle.HumanSize(s.ToFetch), s.link(), eta)
+	return "pulling " + shortRef(s.Release) + " from " + s.from() + ": " + strconv.FormatInt(s.Bytes*100/s.ToFetch, 10) + "% of " +
+		room.Human(s.ToFetch) + s.link() + eta
 }
 
 // from is where the pull fetches, in words.

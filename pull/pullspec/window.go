@@ -1,7 +1,7 @@
 package pullspec
 
 import (
-	"fmt"
+	"errors"
 	"strconv"
 	"strings"
 	"time"
@@ -23,18 +23,18 @@ func ParseWindow(s string) (Window, error) {
 	}
 	from, to, ok := strings.Cut(s, "-")
 	if !ok {
-		return Window{}, fmt.Errorf("window %q: want HH:MM-HH:MM, e.g. 22:00-06:00", s)
+		return Window{}, errors.New("window " + strconv.Quote(s) + ": want HH:MM-HH:MM, e.g. 22:00-06:00")
 	}
 	f, err := clock(from)
 	if err != nil {
-		return Window{}, fmt.Errorf("window %q: %v", s, err)
+		return Window{}, errors.New("window " + strconv.Quote(s) + ": " + err.Error())
 	}
 	t, err := clock(to)
 	if err != nil {
-		return Window{}, fmt.Errorf("window %q: %v", s, err)
+		return Window{}, errors.New("window " + strconv.Quote(s) + ": " + err.Error())
 	}
 	if f == t {
-		return Window{}, fmt.Errorf("window %q: it starts when it ends: leave it empty for always", s)
+		return Window{}, errors.New("window " + strconv.Quote(s) + ": it starts when it ends: leave it empty for always")
 	}
 	return Window{From: f, To: t, set: true}, nil
 }
@@ -44,7 +44,7 @@ func clock(s string) (time.Duration, error) {
 	hh, err1 := strconv.Atoi(h)
 	mm, err2 := strconv.Atoi(m)
 	if !ok || err1 != nil || err2 != nil || hh < 0 || hh > 24 || mm < 0 || mm > 59 || hh == 24 && mm != 0 {
-		return 0, fmt.Errorf("%q is not a time of day (HH:MM)", s)
+		return 0, errors.New(strconv.Quote(s) + " is not a time of day (HH:MM)")
 	}
 	return time.Duration(hh)*time.Hour + time.Duration(mm)*time.Minute, nil
 }
@@ -56,7 +56,8 @@ func (w Window) String() string {
 	if !w.set {
 		return "always"
 	}
-	f := func(d time.Duration) string { return fmt.Sprintf("%02d:%02d", int(d.Hours()), int(d.Minutes())%60) }
+	two := func(n int) string { return string([]byte{byte('0' + n/10%10), byte('0' + n%10)}) }
+	f := func(d time.Duration) string { return two(int(d.Hours())) + ":" + two(int(d.Minutes())%60) }
 	return f(w.From) + "-" + f(w.To)
 }
 

@@ -20,7 +20,7 @@ type reading struct {
 	at       time.Time
 	requests map[string]float64 // apiserver_request_total by "VERB resource[/sub]"
 	// apiserver_response_sizes_sum, the same keys: the server measures
-	// the responses of reads only (GET, LIST), not of writes.
+	// the responses of reads only (GET, LIST, WATCH), not of writes.
 	respBytes map[string]float64
 	events    map[string]float64 // apiserver_watch_events_total by resource
 	evBytes   map[string]float64 // apiserver_watch_events_sizes_sum by resource
@@ -189,3 +189,20 @@ func pidOf(words ...string) int {
 	}
 	return 0
 }
+
+// readBytes is the response bytes of GETs and LISTs. A WATCH's response
+// size is recorded when the watch ends, and is the sum of the events it
+// sent: bytes the watch-event column counted as they were sent, perhaps
+// minutes before, so they are left out here and shown apart (watchEnded).
+func (w window) readBytes() float64 {
+	s := 0.0
+	for k, v := range w.respBytes {
+		if !strings.HasPrefix(k, "WATCH ") {
+			s += v
+		}
+	}
+	return s
+}
+
+// watchEnded is the response bytes of the watches that ended in w.
+func (w window) watchEnded() float64 { return kubeenv.Sum(w.respBytes) - w.readBytes() }

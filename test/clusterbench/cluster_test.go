@@ -165,17 +165,46 @@ func (c *cluster) startAgents(pullDelay time.Duration) {
 		c.agents = append(c.agents, ferryenv.StartIn(b, sourcePrefix(b, n, nodeIP(i)), cfg))
 	}
 	c.waitAll(10*time.Minute, "idle", func(s agent.Status) bool { return s.Phase == string(agent.PhaseIdle) })
-	deadline := time.Now().Add(10 * time.Minute)
-	for _, n := range c.names {
-		for {
-			if _, ok := e.Lease(n); ok {
-				break
-			}
-			if time.Now().After(deadline) {
-				b.Fatalf("%s never wrote its Lease:\n%s", n, c.agents[slices.Index(c.names, n)].Logs())
-			}
-			time.Sleep(200 * time.Millisecond)
+	c.waitRecords(10 * time.Minute)
+}
+
+// waitRecords waits until every node has written its record (its Lease),
+// reading them all in one list a second: at N=100 a read of each, with
+// 100 agents starting, outran the client's timeout. A read the busy
+// server does not answer is tried again until timeout.
+func (c *cluster) waitRecords(timeout time.Duration) {
+	c.b.Helper()
+	deadline := time.Now().Add(timeout)
+	var lastErr error
+	missing := c.names
+	for {
+		var list struct {
+			Items []struct {
+				Metadata struct {
+					Name string `json:"name"`
+				} `json:"metadata"`
+			} `json:"items"`
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := c.e.Admin.Raw(ctx, "GET", "/apis/coordination.k8s.io/v1/namespaces/openshift-ferry/leases", "", nil, &list)
+		cancel()
+		if err == nil {
+			have := map[string]bool{}
+			for _, l := range list.Items {
+				have[l.Metadata.Name] = true
+			}
+			missing = slices.DeleteFunc(slices.Clone(c.names), func(n string) bool { return have[n] })
+			if len(missing) == 0 {
+				return
+			}
+		} else {
+			lastErr = err
+		}
+		if time.Now().After(deadline) {
+			n := missing[0]
+			c.b.Fatalf("%d nodes never wrote their Lease (last error listing them: %v); %s's log:\n%s", len(missing), lastErr, n, tail(c.agents[slices.Index(c.names, n)].Logs(), 6000))
+		}
+		time.Sleep(time.Second)
 	}
 }
 

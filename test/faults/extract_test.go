@@ -15,9 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/agent"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/test/bigbundle"
 	"github.com/ferry-edge/ferry/test/ferryenv"
 )

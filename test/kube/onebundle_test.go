@@ -7,11 +7,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/opencontainers/go-digest"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/api/v1alpha1"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/test/kubeenv"
 )
 

@@ -235,6 +235,17 @@ func TestAgents_ANodesWriteReachesNoOtherNodesObjectAndTheBundleOnlyWithTheSumma
 			t.Errorf("version %d: nodesReady %q of three nodes", i, r)
 		}
 	}
+	// Only the summary's writer (node-a, first by name) says in its
+	// record that it reports on the bundle: every node watches every
+	// record, so the others' would reach every node for nothing. node-c
+	// waits two turns (agent's writerStagger) before it would, and
+	// node-a's record is there long before.
+	if ann, _ := e.Lease("node-a"); ann[kube.AnnotationBundle] != name {
+		t.Errorf("node-a's record: %v, want %s=%s (the summary's writer)", ann, kube.AnnotationBundle, name)
+	}
+	if ann, _ := e.Lease("node-c"); ann[kube.AnnotationBundle] != "" {
+		t.Errorf("node-c's record: %v, want no %s (not the summary's writer)", ann, kube.AnnotationBundle)
+	}
 	t.Logf("%d changes of the nodes' UpgradeBundleNodes; %d versions of the UpgradeBundle", writes, len(ub))
 }
 

@@ -39,10 +39,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/bundle/create"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/registry"
 	"github.com/ferry-edge/ferry/test/bigbundle"

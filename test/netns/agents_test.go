@@ -15,11 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
 	"github.com/ferry-edge/ferry/crio"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/test/bigbundle"
 	"github.com/ferry-edge/ferry/test/crioenv"

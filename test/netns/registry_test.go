@@ -19,10 +19,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/ferry-edge/ferry/agent"
 	"github.com/ferry-edge/ferry/bundle"
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/internal/testca"
 	"github.com/ferry-edge/ferry/peer"
 	"github.com/ferry-edge/ferry/pull"
@@ -235,7 +234,7 @@ func TestAgents_RegistryModeFollowsNoLiar(t *testing.T) {
 	liarTLS := &peer.NodeTLS{Serving: func() *tls.Certificate { return &serving }, ClientCAs: func() *x509.CertPool { return clientCAs }}
 	var puller atomic.Value // the node it says it is
 	puller.Store("")
-	var asked, listed atomic.Int64
+	var asked, statused atomic.Int64
 	var askedFor sync.Map
 	shelf := peer.NewShelf(peer.ShelfOptions{})
 	t.Cleanup(func() { shelf.Close() })
@@ -256,9 +255,9 @@ func TestAgents_RegistryModeFollowsNoLiar(t *testing.T) {
 		Pull: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) })})
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
-		case "/v1/bundles":
-			listed.Add(1)
 		case "/v1/status":
+			statused.Add(1)
+		case "/v1/bundles":
 		default:
 			asked.Add(1)
 			askedFor.Store(r.URL.Path, true)
@@ -364,8 +363,8 @@ func TestAgents_RegistryModeFollowsNoLiar(t *testing.T) {
 	if len(extras) != 1 || extras[0].(map[string]any)["image"] != tag || extras[0].(map[string]any)["digest"] != siteDigest {
 		t.Errorf("%s's UpgradeBundleNode's pull record: %v, want %s resolved to %s", first.Name, pulled, tag, siteDigest)
 	}
-	if listed.Load() == 0 {
-		t.Fatal("no node asked the liar what it offers: the test shows nothing")
+	if statused.Load() == 0 {
+		t.Fatal("no node asked the liar for its status: the test shows nothing")
 	}
 	if n := asked.Load(); n != 0 {
 		var paths []string

@@ -24,8 +24,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
+	"github.com/ferry-edge/ferry/internal/digest"
 	"github.com/ferry-edge/ferry/peer"
 )
 
@@ -166,7 +165,7 @@ func fileDigest(f *os.File) (digest.Digest, error) {
 	if _, err := io.Copy(h, io.NewSectionReader(f, 0, 1<<62)); err != nil {
 		return "", err
 	}
-	return digest.NewDigestFromBytes(digest.SHA256, h.Sum(nil)), nil
+	return digest.FromSHA256(h.Sum(nil)), nil
 }
 
 // serveProxy relays to upstream, flipping one byte in every tar body.

@@ -1,4 +1,4 @@
-package bundle
+package meta
 
 // Approval is how a bundle was approved: what a Result, the agent's
 // record of the bundle and its UpgradeBundle's status say. Its JSON and
