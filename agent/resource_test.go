@@ -47,18 +47,18 @@ func TestResource_ANodeReportsEachPhaseWithConditionsEventsAndLabel(t *testing.T
 	if b.policy.ApprovedDigest != "" {
 		t.Errorf("ferry wrote a spec: %+v", b.policy)
 	}
-	api.mu.Lock()
-	label, events := api.labels["node-a"][LabelPhase], strings.Join(api.events, "\n")
-	api.mu.Unlock()
-	if label != string(machine.PhaseClusterReady) {
-		t.Errorf("label %s=%q", LabelPhase, label)
-	}
-	// An Event per phase reached, Normal (a refusal's is a Warning: the
-	// reducer's table, "an unreadable bundle is rejected").
-	if !strings.Contains(events, "Normal/ClusterReady/node-a:") || !strings.Contains(events, "Normal/Extracted/node-a:") ||
-		!strings.Contains(events, "Normal/Loaded/node-a:") {
-		t.Errorf("events:\n%s", events)
-	}
+	// The label and the Events are written on their own, after the
+	// entry: wait for them. An Event per phase reached, Normal (a
+	// refusal's is a Warning: the reducer's table, "an unreadable bundle
+	// is rejected").
+	h.waitFor("the label and an Event per phase", func() bool {
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		events := strings.Join(api.events, "\n")
+		return api.labels["node-a"][LabelPhase] == string(machine.PhaseClusterReady) &&
+			strings.Contains(events, "Normal/ClusterReady/node-a:") && strings.Contains(events, "Normal/Extracted/node-a:") &&
+			strings.Contains(events, "Normal/Loaded/node-a:")
+	})
 }
 
 func TestResource_ApprovedInTheSpecLoadsWithNoRestart(t *testing.T) {
