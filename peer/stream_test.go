@@ -3,6 +3,7 @@ package peer
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -236,8 +237,8 @@ func TestFetchStream_ResumesFromTheExtractionsCheckpoint(t *testing.T) {
 			return err
 		}
 		checkpoint(at, func() []byte { return []byte("tree index") })
-		time.Sleep(1200 * time.Millisecond) // the record is saved every second
-		cancel()                            // the agent stops
+		waitForCheckpoint(t, StatePath(dest), at) // saved about once a second
+		cancel()                                  // the agent stops
 		_, err := io.Copy(io.Discard, r)
 		return err
 	}
@@ -268,5 +269,24 @@ func TestFetchStream_ResumesFromTheExtractionsCheckpoint(t *testing.T) {
 	}
 	if _, err := os.Stat(StatePath(dest)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("resume record left after the end: %v", err)
+	}
+}
+
+// waitForCheckpoint waits until the resume record at path holds a stream
+// checkpoint at offset: the record a restart would read.
+func waitForCheckpoint(t *testing.T, path string, offset int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var st fetchState
+		if b, err := os.ReadFile(path); err == nil && json.Unmarshal(b, &st) == nil &&
+			st.Stream != nil && st.Stream.Offset == offset {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("no resume record with the checkpoint at %d after 10 s", offset)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
