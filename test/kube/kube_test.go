@@ -8,6 +8,7 @@ package kube
 import (
 	"bytes"
 	"errors"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -23,6 +24,9 @@ const (
 	current = "quay.io/openshift-release-dev/ocp-release@sha256:1111111111111111111111111111111111111111111111111111111111111111"
 	next    = "quay.io/openshift-release-dev/ocp-release@sha256:2222222222222222222222222222222222222222222222222222222222222222"
 )
+
+// Each test's API server starts while the test before it runs.
+func TestMain(m *testing.M) { os.Exit(kubeenv.Main(m)) }
 
 func repoFile(name string) string {
 	_, file, _, _ := runtime.Caller(0)

@@ -56,6 +56,8 @@ type Env struct {
 // Start starts etcd and kube-apiserver, installs the ClusterVersion CRD,
 // the namespace signatures go to, and ClusterVersion "version" as an
 // installed cluster has it (history: one Completed entry of current).
+// In a package whose TestMain runs Main, the pair was started while the
+// test before ran.
 func Start(t testing.TB, current string) *Env {
 	t.Helper()
 	crioenv.Need(t, os.Geteuid() == 0, "needs root")
@@ -69,6 +71,15 @@ func Start(t testing.TB, current string) *Env {
 	_, err = exec.LookPath("etcd")
 	crioenv.Need(t, err == nil, "no etcd: apt-get install etcd-server (test/setup/install-deps.sh)")
 
+	e := pool.take(t, bin)
+	e.SetHistory(History{State: "Completed", Image: current, Version: "4.13.6"})
+	return e
+}
+
+// boot starts etcd and kube-apiserver for Start, and creates the CRD, the
+// namespaces and ClusterVersion "version" (no status yet).
+func boot(t testing.TB, bin string) *Env {
+	t.Helper()
 	e := &Env{t: t, Dir: t.TempDir(), bin: bin}
 	eport, port := freeport.Port(t, "127.0.0.1"), freeport.Port(t, "127.0.0.1")
 	e.Port = port
@@ -86,6 +97,7 @@ func Start(t testing.TB, current string) *Env {
 	t.Cleanup(e.stop)
 
 	e.AdminKC = e.kubeconfig("admin", "admintoken", true)
+	var err error
 	e.Admin, err = kube.New(e.AdminKC, nil)
 	must(t, err)
 	e.waitReady()
@@ -98,7 +110,6 @@ func Start(t testing.TB, current string) *Env {
 		"apiVersion": "config.openshift.io/v1", "kind": "ClusterVersion", "metadata": map[string]any{"name": "version"},
 		"spec": map[string]any{"clusterID": "0b4f5b1e-5d7a-4c62-8a5e-2f2f1a7f4c11", "channel": "stable-4.13"},
 	})
-	e.SetHistory(History{State: "Completed", Image: current, Version: "4.13.6"})
 	return e
 }
 
