@@ -120,22 +120,24 @@ func New(kubeconfig string, log *slog.Logger) (*Client, error) {
 		certs.seen = certs.stamps()
 		ep.tls.GetClientCertificate = certs.clientCertificate
 	}
-	dialer := &conns{dial: (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext}
-	tr := &http.Transport{
-		TLSClientConfig:     ep.tls,
-		DialContext:         dialer.DialContext,
-		TLSHandshakeTimeout: 10 * time.Second,
-		MaxIdleConns:        2,
-		IdleConnTimeout:     90 * time.Second,
-		// A custom TLS config and dialer turn Go's HTTP/2 off unless
-		// asked: with it every watch and request shares one connection,
-		// as client-go's do, instead of one TLS connection per watch.
-		ForceAttemptHTTP2: true,
-	}
+	dial := (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	tr := newRotating(func(d *conns) *http.Transport {
+		return &http.Transport{
+			TLSClientConfig:     ep.tls,
+			DialContext:         d.DialContext,
+			TLSHandshakeTimeout: 10 * time.Second,
+			MaxIdleConns:        2,
+			IdleConnTimeout:     90 * time.Second,
+			// A custom TLS config and dialer turn Go's HTTP/2 off unless
+			// asked: with it every watch and request shares one connection,
+			// as client-go's do, instead of one TLS connection per watch.
+			ForceAttemptHTTP2: true,
+		}
+	}, dial)
 	if certs != nil {
 		// Connections kept open still carry the old certificate, which
-		// the API server checks on every request: drop them all.
-		certs.changed = dialer.closeAll
+		// the API server checks on every request: new ones from here on.
+		certs.changed = tr.rotate
 	}
 	return &Client{ep: ep, tokens: newTokens(ep), certs: certs, hc: &http.Client{Transport: tr, Timeout: time.Minute}, stream: &http.Client{Transport: tr},
 		log: log, Attempts: 4, Backoff: 250 * time.Millisecond}, nil
